@@ -1,0 +1,111 @@
+"""Time as every brokersched component reads it.
+
+The scheduler never calls ``time`` or ``asyncio.sleep`` directly: it asks a ``Clock``, so that
+``brokersched.testing.TestClock`` can drive whole schedules in virtual time. Timers are callbacks
+(``call_at``) rather than sleeping tasks: ten thousand idle jobs cost one timer, not ten thousand
+tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from typing import Any, Protocol, TypeVar
+
+__all__ = ["Clock", "SystemClock", "Timer", "datetime_to_ms", "ms_to_datetime"]
+
+T = TypeVar("T")
+
+# A wall clock can be stepped (NTP): a timer never trusts one long monotonic delay, it wakes at
+# least this often and looks at the wall clock again.
+_MAX_DELAY_S = 30.0
+
+
+def ms_to_datetime(ms: int) -> datetime:
+    """An aware UTC datetime for ``ms`` milliseconds since the Unix epoch."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def datetime_to_ms(value: datetime) -> int:
+    """Milliseconds since the Unix epoch; ``value`` must be aware."""
+    if value.tzinfo is None:
+        raise ValueError(f"datetime {value.isoformat()} has no time zone; pass an aware datetime")
+    return round(value.timestamp() * 1000)
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Clock(ABC):
+    """The source of time, timers, and the tasks that wait on them."""
+
+    @abstractmethod
+    def now_ms(self) -> int:
+        """Milliseconds since the Unix epoch (UTC)."""
+
+    @abstractmethod
+    def call_at(self, when_ms: int, callback: Callable[[], object]) -> Timer:
+        """Call ``callback`` (from the event loop) once ``now_ms() >= when_ms``."""
+
+    def now(self) -> datetime:
+        """The current time as an aware UTC datetime."""
+        return ms_to_datetime(self.now_ms())
+
+    async def sleep_until(self, when_ms: int) -> None:
+        """Return once ``now_ms() >= when_ms``."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        timer = self.call_at(when_ms, lambda: future.done() or future.set_result(None))
+        try:
+            await future
+        finally:
+            timer.cancel()
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds`` on this clock."""
+        await self.sleep_until(self.now_ms() + round(seconds * 1000))
+
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
+        """Start ``coro`` as a task; a virtual clock tracks it to know when work has settled."""
+        return asyncio.get_running_loop().create_task(coro, name=name)
+
+
+class _WallTimer:
+    __slots__ = ("_clock", "_when_ms", "_callback", "_handle")
+
+    def __init__(self, clock: SystemClock, when_ms: int, callback: Callable[[], object]) -> None:
+        self._clock = clock
+        self._when_ms = when_ms
+        self._callback = callback
+        self._handle: asyncio.TimerHandle | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        delay = (self._when_ms - self._clock.now_ms()) / 1000
+        loop = asyncio.get_running_loop()
+        self._handle = loop.call_later(max(0.0, min(delay, _MAX_DELAY_S)), self._fire)
+
+    def _fire(self) -> None:
+        if self._clock.now_ms() < self._when_ms:
+            self._arm()  # woke early: a long delay was cut, or the wall clock stepped back
+            return
+        self._handle = None
+        self._callback()
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+class SystemClock(Clock):
+    """The real wall clock."""
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def call_at(self, when_ms: int, callback: Callable[[], object]) -> Timer:
+        return _WallTimer(self, when_ms, callback)

@@ -1,0 +1,58 @@
+"""The exceptions brokersched raises.
+
+    BrokerschedError
+    ├── ConfigurationError (also a ValueError)   bad options, names, schedules; raised at registration
+    ├── BackendError                             a backend could not answer
+    │   └── BackendUnavailableError              ... because it cannot be reached
+    └── LeaseLostError                           a lease could not be renewed
+
+Client exceptions (aio-pika, nats-py, asyncpg, aiosqlite) are translated at one boundary in each
+backend and chained with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "BackendUnavailableError",
+    "BrokerschedError",
+    "ConfigurationError",
+    "LeaseLostError",
+]
+
+
+class BrokerschedError(Exception):
+    """The root of every error brokersched raises on purpose."""
+
+
+class ConfigurationError(BrokerschedError, ValueError):
+    """A job, schedule or option that cannot work as given.
+
+    ``option`` names the offending option (or ``None`` for the schedule itself), ``backend`` the
+    backend class that refused it (or ``None`` when no backend is involved), ``job`` the job name.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        option: str | None = None,
+        backend: str | None = None,
+        job: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.option = option
+        self.backend = backend
+        self.job = job
+
+
+class BackendError(BrokerschedError):
+    """The backend failed to answer a request; the scheduler fails closed (skips the slot)."""
+
+
+class BackendUnavailableError(BackendError):
+    """The backend cannot be reached (connection refused, lost, or timed out)."""
+
+
+class LeaseLostError(BrokerschedError):
+    """A lease could not be renewed: another instance may own the slot now."""

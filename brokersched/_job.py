@@ -1,0 +1,130 @@
+"""``Job``: one registered job, as the application sees it."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+from ._clock import ms_to_datetime
+from ._context import JobContext
+from ._options import JobOptions, JobSettings
+from .abc import Lease, RunRecord
+from .triggers.base import Trigger
+
+if TYPE_CHECKING:
+    from ._scheduler import Scheduler
+
+__all__ = ["Handler", "Job"]
+
+Handler: TypeAlias = Callable[[JobContext], Awaitable[None]] | Callable[[JobContext], None]
+
+
+def is_async_handler(handler: object) -> bool:
+    if inspect.iscoroutinefunction(handler):
+        return True
+    call = getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
+    return inspect.iscoroutinefunction(call)
+
+
+@dataclass(slots=True, eq=False)
+class Run:
+    """A run in progress on this instance."""
+
+    ctx: JobContext
+    task: asyncio.Task[Any]
+    lease: Lease | None
+    started_ms: int
+    is_async: bool
+    abandoned: bool = False
+
+
+class Job:
+    """A registered job: its schedule (a trigger), handler and options, and its runs here."""
+
+    __slots__ = (
+        "name",
+        "kind",
+        "schedule",
+        "handler",
+        "settings",
+        "options",
+        "is_async",
+        "paused",
+        "armed_ms",
+        "runs",
+        "_scheduler",
+    )
+
+    def __init__(
+        self,
+        scheduler: Scheduler[Any],
+        name: str,
+        kind: Literal["every", "cron", "at"],
+        trigger: Trigger,
+        handler: Handler,
+        settings: JobSettings,
+        options: JobOptions,
+    ) -> None:
+        self._scheduler = scheduler
+        self.name = name
+        self.kind = kind
+        self.schedule = trigger
+        self.handler = handler
+        self.settings = settings
+        self.options = options
+        self.is_async = is_async_handler(handler)
+        self.paused = False
+        self.armed_ms: int | None = None  # the slot this instance waits for, if any
+        self.runs: dict[str, Run] = {}  # run_id -> run in progress here
+
+    @property
+    def next_run(self) -> datetime | None:
+        """When the next slot falls (before jitter), or ``None`` when paused, removed or done."""
+        if self.armed_ms is not None:
+            return ms_to_datetime(self.armed_ms)
+        if self.paused or self._scheduler.get(self.name) is not self:
+            return None
+        nxt = self.schedule.next_ms(self._scheduler.clock.now_ms())
+        return None if nxt is None else ms_to_datetime(nxt)
+
+    def next_runs(self, n: int, after: datetime | None = None) -> list[datetime]:
+        """The next ``n`` slots after ``after`` (default: now on the scheduler's clock)."""
+        return self.schedule.next_runs(n, after or self._scheduler.clock.now())
+
+    @property
+    def is_running(self) -> bool:
+        """Whether a run of this job is going on this instance."""
+        return bool(self.runs)
+
+    def pause(self) -> None:
+        """Stop arming slots on this instance (other instances are not affected)."""
+        self.paused = True
+        self.armed_ms = None
+
+    def resume(self) -> None:
+        """Arm the next slot again."""
+        if self.paused:
+            self.paused = False
+            self._scheduler._arm(self)
+
+    async def trigger(self) -> RunRecord | None:
+        """Run the job now, through the claim (``ctx.reason == "manual"``).
+
+        Returns the run's record, or ``None`` when the claim was refused (another instance, an
+        overlap) or the backend failed.
+        """
+        return await self._scheduler._run_manual(self)
+
+    async def history(self, limit: int = 20) -> list[RunRecord]:
+        """The job's recorded runs, newest first, at most ``limit``."""
+        return await self._scheduler.backend.history(self.settings.policy, limit)
+
+    def describe(self) -> str:
+        return self.schedule.describe()
+
+    def __repr__(self) -> str:
+        return f"Job({self.name!r}, {self.schedule.describe()})"

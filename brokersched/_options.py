@@ -1,0 +1,307 @@
+"""Scheduler and job options, and the validation matrix.
+
+Options are frozen pydantic models; durations become ``timedelta`` once, here, at the edge. The
+matrix reads only the backend's ``Capabilities``, never its class, so a third-party backend gets
+the same checks by declaring what it can do.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass
+from datetime import timedelta, tzinfo
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
+
+from ._durations import format_duration, parse_duration, to_ms
+from ._exceptions import ConfigurationError
+from ._timezones import parse_timezone
+from .abc import Capabilities, JobPolicy
+
+__all__ = [
+    "JobOptions",
+    "JobSettings",
+    "SchedulerOptions",
+    "check_name",
+    "parse_job_options",
+    "resolve_job",
+]
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}")
+LEASE_ONLY = ("overlap", "max_attempts", "catch_up")
+
+
+def _duration(value: Any, info: Any) -> timedelta:
+    return parse_duration(value, name=info.field_name)
+
+
+def _timezone(value: Any) -> tzinfo:
+    return parse_timezone(value)
+
+
+DurationOption = Annotated[timedelta, BeforeValidator(_duration)]
+TimezoneOption = Annotated[Any, BeforeValidator(_timezone)]
+
+
+class SchedulerOptions(BaseModel):
+    """``Scheduler(...)``'s keyword options; job options fall back on these."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    jitter: DurationOption = timedelta(seconds=2)
+    max_late: DurationOption = timedelta(seconds=60)
+    timezone: TimezoneOption = "UTC"
+    history_size: int = Field(default=1000, ge=1)
+    history_ttl: DurationOption | None = None
+    drain_timeout: DurationOption = timedelta(seconds=10)
+    instance_id: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class JobOptions(BaseModel):
+    """What the user passed to ``every``/``cron``/``at``; ``None`` means "the default"."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    jitter: DurationOption | None = None
+    max_late: DurationOption | None = None
+    timeout: DurationOption | None = None
+    overlap: Literal["skip", "allow"] | None = None
+    max_attempts: int | None = Field(default=None, ge=1)
+    catch_up: DurationOption | None = None
+    history_size: int | None = Field(default=None, ge=1)
+    history_ttl: DurationOption | None = None
+    offset: DurationOption | None = None
+    timezone: TimezoneOption | None = None
+    data: Any = None
+    claim: StrictBool = True
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings:
+    """A job's options with every default applied and every rule checked."""
+
+    policy: JobPolicy
+    jitter_ms: int
+    max_late_ms: int
+    timeout: timedelta | None
+    catch_up_ms: int
+    data: Any
+    claim: bool
+
+
+def _from_validation_error(exc: ValidationError, job: str, model: type[BaseModel]) -> Exception:
+    error = exc.errors()[0]
+    option = str(error["loc"][0]) if error["loc"] else None
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, ConfigurationError):
+        return ConfigurationError(f"job '{job}': {cause}", option=option, job=job)
+    if error["type"] == "extra_forbidden" and option is not None:
+        close = difflib.get_close_matches(option, list(model.model_fields), n=1, cutoff=0.5)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        valid = ", ".join(model.model_fields)
+        return ConfigurationError(
+            f"job '{job}': unknown option '{option}'{hint} (valid options: {valid})",
+            option=option,
+            job=job,
+        )
+    value = error.get("input")
+    return ConfigurationError(
+        f"job '{job}': option '{option}' = {value!r} is invalid: {error['msg']}",
+        option=option,
+        job=job,
+    )
+
+
+def parse_job_options(job: str, options: dict[str, Any]) -> JobOptions:
+    """Validate the raw keyword options of one job."""
+    try:
+        return JobOptions(**options)
+    except ValidationError as exc:
+        raise _from_validation_error(exc, job, JobOptions) from None
+
+
+def parse_scheduler_options(options: dict[str, Any]) -> SchedulerOptions:
+    try:
+        return SchedulerOptions(**options)
+    except ValidationError as exc:
+        error = _from_validation_error(exc, "*", SchedulerOptions)
+        raise ConfigurationError(
+            str(error).replace("job '*': ", "Scheduler: "), option=getattr(error, "option", None)
+        ) from None
+
+
+def check_name(name: object) -> str:
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise ConfigurationError(
+            f"job name {name!r} is not valid: use 1-128 characters, letters, digits and "
+            "'_' '$' (first), then also '.' ':' '-' (pattern ^[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}$)",
+            option="name",
+            job=name if isinstance(name, str) else None,
+        )
+    return name
+
+
+def check_scheduler_options(options: SchedulerOptions, caps: Capabilities, backend: str) -> None:
+    if options.history_ttl is not None and not caps.history_ttl:
+        raise ConfigurationError(
+            f"Scheduler: option 'history_ttl' is not supported by {backend}: it trims history by "
+            "count only; use history_size",
+            option="history_ttl",
+            backend=backend,
+        )
+
+
+def resolve_job(
+    job: str,
+    kind: Literal["every", "cron", "at"],
+    gap: timedelta | None,
+    options: JobOptions,
+    defaults: SchedulerOptions,
+    caps: Capabilities,
+    backend: str,
+) -> JobSettings:
+    """Apply defaults and check every rule; raises the first ``ConfigurationError`` found."""
+    errors = job_errors(job, kind, gap, options, defaults, caps, backend)
+    if errors:
+        raise errors[0]
+    return _settings(job, gap, options, defaults, caps)
+
+
+def _default_jitter(gap: timedelta | None, options: JobOptions, defaults: SchedulerOptions) -> timedelta:
+    if options.jitter is not None:
+        return options.jitter
+    return defaults.jitter if gap is None else min(defaults.jitter, gap / 4)
+
+
+def _settings(
+    job: str, gap: timedelta | None, options: JobOptions, defaults: SchedulerOptions, caps: Capabilities
+) -> JobSettings:
+    catch_up = options.catch_up
+    if catch_up is None:
+        catch_up = timedelta(minutes=5) if caps.leases and options.claim else timedelta(0)
+    policy = JobPolicy(
+        name=job,
+        history_size=options.history_size or defaults.history_size,
+        history_ttl=options.history_ttl or defaults.history_ttl,
+        overlap=options.overlap or "skip",
+        max_attempts=options.max_attempts or 3,
+    )
+    return JobSettings(
+        policy=policy,
+        jitter_ms=to_ms(_default_jitter(gap, options, defaults)),
+        max_late_ms=to_ms(options.max_late or defaults.max_late),
+        timeout=options.timeout,
+        catch_up_ms=to_ms(catch_up),
+        data=options.data,
+        claim=options.claim,
+    )
+
+
+def job_errors(
+    job: str,
+    kind: Literal["every", "cron", "at"],
+    gap: timedelta | None,
+    options: JobOptions,
+    defaults: SchedulerOptions,
+    caps: Capabilities,
+    backend: str,
+) -> list[ConfigurationError]:
+    """Every rule of the option table that ``options`` break on this backend, in table order."""
+    errors: list[ConfigurationError] = []
+
+    def refuse(option: str, message: str, *, with_backend: bool = False) -> None:
+        errors.append(
+            ConfigurationError(
+                f"job '{job}': {message}",
+                option=option,
+                backend=backend if with_backend else None,
+                job=job,
+            )
+        )
+
+    given = options.model_fields_set
+    for option in LEASE_ONLY:
+        if option in given and getattr(options, option) is not None and not caps.leases:
+            refuse(
+                option,
+                f"option '{option}' needs a lease backend; {backend} only claims slots "
+                "(use SQLiteBackend or PostgresBackend, or guard inside the job)",
+                with_backend=True,
+            )
+    if kind == "at" and options.overlap is not None:
+        refuse("overlap", "option 'overlap' does not apply to at(): a one-off job has no previous run")
+    if not options.claim:
+        for option in ("max_attempts", "catch_up"):
+            if getattr(options, option) is not None:
+                refuse(option, f"option '{option}' needs claim=True: an unclaimed job has no lease")
+    if options.offset is not None and kind != "every":
+        refuse("offset", f"option 'offset' applies to every() only, not to {kind}()")
+    if options.timezone is not None and kind != "cron":
+        refuse("timezone", f"option 'timezone' applies to cron() only, not to {kind}()")
+    history_ttl = options.history_ttl or defaults.history_ttl
+    if history_ttl is not None and not caps.history_ttl:
+        refuse(
+            "history_ttl",
+            f"option 'history_ttl' is not supported by {backend}: it trims history by count "
+            "only; use history_size",
+            with_backend=True,
+        )
+    for option in ("max_late", "timeout", "history_ttl"):
+        value = getattr(options, option)
+        if value is not None and value <= timedelta(0):
+            refuse(option, f"{option} ({format_duration(value)}) must be greater than 0")
+    if options.data is not None:
+        try:
+            json.dumps(options.data)
+        except (TypeError, ValueError) as exc:
+            refuse("data", f"option 'data' must be JSON-serialisable: {exc}")
+    errors.extend(_timing_errors(job, gap, options, defaults, caps, backend))
+    return errors
+
+
+def _timing_errors(
+    job: str,
+    gap: timedelta | None,
+    options: JobOptions,
+    defaults: SchedulerOptions,
+    caps: Capabilities,
+    backend: str,
+) -> list[ConfigurationError]:
+    jitter = _default_jitter(gap, options, defaults)
+    max_late = options.max_late or defaults.max_late
+    errors: list[ConfigurationError] = []
+    if gap is not None and jitter >= gap / 2:
+        errors.append(
+            ConfigurationError(
+                f"job '{job}': jitter ({format_duration(jitter)}) must be under half the time "
+                f"between runs ({format_duration(gap)}), i.e. under {format_duration(gap / 2)}",
+                option="jitter",
+                job=job,
+            )
+        )
+    if max_late <= jitter:
+        errors.append(
+            ConfigurationError(
+                f"job '{job}': max_late ({format_duration(max_late)}) must be greater than "
+                f"jitter ({format_duration(jitter)})",
+                option="max_late",
+                job=job,
+            )
+        )
+    memory = caps.slot_memory
+    if options.claim and memory is not None and jitter + max_late >= memory:
+        errors.append(
+            ConfigurationError(
+                f"job '{job}': jitter ({format_duration(jitter)}) + max_late "
+                f"({format_duration(max_late)}) must be shorter than slot_ttl "
+                f"({format_duration(memory)}) of {backend}, or a late instance could win the same "
+                "slot again; raise slot_ttl or lower max_late",
+                option="max_late",
+                backend=backend,
+                job=job,
+            )
+        )
+    return errors

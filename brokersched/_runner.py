@@ -1,0 +1,313 @@
+"""The life of a slot on one instance: late check, claim, run, record; and the drain on stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from ._clock import ms_to_datetime
+from ._context import AbortReason, JobContext
+from ._durations import format_duration, to_ms
+from ._events import RunEvent, StartEvent
+from ._exceptions import BackendError
+from ._job import Job, Run
+from .abc import ClaimBackend, Lease, LeaseBackend, Outcome, RunReason, RunRecord, Slot
+
+if TYPE_CHECKING:
+    from ._scheduler import Scheduler
+
+__all__ = ["Runner"]
+
+logger = logging.getLogger("brokersched")
+
+# A claim gets what is left of max_late, but never less than this (the backend needs a moment).
+_MIN_CLAIM_TIMEOUT_S = 0.5
+_ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
+    "timeout": "timed-out",
+    "lock-lost": "interrupted",
+    "removed": "interrupted",
+    "shutdown": "interrupted",
+}
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(8)
+
+
+class Runner:
+    """Claims and runs slots for one scheduler."""
+
+    def __init__(self, scheduler: Scheduler[Any]) -> None:
+        self.scheduler = scheduler
+        self.runs: set[Run] = set()
+
+    @property
+    def clock(self) -> Any:
+        return self.scheduler.clock
+
+    # -- claim ---------------------------------------------------------------------------
+
+    async def run_slot(self, job: Job, slot_ms: int, reason: RunReason) -> RunRecord | None:
+        """Steps 3-6 of a slot's life; returns the record of the run, or ``None`` if skipped."""
+        scheduler = self.scheduler
+        if reason == "schedule" and self._late(job, slot_ms):
+            scheduler.skip(job, slot_ms, "late")
+            return None
+        if job.paused and reason == "schedule":
+            scheduler.skip(job, slot_ms, "paused")
+            return None
+        if not job.settings.claim:
+            if job.settings.policy.overlap == "skip" and job.runs:
+                scheduler.skip(job, slot_ms, "overlap")
+                return None
+            return await self.execute(job, slot_ms, None, reason=reason)
+        run_id = new_run_id()
+        timeout = self._claim_timeout(job, slot_ms)
+        try:
+            async with asyncio.timeout(timeout + 1.0):  # the backend's own deadline comes first
+                lease = await self._claim(job, Slot(job.name, slot_ms), run_id, reason, timeout)
+        except (BackendError, TimeoutError) as exc:
+            scheduler.skip(job, slot_ms, "backend-error", detail=str(exc) or type(exc).__name__)
+            return None
+        except Exception as exc:  # a backend bug must not stop the scheduler either
+            logger.exception("claim of %s:%d failed unexpectedly", job.name, slot_ms)
+            scheduler.skip(job, slot_ms, "backend-error", detail=type(exc).__name__)
+            return None
+        if isinstance(lease, str):
+            if reason == "catch-up":  # nothing was missed after all: not worth an event
+                logger.debug("no catch-up for %s:%d (%s)", job.name, slot_ms, lease)
+            else:
+                scheduler.skip(job, slot_ms, lease)  # type: ignore[arg-type]
+            return None
+        if reason == "schedule" and self._late(job, slot_ms):
+            # A slow claim: the slot stays claimed, so no other instance runs it late either.
+            if lease is not None:
+                await self._release(lease, handover=False)
+            scheduler.skip(job, slot_ms, "late", detail="claim answered too late")
+            return None
+        return await self.execute(job, slot_ms, lease, reason=reason, run_id=run_id)
+
+    def _late(self, job: Job, slot_ms: int) -> bool:
+        return bool(self.clock.now_ms() - slot_ms > job.settings.max_late_ms)
+
+    def _claim_timeout(self, job: Job, slot_ms: int) -> float:
+        left_ms = slot_ms + job.settings.max_late_ms - self.clock.now_ms()
+        return max(left_ms / 1000, _MIN_CLAIM_TIMEOUT_S)
+
+    async def _claim(
+        self, job: Job, slot: Slot, run_id: str, reason: RunReason, timeout: float
+    ) -> Lease | None | str:
+        """A lease (lease backends), ``None`` (a won claim), or the skip reason."""
+        backend = self.scheduler.backend
+        instance_id = self.scheduler.instance_id
+        if isinstance(backend, LeaseBackend):
+            return await backend.acquire(
+                slot,
+                policy=job.settings.policy,
+                instance_id=instance_id,
+                run_id=run_id,
+                reason=reason,
+                timeout=timeout,
+            )
+        assert isinstance(backend, ClaimBackend)
+        won = await backend.claim(slot, instance_id=instance_id, run_id=run_id, timeout=timeout)
+        return None if won else "not-acquired"
+
+    # -- run -----------------------------------------------------------------------------
+
+    async def execute(
+        self,
+        job: Job,
+        slot_ms: int,
+        lease: Lease | None,
+        *,
+        reason: RunReason | None = None,
+        run_id: str | None = None,
+    ) -> RunRecord | None:
+        scheduler = self.scheduler
+        task = asyncio.current_task()
+        assert task is not None
+        ctx = JobContext(
+            job=job.name,
+            run_id=lease.run_id if lease else run_id or new_run_id(),
+            slot_ms=slot_ms,
+            reason=lease.reason if lease else reason or "schedule",
+            attempt=lease.attempt if lease else 1,
+            data=job.settings.data,
+            instance_id=scheduler.instance_id,
+            clock=self.clock,
+        )
+        run = Run(ctx, task, lease, self.clock.now_ms(), job.is_async)
+        job.runs[ctx.run_id] = run
+        self.runs.add(run)
+        scheduler.emit("start", StartEvent(job.name, slot_ms, ctx.run_id, ctx.reason, ctx.attempt))
+        timers = self._arm_watchdogs(job, run)
+        try:
+            outcome, error = await self._call(job, run)
+        finally:
+            for timer in timers:
+                timer.cancel()
+            job.runs.pop(ctx.run_id, None)
+            self.runs.discard(run)
+        if run.abandoned:
+            return None  # stop() gave up on it and recorded it already
+        if lease is not None:
+            await self._release(lease, handover=ctx.abort_reason == "shutdown")
+        return await self._finish(job, run, outcome, error)
+
+    def _arm_watchdogs(self, job: Job, run: Run) -> list[Any]:
+        timers: list[Any] = []
+        timeout = job.settings.timeout
+        if timeout is not None:
+            due = run.started_ms + to_ms(timeout)
+            timers.append(self.clock.call_at(due, lambda: self.abort(run, "timeout")))
+        if run.lease is not None:
+            timers.append(_Renewer(self, run))
+        return timers
+
+    async def _call(self, job: Job, run: Run) -> tuple[Outcome, str | None]:
+        ctx = run.ctx
+        try:
+            if job.is_async:
+                await job.handler(ctx)  # type: ignore[misc]
+            else:
+                await asyncio.to_thread(job.handler, ctx)
+        except asyncio.CancelledError:
+            if ctx.abort_reason is None:
+                raise  # not ours: the task itself is being cancelled
+            run.task.uncancel()
+        except Exception as exc:
+            if ctx.abort_reason is None:
+                return "failed", f"{type(exc).__name__}: {exc}"
+        if ctx.abort_reason is None:
+            return "completed", None
+        if ctx.abort_reason == "timeout":
+            assert job.settings.timeout is not None
+            return "timed-out", f"Timed out after {format_duration(job.settings.timeout)}"
+        return _ABORT_OUTCOMES[ctx.abort_reason], f"aborted: {ctx.abort_reason}"
+
+    def abort(self, run: Run, reason: AbortReason) -> None:
+        """Ask a run to stop: ``ctx.abort_reason`` for everyone, cancellation for async ones."""
+        if run.ctx.abort_reason is not None or run.task.done():
+            return
+        run.ctx.abort_reason = reason
+        if run.is_async:  # a thread cannot be cancelled: sync handlers watch ctx.abort_reason
+            run.task.cancel()
+
+    async def _release(self, lease: Lease, *, handover: bool) -> None:
+        backend = self.scheduler.backend
+        assert isinstance(backend, LeaseBackend)
+        try:
+            await backend.release(lease, handover=handover)
+        except Exception as exc:  # the lease expires by itself
+            logger.warning("could not release lease of %s: %s", lease.slot.key, exc)
+
+    async def _finish(
+        self, job: Job, run: Run, outcome: Outcome, error: str | None
+    ) -> RunRecord:
+        scheduler = self.scheduler
+        ctx = run.ctx
+        finished_ms = self.clock.now_ms()
+        record = RunRecord(
+            job=job.name,
+            slot_ms=ctx.slot_ms,
+            run_id=ctx.run_id,
+            instance_id=ctx.instance_id,
+            reason=ctx.reason,
+            attempt=ctx.attempt,
+            started_at=ms_to_datetime(run.started_ms),
+            finished_at=ms_to_datetime(finished_ms),
+            outcome=outcome,
+            error=error,
+        )
+        try:
+            await scheduler.backend.record(job.settings.policy, record)
+        except Exception as exc:
+            logger.warning("could not record run %s of %s: %s", ctx.run_id, job.name, exc)
+        duration_ms = finished_ms - run.started_ms
+        self._log(record, duration_ms, run.started_ms - ctx.slot_ms)
+        event = RunEvent(
+            job.name, ctx.slot_ms, ctx.run_id, ctx.reason, ctx.attempt, outcome, error, duration_ms
+        )
+        scheduler.emit("complete" if outcome == "completed" else "fail", event)
+        return record
+
+    def _log(self, record: RunRecord, duration_ms: int, late_ms: int) -> None:
+        fields = {
+            "job": record.job,
+            "run_id": record.run_id,
+            "slot": record.slot_ms,
+            "reason": record.reason,
+            "attempt": record.attempt,
+            "outcome": record.outcome,
+            "duration_ms": duration_ms,
+            "late_ms": late_ms,
+            "instance_id": record.instance_id,
+        }
+        text = " ".join(f"{key}={value}" for key, value in fields.items())
+        if record.error:
+            text += f" error={record.error!r}"
+        level = logging.INFO if record.outcome == "completed" else logging.WARNING
+        logger.log(level, "run %s", text, extra=fields)
+
+    # -- drain ---------------------------------------------------------------------------
+
+    async def drain(self, timeout_s: float) -> None:
+        """Abort every run (``shutdown``), wait up to ``timeout_s``, record what is left."""
+        scheduler = self.scheduler
+        for task in list(scheduler._tasks):
+            if not any(run.task is task for run in self.runs):
+                task.cancel()  # claims in flight and sweeps: nothing has started yet
+        for run in list(self.runs):
+            self.abort(run, "shutdown")
+        pending = {run.task for run in self.runs}
+        if pending:
+            await asyncio.wait(pending, timeout=timeout_s)
+        for run in [run for run in self.runs if not run.task.done()]:
+            run.abandoned = True
+            job = scheduler.get(run.ctx.job)
+            if job is not None:
+                detail = f"abandoned: still running after drain_timeout ({timeout_s:g}s)"
+                await self._finish(job, run, "interrupted", detail)
+        others = [task for task in scheduler._tasks if not task.done()]
+        if others:
+            await asyncio.wait(others, timeout=1.0)
+
+
+class _Renewer:
+    """Renews a run's lease every ``lease_ttl / 3``; a failed renewal aborts with ``lock-lost``."""
+
+    def __init__(self, runner: Runner, run: Run) -> None:
+        backend = runner.scheduler.backend
+        assert isinstance(backend, LeaseBackend) and run.lease is not None
+        self._runner = runner
+        self._backend = backend
+        self._run = run
+        self._lease = run.lease
+        self._period_ms = max(to_ms(backend.lease_ttl) // 3, 10)
+        self._cancelled = False
+        self._timer = runner.clock.call_at(runner.clock.now_ms() + self._period_ms, self._due)
+
+    def _due(self) -> None:
+        if not self._cancelled:
+            self._runner.scheduler._spawn(self._renew(), name=f"renew:{self._lease.slot.key}")
+
+    async def _renew(self) -> None:
+        try:
+            ok = await self._backend.renew(self._lease)
+        except Exception as exc:
+            logger.warning("lease renewal of %s failed: %s", self._lease.slot.key, exc)
+            ok = False
+        if self._cancelled:
+            return
+        if not ok:
+            self._runner.abort(self._run, "lock-lost")
+            return
+        clock = self._runner.clock
+        self._timer = clock.call_at(clock.now_ms() + self._period_ms, self._due)
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._timer.cancel()

@@ -1,0 +1,59 @@
+"""The keyword options of ``every``/``cron``/``at``, per kind of backend, for type checkers.
+
+``Scheduler`` overloads its registration methods on its backend type: a lease backend accepts
+``LeaseEveryOptions``, any other backend only ``ClaimEveryOptions``, so mypy and pyright refuse
+``overlap=`` on a ``Scheduler[RabbitMQBackend]`` before the code runs. At run time the same rules
+are checked again from the backend's capabilities.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+from ._durations import Duration
+
+__all__ = [
+    "ClaimAtOptions",
+    "ClaimCronOptions",
+    "ClaimEveryOptions",
+    "LeaseAtOptions",
+    "LeaseCronOptions",
+    "LeaseEveryOptions",
+]
+
+
+class ClaimAtOptions(TypedDict, total=False):
+    """Options every backend accepts."""
+
+    jitter: Duration
+    max_late: Duration
+    timeout: Duration
+    history_size: int
+    history_ttl: Duration
+    data: Any
+    claim: bool
+
+
+class ClaimEveryOptions(ClaimAtOptions, total=False):
+    offset: Duration
+
+
+class ClaimCronOptions(ClaimAtOptions, total=False):
+    timezone: str
+
+
+class LeaseAtOptions(ClaimAtOptions, total=False):
+    """``at()`` on a lease backend: no ``overlap``, a one-off job has no previous run."""
+
+    max_attempts: int
+    catch_up: Duration
+
+
+class LeaseEveryOptions(LeaseAtOptions, total=False):
+    overlap: Literal["skip", "allow"]
+    offset: Duration
+
+
+class LeaseCronOptions(LeaseAtOptions, total=False):
+    overlap: Literal["skip", "allow"]
+    timezone: str

@@ -1,0 +1,272 @@
+"""The backend contract.
+
+A backend decides which instance runs a slot. Two kinds exist:
+
+* ``ClaimBackend`` (RabbitMQ, NATS JetStream): ``claim()`` a slot once; the first claim wins and
+  the backend remembers it for ``capabilities.slot_memory``. No leases, so no overlap control,
+  no retries of dead runners and no catch-up.
+* ``LeaseBackend`` (SQLite, PostgreSQL, memory): ``acquire()`` a slot with *occurrence fencing*
+  and a lease the runner renews; dead runners are detected and their slot is taken over.
+
+The scheduler reads only ``capabilities`` to validate options; it never looks at class names, so
+a third-party backend gets the same checks by declaring its capabilities.
+
+Client types (aio-pika, nats-py, asyncpg, aiosqlite) never cross this module: every method takes
+and returns the plain types defined here, and raises ``BackendError`` for anything that failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal, NamedTuple
+
+from ._clock import Clock
+
+__all__ = [
+    "Backend",
+    "Capabilities",
+    "ClaimBackend",
+    "JobPolicy",
+    "Lease",
+    "LeaseBackend",
+    "Outcome",
+    "RunReason",
+    "RunRecord",
+    "Slot",
+]
+
+Outcome = Literal["completed", "failed", "timed-out", "interrupted"]
+RunReason = Literal["schedule", "catch-up", "retry", "manual"]
+Overlap = Literal["skip", "allow"]
+
+
+class Slot(NamedTuple):
+    """One occurrence of a job: its name and its UTC instant in integer milliseconds."""
+
+    job: str
+    slot_ms: int
+
+    @property
+    def key(self) -> str:
+        """``"<job>:<slot_ms>"``: the NATS message id, the AMQP message id, the SQL key."""
+        return f"{self.job}:{self.slot_ms}"
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can do; the validation matrix reads nothing else.
+
+    ``leases``: overlap control, retries of dead runners and catch-up are possible.
+    ``slot_memory``: how long a claimed slot is remembered (``None``: for ever, by fencing).
+    ``history_ttl``: history can be trimmed by age.
+    ``history_size_per_job``: each job keeps its own history size (NATS keeps one for all).
+    """
+
+    leases: bool
+    slot_memory: timedelta | None
+    history_ttl: bool
+    history_size_per_job: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobPolicy:
+    """What a backend needs to know about a job. Lease fields are ignored by claim backends."""
+
+    name: str
+    history_size: int = 1000
+    history_ttl: timedelta | None = None
+    overlap: Overlap = "skip"
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One run of a slot, as kept in the history (newest first when read back)."""
+
+    job: str
+    slot_ms: int
+    run_id: str
+    instance_id: str
+    reason: RunReason
+    attempt: int
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: Outcome
+    error: str | None = None
+
+    def to_json(self) -> str:
+        """The record as JSON (datetimes in ISO 8601); never pickled."""
+        data: dict[str, Any] = asdict(self)
+        data["started_at"] = self.started_at.isoformat()
+        data["finished_at"] = self.finished_at.isoformat() if self.finished_at else None
+        return json.dumps(data, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RunRecord:
+        data = json.loads(text)
+        data["started_at"] = datetime.fromisoformat(data["started_at"])
+        if data["finished_at"] is not None:
+            data["finished_at"] = datetime.fromisoformat(data["finished_at"])
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A granted claim on a lease backend; ``token`` identifies this lease and no other."""
+
+    job: str
+    slot_ms: int
+    token: str
+    run_id: str
+    attempt: int
+    reason: RunReason
+
+    @property
+    def slot(self) -> Slot:
+        return Slot(self.job, self.slot_ms)
+
+
+class Backend(ABC):
+    """What every backend does: lifecycle, capabilities, history.
+
+    ``start()``/``stop()`` may be called by several schedulers sharing one backend object (a demo
+    or a test running a "fleet" in one process): the backend opens on the first ``start()`` and
+    closes on the last ``stop()``. Constructing a backend never connects.
+    """
+
+    def __init__(self) -> None:
+        self._users = 0
+        self._lifecycle = asyncio.Lock()
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities:
+        """What this backend supports; constant for the life of the object."""
+
+    @property
+    def name(self) -> str:
+        """The name errors and logs use for this backend (its class name)."""
+        return type(self).__name__
+
+    async def start(self, clock: Clock) -> None:
+        """Connect (on the first call), creating whatever the backend needs on the server."""
+        async with self._lifecycle:
+            if self._users == 0:
+                await self._open(clock)
+            self._users += 1
+
+    async def stop(self) -> None:
+        """Disconnect (on the last call). Safe to call when not started."""
+        async with self._lifecycle:
+            if self._users == 0:
+                return
+            self._users -= 1
+            if self._users == 0:
+                await self._close()
+
+    @abstractmethod
+    async def _open(self, clock: Clock) -> None:
+        """Connect and prepare the server side. Raise ``BackendUnavailableError`` on failure."""
+
+    @abstractmethod
+    async def _close(self) -> None:
+        """Release connections. Must not raise."""
+
+    async def prepare(self, jobs: Sequence[JobPolicy]) -> None:  # noqa: B027 - optional hook
+        """Called after ``start()`` with every job, and again with each job added later.
+
+        A backend that sizes server objects from job settings (NATS history) does it here. The
+        default does nothing.
+        """
+
+    @abstractmethod
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        """Append ``record`` to the job's history, trimmed to ``job.history_size`` (and to
+        ``job.history_ttl`` where ``capabilities.history_ttl``). Raises ``BackendError``."""
+
+    @abstractmethod
+    async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        """At most ``limit`` records of the job, newest first, without consuming them."""
+
+
+class ClaimBackend(Backend):
+    """A backend that only claims slots (RabbitMQ, NATS JetStream)."""
+
+    @abstractmethod
+    async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
+        """Claim ``slot`` for this instance; ``True`` when this claim won.
+
+        Exactly one claim of a slot returns ``True`` while the backend remembers the slot
+        (``capabilities.slot_memory`` from the first claim); every other claim, from any instance
+        or connection, concurrent or later, returns ``False``.
+
+        An answer that is not definite (the connection dropped before the server confirmed, the
+        ``timeout`` in seconds passed) raises ``BackendError``: the scheduler then skips the slot,
+        so a slot is never run on an ambiguous answer.
+        """
+
+
+class LeaseBackend(Backend):
+    """A backend with leases and occurrence fencing (SQLite, PostgreSQL, memory).
+
+    Lease expiry is judged on the backend's own clock (the database's), never the instance's.
+    """
+
+    @property
+    @abstractmethod
+    def lease_ttl(self) -> timedelta:
+        """How long a lease lives unless renewed; the scheduler renews every ``lease_ttl / 3``."""
+
+    @abstractmethod
+    async def acquire(
+        self,
+        slot: Slot,
+        *,
+        policy: JobPolicy,
+        instance_id: str,
+        run_id: str,
+        reason: RunReason,
+        timeout: float,
+    ) -> Lease | Literal["overlap", "not-acquired"]:
+        """Claim ``slot`` and lease it, atomically.
+
+        Granted only when ``slot.slot_ms`` is later than every slot of the job claimed before
+        (occurrence fencing: a late instance can never run a slot that already ran, even after
+        its lease expired) and, with ``policy.overlap == "skip"``, no lease on the job is live.
+        Refused with ``"overlap"`` when the fencing test passed but a live lease blocked it, else
+        ``"not-acquired"``. With ``reason == "catch-up"`` it is granted only for a job that was
+        claimed before (a job never seen has missed nothing). The lease starts at attempt 1.
+        Raises ``BackendError`` when it cannot answer within ``timeout`` seconds.
+        """
+
+    @abstractmethod
+    async def renew(self, lease: Lease) -> bool:
+        """Extend ``lease`` by ``lease_ttl``; ``False`` when it expired or belongs to another
+        token now (the runner must abort with ``lock-lost``). Raises ``BackendError``."""
+
+    @abstractmethod
+    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+        """End ``lease``; the slot stays claimed. With ``handover`` (a graceful stop cut the run
+        short), the slot is offered to ``take_over()`` at once, without counting an attempt.
+        A stale lease (another token holds the slot now) is left untouched."""
+
+    @abstractmethod
+    async def take_over(
+        self, policies: Sequence[JobPolicy], *, instance_id: str
+    ) -> list[Lease]:
+        """Take over slots whose runner died or handed them over, for the jobs in ``policies``.
+
+        A slot qualifies when it is the latest claimed slot of its job and its lease expired
+        while the run was going (the runner died), or it was handed over. If ``attempt <
+        policy.max_attempts`` (or it was handed over) it is leased to this instance with
+        ``reason="retry"`` and ``attempt + 1`` (the same attempt after a hand-over); otherwise
+        the backend leaves it. The dead attempt is recorded ``interrupted`` in the history (error
+        ``"runner lost its lease"``) by the backend, since its runner cannot. An expired slot that
+        is no longer the latest of its job is only recorded. Each slot is taken over by exactly
+        one caller.
+        """

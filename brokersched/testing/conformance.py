@@ -1,0 +1,431 @@
+"""The public conformance suites every backend passes.
+
+A backend's test module subclasses one suite and supplies ``make_backend``::
+
+    class TestMyBackend(LeaseBackendSuite):
+        def make_backend(self, namespace: str, **options: Any) -> MyBackend:
+            return MyBackend(DSN, schema=namespace, **options)
+
+``make_backend`` returns a new, unstarted backend object with its own connection; objects made
+with the same ``namespace`` share the server state (they are instances of one fleet), other
+namespaces are isolated. Races start N claimers at the same moment on N such objects. Requires
+pytest and pytest-asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Generic, TypeVar
+
+import pytest
+import pytest_asyncio
+
+from .._clock import Clock, SystemClock
+from ..abc import Backend, ClaimBackend, JobPolicy, Lease, LeaseBackend, RunRecord, Slot
+
+__all__ = ["ClaimBackendSuite", "LeaseBackendSuite"]
+
+B = TypeVar("B", bound=Backend)
+Factory = Callable[..., Awaitable[Any]]
+
+RACERS = 8
+SLOT = 1_800_000_000_000  # 2027-01-15T08:00:00Z
+
+
+def make_record(
+    job: str, slot_ms: int, n: int = 0, *, now: datetime | None = None, age: timedelta = timedelta(0)
+) -> RunRecord:
+    started = (now or datetime.now(UTC)) - age
+    return RunRecord(
+        job=job,
+        slot_ms=slot_ms,
+        run_id=f"run-{n}",
+        instance_id="conformance",
+        reason="schedule",
+        attempt=1,
+        started_at=started,
+        finished_at=started + timedelta(milliseconds=5),
+        outcome="completed",
+        error=None,
+    )
+
+
+class _Suite(ABC, Generic[B]):
+    @abstractmethod
+    def make_backend(self, namespace: str, **options: Any) -> B:
+        """A new, unstarted backend on the shared server state of ``namespace``."""
+
+    def make_clock(self) -> Clock:
+        """The clock backends are started with; a virtual one for in-process backends."""
+        return SystemClock()
+
+    async def elapse(self, clock: Clock, seconds: float) -> None:
+        """Let ``seconds`` pass on the backend's clock (real time by default)."""
+        await asyncio.sleep(seconds)
+
+    @pytest_asyncio.fixture
+    async def clock(self) -> Clock:
+        return self.make_clock()
+
+    @pytest_asyncio.fixture
+    async def fleet(self, clock: Clock) -> AsyncIterator[Factory]:
+        """``await fleet(**options)`` starts another instance's backend in this test's namespace."""
+        namespace = "t" + secrets.token_hex(5)
+        started: list[Backend] = []
+
+        async def start(**options: Any) -> B:
+            backend = self.make_backend(namespace, **options)
+            await backend.start(clock)
+            started.append(backend)
+            return backend
+
+        yield start
+        for backend in reversed(started):
+            await backend.stop()
+
+    @pytest.mark.asyncio
+    async def test_history_is_newest_first_and_limited(self, fleet: Factory) -> None:
+        backend = await fleet()
+        policy = JobPolicy("hist", history_size=10)
+        await backend.prepare([policy])
+        for n in range(5):
+            await backend.record(policy, make_record("hist", SLOT + n, n))
+        records = await backend.history(policy, 3)
+        assert [r.run_id for r in records] == ["run-4", "run-3", "run-2"]
+        again = await backend.history(policy, 10)
+        assert [r.run_id for r in again] == [f"run-{n}" for n in (4, 3, 2, 1, 0)]
+
+    @pytest.mark.asyncio
+    async def test_history_is_trimmed_to_its_size(self, fleet: Factory) -> None:
+        backend = await fleet()
+        policy = JobPolicy("small", history_size=3)
+        await backend.prepare([policy])
+        for n in range(6):
+            await backend.record(policy, make_record("small", SLOT + n, n))
+        records = await backend.history(policy, 100)
+        assert [r.run_id for r in records] == ["run-5", "run-4", "run-3"]
+
+    @pytest.mark.asyncio
+    async def test_history_is_per_job_and_round_trips(self, fleet: Factory) -> None:
+        backend = await fleet()
+        first, second = JobPolicy("a.job"), JobPolicy("a:job")
+        await backend.prepare([first, second])
+        record = make_record("a.job", SLOT, 7)
+        await backend.record(first, record)
+        (read,) = await backend.history(first, 10)
+        fields = ("job", "slot_ms", "run_id", "instance_id", "reason", "attempt", "outcome", "error")
+        assert [getattr(read, f) for f in fields] == [getattr(record, f) for f in fields]
+        assert read.started_at.tzinfo is not None and read.finished_at is not None
+        assert abs(read.started_at - record.started_at) < timedelta(milliseconds=1)
+        assert await backend.history(second, 10) == []
+
+
+class ClaimBackendSuite(_Suite[B]):
+    """Claim semantics: exactly one claim per slot wins, remembered for ``slot_memory``."""
+
+    async def claim(self, backend: B, slot: Slot, instance: str = "i1") -> bool:
+        assert isinstance(backend, ClaimBackend)
+        return await backend.claim(slot, instance_id=instance, run_id="r", timeout=5.0)
+
+    @pytest.mark.asyncio
+    async def test_capabilities_say_claim_only(self, fleet: Factory) -> None:
+        caps = (await fleet()).capabilities
+        assert caps.leases is False
+        assert caps.slot_memory is not None and caps.slot_memory > timedelta(0)
+
+    @pytest.mark.asyncio
+    async def test_first_claim_wins_and_later_ones_lose(self, fleet: Factory) -> None:
+        one, two = await fleet(), await fleet()
+        slot = Slot("report", SLOT)
+        assert await self.claim(one, slot) is True
+        assert await self.claim(one, slot) is False
+        assert await self.claim(two, slot, "i2") is False
+
+    @pytest.mark.asyncio
+    async def test_slots_and_jobs_are_independent(self, fleet: Factory) -> None:
+        backend = await fleet()
+        assert await self.claim(backend, Slot("a", SLOT))
+        assert await self.claim(backend, Slot("a", SLOT + 1))
+        assert await self.claim(backend, Slot("b", SLOT))
+        # names that differ only in characters a naive escaping would merge
+        for name in ("x.y", "x:y", "x_y", "x-y", "x$y", "X.Y"):
+            assert await self.claim(backend, Slot(name, SLOT)), name
+
+    @pytest.mark.asyncio
+    async def test_long_job_names_claim(self, fleet: Factory) -> None:
+        backend = await fleet()
+        long_a, long_b = "a" * 127 + "1", "a" * 127 + "2"
+        assert await self.claim(backend, Slot(long_a, SLOT))
+        assert await self.claim(backend, Slot(long_b, SLOT))
+        assert not await self.claim(backend, Slot(long_a, SLOT))
+
+    @pytest.mark.asyncio
+    async def test_racing_claimers_have_exactly_one_winner_per_slot(self, fleet: Factory) -> None:
+        backends = [await fleet() for _ in range(RACERS)]
+        slots = [Slot("race", SLOT + n * 1000) for n in range(10)]
+        barrier = asyncio.Barrier(RACERS)
+
+        async def racer(index: int) -> list[bool]:
+            await barrier.wait()
+            claims = [self.claim(backends[index], slot, f"i{index}") for slot in slots]
+            return list(await asyncio.gather(*claims))
+
+        results = await asyncio.gather(*(racer(i) for i in range(RACERS)))
+        for column, slot in enumerate(slots):
+            winners = [row[column] for row in results].count(True)
+            assert winners == 1, f"{slot.key}: {winners} winners"
+
+
+class LeaseBackendSuite(_Suite[B]):
+    """Lease semantics: fencing, overlap, renewal, take-over of dead runners, catch-up."""
+
+    lease_ttl = timedelta(seconds=1)
+
+    async def acquire(
+        self,
+        backend: B,
+        slot: Slot,
+        policy: JobPolicy | None = None,
+        *,
+        instance: str = "i1",
+        reason: Any = "schedule",
+    ) -> Lease | str:
+        assert isinstance(backend, LeaseBackend)
+        return await backend.acquire(
+            slot,
+            policy=policy or JobPolicy(slot.job),
+            instance_id=instance,
+            run_id=secrets.token_hex(4),
+            reason=reason,
+            timeout=5.0,
+        )
+
+    async def started(self, fleet: Factory) -> LeaseBackend:
+        backend = await fleet(lease_ttl=self.lease_ttl)
+        assert isinstance(backend, LeaseBackend)
+        return backend
+
+    async def expire(self, clock: Clock) -> None:
+        await self.elapse(clock, self.lease_ttl.total_seconds() * 1.5)
+
+    @pytest.mark.asyncio
+    async def test_capabilities_say_lease(self, fleet: Factory) -> None:
+        backend = await self.started(fleet)
+        assert backend.capabilities.leases is True
+        assert backend.lease_ttl == self.lease_ttl
+
+    @pytest.mark.asyncio
+    async def test_acquire_grants_a_lease(self, fleet: Factory) -> None:
+        backend = await self.started(fleet)
+        lease = await self.acquire(backend, Slot("job", SLOT))
+        assert isinstance(lease, Lease)
+        assert (lease.job, lease.slot_ms, lease.attempt, lease.reason) == ("job", SLOT, 1, "schedule")
+        assert await self.acquire(backend, Slot("job", SLOT)) == "not-acquired"
+
+    @pytest.mark.asyncio
+    async def test_fencing_refuses_older_slots_even_after_expiry(
+        self, fleet: Factory, clock: Clock
+    ) -> None:
+        backend = await self.started(fleet)
+        allow = JobPolicy("job", overlap="allow")
+        newer = await self.acquire(backend, Slot("job", SLOT + 60_000), allow)
+        assert isinstance(newer, Lease)
+        await backend.release(newer)
+        await self.expire(clock)
+        assert await self.acquire(backend, Slot("job", SLOT), allow) == "not-acquired"
+        assert await self.acquire(backend, Slot("job", SLOT + 60_000), allow) == "not-acquired"
+        assert isinstance(await self.acquire(backend, Slot("job", SLOT + 120_000), allow), Lease)
+
+    @pytest.mark.asyncio
+    async def test_overlap_skip_refuses_while_a_lease_is_live(
+        self, fleet: Factory, clock: Clock
+    ) -> None:
+        one, two = await self.started(fleet), await self.started(fleet)
+        first = await self.acquire(one, Slot("job", SLOT))
+        assert isinstance(first, Lease)
+        assert await self.acquire(two, Slot("job", SLOT + 1000), instance="i2") == "overlap"
+        await one.release(first)
+        assert isinstance(await self.acquire(two, Slot("job", SLOT + 2000), instance="i2"), Lease)
+
+    @pytest.mark.asyncio
+    async def test_overlap_allow_only_fences(self, fleet: Factory) -> None:
+        backend = await self.started(fleet)
+        allow = JobPolicy("job", overlap="allow")
+        assert isinstance(await self.acquire(backend, Slot("job", SLOT), allow), Lease)
+        assert isinstance(await self.acquire(backend, Slot("job", SLOT + 1000), allow), Lease)
+
+    @pytest.mark.asyncio
+    async def test_an_expired_lease_no_longer_blocks(self, fleet: Factory, clock: Clock) -> None:
+        backend = await self.started(fleet)
+        assert isinstance(await self.acquire(backend, Slot("job", SLOT)), Lease)
+        await self.expire(clock)
+        assert isinstance(await self.acquire(backend, Slot("job", SLOT + 1000)), Lease)
+
+    @pytest.mark.asyncio
+    async def test_renewal_keeps_the_lease_live(self, fleet: Factory, clock: Clock) -> None:
+        backend = await self.started(fleet)
+        lease = await self.acquire(backend, Slot("job", SLOT))
+        assert isinstance(lease, Lease)
+        for _ in range(4):  # well past one ttl in all
+            await self.elapse(clock, self.lease_ttl.total_seconds() / 3)
+            assert await backend.renew(lease) is True
+        assert await self.acquire(backend, Slot("job", SLOT + 1000)) == "overlap"
+
+    @pytest.mark.asyncio
+    async def test_renewing_an_expired_lease_fails(self, fleet: Factory, clock: Clock) -> None:
+        backend = await self.started(fleet)
+        lease = await self.acquire(backend, Slot("job", SLOT))
+        assert isinstance(lease, Lease)
+        await self.expire(clock)
+        assert await backend.renew(lease) is False
+
+    @pytest.mark.asyncio
+    async def test_racing_claimers_have_exactly_one_winner(self, fleet: Factory) -> None:
+        backends = [await self.started(fleet) for _ in range(RACERS)]
+        barrier = asyncio.Barrier(RACERS)
+        policy = JobPolicy("race", overlap="allow")
+
+        async def racer(index: int, slot: Slot) -> Lease | str:
+            await barrier.wait()
+            return await self.acquire(backends[index], slot, policy, instance=f"i{index}")
+
+        for n in range(5):  # the first race also creates the job's row
+            slot = Slot("race", SLOT + n * 1000)
+            results = await asyncio.gather(*(racer(i, slot) for i in range(RACERS)))
+            assert sum(isinstance(r, Lease) for r in results) == 1, results
+
+    @pytest.mark.asyncio
+    async def test_racing_claimers_of_different_slots_respect_overlap(
+        self, fleet: Factory
+    ) -> None:
+        backends = [await self.started(fleet) for _ in range(RACERS)]
+        barrier = asyncio.Barrier(RACERS)
+
+        async def racer(index: int) -> Lease | str:
+            await barrier.wait()
+            return await self.acquire(backends[index], Slot("skip", SLOT + index), instance=f"i{index}")
+
+        results = await asyncio.gather(*(racer(i) for i in range(RACERS)))
+        assert sum(isinstance(r, Lease) for r in results) == 1, results
+
+    @pytest.mark.asyncio
+    async def test_dead_runner_is_taken_over_once_with_the_next_attempt(
+        self, fleet: Factory, clock: Clock
+    ) -> None:
+        backends = [await self.started(fleet) for _ in range(RACERS)]
+        policy = JobPolicy("job", max_attempts=3)
+        lease = await self.acquire(backends[0], Slot("job", SLOT), policy)
+        assert isinstance(lease, Lease)
+        assert await backends[1].take_over([policy], instance_id="i1") == []  # still live
+        await self.expire(clock)
+        barrier = asyncio.Barrier(RACERS)
+
+        async def taker(index: int) -> list[Lease]:
+            await barrier.wait()
+            return await backends[index].take_over([policy], instance_id=f"i{index}")
+
+        taken = [lease for found in await asyncio.gather(*map(taker, range(RACERS))) for lease in found]
+        assert len(taken) == 1, taken
+        (retry,) = taken
+        assert (retry.slot_ms, retry.attempt, retry.reason) == (SLOT, 2, "retry")
+        assert retry.token != lease.token
+        assert await backends[0].renew(lease) is False  # the dead runner's token is stale
+        await backends[0].release(lease)  # ... and its release touches nothing
+        assert await backends[1].renew(retry) is True
+        history = await backends[1].history(policy, 10)
+        assert [(r.outcome, r.attempt, r.error) for r in history] == [
+            ("interrupted", 1, "runner lost its lease")
+        ]
+
+    @pytest.mark.asyncio
+    async def test_attempts_run_out(self, fleet: Factory, clock: Clock) -> None:
+        backend = await self.started(fleet)
+        policy = JobPolicy("job", max_attempts=2)
+        assert isinstance(await self.acquire(backend, Slot("job", SLOT), policy), Lease)
+        await self.expire(clock)
+        (retry,) = await backend.take_over([policy], instance_id="i2")
+        assert retry.attempt == 2
+        await self.expire(clock)
+        assert await backend.take_over([policy], instance_id="i3") == []
+        await self.expire(clock)
+        assert await backend.take_over([policy], instance_id="i3") == []
+        outcomes = [(r.outcome, r.attempt) for r in await backend.history(policy, 10)]
+        assert outcomes == [("interrupted", 2), ("interrupted", 1)]
+
+    @pytest.mark.asyncio
+    async def test_max_attempts_one_never_restarts(self, fleet: Factory, clock: Clock) -> None:
+        backend = await self.started(fleet)
+        policy = JobPolicy("job", max_attempts=1)
+        assert isinstance(await self.acquire(backend, Slot("job", SLOT), policy), Lease)
+        await self.expire(clock)
+        assert await backend.take_over([policy], instance_id="i2") == []
+        assert [r.outcome for r in await backend.history(policy, 10)] == ["interrupted"]
+
+    @pytest.mark.asyncio
+    async def test_handover_is_taken_at_once_without_an_attempt(self, fleet: Factory) -> None:
+        one, two = await self.started(fleet), await self.started(fleet)
+        policy = JobPolicy("job", max_attempts=1)
+        lease = await self.acquire(one, Slot("job", SLOT), policy)
+        assert isinstance(lease, Lease)
+        await one.release(lease, handover=True)
+        (taken,) = await two.take_over([policy], instance_id="i2")
+        assert (taken.slot_ms, taken.attempt, taken.reason) == (SLOT, 1, "retry")
+        assert await two.take_over([policy], instance_id="i3") == []
+        assert await one.history(policy, 10) == []  # a hand-over is not a dead attempt
+
+    @pytest.mark.asyncio
+    async def test_released_slots_are_not_taken_over(self, fleet: Factory, clock: Clock) -> None:
+        backend = await self.started(fleet)
+        lease = await self.acquire(backend, Slot("job", SLOT))
+        assert isinstance(lease, Lease)
+        await backend.release(lease)
+        await self.expire(clock)
+        assert await backend.take_over([JobPolicy("job")], instance_id="i2") == []
+
+    @pytest.mark.asyncio
+    async def test_only_the_latest_slot_is_retried(self, fleet: Factory, clock: Clock) -> None:
+        backend = await self.started(fleet)
+        allow = JobPolicy("job", overlap="allow")
+        assert isinstance(await self.acquire(backend, Slot("job", SLOT), allow), Lease)
+        newer = await self.acquire(backend, Slot("job", SLOT + 1000), allow)
+        assert isinstance(newer, Lease)
+        await backend.release(newer)
+        await self.expire(clock)
+        assert await backend.take_over([allow], instance_id="i2") == []
+        assert [r.slot_ms for r in await backend.history(allow, 10)] == [SLOT]
+
+    @pytest.mark.asyncio
+    async def test_take_over_is_limited_to_the_given_jobs(
+        self, fleet: Factory, clock: Clock
+    ) -> None:
+        backend = await self.started(fleet)
+        assert isinstance(await self.acquire(backend, Slot("mine", SLOT)), Lease)
+        assert isinstance(await self.acquire(backend, Slot("theirs", SLOT)), Lease)
+        await self.expire(clock)
+        taken = await backend.take_over([JobPolicy("mine")], instance_id="i2")
+        assert [lease.job for lease in taken] == ["mine"]
+
+    @pytest.mark.asyncio
+    async def test_catch_up_only_for_jobs_claimed_before(self, fleet: Factory) -> None:
+        backend = await self.started(fleet)
+        policy = JobPolicy("job", overlap="allow")
+        fresh = await self.acquire(backend, Slot("job", SLOT), policy, reason="catch-up")
+        assert fresh == "not-acquired"
+        assert isinstance(await self.acquire(backend, Slot("job", SLOT), policy), Lease)
+        late = await self.acquire(backend, Slot("job", SLOT + 5000), policy, reason="catch-up")
+        assert isinstance(late, Lease) and late.reason == "catch-up"
+        again = await self.acquire(backend, Slot("job", SLOT + 5000), policy, reason="catch-up")
+        assert again == "not-acquired"
+
+    @pytest.mark.asyncio
+    async def test_history_ttl_drops_old_runs(self, fleet: Factory, clock: Clock) -> None:
+        backend = await self.started(fleet)
+        policy = JobPolicy("aged", history_ttl=timedelta(hours=1))
+        old = make_record("aged", SLOT, 1, now=clock.now(), age=timedelta(hours=2))
+        await backend.record(policy, old)
+        await backend.record(policy, make_record("aged", SLOT + 1, 2, now=clock.now()))
+        assert [r.run_id for r in await backend.history(policy, 10)] == ["run-2"]

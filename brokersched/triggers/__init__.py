@@ -1,0 +1,8 @@
+"""Triggers: when a job's slots fall."""
+
+from .at import AtTrigger
+from .base import Trigger
+from .cron import CronTrigger, parse_cron
+from .interval import IntervalTrigger
+
+__all__ = ["AtTrigger", "CronTrigger", "IntervalTrigger", "Trigger", "parse_cron"]

@@ -1,0 +1,62 @@
+"""Test doubles of the backend *contracts* (not of any broker) and small helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+from brokersched._clock import Clock
+from brokersched.abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
+
+
+class DictClaimBackend(ClaimBackend):
+    """The claim contract over a dict shared by a "fleet"; optionally slow or failing."""
+
+    def __init__(
+        self,
+        claims: dict[str, str] | None = None,
+        *,
+        slot_ttl: timedelta = timedelta(minutes=5),
+        claim_delay_s: float = 0.0,
+        fail: Exception | None = None,
+    ) -> None:
+        super().__init__()
+        self.claims = claims if claims is not None else {}
+        self.records: dict[str, list[RunRecord]] = {}
+        self.slot_ttl = slot_ttl
+        self.claim_delay_s = claim_delay_s
+        self.fail = fail
+        self.prepared: list[str] = []
+        self._clock: Clock | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            leases=False, slot_memory=self.slot_ttl, history_ttl=False, history_size_per_job=True
+        )
+
+    async def _open(self, clock: Clock) -> None:
+        self._clock = clock
+
+    async def _close(self) -> None:
+        self._clock = None
+
+    async def prepare(self, jobs: Sequence[JobPolicy]) -> None:
+        self.prepared += [job.name for job in jobs]
+
+    async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
+        if self.claim_delay_s and self._clock is not None:
+            await self._clock.sleep(self.claim_delay_s)
+        if self.fail is not None:
+            raise self.fail
+        if slot.key in self.claims:
+            return False
+        self.claims[slot.key] = instance_id
+        return True
+
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        self.records.setdefault(job.name, []).insert(0, record)
+        del self.records[job.name][job.history_size :]
+
+    async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        return self.records.get(job.name, [])[:limit]
