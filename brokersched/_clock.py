@@ -36,6 +36,12 @@ def datetime_to_ms(value: datetime) -> int:
     return round(value.timestamp() * 1000)
 
 
+def resolve(future: asyncio.Future[None]) -> None:
+    """Set ``future``'s result unless it is done already (a timer may race a cancellation)."""
+    if not future.done():
+        future.set_result(None)
+
+
 class Timer(Protocol):
     def cancel(self) -> None: ...
 
@@ -58,7 +64,7 @@ class Clock(ABC):
     async def sleep_until(self, when_ms: int) -> None:
         """Return once ``now_ms() >= when_ms``."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        timer = self.call_at(when_ms, lambda: future.done() or future.set_result(None))
+        timer = self.call_at(when_ms, lambda: resolve(future))
         try:
             await future
         finally:
@@ -74,7 +80,7 @@ class Clock(ABC):
 
 
 class _WallTimer:
-    __slots__ = ("_clock", "_when_ms", "_callback", "_handle")
+    __slots__ = ("_callback", "_clock", "_handle", "_when_ms")
 
     def __init__(self, clock: SystemClock, when_ms: int, callback: Callable[[], object]) -> None:
         self._clock = clock

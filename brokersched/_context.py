@@ -32,16 +32,16 @@ class JobContext:
     """
 
     __slots__ = (
-        "job",
-        "run_id",
-        "slot_ms",
-        "reason",
+        "_clock",
+        "abort_reason",
         "attempt",
         "data",
         "instance_id",
-        "abort_reason",
+        "job",
         "logger",
-        "_clock",
+        "reason",
+        "run_id",
+        "slot_ms",
     )
 
     def __init__(

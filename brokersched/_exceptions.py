@@ -1,7 +1,7 @@
 """The exceptions brokersched raises.
 
     BrokerschedError
-    ├── ConfigurationError (also a ValueError)   bad options, names, schedules; raised at registration
+    ├── ConfigurationError (also a ValueError)   bad options, names, schedules: at registration
     ├── BackendError                             a backend could not answer
     │   └── BackendUnavailableError              ... because it cannot be reached
     └── LeaseLostError                           a lease could not be renewed

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 from ._clock import ms_to_datetime
 from ._context import JobContext
 from ._options import JobOptions, JobSettings
-from .abc import Lease, RunRecord
+from .abc import Backend, Lease, RunRecord
 from .triggers.base import Trigger
 
 if TYPE_CHECKING:
@@ -46,17 +46,18 @@ class Job:
     """A registered job: its schedule (a trigger), handler and options, and its runs here."""
 
     __slots__ = (
-        "name",
-        "kind",
-        "schedule",
-        "handler",
-        "settings",
-        "options",
-        "is_async",
-        "paused",
-        "armed_ms",
-        "runs",
         "_scheduler",
+        "armed_ms",
+        "handler",
+        "is_async",
+        "kind",
+        "last_ok_ms",
+        "name",
+        "options",
+        "paused",
+        "runs",
+        "schedule",
+        "settings",
     )
 
     def __init__(
@@ -80,6 +81,8 @@ class Job:
         self.paused = False
         self.armed_ms: int | None = None  # the slot this instance waits for, if any
         self.runs: dict[str, Run] = {}  # run_id -> run in progress here
+        # the last slot handled: completed here, or claimed by another instance (for overdue())
+        self.last_ok_ms: int | None = None
 
     @property
     def next_run(self) -> datetime | None:
@@ -121,7 +124,8 @@ class Job:
 
     async def history(self, limit: int = 20) -> list[RunRecord]:
         """The job's recorded runs, newest first, at most ``limit``."""
-        return await self._scheduler.backend.history(self.settings.policy, limit)
+        backend: Backend = self._scheduler.backend
+        return await backend.history(self.settings.policy, limit)
 
     def describe(self) -> str:
         return self.schedule.describe()

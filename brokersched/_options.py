@@ -137,7 +137,8 @@ def check_name(name: object) -> str:
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ConfigurationError(
             f"job name {name!r} is not valid: use 1-128 characters, letters, digits and "
-            "'_' '$' (first), then also '.' ':' '-' (pattern ^[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}$)",
+            "'_' '$' (first), then also '.' ':' '-' "
+            "(pattern ^[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}$)",
             option="name",
             job=name if isinstance(name, str) else None,
         )
@@ -170,14 +171,20 @@ def resolve_job(
     return _settings(job, gap, options, defaults, caps)
 
 
-def _default_jitter(gap: timedelta | None, options: JobOptions, defaults: SchedulerOptions) -> timedelta:
+def _default_jitter(
+    gap: timedelta | None, options: JobOptions, defaults: SchedulerOptions
+) -> timedelta:
     if options.jitter is not None:
         return options.jitter
     return defaults.jitter if gap is None else min(defaults.jitter, gap / 4)
 
 
 def _settings(
-    job: str, gap: timedelta | None, options: JobOptions, defaults: SchedulerOptions, caps: Capabilities
+    job: str,
+    gap: timedelta | None,
+    options: JobOptions,
+    defaults: SchedulerOptions,
+    caps: Capabilities,
 ) -> JobSettings:
     catch_up = options.catch_up
     if catch_up is None:
@@ -232,7 +239,9 @@ def job_errors(
                 with_backend=True,
             )
     if kind == "at" and options.overlap is not None:
-        refuse("overlap", "option 'overlap' does not apply to at(): a one-off job has no previous run")
+        refuse(
+            "overlap", "option 'overlap' does not apply to at(): a one-off job has no previous run"
+        )
     if not options.claim:
         for option in ("max_attempts", "catch_up"):
             if getattr(options, option) is not None:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from typing import TYPE_CHECKING, Any
 
-from ._clock import ms_to_datetime
+from ._clock import Clock, ms_to_datetime
 from ._context import AbortReason, JobContext
 from ._durations import format_duration, to_ms
 from ._events import RunEvent, StartEvent
 from ._exceptions import BackendError
 from ._job import Job, Run
+from ._tracing import finish_span, run_span
 from .abc import ClaimBackend, Lease, LeaseBackend, Outcome, RunReason, RunRecord, Slot
 
 if TYPE_CHECKING:
@@ -44,7 +46,7 @@ class Runner:
         self.runs: set[Run] = set()
 
     @property
-    def clock(self) -> Any:
+    def clock(self) -> Clock:
         return self.scheduler.clock
 
     # -- claim ---------------------------------------------------------------------------
@@ -65,6 +67,7 @@ class Runner:
             return await self.execute(job, slot_ms, None, reason=reason)
         run_id = new_run_id()
         timeout = self._claim_timeout(job, slot_ms)
+        began = time.perf_counter()
         try:
             async with asyncio.timeout(timeout + 1.0):  # the backend's own deadline comes first
                 lease = await self._claim(job, Slot(job.name, slot_ms), run_id, reason, timeout)
@@ -75,6 +78,8 @@ class Runner:
             logger.exception("claim of %s:%d failed unexpectedly", job.name, slot_ms)
             scheduler.skip(job, slot_ms, "backend-error", detail=type(exc).__name__)
             return None
+        finally:
+            scheduler.observe_claim(time.perf_counter() - began)
         if isinstance(lease, str):
             if reason == "catch-up":  # nothing was missed after all: not worth an event
                 logger.debug("no catch-up for %s:%d (%s)", job.name, slot_ms, lease)
@@ -98,7 +103,7 @@ class Runner:
 
     async def _claim(
         self, job: Job, slot: Slot, run_id: str, reason: RunReason, timeout: float
-    ) -> Lease | None | str:
+    ) -> Lease | str | None:
         """A lease (lease backends), ``None`` (a won claim), or the skip reason."""
         backend = self.scheduler.backend
         instance_id = self.scheduler.instance_id
@@ -145,7 +150,9 @@ class Runner:
         scheduler.emit("start", StartEvent(job.name, slot_ms, ctx.run_id, ctx.reason, ctx.attempt))
         timers = self._arm_watchdogs(job, run)
         try:
-            outcome, error = await self._call(job, run)
+            with run_span(ctx) as span:
+                outcome, error = await self._call(job, run)
+                finish_span(span, outcome, error)
         finally:
             for timer in timers:
                 timer.cancel()
@@ -204,9 +211,7 @@ class Runner:
         except Exception as exc:  # the lease expires by itself
             logger.warning("could not release lease of %s: %s", lease.slot.key, exc)
 
-    async def _finish(
-        self, job: Job, run: Run, outcome: Outcome, error: str | None
-    ) -> RunRecord:
+    async def _finish(self, job: Job, run: Run, outcome: Outcome, error: str | None) -> RunRecord:
         scheduler = self.scheduler
         ctx = run.ctx
         finished_ms = self.clock.now_ms()
@@ -226,6 +231,8 @@ class Runner:
             await scheduler.backend.record(job.settings.policy, record)
         except Exception as exc:
             logger.warning("could not record run %s of %s: %s", ctx.run_id, job.name, exc)
+        if outcome == "completed":
+            job.last_ok_ms = finished_ms
         duration_ms = finished_ms - run.started_ms
         self._log(record, duration_ms, run.started_ms - ctx.slot_ms)
         event = RunEvent(
@@ -271,7 +278,8 @@ class Runner:
             if job is not None:
                 detail = f"abandoned: still running after drain_timeout ({timeout_s:g}s)"
                 await self._finish(job, run, "interrupted", detail)
-        others = [task for task in scheduler._tasks if not task.done()]
+        abandoned = {run.task for run in self.runs if run.abandoned}
+        others = [task for task in scheduler._tasks if not task.done() and task not in abandoned]
         if others:
             await asyncio.wait(others, timeout=1.0)
 

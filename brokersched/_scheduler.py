@@ -15,9 +15,8 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar, Unpack, overload
 
-
 from . import _runner
-from ._clock import Clock, SystemClock, Timer, datetime_to_ms
+from ._clock import Clock, SystemClock, Timer
 from ._durations import Duration, parse_duration, to_ms
 from ._events import Event, EventName, Listener, SkipEvent, SkipReason
 from ._exceptions import ConfigurationError
@@ -95,10 +94,9 @@ class Scheduler(Generic[B]):
         instance_id: str | None = ...,
         clock: Clock | None = ...,
     ) -> None: ...
-    def __init__(
-        self, backend: Any = None, *, clock: Clock | None = None, **options: Any
-    ) -> None:
-        self.backend: B = backend if backend is not None else MemoryBackend()
+    def __init__(self, backend: Any = None, *, clock: Clock | None = None, **options: Any) -> None:
+        # Scheduler() is a Scheduler[MemoryBackend] (see the overloads)
+        self.backend: B = MemoryBackend() if backend is None else backend  # type: ignore[assignment]
         if not isinstance(self.backend, ClaimBackend | LeaseBackend):
             raise ConfigurationError(
                 f"backend {self.backend!r} is not a brokersched backend (a ClaimBackend or "
@@ -123,6 +121,8 @@ class Scheduler(Generic[B]):
         self._stopping = False
         self._stopped = asyncio.Event()
         self._runner = _runner.Runner(self)
+        self._claim_observers: list[Callable[[str, float], None]] = []
+        self._started_ms: int | None = None
 
     # -- registration ------------------------------------------------------------------------
 
@@ -255,12 +255,16 @@ class Scheduler(Generic[B]):
         except ConfigurationError as exc:
             raise ConfigurationError(f"job '{name}': {exc}", option=exc.option, job=name) from None
         caps, backend = self.backend.capabilities, self.backend.name
-        settings = resolve_job(name, kind, trigger.min_gap(), job_options, self.options, caps, backend)
+        settings = resolve_job(
+            name, kind, trigger.min_gap(), job_options, self.options, caps, backend
+        )
 
         def add(function: Handler) -> Job:
             if not callable(function):
                 raise ConfigurationError(
-                    f"job '{name}': handler {function!r} is not callable", option="handler", job=name
+                    f"job '{name}': handler {function!r} is not callable",
+                    option="handler",
+                    job=name,
                 )
             if name in self._jobs:
                 raise ConfigurationError(f"job name '{name}' is taken", option="name", job=name)
@@ -349,7 +353,37 @@ class Scheduler(Generic[B]):
             f" detail={detail}" if detail else "",
             extra={"job": job.name, "slot": slot_ms, "reason": reason, "late_ms": late_ms},
         )
+        if reason == "not-acquired":  # another instance has it: the fleet is handling the job
+            job.last_ok_ms = max(job.last_ok_ms or slot_ms, slot_ms)
         self.emit("skip", SkipEvent(job.name, slot_ms, reason, detail))
+
+    def on_claim(self, observer: Callable[[str, float], None]) -> None:
+        """Call ``observer(backend_name, seconds)`` after every claim (for metrics)."""
+        self._claim_observers.append(observer)
+
+    def observe_claim(self, seconds: float) -> None:
+        for observer in self._claim_observers:
+            try:
+                observer(self.backend.name, seconds)
+            except Exception:
+                logger.exception("claim observer %r failed", observer)
+
+    def overdue(self) -> list[Job]:
+        """Armed jobs whose second slot after their last handled run (or the start) has passed
+        by more than ``max_late``: the base of a health check.
+
+        A slot counts as handled when it completed here or another instance claimed it.
+        """
+        now = self.clock.now_ms()
+        late: list[Job] = []
+        for job in self._jobs.values():
+            if job.paused or job.armed_ms is None or self._started_ms is None:
+                continue
+            first = job.schedule.next_ms(max(job.last_ok_ms or 0, self._started_ms))
+            second = job.schedule.next_ms(first) if first is not None else None
+            if second is not None and now > second + job.settings.max_late_ms:
+                late.append(job)
+        return late
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -364,6 +398,7 @@ class Scheduler(Generic[B]):
             await self.backend.stop()
             raise
         self._started, self._stopping = True, False
+        self._started_ms = self.clock.now_ms()
         self._stopped.clear()
         for job in self._jobs.values():
             self._arm(job)
@@ -513,4 +548,5 @@ class Scheduler(Generic[B]):
         task = self._spawn(
             self._runner.run_slot(job, self.clock.now_ms(), "manual"), name=f"manual:{job.name}"
         )
-        return await task
+        record: RunRecord | None = await task
+        return record

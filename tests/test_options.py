@@ -151,7 +151,9 @@ def test_bad_names_are_refused(name: Any) -> None:
     assert repr(name) in str(error)
 
 
-@pytest.mark.parametrize("name", ["a", "outbox.flush", "tenant:42", "$sys", "A-b_c.d:e$", "x" * 128])
+@pytest.mark.parametrize(
+    "name", ["a", "outbox.flush", "tenant:42", "$sys", "A-b_c.d:e$", "x" * 128]
+)
 def test_good_names_are_accepted(name: str) -> None:
     assert Scheduler().every(name, "1m", handler).name == name
 

@@ -147,7 +147,9 @@ async def test_a_failing_handler_is_recorded_and_the_schedule_goes_on(
     assert history[0].slot_ms > history[1].slot_ms  # newest first
 
 
-async def test_timeout_cancels_an_async_handler(scheduler: Scheduler[Any], clock: TestClock) -> None:
+async def test_timeout_cancels_an_async_handler(
+    scheduler: Scheduler[Any], clock: TestClock
+) -> None:
     seen = events(scheduler)
     cancelled: list[bool] = []
 
@@ -233,7 +235,7 @@ async def test_drain_gives_up_after_drain_timeout() -> None:
     job = sched.every("stubborn", "1h", stubborn)
     await sched.start()
     trigger = asyncio.ensure_future(job.trigger())
-    while not job.is_running:
+    while not job.is_running:  # noqa: ASYNC110 - the run starts in a thread
         await asyncio.sleep(0.001)
     await sched.stop()
     release.set()
@@ -453,9 +455,7 @@ async def test_overlap_skip_skips_without_queueing(
     assert {e.reason for e in seen if isinstance(e, SkipEvent)} == {"overlap"}
 
 
-async def test_overlap_allow_runs_side_by_side(
-    scheduler: Scheduler[Any], clock: TestClock
-) -> None:
+async def test_overlap_allow_runs_side_by_side(scheduler: Scheduler[Any], clock: TestClock) -> None:
     handler = Recorder(work_s=7)
     scheduler.every("wide", "3s", handler, overlap="allow")
     await scheduler.start()
@@ -584,3 +584,35 @@ def test_history_record_json_round_trip() -> None:
     )
     assert RunRecord.from_json(record.to_json()) == record
     assert timedelta(0) < record.finished_at - record.started_at  # type: ignore[operator]
+
+
+async def test_overdue_lists_jobs_that_stopped_running(clock: TestClock) -> None:
+    backend = DictClaimBackend()
+    sched = Scheduler(backend, clock=clock, jitter=0, max_late="10s")
+    sched.every("healthy", "1m", Recorder())
+    await sched.start()
+    await clock.advance("5m")
+    assert sched.overdue() == []
+    backend.fail = BackendError("down")
+    await clock.advance("1m")
+    assert sched.overdue() == []  # one missed slot is not yet overdue
+    await clock.advance("1m")
+    assert [job.name for job in sched.overdue()] == ["healthy"]
+    backend.fail = None
+    await clock.advance("1m")
+    assert sched.overdue() == []
+    await sched.stop()
+
+
+async def test_slots_won_elsewhere_count_as_handled(clock: TestClock) -> None:
+    claims: dict[str, str] = {}
+    winner = Scheduler(DictClaimBackend(claims), clock=clock, jitter=0, instance_id="fast")
+    loser = Scheduler(DictClaimBackend(claims), clock=clock, jitter=0, instance_id="slow")
+    for sched in (winner, loser):
+        sched.every("shared", "1m", Recorder())
+    await winner.start()
+    await loser.start()
+    await clock.advance("10m")
+    assert winner.overdue() == [] and loser.overdue() == []
+    await winner.stop()
+    await loser.stop()

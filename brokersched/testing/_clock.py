@@ -9,7 +9,7 @@ from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import Any, TypeVar
 
-from .._clock import Clock, Timer, datetime_to_ms
+from .._clock import Clock, Timer, datetime_to_ms, resolve
 from .._durations import Duration, parse_duration, to_ms
 
 __all__ = ["TestClock"]
@@ -20,7 +20,7 @@ _DEFAULT_START = "2026-01-01T00:00:00+00:00"
 
 
 class _VirtualTimer:
-    __slots__ = ("when_ms", "callback", "cancelled")
+    __slots__ = ("callback", "cancelled", "when_ms")
 
     def __init__(self, when_ms: int, callback: Callable[[], object]) -> None:
         self.when_ms = when_ms
@@ -45,7 +45,9 @@ class TestClock(Clock):
     def __init__(self, start: datetime | str = _DEFAULT_START, *, settle_timeout: float = 30.0):
         moment = datetime.fromisoformat(start) if isinstance(start, str) else start
         if moment.tzinfo is None:
-            raise ValueError(f"TestClock start {moment.isoformat()} needs a time zone (e.g. +00:00)")
+            raise ValueError(
+                f"TestClock start {moment.isoformat()} needs a time zone (e.g. +00:00)"
+            )
         self._now = datetime_to_ms(moment)
         self._timers: list[tuple[int, int, _VirtualTimer]] = []
         self._seq = itertools.count()
@@ -74,7 +76,7 @@ class TestClock(Clock):
             await asyncio.sleep(0)
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        timer = self.call_at(when_ms, lambda: future.done() or future.set_result(None))
+        timer = self.call_at(when_ms, lambda: resolve(future))
         task = asyncio.current_task()
         if task is not None:
             self._sleeping[task] = future

@@ -37,7 +37,12 @@ SLOT = 1_800_000_000_000  # 2027-01-15T08:00:00Z
 
 
 def make_record(
-    job: str, slot_ms: int, n: int = 0, *, now: datetime | None = None, age: timedelta = timedelta(0)
+    job: str,
+    slot_ms: int,
+    n: int = 0,
+    *,
+    now: datetime | None = None,
+    age: timedelta = timedelta(0),
 ) -> RunRecord:
     started = (now or datetime.now(UTC)) - age
     return RunRecord(
@@ -117,7 +122,16 @@ class _Suite(ABC, Generic[B]):
         record = make_record("a.job", SLOT, 7)
         await backend.record(first, record)
         (read,) = await backend.history(first, 10)
-        fields = ("job", "slot_ms", "run_id", "instance_id", "reason", "attempt", "outcome", "error")
+        fields = (
+            "job",
+            "slot_ms",
+            "run_id",
+            "instance_id",
+            "reason",
+            "attempt",
+            "outcome",
+            "error",
+        )
         assert [getattr(read, f) for f in fields] == [getattr(record, f) for f in fields]
         assert read.started_at.tzinfo is not None and read.finished_at is not None
         assert abs(read.started_at - record.started_at) < timedelta(milliseconds=1)
@@ -127,7 +141,7 @@ class _Suite(ABC, Generic[B]):
 class ClaimBackendSuite(_Suite[B]):
     """Claim semantics: exactly one claim per slot wins, remembered for ``slot_memory``."""
 
-    async def claim(self, backend: B, slot: Slot, instance: str = "i1") -> bool:
+    async def claim(self, backend: Backend, slot: Slot, instance: str = "i1") -> bool:
         assert isinstance(backend, ClaimBackend)
         return await backend.claim(slot, instance_id=instance, run_id="r", timeout=5.0)
 
@@ -187,14 +201,13 @@ class LeaseBackendSuite(_Suite[B]):
 
     async def acquire(
         self,
-        backend: B,
+        backend: LeaseBackend,
         slot: Slot,
         policy: JobPolicy | None = None,
         *,
         instance: str = "i1",
         reason: Any = "schedule",
     ) -> Lease | str:
-        assert isinstance(backend, LeaseBackend)
         return await backend.acquire(
             slot,
             policy=policy or JobPolicy(slot.job),
@@ -223,7 +236,12 @@ class LeaseBackendSuite(_Suite[B]):
         backend = await self.started(fleet)
         lease = await self.acquire(backend, Slot("job", SLOT))
         assert isinstance(lease, Lease)
-        assert (lease.job, lease.slot_ms, lease.attempt, lease.reason) == ("job", SLOT, 1, "schedule")
+        assert (lease.job, lease.slot_ms, lease.attempt, lease.reason) == (
+            "job",
+            SLOT,
+            1,
+            "schedule",
+        )
         assert await self.acquire(backend, Slot("job", SLOT)) == "not-acquired"
 
     @pytest.mark.asyncio
@@ -299,15 +317,15 @@ class LeaseBackendSuite(_Suite[B]):
             assert sum(isinstance(r, Lease) for r in results) == 1, results
 
     @pytest.mark.asyncio
-    async def test_racing_claimers_of_different_slots_respect_overlap(
-        self, fleet: Factory
-    ) -> None:
+    async def test_racing_claimers_of_different_slots_respect_overlap(self, fleet: Factory) -> None:
         backends = [await self.started(fleet) for _ in range(RACERS)]
         barrier = asyncio.Barrier(RACERS)
 
         async def racer(index: int) -> Lease | str:
             await barrier.wait()
-            return await self.acquire(backends[index], Slot("skip", SLOT + index), instance=f"i{index}")
+            return await self.acquire(
+                backends[index], Slot("skip", SLOT + index), instance=f"i{index}"
+            )
 
         results = await asyncio.gather(*(racer(i) for i in range(RACERS)))
         assert sum(isinstance(r, Lease) for r in results) == 1, results
@@ -328,7 +346,9 @@ class LeaseBackendSuite(_Suite[B]):
             await barrier.wait()
             return await backends[index].take_over([policy], instance_id=f"i{index}")
 
-        taken = [lease for found in await asyncio.gather(*map(taker, range(RACERS))) for lease in found]
+        taken = [
+            lease for found in await asyncio.gather(*map(taker, range(RACERS))) for lease in found
+        ]
         assert len(taken) == 1, taken
         (retry,) = taken
         assert (retry.slot_ms, retry.attempt, retry.reason) == (SLOT, 2, "retry")

@@ -15,7 +15,7 @@ class AtTrigger(Trigger):
     """Fires once, at ``when``."""
 
     kind = "at"
-    __slots__ = ("when", "_when_ms")
+    __slots__ = ("_when_ms", "when")
 
     def __init__(self, when: datetime) -> None:
         if not isinstance(when, datetime):

@@ -26,7 +26,7 @@ class Trigger(ABC):
 
     @abstractmethod
     def describe(self) -> str:
-        """A short human description, e.g. ``"every 5s"`` or ``"cron '0 8 * * *' (Europe/Paris)"``."""
+        """A short description: ``"every 5s"``, ``"cron '0 8 * * *' (Europe/Paris)"``."""
 
     def latest_ms(self, at_or_before_ms: int, window_ms: int) -> int | None:
         """The last fire time in ``(at_or_before_ms - window_ms, at_or_before_ms]``, if any."""

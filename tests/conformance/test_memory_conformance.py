@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from brokersched._clock import Clock
 from brokersched.backends.memory import MemoryBackend, MemoryStore
@@ -11,7 +11,7 @@ from brokersched.testing.conformance import LeaseBackendSuite
 
 
 class TestMemoryBackend(LeaseBackendSuite[MemoryBackend]):
-    stores: dict[str, MemoryStore] = {}
+    stores: ClassVar[dict[str, MemoryStore]] = {}
 
     def make_backend(self, namespace: str, **options: Any) -> MemoryBackend:
         store = self.stores.setdefault(namespace, MemoryStore())

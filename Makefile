@@ -1,0 +1,37 @@
+# Two commands set everything up on a fresh machine:
+#   make demo   - a fleet of three schedulers on the embedded backend (no server needed)
+#   make test   - lint, type checks and the whole test suite against the local servers
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck services bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check brokersched tests bench examples
+	$(BIN)/ruff format --check brokersched
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+services:
+	bash scripts/services.sh
+
+test: lint typecheck services
+	$(BIN)/pytest
+
+bench: $(STAMP) services
+	for script in bench/bench_*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,44 @@
+"""Must type-check: lease options on lease backends, common options everywhere."""
+
+from datetime import UTC, datetime
+
+from brokersched import (
+    JobContext,
+    MemoryBackend,
+    NATSBackend,
+    PostgresBackend,
+    RabbitMQBackend,
+    Scheduler,
+    SQLiteBackend,
+)
+
+
+async def flush(ctx: JobContext) -> None: ...
+
+
+def sync_flush(ctx: JobContext) -> None: ...
+
+
+when = datetime(2027, 1, 1, tzinfo=UTC)
+
+lease = Scheduler(PostgresBackend("postgresql://127.0.0.1/test"))
+lease.every("a", "5s", flush, overlap="allow", max_attempts=1, catch_up="1m", timeout="4s")
+lease.cron("b", "0 8 * * MON-FRI", flush, timezone="Europe/Paris", overlap="skip", catch_up=0)
+lease.at("c", when, flush, max_attempts=1, catch_up="1h", max_late="1h")
+Scheduler(SQLiteBackend("/tmp/x.db")).every("d", "1m", sync_flush, max_attempts=2)
+Scheduler().every("e", "1m", flush, overlap="allow")  # the embedded MemoryBackend
+
+
+@lease.every("f", "1m", overlap="allow")
+async def decorated(ctx: JobContext) -> None: ...
+
+
+rabbit = Scheduler(RabbitMQBackend("amqp://guest:guest@127.0.0.1/", slot_ttl="5m"))
+rabbit.every("outbox.flush", "5s", flush, timeout="4s", jitter="1s", max_late="30s")
+rabbit.cron("digest", "0 8 * * MON-FRI", flush, timezone="Europe/Paris", jitter="30s")
+rabbit.at("migrate", when, flush, max_late="1h", data={"batch": 10}, claim=True)
+Scheduler(NATSBackend("nats://127.0.0.1:4222")).every("g", "1m", flush, history_size=10)
+
+
+@rabbit.every("h", "1m", timeout="10s")
+def decorated_sync(ctx: JobContext) -> None: ...
