@@ -256,9 +256,7 @@ class LeaseBackend(Backend):
         A stale lease (another token holds the slot now) is left untouched."""
 
     @abstractmethod
-    async def take_over(
-        self, policies: Sequence[JobPolicy], *, instance_id: str
-    ) -> list[Lease]:
+    async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         """Take over slots whose runner died or handed them over, for the jobs in ``policies``.
 
         A slot qualifies when it is the latest claimed slot of its job and its lease expired

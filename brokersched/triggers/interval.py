@@ -18,7 +18,7 @@ class IntervalTrigger(Trigger):
     """
 
     kind = "every"
-    __slots__ = ("interval", "offset", "_interval_ms", "_offset_ms")
+    __slots__ = ("_interval_ms", "_offset_ms", "interval", "offset")
 
     def __init__(self, interval: timedelta, offset: timedelta = timedelta(0)) -> None:
         self._interval_ms = to_ms(interval)
