@@ -27,6 +27,7 @@ lease.cron("b", "0 8 * * MON-FRI", flush, timezone="Europe/Paris", overlap="skip
 lease.at("c", when, flush, max_attempts=1, catch_up="1h", max_late="1h")
 Scheduler(SQLiteBackend("/tmp/x.db")).every("d", "1m", sync_flush, max_attempts=2)
 Scheduler().every("e", "1m", flush, overlap="allow")  # the embedded MemoryBackend
+Scheduler(MemoryBackend(lease_ttl="10s")).every("e2", "1m", flush, catch_up=0)
 
 
 @lease.every("f", "1m", overlap="allow")
