@@ -26,6 +26,7 @@ from .backends.memory import MemoryBackend
 from .triggers.cron import parse_cron
 
 if TYPE_CHECKING:
+    from ._metrics import PrometheusMetrics
     from .backends.nats import NATSBackend
     from .backends.postgres import PostgresBackend
     from .backends.rabbitmq import RabbitMQBackend
@@ -42,6 +43,7 @@ __all__ = [
     "MemoryBackend",
     "NATSBackend",
     "PostgresBackend",
+    "PrometheusMetrics",
     "RabbitMQBackend",
     "RunEvent",
     "RunRecord",
@@ -56,6 +58,7 @@ __all__ = [
 _LAZY = {
     "NATSBackend": ".backends.nats",
     "PostgresBackend": ".backends.postgres",
+    "PrometheusMetrics": "._metrics",
     "RabbitMQBackend": ".backends.rabbitmq",
     "SQLiteBackend": ".backends.sqlite",
 }

@@ -44,6 +44,8 @@ class ConfigurationError(BrokerschedError, ValueError):
         self.option = option
         self.backend = backend
         self.job = job
+        # every problem found with the same job, this one first (see Scheduler.check())
+        self.all_errors: list[ConfigurationError] = [self]
 
 
 class BackendError(BrokerschedError):

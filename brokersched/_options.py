@@ -167,6 +167,7 @@ def resolve_job(
     """Apply defaults and check every rule; raises the first ``ConfigurationError`` found."""
     errors = job_errors(job, kind, gap, options, defaults, caps, backend)
     if errors:
+        errors[0].all_errors = errors
         raise errors[0]
     return _settings(job, gap, options, defaults, caps)
 

@@ -243,6 +243,7 @@ class Runner:
 
     def _log(self, record: RunRecord, duration_ms: int, late_ms: int) -> None:
         fields = {
+            "event": "run",
             "job": record.job,
             "run_id": record.run_id,
             "slot": record.slot_ms,
@@ -253,9 +254,10 @@ class Runner:
             "late_ms": late_ms,
             "instance_id": record.instance_id,
         }
-        text = " ".join(f"{key}={value}" for key, value in fields.items())
+        text = " ".join(f"{key}={value}" for key, value in fields.items() if key != "event")
         if record.error:
             text += f" error={record.error!r}"
+        fields["error"] = record.error
         level = logging.INFO if record.outcome == "completed" else logging.WARNING
         logger.log(level, "run %s", text, extra=fields)
 

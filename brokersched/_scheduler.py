@@ -10,7 +10,9 @@ import os
 import random
 import secrets
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar, Unpack, overload
@@ -23,6 +25,7 @@ from ._exceptions import ConfigurationError
 from ._job import Handler, Job
 from ._options import (
     JobOptions,
+    JobSettings,
     check_name,
     check_scheduler_options,
     job_errors,
@@ -53,6 +56,25 @@ H = TypeVar("H", bound=Handler)
 
 logger = logging.getLogger("brokersched")
 _EVENTS: tuple[EventName, ...] = ("skip", "start", "complete", "fail")
+
+
+_COLLECTING: ContextVar[bool] = ContextVar("brokersched_collecting", default=False)
+
+
+@contextmanager
+def collect_errors() -> Iterator[None]:
+    """While active, registration keeps refused jobs' errors for ``check()`` instead of raising
+    them, so that ``brokersched check`` reports every error of every job at once. A refused job
+    is not registered (its direct form returns ``None``)."""
+    token = _COLLECTING.set(True)
+    try:
+        yield
+    finally:
+        _COLLECTING.reset(token)
+
+
+def _unchanged(function: H) -> H:
+    return function
 
 
 def _default_instance_id() -> str:
@@ -122,6 +144,7 @@ class Scheduler(Generic[B]):
         self._stopped = asyncio.Event()
         self._runner = _runner.Runner(self)
         self._claim_observers: list[Callable[[str, float], None]] = []
+        self._refused: list[ConfigurationError] = []  # see collect_errors()
         self._started_ms: int | None = None
 
     # -- registration ------------------------------------------------------------------------
@@ -242,22 +265,13 @@ class Scheduler(Generic[B]):
         options: dict[str, Any],
     ) -> Job | Callable[[H], H]:
         # Everything is validated now, before the decorator form returns: never at the first run.
-        name = check_name(name)
-        if name in self._jobs:
-            raise ConfigurationError(
-                f"job name '{name}' is taken: {self._jobs[name]!r} is registered already",
-                option="name",
-                job=name,
-            )
-        job_options = parse_job_options(name, options)
         try:
-            trigger = make_trigger(job_options)
+            name, trigger, settings, job_options = self._validate(name, kind, make_trigger, options)
         except ConfigurationError as exc:
-            raise ConfigurationError(f"job '{name}': {exc}", option=exc.option, job=name) from None
-        caps, backend = self.backend.capabilities, self.backend.name
-        settings = resolve_job(
-            name, kind, trigger.min_gap(), job_options, self.options, caps, backend
-        )
+            if not _COLLECTING.get():
+                raise
+            self._refused.extend(exc.all_errors)
+            return _unchanged if handler is None else None  # type: ignore[return-value]
 
         def add(function: Handler) -> Job:
             if not callable(function):
@@ -283,10 +297,37 @@ class Scheduler(Generic[B]):
 
         return decorator
 
-    def check(self) -> list[ConfigurationError]:
-        """Every configuration error of every registered job, all at once (none: ``[]``)."""
+    def _validate(
+        self,
+        name: str,
+        kind: Literal["every", "cron", "at"],
+        make_trigger: Callable[[JobOptions], Trigger],
+        options: dict[str, Any],
+    ) -> tuple[str, Trigger, JobSettings, JobOptions]:
+        name = check_name(name)
+        if name in self._jobs:
+            raise ConfigurationError(
+                f"job name '{name}' is taken: {self._jobs[name]!r} is registered already",
+                option="name",
+                job=name,
+            )
+        job_options = parse_job_options(name, options)
+        try:
+            trigger = make_trigger(job_options)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"job '{name}': {exc}", option=exc.option, job=name) from None
         caps, backend = self.backend.capabilities, self.backend.name
-        errors: list[ConfigurationError] = []
+        settings = resolve_job(
+            name, kind, trigger.min_gap(), job_options, self.options, caps, backend
+        )
+        return name, trigger, settings, job_options
+
+    def check(self) -> list[ConfigurationError]:
+        """Every configuration error of every job, all at once (none: ``[]``): the jobs refused
+        while ``collect_errors()`` was active, and the registered jobs checked again against
+        the scheduler's current backend and defaults."""
+        caps, backend = self.backend.capabilities, self.backend.name
+        errors: list[ConfigurationError] = list(self._refused)
         for job in self._jobs.values():
             gap = job.schedule.min_gap()
             errors += job_errors(job.name, job.kind, gap, job.options, self.options, caps, backend)
@@ -351,7 +392,14 @@ class Scheduler(Generic[B]):
             late_ms,
             self.instance_id,
             f" detail={detail}" if detail else "",
-            extra={"job": job.name, "slot": slot_ms, "reason": reason, "late_ms": late_ms},
+            extra={
+                "event": "skip",
+                "job": job.name,
+                "slot": slot_ms,
+                "reason": reason,
+                "late_ms": late_ms,
+                "instance_id": self.instance_id,
+            },
         )
         if reason == "not-acquired":  # another instance has it: the fleet is handling the job
             job.last_ok_ms = max(job.last_ok_ms or slot_ms, slot_ms)

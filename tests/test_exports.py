@@ -15,6 +15,7 @@ def test_all_is_the_public_surface() -> None:
         "MemoryBackend",
         "NATSBackend",
         "PostgresBackend",
+        "PrometheusMetrics",
         "RabbitMQBackend",
         "RunEvent",
         "RunRecord",

@@ -1,0 +1,171 @@
+"""Prometheus metrics of a scheduler (``pip install 'brokersched[prometheus]'``).
+
+```python
+metrics = PrometheusMetrics().attach(scheduler)
+prometheus_client.start_http_server(9464, "127.0.0.1", registry=metrics.registry)
+```
+
+Series (``job`` is capped, see ``max_jobs``):
+
+- ``brokersched_runs_total{job,outcome}``: finished runs (``completed``, ``failed``,
+  ``timed-out``, ``interrupted``)
+- ``brokersched_skips_total{job,reason}``: skipped slots (``late``, ``overlap``,
+  ``not-acquired``, ``paused``, ``backend-error``)
+- ``brokersched_run_duration_seconds{job}``: how long handlers ran (histogram)
+- ``brokersched_run_lateness_seconds{job}``: start minus slot, on the scheduler's clock, for
+  scheduled runs only (jitter plus claim time; catch-up, retries and manual runs are late or
+  early by design and would drown the signal)
+- ``brokersched_active_runs{job}``: runs going on in this process
+- ``brokersched_last_success_timestamp_seconds{job}``: when a run last completed here (Unix
+  time on the scheduler's clock); alert on ``time() - ...`` growing
+- ``brokersched_claim_duration_seconds{backend}``: how long claims took (histogram)
+
+The registry: by default a new ``CollectorRegistry`` of its own, so that several schedulers
+(or tests) in one process never collide on metric names; ``metrics.registry`` is what to serve.
+Pass ``registry=prometheus_client.REGISTRY`` to join the process-wide registry, as
+``brokersched run --metrics-port`` does, so the application's own metrics are served as well.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._events import Event, RunEvent, SkipEvent, StartEvent
+from ._exceptions import ConfigurationError
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from ._scheduler import Scheduler
+
+__all__ = ["OTHER_JOB", "PrometheusMetrics"]
+
+OTHER_JOB = "_other"
+_OUTCOMES = ("completed", "failed", "timed-out", "interrupted")
+
+# Handlers run from milliseconds (a flush) to an hour (a nightly batch).
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+# Lateness is jitter (seconds) plus the claim (milliseconds); max_late is 60 s by default.
+LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
+# A claim is one round trip to the broker or database.
+CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+def _prometheus() -> Any:
+    try:
+        import prometheus_client
+    except ImportError as exc:
+        raise ConfigurationError(
+            "metrics need prometheus-client: pip install 'brokersched[prometheus]'",
+            option="metrics",
+        ) from exc
+    return prometheus_client
+
+
+class PrometheusMetrics:
+    """Counts runs and skips of the schedulers it is attached to.
+
+    ``max_jobs`` caps the ``job`` label: the first ``max_jobs`` job names get their own series,
+    later ones share ``job="_other"``, so an application that registers jobs with generated
+    names cannot blow up the cardinality. Jobs registered before ``attach()`` are counted first.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, max_jobs: int = 200) -> None:
+        prom = _prometheus()
+        if max_jobs < 1:
+            raise ConfigurationError(f"max_jobs ({max_jobs}) must be at least 1", option="max_jobs")
+        self.registry: CollectorRegistry = (
+            registry if registry is not None else prom.CollectorRegistry()
+        )
+        self.max_jobs = max_jobs
+        self._jobs: set[str] = set()
+        into = {"registry": self.registry}
+        self.runs = prom.Counter(
+            "brokersched_runs", "Finished runs, by outcome.", ["job", "outcome"], **into
+        )
+        self.skips = prom.Counter(
+            "brokersched_skips", "Skipped slots, by reason.", ["job", "reason"], **into
+        )
+        self.duration = prom.Histogram(
+            "brokersched_run_duration_seconds",
+            "How long handlers ran.",
+            ["job"],
+            buckets=DURATION_BUCKETS,
+            **into,
+        )
+        self.lateness = prom.Histogram(
+            "brokersched_run_lateness_seconds",
+            "Start of a scheduled run minus its slot.",
+            ["job"],
+            buckets=LATENESS_BUCKETS,
+            **into,
+        )
+        self.active = prom.Gauge(
+            "brokersched_active_runs", "Runs going on in this process.", ["job"], **into
+        )
+        self.last_success = prom.Gauge(
+            "brokersched_last_success_timestamp_seconds",
+            "Unix time of the last completed run in this process.",
+            ["job"],
+            **into,
+        )
+        self.claim_duration = prom.Histogram(
+            "brokersched_claim_duration_seconds",
+            "How long claims took, by backend.",
+            ["backend"],
+            buckets=CLAIM_BUCKETS,
+            **into,
+        )
+
+    def job_label(self, job: str) -> str:
+        """``job``, or ``"_other"`` once ``max_jobs`` names have been seen."""
+        if job in self._jobs:
+            return job
+        if len(self._jobs) < self.max_jobs:
+            self._jobs.add(job)
+            return job
+        return OTHER_JOB
+
+    def attach(self, scheduler: Scheduler[Any]) -> PrometheusMetrics:
+        """Listen to ``scheduler``'s events and claims; returns ``self``."""
+        for job in scheduler.jobs():
+            self._declare(self.job_label(job.name))
+        clock = scheduler.clock
+
+        def on_start(event: Event) -> None:
+            assert isinstance(event, StartEvent)
+            label = self.job_label(event.job)
+            self.active.labels(label).inc()
+            if event.reason == "schedule":
+                # emitted as the run starts, so the clock still reads the start time
+                late_s = (clock.now_ms() - event.slot_ms) / 1000
+                self.lateness.labels(label).observe(max(late_s, 0.0))
+
+        def on_finish(event: Event) -> None:
+            assert isinstance(event, RunEvent)
+            label = self.job_label(event.job)
+            self.active.labels(label).dec()
+            self.runs.labels(label, event.outcome).inc()
+            self.duration.labels(label).observe(event.duration_ms / 1000)
+            if event.outcome == "completed":
+                self.last_success.labels(label).set(clock.now_ms() / 1000)
+
+        def on_skip(event: Event) -> None:
+            assert isinstance(event, SkipEvent)
+            self.skips.labels(self.job_label(event.job), event.reason).inc()
+
+        scheduler.on("start", on_start)
+        scheduler.on("complete", on_finish)
+        scheduler.on("fail", on_finish)
+        scheduler.on("skip", on_skip)
+        scheduler.on_claim(self._observe_claim)
+        return self
+
+    def _declare(self, label: str) -> None:
+        """Create a known job's series at zero: ``increase()`` then sees its first run."""
+        for outcome in _OUTCOMES:
+            self.runs.labels(label, outcome)
+        self.active.labels(label)
+
+    def _observe_claim(self, backend: str, seconds: float) -> None:
+        self.claim_duration.labels(backend).observe(seconds)

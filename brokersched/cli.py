@@ -1,0 +1,593 @@
+"""The ``brokersched`` command (``pip install 'brokersched[cli]'``).
+
+``run`` serves a scheduler until SIGINT/SIGTERM; ``jobs``, ``next`` and ``check`` only read the
+application (they never connect to the backend); ``history`` and ``trigger`` connect for one
+request. An application is named ``module:attribute`` (``app:scheduler``), where the attribute
+is a ``Scheduler`` or a function of no arguments that returns one; the current directory is
+searched first, as ``python -m`` would.
+
+User mistakes end in one line on stderr and an exit code, never a traceback; only an exception
+raised by the application's own code while it is imported (or while its factory runs) shows its
+traceback: it is a bug to find there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import json
+import logging
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Coroutine, Generator
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ._clock import ms_to_datetime
+from ._durations import format_duration, parse_duration
+from ._events import SkipEvent
+from ._exceptions import BackendError, BackendUnavailableError, BrokerschedError, ConfigurationError
+from ._job import Job
+from ._logging import LogFormat, configure_logging, redact_secrets
+from ._scheduler import Scheduler, collect_errors
+from ._timezones import parse_timezone, timezone_name
+from .abc import Backend, RunRecord
+from .triggers.base import Trigger
+from .triggers.cron import CronTrigger, parse_cron
+from .triggers.interval import IntervalTrigger
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from ._events import Event
+
+__all__ = ["cli", "load_scheduler", "main"]
+
+T = TypeVar("T")
+logger = logging.getLogger("brokersched.cli")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BACKEND = 0, 1, 2, 3
+
+EPILOG = """\b
+Exit codes:
+  0  success
+  1  trigger: the job failed or did not run; check: configuration errors found;
+     run: a second signal cut the drain short
+  2  usage or configuration error (bad MODULE:ATTR, unknown job, invalid option)
+  3  the backend is unavailable
+"""
+
+_SKIP_EXPLAINED = {
+    "not-acquired": "another instance holds this slot",
+    "overlap": "a run of this job is still going on",
+    "late": "the claim answered too late",
+    "paused": "the job is paused",
+    "backend-error": "the backend failed",
+}
+
+
+class CLIError(click.ClickException):
+    """One line on stderr and exit code 2; the message is redacted of credentials."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redact_secrets(message))
+
+
+class BackendDownError(CLIError):
+    exit_code = EXIT_BACKEND
+
+
+class AppConfigurationError(CLIError):
+    """The application refused its own configuration while it was being loaded."""
+
+    def __init__(self, spec: str, error: ConfigurationError) -> None:
+        super().__init__(f"{spec}: {error}")
+        self.error = error
+
+
+# -- loading the application ---------------------------------------------------------------
+
+
+def load_scheduler(spec: str) -> Scheduler[Any]:
+    """The ``Scheduler`` named by ``module:attribute`` (an attribute path, or a factory)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise CLIError(f"'{spec}' is not MODULE:ATTR (for example app:scheduler)")
+    with _configuration_errors(spec):
+        found: object = _import(module_name)
+        for part in attribute.split("."):
+            try:
+                found = getattr(found, part)
+            except AttributeError:
+                raise CLIError(f"module '{module_name}' has no attribute '{attribute}'") from None
+        if not _is_scheduler(found) and callable(found):
+            found = _call_factory(found, spec)
+    if not _is_scheduler(found):
+        raise CLIError(
+            f"'{spec}' is of type {type(found).__name__}, not a brokersched.Scheduler "
+            "(or a function of no arguments returning one)"
+        )
+    return found
+
+
+def _is_scheduler(value: object) -> TypeGuard[Scheduler[Any]]:
+    return isinstance(value, Scheduler)
+
+
+@contextlib.contextmanager
+def _configuration_errors(spec: str) -> Generator[None]:
+    try:
+        yield
+    except ConfigurationError as exc:  # registration refused a job
+        raise AppConfigurationError(spec, exc) from None
+    except BrokerschedError as exc:
+        raise CLIError(f"{spec}: {exc}") from None
+
+
+def _import(module_name: str) -> Any:
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` does: the project directory first
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(f"{exc.name}.")):
+            raise CLIError(f"no module named '{exc.name}' (searched from {os.getcwd()})") from None
+        raise CLIError(f"importing '{module_name}' failed: {exc}") from None  # a missing dependency
+    except (BrokerschedError, click.ClickException):
+        raise
+    except Exception as exc:
+        traceback.print_exc()  # a bug in the application: its traceback is what helps
+        raise CLIError(f"importing '{module_name}' failed: {type(exc).__name__}: {exc}") from None
+
+
+def _call_factory(factory: Callable[..., object], spec: str) -> object:
+    """A create_app-style factory, called with no arguments."""
+    try:
+        inspect.signature(factory).bind()
+    except TypeError:
+        raise CLIError(f"'{spec}' needs arguments; the CLI calls it with none") from None
+    except ValueError:  # no signature to inspect (some builtins): just try
+        pass
+    try:
+        return factory()
+    except (BrokerschedError, click.ClickException):
+        raise
+    except Exception as exc:
+        traceback.print_exc()
+        raise CLIError(f"calling '{spec}' failed: {type(exc).__name__}: {exc}") from None
+
+
+def _job(scheduler: Scheduler[Any], name: str, spec: str) -> Job:
+    job = scheduler.get(name)
+    if job is None:
+        names = ", ".join(sorted(job.name for job in scheduler.jobs())) or "none"
+        raise CLIError(f"no job named '{name}' in {spec} (jobs: {names})")
+    return job
+
+
+def _run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coro)``, with backend and configuration errors as CLI errors."""
+    try:
+        return asyncio.run(coro)
+    except BackendUnavailableError as exc:
+        raise BackendDownError(f"backend unavailable: {exc}") from None
+    except BackendError as exc:
+        raise BackendDownError(f"backend error: {exc}") from None
+    except ConfigurationError as exc:  # e.g. a missing extra, found when the backend starts
+        raise CLIError(str(exc)) from None
+
+
+# -- output helpers ------------------------------------------------------------------------
+
+
+def _console() -> Console:
+    # Piped output is not cut at 80 columns: a table row stays one line for grep.
+    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(width=200 if wide else None, highlight=False)
+
+
+def _clock_time(value: datetime) -> str:
+    """``2027-01-15 08:00:00``, with milliseconds only when there are some."""
+    text = value.strftime("%Y-%m-%d %H:%M:%S")
+    return f"{text}.{value.microsecond // 1000:03d}" if value.microsecond else text
+
+
+def _when(value: datetime, zone: tzinfo) -> str:
+    local = value.astimezone(zone)
+    return f"{_clock_time(local)} {local.strftime('%Z')}".strip()
+
+
+def _utc(value: datetime) -> str:
+    return f"{_clock_time(value.astimezone(UTC))}Z"
+
+
+def _backend(scheduler: Scheduler[Any]) -> str:
+    backend: Backend = scheduler.backend
+    if "__repr__" not in vars(type(backend)):  # no useful repr: the class name will do
+        return f"{backend.name}()"
+    return redact_secrets(repr(backend))
+
+
+def _duration_of(record: RunRecord) -> str:
+    if record.finished_at is None:
+        return "-"
+    elapsed = record.finished_at - record.started_at
+    if elapsed < timedelta(seconds=1):  # "0ms" rather than format_duration's "0s"
+        return f"{elapsed // timedelta(milliseconds=1)}ms"
+    return format_duration(elapsed)
+
+
+_OUTCOME_STYLE = {"completed": "green", "failed": "red", "timed-out": "yellow"}
+
+
+# -- the commands --------------------------------------------------------------------------
+
+
+@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="brokersched", prog_name="brokersched")
+def cli() -> None:
+    """Run scheduled jobs on every instance; each occurrence runs on exactly one."""
+
+
+def _log_options(function: Callable[..., None]) -> Callable[..., None]:
+    function = click.option(
+        "--log-level",
+        default="info",
+        show_default=True,
+        type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    )(function)
+    return click.option(
+        "--log-format",
+        default="text",
+        show_default=True,
+        type=click.Choice(["text", "json"]),
+        help="json: one object per line, with the run's fields (job, run_id, outcome...).",
+    )(function)
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("app", metavar="MODULE:ATTR")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (0: any free port, logged at start).",
+)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@_log_options
+def run(
+    app: str, metrics_port: int | None, metrics_host: str, log_format: LogFormat, log_level: str
+) -> None:
+    """Run the scheduler until SIGINT or SIGTERM, then drain running jobs."""
+    configure_logging(log_format, log_level)
+    scheduler = load_scheduler(app)
+    metrics = (metrics_host, metrics_port) if metrics_port is not None else None
+    _run_async(_serve(scheduler, metrics))
+
+
+async def _serve(scheduler: Scheduler[Any], metrics: tuple[str, int] | None) -> None:
+    stop = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        name = signal.Signals(signum).name
+        if stop.is_set():  # a second signal: the user does not want to wait for the drain
+            logger.warning("second %s: exiting now, without waiting for running jobs", name)
+            _exit_now(EXIT_FAILED)
+        logger.info("%s: stopping", name)
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    server = _serve_metrics(scheduler, *metrics) if metrics is not None else None
+    try:
+        await scheduler.start()
+        _log_started(scheduler)
+        stopped = asyncio.ensure_future(scheduler.wait_stopped())
+        requested = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({stopped, requested}, return_when=asyncio.FIRST_COMPLETED)
+        requested.cancel()
+        stopped.cancel()
+        drain = format_duration(scheduler.options.drain_timeout)
+        logger.info(
+            "draining running jobs (up to %s)", drain, extra={"running": _running(scheduler)}
+        )
+        await scheduler.stop()
+        logger.info("stopped")
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    if left := _running(scheduler):
+        # stop() recorded them as abandoned; a sync handler's thread cannot be cancelled, and
+        # the interpreter would wait for it at exit.
+        logger.warning("%d run(s) outlived drain_timeout: exiting without waiting for them", left)
+        _exit_now(EXIT_OK)
+
+
+def _exit_now(code: int) -> NoReturn:
+    logging.shutdown()  # flush the log lines written so far
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _running(scheduler: Scheduler[Any]) -> int:
+    return sum(len(job.runs) for job in scheduler.jobs())
+
+
+def _log_started(scheduler: Scheduler[Any]) -> None:
+    backend = _backend(scheduler)
+    jobs = scheduler.jobs()
+    logger.info(
+        "started %d job(s) on %s as instance %s",
+        len(jobs),
+        backend,
+        scheduler.instance_id,
+        extra={
+            "backend": backend,
+            "jobs": [job.name for job in jobs],
+            "instance_id": scheduler.instance_id,
+        },
+    )
+
+
+def _serve_metrics(scheduler: Scheduler[Any], host: str, port: int) -> WSGIServer:
+    from ._metrics import PrometheusMetrics
+
+    try:
+        import prometheus_client
+    except ImportError:
+        raise CLIError(
+            "--metrics-port needs prometheus-client: pip install 'brokersched[prometheus]'"
+        ) from None
+    # The process-wide registry: the application's own metrics are served too.
+    PrometheusMetrics(registry=prometheus_client.REGISTRY).attach(scheduler)
+    try:
+        server, _ = prometheus_client.start_http_server(
+            port, addr=host, registry=prometheus_client.REGISTRY
+        )
+    except OSError as exc:
+        raise CLIError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
+    bound = server.server_port
+    logger.info(
+        "serving metrics on http://%s:%d/metrics", host, bound, extra={"metrics_port": bound}
+    )
+    return server
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("app", metavar="MODULE:ATTR")
+@click.option("-n", "count", type=click.IntRange(0, 100), default=3, show_default=True)
+def jobs(app: str, count: int) -> None:
+    """List the jobs, their schedules, non-default options and next runs (no connection)."""
+    scheduler = load_scheduler(app)
+    table = Table(title=f"{app} on {_backend(scheduler)}", title_justify="left")
+    for column in ("name", "kind", "schedule", "zone", "options", f"next {count} runs"):
+        table.add_column(column, overflow="fold")
+    for job in scheduler.jobs():
+        zone = _zone(job.schedule)
+        runs = "\n".join(_when(when, zone) for when in job.next_runs(count)) or "-"
+        table.add_row(job.name, job.kind, job.describe(), timezone_name(zone), _options(job), runs)
+    _console().print(table)
+
+
+def _zone(trigger: Trigger) -> tzinfo:
+    return trigger.timezone if isinstance(trigger, CronTrigger) else UTC
+
+
+def _options(job: Job) -> str:
+    """The options given at registration, except those the schedule column already shows."""
+    shown: list[str] = []
+    for name in sorted(job.options.model_fields_set - {"timezone", "offset"}):
+        value = getattr(job.options, name)
+        if isinstance(value, timedelta):
+            text = format_duration(value)
+        elif name == "data":
+            text = json.dumps(value, separators=(",", ":"))
+        else:
+            text = str(value)
+        shown.append(f"{name}={text}")
+    return "\n".join(shown) or "-"
+
+
+@cli.command("next", epilog=EPILOG)
+@click.argument("expression", required=False)
+@click.option("--timezone", "-z", "zone_name", default="UTC", show_default=True)
+@click.option("-n", "count", type=click.IntRange(1, 1000), default=5, show_default=True)
+@click.option("--after", help="ISO 8601 instant to start from (default: now); naive = --timezone.")
+@click.option("--every", help="Preview an interval instead of a cron expression, e.g. 6h.")
+@click.option("--offset", help="With --every: shift the grid, e.g. 1m.")
+def next_(
+    expression: str | None,
+    zone_name: str,
+    count: int,
+    after: str | None,
+    every: str | None,
+    offset: str | None,
+) -> None:
+    """Preview a schedule: a cron EXPRESSION in --timezone, or --every INTERVAL."""
+    try:
+        zone = parse_timezone(zone_name)
+        trigger = _preview_trigger(expression, zone, every, offset)
+        start = _parse_after(after, zone)
+    except ConfigurationError as exc:
+        raise CLIError(str(exc)) from None
+    table = Table(title=trigger.describe(), title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column(f"local ({timezone_name(zone)})")
+    table.add_column("UTC offset")
+    table.add_column("UTC")
+    for number, when in enumerate(trigger.next_runs(count, start), 1):
+        local = when.astimezone(zone)
+        table.add_row(str(number), f"{local:%a} {_clock_time(local)}", _offset(local), _utc(when))
+    _console().print(table)
+
+
+def _preview_trigger(
+    expression: str | None, zone: tzinfo, every: str | None, offset: str | None
+) -> Trigger:
+    if every is not None:
+        if expression is not None:
+            raise CLIError("give a cron EXPRESSION or --every, not both")
+        period = parse_duration(every, name="--every")
+        shift = parse_duration(offset, name="--offset") if offset is not None else timedelta(0)
+        return IntervalTrigger(period, shift)
+    if expression is None:
+        raise CLIError("give a cron EXPRESSION (e.g. '0 8 * * MON-FRI') or --every INTERVAL")
+    if offset is not None:
+        raise CLIError("--offset goes with --every")
+    return parse_cron(expression, zone)
+
+
+def _parse_after(after: str | None, zone: tzinfo) -> datetime | None:
+    if after is None:
+        return None
+    try:
+        value = datetime.fromisoformat(after)
+    except ValueError:
+        raise CLIError(f"--after {after!r} is not an ISO 8601 time (2027-01-15T08:00)") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=zone)
+
+
+def _offset(local: datetime) -> str:
+    delta = local.utcoffset() or timedelta(0)
+    sign = "-" if delta < timedelta(0) else "+"
+    minutes = abs(int(delta.total_seconds())) // 60
+    return f"{sign}{minutes // 60:02d}:{minutes % 60:02d}"
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("app", metavar="MODULE:ATTR")
+@click.argument("job_name", metavar="JOB")
+@click.option("-n", "limit", type=click.IntRange(1, 10_000), default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON record per line.")
+def history(app: str, job_name: str, limit: int, as_json: bool) -> None:
+    """Show the recorded runs of JOB, newest first."""
+    configure_logging("text", "WARNING", quiet_clients=True)
+    scheduler = load_scheduler(app)
+    job = _job(scheduler, job_name, app)
+    records = _run_async(_read_history(scheduler, job, limit))
+    if as_json:
+        for record in records:
+            click.echo(record.to_json())
+        return
+    if not records:
+        click.echo(f"no runs recorded for job '{job.name}'")
+        return
+    table = Table(title=f"{job.name}: last {len(records)} runs", title_justify="left")
+    for column in ("started (UTC)", "slot (UTC)", "outcome", "duration", "reason", "attempt"):
+        table.add_column(column)
+    for column in ("instance", "run id", "error"):
+        table.add_column(column, overflow="fold")
+    for record in records:
+        style = _OUTCOME_STYLE.get(record.outcome, "magenta")
+        table.add_row(
+            _utc(record.started_at),
+            _utc(ms_to_datetime(record.slot_ms)),
+            f"[{style}]{record.outcome}[/]",
+            _duration_of(record),
+            record.reason,
+            str(record.attempt),
+            record.instance_id,
+            record.run_id,
+            record.error or "",
+        )
+    _console().print(table)
+
+
+async def _read_history(scheduler: Scheduler[Any], job: Job, limit: int) -> list[RunRecord]:
+    await scheduler.backend.start(scheduler.clock)
+    try:
+        return await job.history(limit)
+    finally:
+        await scheduler.backend.stop()
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("app", metavar="MODULE:ATTR")
+@click.argument("job_name", metavar="JOB")
+@_log_options
+def trigger(app: str, job_name: str, log_format: LogFormat, log_level: str) -> None:
+    """Run JOB once now, through the claim; nothing else runs meanwhile."""
+    configure_logging(log_format, log_level, quiet_clients=True)
+    scheduler = load_scheduler(app)
+    job = _job(scheduler, job_name, app)
+    record, skips = _run_async(_trigger(scheduler, job))
+    if record is None:
+        reason = skips[-1] if skips else "the claim was refused"
+        _fail(f"job '{job.name}' did not run: {reason}")
+    summary = f"job '{job.name}' {record.outcome} in {_duration_of(record)}"
+    summary += f" (run {record.run_id} on {record.instance_id})"
+    if record.outcome != "completed":
+        _fail(f"{summary}: {record.error}")
+    click.echo(summary)
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(redact_secrets(message), err=True)
+    sys.exit(EXIT_FAILED)
+
+
+async def _trigger(scheduler: Scheduler[Any], job: Job) -> tuple[RunRecord | None, list[str]]:
+    skips: list[str] = []
+
+    def on_skip(event: Event) -> None:
+        if isinstance(event, SkipEvent) and event.job == job.name:
+            detail = event.detail or _SKIP_EXPLAINED.get(event.reason, "")
+            skips.append(f"skipped ({event.reason}: {detail})")
+
+    scheduler.on("skip", on_skip)
+    # Paused jobs arm no timer, get no catch-up and no take-over: only the manual run happens.
+    for each in scheduler.jobs():
+        each.pause()
+    await scheduler.start()
+    try:
+        return await job.trigger(), skips
+    finally:
+        await scheduler.stop()
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("app", metavar="MODULE:ATTR")
+def check(app: str) -> None:
+    """Report every configuration error of the application's jobs (no connection)."""
+    try:
+        with collect_errors():
+            scheduler = load_scheduler(app)
+    except AppConfigurationError as exc:
+        click.echo(redact_secrets(f"error: {exc.error}"), err=True)
+        _fail(
+            "registration stopped at this job, so the jobs after it were not checked; "
+            "fix it and run check again"
+        )
+    errors = scheduler.check()
+    for error in errors:
+        click.echo(redact_secrets(f"error: {error}"), err=True)
+    if errors:
+        _fail(f"{len(errors)} configuration error{'s' if len(errors) > 1 else ''}")
+    count = len(scheduler.jobs())
+    if count == 0:
+        click.echo(f"warning: {app} registers no jobs", err=True)
+    click.echo(f"{count} job{'' if count == 1 else 's'} OK")
+
+
+def main() -> None:
+    """The console script: ``brokersched``."""
+    cli(prog_name="brokersched")
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m brokersched` goes through __main__
+    main()

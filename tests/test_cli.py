@@ -1,0 +1,475 @@
+"""The ``brokersched`` command, run as a subprocess against real backends (SQLite, RabbitMQ).
+
+The applications it loads are in ``tests/cli_apps``; each reads where its backend lives from
+the environment this module sets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from brokersched._clock import SystemClock
+from brokersched._logging import configure_logging, redact_secrets
+from brokersched.abc import JobPolicy
+from brokersched.backends.rabbitmq import RabbitMQBackend, history_queue_name
+from brokersched.cli import cli
+from tests.cli_apps.process import RunningCLI, brokersched
+
+SQLITE_APP = "tests.cli_apps.sqlite_app:scheduler"
+RABBITMQ_APP = "tests.cli_apps.rabbitmq_app:scheduler"
+UNREACHABLE = {"BROKERSCHED_AMQP_URL": "amqp://app:s3cret@127.0.0.1:1/"}
+
+
+@pytest.fixture
+def sqlite_env(tmp_path: Path) -> dict[str, str]:
+    return {"BROKERSCHED_TEST_DB": str(tmp_path / "brokersched.db")}
+
+
+def one_error_line(stderr: str) -> str:
+    """The single line a user mistake prints: no traceback, no log noise."""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+# -- help, python -m, console script -------------------------------------------------------
+
+
+def test_help_documents_the_exit_codes() -> None:
+    result = brokersched("--help")
+    assert result.returncode == 0
+    for command in ("run", "jobs", "next", "history", "trigger", "check"):
+        assert re.search(rf"^\s+{command}\s", result.stdout, re.MULTILINE), command
+    codes = result.stdout[result.stdout.index("Exit codes:") :]
+    for line in ("0  success", "1  trigger: the job failed", "2  usage", "3  the backend"):
+        assert line in codes
+
+
+def test_the_console_script_is_the_same_command() -> None:
+    script = Path(sys.executable).with_name("brokersched")
+    if not script.exists():
+        pytest.skip("the package is not installed with its console script in this environment")
+    result = subprocess.run([script, "next", "--every", "1h", "-n", "1"], capture_output=True)
+    assert result.returncode == 0, result.stderr
+
+
+# -- next ------------------------------------------------------------------------------------
+
+
+def test_next_previews_cron_with_the_dst_rules() -> None:
+    """Paris springs forward on 2027-03-28 at 02:00: 02:30 does not exist that day."""
+    result = brokersched(
+        "next", "30 2 * * *", "--timezone", "Europe/Paris", "-n", "3", "--after", "2027-03-27"
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [re.split(r"\s*│\s*", line.strip("│ ")) for line in result.stdout.splitlines()]
+    rows = [row for row in rows if row[0].isdigit()]
+    assert rows == [
+        ["1", "Sat 2027-03-27 02:30:00", "+01:00", "2027-03-27 01:30:00Z"],
+        ["2", "Sun 2027-03-28 03:00:00", "+02:00", "2027-03-28 01:00:00Z"],  # after the gap
+        ["3", "Mon 2027-03-29 02:30:00", "+02:00", "2027-03-29 00:30:00Z"],
+    ]
+    assert "cron '30 2 * * *' (Europe/Paris)" in result.stdout
+
+
+def test_next_previews_an_interval_with_an_offset() -> None:
+    result = brokersched(
+        "next", "--every", "6h", "--offset", "1m", "-n", "2", "--after", "2027-01-15T00:00:00Z"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "every 6h + 1m" in result.stdout
+    assert "2027-01-15 00:01:00Z" in result.stdout and "2027-01-15 06:01:00Z" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["0 25 * * *"], "hour '25' is out of range 0-23 in '0 25 * * *'"),
+        (["0 8 * * *", "--timezone", "Mars/Olympus"], "Mars/Olympus"),
+        (["0 8 * * *", "--every", "1h"], "not both"),
+        (["--every", "soon"], "--every 'soon' is not a duration"),
+        (["0 8 * * *", "--after", "yesterday"], "--after 'yesterday' is not an ISO 8601 time"),
+    ],
+)
+def test_next_refuses_bad_input_in_one_line(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["next", *args])  # in process: the same code, faster
+    assert result.exit_code == 2
+    assert message in one_error_line(result.stderr)
+
+
+# -- jobs and check: no connection -----------------------------------------------------------
+
+
+def test_jobs_lists_schedules_and_options_without_connecting() -> None:
+    # The broker address is unreachable and holds a password: neither may matter nor show.
+    result = brokersched("jobs", RABBITMQ_APP, "-n", "2", env=UNREACHABLE)
+    assert result.returncode == 0, result.stderr
+    assert "s3cret" not in result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    greet = next(line for line in lines if "│ greet" in line)
+    assert "every 1h" in greet and "UTC" in greet
+    nightly = [line for line in lines[lines.index(greet) :] if "nightly" in line or "CE" in line]
+    assert "cron '30 2 * * *' (Europe/Paris)" in nightly[0]
+    assert re.search(r"02:30:00 CES?T", nightly[0])  # next runs in the job's own zone
+
+
+def test_jobs_shows_only_the_options_given(sqlite_env: dict[str, str]) -> None:
+    result = brokersched("jobs", SQLITE_APP, env=sqlite_env)
+    assert result.returncode == 0, result.stderr
+    assert 'data={"to":"ops"}' in result.stdout and "timeout=10m" in result.stdout
+    assert "catch_up=0s" in result.stdout
+    assert "jitter=" not in result.stdout  # the scheduler's default, not a job option
+    assert not Path(sqlite_env["BROKERSCHED_TEST_DB"]).exists()  # nothing was opened
+
+
+def test_check_counts_the_jobs(sqlite_env: dict[str, str]) -> None:
+    result = brokersched("check", SQLITE_APP, env=sqlite_env)
+    assert (result.returncode, result.stdout.strip()) == (0, "4 jobs OK")
+
+
+def test_check_reports_every_job_refused_at_registration() -> None:
+    result = brokersched("check", "tests.cli_apps.refused:scheduler")
+    assert result.returncode == 1
+    first, second, summary = result.stderr.strip().splitlines()
+    assert first.startswith("error: job 'exclusive': option 'overlap' needs a lease backend")
+    assert "RabbitMQBackend" in first
+    assert second.startswith("error: job 'also-bad': jitter (6s) must be under half")
+    assert "2 configuration errors" in summary
+    assert "s3cret" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_check_reports_every_error_at_once() -> None:
+    result = brokersched("check", "tests.cli_apps.late_backend:create")
+    assert result.returncode == 1
+    errors = result.stderr.strip().splitlines()
+    assert errors == [
+        "error: job 'exclusive': option 'overlap' needs a lease backend; RabbitMQBackend only "
+        "claims slots (use SQLiteBackend or PostgresBackend, or guard inside the job)",
+        "error: job 'persistent': option 'max_attempts' needs a lease backend; RabbitMQBackend "
+        "only claims slots (use SQLiteBackend or PostgresBackend, or guard inside the job)",
+        "error: job 'persistent': option 'catch_up' needs a lease backend; RabbitMQBackend only "
+        "claims slots (use SQLiteBackend or PostgresBackend, or guard inside the job)",
+        "3 configuration errors",
+    ]
+
+
+def test_a_factory_is_called() -> None:
+    result = brokersched("check", "tests.cli_apps.odd:make_scheduler")
+    assert result.returncode == 0
+    assert result.stdout.strip() == "0 jobs OK"
+    assert "registers no jobs" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("app", "'app' is not MODULE:ATTR"),
+        ("no_such_module:scheduler", "no module named 'no_such_module'"),
+        ("tests.cli_apps.missing:scheduler", "no module named 'tests.cli_apps.missing'"),
+        ("tests.cli_apps.odd:nothing", "module 'tests.cli_apps.odd' has no attribute 'nothing'"),
+        ("tests.cli_apps.odd:answer", "is of type int, not a brokersched.Scheduler"),
+        ("tests.cli_apps.odd:needs_settings", "odd:needs_settings' needs arguments"),
+        ("tests.cli_apps.odd:broken_factory", "jitter 'soon' is not a duration"),
+    ],
+)
+def test_loading_mistakes_are_one_line(spec: str, message: str) -> None:
+    result = CliRunner().invoke(cli, ["jobs", spec])
+    assert result.exit_code == 2
+    assert message in one_error_line(result.stderr)
+
+
+def test_a_configuration_error_at_import_is_a_usage_error_outside_check() -> None:
+    result = brokersched("jobs", "tests.cli_apps.refused:scheduler")
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)
+    assert "tests.cli_apps.refused:scheduler: job 'exclusive': option 'overlap'" in line
+
+
+def test_a_bug_in_the_application_shows_its_traceback() -> None:
+    result = brokersched("jobs", "tests.cli_apps.crashing:scheduler")
+    assert result.returncode == 2
+    assert "Traceback" in result.stderr and 'settings["database"]' in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: importing 'tests.cli_apps.crashing' failed: KeyError: 'database'"
+    )
+
+
+# -- trigger and history on SQLite -----------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_trigger_and_history_on_sqlite(sqlite_env: dict[str, str]) -> None:
+    ok = brokersched("trigger", SQLITE_APP, "tick", env=sqlite_env)
+    assert ok.returncode == 0, ok.stderr
+    assert re.fullmatch(r"job 'tick' completed in \d+ms \(run [0-9a-f]{16} on \S+\)\n", ok.stdout)
+    assert "outcome=completed" in ok.stderr  # the scheduler's run line, in the log
+
+    failed = brokersched("trigger", SQLITE_APP, "boom", env=sqlite_env)
+    assert failed.returncode == 1
+    assert "job 'boom' failed in" in failed.stderr
+    assert failed.stderr.strip().endswith("ValueError: boom: the handler failed")
+
+    records = brokersched("history", SQLITE_APP, "boom", "--json", env=sqlite_env)
+    assert records.returncode == 0, records.stderr
+    (record,) = [json.loads(line) for line in records.stdout.splitlines()]
+    assert (record["job"], record["outcome"], record["reason"]) == ("boom", "failed", "manual")
+    assert record["error"] == "ValueError: boom: the handler failed"
+
+    table = brokersched("history", SQLITE_APP, "tick", env=sqlite_env)
+    assert table.returncode == 0, table.stderr
+    (row,) = [line for line in table.stdout.splitlines() if "manual" in line]
+    assert "completed" in row and "│ 1 " in row
+
+    # Only the triggered job ran: the others stayed paused while the scheduler was up.
+    none = brokersched("history", SQLITE_APP, "flaky", env=sqlite_env)
+    assert none.stdout.strip() == "no runs recorded for job 'flaky'"
+
+
+def test_unknown_job_is_a_usage_error(sqlite_env: dict[str, str]) -> None:
+    result = brokersched("trigger", SQLITE_APP, "nope", env=sqlite_env)
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)
+    assert "no job named 'nope' in tests.cli_apps.sqlite_app:scheduler" in line
+    assert "(jobs: boom, flaky, report, tick)" in line
+
+
+# -- run on SQLite: logs and the drain ------------------------------------------------------
+
+
+def test_run_logs_json_and_drains_on_sigterm(tmp_path: Path) -> None:
+    env = {"BROKERSCHED_TEST_DB": str(tmp_path / "drain.db")}
+    cli = RunningCLI("run", "tests.cli_apps.draining:scheduler", "--log-format", "json", env=env)
+    try:
+        cli.wait_for_line(lambda line: "long run started" in line)
+        assert cli.stop(signal.SIGTERM) == 0, cli.output()
+    finally:
+        cli.kill()
+    entries = cli.json_lines()
+    assert len(entries) == len(cli.lines), cli.output()  # every line is one JSON object
+    started = next(e for e in entries if e["message"].startswith("started"))
+    assert started["jobs"] == ["long"] and started["backend"].startswith("SQLiteBackend(")
+    (run,) = [e for e in entries if e.get("outcome")]
+    assert run["job"] == "long" and run["level"] == "warning"
+    assert (run["outcome"], run["reason"], run["attempt"]) == ("interrupted", "schedule", 1)
+    for field in ("run_id", "slot", "duration_ms", "late_ms", "instance_id"):
+        assert field in run
+    messages = [e["message"] for e in entries]
+    assert messages[-4:] == [
+        "SIGTERM: stopping",
+        "draining running jobs (up to 5s)",
+        run["message"],  # the run ends during the drain
+        "stopped",
+    ]
+    assert "error='aborted: shutdown'" in run["message"]
+
+
+def test_run_exits_when_a_sync_handler_outlives_the_drain(tmp_path: Path) -> None:
+    env = {"BROKERSCHED_TEST_DB": str(tmp_path / "stubborn.db"), "BROKERSCHED_TEST_DRAIN": "300ms"}
+    cli = RunningCLI("run", "tests.cli_apps.stubborn:scheduler", env=env)
+    try:
+        cli.wait_for_line(lambda line: "stubborn run started" in line)
+        began = time.monotonic()
+        assert cli.stop(signal.SIGTERM) == 0, cli.output()
+        assert time.monotonic() - began < 10  # not the handler's 30 s
+    finally:
+        cli.kill()
+    output = cli.output()
+    assert "outcome=interrupted" in output
+    assert "abandoned: still running after drain_timeout (0.3s)" in output
+    assert "1 run(s) outlived drain_timeout: exiting without waiting for them" in output
+
+
+def test_a_second_signal_cuts_the_drain_short(tmp_path: Path) -> None:
+    env = {"BROKERSCHED_TEST_DB": str(tmp_path / "stubborn.db"), "BROKERSCHED_TEST_DRAIN": "1m"}
+    cli = RunningCLI("run", "tests.cli_apps.stubborn:scheduler", env=env)
+    try:
+        cli.wait_for_line(lambda line: "stubborn run started" in line)
+        cli.process.send_signal(signal.SIGINT)
+        cli.wait_for_line(lambda line: "draining running jobs (up to 1m)" in line)
+        assert cli.stop(signal.SIGINT) == 1, cli.output()
+    finally:
+        cli.kill()
+    assert "second SIGINT: exiting now, without waiting for running jobs" in cli.output()
+
+
+def test_run_refuses_a_taken_metrics_port(sqlite_env: dict[str, str]) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = brokersched("run", SQLITE_APP, "--metrics-port", str(port), env=sqlite_env)
+    assert result.returncode == 2
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in one_error_line(result.stderr)
+
+
+# -- RabbitMQ: a real broker, and one that is not there -------------------------------------
+
+
+@pytest.fixture
+def rabbitmq_env(amqp_url: str) -> Iterator[dict[str, str]]:
+    prefix = f"brokersched-cli-{uuid.uuid4().hex[:8]}"
+    yield {"BROKERSCHED_AMQP_URL": amqp_url, "BROKERSCHED_TEST_PREFIX": prefix}
+    # trigger starts the scheduler, which declares the history queue of every job
+    histories = [history_queue_name(prefix, job) for job in ("greet", "nightly")]
+    asyncio.run(_delete_queues(amqp_url, histories))
+
+
+async def _delete_queues(amqp_url: str, names: list[str]) -> None:
+    import aio_pika
+
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel()
+        for name in names:
+            await channel.queue_delete(name)
+    # The claim queues expire by themselves (slot_ttl=20s in the app).
+
+
+@pytest.mark.slow
+def test_trigger_and_history_on_rabbitmq(rabbitmq_env: dict[str, str]) -> None:
+    for _ in range(2):
+        result = brokersched("trigger", RABBITMQ_APP, "greet", env=rabbitmq_env)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("job 'greet' completed in")
+    listed = brokersched("history", RABBITMQ_APP, "greet", "--json", env=rabbitmq_env)
+    assert listed.returncode == 0, listed.stderr
+    records = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [(r["outcome"], r["reason"]) for r in records] == [("completed", "manual")] * 2
+    assert records[0]["slot_ms"] > records[1]["slot_ms"]  # newest first
+    # the same records as the backend reads them itself
+    backend = RabbitMQBackend(
+        rabbitmq_env["BROKERSCHED_AMQP_URL"], prefix=rabbitmq_env["BROKERSCHED_TEST_PREFIX"]
+    )
+
+    async def read() -> list[str]:
+        await backend.start(SystemClock())
+        try:
+            return [r.run_id for r in await backend.history(JobPolicy("greet"), 10)]
+        finally:
+            await backend.stop()
+
+    assert asyncio.run(read()) == [r["run_id"] for r in records]
+
+
+@pytest.mark.parametrize("command", ["trigger", "history"])
+def test_an_unreachable_backend_exits_3_without_secrets(command: str) -> None:
+    result = brokersched(command, RABBITMQ_APP, "greet", env=UNREACHABLE)
+    assert result.returncode == 3
+    line = one_error_line(result.stderr)
+    assert line.startswith("Error: backend unavailable: RabbitMQBackend")
+    assert "amqp://app:***@127.0.0.1:1/" in line and "s3cret" not in line
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def postgres_env(postgres_dsn: str) -> Iterator[dict[str, str]]:
+    schema = f"brokersched_cli_{uuid.uuid4().hex[:8]}"
+    yield {"BROKERSCHED_POSTGRES_DSN": postgres_dsn, "BROKERSCHED_TEST_SCHEMA": schema}
+
+    async def drop() -> None:
+        import asyncpg
+
+        connection = await asyncpg.connect(postgres_dsn)
+        try:
+            await connection.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        finally:
+            await connection.close()
+
+    asyncio.run(drop())
+
+
+@pytest.mark.slow
+def test_trigger_and_history_on_postgres(postgres_env: dict[str, str]) -> None:
+    app = "tests.cli_apps.postgres_app:scheduler"
+    result = brokersched("trigger", app, "vacuum", env=postgres_env)
+    assert result.returncode == 0, result.stderr
+    listed = brokersched("history", app, "vacuum", "--json", env=postgres_env)
+    assert listed.returncode == 0, listed.stderr
+    (record,) = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert (record["outcome"], record["reason"], record["attempt"]) == ("completed", "manual", 1)
+
+
+def test_an_unreachable_database_exits_3_without_secrets() -> None:
+    env = {"BROKERSCHED_POSTGRES_DSN": "postgresql://app:s3cret@127.0.0.1:1/test"}
+    result = brokersched("history", "tests.cli_apps.postgres_app:scheduler", "vacuum", env=env)
+    assert result.returncode == 3
+    line = one_error_line(result.stderr)
+    assert line.startswith("Error: backend unavailable: PostgresBackend")
+    assert "s3cret" not in result.stderr
+
+
+# -- log formatting (in process) -------------------------------------------------------------
+
+
+@pytest.fixture
+def root_logger() -> Iterator[logging.Logger]:
+    """configure_logging() owns the root logger; give pytest's handlers back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield root
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.parametrize(
+    ("text", "redacted"),
+    [
+        ("amqp://guest:guest@127.0.0.1:5672/", "amqp://guest:***@127.0.0.1:5672/"),
+        ("connect postgresql://app:p%40ss@db/x failed", "connect postgresql://app:***@db/x failed"),
+        ("nats://:token@n1:4222,nats://u:p@n2", "nats://:***@n1:4222,nats://u:***@n2"),
+        ("host=db user=app password=hunter2 dbname=x", "host=db user=app password=*** dbname=x"),
+        ("password='two words' sslmode=require", "password=*** sslmode=require"),
+        ("http://host:8080/path and amqp://host/", "http://host:8080/path and amqp://host/"),
+    ],
+)
+def test_redact_secrets(text: str, redacted: str) -> None:
+    assert redact_secrets(text) == redacted
+
+
+def test_json_formatter_keeps_extra_fields_and_redacts(root_logger: logging.Logger) -> None:
+    stream = io.StringIO()
+    configure_logging("json", "DEBUG", stream)
+    log = logging.getLogger("brokersched.test")
+    log.info(
+        "run %s via %s",
+        "job=a",
+        "amqp://u:pw@h/",
+        extra={"job": "a", "duration_ms": 12, "tags": ["x"], "url": "amqp://u:pw@h/"},
+    )
+    try:
+        raise RuntimeError("down: amqp://u:pw@h/")
+    except RuntimeError:
+        log.exception("failed")
+    first, second = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert first["message"] == "run job=a via amqp://u:***@h/"
+    assert (first["level"], first["logger"]) == ("info", "brokersched.test")
+    assert (first["job"], first["duration_ms"], first["tags"]) == ("a", 12, ["x"])
+    assert first["url"] == "amqp://u:***@h/"
+    assert "RuntimeError: down: amqp://u:***@h/" in second["exc_info"]
+    assert "pw@" not in stream.getvalue()
+
+
+def test_the_text_formatter_redacts_too(root_logger: logging.Logger) -> None:
+    stream = io.StringIO()
+    configure_logging("text", "INFO", stream)
+    logging.getLogger("brokersched.test").warning("lost amqp://u:pw@h/")
+    assert stream.getvalue().rstrip().endswith("WARNING brokersched.test: lost amqp://u:***@h/")
