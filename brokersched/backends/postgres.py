@@ -1,0 +1,603 @@
+"""The PostgreSQL lease backend: a fleet of instances sharing one database.
+
+Each decision is one statement, so a race is settled by PostgreSQL's row locks, never by a
+read-then-write in the client:
+
+* a claim is an ``INSERT ... ON CONFLICT (job) DO UPDATE ... WHERE <fence and overlap>`` on the
+  job's row, chained (in a CTE) to the insert of the slot's lease. N claimers inserting a job
+  row that does not exist yet collide on its primary key; all but one then take the
+  ``DO UPDATE`` path, which re-reads the row as committed by the winner and is refused.
+* a take-over locks the dead lease rows ``FOR UPDATE SKIP LOCKED`` and re-grants through the
+  job's row, so each slot goes to exactly one taker and a claim of a newer slot cannot slip in.
+
+Expiry is judged on ``clock_timestamp()`` (the time when the row is examined, after any lock
+wait; ``now()`` is frozen at the transaction's start), never on an instance's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from typing import Any, Literal, Protocol
+from urllib.parse import unquote
+
+from .._clock import Clock
+from .._durations import Duration
+from .._exceptions import (
+    BackendError,
+    BackendUnavailableError,
+    BrokerschedError,
+    ConfigurationError,
+)
+from ..abc import JobPolicy, Lease, RunReason, RunRecord, Slot
+from ._sql import (
+    SCHEMA_VERSION,
+    DeadRun,
+    SQLLeaseBackend,
+    check_identifier,
+    history_cutoff,
+    history_limit,
+    interrupted,
+    new_token,
+    refusal,
+    run_record,
+)
+
+__all__ = ["PostgresBackend", "redact_dsn"]
+
+logger = logging.getLogger(__name__)
+
+Row = Mapping[str, Any]
+
+
+class _Connection(Protocol):
+    """What this backend uses of an asyncpg connection (asyncpg ships no type hints)."""
+
+    async def execute(self, query: str, *args: object) -> str: ...
+    async def fetch(self, query: str, *args: object) -> list[Row]: ...
+    async def fetchrow(self, query: str, *args: object) -> Row | None: ...
+    async def fetchval(self, query: str, *args: object) -> Any: ...
+    def transaction(self) -> AbstractAsyncContextManager[Any]: ...
+
+
+class _Pool(Protocol):
+    """What this backend uses of an ``asyncpg.Pool``."""
+
+    def acquire(self) -> AbstractAsyncContextManager[_Connection]: ...
+    async def close(self) -> None: ...
+    def terminate(self) -> None: ...
+
+
+_MS = "* interval '1 millisecond'"
+
+_SCHEMA_V1 = """
+CREATE TABLE {s}.jobs (
+    job text PRIMARY KEY,
+    last_slot_ms bigint NOT NULL,
+    lease_until timestamptz NOT NULL
+);
+CREATE TABLE {s}.leases (
+    job text NOT NULL,
+    slot_ms bigint NOT NULL,
+    token text NOT NULL,
+    run_id text NOT NULL,
+    instance_id text NOT NULL,
+    reason text NOT NULL,
+    attempt integer NOT NULL,
+    state text NOT NULL CHECK (state IN ('running', 'handover')),
+    started_at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (job, slot_ms)
+);
+CREATE TABLE {s}.history (
+    job text NOT NULL,
+    n bigint NOT NULL,
+    slot_ms bigint NOT NULL,
+    run_id text NOT NULL,
+    instance_id text NOT NULL,
+    reason text NOT NULL,
+    attempt integer NOT NULL,
+    started_at timestamptz NOT NULL,
+    finished_at timestamptz,
+    outcome text NOT NULL,
+    error text,
+    PRIMARY KEY (job, n)
+);
+CREATE INDEX history_started ON {s}.history (job, started_at);
+CREATE TABLE {s}.history_counters (
+    job text PRIMARY KEY,
+    n bigint NOT NULL
+);
+"""
+#: ``_MIGRATIONS[v]`` takes the schema from version ``v`` to ``v + 1``.
+_MIGRATIONS = (_SCHEMA_V1,)
+
+_LIVE = """(j.lease_until > clock_timestamp() OR EXISTS (
+    SELECT FROM {s}.leases AS l
+    WHERE l.job = j.job AND l.state = 'running' AND l.expires_at > clock_timestamp()))"""
+
+_UPSERT_JOB = """INSERT INTO {s}.jobs AS j (job, last_slot_ms, lease_until)
+    VALUES ($1, $2, clock_timestamp() + $3::bigint {ms})
+    ON CONFLICT (job) DO UPDATE
+        SET last_slot_ms = excluded.last_slot_ms, lease_until = excluded.lease_until
+        WHERE j.last_slot_ms < excluded.last_slot_ms AND ($4::boolean OR NOT {live})
+    RETURNING j.lease_until"""
+
+# A catch-up never creates the job's row: a job never claimed has missed nothing.
+_UPDATE_JOB = """UPDATE {s}.jobs AS j
+    SET last_slot_ms = $2, lease_until = clock_timestamp() + $3::bigint {ms}
+    WHERE j.job = $1 AND j.last_slot_ms < $2 AND ($4::boolean OR NOT {live})
+    RETURNING j.lease_until"""
+
+# The last SELECT reads the job's row as of the statement's start: only used to say why a
+# claim was refused (see ``refusal``).
+_ACQUIRE = """WITH granted AS (
+    {grant}
+), leased AS (
+    INSERT INTO {s}.leases
+        (job, slot_ms, token, run_id, instance_id, reason, attempt, state, started_at, expires_at)
+    SELECT $1, $2, $5::text, $6::text, $7::text, $8::text, 1, 'running', $9::timestamptz,
+        lease_until
+    FROM granted
+    RETURNING 1
+)
+SELECT EXISTS (SELECT FROM leased) AS granted, j.last_slot_ms, {live} AS live
+FROM (VALUES (1)) AS one (x) LEFT JOIN {s}.jobs AS j ON j.job = $1"""
+
+_RENEW = """UPDATE {s}.leases SET expires_at = clock_timestamp() + $4::bigint {ms}
+WHERE job = $1 AND slot_ms = $2 AND token = $3 AND state = 'running'
+    AND expires_at > clock_timestamp()
+RETURNING true"""
+
+# Both end the job's latest grant too, so that the next claim does not wait for it to expire.
+_RELEASE = """WITH ended AS (
+    DELETE FROM {s}.leases WHERE job = $1 AND slot_ms = $2 AND token = $3 RETURNING slot_ms
+)
+UPDATE {s}.jobs AS j SET lease_until = clock_timestamp()
+FROM ended WHERE j.job = $1 AND j.last_slot_ms = ended.slot_ms"""
+
+_HAND_OVER = """WITH ended AS (
+    UPDATE {s}.leases SET state = 'handover', expires_at = clock_timestamp()
+    WHERE job = $1 AND slot_ms = $2 AND token = $3 RETURNING slot_ms
+)
+UPDATE {s}.jobs AS j SET lease_until = clock_timestamp()
+FROM ended WHERE j.job = $1 AND j.last_slot_ms = ended.slot_ms"""
+
+# $1 job names, $2 their max_attempts, $3 instance id, $4 ttl ms, $5 started_at.
+# ``retried`` goes through the job's row: if a newer slot was claimed meanwhile, the row no
+# longer matches and the slot is dropped instead. Rows are disjoint between the UPDATE and the
+# DELETE of leases. The dead attempts come back for the history.
+_TAKE_OVER = """WITH policy AS (
+    SELECT * FROM unnest($1::text[], $2::integer[]) AS p (job, max_attempts)
+), dead AS (
+    SELECT l.job, l.slot_ms, l.run_id, l.instance_id, l.reason, l.attempt, l.state,
+        l.started_at, p.max_attempts
+    FROM {s}.leases AS l JOIN policy AS p ON p.job = l.job
+    WHERE l.state = 'handover' OR l.expires_at <= clock_timestamp()
+    FOR UPDATE OF l SKIP LOCKED
+), retried AS (
+    UPDATE {s}.jobs AS j SET lease_until = clock_timestamp() + $4::bigint {ms}
+    FROM dead AS d
+    WHERE j.job = d.job AND j.last_slot_ms = d.slot_ms
+        AND d.attempt + (d.state = 'running')::integer <= d.max_attempts
+    RETURNING d.job, d.slot_ms, d.attempt + (d.state = 'running')::integer AS attempt,
+        j.lease_until
+), leased AS (
+    UPDATE {s}.leases AS l
+    SET token = replace(gen_random_uuid()::text, '-', ''),
+        run_id = left(replace(gen_random_uuid()::text, '-', ''), 16),
+        instance_id = $3, reason = 'retry', attempt = r.attempt, state = 'running',
+        started_at = $5, expires_at = r.lease_until
+    FROM retried AS r WHERE l.job = r.job AND l.slot_ms = r.slot_ms
+    RETURNING l.job, l.slot_ms, l.token, l.run_id, l.attempt
+), dropped AS (
+    DELETE FROM {s}.leases AS l USING dead AS d
+    WHERE l.job = d.job AND l.slot_ms = d.slot_ms
+        AND NOT EXISTS (SELECT FROM retried AS r WHERE r.job = d.job AND r.slot_ms = d.slot_ms)
+)
+SELECT true AS leased, job, slot_ms, token, run_id, NULL AS instance_id, NULL AS reason,
+    attempt, NULL AS state, NULL::timestamptz AS started_at
+FROM leased
+UNION ALL
+SELECT false, job, slot_ms, NULL, run_id, instance_id, reason, attempt, state, started_at
+FROM dead WHERE state = 'running'
+ORDER BY leased DESC, job, slot_ms"""
+
+# n counts the job's records, from a counter row whose lock queues concurrent writers of one
+# job (no retries, no starvation). Each trim is one index range of this job: by (job, n) for the
+# size, by (job, started_at) for the age (none when $12 is NULL). The DELETEs see the rows from
+# before the INSERT; a row another writer committed meanwhile is trimmed by the next record.
+_RECORD = """WITH counted AS (
+    INSERT INTO {s}.history_counters AS c (job, n) VALUES ($1, 1)
+    ON CONFLICT (job) DO UPDATE SET n = c.n + 1
+    RETURNING c.n
+), inserted AS (
+    INSERT INTO {s}.history (job, n, slot_ms, run_id, instance_id, reason, attempt, started_at,
+        finished_at, outcome, error)
+    SELECT $1, n, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM counted
+), too_many AS (
+    DELETE FROM {s}.history WHERE job = $1 AND n <= (SELECT n FROM counted) - $11::bigint
+)
+DELETE FROM {s}.history WHERE job = $1 AND started_at < $12::timestamptz"""
+
+_HISTORY = """SELECT job, slot_ms, run_id, instance_id, reason, attempt, outcome, error,
+    started_at, finished_at
+FROM {s}.history
+WHERE job = $1 AND ($2::timestamptz IS NULL OR started_at >= $2::timestamptz)
+ORDER BY n DESC LIMIT $3"""
+
+# Errors that mean "cannot get at the server now" rather than "it said no".
+_UNAVAILABLE = (
+    "PostgresConnectionError",
+    "CannotConnectNowError",
+    "AdminShutdownError",
+    "CrashShutdownError",
+    "TooManyConnectionsError",
+)
+
+
+class _Statements:
+    """The SQL above for one schema, built once."""
+
+    def __init__(self, schema: str) -> None:
+        s = f'"{schema}"'
+        live = _LIVE.format(s=s)
+
+        def fill(template: str, **more: str) -> str:
+            return template.format(s=s, ms=_MS, live=live, **more)
+
+        self.schema = s
+        self.version_table = f"{s}.schema_version"
+        self.migrations = tuple(fill(step) for step in _MIGRATIONS)
+        self.acquire = fill(_ACQUIRE, grant=fill(_UPSERT_JOB))
+        self.acquire_catch_up = fill(_ACQUIRE, grant=fill(_UPDATE_JOB))
+        self.renew = fill(_RENEW)
+        self.release = fill(_RELEASE)
+        self.hand_over = fill(_HAND_OVER)
+        self.take_over = fill(_TAKE_OVER)
+        self.record = fill(_RECORD)
+        self.history = fill(_HISTORY)
+
+
+class PostgresBackend(SQLLeaseBackend):
+    """Leases in PostgreSQL, through an asyncpg connection pool.
+
+    ``dsn``: a ``postgresql://`` URL (``sslmode=`` works); its password never appears in a log
+    or an error. ``schema``: where the tables live (created at start). ``min_size`` and
+    ``max_size``: the pool's connections.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        lease_ttl: Duration = "30s",
+        schema: str = "brokersched",
+        min_size: int = 1,
+        max_size: int = 10,
+    ) -> None:
+        super().__init__(lease_ttl)
+        self._dsn = dsn
+        self._redacted = redact_dsn(dsn)
+        self._secrets = _passwords(dsn)
+        self._schema = check_identifier(schema, option="schema", backend=self.name, max_length=63)
+        if not 0 <= min_size <= max_size or max_size < 1:
+            raise ConfigurationError(
+                f"PostgresBackend needs 0 <= min_size <= max_size and max_size >= 1 "
+                f"(got min_size={min_size}, max_size={max_size})",
+                option="max_size",
+                backend=self.name,
+            )
+        self._min_size, self._max_size = min_size, max_size
+        self._sql = _Statements(self._schema)
+        self._pool: _Pool | None = None
+        self._asyncpg: Any = None
+
+    def __repr__(self) -> str:
+        return f"PostgresBackend({self._redacted!r}, schema={self._schema!r})"
+
+    @property
+    def _op_timeout(self) -> float:
+        """The bound on calls that take no timeout; a renewal slower than a ttl is useless."""
+        return max(self._lease_ttl.total_seconds(), 5.0)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def _open(self, clock: Clock) -> None:
+        try:
+            import asyncpg  # pyright: ignore[reportMissingTypeStubs]
+        except ImportError as exc:
+            raise ConfigurationError(
+                "PostgresBackend needs asyncpg: pip install 'brokersched[postgres]'",
+                backend=self.name,
+            ) from exc
+        self._asyncpg = asyncpg
+        pool = await self._connect()
+        try:
+            with self._translate("create its tables"):
+                async with asyncio.timeout(self._op_timeout + 10), pool.acquire() as conn:
+                    # The common case: the tables are there; no lock, no DDL (nor the
+                    # privileges DDL needs).
+                    if await self._version(conn) != SCHEMA_VERSION:
+                        async with conn.transaction():
+                            await self._migrate(conn)
+        except BaseException:
+            pool.terminate()
+            raise
+        self._pool, self._clock = pool, clock
+
+    async def _connect(self) -> _Pool:
+        try:
+            with self._translate("connect"):
+                async with asyncio.timeout(self._op_timeout + 10):
+                    pool: _Pool = await self._asyncpg.create_pool(
+                        self._dsn,
+                        min_size=self._min_size,
+                        max_size=self._max_size,
+                        server_settings={"application_name": "brokersched"},
+                        reset=_keep_session,
+                    )
+                    return pool
+        except ValueError as exc:  # a malformed DSN (asyncpg's ClientConfigurationError too)
+            error = ConfigurationError(
+                f"PostgresBackend cannot use the dsn {self._redacted}: {self._scrub(str(exc))}",
+                option="dsn",
+                backend=self.name,
+            )
+            raise error from (None if self._leaks(exc) else exc)
+
+    async def _migrate(self, conn: _Connection) -> None:
+        """Create or upgrade the schema, inside the caller's transaction."""
+        lock = int.from_bytes(
+            hashlib.blake2b(f"brokersched:{self._schema}".encode(), digest_size=8).digest(),
+            "big",
+            signed=True,
+        )
+        # Instances starting together would race on CREATE SCHEMA: one at a time.
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", lock)
+        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._sql.schema}")
+        table = self._sql.version_table
+        await conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (version integer NOT NULL)")
+        version = await conn.fetchval(f"SELECT version FROM {table}") or 0
+        if version > SCHEMA_VERSION:
+            raise BackendError(
+                f"PostgresBackend: schema {self._schema} is at version {version}, newer than "
+                f"this brokersched understands ({SCHEMA_VERSION}); upgrade brokersched"
+            )
+        for step in self._sql.migrations[version:]:
+            await conn.execute(step)
+        await conn.execute(f"DELETE FROM {table}")
+        await conn.execute(f"INSERT INTO {table} VALUES ($1)", SCHEMA_VERSION)
+
+    async def _version(self, conn: _Connection) -> int | None:
+        exists = await conn.fetchval("SELECT to_regclass($1)", self._sql.version_table)
+        if exists is None:
+            return None
+        version = await conn.fetchval(f"SELECT version FROM {self._sql.version_table}")
+        return None if version is None else int(version)
+
+    async def _close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        try:
+            async with asyncio.timeout(5):
+                await pool.close()  # waits for connections in use to come back
+        except Exception:
+            pool.terminate()
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    @contextmanager
+    def _translate(self, action: str) -> Generator[None, None, None]:
+        """The one place asyncpg errors become brokersched errors, with the password scrubbed."""
+        try:
+            yield
+        except BrokerschedError:
+            raise
+        except Exception as exc:
+            if not self._is_client_error(exc):
+                raise
+            kind = BackendUnavailableError if self._unavailable(exc) else BackendError
+            detail = (
+                "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+            )
+            detail = self._scrub(detail)
+            error = kind(f"PostgresBackend could not {action} on {self._redacted}: {detail}")
+            if self._leaks(exc):
+                raise error from None  # the chained exception would print the password
+            raise error from exc
+
+    def _is_client_error(self, exc: Exception) -> bool:
+        if isinstance(exc, ValueError):
+            return False  # a malformed DSN: a configuration error, see _connect
+        known: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+        if self._asyncpg is not None:
+            known += (self._asyncpg.PostgresError, self._asyncpg.InterfaceError)
+        return isinstance(exc, known)
+
+    def _unavailable(self, exc: Exception) -> bool:
+        if isinstance(exc, OSError | TimeoutError):
+            return True
+        return any(
+            isinstance(exc, getattr(self._asyncpg.exceptions, name)) for name in _UNAVAILABLE
+        )
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _leaks(self, exc: BaseException) -> bool:
+        chain: BaseException | None = exc
+        while chain is not None:
+            if self._scrub(str(chain)) != str(chain):
+                return True
+            chain = chain.__cause__ or chain.__context__
+        return False
+
+    @asynccontextmanager
+    async def _connection(
+        self, action: str, timeout: float | None = None
+    ) -> AsyncGenerator[_Connection, None]:
+        """A pooled connection, within ``timeout`` seconds for the whole exchange.
+
+        A connection that broke is dropped by the pool and replaced on a later call, so an
+        outage fails the calls made during it (closed: no claim, no run) and nothing after.
+        """
+        with self._translate(action):
+            if self._pool is None:
+                raise BackendUnavailableError("PostgresBackend is not started")
+            async with asyncio.timeout(timeout or self._op_timeout), self._pool.acquire() as conn:
+                yield conn
+
+    # -- leases ----------------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        slot: Slot,
+        *,
+        policy: JobPolicy,
+        instance_id: str,
+        run_id: str,
+        reason: RunReason,
+        timeout: float,
+    ) -> Lease | Literal["overlap", "not-acquired"]:
+        token = new_token()
+        sql = self._sql.acquire_catch_up if reason == "catch-up" else self._sql.acquire
+        allow = policy.overlap == "allow"
+        async with self._connection("claim " + slot.key, timeout) as conn:
+            row = await conn.fetchrow(
+                sql, slot.job, slot.slot_ms, self._ttl_ms, allow, token, run_id, instance_id,
+                reason, self._now(),
+            )  # fmt: skip
+        assert row is not None  # the SELECT always returns its one row
+        if row["granted"]:
+            return Lease(slot.job, slot.slot_ms, token, run_id, 1, reason)
+        return refusal(slot.slot_ms, row["last_slot_ms"], row["live"], policy)
+
+    async def renew(self, lease: Lease) -> bool:
+        args = (lease.job, lease.slot_ms, lease.token, self._ttl_ms)
+        async with self._connection("renew " + lease.slot.key) as conn:
+            return bool(await conn.fetchval(self._sql.renew, *args))
+
+    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+        sql = self._sql.hand_over if handover else self._sql.release
+        async with self._connection("release " + lease.slot.key) as conn:
+            await conn.execute(sql, lease.job, lease.slot_ms, lease.token)
+
+    async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
+        by_job = {policy.name: policy for policy in policies}
+        if not by_job:
+            return []
+        attempts = [policy.max_attempts for policy in by_job.values()]
+        args = (list(by_job), attempts, instance_id, self._ttl_ms, self._now())
+        async with self._connection("take over slots") as conn:
+            rows = await conn.fetch(self._sql.take_over, *args)
+        leases: list[Lease] = []
+        for row in rows:
+            if row["leased"]:
+                token, run_id, attempt = row["token"], row["run_id"], row["attempt"]
+                leases.append(Lease(row["job"], row["slot_ms"], token, run_id, attempt, "retry"))
+            else:
+                await self._record_dead(by_job[row["job"]], _dead_run(row))
+        return leases
+
+    async def _record_dead(self, policy: JobPolicy, dead: DeadRun) -> None:
+        """The dead runner's record; the slot is taken over whether or not this succeeds."""
+        try:
+            await self.record(policy, interrupted(dead, self._now()))
+        except BackendError as exc:
+            logger.warning(
+                "could not record the interrupted run %s of %s: %s", dead.run_id, dead.job, exc
+            )
+
+    # -- history ---------------------------------------------------------------------------
+
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        args = (
+            job.name, record.slot_ms, record.run_id, record.instance_id, record.reason,
+            record.attempt, record.started_at, record.finished_at, record.outcome, record.error,
+            job.history_size, history_cutoff(job, self._now()),
+        )  # fmt: skip
+        async with self._connection(f"record a run of {job.name}") as conn:
+            await conn.execute(self._sql.record, *args)
+
+    async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        cutoff = history_cutoff(job, self._now())
+        async with self._connection(f"read the history of {job.name}") as conn:
+            rows = await conn.fetch(self._sql.history, job.name, cutoff, history_limit(job, limit))
+        return [_run_record(row) for row in rows]
+
+
+async def _keep_session(conn: _Connection) -> None:
+    """The pool's reset on release: nothing. This backend never changes a session (no SET, no
+    LISTEN, only transaction-scoped locks), and asyncpg's default reset is one more round trip
+    on every call; asyncpg still rolls back a transaction left open."""
+
+
+def _run_record(row: Row) -> RunRecord:
+    fields = ("job", "slot_ms", "run_id", "instance_id", "reason", "attempt", "outcome", "error")
+    return run_record([row[field] for field in fields], row["started_at"], row["finished_at"])
+
+
+def _dead_run(row: Row) -> DeadRun:
+    return DeadRun(
+        job=row["job"],
+        slot_ms=row["slot_ms"],
+        run_id=row["run_id"],
+        instance_id=row["instance_id"],
+        reason=row["reason"],
+        attempt=row["attempt"],
+        state=row["state"],
+        started_at=row["started_at"],
+    )
+
+
+_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<rest>.*)$", re.DOTALL)
+_PASSWORD_PARAM = re.compile(
+    r"(?P<key>(?:^|[?&\s])password\s*=\s*)(?P<value>'(?:[^'\\]|\\.)*'|[^&\s]*)", re.IGNORECASE
+)
+
+
+def _split_userinfo(dsn: str) -> tuple[str, str, str | None, str] | None:
+    """``(scheme, user, password, rest)`` of a URL DSN with userinfo, else ``None``.
+
+    The userinfo ends at the last ``@`` before the query, so an unescaped ``@`` or ``/`` in a
+    password is still taken as part of it.
+    """
+    match = _USERINFO.match(dsn)
+    if match is None:
+        return None
+    rest = match["rest"]
+    query = rest.find("?")
+    at = rest.rfind("@", 0, query if query >= 0 else len(rest))
+    if at < 0:
+        return None
+    user, colon, password = rest[:at].partition(":")
+    return match["scheme"], user, password if colon else None, rest[at + 1 :]
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` with every password replaced by ``***``: in the userinfo and in parameters."""
+    parts = _split_userinfo(dsn)
+    if parts is not None and parts[2] is not None:
+        scheme, user, _, rest = parts
+        dsn = f"{scheme}{user}:***@{rest}"
+    return _PASSWORD_PARAM.sub(lambda m: m["key"] + "***", dsn)
+
+
+def _passwords(dsn: str) -> list[str]:
+    """Every form in which the DSN's passwords could show up in a client's message."""
+    found: list[str] = []
+    parts = _split_userinfo(dsn)
+    if parts is not None and parts[2]:
+        found.append(parts[2])
+    found += [m["value"].strip("'") for m in _PASSWORD_PARAM.finditer(dsn) if m["value"]]
+    variants = {form for secret in found for form in (secret, unquote(secret))}
+    # Longest first, so that a password containing another is replaced whole.
+    return sorted((s for s in variants if s), key=len, reverse=True)

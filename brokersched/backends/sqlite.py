@@ -1,0 +1,590 @@
+"""The SQLite lease backend: several processes on one host sharing one database file.
+
+Every write that decides something runs in a ``BEGIN IMMEDIATE`` transaction, which takes
+SQLite's single write lock before reading: claims, hand-overs and take-overs are serialised
+across processes, and a deferred transaction's "read, then fail to upgrade" (``SQLITE_BUSY``
+that ``busy_timeout`` cannot wait out) never happens. Lease expiry is computed inside each
+statement from SQLite's own ``julianday('now')`` (millisecond resolution), never from an
+instance's clock. History times come from the scheduler's clock (as in every backend).
+
+The database runs in WAL mode with ``synchronous=NORMAL``: durable against a crashed or killed
+process, which is what leases guard against; a power cut may lose the last commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sqlite3
+from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from .._clock import Clock
+from .._durations import Duration, parse_duration, to_ms
+from .._exceptions import (
+    BackendError,
+    BackendUnavailableError,
+    BrokerschedError,
+    ConfigurationError,
+)
+from ..abc import JobPolicy, Lease, RunReason, RunRecord, Slot
+from ._sql import (
+    SCHEMA_VERSION,
+    DeadRun,
+    SQLLeaseBackend,
+    check_identifier,
+    datetime_to_us,
+    history_cutoff,
+    history_limit,
+    interrupted,
+    new_run_id,
+    new_token,
+    refusal,
+    retry_attempt,
+    run_record,
+    us_to_datetime,
+)
+
+if TYPE_CHECKING:
+    import aiosqlite
+
+__all__ = ["SQLiteBackend"]
+
+T = TypeVar("T")
+
+# SQLite's clock in integer milliseconds; 'now' is the same everywhere within one statement.
+_NOW = "CAST(round((julianday('now') - 2440587.5) * 86400000) AS INTEGER)"
+
+_SCHEMA_V1 = (
+    """CREATE TABLE {jobs} (
+        job TEXT PRIMARY KEY,
+        last_slot_ms INTEGER NOT NULL,
+        lease_until_ms INTEGER NOT NULL
+    ) STRICT, WITHOUT ROWID""",
+    """CREATE TABLE {leases} (
+        job TEXT NOT NULL,
+        slot_ms INTEGER NOT NULL,
+        token TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        instance_id TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('running', 'handover')),
+        started_us INTEGER NOT NULL,
+        expires_ms INTEGER NOT NULL,
+        PRIMARY KEY (job, slot_ms)
+    ) STRICT, WITHOUT ROWID""",
+    """CREATE TABLE {history} (
+        job TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        slot_ms INTEGER NOT NULL,
+        run_id TEXT NOT NULL,
+        instance_id TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        started_us INTEGER NOT NULL,
+        finished_us INTEGER,
+        outcome TEXT NOT NULL,
+        error TEXT,
+        PRIMARY KEY (job, n)
+    ) STRICT, WITHOUT ROWID""",
+    "CREATE INDEX {history_started} ON {history} (job, started_us)",
+)
+#: ``_MIGRATIONS[v]`` takes the tables from version ``v`` to ``v + 1``.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_V1,)
+
+_LIVE = """({jobs}.lease_until_ms > {now} OR EXISTS (
+    SELECT 1 FROM {leases} AS l
+    WHERE l.job = {jobs}.job AND l.state = 'running' AND l.expires_ms > {now}))"""
+
+_GRANT = """INSERT INTO {jobs} (job, last_slot_ms, lease_until_ms)
+VALUES (:job, :slot_ms, {now} + :ttl_ms)
+ON CONFLICT (job) DO UPDATE
+    SET last_slot_ms = excluded.last_slot_ms, lease_until_ms = excluded.lease_until_ms
+    WHERE {jobs}.last_slot_ms < excluded.last_slot_ms AND (:allow OR NOT {live})
+RETURNING lease_until_ms"""
+
+# A catch-up never creates the job's row: a job never claimed has missed nothing.
+_GRANT_CATCH_UP = """UPDATE {jobs} SET last_slot_ms = :slot_ms, lease_until_ms = {now} + :ttl_ms
+WHERE job = :job AND last_slot_ms < :slot_ms AND (:allow OR NOT {live})
+RETURNING lease_until_ms"""
+
+_INSERT_LEASE = """INSERT INTO {leases}
+    (job, slot_ms, token, run_id, instance_id, reason, attempt, state, started_us, expires_ms)
+VALUES (:job, :slot_ms, :token, :run_id, :instance_id, :reason, 1, 'running', :started_us,
+    :expires_ms)"""
+
+_JOB_STATE = "SELECT last_slot_ms, {live} FROM {jobs} WHERE job = :job"
+
+_RENEW = """UPDATE {leases} SET expires_ms = {now} + :ttl_ms
+WHERE job = :job AND slot_ms = :slot_ms AND token = :token AND state = 'running'
+    AND expires_ms > {now}
+RETURNING 1"""
+
+# Ends the job's "latest grant" too, so that the next claim does not wait for it to expire.
+_END_GRANT = """UPDATE {jobs} SET lease_until_ms = {now}
+WHERE job = :job AND last_slot_ms = :slot_ms AND EXISTS (
+    SELECT 1 FROM {leases} WHERE job = :job AND slot_ms = :slot_ms AND token = :token)"""
+
+_DELETE_LEASE = "DELETE FROM {leases} WHERE job = :job AND slot_ms = :slot_ms AND token = :token"
+
+_HAND_OVER = """UPDATE {leases} SET state = 'handover', expires_ms = {now}
+WHERE job = :job AND slot_ms = :slot_ms AND token = :token"""
+
+_FIND_DEAD = """SELECT l.job, l.slot_ms, l.run_id, l.instance_id, l.reason, l.attempt, l.state,
+    l.started_us, l.slot_ms = j.last_slot_ms
+FROM {leases} AS l JOIN {jobs} AS j ON j.job = l.job
+WHERE l.job IN (SELECT value FROM json_each(:jobs))
+    AND (l.state = 'handover' OR l.expires_ms <= {now})
+ORDER BY l.job, l.slot_ms"""
+
+_RETRY = """UPDATE {leases}
+SET token = :token, run_id = :run_id, instance_id = :instance_id, reason = 'retry',
+    attempt = :attempt, state = 'running', started_us = :started_us,
+    expires_ms = {now} + :ttl_ms
+WHERE job = :job AND slot_ms = :slot_ms
+RETURNING expires_ms"""
+
+_RETRY_GRANT = "UPDATE {jobs} SET lease_until_ms = :expires_ms WHERE job = :job"
+
+_DROP_LEASE = "DELETE FROM {leases} WHERE job = :job AND slot_ms = :slot_ms"
+
+_INSERT_RECORD = """INSERT INTO {history} (job, n, slot_ms, run_id, instance_id, reason, attempt,
+    started_us, finished_us, outcome, error)
+SELECT :job, coalesce(max(n), 0) + 1, :slot_ms, :run_id, :instance_id, :reason, :attempt,
+    :started_us, :finished_us, :outcome, :error
+FROM {history} WHERE job = :job
+RETURNING n"""
+
+# Two statements, so that each is one index range of this job (an OR would read all its rows).
+_TRIM_SIZE = "DELETE FROM {history} WHERE job = :job AND n <= :n - :size"
+_TRIM_AGE = "DELETE FROM {history} WHERE job = :job AND started_us < :cutoff_us"
+
+_HISTORY = """SELECT job, slot_ms, run_id, instance_id, reason, attempt, outcome, error,
+    started_us, finished_us
+FROM {history}
+WHERE job = :job AND (:cutoff_us IS NULL OR started_us >= :cutoff_us)
+ORDER BY n DESC LIMIT :limit"""
+
+
+class _Statements:
+    """The SQL above with this backend's table names filled in, built once."""
+
+    def __init__(self, prefix: str) -> None:
+        names = {
+            "jobs": f'"{prefix}jobs"',
+            "leases": f'"{prefix}leases"',
+            "history": f'"{prefix}history"',
+            "history_started": f'"{prefix}history_started"',
+            "now": _NOW,
+        }
+        names["live"] = _LIVE.format(**names)
+
+        def fill(template: str) -> str:
+            return template.format(**names)
+
+        self.version_table = f'"{prefix}schema_version"'
+        self.migrations = tuple(tuple(fill(sql) for sql in step) for step in _MIGRATIONS)
+        self.grant = fill(_GRANT)
+        self.grant_catch_up = fill(_GRANT_CATCH_UP)
+        self.insert_lease = fill(_INSERT_LEASE)
+        self.job_state = fill(_JOB_STATE)
+        self.renew = fill(_RENEW)
+        self.end_grant = fill(_END_GRANT)
+        self.delete_lease = fill(_DELETE_LEASE)
+        self.hand_over = fill(_HAND_OVER)
+        self.find_dead = fill(_FIND_DEAD)
+        self.retry = fill(_RETRY)
+        self.retry_grant = fill(_RETRY_GRANT)
+        self.drop_lease = fill(_DROP_LEASE)
+        self.insert_record = fill(_INSERT_RECORD)
+        self.trim_size = fill(_TRIM_SIZE)
+        self.trim_age = fill(_TRIM_AGE)
+        self.history = fill(_HISTORY)
+
+
+class SQLiteBackend(SQLLeaseBackend):
+    """Leases in a SQLite file shared by the processes of one host (not over NFS).
+
+    ``path``: the database file (created if missing). ``lease_ttl``: how long a lease lives
+    unless renewed. ``table_prefix``: prepended to the table names, so several schedulers (or
+    an application's own tables) can share a file. ``busy_timeout``: how long a statement waits
+    for another process's write lock before failing.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        lease_ttl: Duration = "30s",
+        table_prefix: str = "brokersched_",
+        busy_timeout: Duration = "5s",
+    ) -> None:
+        super().__init__(lease_ttl)
+        self._path = os.fspath(path)
+        self._prefix = check_identifier(
+            table_prefix, option="table_prefix", backend=self.name, max_length=40
+        )
+        self._busy_timeout = parse_duration(busy_timeout, name="busy_timeout")
+        self._sql = _Statements(self._prefix)
+        # Each object has one connection; a transaction must not interleave with another
+        # coroutine's statements on it.
+        self._lock = asyncio.Lock()
+        self._conn: aiosqlite.Connection | None = None
+        self._rollbacks: set[asyncio.Task[None]] = set()
+
+    def __repr__(self) -> str:
+        return f"SQLiteBackend({self._path!r}, table_prefix={self._prefix!r})"
+
+    @property
+    def _op_timeout(self) -> float:
+        """The bound on calls that take no timeout: the lock wait plus some work."""
+        return self._busy_timeout.total_seconds() + 5.0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def _open(self, clock: Clock) -> None:
+        try:
+            import aiosqlite
+        except ImportError as exc:
+            raise ConfigurationError(
+                "SQLiteBackend needs aiosqlite: pip install 'brokersched[sqlite]'",
+                backend=self.name,
+            ) from exc
+        with self._translate("open the database"):
+            # A failed aiosqlite.connect() leaves its worker thread to report to the event loop
+            # later, which raises if the loop has closed by then (omnilib/aiosqlite#259): find
+            # out whether the file opens before handing it to aiosqlite.
+            await asyncio.to_thread(_check_opens, self._path)
+            # isolation_level=None: this code issues BEGIN IMMEDIATE / COMMIT itself.
+            self._conn = await aiosqlite.connect(self._path, isolation_level=None)
+        try:
+            await self._run("configure the database", self._configure)
+            if await self._run("read the schema version", self._version) != SCHEMA_VERSION:
+                await self._run("create the tables", self._migrate, transaction=True)
+        except BaseException:
+            await self._close()
+            raise
+        self._clock = clock
+
+    async def _configure(self, conn: aiosqlite.Connection) -> None:
+        await conn.execute(f"PRAGMA busy_timeout = {to_ms(self._busy_timeout)}")
+        mode = await self._use_wal(conn)
+        if str(mode).lower() != "wal":
+            raise BackendError(f"SQLiteBackend could not switch {self._path} to WAL ({mode})")
+        await conn.execute("PRAGMA synchronous = NORMAL")
+
+    async def _use_wal(self, conn: aiosqlite.Connection) -> object:
+        """Switch the file to WAL (once for good); the journal mode it is in.
+
+        Instances opening a new file together can deadlock on the exclusive lock the switch
+        needs, and SQLite then answers "locked" at once rather than wait ``busy_timeout``:
+        try again until it has passed.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._busy_timeout.total_seconds()
+        while True:
+            try:
+                rows = await conn.execute_fetchall("PRAGMA journal_mode = WAL")
+                return next(iter(rows))[0]
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or loop.time() > deadline:
+                    raise
+            await asyncio.sleep(0.01)
+
+    async def _migrate(self, conn: aiosqlite.Connection) -> None:
+        """Create or upgrade the tables; under the write lock, so instances starting together
+        take turns (and the second finds the work done)."""
+        table = self._sql.version_table
+        await conn.execute(f"CREATE TABLE IF NOT EXISTS {table} (version INTEGER NOT NULL)")
+        version = await self._version(conn) or 0
+        self._check_version(version)
+        for step in self._sql.migrations[version:]:
+            for statement in step:
+                await conn.execute(statement)
+        await conn.execute(f"DELETE FROM {table}")
+        await conn.execute(f"INSERT INTO {table} VALUES (?)", (SCHEMA_VERSION,))
+
+    async def _version(self, conn: aiosqlite.Connection) -> int | None:
+        try:
+            rows = await conn.execute_fetchall(f"SELECT version FROM {self._sql.version_table}")
+        except sqlite3.OperationalError:
+            return None  # no such table yet
+        return int(next(iter(rows))[0]) if rows else None
+
+    def _check_version(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise BackendError(
+                f"SQLiteBackend: tables {self._prefix}* in {self._path} are at schema version "
+                f"{version}, newer than this brokersched understands ({SCHEMA_VERSION}); "
+                "upgrade brokersched"
+            )
+
+    async def _close(self) -> None:
+        conn, self._conn, self._clock = self._conn, None, None
+        if conn is not None:
+            # aiosqlite queues the close after any statement still running on the connection.
+            with contextlib.suppress(Exception):  # closing must not raise; nothing is left to do
+                await conn.close()
+            await asyncio.gather(*self._rollbacks, return_exceptions=True)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    @contextmanager
+    def _translate(self, action: str) -> Generator[None, None, None]:
+        """The one place sqlite3/aiosqlite errors become brokersched errors."""
+        try:
+            yield
+        except BrokerschedError:
+            raise
+        except TimeoutError as exc:
+            raise BackendUnavailableError(
+                f"SQLiteBackend could not {action} in {self._path}: timed out"
+            ) from exc
+        except (sqlite3.Error, ValueError, OSError) as exc:
+            error = (BackendUnavailableError if _unavailable(exc) else BackendError)(
+                f"SQLiteBackend could not {action} in {self._path}: {exc}"
+            )
+            raise error from exc
+
+    async def _run(
+        self,
+        action: str,
+        work: Callable[[aiosqlite.Connection], Awaitable[T]],
+        *,
+        timeout: float | None = None,
+        transaction: bool = False,
+    ) -> T:
+        """``work`` with the connection to itself, answered within ``timeout`` seconds; with
+        ``transaction``, between ``BEGIN IMMEDIATE`` and ``COMMIT``.
+
+        A failed transaction's ROLLBACK runs in the background and keeps the connection until
+        it is done: a statement cut short by the timeout still runs to its end in aiosqlite's
+        thread (perhaps waiting ``busy_timeout`` for another process's write lock), and the
+        caller must not wait for it. (A cancelled COMMIT may still commit: a claim granted
+        that way never runs, its lease expires and ``take_over`` restarts the slot.)
+        """
+        with self._translate(action):
+            async with asyncio.timeout(timeout or self._op_timeout):
+                await self._lock.acquire()
+                rolling_back = False
+                try:
+                    if self._conn is None:
+                        raise BackendUnavailableError("SQLiteBackend is not started")
+                    conn = self._conn
+                    if not transaction:
+                        return await work(conn)
+                    try:
+                        await conn.execute("BEGIN IMMEDIATE")
+                        result = await work(conn)
+                        await conn.execute("COMMIT")
+                    except BaseException:
+                        rolling_back = self._roll_back(conn)
+                        raise
+                    return result
+                finally:
+                    if not rolling_back:
+                        self._lock.release()
+
+    def _roll_back(self, conn: aiosqlite.Connection) -> bool:
+        """Start the ROLLBACK, which releases the connection's lock once done."""
+
+        async def roll_back() -> None:
+            try:
+                # No transaction if BEGIN itself failed; no connection if it was closed.
+                with contextlib.suppress(sqlite3.Error, ValueError):
+                    await conn.execute("ROLLBACK")
+            finally:
+                self._lock.release()
+
+        task = asyncio.get_running_loop().create_task(roll_back())
+        self._rollbacks.add(task)
+        task.add_done_callback(self._rollbacks.discard)
+        return True
+
+    # -- leases ----------------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        slot: Slot,
+        *,
+        policy: JobPolicy,
+        instance_id: str,
+        run_id: str,
+        reason: RunReason,
+        timeout: float,
+    ) -> Lease | Literal["overlap", "not-acquired"]:
+        token = new_token()
+        params = {
+            "job": slot.job,
+            "slot_ms": slot.slot_ms,
+            "ttl_ms": self._ttl_ms,
+            "allow": policy.overlap == "allow",
+            "token": token,
+            "run_id": run_id,
+            "instance_id": instance_id,
+            "reason": reason,
+            "started_us": datetime_to_us(self._now()),
+        }
+        grant = self._sql.grant_catch_up if reason == "catch-up" else self._sql.grant
+
+        async def claim(conn: aiosqlite.Connection) -> Lease | Literal["overlap", "not-acquired"]:
+            rows = list(await conn.execute_fetchall(grant, params))
+            if rows:
+                await conn.execute(self._sql.insert_lease, {**params, "expires_ms": rows[0][0]})
+                return Lease(slot.job, slot.slot_ms, token, run_id, 1, reason)
+            state = list(await conn.execute_fetchall(self._sql.job_state, params))
+            latest, live = state[0] if state else (None, None)
+            return refusal(slot.slot_ms, latest, bool(live), policy)
+
+        return await self._run("claim " + slot.key, claim, timeout=timeout, transaction=True)
+
+    async def renew(self, lease: Lease) -> bool:
+        params = _lease_params(lease) | {"ttl_ms": self._ttl_ms}
+
+        async def renew(conn: aiosqlite.Connection) -> bool:
+            return bool(await conn.execute_fetchall(self._sql.renew, params))
+
+        return await self._run("renew " + lease.slot.key, renew)
+
+    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+        params = _lease_params(lease)
+        end = self._sql.hand_over if handover else self._sql.delete_lease
+
+        async def release(conn: aiosqlite.Connection) -> None:
+            await conn.execute(self._sql.end_grant, params)
+            await conn.execute(end, params)
+
+        await self._run("release " + lease.slot.key, release, transaction=True)
+
+    async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
+        by_job = {policy.name: policy for policy in policies}
+        params = {"jobs": json.dumps(list(by_job))}
+
+        async def find(conn: aiosqlite.Connection) -> bool:
+            return bool(await conn.execute_fetchall(self._sql.find_dead, params))
+
+        async def take(conn: aiosqlite.Connection) -> list[Lease]:
+            leases: list[Lease] = []
+            for row in await conn.execute_fetchall(self._sql.find_dead, params):
+                dead = _dead_run(row)
+                lease = await self._take(conn, dead, bool(row[8]), by_job[dead.job], instance_id)
+                leases.extend([lease] if lease else [])
+            return leases
+
+        # Every instance sweeps often and almost always finds nothing: look before taking the
+        # write lock (and look again under it).
+        if not by_job or not await self._run("look for dead runners", find):
+            return []
+        return await self._run("take over slots", take, transaction=True)
+
+    async def _take(
+        self,
+        conn: aiosqlite.Connection,
+        dead: DeadRun,
+        latest: bool,
+        policy: JobPolicy,
+        instance_id: str,
+    ) -> Lease | None:
+        """Restart or drop one dead (or handed-over) slot, inside the take-over transaction."""
+        key = {"job": dead.job, "slot_ms": dead.slot_ms}
+        if dead.state == "running":
+            await self._append(conn, policy, interrupted(dead, self._now()))
+        attempt = retry_attempt(dead.state, dead.attempt, latest, policy.max_attempts)
+        if attempt is None:
+            await conn.execute(self._sql.drop_lease, key)
+            return None
+        lease = dead.retried(new_token(), new_run_id(), attempt)
+        rows = await conn.execute_fetchall(
+            self._sql.retry,
+            key
+            | {
+                "token": lease.token,
+                "run_id": lease.run_id,
+                "instance_id": instance_id,
+                "attempt": attempt,
+                "started_us": datetime_to_us(self._now()),
+                "ttl_ms": self._ttl_ms,
+            },
+        )
+        (expires_ms,) = next(iter(rows))
+        await conn.execute(self._sql.retry_grant, key | {"expires_ms": expires_ms})
+        return lease
+
+    # -- history ---------------------------------------------------------------------------
+
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        async def append(conn: aiosqlite.Connection) -> None:
+            await self._append(conn, job, record)
+
+        await self._run(f"record a run of {job.name}", append, transaction=True)
+
+    async def _append(self, conn: aiosqlite.Connection, job: JobPolicy, record: RunRecord) -> None:
+        finished = record.finished_at
+        rows = await conn.execute_fetchall(
+            self._sql.insert_record,
+            {
+                "job": job.name,
+                "slot_ms": record.slot_ms,
+                "run_id": record.run_id,
+                "instance_id": record.instance_id,
+                "reason": record.reason,
+                "attempt": record.attempt,
+                "started_us": datetime_to_us(record.started_at),
+                "finished_us": None if finished is None else datetime_to_us(finished),
+                "outcome": record.outcome,
+                "error": record.error,
+            },
+        )
+        (n,) = next(iter(rows))
+        await conn.execute(self._sql.trim_size, {"job": job.name, "n": n, "size": job.history_size})
+        cutoff = history_cutoff(job, self._now())
+        if cutoff is not None:
+            params = {"job": job.name, "cutoff_us": datetime_to_us(cutoff)}
+            await conn.execute(self._sql.trim_age, params)
+
+    async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        cutoff = history_cutoff(job, self._now())
+        params = {
+            "job": job.name,
+            "cutoff_us": None if cutoff is None else datetime_to_us(cutoff),
+            "limit": history_limit(job, limit),
+        }
+
+        async def read(conn: aiosqlite.Connection) -> Iterable[Sequence[Any]]:
+            return await conn.execute_fetchall(self._sql.history, params)
+
+        rows = await self._run(f"read the history of {job.name}", read)
+        return [
+            run_record(
+                row[:8], us_to_datetime(row[8]), None if row[9] is None else us_to_datetime(row[9])
+            )
+            for row in rows
+        ]
+
+
+def _dead_run(row: Sequence[Any]) -> DeadRun:
+    """A row of ``_FIND_DEAD``."""
+    job, slot_ms, run_id, instance_id, reason, attempt, state, started_us = row[:8]
+    return DeadRun(
+        job, slot_ms, run_id, instance_id, reason, attempt, state, us_to_datetime(started_us)
+    )
+
+
+def _check_opens(path: str) -> None:
+    sqlite3.connect(path).close()
+
+
+def _lease_params(lease: Lease) -> dict[str, Any]:
+    return {"job": lease.job, "slot_ms": lease.slot_ms, "token": lease.token}
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """Errors that mean "cannot get at the database now" rather than "it said no"."""
+    if isinstance(exc, OSError | ValueError):  # aiosqlite: ValueError("Connection closed")
+        return True
+    text = str(exc).lower()
+    return any(word in text for word in ("locked", "busy", "unable to open", "disk i/o"))

@@ -1,0 +1,35 @@
+"""PostgresBackend passes the public lease conformance suite on the real PostgreSQL server, in a
+throwaway schema per test."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest_asyncio
+
+from brokersched.backends.postgres import PostgresBackend
+from brokersched.testing.conformance import LeaseBackendSuite
+
+
+class TestPostgresBackend(LeaseBackendSuite[PostgresBackend]):
+    dsn = ""
+    schemas: set[str]
+
+    @pytest_asyncio.fixture(autouse=True)
+    async def _server(self, postgres_dsn: str) -> AsyncIterator[None]:
+        """Remember the server for make_backend; drop the test's schemas afterwards."""
+        self.dsn, self.schemas = postgres_dsn, set()
+        yield
+        conn = await asyncpg.connect(postgres_dsn)
+        try:
+            for schema in self.schemas:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+    def make_backend(self, namespace: str, **options: Any) -> PostgresBackend:
+        self.schemas.add(namespace)
+        # A small pool: the races start eight backends at once on one server.
+        return PostgresBackend(self.dsn, schema=namespace, min_size=1, max_size=2, **options)
