@@ -1,0 +1,225 @@
+"""RabbitMQBackend.claim() next to the raw AMQP round trip it is made of, in the same run.
+
+    .venv/bin/python bench/bench_rabbitmq.py [--url URL] [--claims 300] [--rounds 4]
+                                             [--channels 8] [--memory 2000]
+
+"raw" is what a claim costs at the protocol level: declare a durable classic queue
+(x-max-length=1, reject-publish, x-expires), publish one persistent message to it with
+mandatory=True and wait for the publisher confirm, on a pool of confirm channels of one
+connection. "backend" is ``RabbitMQBackend.claim()`` doing the same through its own pool. The
+two take turns (and turns at going first) over the rounds, one claim at a time (latency, pooled
+over the rounds) and with ``--channels`` claims in flight (throughput, the median round).
+``--memory N`` also measures the broker memory of N live claim queues (needs ``rabbitmqctl``,
+i.e. root on the broker host). Every queue made here is deleted before the script ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractConnection
+from pamqp.common import FieldTable
+
+from brokersched._clock import SystemClock
+from brokersched.abc import Slot
+from brokersched.backends.rabbitmq import RabbitMQBackend, claim_queue_name, redact_url
+
+DEFAULT_URL = os.environ.get("BROKERSCHED_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+ARGUMENTS: FieldTable = {
+    "x-queue-type": "classic",
+    "x-max-length": 1,
+    "x-overflow": "reject-publish",
+    "x-expires": 120_000,
+}
+Claim = Callable[[int], Awaitable[bool]]
+
+
+class Raw:
+    """declare + publish + confirm on a pool of plain confirm channels: the floor."""
+
+    def __init__(self, connection: AbstractConnection, channels: int, prefix: str) -> None:
+        self.connection = connection
+        self.size = channels
+        self.prefix = prefix
+        self.pool: asyncio.Queue[AbstractChannel] = asyncio.Queue()
+
+    async def open(self) -> None:
+        for _ in range(self.size):
+            channel = aio_pika.Channel(
+                self.connection, publisher_confirms=True, on_return_raises=True
+            )
+            await channel
+            self.pool.put_nowait(channel)
+
+    async def claim(self, n: int) -> bool:
+        name = f"{self.prefix}.claim.raw.{n}"
+        channel = await self.pool.get()
+        try:
+            await channel.declare_queue(name, durable=True, arguments=ARGUMENTS)
+            message = aio_pika.Message(
+                b"{}", delivery_mode=aio_pika.DeliveryMode.PERSISTENT, message_id=f"raw:{n}"
+            )
+            try:
+                await channel.default_exchange.publish(message, name, mandatory=True)
+            except aio_pika.exceptions.DeliveryError:
+                return False
+            return True
+        finally:
+            self.pool.put_nowait(channel)
+
+
+async def sequential(claim: Claim, first: int, count: int) -> list[float]:
+    """Latency in ms of ``count`` claims made one after another."""
+    latencies = []
+    for n in range(first, first + count):
+        started = time.perf_counter()
+        assert await claim(n)
+        latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
+
+
+async def parallel(claim: Claim, first: int, count: int, in_flight: int) -> float:
+    """Claims per second with ``in_flight`` claims outstanding at any time."""
+    numbers = iter(range(first, first + count))
+
+    async def worker() -> None:
+        for n in numbers:
+            assert await claim(n)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    return count / (time.perf_counter() - started)
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+async def delete_all(connection: AbstractConnection, names: list[str], channels: int) -> None:
+    pool = [await connection.channel() for _ in range(channels)]
+
+    async def delete(channel: AbstractChannel, chunk: list[str]) -> None:
+        for name in chunk:
+            await channel.queue_delete(name)
+
+    await asyncio.gather(*(delete(ch, names[i :: len(pool)]) for i, ch in enumerate(pool)))
+    for channel in pool:
+        await channel.close()
+
+
+def broker_memory_bytes() -> int:
+    """Memory the broker's Erlang VM uses, as ``rabbitmqctl status`` reports it."""
+    output = subprocess.run(
+        ["rabbitmqctl", "status", "--formatter", "json"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return int(json.loads(output)["memory"]["total"]["erlang"])
+
+
+async def memory_per_queue(url: str, count: int) -> float:
+    """Broker memory per live claim queue (holding its one persistent message), in KB."""
+    backend = RabbitMQBackend(url, prefix=f"bench{uuid.uuid4().hex[:6]}", channels=16)
+    await backend.start(SystemClock())
+    slots = [Slot("memory", n) for n in range(count)]
+    try:
+        await asyncio.to_thread(
+            subprocess.run, ["rabbitmqctl", "eval", "garbage_collect()."], capture_output=True
+        )
+        before = await asyncio.to_thread(broker_memory_bytes)
+        await parallel(
+            lambda n: backend.claim(slots[n], instance_id="b", run_id="r", timeout=30), 0, count, 16
+        )
+        await asyncio.sleep(2)  # let the queue processes settle
+        after = await asyncio.to_thread(broker_memory_bytes)
+    finally:
+        connection = await aio_pika.connect(url)
+        async with connection:
+            await delete_all(connection, [claim_queue_name(backend.prefix, s) for s in slots], 16)
+        await backend.stop()
+    return (after - before) / count / 1024
+
+
+class Figures:
+    """Latencies and rates of one contender, pooled over the rounds."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.rates: list[float] = []
+
+    async def measure(self, claim: Claim, first: int, count: int, in_flight: int) -> None:
+        self.latencies += await sequential(claim, first, count)
+        self.rates.append(await parallel(claim, first + count, count, in_flight))
+
+    def row(self, label: str) -> str:
+        p50, p95, p99 = (percentile(self.latencies, q) for q in (50, 95, 99))
+        rate = statistics.median(self.rates)
+        return f"{label:10}{p50:9.2f}{p95:9.2f}{p99:9.2f}{rate:11.0f}"
+
+
+async def compare(url: str, claims: int, channels: int, rounds: int) -> tuple[Figures, Figures]:
+    """Raw and backend measured alternately, so that both see the same broker weather."""
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    connection = await aio_pika.connect(url)
+    raw = Raw(connection, channels, prefix)
+    await raw.open()
+    backend = RabbitMQBackend(url, prefix=prefix, channels=channels, slot_ttl="2m")
+    await backend.start(SystemClock())
+
+    async def backend_claim(n: int) -> bool:
+        return await backend.claim(Slot("bench", n), instance_id="b", run_id="r", timeout=30)
+
+    raw_figures, backend_figures = Figures(), Figures()
+    numbers = range(2 * claims * rounds)
+    try:
+        contenders = [(raw_figures, raw.claim), (backend_figures, backend_claim)]
+        for round_ in range(rounds):
+            first = 2 * claims * round_
+            for figures, claim in contenders[:: 1 if round_ % 2 else -1]:  # who goes first
+                await figures.measure(claim, first, claims, channels)
+    finally:
+        await backend.stop()
+        names = [f"{prefix}.claim.raw.{n}" for n in numbers]
+        names += [claim_queue_name(prefix, Slot("bench", n)) for n in numbers]
+        await delete_all(connection, names, 16)
+        await connection.close()
+    return raw_figures, backend_figures
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default=DEFAULT_URL)
+    parser.add_argument("--claims", type=int, default=300, help="claims per round and mode")
+    parser.add_argument("--rounds", type=int, default=4, help="alternate raw/backend rounds")
+    parser.add_argument("--channels", type=int, default=8, help="channels = claims in flight")
+    parser.add_argument("--memory", type=int, default=0, help="also measure N live queues")
+    args = parser.parse_args()
+
+    raw, backend = await compare(args.url, args.claims, args.channels, args.rounds)
+    print(
+        f"broker {redact_url(args.url)}: {args.rounds} rounds of {args.claims} sequential +"
+        f" {args.claims} parallel claims, {args.channels} channels/in flight"
+    )
+    print(f"{'':10}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'claims/s':>11}")
+    print(raw.row("raw"))
+    print(backend.row("backend"))
+    latency = percentile(backend.latencies, 50) / percentile(raw.latencies, 50)
+    rate = statistics.median(backend.rates) / statistics.median(raw.rates)
+    print(f"backend/raw: p50 latency x{latency:.2f}, claims/s x{rate:.2f}")
+    if args.memory:
+        per_queue = await memory_per_queue(args.url, args.memory)
+        print(f"broker memory: {per_queue:.1f} KB per live claim queue ({args.memory} queues)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,25 @@
+"""RabbitMQBackend passes the public claim conformance suite against the real broker."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from brokersched.backends.rabbitmq import RabbitMQBackend
+from brokersched.testing.conformance import ClaimBackendSuite
+from tests.test_rabbitmq_backend import TrackedBackend, delete_queues
+
+
+class TestRabbitMQConformance(ClaimBackendSuite[RabbitMQBackend]):
+    @pytest.fixture(autouse=True)
+    async def _broker(self, amqp_url: str) -> AsyncIterator[None]:
+        # AMQP cannot list queues: the backends note the names they touch, deleted after
+        self._url = amqp_url
+        self._touched: set[str] = set()
+        yield
+        await delete_queues(amqp_url, self._touched)
+
+    def make_backend(self, namespace: str, **options: Any) -> RabbitMQBackend:
+        return TrackedBackend(self._url, prefix=namespace, touched=self._touched, **options)

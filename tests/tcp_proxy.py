@@ -1,0 +1,169 @@
+"""A TCP proxy on 127.0.0.1 that tests use to cut a client off its server, and restore it.
+
+    async with TcpProxy("127.0.0.1", 5672) as proxy:
+        url = f"amqp://guest:guest@127.0.0.1:{proxy.port}/"
+        ...                       # the client connects through the proxy
+        await proxy.cut()         # every link is reset; new connections are refused
+        proxy.restore()           # connections are accepted again
+
+Fault injection without touching the shared server (a ``stop_app`` would disturb every other
+test running at the time). Optional TLS termination (``ssl=``) lets a test reach a plain-text
+server through ``amqps://``/``tls://``. ``cut_when_downstream(predicate)`` cuts the link at an
+exact moment of the protocol: the chunk from the server that matches is never delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import Any
+
+__all__ = ["TcpProxy"]
+
+_CHUNK = 65536
+
+
+class _Link:
+    """One client connection and its twin to the server."""
+
+    def __init__(self, client: asyncio.StreamWriter, server: asyncio.StreamWriter) -> None:
+        self.client = client
+        self.server = server
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def abort(self) -> None:
+        # abort() rather than close(): the peer sees a reset at once, as with a network failure
+        for writer in (self.client, self.server):
+            writer.transport.abort()
+
+
+class TcpProxy:
+    """Forwards ``127.0.0.1:<port>`` to ``target_host:target_port``."""
+
+    def __init__(
+        self, target_host: str, target_port: int, *, ssl: ssl.SSLContext | None = None
+    ) -> None:
+        if target_host not in {"127.0.0.1", "localhost", "::1"}:
+            raise ValueError(f"TcpProxy only forwards to this machine, not {target_host!r}")
+        self.target = (target_host, target_port)
+        self._ssl = ssl
+        self._server: asyncio.Server | None = None
+        self._links: set[_Link] = set()
+        self._pumps: set[asyncio.Task[None]] = set()
+        self._accepting = True
+        self._cut_when: Callable[[bytes], bool] | None = None
+        self.port = 0
+        self.accepted = 0  # connections forwarded so far
+
+    async def __aenter__(self) -> TcpProxy:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Listen on a free port of 127.0.0.1 (``self.port``)."""
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0, ssl=self._ssl)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stop listening and reset every link."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        self._reset()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        if server is not None:
+            await server.wait_closed()
+
+    @property
+    def links(self) -> int:
+        """Connections currently forwarded."""
+        return len(self._links)
+
+    async def cut(self) -> None:
+        """Reset every link and refuse new connections until ``restore()``."""
+        await asyncio.gather(*self._reset(), return_exceptions=True)
+
+    def restore(self) -> None:
+        """Accept and forward connections again."""
+        self._cut_when = None
+        self._accepting = True
+
+    def cut_when_downstream(self, predicate: Callable[[bytes], bool]) -> None:
+        """Cut (as ``cut()``) as soon as a chunk from the server matches ``predicate``; that
+        chunk is dropped, so the client never sees it."""
+        self._cut_when = predicate
+
+    def _reset(self) -> list[asyncio.Task[None]]:
+        """Refuse new connections and reset every link, at once (no await: nothing can slip
+        in between); returns the pump tasks to wait for."""
+        self._accepting = False
+        self._cut_when = None
+        links, self._links = list(self._links), set()
+        current = asyncio.current_task()
+        tasks = [task for link in links for task in link.tasks if task is not current]
+        for link in links:
+            link.abort()
+        for task in tasks:
+            task.cancel()
+        return tasks
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self._accepting:
+            writer.transport.abort()
+            return
+        try:
+            server_reader, server_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        if not self._accepting:  # cut while we were connecting
+            writer.transport.abort()
+            server_writer.transport.abort()
+            return
+        link = _Link(writer, server_writer)
+        self._links.add(link)
+        self.accepted += 1
+        link.tasks = [
+            self._spawn(self._pump(reader, server_writer, link, downstream=False)),
+            self._spawn(self._pump(server_reader, writer, link, downstream=True)),
+        ]
+
+    def _spawn(self, pump: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(pump)
+        self._pumps.add(task)
+        task.add_done_callback(self._pumps.discard)
+        return task
+
+    async def _pump(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        link: _Link,
+        *,
+        downstream: bool,
+    ) -> None:
+        try:
+            while data := await reader.read(_CHUNK):
+                if downstream and self._cut_when is not None and self._cut_when(data):
+                    self._reset()
+                    return
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError, ssl.SSLError):
+            pass
+        finally:
+            # one side ended: end the other, so the peer notices as it would without a proxy
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
+            self._links.discard(link)

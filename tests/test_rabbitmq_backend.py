@@ -1,0 +1,741 @@
+"""RabbitMQBackend against the real broker on 127.0.0.1:5672, and through a TCP proxy for faults.
+
+Every test works under its own queue prefix and deletes the queues it touched (AMQP cannot list
+queues, so the backends used here note the names). The ``stop_app`` restart test disturbs the
+shared broker and only runs with ``BROKERSCHED_RABBITMQ_RESTART_TEST=1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+import aiormq.exceptions
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pamqp import commands, constants, frame
+from pamqp.common import FieldTable
+from pamqp.exceptions import UnmarshalingException
+
+from brokersched._clock import SystemClock
+from brokersched._exceptions import BackendError, BackendUnavailableError, ConfigurationError
+from brokersched.abc import JobPolicy, RunRecord, Slot
+from brokersched.backends.rabbitmq import (
+    RabbitMQBackend,
+    claim_queue_name,
+    history_queue_name,
+    redact_url,
+)
+from tests.tcp_proxy import TcpProxy
+
+CLOCK = SystemClock()
+SLOT = 1_800_000_000_000  # 2027-01-15T08:00:00Z
+JOB_NAME = re.compile(r"[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}")  # DESIGN.md's job names
+QUEUE_NAME = constants.DOMAIN_REGEX["queue-name"]  # what pamqp (and so aio-pika) accepts
+CLAIM_ARGUMENTS: FieldTable = {
+    "x-queue-type": "classic",
+    "x-max-length": 1,
+    "x-overflow": "reject-publish",
+}
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+class TrackedBackend(RabbitMQBackend):
+    """The real backend, noting every queue it touches so that the test can delete them."""
+
+    def __init__(self, *args: Any, touched: set[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.touched = touched
+
+    async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
+        self.touched.add(claim_queue_name(self.prefix, slot))
+        return await super().claim(slot, instance_id=instance_id, run_id=run_id, timeout=timeout)
+
+    async def prepare(self, jobs: Any) -> None:
+        self.touched.update(history_queue_name(self.prefix, job.name) for job in jobs)
+        await super().prepare(jobs)
+
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        self.touched.add(history_queue_name(self.prefix, job.name))
+        await super().record(job, record)
+
+
+async def delete_queues(url: str, names: Iterable[str]) -> None:
+    """Delete ``names`` (deleting a missing queue is not an error on RabbitMQ)."""
+    names = list(names)
+    if not names:
+        return
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        for name in names:
+            await channel.queue_delete(name)
+
+
+async def wait_for(
+    condition: Callable[[], Awaitable[bool]], *, timeout: float, what: str, every: float = 0.05
+) -> float:
+    """Poll ``condition`` until it holds; the seconds it took. Fails the test at ``timeout``."""
+    started = time.monotonic()
+    while not await condition():
+        if time.monotonic() - started > timeout:
+            pytest.fail(f"{what}: not true after {timeout}s")
+        await asyncio.sleep(every)
+    return time.monotonic() - started
+
+
+async def claim(backend: RabbitMQBackend, slot: Slot, *, timeout: float = 5.0) -> bool:
+    return await backend.claim(slot, instance_id="i", run_id=uuid.uuid4().hex, timeout=timeout)
+
+
+def resumed(backend: RabbitMQBackend) -> Callable[[], Awaitable[bool]]:
+    """A poll that is true once ``backend`` wins claims again.
+
+    Every attempt claims a fresh slot: an attempt that fails ambiguously may still have won its
+    slot on the broker, and would make every later attempt on that slot lose.
+    """
+    attempts = itertools.count(1)
+
+    async def poll() -> bool:
+        try:
+            return await claim(backend, Slot("resume", SLOT + next(attempts)), timeout=1.0)
+        except BackendError:
+            return False
+
+    return poll
+
+
+def run_record(job: str, slot_ms: int, n: int) -> RunRecord:
+    at = datetime.now(UTC)
+    return RunRecord(job, slot_ms, f"run-{n}", "i1", "schedule", 1, at, at, "completed")
+
+
+def via(url: str, port: int, scheme: str | None = None) -> str:
+    """``url`` pointed at 127.0.0.1:``port`` (a proxy), keeping credentials and vhost."""
+    parts = urlsplit(url)
+    credentials = parts.netloc.rpartition("@")[0]
+    netloc = f"{credentials}@127.0.0.1:{port}" if credentials else f"127.0.0.1:{port}"
+    return urlunsplit(parts._replace(scheme=scheme or parts.scheme, netloc=netloc))
+
+
+class AckSpotter:
+    """Parses the server's AMQP frames; true at the chunk holding a publisher-confirm ack."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+
+    def __call__(self, data: bytes) -> bool:
+        self.buffer += data
+        while self.buffer:
+            try:
+                consumed, _channel, parsed = frame.unmarshal(self.buffer)
+            except UnmarshalingException:  # a frame split across chunks: wait for the rest
+                return False
+            self.buffer = self.buffer[consumed:]
+            if isinstance(parsed, commands.Basic.Ack):
+                return True
+        return False
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def touched(amqp_url: str) -> AsyncIterator[set[str]]:
+    names: set[str] = set()
+    yield names
+    await delete_queues(amqp_url, names)
+
+
+@pytest.fixture
+def make(amqp_url: str, prefix: str, touched: set[str]) -> Callable[..., RabbitMQBackend]:
+    """``make(**options)``: a new unstarted backend of this test's fleet."""
+
+    def factory(url: str | None = None, **options: Any) -> RabbitMQBackend:
+        options.setdefault("prefix", prefix)
+        options.setdefault("slot_ttl", "1m")
+        return TrackedBackend(url or amqp_url, touched=touched, **options)
+
+    return factory
+
+
+@pytest.fixture
+async def fleet(make: Callable[..., RabbitMQBackend]) -> AsyncIterator[Callable[..., Any]]:
+    """``await fleet(**options)``: a started backend, stopped after the test."""
+    started: list[RabbitMQBackend] = []
+
+    async def start(url: str | None = None, **options: Any) -> RabbitMQBackend:
+        backend = make(url, **options)
+        await backend.start(CLOCK)
+        started.append(backend)
+        return backend
+
+    yield start
+    await asyncio.gather(*(backend.stop() for backend in started))
+
+
+@pytest.fixture
+async def raw(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractConnection]:
+    """A plain aio-pika connection, to look at what the backend left on the broker."""
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        yield connection
+
+
+# -- names and configuration (no broker) -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("job", "segment"),
+    [
+        ("outbox.flush", "outbox.flush"),
+        ("a:b", "a+3Ab"),
+        ("$sys", "+24sys"),
+        ("x+y", "x+2By"),  # '+' itself is escaped, so escapes cannot collide with names
+        ("é", "+C3+A9"),
+    ],
+)
+def test_queue_names_escape_what_amqp_refuses(job: str, segment: str) -> None:
+    name = claim_queue_name("bs", Slot(job, SLOT))
+    assert name == f"bs.claim.{segment}.{SLOT}"
+    assert QUEUE_NAME.fullmatch(name)
+    assert history_queue_name("bs", job) == f"bs.history.{segment}"
+
+
+@pytest.mark.parametrize("prefix", ["b", "p" * 100])
+@pytest.mark.parametrize("job", ["$" * 128, ":" * 128, "a" * 128, "$" + "a:" * 63 + "b"])
+def test_the_longest_names_fit_in_255_bytes(prefix: str, job: str) -> None:
+    for slot_ms in (SLOT, -(2**63), 2**63 - 1):
+        name = claim_queue_name(prefix, Slot(job, slot_ms))
+        assert len(name.encode()) <= 255, name
+        assert QUEUE_NAME.fullmatch(name), name
+        assert name.endswith(f".{slot_ms}")
+    assert len(history_queue_name(prefix, job).encode()) <= 255
+
+
+def test_shortened_names_keep_a_readable_head_and_differ() -> None:
+    long_a, long_b = "$" * 127 + "a", "$" * 127 + "b"
+    name_a = history_queue_name("p" * 100, long_a)
+    name_b = history_queue_name("p" * 100, long_b)
+    assert name_a != name_b
+    assert name_a.startswith("p" * 100 + ".history.+24+24")
+    assert "@" in name_a
+    assert not name_a.split("@")[0].endswith(("+", "+2"))
+
+
+@given(st.from_regex(JOB_NAME, fullmatch=True), st.from_regex(JOB_NAME, fullmatch=True))
+def test_distinct_jobs_never_share_a_queue(one: str, two: str) -> None:
+    for prefix in ("b", "p" * 100):
+        names = {claim_queue_name(prefix, Slot(job, SLOT)) for job in (one, two)}
+        assert len(names) == len({one, two})
+        assert all(QUEUE_NAME.fullmatch(name) and len(name) <= 255 for name in names)
+
+
+@given(st.text(max_size=200), st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_any_text_gives_a_valid_name(job: str, slot_ms: int) -> None:
+    name = claim_queue_name("p" * 100, Slot(job, slot_ms))
+    assert QUEUE_NAME.fullmatch(name)
+    assert len(name.encode()) <= 255
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("amqp://guest:guest@127.0.0.1/", "amqp://guest:***@127.0.0.1/"),
+        ("amqps://u:p%40ss@host:5671/vh?x=1", "amqps://u:***@host:5671/vh?x=1"),
+        ("amqp://127.0.0.1/", "amqp://127.0.0.1/"),
+        ("amqp://user@host/", "amqp://user@host/"),
+    ],
+)
+def test_redact_url(url: str, expected: str) -> None:
+    assert redact_url(url) == expected
+
+
+def test_repr_and_capabilities() -> None:
+    backend = RabbitMQBackend("amqp://u:s3cret@127.0.0.1/", slot_ttl="90s", prefix="app")
+    assert "s3cret" not in repr(backend)
+    assert "app" in repr(backend)
+    caps = backend.capabilities
+    assert (caps.leases, caps.history_ttl, caps.history_size_per_job) == (False, False, True)
+    assert caps.slot_memory is not None
+    assert caps.slot_memory.total_seconds() == 90
+
+
+@pytest.mark.parametrize(
+    ("options", "option"),
+    [
+        ({"url": "http://u:s3cret@h/"}, "url"),
+        ({"slot_ttl": 0}, "slot_ttl"),
+        ({"claim_timeout": "0s"}, "claim_timeout"),
+        ({"prefix": "amq.mine"}, "prefix"),
+        ({"prefix": "has space"}, "prefix"),
+        ({"prefix": "x" * 101}, "prefix"),
+        ({"channels": 0}, "channels"),
+        ({"channels": True}, "channels"),
+    ],
+)
+def test_bad_options_are_refused_at_construction(options: dict[str, Any], option: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        RabbitMQBackend(**options)
+    assert caught.value.option == option
+    assert caught.value.backend == "RabbitMQBackend"
+    assert "s3cret" not in str(caught.value)
+
+
+async def test_constructing_never_connects_and_claims_need_start() -> None:
+    backend = RabbitMQBackend("amqp://guest:guest@127.0.0.1:1/")  # nothing listens on port 1
+    with pytest.raises(BackendUnavailableError, match="not started"):
+        await claim(backend, Slot("job", SLOT))
+    await backend.stop()  # safe when not started
+
+
+async def test_a_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "aio_pika", None)  # import aio_pika -> ImportError
+    with pytest.raises(ConfigurationError, match=re.escape("brokersched[rabbitmq]")):
+        await RabbitMQBackend().start(CLOCK)
+
+
+def test_client_errors_never_carry_the_password() -> None:
+    backend = RabbitMQBackend("amqp://u:p%40ss@127.0.0.1/")
+    for secret in ("p%40ss", "p@ss"):
+        with pytest.raises(BackendUnavailableError) as caught, backend._client_errors("connecting"):
+            raise aiormq.exceptions.AMQPConnectionError(f"refused for {secret}")
+        assert "p@ss" not in str(caught.value)
+        assert "p%40ss" not in str(caught.value)
+        assert caught.value.__cause__ is None  # the chain would print the secret
+
+
+# -- claims on the broker ----------------------------------------------------------------------
+
+
+async def test_first_claim_wins_later_ones_lose(fleet: Callable[..., Any]) -> None:
+    one, two = await fleet(), await fleet()
+    slot = Slot("report", SLOT)
+    assert await claim(one, slot) is True
+    assert await claim(two, slot) is False
+    assert await claim(one, slot) is False
+    assert await claim(two, Slot("report", SLOT + 1)) is True
+
+
+async def test_claim_queue_is_durable_classic_capped_and_persistent(
+    fleet: Callable[..., Any], raw: aio_pika.abc.AbstractConnection
+) -> None:
+    backend = await fleet(slot_ttl="1m")
+    slot = Slot("job", SLOT)
+    assert await claim(backend, slot)
+    name = claim_queue_name(backend.prefix, slot)
+    arguments: FieldTable = {**CLAIM_ARGUMENTS, "x-expires": 60_000}
+    for wrong in ({"durable": False}, {"arguments": {**arguments, "x-queue-type": "quorum"}}):
+        channel = await raw.channel()
+        declare: dict[str, Any] = {"durable": True, "arguments": arguments, **wrong}
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed):
+            await channel.declare_queue(name, **declare)
+    channel = await raw.channel()
+    queue = await channel.declare_queue(name, durable=True, arguments=arguments)
+    assert queue.declaration_result.message_count == 1
+    # a test slot, so reading its message is harmless; closing the channel puts it back
+    message = await queue.get(no_ack=False)
+    assert message is not None
+    assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+    assert message.message_id == slot.key
+    await channel.close()
+
+
+async def test_a_queue_gone_before_the_publish_is_declared_again(
+    fleet: Callable[..., Any],
+    raw: aio_pika.abc.AbstractConnection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A returned publish (the queue expired between declare and publish) is never a win by
+    itself: the claim declares again and publishes again."""
+    backend = await fleet()
+    slot = Slot("job", SLOT)
+    name = claim_queue_name(backend.prefix, slot)
+    declare = aio_pika.Channel.declare_queue
+    deleter = await raw.channel()
+    declares = 0
+
+    async def declare_then_lose_it(self: aio_pika.Channel, *args: Any, **kwargs: Any) -> Any:
+        nonlocal declares
+        queue = await declare(self, *args, **kwargs)
+        declares += 1
+        if declares == 1:  # the broker forgets the queue right after the first declare
+            await deleter.queue_delete(name)
+        return queue
+
+    monkeypatch.setattr(aio_pika.Channel, "declare_queue", declare_then_lose_it)
+    assert await claim(backend, slot) is True
+    assert declares == 2
+    monkeypatch.undo()
+    assert await claim(await fleet(), slot) is False
+
+
+async def test_mismatched_slot_ttl_fails_closed_and_the_channel_recovers(
+    fleet: Callable[..., Any],
+) -> None:
+    five, ten = await fleet(slot_ttl="5m"), await fleet(slot_ttl="10m", channels=1)
+    assert await claim(five, Slot("job", SLOT))
+    with pytest.raises(BackendError, match="same slot_ttl") as caught:
+        await claim(ten, Slot("job", SLOT))
+    assert not isinstance(caught.value, BackendUnavailableError)
+    # the 406 closed the only channel of the pool; the next claim gets a fresh one
+    assert await claim(ten, Slot("job", SLOT + 1)) is True
+
+
+async def test_a_channel_error_does_not_disturb_other_claims(fleet: Callable[..., Any]) -> None:
+    five, ten = await fleet(slot_ttl="5m"), await fleet(slot_ttl="10m", channels=4)
+    assert await claim(five, Slot("job", SLOT))
+    others = [Slot("other", SLOT + n) for n in range(20)]
+    bad, *good = await asyncio.gather(
+        claim(ten, Slot("job", SLOT)), *(claim(ten, slot) for slot in others),
+        return_exceptions=True,
+    )  # fmt: skip
+    assert isinstance(bad, BackendError)
+    assert good == [True] * len(others)
+
+
+async def test_a_timeout_fails_closed(fleet: Callable[..., Any]) -> None:
+    backend = await fleet()
+    with pytest.raises(BackendUnavailableError, match="in time"):
+        await claim(backend, Slot("job", SLOT), timeout=0)
+    assert await claim(backend, Slot("job", SLOT)) is True  # nothing was claimed meanwhile
+
+
+@pytest.mark.slow
+async def test_a_slot_is_remembered_for_slot_ttl_then_forgotten(
+    fleet: Callable[..., Any], raw: aio_pika.abc.AbstractConnection
+) -> None:
+    one, two = await fleet(slot_ttl="500ms"), await fleet(slot_ttl="500ms")
+    slot = Slot("job", SLOT)
+    assert await claim(one, slot) is True
+    assert await claim(two, slot) is False  # declaring again also renews the queue's lease
+    name = claim_queue_name(one.prefix, slot)
+
+    async def expired() -> bool:
+        channel = await raw.channel()
+        try:
+            await channel.declare_queue(name, passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return True
+        await channel.close()
+        return False
+
+    # a declare, even a passive one, renews the queue's lease: look less often than slot_ttl
+    await wait_for(expired, timeout=15, what="the claim queue to expire", every=1.5)
+    assert await claim(two, slot) is True
+
+
+async def test_racing_claimers_have_exactly_one_winner_per_slot(
+    fleet: Callable[..., Any],
+) -> None:
+    racers = 8
+    backends = [await fleet(channels=4) for _ in range(racers)]
+    slots = [Slot(f"race.{n % 3}", SLOT + n * 1000) for n in range(30)]
+    barrier = asyncio.Barrier(racers)
+
+    async def racer(backend: RabbitMQBackend) -> dict[Slot, bool]:
+        order = random.sample(slots, len(slots))  # every racer fights over slots in its order
+        await barrier.wait()
+        results = await asyncio.gather(*(claim(backend, slot) for slot in order))
+        return dict(zip(order, results, strict=True))
+
+    outcomes = await asyncio.gather(*(racer(backend) for backend in backends))
+    for slot in slots:
+        winners = sum(outcome[slot] for outcome in outcomes)
+        assert winners == 1, f"{slot.key}: {winners} winners"
+
+
+async def test_a_wrong_password_never_reaches_a_log_or_an_error(
+    amqp_url: str, make: Callable[..., RabbitMQBackend], caplog: pytest.LogCaptureFixture
+) -> None:
+    parts = urlsplit(amqp_url)
+    secret = "Wr0ng-pa55word"
+    url = urlunsplit(parts._replace(netloc=f"guest:{secret}@{parts.hostname}:{parts.port or 5672}"))
+    backend = make(url)
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(BackendUnavailableError) as caught:
+        await backend.start(CLOCK)
+    assert secret not in "".join(traceback.format_exception(caught.value))
+    assert secret not in caplog.text
+    assert "guest:***@" in str(caught.value)
+
+
+# -- history -----------------------------------------------------------------------------------
+
+
+async def test_history_survives_concurrent_readers_and_writers(
+    fleet: Callable[..., Any],
+) -> None:
+    writer, *readers = [await fleet() for _ in range(4)]
+    policy = JobPolicy("hist", history_size=30)
+    for n in range(10):
+        await writer.record(policy, run_record("hist", SLOT + n, n))
+
+    async def read(reader: RabbitMQBackend) -> list[str]:
+        return [record.run_id for record in await reader.history(policy, 10)]
+
+    async def write(first: int) -> None:
+        for n in range(first, first + 4):
+            await writer.record(policy, run_record("hist", SLOT + n, n))
+
+    for first in (10, 14):
+        *reads, _ = await asyncio.gather(*(read(r) for r in readers * 2), write(first))
+        # each read is whole: the ten newest records at some moment of the writing
+        snapshots = [[f"run-{n}" for n in range(k - 1, k - 11, -1)] for k in range(10, first + 5)]
+        assert all(seen in snapshots for seen in reads), reads
+    assert await read(readers[0]) == snapshots[-1]  # reading took nothing away
+
+
+async def test_a_changed_history_size_keeps_recording(
+    fleet: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    old, new = await fleet(), await fleet()
+    for n in range(4):
+        await old.record(JobPolicy("job", history_size=3), run_record("job", SLOT + n, n))
+    with caplog.at_level(logging.WARNING, logger="brokersched.backends.rabbitmq"):
+        await new.record(JobPolicy("job", history_size=5), run_record("job", SLOT + 4, 4))
+    assert "history_size changed" in caplog.text
+    records = await new.history(JobPolicy("job", history_size=5), 10)
+    assert [record.run_id for record in records] == ["run-4", "run-3", "run-2"]
+
+
+# -- faults through a proxy --------------------------------------------------------------------
+
+
+@pytest.fixture
+async def proxy(amqp_url: str) -> AsyncIterator[TcpProxy]:
+    parts = urlsplit(amqp_url)
+    async with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672) as running:
+        yield running
+
+
+@pytest.mark.slow
+async def test_a_cut_connection_fails_closed_and_claiming_resumes(
+    amqp_url: str, fleet: Callable[..., Any], proxy: TcpProxy
+) -> None:
+    direct, cut_off = await fleet(), await fleet(via(amqp_url, proxy.port))
+    before = Slot("job", SLOT)
+    assert await claim(cut_off, before) is True
+
+    await proxy.cut()
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailableError):
+        await claim(cut_off, Slot("job", SLOT + 1000), timeout=0.5)
+    assert time.monotonic() - started < 1.5  # the deadline holds, the claim fails closed
+    assert await claim(direct, Slot("job", SLOT + 1000)) is True  # nothing was taken
+
+    proxy.restore()
+    took = await wait_for(resumed(cut_off), timeout=10, what="claims to resume")
+    logging.getLogger(__name__).info("claims resumed %.2fs after the link came back", took)
+    assert await claim(cut_off, before) is False  # no slot runs twice across the outage
+    assert await claim(direct, before) is False
+
+
+@pytest.mark.slow
+async def test_a_lost_confirm_is_ambiguous_and_the_slot_never_runs(
+    amqp_url: str,
+    fleet: Callable[..., Any],
+    proxy: TcpProxy,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    direct, cut_off = await fleet(), await fleet(via(amqp_url, proxy.port), channels=1)
+    assert await claim(cut_off, Slot("warm-up", SLOT)) is True  # link idle at a frame boundary
+    slot = Slot("job", SLOT)
+    proxy.cut_when_downstream(AckSpotter())  # the broker takes the claim; its ack is lost
+    with (
+        caplog.at_level(logging.WARNING, logger="brokersched.backends.rabbitmq"),
+        pytest.raises(BackendError, match="ambiguous"),
+    ):
+        await claim(cut_off, slot)
+    assert slot.key in caplog.text
+    assert await claim(direct, slot) is False  # the broker holds the lost claim: nobody runs it
+
+    proxy.restore()
+    await wait_for(resumed(cut_off), timeout=10, what="claims to resume")
+    assert await claim(cut_off, slot) is False
+
+
+def _self_signed(directory: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server and a client TLS context for 127.0.0.1, from a throwaway certificate."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is needed to make a throwaway certificate")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert, key)
+    return server, ssl.create_default_context(cafile=str(cert))
+
+
+@pytest.mark.slow
+async def test_amqps_works(amqp_url: str, fleet: Callable[..., Any], tmp_path: Path) -> None:
+    server_tls, client_tls = _self_signed(tmp_path)
+    parts = urlsplit(amqp_url)
+    async with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672, ssl=server_tls) as tls:
+        backend = await fleet(via(amqp_url, tls.port, "amqps"), ssl_context=client_tls)
+        assert await claim(backend, Slot("job", SLOT)) is True
+        assert await claim(await fleet(), Slot("job", SLOT)) is False
+        await backend.stop()
+
+
+# -- a real broker restart (opt-in: it disturbs everyone using the shared broker) ---------------
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=120)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("BROKERSCHED_RABBITMQ_RESTART_TEST") != "1" or not shutil.which("rabbitmqctl"),
+    reason="stops the shared broker; set BROKERSCHED_RABBITMQ_RESTART_TEST=1 (needs rabbitmqctl)",
+)
+async def test_a_broker_restart_forgets_no_claim(fleet: Callable[..., Any]) -> None:
+    backend = await fleet(slot_ttl="5m")
+    won = Slot("job", SLOT)
+    assert await claim(backend, won) is True
+    await asyncio.to_thread(_rabbitmqctl, "stop_app")
+    try:
+        with pytest.raises(BackendError):
+            await claim(backend, Slot("job", SLOT + 1000), timeout=1)
+    finally:
+        await asyncio.to_thread(_rabbitmqctl, "start_app")
+    took = await wait_for(resumed(backend), timeout=30, what="claims to resume")
+    logging.getLogger(__name__).info("claims resumed %.1fs after start_app", took)
+    assert await claim(backend, won) is False  # durable queue, persistent message
+    assert await claim(await fleet(slot_ttl="5m"), won) is False
+
+
+# -- a fleet of schedulers in separate processes -----------------------------------------------
+
+FLEET_MEMBER = """
+import asyncio, json, sys, time
+from brokersched import RabbitMQBackend, Scheduler
+
+url, prefix, jobs = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+
+
+def say(**fields):
+    print(json.dumps(fields), flush=True)
+
+
+async def run(ctx):
+    say(ran=[ctx.job, ctx.slot_ms])
+
+
+async def main():
+    scheduler = Scheduler(RabbitMQBackend(url, prefix=prefix, slot_ttl="2m"), max_late="10s")
+    for job in jobs:
+        scheduler.every(job, "500ms", run)
+    scheduler.on("skip", lambda event: say(skip=[event.job, event.slot_ms, event.reason]))
+    async with scheduler:
+        say(ready=True)
+        until = float(await asyncio.to_thread(sys.stdin.readline))  # when the test says
+        await asyncio.sleep(max(0.0, until - time.time()))
+
+
+asyncio.run(main())
+"""
+
+
+class FleetMember:
+    """One scheduler process: its JSON lines; it runs until the instant sent to its stdin."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.lines: list[dict[str, Any]] = []
+        self.ready = asyncio.Event()
+
+    async def read(self) -> None:
+        assert self.process.stdout is not None
+        try:
+            while line := await self.process.stdout.readline():
+                self.lines.append(json.loads(line))
+                if "ready" in self.lines[-1]:
+                    self.ready.set()
+            await self.process.wait()
+        finally:
+            self.ready.set()  # a member that died is "ready" too: its exit code tells
+
+    async def stop_at(self, until: float) -> None:
+        assert self.process.stdin is not None
+        if self.process.returncode is not None:
+            return  # it died: its exit code fails the test
+        self.process.stdin.write(f"{until}\n".encode())
+        await self.process.stdin.drain()
+
+
+@pytest.mark.slow
+async def test_three_scheduler_processes_run_every_slot_exactly_once(
+    amqp_url: str, prefix: str, touched: set[str]
+) -> None:
+    jobs = ["fleet.tick", "fleet:tock$"]  # the second needs escaping
+    started = time.time()
+    members = [
+        FleetMember(await asyncio.create_subprocess_exec(
+            sys.executable, "-c", FLEET_MEMBER, amqp_url, prefix, ",".join(jobs),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        ))
+        for _ in range(3)
+    ]  # fmt: skip
+    reading = asyncio.gather(*(member.read() for member in members))
+    try:
+        async with asyncio.timeout(60):  # however slow the start, all three run together
+            await asyncio.gather(*(member.ready.wait() for member in members))
+        go = time.time()
+        until = go + 4
+        await asyncio.gather(*(member.stop_at(until) for member in members))
+        await reading
+    finally:
+        for member in members:
+            if member.process.returncode is None:
+                member.process.kill()
+        await asyncio.gather(reading, return_exceptions=True)
+        for job in jobs:
+            touched.add(history_queue_name(prefix, job))
+            first, last = int(started * 1000) // 500 * 500 - 500, int(time.time() * 1000) + 1000
+            touched.update(
+                claim_queue_name(prefix, Slot(job, ms)) for ms in range(first, last, 500)
+            )
+    assert [member.process.returncode for member in members] == [0, 0, 0]
+
+    lines = [line for member in members for line in member.lines]
+    runs = [tuple(line["ran"]) for line in lines if "ran" in line]
+    skips = collections.Counter(line["skip"][2] for line in lines if "skip" in line)
+    twice = [run for run, count in collections.Counter(runs).items() if count > 1]
+    assert twice == [], f"slots run more than once: {twice}"
+    # every slot from when all three were up until shortly before they stopped ran once
+    window = range((int(go * 1000) // 500 + 2) * 500, int(until * 1000) - 1000, 500)
+    missing = [(job, ms) for job in jobs for ms in window if (job, ms) not in set(runs)]
+    assert missing == [], f"slots that never ran: {missing} (skips: {dict(skips)})"
+    assert skips["not-acquired"] >= 2 * len(jobs) * len(window)  # the other two did try
