@@ -15,8 +15,15 @@ from contextlib import ExitStack
 from urllib.parse import urlsplit
 
 import pytest
+from hypothesis import settings
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+# In CI, property tests replay the same examples every run: a red build is reproducible, and new
+# examples are explored on developers' machines.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if IN_CI:
+    settings.load_profile("ci")
 
 _DEFAULTS = {
     "amqp": ("BROKERSCHED_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
