@@ -1,0 +1,29 @@
+"""NATSBackend passes the public claim-backend conformance suite on the real NATS server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest_asyncio
+
+from brokersched.backends.nats import NATSBackend
+from brokersched.testing.conformance import ClaimBackendSuite
+from tests.nats_helpers import delete_streams
+
+
+class TestNATSBackend(ClaimBackendSuite[NATSBackend]):
+    url = ""
+    namespaces: set[str]
+
+    @pytest_asyncio.fixture(autouse=True)
+    async def _server(self, nats_url: str) -> AsyncIterator[None]:
+        """Remember the server for make_backend; remove the test's streams afterwards."""
+        self.url, self.namespaces = nats_url, set()
+        yield
+        for namespace in self.namespaces:
+            await delete_streams(nats_url, namespace)
+
+    def make_backend(self, namespace: str, **options: Any) -> NATSBackend:
+        self.namespaces.add(namespace)
+        return NATSBackend(self.url, prefix=namespace, **options)

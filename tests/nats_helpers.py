@@ -1,0 +1,285 @@
+"""NATS test helpers: a throwaway nats-server, a fault-injecting TCP proxy, clean-up.
+
+Everything listens on 127.0.0.1 on a free port and is stopped by the test that started it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import nats
+import nats.errors
+import pytest
+from nats.js.errors import NotFoundError
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def unique_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+async def wait_for(
+    condition: Callable[[], Awaitable[bool]], *, timeout: float, what: str, every: float = 0.02
+) -> None:
+    """Poll ``condition`` until it is true; fail the test after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await condition():
+        if loop.time() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(every)
+
+
+async def delete_streams(url: str, prefix: str) -> None:
+    """Remove the streams a test created under ``prefix``."""
+    nc = await nats.connect(url, allow_reconnect=False, error_cb=_quiet)
+    try:
+        js = nc.jetstream()
+        for suffix in ("claims", "history"):
+            with contextlib.suppress(NotFoundError):
+                await js.delete_stream(f"{prefix}-{suffix}")
+    finally:
+        await nc.close()
+
+
+async def _quiet(exc: Exception) -> None:
+    """nats-py logs every connection error with a traceback by default; polling expects some."""
+
+
+async def listening(url: str) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", urlsplit(url).port or 4222)
+    except OSError:
+        return False
+    writer.close()
+    return True
+
+
+async def jetstream_ready(url: str) -> bool:
+    # nats-py retries a refused first connect after reconnect_time_wait: probe TCP first
+    if not await listening(url):
+        return False
+    try:
+        nc = await asyncio.wait_for(
+            nats.connect(url, allow_reconnect=False, connect_timeout=1, error_cb=_quiet), 2
+        )
+    except (OSError, nats.errors.Error):
+        return False
+    try:
+        await nc.jetstream().account_info()
+        return True
+    except (OSError, nats.errors.Error):
+        return False
+    finally:
+        await nc.close()
+
+
+class NatsServer:
+    """A nats-server with JetStream and a file store under ``store``; restartable on its port."""
+
+    def __init__(
+        self,
+        store: Path,
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        jetstream: bool = True,
+    ) -> None:
+        if not Path(NATS_SERVER).exists():
+            message = f"nats-server not found at {NATS_SERVER}"
+            if IN_CI:
+                pytest.fail(message, pytrace=False)
+            pytest.skip(message)
+        self.store = store
+        self.port = free_port()
+        self.auth = ["--user", user, "--pass", password] if user and password else []
+        self.jetstream = jetstream
+        self.process: asyncio.subprocess.Process | None = None
+        credentials = f"{user}:{password}@" if user and password else ""
+        self.url = f"nats://{credentials}127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self.process = await asyncio.create_subprocess_exec(
+            NATS_SERVER,
+            *("-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store)),
+            *(["-js"] if self.jetstream else []),
+            *self.auth,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        ready = jetstream_ready if self.jetstream else listening
+        await wait_for(lambda: ready(self.url), timeout=15, what="nats-server to start")
+
+    async def stop(self, sig: int = signal.SIGTERM) -> None:
+        process, self.process = self.process, None
+        if process is None or process.returncode is not None:
+            return
+        process.send_signal(sig)
+        try:
+            await asyncio.wait_for(process.wait(), 10)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+    async def restart(self, sig: int = signal.SIGKILL, *, downtime: float = 0.0) -> None:
+        """Stop with ``sig``, stay down ``downtime`` seconds (an outage), start again."""
+        await self.stop(sig)
+        await asyncio.sleep(downtime)
+        await self.start()
+
+
+@contextlib.asynccontextmanager
+async def nats_server(store: Path, **options: Any) -> AsyncIterator[NatsServer]:
+    server = NatsServer(store, **options)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+class FaultProxy:
+    """A TCP proxy to ``target_port`` that can hold the server's replies or cut connections."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self.replies_flowing = asyncio.Event()
+        self.replies_flowing.set()
+        self.held = bytearray()  # what the server sent while replies were held
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    def hold_replies(self) -> None:
+        """Keep what the server sends (acks included) from reaching the client."""
+        self.replies_flowing.clear()
+
+    def release_replies(self) -> None:
+        self.replies_flowing.set()
+        self.held.clear()
+
+    async def holding(self, pattern: bytes) -> bool:
+        """Whether a held reply contains ``pattern`` (the server has answered, e.g. an ack)."""
+        return pattern in self.held
+
+    def cut(self) -> None:
+        """Drop every proxied connection at once (held replies are lost)."""
+        for writer in list(self.writers):
+            writer.transport.abort()
+        self.writers.clear()
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        self.cut()
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.server is not None:
+            await self.server.wait_closed()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            client_w.transport.abort()
+            return
+        self.writers.update((client_w, server_w))
+        for coro in (self._pipe(client_r, server_w, None), self._pipe(server_r, client_w, True)):
+            task = asyncio.create_task(coro)
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, replies: bool | None
+    ) -> None:
+        try:
+            while data := await reader.read(65536):
+                if replies and not self.replies_flowing.is_set():
+                    self.held.extend(data)
+                    await self.replies_flowing.wait()
+                if writer.transport.is_closing():
+                    break
+                writer.write(data)
+                await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.transport.abort()
+            self.writers.discard(writer)
+
+
+@contextlib.asynccontextmanager
+async def fault_proxy(target_port: int) -> AsyncIterator[FaultProxy]:
+    proxy = FaultProxy(target_port)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.close()
+
+
+# -- a fleet member in its own process: python -m tests.nats_helpers URL PREFIX -----------------
+
+FLEET_JOBS = {"fleet.fast": 0.2, "fleet.slow": 0.5}  # job name -> interval in seconds
+
+
+async def _fleet_member(url: str, prefix: str) -> None:
+    """Run a Scheduler on NATSBackend until SIGTERM; print one JSON line per run and skip."""
+    import json
+    import time
+
+    from brokersched import JobContext, NATSBackend, RunEvent, Scheduler, SkipEvent, StartEvent
+
+    def say(**fields: object) -> None:
+        print(json.dumps(fields), flush=True)
+
+    async def handler(ctx: JobContext) -> None:
+        say(run=ctx.job, slot_ms=ctx.slot_ms, instance=ctx.instance_id)
+
+    def skipped(event: SkipEvent | StartEvent | RunEvent) -> None:
+        assert isinstance(event, SkipEvent)
+        say(skip=event.job, slot_ms=event.slot_ms, reason=event.reason)
+
+    scheduler = Scheduler(NATSBackend(url, prefix=prefix, reconnect_time_wait=0.1))
+    for name, seconds in FLEET_JOBS.items():
+        scheduler.every(name, seconds, handler)
+    scheduler.on("skip", skipped)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with scheduler:
+        say(ready=time.time_ns() // 1_000_000)
+        await stop.wait()
+    say(stopped=time.time_ns() // 1_000_000)
+
+
+if __name__ == "__main__":
+    import sys
+
+    asyncio.run(_fleet_member(sys.argv[1], sys.argv[2]))
