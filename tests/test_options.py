@@ -7,7 +7,17 @@ from typing import Any
 
 import pytest
 
-from brokersched import ConfigurationError, JobContext, MemoryBackend, Scheduler, parse_duration
+from brokersched import (
+    ConfigurationError,
+    JobContext,
+    MemoryBackend,
+    NATSBackend,
+    PostgresBackend,
+    RabbitMQBackend,
+    Scheduler,
+    SQLiteBackend,
+    parse_duration,
+)
 from tests.helpers import DictClaimBackend
 
 
@@ -205,3 +215,41 @@ def test_parse_duration_errors_show_accepted_forms(value: Any) -> None:
         parse_duration(value)
     assert repr(value) in str(info.value)
     assert "'250ms', '2s', '35m', '1h30m', '1d'" in str(info.value)
+
+
+UNREACHABLE = {
+    "RabbitMQBackend": lambda ttl: RabbitMQBackend("amqp://app:s3cret@127.0.0.1:1/", slot_ttl=ttl),
+    "NATSBackend": lambda ttl: NATSBackend("nats://127.0.0.1:1", slot_ttl=ttl),
+}
+
+
+@pytest.mark.parametrize("backend", sorted(UNREACHABLE))
+@pytest.mark.parametrize("option", ["overlap", "max_attempts", "catch_up", "history_ttl"])
+def test_real_claim_backends_refuse_without_connecting(backend: str, option: str) -> None:
+    """Validation reads capabilities only: an unreachable server gives the same errors."""
+    value = {"overlap": "allow", "max_attempts": 1, "catch_up": "1m", "history_ttl": "1d"}[option]
+    sched = Scheduler(UNREACHABLE[backend]("5m"))
+    error = refused(sched, "every", "sync", "5m", **{option: value})
+    assert (error.option, error.backend, error.job) == (option, backend, "sync")
+    assert backend in str(error)
+    assert "s3cret" not in str(error)
+
+
+@pytest.mark.parametrize("backend", sorted(UNREACHABLE))
+def test_real_claim_backends_check_slot_memory(backend: str) -> None:
+    error = refused(Scheduler(UNREACHABLE[backend]("1m")), "every", "s", "1h", max_late="1m")
+    assert f"slot_ttl (1m) of {backend}" in str(error)
+    assert Scheduler(UNREACHABLE[backend]("2m")).every("s", "1h", handler, max_late="1m")
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        lambda: SQLiteBackend("/nonexistent/dir/x.db"),
+        lambda: PostgresBackend("postgresql://app:s3cret@127.0.0.1:1/none"),
+    ],
+)
+def test_lease_backends_accept_lease_options_without_connecting(backend: Any) -> None:
+    sched = Scheduler(backend())
+    job = sched.every("j", "1m", handler, overlap="allow", max_attempts=1, history_ttl="1d")
+    assert job.settings.policy.overlap == "allow"
