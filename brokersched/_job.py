@@ -52,6 +52,7 @@ class Job:
         "is_async",
         "kind",
         "last_ok_ms",
+        "make_trigger",
         "name",
         "options",
         "paused",
@@ -69,6 +70,7 @@ class Job:
         handler: Handler,
         settings: JobSettings,
         options: JobOptions,
+        make_trigger: Callable[[JobOptions], Trigger],
     ) -> None:
         self._scheduler = scheduler
         self.name = name
@@ -77,6 +79,7 @@ class Job:
         self.handler = handler
         self.settings = settings
         self.options = options
+        self.make_trigger = make_trigger  # rebuilds the schedule when options change
         self.is_async = is_async_handler(handler)
         self.paused = False
         self.armed_ms: int | None = None  # the slot this instance waits for, if any
@@ -107,6 +110,15 @@ class Job:
         """Stop arming slots on this instance (other instances are not affected)."""
         self.paused = True
         self.armed_ms = None
+
+    def update(self, **options: Any) -> None:
+        """Change options at run time (``job.update(jitter="5s", timeout="1m")``).
+
+        The merged options are validated exactly as at registration, against the backend and the
+        scheduler's defaults; on a ``ConfigurationError`` nothing changes. Runs in progress keep
+        the options they started with.
+        """
+        self._scheduler._update(self, options)
 
     def resume(self) -> None:
         """Arm the next slot again."""

@@ -282,7 +282,7 @@ class Scheduler(Generic[B]):
                 )
             if name in self._jobs:
                 raise ConfigurationError(f"job name '{name}' is taken", option="name", job=name)
-            job = Job(self, name, kind, trigger, function, settings, job_options)
+            job = Job(self, name, kind, trigger, function, settings, job_options, make_trigger)
             self._jobs[name] = job
             if self._started and not self._stopping:
                 self._spawn(self._prepare_and_arm(job), name=f"brokersched:add:{name}")
@@ -303,9 +303,10 @@ class Scheduler(Generic[B]):
         kind: Literal["every", "cron", "at"],
         make_trigger: Callable[[JobOptions], Trigger],
         options: dict[str, Any],
+        replacing: Job | None = None,
     ) -> tuple[str, Trigger, JobSettings, JobOptions]:
         name = check_name(name)
-        if name in self._jobs:
+        if name in self._jobs and self._jobs[name] is not replacing:
             raise ConfigurationError(
                 f"job name '{name}' is taken: {self._jobs[name]!r} is registered already",
                 option="name",
@@ -321,6 +322,20 @@ class Scheduler(Generic[B]):
             name, kind, trigger.min_gap(), job_options, self.options, caps, backend
         )
         return name, trigger, settings, job_options
+
+    def _update(self, job: Job, options: dict[str, Any]) -> None:
+        merged = {**job.options.model_dump(exclude_unset=True), **options}
+        _, trigger, settings, job_options = self._validate(
+            job.name, job.kind, job.make_trigger, merged, replacing=job
+        )
+        job.schedule, job.settings, job.options = trigger, settings, job_options
+        if job.armed_ms is not None:  # re-arm: the schedule or the jitter may have changed
+            job.armed_ms = None
+            self._arm(job)
+        if self._started and not self._stopping:
+            self._spawn(
+                self.backend.prepare([settings.policy]), name=f"brokersched:update:{job.name}"
+            )
 
     def check(self) -> list[ConfigurationError]:
         """Every configuration error of every job, all at once (none: ``[]``): the jobs refused

@@ -616,3 +616,33 @@ async def test_slots_won_elsewhere_count_as_handled(clock: TestClock) -> None:
     assert winner.overdue() == [] and loser.overdue() == []
     await winner.stop()
     await loser.stop()
+
+
+async def test_update_changes_options_at_run_time(
+    scheduler: Scheduler[Any], clock: TestClock
+) -> None:
+    handler = Recorder()
+    job = scheduler.every("u", "1m", handler, data={"v": 1})
+    await scheduler.start()
+    await clock.advance("1m")
+    job.update(offset="15s", data={"v": 2})  # now 08:01:30
+    assert job.next_run == at("2027-01-15T08:02:15+00:00")
+    await clock.advance("1m")
+    assert [(c.data["v"], f"{c.scheduled_at:%H:%M:%S}") for c in handler.contexts] == [
+        (1, "08:01:00"),
+        (2, "08:02:15"),
+    ]
+
+
+async def test_update_is_validated_like_registration() -> None:
+    from brokersched import ConfigurationError
+
+    job = Scheduler(DictClaimBackend()).every("sync", "10s", Recorder(), jitter="1s")
+    with pytest.raises(ConfigurationError, match="needs a lease backend") as info:
+        job.update(overlap="allow")
+    assert info.value.backend == "DictClaimBackend"
+    with pytest.raises(ConfigurationError, match="under half the time between runs"):
+        job.update(jitter="5s")
+    assert job.settings.jitter_ms == 1000  # nothing changed
+    with pytest.raises(ConfigurationError, match="unknown option 'jiter'"):
+        job.update(jiter="2s")
