@@ -38,8 +38,10 @@ class Run:
     task: asyncio.Task[Any]
     lease: Lease | None
     started_ms: int
-    is_async: bool
-    abandoned: bool = False
+    job: Job
+    finishing: bool = False  # the handler is done; its release and record are under way
+    cut: bool = False  # cancelled at an await by an abort
+    abandoned: bool = False  # stop() stopped waiting for it
 
 
 class Job:
@@ -48,6 +50,7 @@ class Job:
     __slots__ = (
         "_scheduler",
         "armed_ms",
+        "armed_seq",
         "handler",
         "is_async",
         "kind",
@@ -83,6 +86,7 @@ class Job:
         self.is_async = is_async_handler(handler)
         self.paused = False
         self.armed_ms: int | None = None  # the slot this instance waits for, if any
+        self.armed_seq: int | None = None  # its entry in the scheduler's timer heap
         self.runs: dict[str, Run] = {}  # run_id -> run in progress here
         # the last slot handled: completed here, or claimed by another instance (for overdue())
         self.last_ok_ms: int | None = None

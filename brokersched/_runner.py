@@ -26,6 +26,7 @@ logger = logging.getLogger("brokersched")
 
 # A claim gets what is left of max_late, but never less than this (the backend needs a moment).
 _MIN_CLAIM_TIMEOUT_S = 0.5
+_RELEASE_RETRIES_S = (0.2, 1.0)
 _ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
     "timeout": "timed-out",
     "lock-lost": "interrupted",
@@ -86,6 +87,13 @@ class Runner:
             else:
                 scheduler.skip(job, slot_ms, lease)  # type: ignore[arg-type]
             return None
+        if not self._still_wanted(job, reason):
+            # Stopped, removed or paused while the claim was in flight: another instance may
+            # still run the slot (a lease is handed over; a claim-only slot is lost, at most once).
+            if lease is not None:
+                await self._release(lease, handover=True)
+            logger.info("claimed %s:%d but no longer runs it here", job.name, slot_ms)
+            return None
         if reason == "schedule" and self._late(job, slot_ms):
             # A slow claim: the slot stays claimed, so no other instance runs it late either.
             if lease is not None:
@@ -93,6 +101,12 @@ class Runner:
             scheduler.skip(job, slot_ms, "late", detail="claim answered too late")
             return None
         return await self.execute(job, slot_ms, lease, reason=reason, run_id=run_id)
+
+    def _still_wanted(self, job: Job, reason: RunReason) -> bool:
+        scheduler = self.scheduler
+        if scheduler.stopping or scheduler.get(job.name) is not job:
+            return False
+        return not (job.paused and reason == "schedule")
 
     def _late(self, job: Job, slot_ms: int) -> bool:
         return bool(self.clock.now_ms() - slot_ms > job.settings.max_late_ms)
@@ -131,7 +145,6 @@ class Runner:
         reason: RunReason | None = None,
         run_id: str | None = None,
     ) -> RunRecord | None:
-        scheduler = self.scheduler
         task = asyncio.current_task()
         assert task is not None
         ctx = JobContext(
@@ -141,32 +154,43 @@ class Runner:
             reason=lease.reason if lease else reason or "schedule",
             attempt=lease.attempt if lease else 1,
             data=job.settings.data,
-            instance_id=scheduler.instance_id,
+            instance_id=self.scheduler.instance_id,
             clock=self.clock,
         )
-        run = Run(ctx, task, lease, self.clock.now_ms(), job.is_async)
+        run = Run(ctx, task, lease, self.clock.now_ms(), job)
         job.runs[ctx.run_id] = run
         self.runs.add(run)
-        scheduler.emit("start", StartEvent(job.name, slot_ms, ctx.run_id, ctx.reason, ctx.attempt))
-        timers = self._arm_watchdogs(job, run)
         try:
-            with run_span(ctx) as span:
-                outcome, error = await self._call(job, run)
-                finish_span(span, outcome, error)
+            self.scheduler.emit(
+                "start", StartEvent(job.name, slot_ms, ctx.run_id, ctx.reason, ctx.attempt)
+            )
+            outcome, error = await self._run_handler(run)
+            if run.abandoned:
+                return None  # stop() gave up waiting for it
+            if lease is not None:
+                # Only a run cut short at an await by a graceful stop is offered to another
+                # instance; a handler that returned or raised has done what it will do.
+                await self._release(lease, handover=run.cut and ctx.abort_reason == "shutdown")
+            return await self._finish(job, run, outcome, error)
         finally:
-            for timer in timers:
-                timer.cancel()
             job.runs.pop(ctx.run_id, None)
             self.runs.discard(run)
-        if run.abandoned:
-            return None  # stop() gave up on it and recorded it already
-        if lease is not None:
-            await self._release(lease, handover=ctx.abort_reason == "shutdown")
-        return await self._finish(job, run, outcome, error)
 
-    def _arm_watchdogs(self, job: Job, run: Run) -> list[Any]:
+    async def _run_handler(self, run: Run) -> tuple[Outcome, str | None]:
+        timers = self._arm_watchdogs(run)
+        try:
+            with run_span(run.ctx) as span:
+                outcome, error = await self._call(run)
+                finish_span(span, outcome, error)
+                return outcome, error
+        finally:
+            run.finishing = True  # from here on, abort() leaves the run alone
+            for timer in timers:
+                timer.cancel()
+
+    def _arm_watchdogs(self, run: Run) -> list[Any]:
         timers: list[Any] = []
-        timeout = job.settings.timeout
+        timeout = run.job.settings.timeout
         if timeout is not None:
             due = run.started_ms + to_ms(timeout)
             timers.append(self.clock.call_at(due, lambda: self.abort(run, "timeout")))
@@ -174,8 +198,9 @@ class Runner:
             timers.append(_Renewer(self, run))
         return timers
 
-    async def _call(self, job: Job, run: Run) -> tuple[Outcome, str | None]:
-        ctx = run.ctx
+    async def _call(self, run: Run) -> tuple[Outcome, str | None]:
+        ctx, job = run.ctx, run.job
+        error: str | None = None
         try:
             if job.is_async:
                 await job.handler(ctx)  # type: ignore[misc]
@@ -185,31 +210,41 @@ class Runner:
             if ctx.abort_reason is None:
                 raise  # not ours: the task itself is being cancelled
             run.task.uncancel()
+            run.cut = True
         except Exception as exc:
-            if ctx.abort_reason is None:
-                return "failed", f"{type(exc).__name__}: {exc}"
-        if ctx.abort_reason is None:
-            return "completed", None
+            error = f"{type(exc).__name__}: {exc}"
+        if ctx.abort_reason is not None and not run.cut and run.task.cancelling():
+            run.task.uncancel()  # the handler swallowed our cancellation
         if ctx.abort_reason == "timeout":
             assert job.settings.timeout is not None
             return "timed-out", f"Timed out after {format_duration(job.settings.timeout)}"
-        return _ABORT_OUTCOMES[ctx.abort_reason], f"aborted: {ctx.abort_reason}"
+        if run.cut and ctx.abort_reason is not None:
+            return _ABORT_OUTCOMES[ctx.abort_reason], f"aborted: {ctx.abort_reason}"
+        return ("failed", error) if error is not None else ("completed", None)
 
     def abort(self, run: Run, reason: AbortReason) -> None:
         """Ask a run to stop: ``ctx.abort_reason`` for everyone, cancellation for async ones."""
-        if run.ctx.abort_reason is not None or run.task.done():
+        if run.ctx.abort_reason is not None or run.finishing or run.task.done():
             return
         run.ctx.abort_reason = reason
-        if run.is_async:  # a thread cannot be cancelled: sync handlers watch ctx.abort_reason
+        if run.job.is_async:  # a thread cannot be cancelled: sync handlers watch abort_reason
             run.task.cancel()
 
     async def _release(self, lease: Lease, *, handover: bool) -> None:
+        """End a lease, retrying a little: a lease left to expire while marked running would
+        look like a dead runner, and another instance would run the slot again."""
         backend = self.scheduler.backend
         assert isinstance(backend, LeaseBackend)
-        try:
-            await backend.release(lease, handover=handover)
-        except Exception as exc:  # the lease expires by itself
-            logger.warning("could not release lease of %s: %s", lease.slot.key, exc)
+        for delay in (*_RELEASE_RETRIES_S, None):
+            try:
+                await backend.release(lease, handover=handover)
+                return
+            except Exception as exc:
+                if delay is None:
+                    logger.error("could not release lease of %s: %s", lease.slot.key, exc)
+                    return
+                logger.warning("release of %s failed (%s); retrying", lease.slot.key, exc)
+                await self.clock.sleep(delay)
 
     async def _finish(self, job: Job, run: Run, outcome: Outcome, error: str | None) -> RunRecord:
         scheduler = self.scheduler
@@ -264,26 +299,23 @@ class Runner:
     # -- drain ---------------------------------------------------------------------------
 
     async def drain(self, timeout_s: float) -> None:
-        """Abort every run (``shutdown``), wait up to ``timeout_s``, record what is left."""
-        scheduler = self.scheduler
-        for task in list(scheduler._tasks):
-            if not any(run.task is task for run in self.runs):
-                task.cancel()  # claims in flight and sweeps: nothing has started yet
+        """Abort every run (``shutdown``), wait up to ``timeout_s`` for them and for claims in
+        flight, record what is left."""
         for run in list(self.runs):
             self.abort(run, "shutdown")
-        pending = {run.task for run in self.runs}
+        pending = {task for task in self.scheduler._tasks if not task.done()}
         if pending:
             await asyncio.wait(pending, timeout=timeout_s)
-        for run in [run for run in self.runs if not run.task.done()]:
+        abandoned = [run for run in self.runs if not run.task.done()]
+        for run in abandoned:
             run.abandoned = True
-            job = scheduler.get(run.ctx.job)
-            if job is not None:
+            if run.lease is None:  # with a lease, the take-over records it once it expires
                 detail = f"abandoned: still running after drain_timeout ({timeout_s:g}s)"
-                await self._finish(job, run, "interrupted", detail)
-        abandoned = {run.task for run in self.runs if run.abandoned}
-        others = [task for task in scheduler._tasks if not task.done() and task not in abandoned]
-        if others:
-            await asyncio.wait(others, timeout=1.0)
+                await self._finish(run.job, run, "interrupted", detail)
+        tasks = {run.task for run in abandoned}
+        for task in self.scheduler._tasks:
+            if task not in tasks:
+                task.cancel()  # a claim or a listener that did not answer in time
 
 
 class _Renewer:

@@ -142,6 +142,7 @@ class Scheduler(Generic[B]):
         self._started = False
         self._stopping = False
         self._stopped = asyncio.Event()
+        self._lifecycle = asyncio.Lock()
         self._runner = _runner.Runner(self)
         self._claim_observers: list[Callable[[str, float], None]] = []
         self._refused: list[ConfigurationError] = []  # see collect_errors()
@@ -452,8 +453,11 @@ class Scheduler(Generic[B]):
 
     async def start(self) -> None:
         """Connect the backend and arm every job."""
-        if self._started:
-            return
+        async with self._lifecycle:
+            if not self._started:
+                await self._start()
+
+    async def _start(self) -> None:
         await self.backend.start(self.clock)
         try:
             await self.backend.prepare([job.settings.policy for job in self._jobs.values()])
@@ -472,25 +476,29 @@ class Scheduler(Generic[B]):
 
     async def stop(self) -> None:
         """Disarm, abort running handlers (``shutdown``), drain up to ``drain_timeout``."""
-        if not self._started:
-            return
-        if self._stopping:
-            await self._stopped.wait()  # another caller is stopping it: wait for the drain
-            return
+        async with self._lifecycle:  # a second caller waits for the first one's drain
+            if self._started:
+                await self._stop()
+
+    async def _stop(self) -> None:
         self._stopping = True
         for timer in (self._timer, self._sweep_timer):
             if timer is not None:
                 timer.cancel()
-        self._timer = self._sweep_timer = None
+        self._timer = self._sweep_timer = self._timer_ms = None
         self._heap.clear()
         for job in self._jobs.values():
             job.armed_ms = None
         try:
             await self._runner.drain(self.options.drain_timeout.total_seconds())
         finally:
-            await self.backend.stop()
-            self._started = False
-            self._stopped.set()
+            try:
+                await self.backend.stop()
+            except Exception:
+                logger.exception("backend %s failed to stop cleanly", self.backend.name)
+            finally:
+                self._started = self._stopping = False
+                self._stopped.set()
 
     async def wait_stopped(self) -> None:
         """Wait until ``stop()`` has finished."""
@@ -511,6 +519,11 @@ class Scheduler(Generic[B]):
     @property
     def running(self) -> bool:
         return self._started and not self._stopping
+
+    @property
+    def stopping(self) -> bool:
+        """``stop()`` has begun: no new run starts."""
+        return self._stopping
 
     # -- arming: one timer for every job --------------------------------------------------
 
@@ -537,9 +550,21 @@ class Scheduler(Generic[B]):
         if slot is None:
             return
         jitter = self._random.randint(0, job.settings.jitter_ms) if job.settings.jitter_ms else 0
-        heapq.heappush(self._heap, (slot + jitter, next(self._seq), slot, job))
+        if len(self._heap) > 2 * len(self._jobs) + 64:
+            self._compact_heap()
+        job.armed_seq = next(self._seq)
+        heapq.heappush(self._heap, (slot + jitter, job.armed_seq, slot, job))
         if self._timer_ms is None or slot + jitter < self._timer_ms:
             self._set_timer(slot + jitter)
+
+    def _compact_heap(self) -> None:
+        """Drop the entries that pause/resume/remove left behind (they are skipped lazily)."""
+        self._heap = [entry for entry in self._heap if self._armed(entry[3], entry[1])]
+        heapq.heapify(self._heap)
+
+    def _armed(self, job: Job, seq: int) -> bool:
+        """Whether a heap entry is the job's current one (not left by pause/remove/re-arm)."""
+        return job.armed_seq == seq and job.armed_ms is not None and self._jobs.get(job.name) is job
 
     def _set_timer(self, when_ms: int) -> None:
         if self._timer is not None:
@@ -551,8 +576,8 @@ class Scheduler(Generic[B]):
         self._timer = self._timer_ms = None
         now = self.clock.now_ms()
         while self._heap and self._heap[0][0] <= now:
-            _, _, slot_ms, job = heapq.heappop(self._heap)
-            if job.armed_ms != slot_ms or self._jobs.get(job.name) is not job:
+            _, seq, slot_ms, job = heapq.heappop(self._heap)
+            if not self._armed(job, seq):
                 continue  # disarmed (paused, removed, re-armed) since it was pushed
             self._spawn(self._runner.run_slot(job, slot_ms, "schedule"), name=f"slot:{job.name}")
             # A frozen process wakes to many past slots: skip straight to those still in time.
@@ -599,17 +624,21 @@ class Scheduler(Generic[B]):
         for lease in leases:
             job = self._jobs.get(lease.job)
             if job is None or self._stopping:
-                await backend.release(lease, handover=True)
+                await self._runner._release(lease, handover=True)
                 continue
             self._spawn(self._runner.execute(job, lease.slot_ms, lease), name=f"retry:{job.name}")
 
     # -- manual runs -----------------------------------------------------------------------
 
     async def _run_manual(self, job: Job) -> RunRecord | None:
-        if not self._started:
-            raise RuntimeError("start the scheduler before triggering a job (async with scheduler)")
+        if not self._started or self._stopping:
+            raise RuntimeError(
+                f"cannot trigger job '{job.name}': the scheduler is not running "
+                "(start it first: async with scheduler)"
+            )
         task = self._spawn(
             self._runner.run_slot(job, self.clock.now_ms(), "manual"), name=f"manual:{job.name}"
         )
-        record: RunRecord | None = await task
+        # Shielded: a caller that gives up waiting must not cut the run short.
+        record: RunRecord | None = await asyncio.shield(task)
         return record

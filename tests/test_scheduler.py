@@ -231,8 +231,33 @@ async def test_drain_gives_up_after_drain_timeout() -> None:
     def stubborn(ctx: JobContext) -> None:
         release.wait(5)  # ignores ctx.abort_reason
 
-    sched = Scheduler(MemoryBackend(), jitter=0, drain_timeout="100ms")
+    sched = Scheduler(DictClaimBackend(), jitter=0, drain_timeout="100ms")
     job = sched.every("stubborn", "1h", stubborn)
+    await sched.start()
+    trigger = asyncio.ensure_future(job.trigger())
+    while not job.is_running:  # noqa: ASYNC110 - the run starts in a thread
+        await asyncio.sleep(0.001)
+    began = time.monotonic()
+    await sched.stop()
+    assert time.monotonic() - began < 1.0  # bounded by drain_timeout, not by the handler
+    release.set()
+    assert await trigger is None
+    (record,) = await job.history(5)
+    assert record.outcome == "interrupted"
+    assert record.error == "abandoned: still running after drain_timeout (0.1s)"
+
+
+async def test_an_abandoned_lease_run_is_recorded_once_by_its_taker() -> None:
+    """With a lease, the abandoned run keeps its lease until it expires (it may still be
+    writing); the instance that takes the slot over records it, once."""
+    release = threading.Event()
+    store = MemoryStore()
+
+    def stubborn(ctx: JobContext) -> None:
+        release.wait(5)
+
+    sched = Scheduler(MemoryBackend(store=store, lease_ttl="300ms"), jitter=0, drain_timeout=0.1)
+    job = sched.every("stubborn", "1h", stubborn, catch_up=0)
     await sched.start()
     trigger = asyncio.ensure_future(job.trigger())
     while not job.is_running:  # noqa: ASYNC110 - the run starts in a thread
@@ -240,9 +265,19 @@ async def test_drain_gives_up_after_drain_timeout() -> None:
     await sched.stop()
     release.set()
     assert await trigger is None
-    (record,) = await job.history(5)
-    assert record.outcome == "interrupted"
-    assert record.error == "abandoned: still running after drain_timeout (0.1s)"
+    assert await MemoryBackend(store=store).history(job.settings.policy, 5) == []
+    taker = Scheduler(MemoryBackend(store=store, lease_ttl="300ms"), jitter=0)
+    handler = Recorder()
+    taker.every("stubborn", "1h", handler, catch_up=0)
+    await taker.start()
+    while not handler.contexts:  # noqa: ASYNC110 - real time: the lease expires on its own
+        await asyncio.sleep(0.01)
+    await taker.stop()
+    records = await MemoryBackend(store=store).history(job.settings.policy, 5)
+    assert [(r.outcome, r.attempt, r.error) for r in records] == [
+        ("completed", 2, None),
+        ("interrupted", 1, "runner lost its lease"),
+    ]
 
 
 async def test_events_and_listener_failures(scheduler: Scheduler[Any], clock: TestClock) -> None:

@@ -130,8 +130,8 @@ class TestClock(Clock):
         return [task for task in self._tracked if not self._waiting(task)]
 
     def _waiting(self, task: asyncio.Task[Any]) -> bool:
-        future = self._sleeping.get(task)
-        return future is not None and not future.done() and not task.cancelling()
+        future = self._sleeping.get(task)  # task.cancel() cancels it: the task is then busy
+        return future is not None and not future.done()
 
     async def settle(self) -> None:
         """Wait until every tracked task is finished or waiting on this clock."""
