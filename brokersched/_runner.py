@@ -309,9 +309,17 @@ class Runner:
         abandoned = [run for run in self.runs if not run.task.done()]
         for run in abandoned:
             run.abandoned = True
-            if run.lease is None:  # with a lease, the take-over records it once it expires
-                detail = f"abandoned: still running after drain_timeout ({timeout_s:g}s)"
+            detail = f"abandoned: still running after drain_timeout ({timeout_s:g}s)"
+            if run.lease is None:
                 await self._finish(run.job, run, "interrupted", detail)
+            else:  # its lease is kept: once it expires, the taker records the run interrupted
+                logger.warning(
+                    "run job=%s run_id=%s slot=%d %s; its lease expires and the slot is taken over",
+                    run.job.name,
+                    run.ctx.run_id,
+                    run.ctx.slot_ms,
+                    detail,
+                )
         tasks = {run.task for run in abandoned}
         for task in self.scheduler._tasks:
             if task not in tasks:
