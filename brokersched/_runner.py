@@ -27,6 +27,10 @@ logger = logging.getLogger("brokersched")
 # A claim gets what is left of max_late, but never less than this (the backend needs a moment).
 _MIN_CLAIM_TIMEOUT_S = 0.5
 _RELEASE_RETRIES_S = (0.2, 1.0)
+_CLAIM_SLACK_S = 0.25
+# A claim-only backend forgets a slot ``slot_memory`` after its first claim; a claim still in
+# flight this close to that moment is not sent (clocks and networks are not exact).
+_SLOT_MEMORY_MARGIN_MS = 1000
 _ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
     "timeout": "timed-out",
     "lock-lost": "interrupted",
@@ -68,9 +72,13 @@ class Runner:
             return await self.execute(job, slot_ms, None, reason=reason)
         run_id = new_run_id()
         timeout = self._claim_timeout(job, slot_ms)
-        began = time.perf_counter()
+        if timeout <= 0:
+            scheduler.skip(job, slot_ms, "late", detail="the backend's slot memory is ending")
+            return None
+        began, leased_ms = time.perf_counter(), self.clock.now_ms()
         try:
-            async with asyncio.timeout(timeout + 1.0):  # the backend's own deadline comes first
+            # The backend's own deadline comes first; this one only bounds a backend that hangs.
+            async with asyncio.timeout(timeout + _CLAIM_SLACK_S):
                 lease = await self._claim(job, Slot(job.name, slot_ms), run_id, reason, timeout)
         except (BackendError, TimeoutError) as exc:
             scheduler.skip(job, slot_ms, "backend-error", detail=str(exc) or type(exc).__name__)
@@ -100,7 +108,9 @@ class Runner:
                 await self._release(lease, handover=False)
             scheduler.skip(job, slot_ms, "late", detail="claim answered too late")
             return None
-        return await self.execute(job, slot_ms, lease, reason=reason, run_id=run_id)
+        return await self.execute(
+            job, slot_ms, lease, reason=reason, run_id=run_id, leased_ms=leased_ms
+        )
 
     def _still_wanted(self, job: Job, reason: RunReason) -> bool:
         scheduler = self.scheduler
@@ -112,8 +122,15 @@ class Runner:
         return bool(self.clock.now_ms() - slot_ms > job.settings.max_late_ms)
 
     def _claim_timeout(self, job: Job, slot_ms: int) -> float:
-        left_ms = slot_ms + job.settings.max_late_ms - self.clock.now_ms()
-        return max(left_ms / 1000, _MIN_CLAIM_TIMEOUT_S)
+        """What is left of ``max_late``, at least a moment, but never past the end of a
+        claim-only backend's memory of the slot: a claim landing after it could win again."""
+        now = self.clock.now_ms()
+        left_s = max((slot_ms + job.settings.max_late_ms - now) / 1000, _MIN_CLAIM_TIMEOUT_S)
+        memory = self.scheduler.backend.capabilities.slot_memory
+        if memory is not None:
+            forgotten_ms = slot_ms + to_ms(memory) - _SLOT_MEMORY_MARGIN_MS
+            left_s = min(left_s, (forgotten_ms - now) / 1000)
+        return left_s
 
     async def _claim(
         self, job: Job, slot: Slot, run_id: str, reason: RunReason, timeout: float
@@ -144,7 +161,9 @@ class Runner:
         *,
         reason: RunReason | None = None,
         run_id: str | None = None,
+        leased_ms: int | None = None,
     ) -> RunRecord | None:
+        """Run a claimed slot. ``leased_ms``: when the request that got ``lease`` was sent."""
         task = asyncio.current_task()
         assert task is not None
         ctx = JobContext(
@@ -160,24 +179,36 @@ class Runner:
         run = Run(ctx, task, lease, self.clock.now_ms(), job)
         job.runs[ctx.run_id] = run
         self.runs.add(run)
+        renewer = None
+        if lease is not None:
+            renewer = _Renewer(self, run, run.started_ms if leased_ms is None else leased_ms)
         try:
             self.scheduler.emit(
                 "start", StartEvent(job.name, slot_ms, ctx.run_id, ctx.reason, ctx.attempt)
             )
             outcome, error = await self._run_handler(run)
             if run.abandoned:
-                return None  # stop() gave up waiting for it
-            if lease is not None:
+                return None  # stop() gave up waiting for it; the lease is left to expire
+            if lease is not None and ctx.abort_reason != "lock-lost":
                 # Only a run cut short at an await by a graceful stop is offered to another
-                # instance; a handler that returned or raised has done what it will do.
-                await self._release(lease, handover=run.cut and ctx.abort_reason == "shutdown")
+                # instance; a handler that returned or raised has done what it will do. A lost
+                # lease is not ours to release: it expires, and the slot is retried as a run
+                # whose runner died.
+                handover = run.cut and ctx.abort_reason == "shutdown"
+                await self._release(lease, handover=handover, renewer=renewer)
             return await self._finish(job, run, outcome, error)
         finally:
+            if renewer is not None and not run.abandoned:
+                renewer.cancel()
             job.runs.pop(ctx.run_id, None)
             self.runs.discard(run)
 
     async def _run_handler(self, run: Run) -> tuple[Outcome, str | None]:
-        timers = self._arm_watchdogs(run)
+        timeout = run.job.settings.timeout
+        watchdog = None
+        if timeout is not None:
+            due = run.started_ms + to_ms(timeout)
+            watchdog = self.clock.call_at(due, lambda: self.abort(run, "timeout"))
         try:
             with run_span(run.ctx) as span:
                 outcome, error = await self._call(run)
@@ -185,18 +216,8 @@ class Runner:
                 return outcome, error
         finally:
             run.finishing = True  # from here on, abort() leaves the run alone
-            for timer in timers:
-                timer.cancel()
-
-    def _arm_watchdogs(self, run: Run) -> list[Any]:
-        timers: list[Any] = []
-        timeout = run.job.settings.timeout
-        if timeout is not None:
-            due = run.started_ms + to_ms(timeout)
-            timers.append(self.clock.call_at(due, lambda: self.abort(run, "timeout")))
-        if run.lease is not None:
-            timers.append(_Renewer(self, run))
-        return timers
+            if watchdog is not None:
+                watchdog.cancel()
 
     async def _call(self, run: Run) -> tuple[Outcome, str | None]:
         ctx, job = run.ctx, run.job
@@ -230,20 +251,27 @@ class Runner:
         if run.job.is_async:  # a thread cannot be cancelled: sync handlers watch abort_reason
             run.task.cancel()
 
-    async def _release(self, lease: Lease, *, handover: bool) -> None:
-        """End a lease, retrying a little: a lease left to expire while marked running would
-        look like a dead runner, and another instance would run the slot again."""
+    async def _release(
+        self, lease: Lease, *, handover: bool, renewer: _Renewer | None = None
+    ) -> None:
+        """End a lease. A lease left to expire while marked running looks like a dead runner
+        and another instance would run the slot again, so a failed release is retried for as
+        long as the renewer still holds the lease (a few times when there is none)."""
         backend = self.scheduler.backend
         assert isinstance(backend, LeaseBackend)
-        for delay in (*_RELEASE_RETRIES_S, None):
+        tries = 0
+        while True:
             try:
                 await backend.release(lease, handover=handover)
                 return
             except Exception as exc:
-                if delay is None:
+                tries += 1
+                held = renewer is not None and not renewer.lost
+                if not held and tries > len(_RELEASE_RETRIES_S):
                     logger.error("could not release lease of %s: %s", lease.slot.key, exc)
                     return
                 logger.warning("release of %s failed (%s); retrying", lease.slot.key, exc)
+                delay = _RELEASE_RETRIES_S[min(tries, len(_RELEASE_RETRIES_S)) - 1]
                 await self.clock.sleep(delay)
 
     async def _finish(self, job: Job, run: Run, outcome: Outcome, error: str | None) -> RunRecord:
@@ -303,6 +331,8 @@ class Runner:
         flight, record what is left."""
         for run in list(self.runs):
             self.abort(run, "shutdown")
+        for task in self.scheduler._background:
+            task.cancel()
         pending = {task for task in self.scheduler._tasks if not task.done()}
         if pending:
             await asyncio.wait(pending, timeout=timeout_s)
@@ -327,37 +357,62 @@ class Runner:
 
 
 class _Renewer:
-    """Renews a run's lease every ``lease_ttl / 3``; a failed renewal aborts with ``lock-lost``."""
+    """Keeps a run's lease: renews it every ``lease_ttl / 3`` until the run is released.
 
-    def __init__(self, runner: Runner, run: Run) -> None:
+    A renewal that fails or is refused aborts the run (``lock-lost``). So does silence: the lease
+    is known to be valid only until ``lease_ttl`` after the last renewal that succeeded was *sent*
+    (the database extended it later than that), so the run is aborted shortly before then even if
+    the backend never answers, before another instance could take the slot over.
+    """
+
+    def __init__(self, runner: Runner, run: Run, leased_ms: int) -> None:
         backend = runner.scheduler.backend
-        assert isinstance(backend, LeaseBackend) and run.lease is not None
+        assert isinstance(backend, LeaseBackend)
+        assert run.lease is not None
         self._runner = runner
+        self._clock = runner.clock
         self._backend = backend
         self._run = run
         self._lease = run.lease
-        self._period_ms = max(to_ms(backend.lease_ttl) // 3, 10)
+        self._ttl_ms = to_ms(backend.lease_ttl)
+        self._period_ms = max(self._ttl_ms // 3, 10)
+        self._margin_ms = max(self._ttl_ms // 10, 5)
+        self.lost = False
         self._cancelled = False
-        self._timer = runner.clock.call_at(runner.clock.now_ms() + self._period_ms, self._due)
+        self._timer = self._clock.call_at(self._clock.now_ms() + self._period_ms, self._due)
+        self._deadline = self._clock.call_at(leased_ms + self._ttl_ms - self._margin_ms, self._lose)
 
     def _due(self) -> None:
         if not self._cancelled:
-            self._runner.scheduler._spawn(self._renew(), name=f"renew:{self._lease.slot.key}")
+            name = f"renew:{self._lease.slot.key}"
+            self._runner.scheduler._spawn(self._renew(), name=name, drained=False)
 
     async def _renew(self) -> None:
+        sent_ms = self._clock.now_ms()
         try:
             ok = await self._backend.renew(self._lease)
         except Exception as exc:
             logger.warning("lease renewal of %s failed: %s", self._lease.slot.key, exc)
             ok = False
-        if self._cancelled:
+        if self._cancelled or self.lost:
             return
         if not ok:
-            self._runner.abort(self._run, "lock-lost")
+            self._lose()
             return
-        clock = self._runner.clock
-        self._timer = clock.call_at(clock.now_ms() + self._period_ms, self._due)
+        self._deadline.cancel()
+        due = sent_ms + self._ttl_ms - self._margin_ms
+        self._deadline = self._clock.call_at(due, self._lose)
+        self._timer = self._clock.call_at(self._clock.now_ms() + self._period_ms, self._due)
+
+    def _lose(self) -> None:
+        if self._cancelled or self.lost:
+            return
+        self.lost = True
+        self._timer.cancel()
+        self._deadline.cancel()
+        self._runner.abort(self._run, "lock-lost")
 
     def cancel(self) -> None:
         self._cancelled = True
         self._timer.cancel()
+        self._deadline.cancel()

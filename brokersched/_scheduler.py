@@ -138,6 +138,7 @@ class Scheduler(Generic[B]):
         self._timer_ms: int | None = None
         self._sweep_timer: Timer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._background: set[asyncio.Task[Any]] = set()  # renewals: cancelled by stop()
         self._random = random.Random()
         self._started = False
         self._stopping = False
@@ -527,10 +528,12 @@ class Scheduler(Generic[B]):
 
     # -- arming: one timer for every job --------------------------------------------------
 
-    def _spawn(self, coro: Any, *, name: str) -> asyncio.Task[Any]:
+    def _spawn(self, coro: Any, *, name: str, drained: bool = True) -> asyncio.Task[Any]:
+        """Start a task; ``stop()`` waits for it (``drained``) or cancels it at once."""
         task = self.clock.spawn(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        tasks = self._tasks if drained else self._background
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
         return task
 
     async def _prepare_and_arm(self, job: Job) -> None:
@@ -614,6 +617,7 @@ class Scheduler(Generic[B]):
         jobs = [job for job in self._jobs.values() if job.settings.claim and not job.paused]
         if not jobs:
             return
+        leased_ms = self.clock.now_ms()
         try:
             leases = await backend.take_over(
                 [job.settings.policy for job in jobs], instance_id=self.instance_id
@@ -626,7 +630,8 @@ class Scheduler(Generic[B]):
             if job is None or self._stopping:
                 await self._runner._release(lease, handover=True)
                 continue
-            self._spawn(self._runner.execute(job, lease.slot_ms, lease), name=f"retry:{job.name}")
+            run = self._runner.execute(job, lease.slot_ms, lease, leased_ms=leased_ms)
+            self._spawn(run, name=f"retry:{job.name}")
 
     # -- manual runs -----------------------------------------------------------------------
 

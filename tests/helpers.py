@@ -27,6 +27,7 @@ class DictClaimBackend(ClaimBackend):
         self.claim_delay_s = claim_delay_s
         self.fail = fail
         self.prepared: list[str] = []
+        self.timeouts: list[float] = []  # the deadline of every claim, as the scheduler gave it
         self._clock: Clock | None = None
 
     @property
@@ -45,6 +46,7 @@ class DictClaimBackend(ClaimBackend):
         self.prepared += [job.name for job in jobs]
 
     async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
+        self.timeouts.append(timeout)
         if self.claim_delay_s and self._clock is not None:
             await self._clock.sleep(self.claim_delay_s)
         if self.fail is not None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+from datetime import timedelta
 from typing import Any
 
 from brokersched import BackendError, JobContext, MemoryBackend, Scheduler
@@ -220,3 +222,94 @@ async def test_concurrent_stops_wait_for_one_drain() -> None:
     assert not sched.running or sched.stopping is False
     await sched.stop()
     assert not sched.running
+
+
+class SilentRenew(MemoryBackend):
+    """A backend whose renewals never answer (a stalled link): they wait on the clock."""
+
+    async def renew(self, lease: Lease) -> bool:
+        assert self._clock is not None
+        await self._clock.sleep(3600)
+        return True
+
+
+async def test_a_run_whose_renewals_never_answer_is_aborted_before_its_lease_expires() -> None:
+    clock = TestClock(START)
+    store = MemoryStore()
+    spans: list[tuple[int, int, str | None, str]] = []  # (start, end, abort reason, instance)
+
+    async def long(ctx: JobContext) -> None:
+        began = clock.now_ms()
+        try:
+            await ctx.sleep(600)
+        finally:
+            spans.append((began, clock.now_ms(), ctx.abort_reason, ctx.instance_id))
+
+    silent = Scheduler(
+        SilentRenew(store=store, lease_ttl="30s"), clock=clock, jitter=0, instance_id="silent"
+    )
+    job = silent.every("long", "1h", long, catch_up=0)
+    healthy = Scheduler(
+        MemoryBackend(store=store, lease_ttl="30s"), clock=clock, jitter=0, instance_id="ok"
+    )
+    healthy.every("long", "1h", long, catch_up=0)
+    await silent.start()
+    await healthy.start()
+    trigger = asyncio.ensure_future(job.trigger())
+    await clock.advance("3m")
+    await trigger
+    await silent.stop()
+    await healthy.stop()
+    first = spans[0]
+    assert first[2:] == ("lock-lost", "silent")
+    assert first[1] - first[0] < 30_000  # aborted before the lease could expire
+    assert len(spans) > 1  # ... after which the slot was retried as a dead runner's
+    for before, after in itertools.pairwise(spans):
+        assert after[0] >= before[1]  # never two runs of the slot at once
+
+
+class FailingReleases(MemoryBackend):
+    failures = 3
+
+    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise BackendError("database restarting")
+        await super().release(lease, handover=handover)
+
+
+async def test_releases_are_retried_while_the_lease_is_held() -> None:
+    clock = TestClock(START)
+    store = MemoryStore()
+    runs: list[tuple[str, int]] = []
+
+    async def daily(ctx: JobContext) -> None:
+        runs.append((ctx.reason, ctx.attempt))
+
+    fleet = [
+        Scheduler(FailingReleases(store=store, lease_ttl="3s"), clock=clock, jitter=0),
+        Scheduler(MemoryBackend(store=store, lease_ttl="3s"), clock=clock, jitter=0),
+    ]
+    job = fleet[0].every("daily", "1h", daily, catch_up=0)
+    fleet[1].every("daily", "1h", daily, catch_up=0)
+    for sched in fleet:
+        await sched.start()
+    trigger = asyncio.ensure_future(job.trigger())
+    await clock.advance("1m")
+    record = await trigger
+    for sched in fleet:
+        await sched.stop()
+    assert record is not None
+    assert runs == [("manual", 1)]
+
+
+async def test_claims_never_outlive_the_backend_slot_memory() -> None:
+    clock = TestClock(START)
+    backend = DictClaimBackend(slot_ttl=timedelta(seconds=10))
+    sched = Scheduler(backend, clock=clock, jitter=0, max_late="9s")
+    sched.every("tight", "1m", lambda ctx: None)
+    await sched.start()
+    await clock.advance("30s")
+    await sched.stop()
+    (timeout,) = backend.timeouts
+    assert timeout <= 9.0  # 10 s of memory, less a 1 s margin, from the slot
