@@ -5,29 +5,27 @@ in ``extra`` (``job``, ``run_id``, ``slot``, ``reason``, ``attempt``, ``outcome`
 ``duration_ms``, ``late_ms``, ``instance_id``). ``JsonFormatter`` puts every such field in the
 object, so a log pipeline can filter on ``job`` or ``outcome`` without parsing the message.
 
-Credentials never reach the output: both formatters pass the text through ``redact_secrets``,
-which hides the password of any ``scheme://user:password@host`` URL and of ``password=...``
-key/value pairs (libpq DSNs), wherever they appear (message, extra fields, tracebacks).
+Credentials never reach the output: both formatters pass the text through ``redact_secrets``
+(``brokersched._redact.redact_text``), which hides the password of any
+``scheme://user:password@host`` URL (up to its last ``@``) and of ``password=...`` /
+``sslpassword=...`` pairs (libpq DSNs, query strings), wherever they appear (message, extra
+fields, tracebacks).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Literal, TextIO, TypeGuard, cast
 
+from ._redact import redact_text
+
 __all__ = ["JsonFormatter", "TextFormatter", "configure_logging", "redact_secrets"]
 
 LogFormat = Literal["json", "text"]
-
-# userinfo with a password: "amqp://guest:secret@host" -> "amqp://guest:***@host"
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s]*):[^@/\s]*@")
-# libpq keyword form: "host=db password=secret" or password='se cret'
-_KV_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 
 # Attributes every LogRecord has; anything else on a record came from ``extra``.
 _STANDARD_ATTRS = frozenset(
@@ -38,8 +36,7 @@ _STANDARD_ATTRS = frozenset(
 
 def redact_secrets(text: str) -> str:
     """``text`` with the passwords of URLs and ``password=`` pairs replaced by ``***``."""
-    text = _URL_PASSWORD.sub(r"\g<head>:***@", text)
-    return _KV_PASSWORD.sub(r"\g<head>***", text)
+    return redact_text(text)
 
 
 def _extra_fields(record: logging.LogRecord) -> dict[str, Any]:

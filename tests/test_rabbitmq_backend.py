@@ -324,9 +324,12 @@ def test_client_errors_never_carry_the_password() -> None:
     for secret in ("p%40ss", "p@ss"):
         with pytest.raises(BackendUnavailableError) as caught, backend._client_errors("connecting"):
             raise aiormq.exceptions.AMQPConnectionError(f"refused for {secret}")
-        assert "p@ss" not in str(caught.value)
-        assert "p%40ss" not in str(caught.value)
-        assert caught.value.__cause__ is None  # the chain would print the secret
+        printed = "".join(traceback.format_exception(caught.value))
+        assert "p@ss" not in printed
+        assert "p%40ss" not in printed
+        # the client's exception stays chained, scrubbed of the password in place
+        assert isinstance(caught.value.__cause__, aiormq.exceptions.AMQPConnectionError)
+        assert str(caught.value.__cause__) == "refused for ***"
 
 
 # -- claims on the broker ----------------------------------------------------------------------
@@ -521,6 +524,24 @@ async def test_a_changed_history_size_keeps_recording(
     assert "history_size changed" in caplog.text
     records = await new.history(JobPolicy("job", history_size=5), 10)
     assert [record.run_id for record in records] == ["run-4", "run-3", "run-2"]
+
+
+async def test_history_honours_a_lowered_history_size(
+    fleet: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The queue keeps the length it was declared with; history() still returns at most
+    history_size records, newest first (as NATS does)."""
+    old, new = await fleet(), await fleet()
+    for n in range(8):
+        await old.record(JobPolicy("job", history_size=8), run_record("job", SLOT + n, n))
+    lowered = JobPolicy("job", history_size=3)
+    with caplog.at_level(logging.WARNING, logger="brokersched.backends.rabbitmq"):
+        await new.prepare([lowered])
+        await new.record(lowered, run_record("job", SLOT + 8, 8))
+    records = await new.history(lowered, 100)
+    assert [record.run_id for record in records] == ["run-8", "run-7", "run-6"]
+    assert len(await new.history(lowered, 2)) == 2
+    assert await new.history(JobPolicy("job", history_size=1), 100) == records[:1]
 
 
 # -- faults through a proxy --------------------------------------------------------------------

@@ -21,13 +21,14 @@ import sqlite3
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -43,6 +44,7 @@ from brokersched._clock import Clock, SystemClock
 from brokersched.abc import JobPolicy, Lease, LeaseBackend, RunRecord, Slot
 from brokersched.backends.postgres import PostgresBackend, redact_dsn
 from brokersched.backends.sqlite import SQLiteBackend
+from tests.stall_proxy import StallProxy
 from tests.tcp_proxy import TcpProxy
 
 SLOT = 1_800_000_000_000
@@ -163,7 +165,7 @@ async def until(condition: Callable[[], Awaitable[bool] | bool], deadline_s: flo
         await asyncio.sleep(0.05)
 
 
-async def race(calls: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
+async def race(calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
     """Run ``calls`` released at the same moment by a barrier."""
     barrier = asyncio.Barrier(len(calls))
 
@@ -511,6 +513,136 @@ async def test_postgres_survives_connection_loss(
     assert SECRET not in caplog.text
 
 
+# A call's answer may come this much after its timeout (scheduling on a loaded CI machine); a
+# call that waits for the server instead overshoots by its whole op timeout or hangs.
+MARGIN_S = 1.0
+
+
+@asynccontextmanager
+async def stalled_postgres(postgres_dsn: str, **options: Any) -> AsyncIterator[StalledFleet]:
+    """A started PostgresBackend ``a`` reaching the server through a proxy that can stall the
+    link, and ``b`` on a direct connection, in a throwaway schema."""
+    schema = "t" + secrets.token_hex(5)
+    port = urlsplit(postgres_dsn).port or 5432
+    async with StallProxy(port) as proxy:
+        proxied = postgres_dsn.replace(f":{port}/", f":{proxy.port}/")
+        a = PostgresBackend(proxied, schema=schema, min_size=1, max_size=2, **options)
+        b = PostgresBackend(postgres_dsn, schema=schema, max_size=1, **options)
+        await a.start(SystemClock())
+        await b.start(SystemClock())
+        try:
+            yield StalledFleet(proxy, a, b)
+        finally:
+            proxy.resume()  # so that stop() closes the pool gracefully, not after 5 s
+            await a.stop()
+            await b.stop()
+            await drop_schema(postgres_dsn, schema)
+
+
+@dataclass
+class StalledFleet:
+    proxy: StallProxy
+    a: PostgresBackend
+    b: PostgresBackend
+
+
+async def test_postgres_calls_answer_in_time_on_a_stalled_link(postgres_dsn: str) -> None:
+    """Packets dropped, no reset: asyncpg's release of a cut-short query waits for the server
+    for ever (shielded); a call must answer within its timeout anyway, and the pool recovers."""
+    async with stalled_postgres(postgres_dsn, lease_ttl="3s") as fleet:
+        lease = await acquire(fleet.a, Slot("job", SLOT), JobPolicy("job", overlap="allow"))
+        assert isinstance(lease, Lease)
+        fleet.proxy.stall()
+        async with asyncio.timeout(1.0 + MARGIN_S):
+            with pytest.raises(BackendUnavailableError, match="timed out"):
+                await acquire(fleet.a, Slot("job", SLOT + 1000), timeout=1.0)
+        # renew() is bounded by a third of lease_ttl (1 s here), not by max(ttl, 5 s)
+        async with asyncio.timeout(1.0 + MARGIN_S):
+            with pytest.raises(BackendUnavailableError, match="renew job:"):
+                await fleet.a.renew(lease)
+        fleet.proxy.resume()
+        # the stalled connection was terminated: later calls get a working one
+        later = await acquire(fleet.a, Slot("job", SLOT + 2000), JobPolicy("job", overlap="allow"))
+        assert isinstance(later, Lease)
+        assert await fleet.a.renew(later)
+
+
+async def test_postgres_a_stalled_renewal_fails_before_the_lease_can_be_taken_over(
+    postgres_dsn: str,
+) -> None:
+    """The runner renews every ttl/3 and aborts when a renewal fails; a renewal still pending
+    when the lease expires would let another instance restart the slot while this runner
+    goes on: two runners of one slot."""
+    ttl = 1.5
+    async with stalled_postgres(postgres_dsn, lease_ttl=ttl) as fleet:
+        policy = JobPolicy("job", max_attempts=3)
+        lease = await acquire(fleet.a, Slot("job", SLOT), policy, instance="A")
+        assert isinstance(lease, Lease)
+        fleet.proxy.stall()
+        renewal = asyncio.create_task(fleet.a.renew(lease))
+        taken: list[Lease] = []
+
+        async def taken_over() -> bool:
+            taken.extend(await fleet.b.take_over([policy], instance_id="B"))
+            return bool(taken)
+
+        await until(taken_over)
+        assert renewal.done()  # failed before B could take the slot: the runner was told
+        assert isinstance(renewal.exception(), BackendUnavailableError)
+        assert [(t.slot_ms, t.attempt) for t in taken] == [(SLOT, 2)]
+
+
+async def test_postgres_a_claim_given_up_behind_a_lock_is_cancelled_on_the_server(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    """The caller stops waiting at its timeout; in the background the statement is cancelled
+    on the server, not merely cut off (a statement whose client vanished still runs once the
+    lock is free, and would grant a lease that nobody runs)."""
+    fleet = Fleet("postgres", "t" + secrets.token_hex(5), tmp_path / "unused.db", postgres_dsn)
+    backend = await fleet.start()
+    assert isinstance(backend, PostgresBackend)
+    allow = JobPolicy("job", overlap="allow")
+    try:
+        assert isinstance(await acquire(backend, Slot("job", SLOT), allow), Lease)
+        async with hold_write_lock(fleet):
+            with pytest.raises(BackendUnavailableError, match="timed out"):
+                await acquire(backend, Slot("job", SLOT + 1000), allow, timeout=0.3)
+            await until(lambda: not backend._calls)  # the abandoned exchange has ended
+        watcher = await asyncpg.connect(postgres_dsn)
+        try:
+
+            async def no_statement_left() -> bool:
+                active = await watcher.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'active'"
+                    " AND pid <> pg_backend_pid() AND strpos(query, $1) > 0",
+                    f'"{fleet.namespace}".',
+                )
+                return bool(active == 0)
+
+            await until(no_statement_left)
+        finally:
+            await watcher.close()
+        assert isinstance(await acquire(backend, Slot("job", SLOT + 1000), allow), Lease)
+    finally:
+        await backend.stop()
+        await drop_schema(postgres_dsn, fleet.namespace)
+
+
+async def test_sqlite_renew_answers_within_a_third_of_the_ttl(tmp_path: Path) -> None:
+    """Another process holds the write lock: renew gives up after ttl/3, not busy_timeout."""
+    fleet = Fleet("sqlite", "unused", tmp_path / "renew.db", "")
+    backend = await fleet.start(lease_ttl="1500ms", busy_timeout="5s")
+    try:
+        lease = await acquire(backend, Slot("job", SLOT))
+        assert isinstance(lease, Lease)
+        async with hold_write_lock(fleet), asyncio.timeout(0.5 + MARGIN_S):
+            with pytest.raises(BackendUnavailableError, match="timed out"):
+                await backend.renew(lease)
+        assert await backend.renew(lease)
+    finally:
+        await backend.stop()
+
+
 # -- secrets, configuration ----------------------------------------------------------------
 
 
@@ -531,9 +663,9 @@ async def test_the_password_never_reaches_errors_or_logs(
     assert "***" in str(caught.value)
     assert_no_secret(caught.value)
     no_database = with_password(postgres_dsn, SECRET).rsplit("/", 1)[0] + "/no_such_db_here"
-    with pytest.raises(BackendError) as caught:
+    with pytest.raises(BackendError) as refused:
         await PostgresBackend(no_database, schema="unused").start(SystemClock())
-    assert_no_secret(caught.value)
+    assert_no_secret(refused.value)
     assert SECRET not in caplog.text
 
 

@@ -30,6 +30,7 @@ from ..abc import Capabilities, JobPolicy, Lease, LeaseBackend, Outcome, RunReas
 
 __all__ = [
     "CAPABILITIES",
+    "MIN_RENEW_TIMEOUT_S",
     "SCHEMA_VERSION",
     "DeadRun",
     "SQLLeaseBackend",
@@ -60,6 +61,9 @@ _MICROSECOND = timedelta(microseconds=1)
 
 INTERRUPTED_ERROR = "runner lost its lease"
 
+#: The least time a renewal is given, however short ``lease_ttl`` is (a round trip, a lock).
+MIN_RENEW_TIMEOUT_S = 0.2
+
 
 class SQLLeaseBackend(LeaseBackend):
     """What both SQL backends share: the lease ttl, the capabilities, the scheduler's clock
@@ -87,6 +91,17 @@ class SQLLeaseBackend(LeaseBackend):
     @property
     def _ttl_ms(self) -> int:
         return to_ms(self._lease_ttl)
+
+    @property
+    def _renew_timeout(self) -> float:
+        """The bound on ``renew()``: a third of ``lease_ttl`` (at least ``MIN_RENEW_TIMEOUT_S``).
+
+        The runner renews every third of the ttl and aborts the run when no renewal succeeded
+        in time; a renewal that answers later than that is of no use to it, and one left
+        waiting would let the lease expire (and another instance take the slot over) while
+        the runner has not been told.
+        """
+        return max(self._lease_ttl.total_seconds() / 3, MIN_RENEW_TIMEOUT_S)
 
     def _now(self) -> datetime:
         if self._clock is None:

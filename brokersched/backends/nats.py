@@ -43,6 +43,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
+from .. import _redact
 from .._clock import Clock
 from .._durations import Duration, format_duration, parse_duration
 from .._exceptions import (
@@ -71,7 +72,6 @@ _JOB_RE = re.compile(r"[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}")
 # Everything else is percent-encoded in subject tokens ('.' separates tokens; '%' is escaped so
 # the encoding stays reversible and two job names never share a subject).
 _TOKEN_UNSAFE = re.compile(r"[^A-Za-z0-9_:$-]")
-_USERINFO_RE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^@/\s]*)@")
 
 _MSG_ID = "Nats-Msg-Id"
 _json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
@@ -100,20 +100,32 @@ _CONNECT_DEFAULTS: dict[str, Any] = {
     "connect_timeout": 2,
 }
 _CALLBACKS = ("error_cb", "disconnected_cb", "reconnected_cb", "closed_cb")
+# connect_options that hold a secret (nats.connect's keywords)
+_SECRET_OPTIONS = ("password", "token", "nkeys_seed_str")
 
 
 def redact(text: str) -> str:
     """``text`` with the user-info part of every URL (``user:pass@``, ``token@``) replaced.
 
     The user name stays (it helps to debug permissions); passwords and tokens never appear.
+    Only URLs with a scheme are found in free text: a backend also scrubs the secrets it knows.
     """
+    return _redact.redact_text(text)
 
-    def _hide(match: re.Match[str]) -> str:
-        user, sep, _secret = match["userinfo"].partition(":")
-        shown = f"{user}:***" if sep else "***"
-        return f"{match['scheme']}{shown}@"
 
-    return _USERINFO_RE.sub(_hide, text)
+def _secrets(servers: Sequence[str], connect_options: dict[str, Any]) -> list[str]:
+    """Every form of the secrets in ``servers`` and ``connect_options``, longest first."""
+    found = {secret for server in servers for secret in _redact.url_secrets(server)}
+    for option in _SECRET_OPTIONS:
+        value = connect_options.get(option)
+        if isinstance(value, str) and value:
+            found.add(value)
+    return sorted(found, key=len, reverse=True)
+
+
+def _describe(exc: BaseException, secrets: Sequence[str]) -> str:
+    """The text of a client exception, fit for a message: no secret, never empty."""
+    return _redact.scrub(redact(str(exc)), secrets) or type(exc).__name__
 
 
 @functools.lru_cache(maxsize=4096)
@@ -138,12 +150,12 @@ def _import_nats() -> Any:
         ) from exc
 
 
-def _translate(exc: Exception, what: str) -> BackendError | None:
+def _translate(exc: Exception, what: str, secrets: Sequence[str]) -> BackendError | None:
     """The brokersched error for a client exception, or ``None`` for a bug to re-raise."""
     import nats.errors
     import nats.js.errors
 
-    detail = redact(str(exc)) or type(exc).__name__
+    detail = _describe(exc, secrets)
     unavailable = (
         OSError,  # includes TimeoutError and nats.errors.TimeoutError
         nats.errors.ConnectionClosedError,
@@ -169,10 +181,11 @@ class _Translated:
     and the message is only formatted when something failed.
     """
 
-    __slots__ = ("_what",)
+    __slots__ = ("_secrets", "_what")
 
-    def __init__(self, *what: str) -> None:
+    def __init__(self, *what: str, secrets: Sequence[str] = ()) -> None:
         self._what = what
+        self._secrets = secrets
 
     def __enter__(self) -> None:
         return None
@@ -185,9 +198,10 @@ class _Translated:
     ) -> None:
         if exc is None or isinstance(exc, BrokerschedError) or not isinstance(exc, Exception):
             return
-        error = _translate(exc, " ".join(self._what))
+        error = _translate(exc, " ".join(self._what), self._secrets)
         if error is not None:
-            raise error from exc
+            clean = _redact.scrub_exception(exc, self._secrets)
+            raise error from (exc if clean else None)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -338,6 +352,8 @@ class NATSBackend(ClaimBackend):
         self._names = _Names(prefix)
         self._replicas = replicas
         self._connect_options = dict(connect_options)
+        self._secrets = _secrets(self._servers, self._connect_options)
+        self._shown_servers = ", ".join(_redact.redact_url(s) for s in self._servers)
         self._capabilities = Capabilities(
             leases=False, slot_memory=self._slot_ttl, history_ttl=False, history_size_per_job=False
         )
@@ -354,8 +370,7 @@ class NATSBackend(ClaimBackend):
         self._claim_subjects: dict[str, str] = {}  # job -> subject, validated once
 
     def __repr__(self) -> str:
-        servers = ", ".join(redact(s) for s in self._servers)
-        return f"{_BACKEND}({servers!r}, prefix={self._names.prefix!r})"
+        return f"{_BACKEND}({self._shown_servers!r}, prefix={self._names.prefix!r})"
 
     @property
     def capabilities(self) -> Capabilities:
@@ -374,7 +389,7 @@ class NATSBackend(ClaimBackend):
         nc = await self._connect(nats)
         try:
             js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
-            with _Translated("preparing streams"):
+            with _Translated("preparing streams", secrets=self._secrets):
                 await self._prepare_streams(js)
         except BaseException:
             await self._close_client(nc)
@@ -397,11 +412,12 @@ class NATSBackend(ClaimBackend):
             await self._close_client(nc)
             if not isinstance(exc, Exception):
                 raise
-            servers = ", ".join(redact(s) for s in self._servers)
-            cause = self._last_error or redact(str(exc)) or type(exc).__name__
+            cause = self._last_error or _describe(exc, self._secrets)
+            clean = _redact.scrub_exception(exc, self._secrets)
             raise BackendUnavailableError(
-                f"{_BACKEND}: cannot connect to NATS at {servers} within {budget:g}s ({cause})"
-            ) from exc
+                f"{_BACKEND}: cannot connect to NATS at {self._shown_servers} within "
+                f"{budget:g}s ({cause})"
+            ) from (exc if clean else None)
         return nc
 
     def _callbacks(self) -> dict[str, Callable[..., Awaitable[None]]]:
@@ -436,7 +452,7 @@ class NATSBackend(ClaimBackend):
     async def _on_error(self, exc: Exception) -> None:
         # nats-py calls this on every failed reconnect attempt: keep the message for the next
         # error we raise, and log at debug while we know we are disconnected.
-        self._last_error = redact(str(exc)) or type(exc).__name__
+        self._last_error = _describe(exc, self._secrets)
         connected = self._nc is not None and self._nc.is_connected
         logger.log(
             logging.WARNING if connected else logging.DEBUG, "NATS error: %s", self._last_error
@@ -450,7 +466,9 @@ class NATSBackend(ClaimBackend):
     async def _on_reconnected(self) -> None:
         self._watch.changed()
         nc = self._nc
-        url = redact(nc.connected_url.geturl()) if nc is not None and nc.connected_url else "?"
+        url = "?"
+        if nc is not None and nc.connected_url:
+            url = _redact.scrub(_redact.redact_url(nc.connected_url.geturl()), self._secrets)
         logger.info("NATS connection back (%s); claiming resumes", url)
 
     async def _on_closed(self) -> None:
@@ -474,10 +492,10 @@ class NATSBackend(ClaimBackend):
             nats.js.errors.ServiceUnavailableError,
             nats.js.errors.NoStreamResponseError,
         ) as exc:
-            servers = ", ".join(redact(s) for s in self._servers)
             raise BackendUnavailableError(
-                f"{_BACKEND}: JetStream does not answer at {servers}: is it enabled on the server "
-                "(nats-server -js, or jetstream {} in its config) and for this account?"
+                f"{_BACKEND}: JetStream does not answer at {self._shown_servers}: is it enabled "
+                "on the server (nats-server -js, or jetstream {} in its config) and for this "
+                "account?"
             ) from exc
         await self._check_history_stream(js)
 
@@ -552,7 +570,9 @@ class NATSBackend(ClaimBackend):
                         size,
                     )
             except Exception as exc:  # best effort: the next check or start tries again
-                logger.debug("checking the history stream failed: %s", redact(str(exc)))
+                logger.debug(
+                    "checking the history stream failed: %s", _describe(exc, self._secrets)
+                )
 
     async def _ensure_history_stream(self, js: JetStreamContext, size: int) -> bool:
         from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -627,7 +647,7 @@ class NATSBackend(ClaimBackend):
 
     async def prepare(self, jobs: Sequence[JobPolicy]) -> None:
         if jobs:
-            with _Translated("preparing the history stream"):
+            with _Translated("preparing the history stream", secrets=self._secrets):
                 await self._ensure_history(max(job.history_size for job in jobs))
 
     # -- claims --------------------------------------------------------------------------------
@@ -635,7 +655,7 @@ class NATSBackend(ClaimBackend):
     async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
         nc, js = self._client()
         msg_id = f"{slot.job}:{slot.slot_ms}"
-        with _Translated("claim", msg_id):
+        with _Translated("claim", msg_id, secrets=self._secrets):
             started = time.monotonic()
             budget = min(timeout, self._claim_budget_s)
             # The token tells a retry of this very call from any other claim, even one by the
@@ -685,7 +705,7 @@ class NATSBackend(ClaimBackend):
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
         _, js = self._client()
-        with _Translated(f"recording a run of {job.name!r}"):
+        with _Translated(f"recording a run of {job.name!r}", secrets=self._secrets):
             await self._ensure_history(job.history_size)
             await js.publish(
                 self._names.history_subject(job.name),
@@ -699,7 +719,7 @@ class NATSBackend(ClaimBackend):
         if count <= 0:
             return []
         subject = self._names.history_subject(job.name)
-        with _Translated(f"reading the history of {job.name!r}"):
+        with _Translated(f"reading the history of {job.name!r}", secrets=self._secrets):
             if count == 1:
                 bodies = await self._last_body(js, subject)
             else:

@@ -19,12 +19,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import re
-from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
-from typing import Any, Literal, Protocol
-from urllib.parse import unquote
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
+from .. import _redact
 from .._clock import Clock
 from .._durations import Duration
 from .._exceptions import (
@@ -52,6 +51,7 @@ __all__ = ["PostgresBackend", "redact_dsn"]
 logger = logging.getLogger(__name__)
 
 Row = Mapping[str, Any]
+T = TypeVar("T")
 
 
 class _Connection(Protocol):
@@ -62,12 +62,14 @@ class _Connection(Protocol):
     async def fetchrow(self, query: str, *args: object) -> Row | None: ...
     async def fetchval(self, query: str, *args: object) -> Any: ...
     def transaction(self) -> AbstractAsyncContextManager[Any]: ...
+    def terminate(self) -> None: ...
 
 
 class _Pool(Protocol):
     """What this backend uses of an ``asyncpg.Pool``."""
 
-    def acquire(self) -> AbstractAsyncContextManager[_Connection]: ...
+    def acquire(self, *, timeout: float | None = None) -> Awaitable[_Connection]: ...
+    async def release(self, connection: _Connection, *, timeout: float | None = None) -> None: ...
     async def close(self) -> None: ...
     def terminate(self) -> None: ...
 
@@ -231,6 +233,10 @@ WHERE job = $1 AND ($2::timestamptz IS NULL OR started_at >= $2::timestamptz)
 ORDER BY n DESC LIMIT $3"""
 
 # Errors that mean "cannot get at the server now" rather than "it said no".
+# How long an abandoned statement (see _Call.abandon) may take to be cancelled on the server
+# before its connection is terminated; nobody waits for it.
+_CANCEL_WAIT_S = 5.0
+
 _UNAVAILABLE = (
     "PostgresConnectionError",
     "CannotConnectNowError",
@@ -283,7 +289,7 @@ class PostgresBackend(SQLLeaseBackend):
         super().__init__(lease_ttl)
         self._dsn = dsn
         self._redacted = redact_dsn(dsn)
-        self._secrets = _passwords(dsn)
+        self._secrets = _redact.url_secrets(dsn)
         self._schema = check_identifier(schema, option="schema", backend=self.name, max_length=63)
         if not 0 <= min_size <= max_size or max_size < 1:
             raise ConfigurationError(
@@ -296,13 +302,14 @@ class PostgresBackend(SQLLeaseBackend):
         self._sql = _Statements(self._schema)
         self._pool: _Pool | None = None
         self._asyncpg: Any = None
+        self._calls: set[asyncio.Task[Any]] = set()  # exchanges in flight, abandoned ones too
 
     def __repr__(self) -> str:
         return f"PostgresBackend({self._redacted!r}, schema={self._schema!r})"
 
     @property
     def _op_timeout(self) -> float:
-        """The bound on calls that take no timeout; a renewal slower than a ttl is useless."""
+        """The bound on calls that take no timeout (renew has its own, see ``_renew_timeout``)."""
         return max(self._lease_ttl.total_seconds(), 5.0)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -319,16 +326,18 @@ class PostgresBackend(SQLLeaseBackend):
         pool = await self._connect()
         try:
             with self._translate("create its tables"):
-                async with asyncio.timeout(self._op_timeout + 10), pool.acquire() as conn:
-                    # The common case: the tables are there; no lock, no DDL (nor the
-                    # privileges DDL needs).
-                    if await self._version(conn) != SCHEMA_VERSION:
-                        async with conn.transaction():
-                            await self._migrate(conn)
+                await self._bounded(pool, self._prepare_schema, self._op_timeout + 10)
         except BaseException:
             pool.terminate()
+            await self._end_calls()
             raise
         self._pool, self._clock = pool, clock
+
+    async def _prepare_schema(self, conn: _Connection) -> None:
+        # The common case: the tables are there; no lock, no DDL (nor the privileges DDL needs).
+        if await self._version(conn) != SCHEMA_VERSION:
+            async with conn.transaction():
+                await self._migrate(conn)
 
     async def _connect(self) -> _Pool:
         try:
@@ -348,7 +357,7 @@ class PostgresBackend(SQLLeaseBackend):
                 option="dsn",
                 backend=self.name,
             )
-            raise error from (None if self._leaks(exc) else exc)
+            raise error from self._chainable(exc)
 
     async def _migrate(self, conn: _Connection) -> None:
         """Create or upgrade the schema, inside the caller's transaction."""
@@ -389,6 +398,14 @@ class PostgresBackend(SQLLeaseBackend):
                 await pool.close()  # waits for connections in use to come back
         except Exception:
             pool.terminate()
+        await self._end_calls()
+
+    async def _end_calls(self) -> None:
+        """Wait for the exchanges still in flight (abandoned ones end once their connection is
+        terminated); one still connecting is cancelled."""
+        for task in list(self._calls):
+            task.cancel()
+        await asyncio.gather(*self._calls, return_exceptions=True)
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -408,9 +425,7 @@ class PostgresBackend(SQLLeaseBackend):
             )
             detail = self._scrub(detail)
             error = kind(f"PostgresBackend could not {action} on {self._redacted}: {detail}")
-            if self._leaks(exc):
-                raise error from None  # the chained exception would print the password
-            raise error from exc
+            raise error from self._chainable(exc)
 
     def _is_client_error(self, exc: Exception) -> bool:
         if isinstance(exc, ValueError):
@@ -428,23 +443,20 @@ class PostgresBackend(SQLLeaseBackend):
         )
 
     def _scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
+        return _redact.scrub(text, self._secrets)
 
-    def _leaks(self, exc: BaseException) -> bool:
-        chain: BaseException | None = exc
-        while chain is not None:
-            if self._scrub(str(chain)) != str(chain):
-                return True
-            chain = chain.__cause__ or chain.__context__
-        return False
+    def _chainable(self, exc: BaseException) -> BaseException | None:
+        """``exc``, scrubbed of the password in place (with what is chained to it); ``None``
+        if some text of it still carries the password."""
+        return exc if _redact.scrub_exception(exc, self._secrets) else None
 
-    @asynccontextmanager
-    async def _connection(
-        self, action: str, timeout: float | None = None
-    ) -> AsyncGenerator[_Connection, None]:
-        """A pooled connection, within ``timeout`` seconds for the whole exchange.
+    async def _call(
+        self,
+        action: str,
+        exchange: Callable[[_Connection], Awaitable[T]],
+        timeout: float | None = None,
+    ) -> T:
+        """``exchange`` on a pooled connection, answered within ``timeout`` seconds.
 
         A connection that broke is dropped by the pool and replaced on a later call, so an
         outage fails the calls made during it (closed: no claim, no run) and nothing after.
@@ -452,8 +464,33 @@ class PostgresBackend(SQLLeaseBackend):
         with self._translate(action):
             if self._pool is None:
                 raise BackendUnavailableError("PostgresBackend is not started")
-            async with asyncio.timeout(timeout or self._op_timeout), self._pool.acquire() as conn:
-                yield conn
+            return await self._bounded(self._pool, exchange, timeout or self._op_timeout)
+
+    async def _bounded(
+        self, pool: _Pool, exchange: Callable[[_Connection], Awaitable[T]], limit: float
+    ) -> T:
+        """``exchange`` on a connection of ``pool``; ``TimeoutError`` after ``limit`` seconds,
+        whatever the link does.
+
+        ``asyncio.timeout`` alone does not bound it: once a query is cut short, asyncpg's
+        ``Pool.release()`` waits (shielded) for the server to acknowledge the cancellation,
+        which a stalled link (packets dropped, no reset) never does. So the exchange runs in a
+        task of its own that the caller stops waiting for; an abandoned exchange ends in the
+        background (see ``_Call.abandon``), its connection terminated if the server does not
+        answer, and the pool opens a fresh one for a later call. A statement that the server
+        completes before the cancellation reaches it stands, as when an answer is lost: a
+        claim granted that way is never run, its lease expires and ``take_over`` restarts it.
+        """
+        call = _Call(pool, exchange, limit)
+        task = asyncio.get_running_loop().create_task(call.run())
+        self._calls.add(task)
+        task.add_done_callback(_forget(self._calls))
+        try:
+            async with asyncio.timeout(limit):
+                return await asyncio.shield(task)
+        except BaseException:  # timed out, or the caller was cancelled
+            call.abandon(task)
+            raise
 
     # -- leases ----------------------------------------------------------------------------
 
@@ -470,25 +507,36 @@ class PostgresBackend(SQLLeaseBackend):
         token = new_token()
         sql = self._sql.acquire_catch_up if reason == "catch-up" else self._sql.acquire
         allow = policy.overlap == "allow"
-        async with self._connection("claim " + slot.key, timeout) as conn:
-            row = await conn.fetchrow(
-                sql, slot.job, slot.slot_ms, self._ttl_ms, allow, token, run_id, instance_id,
-                reason, self._now(),
-            )  # fmt: skip
+        args = (
+            slot.job, slot.slot_ms, self._ttl_ms, allow, token, run_id, instance_id, reason,
+            self._now(),
+        )  # fmt: skip
+
+        async def claim(conn: _Connection) -> Row | None:
+            return await conn.fetchrow(sql, *args)
+
+        row = await self._call("claim " + slot.key, claim, timeout)
         assert row is not None  # the SELECT always returns its one row
         if row["granted"]:
             return Lease(slot.job, slot.slot_ms, token, run_id, 1, reason)
         return refusal(slot.slot_ms, row["last_slot_ms"], row["live"], policy)
 
     async def renew(self, lease: Lease) -> bool:
+        """Answers within a third of ``lease_ttl`` (see ``_renew_timeout``)."""
         args = (lease.job, lease.slot_ms, lease.token, self._ttl_ms)
-        async with self._connection("renew " + lease.slot.key) as conn:
+
+        async def renew(conn: _Connection) -> bool:
             return bool(await conn.fetchval(self._sql.renew, *args))
+
+        return await self._call("renew " + lease.slot.key, renew, self._renew_timeout)
 
     async def release(self, lease: Lease, *, handover: bool = False) -> None:
         sql = self._sql.hand_over if handover else self._sql.release
-        async with self._connection("release " + lease.slot.key) as conn:
+
+        async def release(conn: _Connection) -> None:
             await conn.execute(sql, lease.job, lease.slot_ms, lease.token)
+
+        await self._call("release " + lease.slot.key, release)
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         by_job = {policy.name: policy for policy in policies}
@@ -496,8 +544,11 @@ class PostgresBackend(SQLLeaseBackend):
             return []
         attempts = [policy.max_attempts for policy in by_job.values()]
         args = (list(by_job), attempts, instance_id, self._ttl_ms, self._now())
-        async with self._connection("take over slots") as conn:
-            rows = await conn.fetch(self._sql.take_over, *args)
+
+        async def take_over(conn: _Connection) -> list[Row]:
+            return await conn.fetch(self._sql.take_over, *args)
+
+        rows = await self._call("take over slots", take_over)
         leases: list[Lease] = []
         for row in rows:
             if row["leased"]:
@@ -524,14 +575,21 @@ class PostgresBackend(SQLLeaseBackend):
             record.attempt, record.started_at, record.finished_at, record.outcome, record.error,
             job.history_size, history_cutoff(job, self._now()),
         )  # fmt: skip
-        async with self._connection(f"record a run of {job.name}") as conn:
+
+        async def record_run(conn: _Connection) -> None:
             await conn.execute(self._sql.record, *args)
 
+        await self._call(f"record a run of {job.name}", record_run)
+
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
-        cutoff = history_cutoff(job, self._now())
-        async with self._connection(f"read the history of {job.name}") as conn:
-            rows = await conn.fetch(self._sql.history, job.name, cutoff, history_limit(job, limit))
-        return [_run_record(row) for row in rows]
+        args = (job.name, history_cutoff(job, self._now()), history_limit(job, limit))
+
+        async def read(conn: _Connection) -> list[Row]:
+            return await conn.fetch(self._sql.history, *args)
+
+        return [
+            _run_record(row) for row in await self._call(f"read the history of {job.name}", read)
+        ]
 
 
 async def _keep_session(conn: _Connection) -> None:
@@ -558,46 +616,64 @@ def _dead_run(row: Row) -> DeadRun:
     )
 
 
-_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<rest>.*)$", re.DOTALL)
-_PASSWORD_PARAM = re.compile(
-    r"(?P<key>(?:^|[?&\s])password\s*=\s*)(?P<value>'(?:[^'\\]|\\.)*'|[^&\s]*)", re.IGNORECASE
-)
-
-
-def _split_userinfo(dsn: str) -> tuple[str, str, str | None, str] | None:
-    """``(scheme, user, password, rest)`` of a URL DSN with userinfo, else ``None``.
-
-    The userinfo ends at the last ``@`` before the query, so an unescaped ``@`` or ``/`` in a
-    password is still taken as part of it.
-    """
-    match = _USERINFO.match(dsn)
-    if match is None:
-        return None
-    rest = match["rest"]
-    query = rest.find("?")
-    at = rest.rfind("@", 0, query if query >= 0 else len(rest))
-    if at < 0:
-        return None
-    user, colon, password = rest[:at].partition(":")
-    return match["scheme"], user, password if colon else None, rest[at + 1 :]
-
-
 def redact_dsn(dsn: str) -> str:
     """``dsn`` with every password replaced by ``***``: in the userinfo and in parameters."""
-    parts = _split_userinfo(dsn)
-    if parts is not None and parts[2] is not None:
-        scheme, user, _, rest = parts
-        dsn = f"{scheme}{user}:***@{rest}"
-    return _PASSWORD_PARAM.sub(lambda m: m["key"] + "***", dsn)
+    return _redact.redact_url(dsn)
 
 
-def _passwords(dsn: str) -> list[str]:
-    """Every form in which the DSN's passwords could show up in a client's message."""
-    found: list[str] = []
-    parts = _split_userinfo(dsn)
-    if parts is not None and parts[2]:
-        found.append(parts[2])
-    found += [m["value"].strip("'") for m in _PASSWORD_PARAM.finditer(dsn) if m["value"]]
-    variants = {form for secret in found for form in (secret, unquote(secret))}
-    # Longest first, so that a password containing another is replaced whole.
-    return sorted((s for s in variants if s), key=len, reverse=True)
+class _Call(Generic[T]):
+    """One exchange on a pooled connection, run in a task of its own (see ``_bounded``)."""
+
+    def __init__(
+        self, pool: _Pool, exchange: Callable[[_Connection], Awaitable[T]], limit: float
+    ) -> None:
+        self._pool, self._exchange, self._limit = pool, exchange, limit
+        self._conn: _Connection | None = None
+
+    async def run(self) -> T:
+        conn = await self._pool.acquire(timeout=self._limit)
+        self._conn = conn
+        try:
+            return await self._exchange(conn)
+        finally:
+            # After a cancelled statement, asyncpg's release waits this long for the server
+            # to acknowledge the cancellation, then terminates the connection.
+            await self._pool.release(conn, timeout=self._cleanup_s)
+            self._conn = None
+
+    @property
+    def _cleanup_s(self) -> float:
+        return max(self._limit, _CANCEL_WAIT_S)
+
+    def abandon(self, task: asyncio.Task[T]) -> None:
+        """Nobody waits for the answer any more: end the exchange in the background.
+
+        Cancelled first, so that asyncpg asks the server to cancel the statement (a claim
+        stuck behind a lock is then not granted once the lock is free); the connection is
+        terminated if the server has not acknowledged that within ``_CANCEL_WAIT_S``.
+        """
+        if task.done():
+            return
+        task.cancel()
+        asyncio.get_running_loop().call_later(self._cleanup_s, self._terminate, task)
+
+    def _terminate(self, task: asyncio.Task[T]) -> None:
+        conn = self._conn
+        if task.done() or conn is None:
+            return
+        try:
+            conn.terminate()  # sync: the socket is closed; the pool replaces the connection
+        except Exception:  # released meanwhile: nothing left to end
+            logger.debug("terminating an abandoned connection failed", exc_info=True)
+
+
+def _forget(calls: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
+    """A done-callback: drop the task from ``calls`` and retrieve its outcome, so that an
+    abandoned exchange's error is not reported as never retrieved."""
+
+    def done(task: asyncio.Task[Any]) -> None:
+        calls.discard(task)
+        if not task.cancelled():
+            task.exception()
+
+    return done

@@ -59,8 +59,9 @@ from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit
 
+from .. import _redact
 from .._clock import Clock
 from .._durations import Duration, format_duration, parse_duration, to_ms
 from .._exceptions import (
@@ -97,14 +98,7 @@ _CONNECT_DEFAULTS: Mapping[str, Any] = {
 
 def redact_url(url: str) -> str:
     """``url`` with its password replaced by ``***``; for logs, errors and ``repr``."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        host = parts.netloc.rpartition("@")[2]
-        return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
-    except ValueError:  # a malformed URL: show nothing of it rather than risk a secret
-        return "<unparsable URL>"
+    return _redact.redact_url(url)
 
 
 def _escape(job: str) -> str:
@@ -245,6 +239,7 @@ class RabbitMQBackend(ClaimBackend):
     ) -> None:
         super().__init__()
         self._url = _check_url(url, self.name)
+        self._secrets = _secrets(url, connect_options)
         self._slot_ttl = _positive(slot_ttl, "slot_ttl", self.name)
         self._claim_timeout = _positive(claim_timeout, "claim_timeout", self.name)
         self._prefix = _check_prefix(prefix, self.name)
@@ -297,8 +292,15 @@ class RabbitMQBackend(ClaimBackend):
             raise ConfigurationError(
                 f"{self.name} needs aio-pika: {_INSTALL_HINT}", backend=self.name
             ) from exc
-        with self._client_errors(f"connecting to {redact_url(self._url)}"):
-            connection = await aio_pika.connect_robust(self._url, **self._connect_options)
+        self._check_parsable()
+        action = f"connecting to {redact_url(self._url)}"
+        with self._client_errors(action):
+            try:
+                connection = await aio_pika.connect_robust(self._url, **self._connect_options)
+            except ValueError as exc:  # aio-pika refused an option (the URL's query, a keyword)
+                raise ConfigurationError(
+                    f"{self.name}: {action}: {self._describe(exc)}", backend=self.name
+                ) from self._chainable(exc)
         self._connection = connection
         self._pool = _ChannelPool(connection, self._channel_count)
         self._history_ready.clear()
@@ -314,6 +316,26 @@ class RabbitMQBackend(ClaimBackend):
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(5):
                     await connection.close()
+
+    def _check_parsable(self) -> None:
+        """Refuse a URL that aio-pika cannot parse, without the parser's message: it may quote
+        a piece of a password that was cut at an unescaped ``#``, ``/`` or ``?``."""
+        from yarl import URL
+
+        try:
+            URL(self._url).port  # noqa: B018 (older yarl checks the port when it is read)
+        except ValueError:
+            pass
+        else:
+            return
+        # Raised here, outside the except block: no parser error chained to it.
+        raise ConfigurationError(
+            f"url {redact_url(self._url)!r} of {self.name} cannot be parsed: is the port a"
+            " number, and are the reserved characters of the user name and password"
+            " percent-encoded (@ : / ? # [ ] % as %40 %3A %2F %3F %23 %5B %5D %25)?",
+            option="url",
+            backend=self.name,
+        )
 
     def _require_pool(self) -> _ChannelPool:
         if self._pool is None:
@@ -444,6 +466,9 @@ class RabbitMQBackend(ClaimBackend):
         self._history_ready.add(job.name)
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        # The queue may be longer than history_size: it keeps the length it was declared with
+        # (see _declare_history) after history_size was lowered.
+        limit = min(limit, job.history_size)
         if limit <= 0:
             return []
         self._require_pool()
@@ -533,7 +558,7 @@ class RabbitMQBackend(ClaimBackend):
         except TimeoutError as exc:
             raise BackendUnavailableError(
                 f"{self.name}: {action}: no answer from the broker in time"
-            ) from exc
+            ) from self._chainable(exc)
         except (ConnectionError, OSError, ChannelInvalidStateError) as exc:
             raise BackendUnavailableError(
                 f"{self.name}: {action}: no connection to the broker ({self._describe(exc)})"
@@ -544,18 +569,21 @@ class RabbitMQBackend(ClaimBackend):
             ) from self._chainable(exc)
 
     def _describe(self, exc: BaseException) -> str:
-        return f"{type(exc).__name__}: {self._scrub(str(exc))}"
+        return f"{type(exc).__name__}: {_redact.scrub(str(exc), self._secrets)}"
 
     def _chainable(self, exc: BaseException) -> BaseException | None:
-        """``exc`` unless its text carries the password (then the chain would leak it)."""
-        return exc if self._scrub(str(exc)) == str(exc) else None
+        """``exc``, scrubbed of the password in place (with what is chained to it); ``None``
+        if some text of it still carries the password."""
+        return exc if _redact.scrub_exception(exc, self._secrets) else None
 
-    def _scrub(self, text: str) -> str:
-        text = text.replace(self._url, redact_url(self._url))
-        password = urlsplit(self._url).password
-        for secret in {password, unquote(password)} if password else ():
-            text = text.replace(secret, "***")
-        return text
+
+def _secrets(url: str, connect_options: Mapping[str, Any]) -> list[str]:
+    """The forms of the URL's password, and of a ``password=`` keyword for aio-pika."""
+    found = _redact.url_secrets(url)
+    password = connect_options.get("password")
+    if isinstance(password, str) and password:
+        found.append(password)
+    return sorted(set(found), key=len, reverse=True)
 
 
 def _check_url(url: str, backend: str) -> str:

@@ -448,7 +448,9 @@ class SQLiteBackend(SQLLeaseBackend):
         async def renew(conn: aiosqlite.Connection) -> bool:
             return bool(await conn.execute_fetchall(self._sql.renew, params))
 
-        return await self._run("renew " + lease.slot.key, renew)
+        # Within a third of the ttl, not busy_timeout + 5 s (see _renew_timeout): a renewal
+        # waiting that long for another process's write lock would outlive the lease.
+        return await self._run("renew " + lease.slot.key, renew, timeout=self._renew_timeout)
 
     async def release(self, lease: Lease, *, handover: bool = False) -> None:
         params = _lease_params(lease)
