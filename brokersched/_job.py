@@ -134,7 +134,9 @@ class Job:
         """Run the job now, through the claim (``ctx.reason == "manual"``).
 
         Returns the run's record, or ``None`` when the claim was refused (another instance, an
-        overlap) or the backend failed.
+        overlap) or the backend failed. The run's slot is the current instant: on a lease
+        backend, occurrence fencing then refuses an earlier slot nobody has claimed yet (one
+        still inside its jitter window), which is skipped.
         """
         return await self._scheduler._run_manual(self)
 
