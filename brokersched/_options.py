@@ -92,27 +92,24 @@ class JobSettings:
     claim: bool
 
 
-def _from_validation_error(exc: ValidationError, job: str, model: type[BaseModel]) -> Exception:
+def _from_validation_error(
+    exc: ValidationError, model: type[BaseModel], job: str | None
+) -> ConfigurationError:
+    """Pydantic's first error as ours, prefixed with the job (or ``Scheduler``) it belongs to."""
+    owner = f"job '{job}'" if job is not None else "Scheduler"
     error = exc.errors()[0]
     option = str(error["loc"][0]) if error["loc"] else None
     cause = (error.get("ctx") or {}).get("error")
     if isinstance(cause, ConfigurationError):
-        return ConfigurationError(f"job '{job}': {cause}", option=option, job=job)
-    if error["type"] == "extra_forbidden" and option is not None:
+        message = str(cause)
+    elif error["type"] == "extra_forbidden" and option is not None:
         close = difflib.get_close_matches(option, list(model.model_fields), n=1, cutoff=0.5)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         valid = ", ".join(model.model_fields)
-        return ConfigurationError(
-            f"job '{job}': unknown option '{option}'{hint} (valid options: {valid})",
-            option=option,
-            job=job,
-        )
-    value = error.get("input")
-    return ConfigurationError(
-        f"job '{job}': option '{option}' = {value!r} is invalid: {error['msg']}",
-        option=option,
-        job=job,
-    )
+        message = f"unknown option '{option}'{hint} (valid options: {valid})"
+    else:
+        message = f"option '{option}' = {error.get('input')!r} is invalid: {error['msg']}"
+    return ConfigurationError(f"{owner}: {message}", option=option, job=job)
 
 
 def parse_job_options(job: str, options: dict[str, Any]) -> JobOptions:
@@ -120,17 +117,14 @@ def parse_job_options(job: str, options: dict[str, Any]) -> JobOptions:
     try:
         return JobOptions(**options)
     except ValidationError as exc:
-        raise _from_validation_error(exc, job, JobOptions) from None
+        raise _from_validation_error(exc, JobOptions, job) from None
 
 
 def parse_scheduler_options(options: dict[str, Any]) -> SchedulerOptions:
     try:
         return SchedulerOptions(**options)
     except ValidationError as exc:
-        error = _from_validation_error(exc, "*", SchedulerOptions)
-        raise ConfigurationError(
-            str(error).replace("job '*': ", "Scheduler: "), option=getattr(error, "option", None)
-        ) from None
+        raise _from_validation_error(exc, SchedulerOptions, None) from None
 
 
 def check_name(name: object) -> str:
