@@ -316,6 +316,24 @@ async def _create_stream(url: str, config: StreamConfig) -> None:
         await nc.close()
 
 
+@pytest.mark.slow
+async def test_instances_starting_together_on_a_fresh_server_all_start(tmp_path: Path) -> None:
+    """They race to create the streams; the losers check the winner's instead of failing (a
+    fresh NATS 2.9 may answer them "subjects overlap" rather than "name in use")."""
+    for round_ in range(8):
+        async with nats_server(tmp_path / str(round_)) as server:
+            backends = await started(*(NATSBackend(server.url, prefix="rs") for _ in range(3)))
+            await stopped(*backends)
+
+
+async def test_a_foreign_stream_on_our_subjects_is_named(nats_url: str, prefix: str) -> None:
+    await _create_stream(
+        nats_url, StreamConfig(name=f"{prefix}-other", subjects=[f"{prefix}.claim.>"])
+    )
+    with pytest.raises(ConfigurationError, match="another JetStream stream already uses"):
+        await NATSBackend(nats_url, prefix=prefix).start(CLOCK)
+
+
 async def test_memory_claims_stream_is_refused_with_a_fix(nats_url: str, prefix: str) -> None:
     await _create_stream(
         nats_url,

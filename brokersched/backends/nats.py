@@ -87,6 +87,7 @@ _FETCH_TIMEOUT_S = 2.0
 _CONSUMER_IDLE_S = 30.0  # server-side clean-up of a history reader that died mid-read
 _GUARD_DELAYS_S = (0.2, 1.0, 5.0)  # see NATSBackend._start_history_guard
 _ERR_STREAM_NAME_IN_USE = 10058
+_ERR_SUBJECTS_OVERLAP = 10065
 
 # Defaults for nats.connect that suit a scheduler (the caller's connect_options win): reconnect
 # for ever and quickly, so that claiming resumes by itself shortly after NATS returns, and notice
@@ -614,16 +615,27 @@ class NATSBackend(ClaimBackend):
         import nats.js.errors
 
         assert desired.name is not None
-        updated = False
+        updated = overlapped = False
         for _ in range(5):
             try:
                 info = await js.stream_info(desired.name)
             except nats.js.errors.NotFoundError:
+                if overlapped:  # still missing: another stream really holds these subjects
+                    raise ConfigurationError(
+                        f"{_BACKEND}: another JetStream stream already uses the subjects of "
+                        f"{desired.name!r} ({', '.join(desired.subjects or [])}); use another "
+                        "prefix or remove that stream",
+                        option="prefix",
+                        backend=_BACKEND,
+                    ) from None
                 try:
                     await js.add_stream(desired)  # pyright: ignore[reportUnknownMemberType]
                 except nats.js.errors.BadRequestError as exc:
-                    if exc.err_code == _ERR_STREAM_NAME_IN_USE:
-                        continue  # created by another instance meanwhile: check theirs
+                    # Instances starting together race to create it; NATS 2.9 may answer the
+                    # losers "name in use" or "subjects overlap". Either way: check theirs.
+                    if exc.err_code in (_ERR_STREAM_NAME_IN_USE, _ERR_SUBJECTS_OVERLAP):
+                        overlapped = exc.err_code == _ERR_SUBJECTS_OVERLAP
+                        continue
                     raise
                 logger.info("created JetStream stream %s", desired.name)
                 return updated
