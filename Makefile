@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck services bench clean
+.PHONY: demo test test-fast lint typecheck services bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ services:
 
 test: lint typecheck services
 	$(BIN)/pytest
+
+# Seconds, no server: the core on virtual time, validation, cron, typing of the API.
+test-fast: $(STAMP)
+	$(BIN)/pytest --no-servers -m "not slow" -q
 
 bench: $(STAMP) services
 	for script in bench/bench_*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done

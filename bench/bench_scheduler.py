@@ -46,7 +46,7 @@ async def main(jobs: int, idle_s: float) -> None:
         nonlocal finished
         finished += 1
 
-    scheduler.on("complete", count)  # type: ignore[arg-type]
+    scheduler.on("complete", count)
     await scheduler.start()
     gc.collect()
     armed = rss_mb()

@@ -4,23 +4,20 @@ The network backends are imported on first use, so that ``import brokersched`` n
 optional extras (aio-pika, nats-py, asyncpg, aiosqlite).
 """
 
-from __future__ import annotations
+from typing import TYPE_CHECKING
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
+from ._clock import Clock
 from ._context import JobContext
 from ._durations import parse_duration
-from ._events import RunEvent, SkipEvent, StartEvent
+from ._events import ClaimEvent, RunEvent, SkipEvent, StartEvent
 from ._exceptions import (
     BackendError,
     BackendUnavailableError,
     BrokerschedError,
+    ClockSkewError,
     ConfigurationError,
-    LeaseLostError,
 )
-from ._job import Job
-from ._scheduler import Scheduler
+from ._scheduler import Job, Scheduler
 from .abc import RunRecord
 from .backends.memory import MemoryBackend
 from .triggers.cron import parse_cron
@@ -30,21 +27,28 @@ if TYPE_CHECKING:
     from .backends.nats import NATSBackend
     from .backends.postgres import PostgresBackend
     from .backends.rabbitmq import RabbitMQBackend
+    from .backends.redis import RedisBackend, RedisLeaseBackend
     from .backends.sqlite import SQLiteBackend
+
+__version__ = "0.1.0.dev0"
 
 __all__ = [
     "BackendError",
     "BackendUnavailableError",
     "BrokerschedError",
+    "ClaimEvent",
+    "Clock",
+    "ClockSkewError",
     "ConfigurationError",
     "Job",
     "JobContext",
-    "LeaseLostError",
     "MemoryBackend",
     "NATSBackend",
     "PostgresBackend",
     "PrometheusMetrics",
     "RabbitMQBackend",
+    "RedisBackend",
+    "RedisLeaseBackend",
     "RunEvent",
     "RunRecord",
     "SQLiteBackend",
@@ -60,12 +64,31 @@ _LAZY = {
     "PostgresBackend": ".backends.postgres",
     "PrometheusMetrics": "._metrics",
     "RabbitMQBackend": ".backends.rabbitmq",
+    "RedisBackend": ".backends.redis",
+    "RedisLeaseBackend": ".backends.redis",
     "SQLiteBackend": ".backends.sqlite",
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
+    import importlib
+
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'brokersched' has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
+    value: object = getattr(importlib.import_module(module, __name__), name)
+    value.__module__ = __name__
+    globals()[name] = value  # imported once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*__all__, "__version__"])
+
+
+# Public objects say where users import them from: brokersched.Scheduler, not
+# brokersched._scheduler.Scheduler (in reprs, tracebacks and documentation).
+for _name in __all__:
+    if _name not in _LAZY:
+        globals()[_name].__module__ = __name__
+del TYPE_CHECKING, _name

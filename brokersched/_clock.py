@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
@@ -47,22 +48,36 @@ class Timer(Protocol):
 
 
 class Clock(ABC):
-    """The source of time, timers, and the tasks that wait on them."""
+    """The source of time, timers, and the tasks that wait on them.
+
+    Two times: the wall clock (``now_ms``, ``call_at``) places slots, which are instants every
+    instance agrees on; the monotonic clock (``monotonic_ms``, ``call_later``, ``sleep``,
+    ``wait``) measures everything else — lease renewals and deadlines, timeouts, durations,
+    the drain — so that a wall-clock step (NTP, a VM resumed) cannot stretch or shrink them.
+    """
 
     @abstractmethod
     def now_ms(self) -> int:
-        """Milliseconds since the Unix epoch (UTC)."""
+        """Milliseconds since the Unix epoch (UTC), on the wall clock."""
 
     @abstractmethod
     def call_at(self, when_ms: int, callback: Callable[[], object]) -> Timer:
         """Call ``callback`` (from the event loop) once ``now_ms() >= when_ms``."""
+
+    def monotonic_ms(self) -> int:
+        """Milliseconds on a clock that never steps (its origin means nothing)."""
+        return self.now_ms()
+
+    def call_later(self, delay_ms: int, callback: Callable[[], object]) -> Timer:
+        """Call ``callback`` once ``delay_ms`` milliseconds have passed on the monotonic clock."""
+        return self.call_at(self.now_ms() + delay_ms, callback)
 
     def now(self) -> datetime:
         """The current time as an aware UTC datetime."""
         return ms_to_datetime(self.now_ms())
 
     async def sleep_until(self, when_ms: int) -> None:
-        """Return once ``now_ms() >= when_ms``."""
+        """Return once ``now_ms() >= when_ms`` (wall clock)."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         timer = self.call_at(when_ms, lambda: resolve(future))
         try:
@@ -71,12 +86,28 @@ class Clock(ABC):
             timer.cancel()
 
     async def sleep(self, seconds: float) -> None:
-        """Sleep ``seconds`` on this clock."""
-        await self.sleep_until(self.now_ms() + round(seconds * 1000))
+        """Sleep ``seconds`` on the monotonic clock."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        timer = self.call_later(round(seconds * 1000), lambda: resolve(future))
+        try:
+            await future
+        finally:
+            timer.cancel()
+
+    async def wait(self, tasks: Collection[asyncio.Task[Any]], timeout: float) -> None:
+        """Wait until ``tasks`` are done, at most ``timeout`` seconds (monotonic)."""
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
 
     def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
         """Start ``coro`` as a task; a virtual clock tracks it to know when work has settled."""
         return asyncio.get_running_loop().create_task(coro, name=name)
+
+    @contextmanager
+    def blocking(self) -> Iterator[None]:
+        """The current task runs code that may wait on anything (an async handler awaiting an
+        event the test sets later): a virtual clock counts it as settled while it is blocked."""
+        yield
 
 
 class _WallTimer:
@@ -108,10 +139,16 @@ class _WallTimer:
 
 
 class SystemClock(Clock):
-    """The real wall clock."""
+    """The real clocks: ``time.time`` and the event loop's monotonic time."""
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
 
     def call_at(self, when_ms: int, callback: Callable[[], object]) -> Timer:
         return _WallTimer(self, when_ms, callback)
+
+    def monotonic_ms(self) -> int:
+        return time.monotonic_ns() // 1_000_000
+
+    def call_later(self, delay_ms: int, callback: Callable[[], object]) -> Timer:
+        return asyncio.get_running_loop().call_later(max(delay_ms, 0) / 1000, callback)

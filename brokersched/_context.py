@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import datetime
 from typing import Any, Literal
 
-from ._clock import Clock, SystemClock, ms_to_datetime
+from ._clock import Clock, SystemClock, ms_to_datetime, resolve
 from .abc import RunReason
 
 __all__ = ["AbortReason", "JobContext"]
@@ -26,14 +27,18 @@ class _RunAdapter(logging.LoggerAdapter[logging.Logger]):
 class JobContext:
     """The run a handler is doing.
 
-    ``abort_reason`` becomes ``"timeout"``, ``"lock-lost"``, ``"removed"`` or ``"shutdown"`` when
-    the run must stop; async handlers are also cancelled at their next ``await``, sync handlers
-    (run in a worker thread) should watch it.
+    ``abort_reason`` becomes ``"timeout"``, ``"lock-lost"`` or ``"removed"`` when the run must
+    stop at once: async handlers are then cancelled at their next ``await``. It becomes
+    ``"shutdown"`` when the scheduler stops: the handler is told, not cancelled, and may
+    checkpoint and return (``await ctx.wait_aborted()``); only a run still going after
+    ``drain_timeout`` is cancelled. Sync handlers (run in a worker thread) watch
+    ``abort_reason``.
     """
 
     __slots__ = (
+        "_abort_reason",
         "_clock",
-        "abort_reason",
+        "_waiters",
         "attempt",
         "data",
         "instance_id",
@@ -63,7 +68,8 @@ class JobContext:
         self.attempt = attempt
         self.data = data
         self.instance_id = instance_id
-        self.abort_reason: AbortReason | None = None
+        self._abort_reason: AbortReason | None = None
+        self._waiters: set[asyncio.Future[None]] = set()
         self.logger: logging.LoggerAdapter[logging.Logger] = _RunAdapter(
             _logger, {"job": job, "run_id": run_id}
         )
@@ -75,8 +81,36 @@ class JobContext:
         return ms_to_datetime(self.slot_ms)
 
     @property
+    def abort_reason(self) -> AbortReason | None:
+        """Why the run must stop (``None`` while it may go on)."""
+        return self._abort_reason
+
+    @property
     def aborted(self) -> bool:
-        return self.abort_reason is not None
+        return self._abort_reason is not None
+
+    async def wait_aborted(self, timeout: float | None = None) -> bool:
+        """Wait until the run is told to stop, at most ``timeout`` seconds on the scheduler's
+        clock; return whether it was. ``if await ctx.wait_aborted(5): return`` paces a loop
+        that ends as soon as the scheduler stops."""
+        if self._abort_reason is None and (timeout is None or timeout > 0):
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.add(waiter)
+            timer = None
+            if timeout is not None:
+                timer = self._clock.call_later(round(timeout * 1000), lambda: resolve(waiter))
+            try:
+                await waiter
+            finally:
+                self._waiters.discard(waiter)
+                if timer is not None:
+                    timer.cancel()
+        return self._abort_reason is not None
+
+    def _abort(self, reason: AbortReason) -> None:
+        self._abort_reason = reason
+        for waiter in self._waiters:
+            resolve(waiter)
 
     async def sleep(self, seconds: float) -> None:
         """Sleep on the scheduler's clock (virtual under ``TestClock``)."""

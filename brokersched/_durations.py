@@ -15,6 +15,8 @@ Duration = timedelta | int | float | str
 _UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+")
+_ZERO = re.compile(r"0+(?:\.0*)?")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _ACCEPTED = "a timedelta, a number of seconds, or a string like '250ms', '2s', '35m', '1h30m', '1d'"
 
 
@@ -33,8 +35,11 @@ def parse_duration(value: Duration, *, name: str = "duration") -> timedelta:
         result = timedelta(seconds=value)
     elif isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
+        if _ZERO.fullmatch(text):
+            return timedelta(0)  # zero needs no unit
         if not _WHOLE.fullmatch(text):
-            raise ConfigurationError(f"{name} {value!r} is not a duration; use {_ACCEPTED}")
+            hint = f"add a unit, e.g. '{text}s'; " if _NUMBER.fullmatch(text) else ""
+            raise ConfigurationError(f"{name} {value!r} is not a duration; {hint}use {_ACCEPTED}")
         ms = sum(float(number) * _UNITS_MS[unit] for number, unit in _PART.findall(text))
         result = timedelta(milliseconds=ms)
     else:

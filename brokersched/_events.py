@@ -1,19 +1,36 @@
-"""Events a scheduler emits: ``skip``, ``start``, ``complete``, ``fail``."""
+"""Events a scheduler emits — ``skip``, ``start``, ``complete``, ``fail``, ``claim`` — and
+``Events``, which holds the listeners and calls them."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal, get_args
 
 from ._clock import ms_to_datetime
+from ._exceptions import ConfigurationError
+from ._tasks import TaskSet
 from .abc import Outcome, RunReason
 
-__all__ = ["Event", "EventName", "Listener", "RunEvent", "SkipEvent", "SkipReason", "StartEvent"]
+__all__ = [
+    "ClaimEvent",
+    "Event",
+    "EventName",
+    "Events",
+    "Listener",
+    "RunEvent",
+    "SkipEvent",
+    "SkipReason",
+    "StartEvent",
+]
 
-EventName = Literal["skip", "start", "complete", "fail"]
-SkipReason = Literal["late", "overlap", "not-acquired", "paused", "backend-error"]
+logger = logging.getLogger("brokersched")
+
+EventName = Literal["skip", "start", "complete", "fail", "claim"]
+SkipReason = Literal["late", "overlap", "not-acquired", "paused", "backend-error", "clock-skew"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +59,8 @@ class StartEvent(_SlotEvent):
 @dataclass(frozen=True, slots=True)
 class RunEvent(_SlotEvent):
     """``complete`` (outcome ``completed``) or ``fail`` (``failed``, ``timed-out``,
-    ``interrupted``)."""
+    ``interrupted``). ``error`` is the message; ``exception`` the object a handler raised
+    (``None`` for other outcomes)."""
 
     run_id: str
     reason: RunReason
@@ -50,7 +68,50 @@ class RunEvent(_SlotEvent):
     outcome: Outcome
     error: str | None
     duration_ms: int
+    exception: BaseException | None = None
 
 
-Event = SkipEvent | StartEvent | RunEvent
+@dataclass(frozen=True, slots=True)
+class ClaimEvent(_SlotEvent):
+    """A claim was answered (won or not) or failed: which backend, and how long it took."""
+
+    backend: str
+    seconds: float
+
+
+Event = SkipEvent | StartEvent | RunEvent | ClaimEvent
 Listener = Callable[[Event], Awaitable[None] | None]
+
+
+class Events:
+    """The listeners of one scheduler. A listener that raises is logged and never stops the
+    scheduler; an async one runs as a task that ``stop()`` drains."""
+
+    def __init__(self, tasks: TaskSet) -> None:
+        self._tasks = tasks
+        self._listeners: dict[str, list[Callable[[Any], Any]]] = {
+            name: [] for name in get_args(EventName)
+        }
+
+    def on(self, name: str, listener: Callable[[Any], Any]) -> None:
+        if name not in self._listeners:
+            raise ConfigurationError(
+                f"unknown event {name!r}; use one of {', '.join(self._listeners)}", option="event"
+            )
+        self._listeners[name].append(listener)
+
+    def emit(self, name: EventName, event: Event) -> None:
+        for listener in self._listeners[name]:
+            try:
+                result = listener(event)
+                if asyncio.iscoroutine(result):
+                    self._tasks.spawn(_await_listener(result), name=f"brokersched:on:{name}")
+            except Exception:
+                logger.exception("event listener %r failed on %s", listener, name)
+
+
+async def _await_listener(awaitable: Awaitable[object]) -> None:
+    try:
+        await awaitable
+    except Exception:
+        logger.exception("async event listener failed")

@@ -3,8 +3,8 @@
     BrokerschedError
     ├── ConfigurationError (also a ValueError)   bad options, names, schedules: at registration
     ├── BackendError                             a backend could not answer
-    │   └── BackendUnavailableError              ... because it cannot be reached
-    └── LeaseLostError                           a lease could not be renewed
+    │   ├── BackendUnavailableError              ... because it cannot be reached
+    │   └── ClockSkewError                       ... or refused a slot ahead of its clock
 
 Client exceptions (aio-pika, nats-py, asyncpg, aiosqlite) are translated at one boundary in each
 backend and chained with ``raise ... from exc``.
@@ -16,8 +16,8 @@ __all__ = [
     "BackendError",
     "BackendUnavailableError",
     "BrokerschedError",
+    "ClockSkewError",
     "ConfigurationError",
-    "LeaseLostError",
 ]
 
 
@@ -56,5 +56,11 @@ class BackendUnavailableError(BackendError):
     """The backend cannot be reached (connection refused, lost, or timed out)."""
 
 
-class LeaseLostError(BrokerschedError):
-    """A lease could not be renewed: another instance may own the slot now."""
+class ClockSkewError(BackendError):
+    """A lease backend refused a claim for a slot further ahead of its own clock than
+    ``max_clock_skew``: this instance's clock is fast. The slot is skipped (``clock-skew``)."""
+
+    def __init__(self, message: str, *, slot_ms: int, ahead_ms: int) -> None:
+        super().__init__(message)
+        self.slot_ms = slot_ms
+        self.ahead_ms = ahead_ms

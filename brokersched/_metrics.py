@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._events import Event, RunEvent, SkipEvent, StartEvent
+from ._events import ClaimEvent, Event, RunEvent, SkipEvent, StartEvent
 from ._exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ class PrometheusMetrics:
         scheduler.on("complete", on_finish)
         scheduler.on("fail", on_finish)
         scheduler.on("skip", on_skip)
-        scheduler.on_claim(self._observe_claim)
+        scheduler.on("claim", self._observe_claim)
         return self
 
     def _declare(self, label: str) -> None:
@@ -167,5 +167,5 @@ class PrometheusMetrics:
             self.runs.labels(label, outcome)
         self.active.labels(label)
 
-    def _observe_claim(self, backend: str, seconds: float) -> None:
-        self.claim_duration.labels(backend).observe(seconds)
+    def _observe_claim(self, event: ClaimEvent) -> None:
+        self.claim_duration.labels(event.backend).observe(event.seconds)

@@ -190,6 +190,7 @@ def _settings(
         history_ttl=options.history_ttl or defaults.history_ttl,
         overlap=options.overlap or "skip",
         max_attempts=options.max_attempts or 3,
+        retry_window=max(catch_up, options.max_late or defaults.max_late),
     )
     return JobSettings(
         policy=policy,
@@ -229,7 +230,8 @@ def job_errors(
         if option in given and getattr(options, option) is not None and not caps.leases:
             refuse(
                 option,
-                f"option '{option}' needs a lease backend; {backend} only claims slots "
+                f"option '{option}' ({_shown(getattr(options, option))}) needs a lease backend; "
+                f"{backend} only claims slots "
                 "(use SQLiteBackend or PostgresBackend, or guard inside the job)",
                 with_backend=True,
             )
@@ -309,3 +311,8 @@ def _timing_errors(
             )
         )
     return errors
+
+
+def _shown(value: object) -> str:
+    """An option's value as a message shows it: ``1h``, ``'allow'``, ``3``."""
+    return format_duration(value) if isinstance(value, timedelta) else repr(value)

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
-from typing import TYPE_CHECKING, Any
 
-from ._clock import Clock, ms_to_datetime
+from ._clock import Clock, Timer, ms_to_datetime
 from ._context import AbortReason, JobContext
 from ._durations import format_duration, to_ms
-from ._events import RunEvent, StartEvent
-from ._exceptions import BackendError
-from ._job import Job, Run
+from ._events import ClaimEvent, Events, RunEvent, SkipEvent, SkipReason, StartEvent
+from ._exceptions import BackendError, ClockSkewError
+from ._job import JobState, Run
+from ._tasks import TaskSet
 from ._tracing import finish_span, run_span
-from .abc import ClaimBackend, Lease, LeaseBackend, Outcome, RunReason, RunRecord, Slot
-
-if TYPE_CHECKING:
-    from ._scheduler import Scheduler
+from .abc import (
+    Backend,
+    ClaimBackend,
+    Lease,
+    LeaseBackend,
+    Outcome,
+    RunReason,
+    RunRecord,
+    Slot,
+    new_run_id,
+)
 
 __all__ = ["Runner"]
 
@@ -28,6 +34,8 @@ logger = logging.getLogger("brokersched")
 _MIN_CLAIM_TIMEOUT_S = 0.5
 _RELEASE_RETRIES_S = (0.2, 1.0)
 _CLAIM_SLACK_S = 0.25
+# After drain_timeout, cancelled async runs get this long to release their lease and record.
+_CUT_GRACE_S = 2.0
 # A claim-only backend forgets a slot ``slot_memory`` after its first claim; a claim still in
 # flight this close to that moment is not sent (clocks and networks are not exact).
 _SLOT_MEMORY_MARGIN_MS = 1000
@@ -39,105 +47,135 @@ _ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
 }
 
 
-def new_run_id() -> str:
-    return secrets.token_hex(8)
-
-
 class Runner:
-    """Claims and runs slots for one scheduler."""
+    """Claims and runs slots for one scheduler: the life of a slot from its timer on."""
 
-    def __init__(self, scheduler: Scheduler[Any]) -> None:
-        self.scheduler = scheduler
+    def __init__(
+        self, clock: Clock, backend: Backend, instance_id: str, events: Events, tasks: TaskSet
+    ) -> None:
+        self.clock = clock
+        self.backend = backend
+        self.instance_id = instance_id
+        self.events = events
+        self.tasks = tasks
         self.runs: set[Run] = set()
+        self.stopping = False  # drain() has begun: nothing new runs
 
-    @property
-    def clock(self) -> Clock:
-        return self.scheduler.clock
+    def skip(
+        self, job: JobState, slot_ms: int, reason: SkipReason, detail: str | None = None
+    ) -> None:
+        """Log and emit a skip; ``not-acquired`` is at debug level (the fleet has the slot)."""
+        level = logging.DEBUG if reason == "not-acquired" else logging.INFO
+        if reason in ("backend-error", "clock-skew"):
+            level = logging.WARNING
+        late_ms = self.clock.now_ms() - slot_ms
+        logger.log(
+            level,
+            "skip job=%s slot=%d reason=%s late_ms=%d instance_id=%s%s",
+            job.name,
+            slot_ms,
+            reason,
+            late_ms,
+            self.instance_id,
+            f" detail={detail}" if detail else "",
+            extra={
+                "event": "skip",
+                "job": job.name,
+                "slot": slot_ms,
+                "reason": reason,
+                "late_ms": late_ms,
+                "instance_id": self.instance_id,
+            },
+        )
+        if reason == "not-acquired":  # another instance has it: the fleet is handling the job
+            job.last_ok_ms = max(job.last_ok_ms or slot_ms, slot_ms)
+        self.events.emit("skip", SkipEvent(job.name, slot_ms, reason, detail))
 
     # -- claim ---------------------------------------------------------------------------
 
-    async def run_slot(self, job: Job, slot_ms: int, reason: RunReason) -> RunRecord | None:
+    async def run_slot(self, job: JobState, slot_ms: int, reason: RunReason) -> RunRecord | None:
         """Steps 3-6 of a slot's life; returns the record of the run, or ``None`` if skipped."""
-        scheduler = self.scheduler
         if reason == "schedule" and self._late(job, slot_ms):
-            scheduler.skip(job, slot_ms, "late")
+            self.skip(job, slot_ms, "late")
             return None
         if job.paused and reason == "schedule":
-            scheduler.skip(job, slot_ms, "paused")
+            self.skip(job, slot_ms, "paused")
             return None
         if not job.settings.claim:
             if job.settings.policy.overlap == "skip" and job.runs:
-                scheduler.skip(job, slot_ms, "overlap")
+                self.skip(job, slot_ms, "overlap")
                 return None
             return await self.execute(job, slot_ms, None, reason=reason)
         run_id = new_run_id()
         timeout = self._claim_timeout(job, slot_ms)
         if timeout <= 0:
-            scheduler.skip(job, slot_ms, "late", detail="the backend's slot memory is ending")
+            self.skip(job, slot_ms, "late", detail="the backend's slot memory is ending")
             return None
-        began, leased_ms = time.perf_counter(), self.clock.now_ms()
+        began, leased_ms = time.perf_counter(), self.clock.monotonic_ms()
         try:
             # The backend's own deadline comes first; this one only bounds a backend that hangs.
             async with asyncio.timeout(timeout + _CLAIM_SLACK_S):
                 lease = await self._claim(job, Slot(job.name, slot_ms), run_id, reason, timeout)
+        except ClockSkewError as exc:  # this instance's clock is fast: it claims nothing
+            self.skip(job, slot_ms, "clock-skew", detail=str(exc))
+            return None
         except (BackendError, TimeoutError) as exc:
-            scheduler.skip(job, slot_ms, "backend-error", detail=str(exc) or type(exc).__name__)
+            self.skip(job, slot_ms, "backend-error", detail=str(exc) or type(exc).__name__)
             return None
         except Exception as exc:  # a backend bug must not stop the scheduler either
             logger.exception("claim of %s:%d failed unexpectedly", job.name, slot_ms)
-            scheduler.skip(job, slot_ms, "backend-error", detail=type(exc).__name__)
+            self.skip(job, slot_ms, "backend-error", detail=type(exc).__name__)
             return None
         finally:
-            scheduler.observe_claim(time.perf_counter() - began)
+            seconds = time.perf_counter() - began
+            self.events.emit("claim", ClaimEvent(job.name, slot_ms, self.backend.name, seconds))
         if isinstance(lease, str):
             if reason == "catch-up":  # nothing was missed after all: not worth an event
                 logger.debug("no catch-up for %s:%d (%s)", job.name, slot_ms, lease)
             else:
-                scheduler.skip(job, slot_ms, lease)  # type: ignore[arg-type]
+                self.skip(job, slot_ms, lease)  # type: ignore[arg-type]
             return None
         if not self._still_wanted(job, reason):
             # Stopped, removed or paused while the claim was in flight: another instance may
             # still run the slot (a lease is handed over; a claim-only slot is lost, at most once).
             if lease is not None:
-                await self._release(lease, handover=True)
+                await self.release(lease, handover=True)
             logger.info("claimed %s:%d but no longer runs it here", job.name, slot_ms)
             return None
         if reason == "schedule" and self._late(job, slot_ms):
             # A slow claim: the slot stays claimed, so no other instance runs it late either.
             if lease is not None:
-                await self._release(lease, handover=False)
-            scheduler.skip(job, slot_ms, "late", detail="claim answered too late")
+                await self.release(lease, handover=False)
+            self.skip(job, slot_ms, "late", detail="claim answered too late")
             return None
         return await self.execute(
             job, slot_ms, lease, reason=reason, run_id=run_id, leased_ms=leased_ms
         )
 
-    def _still_wanted(self, job: Job, reason: RunReason) -> bool:
-        scheduler = self.scheduler
-        if scheduler.stopping or scheduler.get(job.name) is not job:
+    def _still_wanted(self, job: JobState, reason: RunReason) -> bool:
+        if self.stopping or job.removed:
             return False
         return not (job.paused and reason == "schedule")
 
-    def _late(self, job: Job, slot_ms: int) -> bool:
+    def _late(self, job: JobState, slot_ms: int) -> bool:
         return bool(self.clock.now_ms() - slot_ms > job.settings.max_late_ms)
 
-    def _claim_timeout(self, job: Job, slot_ms: int) -> float:
+    def _claim_timeout(self, job: JobState, slot_ms: int) -> float:
         """What is left of ``max_late``, at least a moment, but never past the end of a
         claim-only backend's memory of the slot: a claim landing after it could win again."""
         now = self.clock.now_ms()
         left_s = max((slot_ms + job.settings.max_late_ms - now) / 1000, _MIN_CLAIM_TIMEOUT_S)
-        memory = self.scheduler.backend.capabilities.slot_memory
+        memory = self.backend.capabilities.slot_memory
         if memory is not None:
             forgotten_ms = slot_ms + to_ms(memory) - _SLOT_MEMORY_MARGIN_MS
             left_s = min(left_s, (forgotten_ms - now) / 1000)
         return left_s
 
     async def _claim(
-        self, job: Job, slot: Slot, run_id: str, reason: RunReason, timeout: float
+        self, job: JobState, slot: Slot, run_id: str, reason: RunReason, timeout: float
     ) -> Lease | str | None:
         """A lease (lease backends), ``None`` (a won claim), or the skip reason."""
-        backend = self.scheduler.backend
-        instance_id = self.scheduler.instance_id
+        backend, instance_id = self.backend, self.instance_id
         if isinstance(backend, LeaseBackend):
             return await backend.acquire(
                 slot,
@@ -155,7 +193,7 @@ class Runner:
 
     async def execute(
         self,
-        job: Job,
+        job: JobState,
         slot_ms: int,
         lease: Lease | None,
         *,
@@ -163,7 +201,8 @@ class Runner:
         run_id: str | None = None,
         leased_ms: int | None = None,
     ) -> RunRecord | None:
-        """Run a claimed slot. ``leased_ms``: when the request that got ``lease`` was sent."""
+        """Run a claimed slot. ``leased_ms``: when the request that got ``lease`` was sent, on
+        the monotonic clock."""
         task = asyncio.current_task()
         assert task is not None
         ctx = JobContext(
@@ -173,30 +212,32 @@ class Runner:
             reason=lease.reason if lease else reason or "schedule",
             attempt=lease.attempt if lease else 1,
             data=job.settings.data,
-            instance_id=self.scheduler.instance_id,
+            instance_id=self.instance_id,
             clock=self.clock,
         )
-        run = Run(ctx, task, lease, self.clock.now_ms(), job)
+        run = Run(ctx, task, lease, self.clock.now_ms(), self.clock.monotonic_ms(), job)
         job.runs[ctx.run_id] = run
         self.runs.add(run)
         renewer = None
         if lease is not None:
-            renewer = _Renewer(self, run, run.started_ms if leased_ms is None else leased_ms)
+            renewer = _Renewer(self, run, run.started_mono if leased_ms is None else leased_ms)
+            run.renewer = renewer
         try:
-            self.scheduler.emit(
+            self.events.emit(
                 "start", StartEvent(job.name, slot_ms, ctx.run_id, ctx.reason, ctx.attempt)
             )
             outcome, error = await self._run_handler(run)
             if run.abandoned:
                 return None  # stop() gave up waiting for it; the lease is left to expire
-            if lease is not None and ctx.abort_reason != "lock-lost":
+            lost = lease is not None and ctx.abort_reason == "lock-lost"
+            if lease is not None and not lost:
                 # Only a run cut short at an await by a graceful stop is offered to another
-                # instance; a handler that returned or raised has done what it will do. A lost
-                # lease is not ours to release: it expires, and the slot is retried as a run
-                # whose runner died.
+                # instance; a handler that returned or raised has done what it will do.
                 handover = run.cut and ctx.abort_reason == "shutdown"
-                await self._release(lease, handover=handover, renewer=renewer)
-            return await self._finish(job, run, outcome, error)
+                await self.release(lease, handover=handover, renewer=renewer)
+            # A lost lease is not ours to release or record: it expires, and the instance that
+            # takes the slot over records this attempt (once) and retries it.
+            return await self._finish(job, run, outcome, error, record=not lost)
         finally:
             if renewer is not None and not run.abandoned:
                 renewer.cancel()
@@ -207,8 +248,7 @@ class Runner:
         timeout = run.job.settings.timeout
         watchdog = None
         if timeout is not None:
-            due = run.started_ms + to_ms(timeout)
-            watchdog = self.clock.call_at(due, lambda: self.abort(run, "timeout"))
+            watchdog = self.clock.call_later(to_ms(timeout), lambda: self.abort(run, "timeout"))
         try:
             with run_span(run.ctx) as span:
                 outcome, error = await self._call(run)
@@ -224,7 +264,8 @@ class Runner:
         error: str | None = None
         try:
             if job.is_async:
-                await job.handler(ctx)  # type: ignore[misc]
+                with self.clock.blocking():  # a handler may wait on anything (TestClock settles)
+                    await job.handler(ctx)  # type: ignore[misc]
             else:
                 await asyncio.to_thread(job.handler, ctx)
         except asyncio.CancelledError:
@@ -234,6 +275,7 @@ class Runner:
             run.cut = True
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
+            run.exception = exc
         if ctx.abort_reason is not None and not run.cut and run.task.cancelling():
             run.task.uncancel()  # the handler swallowed our cancellation
         if ctx.abort_reason == "timeout":
@@ -244,20 +286,25 @@ class Runner:
         return ("failed", error) if error is not None else ("completed", None)
 
     def abort(self, run: Run, reason: AbortReason) -> None:
-        """Ask a run to stop: ``ctx.abort_reason`` for everyone, cancellation for async ones."""
-        if run.ctx.abort_reason is not None or run.finishing or run.task.done():
+        """Tell a run to stop: ``ctx.abort_reason`` for everyone; an async handler is also
+        cancelled, except on ``shutdown``, which lets it finish (see ``drain``). A timeout or a
+        lost lease during the drain still cancels it."""
+        told = run.ctx.abort_reason
+        if run.finishing or run.task.done() or told not in (None, "shutdown"):
             return
-        run.ctx.abort_reason = reason
-        if run.job.is_async:  # a thread cannot be cancelled: sync handlers watch abort_reason
-            run.task.cancel()
+        if told == "shutdown" and reason == "shutdown":
+            return
+        run.ctx._abort(reason)
+        if run.job.is_async and reason != "shutdown":
+            run.task.cancel()  # a thread cannot be cancelled: sync handlers watch abort_reason
 
-    async def _release(
+    async def release(
         self, lease: Lease, *, handover: bool, renewer: _Renewer | None = None
     ) -> None:
         """End a lease. A lease left to expire while marked running looks like a dead runner
         and another instance would run the slot again, so a failed release is retried for as
         long as the renewer still holds the lease (a few times when there is none)."""
-        backend = self.scheduler.backend
+        backend = self.backend
         assert isinstance(backend, LeaseBackend)
         tries = 0
         while True:
@@ -274,11 +321,13 @@ class Runner:
                 delay = _RELEASE_RETRIES_S[min(tries, len(_RELEASE_RETRIES_S)) - 1]
                 await self.clock.sleep(delay)
 
-    async def _finish(self, job: Job, run: Run, outcome: Outcome, error: str | None) -> RunRecord:
-        scheduler = self.scheduler
+    async def _finish(
+        self, job: JobState, run: Run, outcome: Outcome, error: str | None, *, record: bool = True
+    ) -> RunRecord:
         ctx = run.ctx
         finished_ms = self.clock.now_ms()
-        record = RunRecord(
+        duration_ms = self.clock.monotonic_ms() - run.started_mono
+        entry = RunRecord(
             job=job.name,
             slot_ms=ctx.slot_ms,
             run_id=ctx.run_id,
@@ -291,20 +340,32 @@ class Runner:
             error=error,
         )
         try:
-            await scheduler.backend.record(job.settings.policy, record)
+            if record:
+                await self.backend.record(job.settings.policy, entry)
         except Exception as exc:
             logger.warning("could not record run %s of %s: %s", ctx.run_id, job.name, exc)
         if outcome == "completed":
             job.last_ok_ms = finished_ms
-        duration_ms = finished_ms - run.started_ms
-        self._log(record, duration_ms, run.started_ms - ctx.slot_ms)
+        self._log(entry, duration_ms, run.started_ms - ctx.slot_ms, run.exception)
         event = RunEvent(
-            job.name, ctx.slot_ms, ctx.run_id, ctx.reason, ctx.attempt, outcome, error, duration_ms
+            job.name,
+            ctx.slot_ms,
+            ctx.run_id,
+            ctx.reason,
+            ctx.attempt,
+            outcome,
+            error,
+            duration_ms,
+            run.exception,
         )
-        scheduler.emit("complete" if outcome == "completed" else "fail", event)
-        return record
+        self.events.emit("complete" if outcome == "completed" else "fail", event)
+        return entry
 
-    def _log(self, record: RunRecord, duration_ms: int, late_ms: int) -> None:
+    def _log(
+        self, record: RunRecord, duration_ms: int, late_ms: int, exception: BaseException | None
+    ) -> None:
+        """One line per run; a handler's exception adds its traceback to that line (the history
+        record keeps only the message)."""
         fields = {
             "event": "run",
             "job": record.job,
@@ -322,36 +383,37 @@ class Runner:
             text += f" error={record.error!r}"
         fields["error"] = record.error
         level = logging.INFO if record.outcome == "completed" else logging.WARNING
-        logger.log(level, "run %s", text, extra=fields)
+        logger.log(level, "run %s", text, extra=fields, exc_info=exception)
 
     # -- drain ---------------------------------------------------------------------------
 
     async def drain(self, timeout_s: float) -> None:
-        """Abort every run (``shutdown``), wait up to ``timeout_s`` for them and for claims in
-        flight, record what is left."""
+        """Tell every run to stop (``shutdown``) and wait up to ``timeout_s`` for them, and for
+        claims in flight, to finish: a run that returns meanwhile is recorded as it returned.
+        Then async runs still going are cancelled (``interrupted``, handed over on a lease
+        backend) and sync ones abandoned."""
+        self.stopping = True
         for run in list(self.runs):
             self.abort(run, "shutdown")
-        for task in self.scheduler._background:
-            task.cancel()
-        pending = {task for task in self.scheduler._tasks if not task.done()}
-        if pending:
-            await asyncio.wait(pending, timeout=timeout_s)
+        await self.clock.wait(self.tasks.pending(), timeout_s)
+        cut = {run.task for run in self.runs if run.job.is_async and not run.task.done()}
+        for task in cut:
+            task.cancel()  # drain_timeout is over
+        await self.clock.wait(cut, _CUT_GRACE_S)  # their release and record
         abandoned = [run for run in self.runs if not run.task.done()]
         for run in abandoned:
             run.abandoned = True
+            if run.renewer is not None:
+                run.renewer.cancel()  # the lease expires; the slot is then taken over
             detail = f"abandoned: still running after drain_timeout ({timeout_s:g}s)"
             if run.lease is None:
                 await self._finish(run.job, run, "interrupted", detail)
-            else:  # its lease is kept: once it expires, the taker records the run interrupted
-                logger.warning(
-                    "run job=%s run_id=%s slot=%d %s; its lease expires and the slot is taken over",
-                    run.job.name,
-                    run.ctx.run_id,
-                    run.ctx.slot_ms,
-                    detail,
-                )
+            else:  # the lease is left to expire; the instance that takes the slot over records it
+                detail += "; its lease expires and the slot is taken over"
+                await self._finish(run.job, run, "interrupted", detail, record=False)
+        self.tasks.cancel_background()
         tasks = {run.task for run in abandoned}
-        for task in self.scheduler._tasks:
+        for task in self.tasks.pending():
             if task not in tasks:
                 task.cancel()  # a claim or a listener that did not answer in time
 
@@ -366,7 +428,7 @@ class _Renewer:
     """
 
     def __init__(self, runner: Runner, run: Run, leased_ms: int) -> None:
-        backend = runner.scheduler.backend
+        backend = runner.backend
         assert isinstance(backend, LeaseBackend)
         assert run.lease is not None
         self._runner = runner
@@ -379,16 +441,16 @@ class _Renewer:
         self._margin_ms = max(self._ttl_ms // 10, 5)
         self.lost = False
         self._cancelled = False
-        self._timer = self._clock.call_at(self._clock.now_ms() + self._period_ms, self._due)
-        self._deadline = self._clock.call_at(leased_ms + self._ttl_ms - self._margin_ms, self._lose)
+        self._timer = self._clock.call_later(self._period_ms, self._due)
+        self._deadline = self._lose_at(leased_ms)
 
     def _due(self) -> None:
         if not self._cancelled:
             name = f"renew:{self._lease.slot.key}"
-            self._runner.scheduler._spawn(self._renew(), name=name, drained=False)
+            self._runner.tasks.spawn(self._renew(), name=name, drained=False)
 
     async def _renew(self) -> None:
-        sent_ms = self._clock.now_ms()
+        sent_ms = self._clock.monotonic_ms()
         try:
             ok = await self._backend.renew(self._lease)
         except Exception as exc:
@@ -400,9 +462,14 @@ class _Renewer:
             self._lose()
             return
         self._deadline.cancel()
+        self._deadline = self._lose_at(sent_ms)
+        self._timer = self._clock.call_later(self._period_ms, self._due)
+
+    def _lose_at(self, sent_ms: int) -> Timer:
+        """Abort shortly before the lease granted by a request sent at ``sent_ms`` (monotonic)
+        can have expired in the store."""
         due = sent_ms + self._ttl_ms - self._margin_ms
-        self._deadline = self._clock.call_at(due, self._lose)
-        self._timer = self._clock.call_at(self._clock.now_ms() + self._period_ms, self._due)
+        return self._clock.call_later(due - self._clock.monotonic_ms(), self._lose)
 
     def _lose(self) -> None:
         if self._cancelled or self.lost:

@@ -1,4 +1,6 @@
-"""``Scheduler``: registration, the timer heap, the life of a slot, runs, drain."""
+"""``Scheduler`` and ``Job``: registration, the timer heap that arms every job, catch-up and
+take-over, manual runs, the life cycle (``start``, ``stop``, ``serve``). A slot's life from its
+timer on is ``_runner.py``'s."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ import logging
 import os
 import random
 import secrets
+import signal
 import socket
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime, timedelta
@@ -18,11 +22,11 @@ from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar, Unpack, overload
 
 from . import _runner
-from ._clock import Clock, SystemClock, Timer
+from ._clock import Clock, SystemClock, Timer, ms_to_datetime
 from ._durations import Duration, parse_duration, to_ms
-from ._events import Event, EventName, Listener, SkipEvent, SkipReason
-from ._exceptions import ConfigurationError
-from ._job import Handler, Job
+from ._events import ClaimEvent, EventName, Events, RunEvent, SkipEvent, StartEvent
+from ._exceptions import BackendError, ConfigurationError
+from ._job import Handler, JobState
 from ._options import (
     JobOptions,
     JobSettings,
@@ -33,6 +37,7 @@ from ._options import (
     parse_scheduler_options,
     resolve_job,
 )
+from ._tasks import TaskSet
 from ._typing import (
     ClaimAtOptions,
     ClaimCronOptions,
@@ -48,14 +53,18 @@ from .triggers.base import Trigger
 from .triggers.cron import parse_cron
 from .triggers.interval import IntervalTrigger
 
-__all__ = ["Scheduler"]
+__all__ = ["Job", "Scheduler"]
 
 B = TypeVar("B", bound=Backend)
 LB = TypeVar("LB", bound=LeaseBackend)
 H = TypeVar("H", bound=Handler)
+# Listeners, per event (concrete types, so that a lambda's parameter is typed too).
+OnSkip = Callable[[SkipEvent], Awaitable[None] | None]
+OnStart = Callable[[StartEvent], Awaitable[None] | None]
+OnRun = Callable[[RunEvent], Awaitable[None] | None]
+OnClaim = Callable[[ClaimEvent], Awaitable[None] | None]
 
 logger = logging.getLogger("brokersched")
-_EVENTS: tuple[EventName, ...] = ("skip", "start", "complete", "fail")
 
 
 _COLLECTING: ContextVar[bool] = ContextVar("brokersched_collecting", default=False)
@@ -131,23 +140,24 @@ class Scheduler(Generic[B]):
         self.clock: Clock = clock or SystemClock()
         self.instance_id = self.options.instance_id or _default_instance_id()
         self._jobs: dict[str, Job] = {}
-        self._listeners: dict[EventName, list[Listener]] = {name: [] for name in _EVENTS}
-        self._heap: list[tuple[int, int, int, Job]] = []  # (due_ms, seq, slot_ms, job)
+        self._heap: list[tuple[int, int, int, JobState]] = []  # (due_ms, seq, slot_ms, job)
         self._seq = itertools.count()
         self._timer: Timer | None = None
         self._timer_ms: int | None = None
         self._sweep_timer: Timer | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._background: set[asyncio.Task[Any]] = set()  # renewals: cancelled by stop()
+        self._tasks = TaskSet(self.clock)
         self._random = random.Random()
         self._started = False
         self._stopping = False
         self._stopped = asyncio.Event()
         self._lifecycle = asyncio.Lock()
-        self._runner = _runner.Runner(self)
-        self._claim_observers: list[Callable[[str, float], None]] = []
+        self._events = Events(self._tasks)
+        self._runner = _runner.Runner(
+            self.clock, self.backend, self.instance_id, self._events, self._tasks
+        )
         self._refused: list[ConfigurationError] = []  # see collect_errors()
         self._started_ms: int | None = None
+        self._watcher: asyncio.Task[None] | None = None
 
     # -- registration ------------------------------------------------------------------------
 
@@ -284,10 +294,10 @@ class Scheduler(Generic[B]):
                 )
             if name in self._jobs:
                 raise ConfigurationError(f"job name '{name}' is taken", option="name", job=name)
-            job = Job(self, name, kind, trigger, function, settings, job_options, make_trigger)
-            self._jobs[name] = job
+            state = JobState(name, kind, trigger, function, settings, job_options, make_trigger)
+            job = self._jobs[name] = Job(self, state)
             if self._started and not self._stopping:
-                self._spawn(self._prepare_and_arm(job), name=f"brokersched:add:{name}")
+                self._spawn(self._prepare_and_arm(state), name=f"brokersched:add:{name}")
             return job
 
         if handler is not None:
@@ -305,10 +315,10 @@ class Scheduler(Generic[B]):
         kind: Literal["every", "cron", "at"],
         make_trigger: Callable[[JobOptions], Trigger],
         options: dict[str, Any],
-        replacing: Job | None = None,
+        replacing: JobState | None = None,
     ) -> tuple[str, Trigger, JobSettings, JobOptions]:
         name = check_name(name)
-        if name in self._jobs and self._jobs[name] is not replacing:
+        if name in self._jobs and self._jobs[name]._state is not replacing:
             raise ConfigurationError(
                 f"job name '{name}' is taken: {self._jobs[name]!r} is registered already",
                 option="name",
@@ -325,15 +335,14 @@ class Scheduler(Generic[B]):
         )
         return name, trigger, settings, job_options
 
-    def _update(self, job: Job, options: dict[str, Any]) -> None:
+    def _update(self, job: JobState, options: dict[str, Any]) -> None:
         merged = {**job.options.model_dump(exclude_unset=True), **options}
         _, trigger, settings, job_options = self._validate(
             job.name, job.kind, job.make_trigger, merged, replacing=job
         )
         job.schedule, job.settings, job.options = trigger, settings, job_options
         if job.armed_ms is not None:  # re-arm: the schedule or the jitter may have changed
-            job.armed_ms = None
-            self._arm(job)
+            self._rearm(job)
         if self._started and not self._stopping:
             self._spawn(
                 self.backend.prepare([settings.policy]), name=f"brokersched:update:{job.name}"
@@ -345,7 +354,7 @@ class Scheduler(Generic[B]):
         the scheduler's current backend and defaults."""
         caps, backend = self.backend.capabilities, self.backend.name
         errors: list[ConfigurationError] = list(self._refused)
-        for job in self._jobs.values():
+        for job in self._states():
             gap = job.schedule.min_gap()
             errors += job_errors(job.name, job.kind, gap, job.options, self.options, caps, backend)
         return errors
@@ -358,80 +367,38 @@ class Scheduler(Generic[B]):
     def jobs(self) -> list[Job]:
         return list(self._jobs.values())
 
+    def _states(self) -> list[JobState]:
+        return [job._state for job in self._jobs.values()]
+
     def remove(self, name: str, abort: bool = False) -> Job:
         """Unregister ``name``; with ``abort``, its runs here are aborted (reason ``removed``)."""
         job = self._jobs.pop(name, None)
         if job is None:
             raise KeyError(f"no job named '{name}' (registered: {', '.join(self._jobs) or 'none'})")
-        job.armed_ms = None
+        state = job._state
+        state.armed_ms = None
+        state.removed = True
         if abort:
-            for run in list(job.runs.values()):
+            for run in list(state.runs.values()):
                 self._runner.abort(run, "removed")
         return job
 
     # -- events ----------------------------------------------------------------------------
 
-    def on(self, event: EventName, listener: Listener) -> Listener:
-        """Call ``listener`` (sync or async) for every ``event``: skip, start, complete, fail."""
-        if event not in self._listeners:
-            raise ConfigurationError(
-                f"unknown event {event!r}; use one of {', '.join(_EVENTS)}", option="event"
-            )
-        self._listeners[event].append(listener)
+    @overload
+    def on(self, event: Literal["skip"], listener: OnSkip) -> OnSkip: ...
+    @overload
+    def on(self, event: Literal["start"], listener: OnStart) -> OnStart: ...
+    @overload
+    def on(self, event: Literal["complete", "fail"], listener: OnRun) -> OnRun: ...
+    @overload
+    def on(self, event: Literal["claim"], listener: OnClaim) -> OnClaim: ...
+    def on(self, event: EventName, listener: Any) -> Any:
+        """Call ``listener`` (sync or async) for every ``event``: ``skip`` (a ``SkipEvent``),
+        ``start`` (a ``StartEvent``), ``complete`` and ``fail`` (a ``RunEvent``), ``claim`` (a
+        ``ClaimEvent``: how long each claim took)."""
+        self._events.on(event, listener)
         return listener
-
-    def emit(self, name: EventName, event: Event) -> None:
-        for listener in self._listeners[name]:
-            try:
-                result = listener(event)
-                if asyncio.iscoroutine(result):
-                    self._spawn(self._await_listener(result), name=f"brokersched:on:{name}")
-            except Exception:
-                logger.exception("event listener %r failed on %s", listener, name)
-
-    async def _await_listener(self, awaitable: Any) -> None:
-        try:
-            await awaitable
-        except Exception:
-            logger.exception("async event listener failed")
-
-    def skip(self, job: Job, slot_ms: int, reason: SkipReason, detail: str | None = None) -> None:
-        level = logging.DEBUG if reason == "not-acquired" else logging.INFO
-        if reason == "backend-error":
-            level = logging.WARNING
-        late_ms = self.clock.now_ms() - slot_ms
-        logger.log(
-            level,
-            "skip job=%s slot=%d reason=%s late_ms=%d instance_id=%s%s",
-            job.name,
-            slot_ms,
-            reason,
-            late_ms,
-            self.instance_id,
-            f" detail={detail}" if detail else "",
-            extra={
-                "event": "skip",
-                "job": job.name,
-                "slot": slot_ms,
-                "reason": reason,
-                "late_ms": late_ms,
-                "instance_id": self.instance_id,
-            },
-        )
-        if reason == "not-acquired":  # another instance has it: the fleet is handling the job
-            job.last_ok_ms = max(job.last_ok_ms or slot_ms, slot_ms)
-        self.emit("skip", SkipEvent(job.name, slot_ms, reason, detail))
-
-    def on_claim(self, observer: Callable[[str, float], None]) -> None:
-        """Call ``observer(backend_name, seconds)`` after every claim (for metrics)."""
-        self._claim_observers.append(observer)
-
-    def observe_claim(self, seconds: float) -> None:
-        for observer in self._claim_observers:
-            try:
-                observer(self.backend.name, seconds)
-            except Exception:
-                logger.exception("claim observer %r failed", observer)
 
     def overdue(self) -> list[Job]:
         """Armed jobs whose second slot after their last handled run (or the start) has passed
@@ -442,11 +409,12 @@ class Scheduler(Generic[B]):
         now = self.clock.now_ms()
         late: list[Job] = []
         for job in self._jobs.values():
-            if job.paused or job.armed_ms is None or self._started_ms is None:
+            state = job._state
+            if state.paused or state.armed_ms is None or self._started_ms is None:
                 continue
-            first = job.schedule.next_ms(max(job.last_ok_ms or 0, self._started_ms))
-            second = job.schedule.next_ms(first) if first is not None else None
-            if second is not None and now > second + job.settings.max_late_ms:
+            first = state.schedule.next_ms(max(state.last_ok_ms or 0, self._started_ms))
+            second = state.schedule.next_ms(first) if first is not None else None
+            if second is not None and now > second + state.settings.max_late_ms:
                 late.append(job)
         return late
 
@@ -455,25 +423,47 @@ class Scheduler(Generic[B]):
     async def start(self) -> None:
         """Connect the backend and arm every job."""
         async with self._lifecycle:
-            if not self._started:
-                await self._start()
+            if self._started:
+                raise RuntimeError(
+                    "the scheduler is started already: call start() once (or use "
+                    "`async with scheduler`, not both), and stop() before starting it again"
+                )
+            await self._start()
+            self._watcher = asyncio.get_running_loop().create_task(
+                self._watch_exit(), name="brokersched:unstopped"
+            )
+
+    async def _watch_exit(self) -> None:
+        """Says so when the event loop ends while the scheduler runs: ``asyncio.run()`` cancels
+        the tasks it leaves, and armed jobs and running handlers vanish without a word."""
+        try:
+            await self._stopped.wait()
+        except asyncio.CancelledError:
+            if self._started:
+                logger.warning(
+                    "the event loop is closing but the scheduler was never stopped: runs in "
+                    "progress are cut off unrecorded; call `await scheduler.stop()` before "
+                    "leaving, or use `async with scheduler:` or `await scheduler.serve()`"
+                )
+            raise
 
     async def _start(self) -> None:
         await self.backend.start(self.clock)
         try:
-            await self.backend.prepare([job.settings.policy for job in self._jobs.values()])
+            await self.backend.prepare([job.settings.policy for job in self._states()])
         except BaseException:
             await self.backend.stop()
             raise
         self._started, self._stopping = True, False
+        self._runner.stopping = False
         self._started_ms = self.clock.now_ms()
         self._stopped.clear()
-        for job in self._jobs.values():
+        for job in self._states():
             self._arm(job)
         if isinstance(self.backend, LeaseBackend):
             self._catch_up()
             self._spawn(self._sweep(), name="brokersched:take-over")  # hand-overs wait for no one
-            self._schedule_sweep(self.clock.now_ms())
+            self._schedule_sweep()
 
     async def stop(self) -> None:
         """Disarm, abort running handlers (``shutdown``), drain up to ``drain_timeout``."""
@@ -488,7 +478,7 @@ class Scheduler(Generic[B]):
                 timer.cancel()
         self._timer = self._sweep_timer = self._timer_ms = None
         self._heap.clear()
-        for job in self._jobs.values():
+        for job in self._states():
             job.armed_ms = None
         try:
             await self._runner.drain(self.options.drain_timeout.total_seconds())
@@ -503,7 +493,56 @@ class Scheduler(Generic[B]):
 
     async def wait_stopped(self) -> None:
         """Wait until ``stop()`` has finished."""
+        if not self._started and not self._stopped.is_set():
+            raise RuntimeError(
+                "wait_stopped() before start() would wait for ever: start the scheduler first "
+                "(`async with scheduler: await scheduler.wait_stopped()`)"
+            )
         await self._stopped.wait()
+
+    async def serve(self) -> None:
+        """Start, run until SIGINT or SIGTERM (or ``stop()``), then stop and drain: the main of a
+        process that only schedules, ``asyncio.run(scheduler.serve())``. A signal during the
+        start stops the scheduler once it has started (a connection is never cut half-made);
+        after the first signal the default handlers are back, so a second Ctrl-C interrupts the
+        drain. A backend that cannot be reached at start is one error line and exit status 3."""
+        loop = asyncio.get_running_loop()
+        requested = asyncio.Event()
+        installed: list[signal.Signals] = []
+
+        def restore() -> None:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+            installed.clear()
+
+        def on_signal(signum: signal.Signals) -> None:
+            logger.info("%s: stopping, draining running jobs", signum.name)
+            restore()
+            requested.set()
+
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, on_signal, signum)
+                installed.append(signum)
+        try:
+            try:
+                await self.start()
+            except BackendError as exc:
+                logger.error("cannot start: %s", exc)
+                raise SystemExit(3) from None
+            waits = {
+                loop.create_task(self._stopped.wait()),
+                loop.create_task(requested.wait()),
+            }
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                restore()
+                for each in waits:
+                    each.cancel()
+                await self.stop()
+        finally:
+            restore()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -528,24 +567,19 @@ class Scheduler(Generic[B]):
 
     # -- arming: one timer for every job --------------------------------------------------
 
-    def _spawn(self, coro: Any, *, name: str, drained: bool = True) -> asyncio.Task[Any]:
-        """Start a task; ``stop()`` waits for it (``drained``) or cancels it at once."""
-        task = self.clock.spawn(coro, name=name)
-        tasks = self._tasks if drained else self._background
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        return task
+    def _spawn(self, coro: Any, *, name: str) -> asyncio.Task[Any]:
+        """Start a task that ``stop()`` waits for."""
+        return self._tasks.spawn(coro, name=name)
 
-    async def _prepare_and_arm(self, job: Job) -> None:
+    async def _prepare_and_arm(self, job: JobState) -> None:
         try:
             await self.backend.prepare([job.settings.policy])
         except Exception:
             logger.exception("backend could not prepare job %s; its slots are skipped", job.name)
-        if self._jobs.get(job.name) is job:
-            self._arm(job)
+        self._arm(job)
 
-    def _arm(self, job: Job, after_ms: int | None = None) -> None:
-        if not self._started or self._stopping or job.paused or self._jobs.get(job.name) is not job:
+    def _arm(self, job: JobState, after_ms: int | None = None) -> None:
+        if not self._started or self._stopping or job.paused or job.removed:
             return
         now = self.clock.now_ms()
         slot = job.schedule.next_ms(now if after_ms is None else after_ms)
@@ -560,14 +594,26 @@ class Scheduler(Generic[B]):
         if self._timer_ms is None or slot + jitter < self._timer_ms:
             self._set_timer(slot + jitter)
 
+    def _rearm(self, job: JobState) -> None:
+        """Arm ``job`` again after ``update()`` or ``resume()``, keeping a slot whose jitter
+        window is still open (the fleet may be claiming it right now) unless it fired here."""
+        if job.armed_ms is not None:
+            after = job.armed_ms - 1  # the slot it waited for has not fired yet
+        else:
+            after = self.clock.now_ms() - job.settings.jitter_ms - 1
+            if job.fired_ms is not None:
+                after = max(after, job.fired_ms)
+        job.armed_ms = None
+        self._arm(job, after_ms=after)
+
     def _compact_heap(self) -> None:
         """Drop the entries that pause/resume/remove left behind (they are skipped lazily)."""
         self._heap = [entry for entry in self._heap if self._armed(entry[3], entry[1])]
         heapq.heapify(self._heap)
 
-    def _armed(self, job: Job, seq: int) -> bool:
+    def _armed(self, job: JobState, seq: int) -> bool:
         """Whether a heap entry is the job's current one (not left by pause/remove/re-arm)."""
-        return job.armed_seq == seq and job.armed_ms is not None and self._jobs.get(job.name) is job
+        return job.armed_seq == seq and job.armed_ms is not None and not job.removed
 
     def _set_timer(self, when_ms: int) -> None:
         if self._timer is not None:
@@ -582,6 +628,7 @@ class Scheduler(Generic[B]):
             _, seq, slot_ms, job = heapq.heappop(self._heap)
             if not self._armed(job, seq):
                 continue  # disarmed (paused, removed, re-armed) since it was pushed
+            job.fired_ms = slot_ms
             self._spawn(self._runner.run_slot(job, slot_ms, "schedule"), name=f"slot:{job.name}")
             # A frozen process wakes to many past slots: skip straight to those still in time.
             self._arm(job, after_ms=max(slot_ms, now - job.settings.max_late_ms))
@@ -592,7 +639,7 @@ class Scheduler(Generic[B]):
 
     def _catch_up(self) -> None:
         now = self.clock.now_ms()
-        for job in self._jobs.values():
+        for job in self._states():
             if not job.settings.claim or job.settings.catch_up_ms <= 0 or job.paused:
                 continue
             latest = job.schedule.latest_ms(now, job.settings.catch_up_ms)
@@ -600,24 +647,25 @@ class Scheduler(Generic[B]):
                 coro = self._runner.run_slot(job, latest, "catch-up")
                 self._spawn(coro, name=f"catch-up:{job.name}")
 
-    def _schedule_sweep(self, now_ms: int) -> None:
+    def _schedule_sweep(self) -> None:
+        """Look for dead runners' slots every ``lease_ttl / 2`` (monotonic)."""
         assert isinstance(self.backend, LeaseBackend)
         period = max(to_ms(self.backend.lease_ttl) // 2, 50)
 
         def sweep() -> None:
             self._spawn(self._sweep(), name="brokersched:take-over")
-            self._schedule_sweep(self.clock.now_ms())
+            self._schedule_sweep()
 
         if not self._stopping:
-            self._sweep_timer = self.clock.call_at(now_ms + period, sweep)
+            self._sweep_timer = self.clock.call_later(period, sweep)
 
     async def _sweep(self) -> None:
         backend = self.backend
         assert isinstance(backend, LeaseBackend)
-        jobs = [job for job in self._jobs.values() if job.settings.claim and not job.paused]
+        jobs = [job for job in self._states() if job.settings.claim and not job.paused]
         if not jobs:
             return
-        leased_ms = self.clock.now_ms()
+        leased_ms = self.clock.monotonic_ms()
         try:
             leases = await backend.take_over(
                 [job.settings.policy for job in jobs], instance_id=self.instance_id
@@ -626,16 +674,16 @@ class Scheduler(Generic[B]):
             logger.warning("take-over sweep failed: %s", exc)
             return
         for lease in leases:
-            job = self._jobs.get(lease.job)
-            if job is None or self._stopping:
-                await self._runner._release(lease, handover=True)
+            handle = self._jobs.get(lease.job)
+            if handle is None or self._stopping:
+                await self._runner.release(lease, handover=True)
                 continue
-            run = self._runner.execute(job, lease.slot_ms, lease, leased_ms=leased_ms)
-            self._spawn(run, name=f"retry:{job.name}")
+            run = self._runner.execute(handle._state, lease.slot_ms, lease, leased_ms=leased_ms)
+            self._spawn(run, name=f"retry:{lease.job}")
 
     # -- manual runs -----------------------------------------------------------------------
 
-    async def _run_manual(self, job: Job) -> RunRecord | None:
+    async def _run_manual(self, job: JobState) -> RunRecord | None:
         if not self._started or self._stopping:
             raise RuntimeError(
                 f"cannot trigger job '{job.name}': the scheduler is not running "
@@ -647,3 +695,96 @@ class Scheduler(Generic[B]):
         # Shielded: a caller that gives up waiting must not cut the run short.
         record: RunRecord | None = await asyncio.shield(task)
         return record
+
+
+class Job:
+    """A registered job, as the application sees it: its schedule and options, and its runs on
+    this instance. ``scheduler.every()`` and friends return it; ``scheduler.get(name)`` finds it."""
+
+    __slots__ = ("_scheduler", "_state")
+
+    def __init__(self, scheduler: Scheduler[Any], state: JobState) -> None:
+        self._scheduler = scheduler
+        self._state = state
+
+    @property
+    def name(self) -> str:
+        return self._state.name
+
+    @property
+    def kind(self) -> Literal["every", "cron", "at"]:
+        return self._state.kind
+
+    @property
+    def schedule(self) -> Trigger:
+        """The trigger: ``describe()``, ``next_runs()``."""
+        return self._state.schedule
+
+    @property
+    def options(self) -> JobOptions:
+        """The options as given (validated)."""
+        return self._state.options
+
+    @property
+    def settings(self) -> JobSettings:
+        """The options as resolved against the scheduler's defaults and the backend."""
+        return self._state.settings
+
+    @property
+    def next_run(self) -> datetime | None:
+        """When the next slot falls (before jitter), or ``None`` when paused, removed or done."""
+        state = self._state
+        if state.armed_ms is not None:
+            return ms_to_datetime(state.armed_ms)
+        if state.paused or state.removed:
+            return None
+        nxt = state.schedule.next_ms(self._scheduler.clock.now_ms())
+        return None if nxt is None else ms_to_datetime(nxt)
+
+    def next_runs(self, n: int, after: datetime | None = None) -> list[datetime]:
+        """The next ``n`` slots after ``after`` (default: now on the scheduler's clock)."""
+        return self._state.schedule.next_runs(n, after or self._scheduler.clock.now())
+
+    @property
+    def is_running(self) -> bool:
+        """Whether a run of this job is going on this instance."""
+        return bool(self._state.runs)
+
+    def pause(self) -> None:
+        """Stop arming slots on this instance (other instances are not affected)."""
+        self._state.paused = True
+        self._state.armed_ms = None
+
+    def resume(self) -> None:
+        """Arm the next slot again (one whose jitter window is still open included)."""
+        if self._state.paused:
+            self._state.paused = False
+            self._scheduler._rearm(self._state)
+
+    def update(self, **options: Any) -> None:
+        """Change options at run time (``job.update(jitter="5s", timeout="1m")``).
+
+        The merged options are validated exactly as at registration, against the backend and the
+        scheduler's defaults; on a ``ConfigurationError`` nothing changes. Runs in progress keep
+        the options they started with.
+        """
+        self._scheduler._update(self._state, options)
+
+    async def trigger(self) -> RunRecord | None:
+        """Run the job now, through the claim (``ctx.reason == "manual"``).
+
+        Returns the run's record, or ``None`` when the claim was refused (another instance, an
+        overlap) or the backend failed.
+        """
+        return await self._scheduler._run_manual(self._state)
+
+    async def history(self, limit: int = 20) -> list[RunRecord]:
+        """The job's recorded runs, newest first, at most ``limit``."""
+        backend: Backend = self._scheduler.backend
+        return await backend.history(self._state.settings.policy, limit)
+
+    def describe(self) -> str:
+        return self._state.schedule.describe()
+
+    def __repr__(self) -> str:
+        return f"Job({self.name!r}, {self.describe()})"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -38,6 +39,7 @@ __all__ = [
     "RunReason",
     "RunRecord",
     "Slot",
+    "new_run_id",
 ]
 
 Outcome = Literal["completed", "failed", "timed-out", "interrupted"]
@@ -82,6 +84,15 @@ class JobPolicy:
     history_ttl: timedelta | None = None
     overlap: Overlap = "skip"
     max_attempts: int = 3
+    # How long a slot handed over, or left by a dead runner, may wait for a new runner (on the
+    # backend's clock, from the hand-over or the lease's expiry; never less than lease_ttl) and
+    # still be restarted; None: no bound. The scheduler sets max(catch_up, max_late).
+    retry_window: timedelta | None = None
+
+
+def new_run_id() -> str:
+    """A fresh run id: 16 hex digits."""
+    return secrets.token_hex(8)
 
 
 @dataclass(frozen=True, slots=True)

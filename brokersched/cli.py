@@ -2,9 +2,12 @@
 
 ``run`` serves a scheduler until SIGINT/SIGTERM; ``jobs``, ``next`` and ``check`` only read the
 application (they never connect to the backend); ``history`` and ``trigger`` connect for one
-request. An application is named ``module:attribute`` (``app:scheduler``), where the attribute
-is a ``Scheduler`` or a function of no arguments that returns one; the current directory is
-searched first, as ``python -m`` would.
+request. An application is named ``module:attribute`` (``app:scheduler``) or
+``path/to/file.py:attribute`` (``./app.py:scheduler``), where the attribute is a ``Scheduler``
+or a function of no arguments that returns one. A module is searched from the current directory
+first, as ``python -m`` would; a file is imported under its module name with the directory above
+its package (or its own directory) first on ``sys.path``, as Flask's ``--app`` does, so that
+its imports of its neighbours work as they do under ``python path/to/file.py``.
 
 User mistakes end in one line on stderr and an exit code, never a traceback; only an exception
 raised by the application's own code while it is imported (or while its factory runs) shows its
@@ -25,6 +28,7 @@ import sys
 import traceback
 from collections.abc import Callable, Coroutine, Generator
 from datetime import UTC, datetime, timedelta, tzinfo
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard, TypeVar
 
 import click
@@ -35,9 +39,8 @@ from ._clock import ms_to_datetime
 from ._durations import format_duration, parse_duration
 from ._events import SkipEvent
 from ._exceptions import BackendError, BackendUnavailableError, BrokerschedError, ConfigurationError
-from ._job import Job
 from ._logging import LogFormat, configure_logging, redact_secrets
-from ._scheduler import Scheduler, collect_errors
+from ._scheduler import Job, Scheduler, collect_errors
 from ._timezones import parse_timezone, timezone_name
 from .abc import Backend, RunRecord
 from .triggers.base import Trigger
@@ -57,11 +60,13 @@ logger = logging.getLogger("brokersched.cli")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BACKEND = 0, 1, 2, 3
 
 EPILOG = """\b
+APP: MODULE:ATTR (app:scheduler) or FILE.py:ATTR (./app.py:scheduler)
+\b
 Exit codes:
   0  success
   1  trigger: the job failed or did not run; check: configuration errors found;
      run: a second signal cut the drain short
-  2  usage or configuration error (bad MODULE:ATTR, unknown job, invalid option)
+  2  usage or configuration error (bad APP, unknown job, invalid option)
   3  the backend is unavailable
 """
 
@@ -98,18 +103,31 @@ class AppConfigurationError(CLIError):
 # -- loading the application ---------------------------------------------------------------
 
 
+# What every loading error ends with: how to name an application.
+_HOW = "write MODULE:ATTR (app:scheduler) or path/to/file.py:ATTR (./app.py:scheduler)"
+
+
 def load_scheduler(spec: str) -> Scheduler[Any]:
-    """The ``Scheduler`` named by ``module:attribute`` (an attribute path, or a factory)."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise CLIError(f"'{spec}' is not MODULE:ATTR (for example app:scheduler)")
+    """The ``Scheduler`` named by ``module:attribute`` or ``path/to/file.py:attribute`` (an
+    attribute path, or a factory). The one loader of every command."""
+    target, _, attribute = spec.rpartition(":")  # a path may hold ':' (C:\\), an attribute not
+    if not target or not attribute:
+        raise CLIError(f"'{spec}' is not MODULE:ATTR nor FILE.py:ATTR; {_HOW}")
     with _configuration_errors(spec):
-        found: object = _import(module_name)
+        if _is_path(target):
+            module = _import_file(target)
+            shown = f"'{target}'"
+        else:
+            module = _import(target)
+            shown = f"module '{target}'"
+        found: object = module
         for part in attribute.split("."):
             try:
                 found = getattr(found, part)
             except AttributeError:
-                raise CLIError(f"module '{module_name}' has no attribute '{attribute}'") from None
+                raise CLIError(
+                    f"{shown} has no attribute '{attribute}'{_schedulers_in(module)}"
+                ) from None
         if not _is_scheduler(found) and callable(found):
             found = _call_factory(found, spec)
     if not _is_scheduler(found):
@@ -134,14 +152,58 @@ def _configuration_errors(spec: str) -> Generator[None]:
         raise CLIError(f"{spec}: {exc}") from None
 
 
-def _import(module_name: str) -> Any:
+def _schedulers_in(module: object) -> str:
+    """`` (Scheduler objects in it: a, b)``, when there are some: what the user may have meant."""
+    names = sorted(name for name, value in vars(module).items() if _is_scheduler(value))
+    return f" (its Scheduler objects: {', '.join(names)})" if names else ""
+
+
+def _is_path(target: str) -> bool:
+    separators = {"/", os.sep, os.altsep or "/"}
+    return target.endswith(".py") or any(separator in target for separator in separators)
+
+
+def _import_file(target: str) -> Any:
+    """The module of the file (or package directory) ``target``, imported by its dotted name."""
+    path = Path(target).resolve()
+    if path.is_dir() and (path / "__init__.py").is_file():
+        path = path / "__init__.py"
+    if not path.is_file() or path.suffix != ".py":
+        raise CLIError(f"no Python file '{target}' (from {os.getcwd()}); {_HOW}")
+    root, module_name = _module_name(path)
+    module = _import(module_name, root)
+    loaded = getattr(module, "__file__", None)
+    if loaded is None or Path(loaded).resolve() != path:
+        raise CLIError(
+            f"'{target}' would be imported as '{module_name}', a name already taken by"
+            f" {loaded or 'a built-in module'}: rename the file, or {_HOW}"
+        )
+    return module
+
+
+def _module_name(path: Path) -> tuple[Path, str]:
+    """``(directory for sys.path, dotted name)`` of ``path``: up through its packages (the
+    directories with an ``__init__.py``), as Flask's ``prepare_import`` does."""
+    parts = [] if path.name == "__init__.py" else [path.stem]
+    directory = path.parent
+    while (directory / "__init__.py").is_file() and directory.parent != directory:
+        parts.insert(0, directory.name)
+        directory = directory.parent
+    return directory, ".".join(parts)
+
+
+def _import(module_name: str, root: Path | None = None) -> Any:
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does: the project directory first
+    if root is not None and (not sys.path or sys.path[0] != str(root)):
+        sys.path.insert(0, str(root))  # a file's own directory comes first, as for `python file`
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and (module_name == exc.name or module_name.startswith(f"{exc.name}.")):
-            raise CLIError(f"no module named '{exc.name}' (searched from {os.getcwd()})") from None
+            raise CLIError(
+                f"no module named '{exc.name}' (searched from {os.getcwd()}); {_HOW}"
+            ) from None
         raise CLIError(f"importing '{module_name}' failed: {exc}") from None  # a missing dependency
     except (BrokerschedError, click.ClickException):
         raise
@@ -236,7 +298,12 @@ _OUTCOME_STYLE = {"completed": "green", "failed": "red", "timed-out": "yellow"}
 @click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="brokersched", prog_name="brokersched")
 def cli() -> None:
-    """Run scheduled jobs on every instance; each occurrence runs on exactly one."""
+    """Run scheduled jobs on every instance; each occurrence runs on exactly one.
+
+    APP names the application's scheduler: MODULE:ATTR (app:scheduler, myapp.tasks:scheduler)
+    or FILE.py:ATTR (./app.py:scheduler); ATTR may also be a function of no arguments that
+    returns the scheduler.
+    """
 
 
 def _log_options(function: Callable[..., None]) -> Callable[..., None]:
@@ -256,7 +323,7 @@ def _log_options(function: Callable[..., None]) -> Callable[..., None]:
 
 
 @cli.command(epilog=EPILOG)
-@click.argument("app", metavar="MODULE:ATTR")
+@click.argument("app", metavar="APP")
 @click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
@@ -313,7 +380,9 @@ async def _serve(scheduler: Scheduler[Any], metrics: tuple[str, int] | None) -> 
     if left := _running(scheduler):
         # stop() recorded them as abandoned; a sync handler's thread cannot be cancelled, and
         # the interpreter would wait for it at exit.
-        logger.warning("%d run(s) outlived drain_timeout: exiting without waiting for them", left)
+        logger.warning(
+            "runs of %d job(s) outlived drain_timeout: exiting without waiting for them", left
+        )
         _exit_now(EXIT_OK)
 
 
@@ -325,7 +394,8 @@ def _exit_now(code: int) -> NoReturn:
 
 
 def _running(scheduler: Scheduler[Any]) -> int:
-    return sum(len(job.runs) for job in scheduler.jobs())
+    """How many jobs have a run going here."""
+    return sum(job.is_running for job in scheduler.jobs())
 
 
 def _log_started(scheduler: Scheduler[Any]) -> None:
@@ -369,7 +439,7 @@ def _serve_metrics(scheduler: Scheduler[Any], host: str, port: int) -> WSGIServe
 
 
 @cli.command(epilog=EPILOG)
-@click.argument("app", metavar="MODULE:ATTR")
+@click.argument("app", metavar="APP")
 @click.option("-n", "count", type=click.IntRange(0, 100), default=3, show_default=True)
 def jobs(app: str, count: int) -> None:
     """List the jobs, their schedules, non-default options and next runs (no connection)."""
@@ -470,7 +540,7 @@ def _offset(local: datetime) -> str:
 
 
 @cli.command(epilog=EPILOG)
-@click.argument("app", metavar="MODULE:ATTR")
+@click.argument("app", metavar="APP")
 @click.argument("job_name", metavar="JOB")
 @click.option("-n", "limit", type=click.IntRange(1, 10_000), default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON record per line.")
@@ -517,7 +587,7 @@ async def _read_history(scheduler: Scheduler[Any], job: Job, limit: int) -> list
 
 
 @cli.command(epilog=EPILOG)
-@click.argument("app", metavar="MODULE:ATTR")
+@click.argument("app", metavar="APP")
 @click.argument("job_name", metavar="JOB")
 @_log_options
 def trigger(app: str, job_name: str, log_format: LogFormat, log_level: str) -> None:
@@ -561,7 +631,7 @@ async def _trigger(scheduler: Scheduler[Any], job: Job) -> tuple[RunRecord | Non
 
 
 @cli.command(epilog=EPILOG)
-@click.argument("app", metavar="MODULE:ATTR")
+@click.argument("app", metavar="APP")
 def check(app: str) -> None:
     """Report every configuration error of the application's jobs (no connection)."""
     try:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections import Counter, defaultdict
 
-from brokersched import JobContext, MemoryBackend, RunEvent, Scheduler, SkipEvent
+from brokersched import JobContext, MemoryBackend, RunEvent, Scheduler
 from brokersched.backends.memory import MemoryStore
 
 runs: dict[str, list[str]] = defaultdict(list)  # slot key -> instances that ran it
@@ -32,12 +32,11 @@ def build_instance(name: str, store: MemoryStore) -> Scheduler[MemoryBackend]:
     scheduler.cron("report.every-2s", "*/2 * * * * *", flush_outbox)  # 6 fields: seconds first
     scheduler.every("cache.refresh", "2s", refresh_cache, claim=False)  # per-instance work
 
-    def show(event: RunEvent | SkipEvent) -> None:
-        if isinstance(event, RunEvent):
-            print(f"  {name}: {event.job} {event.scheduled_at:%H:%M:%S} {event.outcome}")
+    def show(event: RunEvent) -> None:
+        print(f"  {name}: {event.job} {event.scheduled_at:%H:%M:%S} {event.outcome}")
 
-    scheduler.on("complete", show)  # type: ignore[arg-type]
-    scheduler.on("fail", show)  # type: ignore[arg-type]
+    scheduler.on("complete", show)
+    scheduler.on("fail", show)
     return scheduler
 
 

@@ -1,19 +1,25 @@
 """Where the servers are.
 
 Each backend's URL comes from the environment (``BROKERSCHED_AMQP_URL``, ``BROKERSCHED_NATS_URL``,
-``BROKERSCHED_POSTGRES_DSN``), else the local default on 127.0.0.1, else a testcontainers
-container for people with Docker. In CI (``CI=true``) a server that cannot be reached fails the
-test: it never silently skips.
+``BROKERSCHED_POSTGRES_DSN``, ``BROKERSCHED_REDIS_URL``), else the local default on 127.0.0.1,
+else a testcontainers container for people with Docker (``scripts/services.sh`` says when that
+will happen). A server that cannot be reached skips its tests, saying why no container could be
+started either; in CI (``CI=true``) it fails them: CI never silently skips.
 """
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import os
 import socket
+import threading
+import warnings
 from collections.abc import Iterator
-from contextlib import ExitStack
-from urllib.parse import urlsplit
+from contextlib import ExitStack, contextmanager
+from urllib.parse import quote, urlsplit
 
+import asyncpg
 import pytest
 from hypothesis import settings
 
@@ -29,8 +35,29 @@ _DEFAULTS = {
     "amqp": ("BROKERSCHED_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
     "nats": ("BROKERSCHED_NATS_URL", "nats://127.0.0.1:4222"),
     "postgres": ("BROKERSCHED_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test"),
+    "redis": ("BROKERSCHED_REDIS_URL", "redis://127.0.0.1:6379/0"),
 }
-_DEFAULT_PORTS = {"amqp": 5672, "amqps": 5671, "nats": 4222, "tls": 4222, "postgresql": 5432}
+_DEFAULT_PORTS = {
+    "amqp": 5672,
+    "amqps": 5671,
+    "nats": 4222,
+    "tls": 4222,
+    "postgresql": 5432,
+    "postgres": 5432,
+    "redis": 6379,
+    "rediss": 6379,
+}
+# The versions docker-compose.yml runs, so a container behaves like the compose stack.
+_IMAGES = {
+    "amqp": "rabbitmq:3.13",
+    "nats": "nats:2.10",
+    "postgres": "postgres:16",
+    "redis": "redis:7",
+}
+
+
+class _NoContainer(Exception):
+    """Why no throwaway server could be started; the skip or failure message says it."""
 
 
 def _reachable(url: str) -> bool:
@@ -43,47 +70,137 @@ def _reachable(url: str) -> bool:
         return False
 
 
-def _from_container(kind: str, stack: ExitStack) -> str | None:
-    """Start a throwaway server with testcontainers, if it and Docker are available."""
-    try:
-        if kind == "amqp":
-            from testcontainers.rabbitmq import RabbitMqContainer  # type: ignore[import-not-found]
+@contextmanager
+def _testcontainers_warnings_ignored() -> Iterator[None]:
+    # testcontainers 4.15 deprecates its own wait helpers and still uses them at import and at
+    # start; with filterwarnings=error they would turn every fallback into a silent failure.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", ResourceWarning)
+        yield
 
-            rabbit = stack.enter_context(RabbitMqContainer("rabbitmq:3.13"))
-            port = rabbit.get_exposed_port(5672)
-            return f"amqp://guest:guest@{rabbit.get_container_host_ip()}:{port}/"
-        if kind == "nats":
-            from testcontainers.nats import NatsContainer  # type: ignore[import-not-found]
 
-            nats = stack.enter_context(NatsContainer("nats:2.10").with_command("-js"))
-            return str(nats.nats_uri())
-        if kind == "postgres":
-            from testcontainers.postgres import PostgresContainer  # type: ignore[import-not-found]
+def _from_container(kind: str, stack: ExitStack) -> str:
+    """Start a throwaway server with testcontainers; raises ``_NoContainer`` saying why not."""
+    with _testcontainers_warnings_ignored():
+        try:
+            return _start_container(kind, stack)
+        except ImportError as exc:
+            reason = (
+                f"no container either: testcontainers with its {kind} extra is not installed "
+                f"(no module {exc.name!r}; pip install -e '.[dev]')"
+            )
+        except Exception as exc:  # no Docker engine, no image, a container that never got ready
+            reason = f"no container either ({type(exc).__name__}: {exc})"
+        # A Docker client that could not connect leaves its socket to the garbage collector:
+        # finalised here, its ResourceWarning does not become an error in some later test.
+        gc.collect()
+    raise _NoContainer(reason)
 
-            pg = stack.enter_context(PostgresContainer("postgres:16", driver=None))
-            return str(pg.get_connection_url())
-    except Exception:  # no testcontainers, no Docker: the caller decides what that means
-        return None
-    return None
+
+def _start_container(kind: str, stack: ExitStack) -> str:
+    image = _IMAGES[kind]
+    if kind == "amqp":
+        from testcontainers.community.rabbitmq import RabbitMqContainer
+
+        rabbit = stack.enter_context(RabbitMqContainer(image))
+        credentials = f"{quote(rabbit.username, safe='')}:{quote(rabbit.password, safe='')}"
+        host, port = rabbit.get_container_host_ip(), rabbit.get_exposed_port(rabbit.port)
+        return f"amqp://{credentials}@{host}:{port}/"
+    if kind == "nats":
+        from testcontainers.community.nats import NatsContainer
+
+        return stack.enter_context(NatsContainer(image, jetstream=True)).nats_uri()
+    if kind == "postgres":
+        from testcontainers.community.postgres import PostgresContainer
+
+        # driver=None: a plain postgresql:// URL (asyncpg), not SQLAlchemy's postgresql+psycopg2.
+        return stack.enter_context(PostgresContainer(image, driver=None)).get_connection_url()
+    if kind == "redis":
+        from testcontainers.community.redis import RedisContainer
+
+        redis = stack.enter_context(RedisContainer(image))
+        host, port = redis.get_container_host_ip(), redis.get_exposed_port(redis.port)
+        return f"redis://{host}:{port}/0"
+    raise ValueError(f"no container for {kind!r}")
+
+
+_NO_SERVERS = False  # --no-servers: the fast tier (make test-fast)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--no-servers",
+        action="store_true",
+        help="skip every test that needs a broker or database server (the fast tier)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _NO_SERVERS
+    _NO_SERVERS = bool(config.getoption("--no-servers"))
 
 
 def server_url(kind: str, stack: ExitStack) -> str:
+    if _NO_SERVERS:
+        pytest.skip(f"needs a {kind} server (--no-servers)")
     env, default = _DEFAULTS[kind]
     url = os.environ.get(env, default)
     if _reachable(url):
         return url
-    if not IN_CI and (container_url := _from_container(kind, stack)):
-        return container_url
-    message = f"{kind} server not reachable at {urlsplit(url).hostname}:{urlsplit(url).port}"
+    parts = urlsplit(url)
+    message = f"{kind} server not reachable at {parts.hostname}:{parts.port} (set {env})"
+    try:
+        return _from_container(kind, stack)
+    except _NoContainer as exc:
+        message = f"{message}; {exc}"
     if IN_CI:
-        pytest.fail(f"{message} (set {env}); CI never skips a backend test", pytrace=False)
-    pytest.skip(f"{message}; set {env} or install testcontainers with Docker")
+        pytest.fail(f"{message}; CI never skips a backend test", pytrace=False)
+    pytest.skip(message)
+
+
+def _check_postgres_database(dsn: str) -> None:
+    """Fail once, clearly, when the server answers but the database is missing or refused.
+
+    Otherwise every PostgreSQL test fails twice (in its body and again when its teardown cannot
+    drop its schema) with a backend error that does not say what to do.
+    """
+    error: list[BaseException] = []
+
+    async def connect() -> None:
+        conn = await asyncpg.connect(dsn, timeout=10)
+        await conn.close()
+
+    def run() -> None:  # a thread of its own: a test's event loop may be running in this one
+        try:
+            asyncio.run(connect())
+        except BaseException as exc:
+            error.append(exc)
+
+    thread = threading.Thread(target=run, name="postgres-check")
+    thread.start()
+    thread.join()
+    if not error:
+        return
+    parts = urlsplit(dsn)
+    where = f"PostgreSQL at {parts.hostname}:{parts.port or 5432}"  # never the password
+    database = parts.path.lstrip("/") or "(the user's default)"
+    if isinstance(error[0], asyncpg.InvalidCatalogNameError):
+        reason = (
+            f"{where} has no database {database}; run `bash scripts/services.sh` (it creates "
+            f"it) or `createdb -h {parts.hostname} -U postgres {database}`"
+        )
+    else:
+        reason = f"{where} refused database {database}: {type(error[0]).__name__}: {error[0]}"
+    pytest.fail(f"{reason} (BROKERSCHED_POSTGRES_DSN)", pytrace=False)
 
 
 @pytest.fixture(scope="session")
 def _servers() -> Iterator[ExitStack]:
     with ExitStack() as stack:
         yield stack
+        with _testcontainers_warnings_ignored():
+            stack.close()
 
 
 @pytest.fixture(scope="session")
@@ -98,4 +215,11 @@ def nats_url(_servers: ExitStack) -> str:
 
 @pytest.fixture(scope="session")
 def postgres_dsn(_servers: ExitStack) -> str:
-    return server_url("postgres", _servers)
+    dsn = server_url("postgres", _servers)
+    _check_postgres_database(dsn)
+    return dsn
+
+
+@pytest.fixture(scope="session")
+def redis_url(_servers: ExitStack) -> str:
+    return server_url("redis", _servers)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import IO
 
 from brokersched._clock import Clock
 from brokersched.abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
@@ -62,3 +66,30 @@ class DictClaimBackend(ClaimBackend):
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         return self.records.get(job.name, [])[:limit]
+
+
+def read_until(stream: IO[str], text: str, *, timeout: float) -> str:
+    """Read ``stream`` (a child's output) line by line until a line holds ``text``; return what
+    was read. Fails, with the output so far, if the stream ends or ``timeout`` passes first."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        for line in stream:
+            lines.put(line)
+            if text in line:
+                return
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = lines.get(timeout=max(deadline - time.monotonic(), 0))
+        except queue.Empty:
+            raise AssertionError(f"{text!r} not seen within {timeout}s:\n{''.join(seen)}") from None
+        if line is None:
+            raise AssertionError(f"output ended before {text!r}:\n{''.join(seen)}")
+        seen.append(line)
+        if text in line:
+            return "".join(seen)

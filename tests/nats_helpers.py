@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit
 import nats
 import nats.errors
 import pytest
+from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -56,6 +58,51 @@ async def delete_streams(url: str, prefix: str) -> None:
         for suffix in ("claims", "history"):
             with contextlib.suppress(NotFoundError):
                 await js.delete_stream(f"{prefix}-{suffix}")
+    finally:
+        await nc.close()
+
+
+async def create_stream(url: str, config: StreamConfig, *, seal: bool = False) -> None:
+    """Pre-create a stream as an operator would (``seal``: then seal it, which only an update
+    can do)."""
+    nc = await nats.connect(url, allow_reconnect=False, error_cb=_quiet)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(config)
+        if seal:
+            await js.update_stream(dataclasses.replace(config, sealed=True))
+    finally:
+        await nc.close()
+
+
+async def stream_config(url: str, name: str) -> StreamConfig:
+    """The configuration of stream ``name`` as the server reports it."""
+    nc = await nats.connect(url, allow_reconnect=False, error_cb=_quiet)
+    try:
+        return (await nc.jetstream().stream_info(name)).config
+    finally:
+        await nc.close()
+
+
+async def update_stream(url: str, name: str, **changes: Any) -> None:
+    """Edit stream ``name`` as ``nats stream edit`` would."""
+    nc = await nats.connect(url, allow_reconnect=False, error_cb=_quiet)
+    try:
+        js = nc.jetstream()
+        config = (await js.stream_info(name)).config
+        await js.update_stream(dataclasses.replace(config, **changes))
+    finally:
+        await nc.close()
+
+
+async def delete_named_streams(url: str, *names: str) -> None:
+    """Remove the streams ``names`` that exist (beside ``delete_streams``: a test's own)."""
+    nc = await nats.connect(url, allow_reconnect=False, error_cb=_quiet)
+    try:
+        js = nc.jetstream()
+        for name in names:
+            with contextlib.suppress(NotFoundError):
+                await js.delete_stream(name)
     finally:
         await nc.close()
 

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from click.testing import CliRunner
@@ -25,9 +26,14 @@ from click.testing import CliRunner
 from brokersched._clock import SystemClock
 from brokersched._logging import configure_logging, redact_secrets
 from brokersched.abc import JobPolicy
-from brokersched.backends.rabbitmq import RabbitMQBackend, history_queue_name
+from brokersched.backends.rabbitmq import (
+    RabbitMQBackend,
+    history_queue_name,
+    lock_queue_name,
+    record_queue_name,
+)
 from brokersched.cli import cli
-from tests.cli_apps.process import RunningCLI, brokersched
+from tests.cli_apps.process import RunningCLI, brokersched, cli_env
 from tests.conftest import IN_CI
 
 SQLITE_APP = "tests.cli_apps.sqlite_app:scheduler"
@@ -150,7 +156,7 @@ def test_check_reports_every_job_refused_at_registration() -> None:
     result = brokersched("check", "tests.cli_apps.refused:scheduler")
     assert result.returncode == 1
     first, second, summary = result.stderr.strip().splitlines()
-    assert first.startswith("error: job 'exclusive': option 'overlap' needs a lease backend")
+    assert first.startswith("error: job 'exclusive': option 'overlap' ('skip') needs a lease")
     assert "RabbitMQBackend" in first
     assert second.startswith("error: job 'also-bad': jitter (6s) must be under half")
     assert "2 configuration errors" in summary
@@ -162,12 +168,15 @@ def test_check_reports_every_error_at_once() -> None:
     assert result.returncode == 1
     errors = result.stderr.strip().splitlines()
     assert errors == [
-        "error: job 'exclusive': option 'overlap' needs a lease backend; RabbitMQBackend only "
-        "claims slots (use SQLiteBackend or PostgresBackend, or guard inside the job)",
-        "error: job 'persistent': option 'max_attempts' needs a lease backend; RabbitMQBackend "
-        "only claims slots (use SQLiteBackend or PostgresBackend, or guard inside the job)",
-        "error: job 'persistent': option 'catch_up' needs a lease backend; RabbitMQBackend only "
-        "claims slots (use SQLiteBackend or PostgresBackend, or guard inside the job)",
+        "error: job 'exclusive': option 'overlap' ('skip') needs a lease backend; "
+        "RabbitMQBackend only claims slots (use SQLiteBackend or PostgresBackend, or guard "
+        "inside the job)",
+        "error: job 'persistent': option 'max_attempts' (5) needs a lease backend; "
+        "RabbitMQBackend only claims slots (use SQLiteBackend or PostgresBackend, or guard "
+        "inside the job)",
+        "error: job 'persistent': option 'catch_up' (10m) needs a lease backend; "
+        "RabbitMQBackend only claims slots (use SQLiteBackend or PostgresBackend, or guard "
+        "inside the job)",
         "3 configuration errors",
     ]
 
@@ -179,10 +188,17 @@ def test_a_factory_is_called() -> None:
     assert "registers no jobs" in result.stderr
 
 
+HOW = "write MODULE:ATTR (app:scheduler) or path/to/file.py:ATTR (./app.py:scheduler)"
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("app", "'app' is not MODULE:ATTR"),
+        ("app", f"'app' is not MODULE:ATTR nor FILE.py:ATTR; {HOW}"),
+        ("no_such_module:scheduler", HOW),
+        ("./no_such_file.py:scheduler", "no Python file './no_such_file.py'"),
+        ("no_such_dir/app.py:scheduler", HOW),
+        ("tests/cli_apps/odd.py:nothing", "'tests/cli_apps/odd.py' has no attribute 'nothing'"),
         ("no_such_module:scheduler", "no module named 'no_such_module'"),
         ("tests.cli_apps.missing:scheduler", "no module named 'tests.cli_apps.missing'"),
         ("tests.cli_apps.odd:nothing", "module 'tests.cli_apps.odd' has no attribute 'nothing'"),
@@ -195,6 +211,70 @@ def test_loading_mistakes_are_one_line(spec: str, message: str) -> None:
     result = CliRunner().invoke(cli, ["jobs", spec])
     assert result.exit_code == 2
     assert message in one_error_line(result.stderr)
+
+
+APP_FILE = """
+from brokersched import MemoryBackend, Scheduler
+from helper import PERIOD  # a neighbour, imported as `python app.py` would find it
+
+scheduler = Scheduler(MemoryBackend())
+
+
+@scheduler.every("tick", PERIOD)
+async def tick(ctx):
+    pass
+"""
+
+
+def run_in(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "brokersched", *args],
+        cwd=directory,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_a_file_path_names_the_application(tmp_path: Path) -> None:
+    """``brokersched jobs ./app.py:scheduler`` used to end in a ModuleNotFoundError traceback."""
+    project = tmp_path / "project"
+    (project / "pkg").mkdir(parents=True)
+    (project / "app.py").write_text(APP_FILE)
+    (project / "helper.py").write_text('PERIOD = "6h"\n')
+    (project / "pkg" / "__init__.py").write_text("")
+    (project / "pkg" / "helper.py").write_text('PERIOD = "2h"\n')
+    (project / "pkg" / "jobs.py").write_text(APP_FILE.replace("from helper", "from .helper"))
+    for directory, spec, period in [
+        (project, "./app.py:scheduler", "6h"),
+        (project, "app.py:scheduler", "6h"),
+        (tmp_path, "project/app.py:scheduler", "6h"),
+        (tmp_path, str(project / "app.py") + ":scheduler", "6h"),
+        (tmp_path, "project/pkg/jobs.py:scheduler", "2h"),  # imported as pkg.jobs
+        (project, "pkg/jobs.py:scheduler", "2h"),
+        (project, "pkg.jobs:scheduler", "2h"),  # the same module, named as a module
+    ]:
+        result = run_in(directory, "jobs", spec, "-n", "1")
+        assert result.returncode == 0, (spec, result.stderr)
+        assert f"every {period}" in result.stdout, spec
+    checked = run_in(project, "check", "./app.py:scheduler")
+    assert (checked.returncode, checked.stdout.strip()) == (0, "1 job OK")
+    typo = run_in(project, "check", "./app.py:sched")
+    assert typo.returncode == 2
+    assert one_error_line(typo.stderr) == (
+        "Error: './app.py' has no attribute 'sched' (its Scheduler objects: scheduler)"
+    )
+
+
+def test_a_file_shadowed_by_an_imported_module_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "json.py").write_text("scheduler = None\n")
+    result = run_in(tmp_path, "jobs", "lib/json.py:scheduler")
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)
+    assert "'lib/json.py' would be imported as 'json', a name already taken by" in line
+    assert HOW in line
 
 
 def test_a_configuration_error_at_import_is_a_usage_error_outside_check() -> None:
@@ -295,7 +375,7 @@ def test_run_exits_when_a_sync_handler_outlives_the_drain(tmp_path: Path) -> Non
     output = cli.output()
     assert "abandoned: still running after drain_timeout (0.3s)" in output
     assert "its lease expires and the slot is taken over" in output
-    assert "1 run(s) outlived drain_timeout: exiting without waiting for them" in output
+    assert "runs of 1 job(s) outlived drain_timeout: exiting without waiting for them" in output
 
 
 def test_a_second_signal_cuts_the_drain_short(tmp_path: Path) -> None:
@@ -332,7 +412,8 @@ def rabbitmq_env(amqp_url: str) -> Iterator[dict[str, str]]:
     yield {"BROKERSCHED_AMQP_URL": amqp_url, "BROKERSCHED_TEST_PREFIX": prefix}
     # trigger starts the scheduler, which declares the history queue of every job
     histories = [history_queue_name(prefix, job) for job in ("greet", "nightly")]
-    asyncio.run(_delete_queues(amqp_url, histories))
+    fleet = [record_queue_name(prefix), lock_queue_name(prefix)]  # the fleet's slot memory
+    asyncio.run(_delete_queues(amqp_url, histories + fleet))
 
 
 async def _delete_queues(amqp_url: str, names: list[str]) -> None:
@@ -370,6 +451,35 @@ def test_trigger_and_history_on_rabbitmq(rabbitmq_env: dict[str, str]) -> None:
             await backend.stop()
 
     assert asyncio.run(read()) == [r["run_id"] for r in records]
+
+
+@pytest.mark.slow
+def test_trigger_names_the_application_by_its_file(rabbitmq_env: dict[str, str]) -> None:
+    result = brokersched(
+        "trigger", "tests/cli_apps/rabbitmq_app.py:scheduler", "greet", env=rabbitmq_env
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("job 'greet' completed in")
+
+
+def test_run_on_an_unreachable_broker_prints_only_its_error() -> None:
+    """aiormq's ``ERROR error when creating transport`` and aio-pika's ``Reconnecting after 1
+    seconds`` came before the CLI's own line."""
+    result = brokersched("run", RABBITMQ_APP, env=UNREACHABLE)
+    assert result.returncode == 3
+    line = one_error_line(result.stderr)
+    assert line.startswith("Error: backend unavailable: RabbitMQBackend: connecting to")
+    assert "amqp://app:***@127.0.0.1:1/" in line and "s3cret" not in line
+
+
+def test_a_missing_vhost_is_one_line_naming_it(amqp_url: str) -> None:
+    parts = urlsplit(amqp_url)
+    url = urlunsplit(parts._replace(path="/no-such-vhost"))
+    result = brokersched("run", RABBITMQ_APP, env={"BROKERSCHED_AMQP_URL": url})
+    assert result.returncode == 3
+    line = one_error_line(result.stderr)
+    assert "refused virtual host 'no-such-vhost'" in line
+    assert "rabbitmqctl add_vhost no-such-vhost" in line
 
 
 @pytest.mark.parametrize("command", ["trigger", "history"])

@@ -10,6 +10,9 @@ never computed with the code under test:
 * Australia/Lord_Howe: +10:30 / +11:00, a 30-minute shift; 2026-10-04 (first Sunday of
   October) at 15:30 UTC the day before (02:00-02:30 missing), 2027-04-04 (first Sunday of
   April) at 15:00 UTC the day before (01:30-02:00 twice).
+
+Weekdays come from 2027-01-01, a Friday; the 1st of each month in 2027 falls on: Jan Fri, Feb
+Mon, Mar Mon, Apr Thu, May Sat, Jun Tue, Jul Thu, Aug Sun, Sep Wed, Oct Fri, Nov Mon, Dec Wed.
 """
 
 from __future__ import annotations
@@ -157,6 +160,18 @@ DST_CASES = [
     # the gap fires at 00:00 the next local day (the first instant after the gap).
     ("America/Nuuk", "59 23 * * *", "2026-03-27T12:00Z",
      ["2026-03-28T01:59Z", "2026-03-29T01:00Z", "2026-03-30T00:59Z"]),
+    # The day fields' AND (day-of-month starts with '*') holds on switch days too.
+    # Odd Sundays: the spring switch day, Sunday 2027-03-28, is even, so nothing fires at the
+    # end of its gap (the OR would have); March 21st (CET), April 11th and 25th (CEST) do.
+    ("Europe/Paris", "30 2 */2 * SUN", "2027-03-20T12:00Z",
+     ["2027-03-21T01:30Z", "2027-04-11T00:30Z", "2027-04-25T00:30Z"]),
+    # Sunday 2026-10-25 is odd: it fires once, at the first 02:30 (CEST); then November 1st.
+    ("Europe/Paris", "30 2 */2 * SUN", "2026-10-05T00:00Z",
+     ["2026-10-11T00:30Z", "2026-10-25T00:30Z", "2026-11-01T01:30Z", "2026-11-15T01:30Z"]),
+    # The 1st, 14th or 27th when a Sunday: 2027-02-14 (EST), 2027-03-14, the switch day, at
+    # 03:00 EDT (02:30 is in the gap), then 2027-06-27 (EDT).
+    ("America/New_York", "30 2 */13 * SUN", "2027-02-01T00:00Z",
+     ["2027-02-14T07:30Z", "2027-03-14T07:00Z", "2027-06-27T06:30Z"]),
 ]  # fmt: skip
 
 
@@ -349,6 +364,65 @@ def test_the_schedule_stops_before_datetime_runs_out() -> None:
     assert trigger.next_ms(to_ms("9500-01-01T00:00Z")) is None
 
 
+# --- the day fields: Vixie cron's AND and OR -------------------------------------------------
+
+DAY_RULE = [
+    # Day-of-month starts with '*': odd days AND weekdays. January 3rd (odd, a Sunday) and 4th
+    # (a Monday, even) do not fire; the OR fired on both.
+    ("15 1-3 */2 * 1-5", "2027-01-01T00:00Z",
+     ["2027-01-01T01:15Z", "2027-01-01T02:15Z", "2027-01-01T03:15Z", "2027-01-05T01:15Z",
+      "2027-01-05T02:15Z", "2027-01-05T03:15Z", "2027-01-07T01:15Z"]),
+    ("0 0 12 */2 * MON-FRI", "2027-01-01T00:00Z",  # the same rule with seconds first
+     ["2027-01-01T12:00Z", "2027-01-05T12:00Z", "2027-01-07T12:00Z"]),
+    ("0 0 * * 1", "2027-01-01T00:00Z",  # still every Monday
+     ["2027-01-04T00:00Z", "2027-01-11T00:00Z", "2027-01-18T00:00Z"]),
+    # Neither starts with '*': the 1st OR a Monday (April 1st is a Thursday).
+    ("0 0 1 * 1", "2027-03-25T00:00Z",
+     ["2027-03-29T00:00Z", "2027-04-01T00:00Z", "2027-04-05T00:00Z"]),
+    # Days 1, 11, 21, 31 that are Mondays.
+    ("0 0 */10 * MON", "2027-01-01T00:00Z",
+     ["2027-01-11T00:00Z", "2027-02-01T00:00Z", "2027-03-01T00:00Z", "2027-05-31T00:00Z",
+      "2027-06-21T00:00Z"]),
+    # Day-of-week starts with '*' ('*/6' is Sunday and Saturday): a 1st on a weekend.
+    ("0 0 1 * */6", "2027-01-01T00:00Z",
+     ["2027-05-01T00:00Z", "2027-08-01T00:00Z", "2028-01-01T00:00Z"]),
+    # The last day of the month when a Sunday, Tuesday, Thursday or Saturday.
+    ("0 0 L * */2", "2027-01-01T00:00Z",
+     ["2027-01-31T00:00Z", "2027-02-28T00:00Z", "2027-07-31T00:00Z"]),
+    # '1-31' does not start with '*': the OR, with a field that holds every day, is every day.
+    ("0 0 1-31 * MON", "2027-01-01T00:00Z",
+     ["2027-01-02T00:00Z", "2027-01-03T00:00Z", "2027-01-04T00:00Z"]),
+    ("0 0 ? * MON", "2027-01-01T00:00Z",  # '?' counts as '*'
+     ["2027-01-04T00:00Z", "2027-01-11T00:00Z"]),
+    # '*/31' is the 1st alone, which February has: an AND that fires.
+    ("0 0 */31 2 *", "2027-01-01T00:00Z", ["2027-02-01T00:00Z", "2028-02-01T00:00Z"]),
+    # The OR fires on the weekdays of February although it has no 31st.
+    ("0 0 31 2 1-5", "2027-01-31T00:00Z",
+     ["2027-02-01T00:00Z", "2027-02-02T00:00Z", "2027-02-03T00:00Z", "2027-02-04T00:00Z",
+      "2027-02-05T00:00Z", "2027-02-08T00:00Z"]),
+    # February 29th on a Sunday ('*/7' is 0 and 7): 2032-01-01 is a Thursday (5 years, one
+    # leap day, after a Friday), and 59 days later is a Sunday. 2028-02-29 is a Tuesday.
+    ("0 0 29 2 */7", "2027-01-01T00:00Z", ["2032-02-29T00:00Z"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("expression", "after", "expected"), DAY_RULE)
+def test_day_fields_follow_vixie_cron(expression: str, after: str, expected: list[str]) -> None:
+    assert fires(expression, "UTC", after, len(expected)) == [utc(e) for e in expected]
+
+
+def test_an_and_of_the_day_fields_that_never_fires_is_refused_and_says_why() -> None:
+    # Under the OR this fired on February's Sundays, Tuesdays, Thursdays and Saturdays.
+    with pytest.raises(ConfigurationError) as caught:
+        parse_cron("0 0 30 2 */2")
+    assert str(caught.value) == (
+        "cron expression '0 0 30 2 */2' never fires: no date matches its day-of-month, month "
+        "and day-of-week (day-of-week '*/2' starts with '*', so a day must match both day "
+        "fields, as in Vixie cron)"
+    )
+    assert caught.value.option == "cron"
+
+
 # --- parsing: what is refused -----------------------------------------------------------------
 
 REFUSED = [
@@ -417,6 +491,10 @@ REFUSED = [
      "day-of-month, month and day-of-week"),
     ("0 0 31 4,6,9,11 *", "cron expression '0 0 31 4,6,9,11 *' never fires"),
     ("0 0 0 31 2 *", "cron expression '0 0 0 31 2 *' never fires"),
+    ("0 0 31 4,6,9,11 */3", "cron expression '0 0 31 4,6,9,11 */3' never fires: no date "
+     "matches its day-of-month, month and day-of-week (day-of-week '*/3' starts with '*'"),
+    ("0 0 30 2 ?", "cron expression '0 0 30 2 ?' never fires: no date matches its "
+     "day-of-month, month and day-of-week"),
 ]  # fmt: skip
 
 
@@ -488,7 +566,7 @@ def test_min_gap_between(
 @pytest.mark.parametrize(
     "expression",
     ["0 2 * * *", "30 2 * * *", "0 1,3 * * *", "0 */3 * * *", "45 1 * * *", "0,30 2 * * 0",
-     "0 */7 * * *", "0 2 * * 1-5", "0 2 1,15 * *"],
+     "0 */7 * * *", "0 2 * * 1-5", "0 2 1,15 * *", "0 2 */2 * 1-5", "30 2 1,15 * */3"],
 )  # fmt: skip
 def test_min_gap_agrees_with_walking_every_fire(expression: str, zone: str) -> None:
     trigger = parse_cron(expression, zone)
@@ -543,7 +621,7 @@ EXPRESSIONS = st.tuples(
     _field(0, 23),
     st.sampled_from(["*", "*", "*", "1", "15", "1-10", "L", "*/3", "28"]),
     st.sampled_from(["*", "*", "*", "3", "3,4,10", "9-11", "*/2"]),
-    st.sampled_from(["*", "*", "*", "MON-FRI", "0", "SAT,SUN", "1-3", "5"]),
+    st.sampled_from(["*", "*", "*", "MON-FRI", "0", "SAT,SUN", "1-3", "5", "*/2"]),
 ).map(lambda fields: " ".join(f for f in fields if f is not None))
 
 
@@ -596,15 +674,27 @@ def _is_fixed_time(expression: str) -> bool:
     return not (minute.startswith("*") or hour.startswith("*"))
 
 
+def _day_or(expression: str) -> bool:
+    """Vixie cron: a day matches either day field only when neither starts with '*'."""
+    fields = expression.split()
+    return not (fields[-3].startswith("*") or fields[-1].startswith("*"))
+
+
 def _cron(expression: str, start: datetime) -> croniter[datetime]:
     return croniter(
-        expression, start, ret_type=datetime, second_at_beginning=len(expression.split()) == 6
+        expression,
+        start,
+        ret_type=datetime,
+        day_or=_day_or(expression),
+        second_at_beginning=len(expression.split()) == 6,
     )
 
 
 def _matches(expression: str, wall: datetime) -> bool:
     six = len(expression.split()) == 6
-    return bool(croniter.match(expression, wall, second_at_beginning=six))
+    return bool(
+        croniter.match(expression, wall, day_or=_day_or(expression), second_at_beginning=six)
+    )
 
 
 def _is_gap_shift(expression: str, zone: str, fire_ms: int) -> bool:

@@ -8,15 +8,19 @@ def test_all_is_the_public_surface() -> None:
         "BackendError",
         "BackendUnavailableError",
         "BrokerschedError",
+        "ClaimEvent",
+        "Clock",
+        "ClockSkewError",
         "ConfigurationError",
         "Job",
         "JobContext",
-        "LeaseLostError",
         "MemoryBackend",
         "NATSBackend",
         "PostgresBackend",
         "PrometheusMetrics",
         "RabbitMQBackend",
+        "RedisBackend",
+        "RedisLeaseBackend",
         "RunEvent",
         "RunRecord",
         "SQLiteBackend",
@@ -30,12 +34,28 @@ def test_all_is_the_public_surface() -> None:
         assert getattr(brokersched, name) is not None, name
 
 
+def test_the_namespace_holds_the_public_names_and_the_package_parts_only() -> None:
+    public = {name for name in vars(brokersched) if not name.startswith("_")}
+    packages = {"abc", "backends", "triggers", "testing", "cli"}
+    assert public - packages <= set(brokersched.__all__)
+    assert not {"Any", "TYPE_CHECKING", "importlib", "annotations"} & set(vars(brokersched))
+    assert set(dir(brokersched)) == {*brokersched.__all__, "__version__"}
+    assert isinstance(brokersched.__version__, str)
+
+
+def test_public_objects_say_where_they_are_imported_from() -> None:
+    for name in brokersched.__all__:
+        assert getattr(brokersched, name).__module__ == "brokersched", name
+    assert repr(brokersched.Scheduler) == "<class 'brokersched.Scheduler'>"
+
+
 def test_importing_needs_no_extras() -> None:
     import subprocess
     import sys
 
     code = (
         "import sys, brokersched\n"
-        "assert not {'aio_pika', 'nats', 'asyncpg', 'aiosqlite'} & set(sys.modules), sys.modules"
+        "extras = {'aio_pika', 'nats', 'asyncpg', 'aiosqlite', 'redis'}\n"
+        "assert not extras & set(sys.modules), sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

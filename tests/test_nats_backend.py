@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import signal
 import sys
 import time
@@ -17,12 +18,14 @@ from urllib.parse import urlsplit
 
 import nats
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from nats.js.api import StorageType, StreamConfig
 
 from brokersched._clock import SystemClock
 from brokersched._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from brokersched.abc import JobPolicy, RunRecord, Slot
-from brokersched.backends.nats import NATSBackend, redact, subject_token
+from brokersched.backends.nats import NATSBackend, _Names, redact, subject_token
 from tests.nats_helpers import (
     FLEET_JOBS,
     delete_streams,
@@ -100,6 +103,50 @@ def test_subject_token_is_one_token_and_tells_job_names_apart() -> None:
             subject_token(name)
 
 
+JOB_NAMES = st.from_regex(r"[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}", fullmatch=True)
+PREFIXES = st.from_regex(r"[A-Za-z0-9_.-]{1,12}", fullmatch=True)  # dots: NATSBackend refuses them
+
+
+def _accepted_prefix(prefix: str) -> bool:
+    try:
+        NATSBackend(prefix=prefix)
+    except ConfigurationError:
+        return False
+    return True
+
+
+def _decode_subject(subject: str) -> tuple[str, str, str]:
+    """``(prefix, kind, job)`` back from a subject: every name is one token of its own."""
+    prefix, kind, token = subject.split(".")
+    job = re.sub(r"%([0-9A-F]{2})", lambda m: chr(int(m[1], 16)), token)
+    return prefix, kind, job
+
+
+@given(PREFIXES, JOB_NAMES, st.sampled_from(["claim", "history"]))
+def test_subjects_and_streams_decode_back_to_prefix_kind_and_job(
+    prefix: str, job: str, kind: str
+) -> None:
+    """Names are injective across (prefix, kind, job): each decodes back to what made it.
+
+    (With dots allowed in a prefix, ``P`` + job ``claim.x`` and ``P.claim`` + ``x`` could meet;
+    NATSBackend refuses such prefixes and escapes the job's dots.)
+    """
+    if not _accepted_prefix(prefix):
+        assert "." in prefix
+        return
+    names = _Names(prefix)
+    subject = names.claim_subject(job) if kind == "claim" else names.history_subject(job)
+    assert _decode_subject(subject) == (prefix, kind, job)
+    stream = names.claims if kind == "claim" else names.history
+    assert stream.rsplit("-", 1) == [prefix, {"claim": "claims", "history": "history"}[kind]]
+
+
+def test_the_rabbitmq_collision_cannot_happen_on_nats() -> None:
+    with pytest.raises(ConfigurationError, match="prefix"):
+        NATSBackend(prefix="P.claim")
+    assert _Names("P").claim_subject("claim.x") == "P.claim.claim%2Ex"
+
+
 def test_constructor_validates_and_never_connects() -> None:
     backend = NATSBackend(f"nats://127.0.0.1:{free_port()}", slot_ttl=90, claim_timeout="500ms")
     assert backend.capabilities.slot_memory == timedelta(seconds=90)
@@ -118,6 +165,68 @@ def test_constructor_validates_and_never_connects() -> None:
     for kwargs, option in bad:
         with pytest.raises(ConfigurationError, match=option):
             NATSBackend(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        "http://bob:hunter2@127.0.0.1:4222",
+        "https://127.0.0.1:4222",
+        "amqp://127.0.0.1:5672/",
+        "NATS://127.0.0.1:4222",  # nats-py only knows the lower-case schemes
+        ["nats://127.0.0.1:4222", "http://127.0.0.1:4223"],
+    ],
+)
+def test_a_url_with_another_scheme_is_refused_at_construction(server: str | list[str]) -> None:
+    """nats-py used to take ``http://host:4222`` as the host ``http`` (a DNS error 4 s into
+    start())."""
+    with pytest.raises(ConfigurationError) as caught:
+        NATSBackend(server)
+    error = caught.value
+    assert (error.option, error.backend) == ("servers", "NATSBackend")
+    message = str(error)
+    assert "nats://, tls://, ws:// or wss://" in message and "host:4222" in message
+    assert "hunter2" not in message
+    if server == "http://bob:hunter2@127.0.0.1:4222":
+        assert "'http://bob:***@127.0.0.1:4222'" in message
+
+
+@pytest.mark.parametrize(
+    "servers",
+    [[], [""], ["nats://a:4222", "ws://b:8080"], ["wss://a:443", "tls://b:4222"], [4222]],
+)
+def test_empty_mixed_or_non_text_servers_are_refused(servers: list[Any]) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        NATSBackend(servers)
+    assert caught.value.option == "servers"
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        "nats://127.0.0.1:4222",
+        "tls://127.0.0.1:4222",
+        "ws://127.0.0.1:8080",
+        "wss://127.0.0.1:443",
+        "127.0.0.1:4222",
+        "alice:pw@127.0.0.1:4222",
+        "localhost",
+    ],
+)
+def test_every_url_form_nats_py_takes_is_accepted(server: str) -> None:
+    NATSBackend(server)
+    NATSBackend([server, server])
+
+
+async def test_a_scheme_less_server_connects(nats_url: str, prefix: str) -> None:
+    """``host:port`` is nats-py's shorthand for ``nats://host:port``: accepted, and it works."""
+    parts = urlsplit(nats_url)
+    backend = NATSBackend(f"{parts.hostname}:{parts.port or 4222}", prefix=prefix, slot_ttl="1m")
+    await backend.start(CLOCK)
+    try:
+        assert await backend.claim(Slot("job", now_ms()), instance_id="i", run_id="r", timeout=2)
+    finally:
+        await backend.stop()
 
 
 def test_repr_redacts_credentials() -> None:

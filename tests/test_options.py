@@ -36,13 +36,16 @@ def refused(sched: Scheduler[Any], kind: str, *args: Any, **options: Any) -> Con
 
 
 @pytest.mark.parametrize(
-    ("option", "value"), [("overlap", "allow"), ("max_attempts", 1), ("catch_up", "1h")]
+    ("option", "value", "shown"),
+    [("overlap", "allow", "'allow'"), ("max_attempts", 1, "1"), ("catch_up", "1h", "1h")],
 )
-def test_lease_options_are_refused_on_claim_only_backends(option: str, value: Any) -> None:
+def test_lease_options_are_refused_on_claim_only_backends(
+    option: str, value: Any, shown: str
+) -> None:
     error = refused(claim_only(), "every", "sync", "5m", **{option: value})
     assert str(error) == (
-        f"job 'sync': option '{option}' needs a lease backend; DictClaimBackend only claims "
-        "slots (use SQLiteBackend or PostgresBackend, or guard inside the job)"
+        f"job 'sync': option '{option}' ({shown}) needs a lease backend; DictClaimBackend only "
+        "claims slots (use SQLiteBackend or PostgresBackend, or guard inside the job)"
     )
     assert (error.option, error.backend, error.job) == (option, "DictClaimBackend", "sync")
 
@@ -79,6 +82,11 @@ def test_jitter_plus_max_late_must_fit_in_slot_memory() -> None:
         "lower max_late"
     )
     assert claim_only("6m").every("sync", "1h", handler, jitter="30s", max_late="5m")
+    # the boundary: a sum equal to slot_ttl is refused, one millisecond under it is accepted
+    assert "shorter than slot_ttl" in str(
+        refused(claim_only("5m"), "every", "edge", "1h", jitter="30s", max_late="4m30s")
+    )
+    assert claim_only("5m").every("edge", "1h", handler, jitter="30s", max_late="4m29999ms")
     # an unclaimed job never asks the backend, so slot memory does not matter
     assert claim_only("5m").every("local", "1h", handler, max_late="10m", claim=False)
 
@@ -207,6 +215,15 @@ def test_parse_duration_forms() -> None:
     assert parse_duration(1.5) == timedelta(seconds=1.5)
     assert parse_duration(3) == timedelta(seconds=3)
     assert parse_duration(timedelta(minutes=1)) == timedelta(minutes=1)
+    # zero needs no unit
+    assert parse_duration("0") == parse_duration("0.0") == parse_duration(" 0 ") == timedelta(0)
+    assert Scheduler().every("no-jitter", "1m", handler, jitter="0").settings.jitter_ms == 0
+
+
+def test_a_bare_number_string_is_told_to_add_a_unit() -> None:
+    expected = r"jitter '5' is not a duration; add a unit, e.g. '5s'"
+    with pytest.raises(ConfigurationError, match=expected):
+        parse_duration("5", name="jitter")
 
 
 @pytest.mark.parametrize("value", ["", "5", "5 parsecs", "1h-30m", True, None, float("nan"), [1]])

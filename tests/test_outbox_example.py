@@ -22,7 +22,13 @@ import pytest
 
 from brokersched._clock import SystemClock
 from brokersched.abc import JobPolicy, RunRecord, Slot
-from brokersched.backends.rabbitmq import RabbitMQBackend, claim_queue_name, history_queue_name
+from brokersched.backends.rabbitmq import (
+    RabbitMQBackend,
+    claim_queue_name,
+    history_queue_name,
+    lock_queue_name,
+    record_queue_name,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "examples" / "outbox" / "app.py"
@@ -96,7 +102,8 @@ async def names(amqp_url: str) -> AsyncIterator[tuple[str, str]]:
     connection = await aio_pika.connect(amqp_url)
     async with connection:
         channel = await connection.channel()
-        for name in [queue, history_queue_name(prefix, JOB)] + [
+        fleet = [record_queue_name(prefix), lock_queue_name(prefix)]  # the fleet's slot memory
+        for name in [queue, history_queue_name(prefix, JOB), *fleet] + [
             claim_queue_name(prefix, Slot(JOB, slot)) for slot in slots
         ]:
             await channel.queue_delete(name)

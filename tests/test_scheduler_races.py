@@ -8,7 +8,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from brokersched import BackendError, JobContext, MemoryBackend, Scheduler
+from brokersched import BackendError, Job, JobContext, MemoryBackend, Scheduler
 from brokersched.abc import Lease
 from brokersched.backends.memory import MemoryStore
 from brokersched.testing import TestClock
@@ -18,6 +18,7 @@ START = "2027-01-15T08:00:30+00:00"
 
 
 async def test_a_sync_run_that_finishes_during_stop_is_not_run_again() -> None:
+    clock = TestClock(START)
     store = MemoryStore()
     done: list[str] = []
 
@@ -25,7 +26,7 @@ async def test_a_sync_run_that_finishes_during_stop_is_not_run_again() -> None:
         time.sleep(0.05)
         done.append(ctx.instance_id)
 
-    first = Scheduler(MemoryBackend(store=store), jitter=0, instance_id="A")
+    first = Scheduler(MemoryBackend(store=store), clock=clock, jitter=0, instance_id="A")
     job = first.every("pay", "1h", work, catch_up=0)
     await first.start()
     trigger = asyncio.ensure_future(job.trigger())
@@ -35,9 +36,10 @@ async def test_a_sync_run_that_finishes_during_stop_is_not_run_again() -> None:
     record = await trigger
     assert record is not None
     assert record.outcome == "completed"
-    second = Scheduler(MemoryBackend(store=store), jitter=0, instance_id="B")
+    second = Scheduler(MemoryBackend(store=store), clock=clock, jitter=0, instance_id="B")
     second.every("pay", "1h", work, catch_up=0)
-    await second.start()  # its first sweep would take a hand-over at once
+    await second.start()
+    await clock.advance("1m")  # its sweeps would take a hand-over and run it
     await second.stop()
     assert done == ["A"]
 
@@ -142,7 +144,7 @@ async def test_a_caller_giving_up_on_trigger_does_not_cut_the_run() -> None:
 
     sched = Scheduler(MemoryBackend(), clock=clock, jitter=0)
     job = sched.every("report", "1h", report, catch_up=0)
-    sched.on("complete", lambda event: outcomes.append(event.outcome))  # type: ignore[union-attr]
+    sched.on("complete", lambda event: outcomes.append(event.outcome))
     await sched.start()
     trigger = asyncio.ensure_future(job.trigger())
     await clock.advance("1s")
@@ -266,6 +268,9 @@ async def test_a_run_whose_renewals_never_answer_is_aborted_before_its_lease_exp
     assert len(spans) > 1  # ... after which the slot was retried as a dead runner's
     for before, after in itertools.pairwise(spans):
         assert after[0] >= before[1]  # never two runs of the slot at once
+    # each lost attempt is recorded once, by the instance that took the slot over
+    attempts = [record.attempt for record in await job.history(10)]
+    assert attempts and sorted(attempts) == sorted(set(attempts))
 
 
 class FailingReleases(MemoryBackend):
@@ -306,10 +311,101 @@ async def test_releases_are_retried_while_the_lease_is_held() -> None:
 async def test_claims_never_outlive_the_backend_slot_memory() -> None:
     clock = TestClock(START)
     backend = DictClaimBackend(slot_ttl=timedelta(seconds=10))
-    sched = Scheduler(backend, clock=clock, jitter=0, max_late="9s")
+    sched = Scheduler(backend, clock=clock, jitter=0, max_late="9500ms")
     sched.every("tight", "1m", lambda ctx: None)
     await sched.start()
     await clock.advance("30s")
     await sched.stop()
     (timeout,) = backend.timeouts
-    assert timeout <= 9.0  # 10 s of memory, less a 1 s margin, from the slot
+    # 10 s of memory, less a 1 s margin, from the slot; not the 9.5 s that max_late leaves
+    assert timeout == 9.0
+
+
+class LateAnswer(MemoryBackend):
+    """The first renewal is applied at once but answered 15 s later (a slow link back); later
+    renewals are never answered."""
+
+    renewals = 0
+
+    async def renew(self, lease: Lease) -> bool:
+        assert self._clock is not None
+        self.renewals += 1
+        if self.renewals > 1:
+            await self._clock.sleep(3600)
+        renewed = await super().renew(lease)
+        await self._clock.sleep(15)
+        return renewed
+
+
+async def test_the_lock_lost_deadline_counts_from_when_the_renewal_was_sent() -> None:
+    """The store extended the lease when the renewal arrived, i.e. after it was sent: counted
+    from the late answer instead, the run would go on after its lease expired in the store."""
+    clock = TestClock(START)
+    spans: list[tuple[int, int, str | None]] = []
+
+    async def long(ctx: JobContext) -> None:
+        began = clock.monotonic_ms()
+        try:
+            await ctx.sleep(600)
+        finally:
+            spans.append((began, clock.monotonic_ms(), ctx.abort_reason))
+
+    sched = Scheduler(LateAnswer(lease_ttl="30s"), clock=clock, jitter=0)
+    job = sched.every("long", "1h", long, catch_up=0)
+    await sched.start()
+    trigger = asyncio.ensure_future(job.trigger())
+    await clock.advance("2m")
+    await trigger
+    await sched.stop()
+    began, ended, reason = spans[0]
+    assert reason == "lock-lost"
+    # renewal sent at 10 s, applied then (the store's lease now ends at 40 s), answered at
+    # 25 s: the run must be aborted before 40 s, a margin (ttl/10) ahead
+    assert ended - began == 37_000
+
+
+# -- update() and resume() inside a slot's jitter window ------------------------------------
+
+
+async def test_update_inside_the_jitter_window_keeps_the_slot() -> None:
+    clock = TestClock("2027-01-15T08:00:30+00:00")
+    sched = Scheduler(MemoryBackend(), clock=clock, jitter="20s")
+    slots: list[str] = []
+    job = sched.every("j", "1m", lambda ctx: slots.append(f"{ctx.scheduled_at:%H:%M:%S}"))
+    await sched.start()
+    await clock.advance("30s")  # 08:01:00: the slot's jitter window is open, its claim pending
+    job.update(jitter="10s")
+    await clock.advance("25s")
+    await sched.stop()
+    assert slots == ["08:01:00"]
+
+
+async def test_resume_inside_the_jitter_window_joins_the_slot() -> None:
+    clock = TestClock("2027-01-15T08:00:30+00:00")
+    sched = Scheduler(MemoryBackend(), clock=clock, jitter="20s")
+    slots: list[str] = []
+    job = sched.every("j", "1m", lambda ctx: slots.append(f"{ctx.scheduled_at:%H:%M:%S}"))
+    await sched.start()
+    job.pause()
+    await clock.advance("30s")  # 08:01:00 passes while paused
+    job.resume()  # the fleet is still claiming 08:01:00: this instance joins
+    await clock.advance("25s")
+    await sched.stop()
+    assert slots == ["08:01:00"]
+
+
+async def test_update_from_the_handler_does_not_rerun_its_slot() -> None:
+    clock = TestClock("2027-01-15T08:00:30+00:00")
+    sched = Scheduler(MemoryBackend(), clock=clock, jitter="20s")
+    slots: list[str] = []
+    jobs: list[Job] = []
+
+    async def retune(ctx: JobContext) -> None:
+        slots.append(f"{ctx.scheduled_at:%H:%M:%S}")
+        jobs[0].update(jitter="1s")
+
+    jobs.append(sched.every("j", "1m", retune, claim=False))  # no claim to stop a second run
+    await sched.start()
+    await clock.advance("1m")
+    await sched.stop()
+    assert slots == ["08:01:00"]

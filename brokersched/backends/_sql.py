@@ -3,10 +3,14 @@ rules of refusals and retries, history rows.
 
 Both keep the same three tables (plus ``schema_version``):
 
-* ``jobs``: one row per job ever claimed. ``last_slot_ms`` is the fence (the latest slot claimed);
-  ``lease_until`` is the expiry the latest grant was given. Every claim of a job locks this row,
-  so the claim decision is serialised per job; ``lease_until`` lets a claim that waited for the
-  lock see a lease granted meanwhile, which a read of ``leases`` from before the wait would miss.
+* ``jobs``: one row per job ever claimed. ``last_slot_ms`` is the fence (the latest scheduled,
+  catch-up or retried slot claimed; ``NO_SLOT`` while only manual runs were), ``manual_slot_ms``
+  the fence of manual runs, which never move ``last_slot_ms`` (a manual run claims the instant
+  it is asked for, and must not make the scheduled slots before it look claimed);
+  ``lease_until`` is the expiry the latest grant was given and ``grant_slot_ms`` that grant's
+  slot, so that only its own release ends it. Every claim of a job locks this row, so the claim
+  decision is serialised per job; ``lease_until`` lets a claim that waited for the lock see a
+  lease granted meanwhile, which a read of ``leases`` from before the wait would miss.
 * ``leases``: one row per slot being run or handed over, keyed by ``(job, slot_ms)``; a finished
   run's row is deleted (the fence keeps its slot claimed), so the table stays as small as the
   number of runs in progress.
@@ -17,67 +21,53 @@ Both keep the same three tables (plus ``schema_version``):
 from __future__ import annotations
 
 import re
-import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from .._clock import Clock
-from .._durations import Duration, parse_duration, to_ms
+from .._durations import Duration, to_ms
 from .._exceptions import BackendUnavailableError, ConfigurationError
-from ..abc import Capabilities, JobPolicy, Lease, LeaseBackend, Outcome, RunReason, RunRecord
+from ..abc import Capabilities, JobPolicy, LeaseBackend, Outcome, RunReason, RunRecord
+from ._lease import CAPABILITIES, check_lease_ttl, check_max_clock_skew
 
 __all__ = [
-    "CAPABILITIES",
     "MIN_RENEW_TIMEOUT_S",
+    "NO_SLOT",
     "SCHEMA_VERSION",
-    "DeadRun",
     "SQLLeaseBackend",
     "check_identifier",
     "datetime_to_us",
     "history_cutoff",
     "history_limit",
-    "interrupted",
-    "new_run_id",
-    "new_token",
-    "refusal",
-    "retry_attempt",
     "run_record",
     "us_to_datetime",
 ]
 
 #: The version of the tables this release writes; stored in ``schema_version`` so that a later
-#: release knows what it finds and can migrate it.
-SCHEMA_VERSION = 1
+#: release knows what it finds and can migrate it. 2: ``jobs.grant_slot_ms`` and
+#: ``jobs.manual_slot_ms`` (manual runs no longer move the fence).
+SCHEMA_VERSION = 2
 
-CAPABILITIES = Capabilities(
-    leases=True, slot_memory=None, history_ttl=True, history_size_per_job=True
-)
+#: ``jobs.last_slot_ms`` of a job only ever run manually: below every slot, so any passes.
+NO_SLOT = -(2**63)
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
-
-INTERRUPTED_ERROR = "runner lost its lease"
 
 #: The least time a renewal is given, however short ``lease_ttl`` is (a round trip, a lock).
 MIN_RENEW_TIMEOUT_S = 0.2
 
 
 class SQLLeaseBackend(LeaseBackend):
-    """What both SQL backends share: the lease ttl, the capabilities, the scheduler's clock
-    (for history times; leases are judged on the database's clock)."""
+    """What both SQL backends share: the lease ttl, the allowed clock skew, the capabilities,
+    the scheduler's clock (for history times; leases are judged on the database's clock)."""
 
-    def __init__(self, lease_ttl: Duration) -> None:
+    def __init__(self, lease_ttl: Duration, max_clock_skew: Duration) -> None:
         super().__init__()
-        self._lease_ttl = parse_duration(lease_ttl, name="lease_ttl")
-        if self._lease_ttl <= timedelta(0):
-            raise ConfigurationError(
-                f"lease_ttl of {self.name} must be greater than 0",
-                option="lease_ttl",
-                backend=self.name,
-            )
+        self._lease_ttl = check_lease_ttl(lease_ttl, backend=self.name)
+        self._max_clock_skew = check_max_clock_skew(max_clock_skew, backend=self.name)
         self._clock: Clock | None = None
 
     @property
@@ -89,17 +79,29 @@ class SQLLeaseBackend(LeaseBackend):
         return self._lease_ttl
 
     @property
+    def max_clock_skew(self) -> timedelta:
+        """How far ahead of the database's clock a claimed slot may be (see ``ClockSkewError``)."""
+        return self._max_clock_skew
+
+    @property
     def _ttl_ms(self) -> int:
         return to_ms(self._lease_ttl)
 
     @property
+    def _skew_ms(self) -> int:
+        return to_ms(self._max_clock_skew)
+
+    @property
     def _renew_timeout(self) -> float:
-        """The bound on ``renew()``: a third of ``lease_ttl`` (at least ``MIN_RENEW_TIMEOUT_S``).
+        """The bound on ``renew()`` and ``release()``: a third of ``lease_ttl`` (at least
+        ``MIN_RENEW_TIMEOUT_S``).
 
         The runner renews every third of the ttl and aborts the run when no renewal succeeded
         in time; a renewal that answers later than that is of no use to it, and one left
         waiting would let the lease expire (and another instance take the slot over) while
-        the runner has not been told.
+        the runner has not been told. A release answered later than that could land after
+        the lease expired, when the slot has been restarted elsewhere: the runner is told it
+        failed in time, and retries it while it still holds the lease.
         """
         return max(self._lease_ttl.total_seconds() / 3, MIN_RENEW_TIMEOUT_S)
 
@@ -121,16 +123,6 @@ def check_identifier(value: object, *, option: str, backend: str, max_length: in
     return value
 
 
-def new_token() -> str:
-    """A lease's token: random, so a stale runner can never guess a newer lease's."""
-    return secrets.token_hex(16)
-
-
-def new_run_id() -> str:
-    """The run id of a retry the backend starts (the scheduler names the runs it starts)."""
-    return secrets.token_hex(8)
-
-
 def datetime_to_us(value: datetime) -> int:
     """Exact microseconds since the Unix epoch (SQLite stores times as integers)."""
     return (value - _EPOCH) // _MICROSECOND
@@ -138,63 +130,6 @@ def datetime_to_us(value: datetime) -> int:
 
 def us_to_datetime(value: int) -> datetime:
     return _EPOCH + value * _MICROSECOND
-
-
-def refusal(
-    slot_ms: int, latest: int | None, live: bool | None, policy: JobPolicy
-) -> Literal["overlap", "not-acquired"]:
-    """Why a claim was refused, from the job's row as read after the refusal.
-
-    The row may be older than the decision (PostgreSQL reads it with the statement's snapshot):
-    a slot that passes the fence on a row with no live lease was then lost to a concurrent
-    claimer, which is ``not-acquired`` as well.
-    """
-    if latest is None or latest >= slot_ms:
-        return "not-acquired"
-    return "overlap" if policy.overlap == "skip" and live else "not-acquired"
-
-
-def retry_attempt(state: str, attempt: int, latest: bool, max_attempts: int) -> int | None:
-    """The attempt a taken-over slot restarts with, or ``None`` when it is left.
-
-    Only the job's latest slot is restarted; a hand-over keeps its attempt (the runner did not
-    die), a dead runner's slot counts one more, up to ``max_attempts``.
-    """
-    attempt = attempt if state == "handover" else attempt + 1
-    return attempt if latest and attempt <= max_attempts else None
-
-
-@dataclass(frozen=True, slots=True)
-class DeadRun:
-    """A lease row found expired or handed over by ``take_over``."""
-
-    job: str
-    slot_ms: int
-    run_id: str
-    instance_id: str
-    reason: str
-    attempt: int
-    state: str
-    started_at: datetime
-
-    def retried(self, token: str, run_id: str, attempt: int) -> Lease:
-        return Lease(self.job, self.slot_ms, token, run_id, attempt, "retry")
-
-
-def interrupted(run: DeadRun, now: datetime) -> RunRecord:
-    """The history record of a runner that died: its runner cannot write it, the backend does."""
-    return RunRecord(
-        job=run.job,
-        slot_ms=run.slot_ms,
-        run_id=run.run_id,
-        instance_id=run.instance_id,
-        reason=cast(RunReason, run.reason),
-        attempt=run.attempt,
-        started_at=run.started_at,
-        finished_at=now,
-        outcome="interrupted",
-        error=INTERRUPTED_ERROR,
-    )
 
 
 def run_record(row: Sequence[Any], started_at: datetime, finished_at: datetime | None) -> RunRecord:

@@ -8,7 +8,6 @@ database, which is how tests and demos run a "fleet" in one process. Every metho
 from __future__ import annotations
 
 import asyncio
-import secrets
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,9 +15,23 @@ from datetime import timedelta
 from typing import Literal
 
 from .._clock import Clock, ms_to_datetime
-from .._durations import Duration, parse_duration, to_ms
-from .._exceptions import BackendUnavailableError, ConfigurationError
+from .._durations import Duration, to_ms
+from .._exceptions import BackendUnavailableError
 from ..abc import Capabilities, JobPolicy, Lease, LeaseBackend, RunReason, RunRecord, Slot
+from ._lease import (
+    CAPABILITIES,
+    DEFAULT_MAX_CLOCK_SKEW,
+    DeadRun,
+    check_lease_ttl,
+    check_max_clock_skew,
+    check_slot_time,
+    interrupted,
+    is_latest,
+    new_run_id,
+    new_token,
+    restart_attempt,
+    retry_window_ms,
+)
 
 __all__ = ["MemoryBackend", "MemoryStore"]
 
@@ -40,30 +53,42 @@ class MemoryStore:
     """What the "database" holds; share one between backends to simulate a fleet."""
 
     latest: dict[str, int] = field(default_factory=dict)  # job -> latest claimed slot_ms
+    manual: dict[str, int] = field(default_factory=dict)  # job -> latest manual slot_ms
     runs: dict[str, dict[int, _Run]] = field(default_factory=dict)  # job -> slot_ms -> run
     history: dict[str, deque[RunRecord]] = field(default_factory=dict)
 
 
 class MemoryBackend(LeaseBackend):
-    """A lease backend in this process's memory; nothing survives the process."""
+    """A lease backend in this process's memory; nothing survives the process.
 
-    def __init__(self, *, lease_ttl: Duration = "30s", store: MemoryStore | None = None) -> None:
+    ``max_clock_skew``: how far ahead of this backend's clock (the scheduler's it was started
+    with) a claimed slot may be.
+    """
+
+    def __init__(
+        self,
+        *,
+        lease_ttl: Duration = "30s",
+        store: MemoryStore | None = None,
+        max_clock_skew: Duration = DEFAULT_MAX_CLOCK_SKEW,
+    ) -> None:
         super().__init__()
-        self._lease_ttl = parse_duration(lease_ttl, name="lease_ttl")
-        if self._lease_ttl <= timedelta(0):
-            raise ConfigurationError("lease_ttl must be greater than 0", option="lease_ttl")
+        self._lease_ttl = check_lease_ttl(lease_ttl, backend=self.name)
+        self._max_clock_skew = check_max_clock_skew(max_clock_skew, backend=self.name)
         self.store = store if store is not None else MemoryStore()
         self._clock: Clock | None = None
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            leases=True, slot_memory=None, history_ttl=True, history_size_per_job=True
-        )
+        return CAPABILITIES
 
     @property
     def lease_ttl(self) -> timedelta:
         return self._lease_ttl
+
+    @property
+    def max_clock_skew(self) -> timedelta:
+        return self._max_clock_skew
 
     async def _open(self, clock: Clock) -> None:
         self._clock = clock
@@ -83,7 +108,7 @@ class MemoryBackend(LeaseBackend):
         self, slot: Slot, run_id: str, instance_id: str, attempt: int, reason: RunReason
     ) -> Lease:
         now = self._now()
-        token = secrets.token_hex(16)
+        token = new_token()
         self.store.runs.setdefault(slot.job, {})[slot.slot_ms] = _Run(
             token, run_id, instance_id, attempt, reason, now, now + to_ms(self._lease_ttl)
         )
@@ -101,15 +126,19 @@ class MemoryBackend(LeaseBackend):
     ) -> Lease | Literal["overlap", "not-acquired"]:
         await asyncio.sleep(0)  # a real backend yields here; so do we, for honest races
         now = self._now()
-        latest = self.store.latest.get(slot.job)
-        if latest is not None and slot.slot_ms <= latest:
+        check_slot_time(slot, now, self._max_clock_skew, backend=self.name, clock="its clock")
+        fences = self.store.manual if reason == "manual" else self.store.latest
+        fence = fences.get(slot.job)
+        if fence is not None and slot.slot_ms <= fence:
             return "not-acquired"
-        if reason == "catch-up" and latest is None:
+        if reason == "catch-up" and fence is None:
             return "not-acquired"
         runs = self.store.runs.get(slot.job, {})
+        if slot.slot_ms in runs and runs[slot.slot_ms].state != "done":
+            return "not-acquired"  # a manual run at a scheduled slot's very instant
         if policy.overlap == "skip" and any(self._live(run, now) for run in runs.values()):
             return "overlap"
-        self.store.latest[slot.job] = slot.slot_ms
+        fences[slot.job] = slot.slot_ms
         for slot_ms in [ms for ms, run in runs.items() if run.state == "done"]:
             del runs[slot_ms]  # fencing refuses older slots already: no need to remember them
         return self._grant(slot, run_id, instance_id, 1, reason)
@@ -141,36 +170,28 @@ class MemoryBackend(LeaseBackend):
         for policy in policies:
             for slot_ms, run in list(self.store.runs.get(policy.name, {}).items()):
                 if run.state != "done" and not self._live(run, now):
-                    leases.extend(
-                        self._take(policy, Slot(policy.name, slot_ms), run, now, instance_id)
-                    )
+                    started = ms_to_datetime(run.started_ms)
+                    dead = DeadRun(
+                        policy.name, slot_ms, run.run_id, run.instance_id, run.reason,
+                        run.attempt, run.state, started, now - run.expires_ms,
+                    )  # fmt: skip
+                    leases.extend(self._take(policy, dead, run, instance_id))
         return leases
 
-    def _take(
-        self, policy: JobPolicy, slot: Slot, run: _Run, now: int, instance_id: str
-    ) -> list[Lease]:
-        handover = run.state == "handover"
-        if not handover:
-            self._append(policy, self._interrupted(slot, run, now))
-        attempt = run.attempt if handover else run.attempt + 1
-        if self.store.latest.get(slot.job) == slot.slot_ms and attempt <= policy.max_attempts:
-            return [self._grant(slot, secrets.token_hex(8), instance_id, attempt, "retry")]
-        run.state = "done"
-        return []
-
-    def _interrupted(self, slot: Slot, run: _Run, now: int) -> RunRecord:
-        return RunRecord(
-            job=slot.job,
-            slot_ms=slot.slot_ms,
-            run_id=run.run_id,
-            instance_id=run.instance_id,
-            reason=run.reason,
-            attempt=run.attempt,
-            started_at=ms_to_datetime(run.started_ms),
-            finished_at=ms_to_datetime(now),
-            outcome="interrupted",
-            error="runner lost its lease",
-        )
+    def _take(self, policy: JobPolicy, dead: DeadRun, run: _Run, instance_id: str) -> list[Lease]:
+        fence, manual = self.store.latest.get(dead.job), self.store.manual.get(dead.job)
+        latest = is_latest(dead.slot_ms, fence, manual)
+        window_ms = retry_window_ms(policy, self._lease_ttl)
+        attempt = restart_attempt(dead, latest=latest, policy=policy, window_ms=window_ms)
+        now = ms_to_datetime(self._now())
+        record = interrupted(dead, now, restarted=attempt is not None, window_ms=window_ms)
+        if record is not None:
+            self._append(policy, record)
+        if attempt is None:
+            run.state = "done"
+            return []
+        slot = Slot(dead.job, dead.slot_ms)
+        return [self._grant(slot, new_run_id(), instance_id, attempt, "retry")]
 
     def _append(self, job: JobPolicy, record: RunRecord) -> None:
         records = self.store.history.setdefault(job.name, deque())

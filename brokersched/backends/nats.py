@@ -20,8 +20,12 @@ for all jobs); reads are trimmed to each job's own size.
 
 Streams are created when missing and updated when a setting must grow; they are never deleted or
 recreated (that would forget claimed slots and allow double runs). An existing stream that cannot
-work (memory storage, a duplicate window shorter than ``slot_ttl``, ...) fails ``start()`` with a
-``ConfigurationError`` that says what differs and how to fix it.
+work fails ``start()`` with a ``ConfigurationError`` that names each setting, its value and how to
+fix it (``_claims_problems``, ``_history_problems``). A restarted server rebuilds its duplicate
+table from the stored messages only, so claims must leave their stream by age alone: memory
+storage, max_msgs, max_bytes, max_msgs_per_subject or a max_age shorter than ``slot_ttl`` would
+let a late instance win a slot that already ran; no_ack, a mirror or discard 'new' with a limit
+make claims fail; an unlimited max_age lets the stream grow for ever.
 """
 
 from __future__ import annotations
@@ -142,6 +146,59 @@ def subject_token(job: str) -> str:
     return _TOKEN_UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m[0].encode()), job)
 
 
+_SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+_SCHEMES = ("nats", "tls", "ws", "wss")  # what nats-py connects with
+_ACCEPTED = "nats://host:4222, tls://host:4222, ws://host:8080, wss://host:443 or host:4222"
+
+
+def _check_servers(servers: object) -> list[str]:
+    """``servers`` as a list of URLs nats-py can connect to, or a ``ConfigurationError``.
+
+    nats-py takes anything: it reads ``http://host:4222`` as the host ``http`` and fails with a
+    DNS error seconds after ``start()``. Scheme-less ``host:port`` (and ``user:pw@host:port``)
+    is nats-py's own shorthand for ``nats://``.
+    """
+    found = [servers] if isinstance(servers, str) else servers
+    if not isinstance(found, list | tuple) or not found:
+        raise ConfigurationError(
+            f"servers of {_BACKEND} must be a URL or a non-empty list of URLs ({_ACCEPTED})",
+            option="servers",
+            backend=_BACKEND,
+        )
+    checked: list[str] = []
+    for server in cast(Sequence[object], found):
+        if not isinstance(server, str) or not server.strip():
+            raise ConfigurationError(
+                f"server {server!r} of {_BACKEND} is not a URL; write {_ACCEPTED}",
+                option="servers",
+                backend=_BACKEND,
+            )
+        scheme = _scheme(server)
+        if scheme is not None and scheme not in _SCHEMES:
+            raise ConfigurationError(
+                f"server {_redact.redact_url(server)!r} of {_BACKEND} has the scheme"
+                f" {scheme!r}; NATS URLs start with nats://, tls://, ws:// or wss://, in lower"
+                " case (or have no scheme: host:4222)",
+                option="servers",
+                backend=_BACKEND,
+            )
+        checked.append(server)
+    websocket = [_scheme(server) in ("ws", "wss") for server in checked]
+    if any(websocket) and not all(websocket):
+        raise ConfigurationError(
+            f"servers of {_BACKEND} mix WebSocket (ws://, wss://) and plain (nats://, tls://)"
+            " URLs, which nats-py refuses: list one kind only",
+            option="servers",
+            backend=_BACKEND,
+        )
+    return checked
+
+
+def _scheme(server: str) -> str | None:
+    match = _SCHEME_RE.match(server)
+    return match[1] if match else None
+
+
 def _import_nats() -> Any:
     try:
         return importlib.import_module("nats")
@@ -238,41 +295,138 @@ def _seconds(value: timedelta) -> str:
     return format_duration(value)
 
 
+# A claim is under 2 KiB (a 128-character job name, a 200-character instance id, escaped); a
+# stream whose max_msg_size is smaller refuses some claims (and most run records).
+_MIN_MSG_SIZE = 4096
+_DEFAULT_HISTORY_SIZE = 1000  # the scheduler's default; a fix suggested before prepare() knows
+_LIMIT_FLAGS = {
+    "max_msgs": "--max-msgs",
+    "max_bytes": "--max-bytes",
+    "max_msgs_per_subject": "--max-msgs-per-subject",
+}
+
+
+def _text(value: object) -> str:
+    """An enum setting (storage, retention, discard, ...) as the server spells it."""
+    return str(getattr(value, "value", value))
+
+
+def _limit(value: int | None) -> int:
+    """A count or size limit, every spelling of "unlimited" (None, 0, -1) as 0."""
+    return value if value is not None and value > 0 else 0
+
+
+def _recreate(stream: str, forgets: str) -> str:
+    return (
+        f"delete the stream while no scheduler runs (`nats stream rm {stream}`, which forgets "
+        f"{forgets}) so that brokersched creates it, or use another prefix"
+    )
+
+
 def _claims_problems(config: StreamConfig, names: _Names, slot_ttl: timedelta) -> list[str]:
-    """What makes an existing claims stream unsafe, each with how to fix it."""
-    problems = _common_problems(config, names.claims, names.claim_subjects)
+    """Every setting of an existing claims stream that breaks the claim guarantee or its
+    bounded size, each with how to fix it (the one place that checks them).
+
+    A claimed slot must stay in the stream's duplicate table for ``slot_ttl``, across server
+    restarts too, and a restarted server rebuilds that table from the *stored* messages only.
+    So claims must leave the stream by age alone: file storage (memory storage forgets every
+    claim on a restart, exactly like a dropped message), no count or size limit, and a
+    ``max_age`` of at least ``slot_ttl`` that is not unlimited (one message per claimed slot).
+    Irrelevant, so accepted: description, max_consumers, num_replicas (grown), placement,
+    deny_delete, deny_purge and allow_rollup_hdrs (they only govern what an operator or another
+    client does on purpose), republish, compression, allow_direct (set), metadata, ...
+    """
+    stream = names.claims
+    problems = _common_problems(config, stream, names.claim_subjects, "claim", "claimed slots")
     window = timedelta(seconds=config.duplicate_window or 0)
     if window < slot_ttl:
         problems.append(
             f"duplicate_window is {_seconds(window)}, shorter than slot_ttl {_seconds(slot_ttl)} "
-            f"(a late instance could win a slot again): run `nats stream edit {names.claims} "
+            f"(a late instance could win a slot again): run `nats stream edit {stream} "
             f"--dupe-window {_seconds(slot_ttl)} --max-age {_seconds(slot_ttl)}` or pass "
             f"slot_ttl={_seconds(window)!r}"
         )
+    # The server wants max_age >= duplicate_window: never suggest less.
+    keep = _seconds(max(window, slot_ttl))
     max_age = timedelta(seconds=config.max_age or 0)
-    if max_age and max_age < slot_ttl:
+    if max_age <= timedelta(0):
+        problems.append(
+            f"max_age is 0 (unlimited: the stream would grow for ever, one message per claimed "
+            f"slot): run `nats stream edit {stream} --max-age {keep}`"
+        )
+    elif max_age < slot_ttl:
         problems.append(
             f"max_age is {_seconds(max_age)}, shorter than slot_ttl {_seconds(slot_ttl)} "
             f"(claims would be forgotten on a server restart): run `nats stream edit "
-            f"{names.claims} --max-age {_seconds(slot_ttl)}`"
+            f"{stream} --max-age {keep}`"
+        )
+    problems += _claim_limit_problems(config, stream)
+    persist_mode = _text(config.persist_mode)
+    if config.persist_mode is not None and persist_mode != "default":
+        problems.append(
+            f"persist_mode is {persist_mode!r}, not 'default' (claims acknowledged just before "
+            f"a server crash could be lost, and a late instance win them again): "
+            f"{_recreate(stream, 'claimed slots')}"
+        )
+    if config.allow_msg_counter:
+        problems.append(
+            "allow_msg_counter is true (a counter stream refuses claims): "
+            + _recreate(stream, "claimed slots")
         )
     return problems
 
 
-def _common_problems(config: StreamConfig, stream: str, subjects: str) -> list[str]:
+def _claim_limit_problems(config: StreamConfig, stream: str) -> list[str]:
     problems: list[str] = []
-    storage = str(getattr(config.storage, "value", config.storage))
+    discard_new = _text(config.discard) == "new"
+    for setting, flag in _LIMIT_FLAGS.items():
+        value = _limit(getattr(config, setting))
+        if not value:
+            continue
+        if discard_new and (setting != "max_msgs_per_subject" or config.discard_new_per_subject):
+            why = "with discard 'new', every claim fails once the limit is reached"
+        else:
+            why = (
+                "claims it drops before slot_ttl ends are forgotten on a server restart, and a "
+                "late instance wins a slot that already ran"
+            )
+        if setting == "max_msgs_per_subject" and config.discard_new_per_subject:
+            flag = "--no-discard-per-subject " + flag  # the server wants both at once
+        problems.append(
+            f"{setting} is {value} ({why}; claims must expire by max_age only): run `nats "
+            f"stream edit {stream} {flag}=-1`, or {_recreate(stream, 'claimed slots')}"
+        )
+    problems += _msg_size_problems(config, stream)
+    return problems
+
+
+def _msg_size_problems(config: StreamConfig, stream: str) -> list[str]:
+    size = _limit(config.max_msg_size)
+    if not size or size >= _MIN_MSG_SIZE:
+        return []
+    return [
+        f"max_msg_size is {size} bytes (a claim or a run record can be larger, and is then "
+        f"refused): run `nats stream edit {stream} --max-msg-size=-1`"
+    ]
+
+
+def _common_problems(
+    config: StreamConfig, stream: str, subjects: str, what: str, forgets: str
+) -> list[str]:
+    """What breaks both streams; ``what`` is written to each (a claim, a run record)."""
+    problems: list[str] = []
+    storage = _text(config.storage)
     if storage != "file":
         problems.append(
             f"storage is {storage!r}, not 'file' (it would be lost on a server restart); storage "
             f"cannot be edited: delete the stream (`nats stream rm {stream}`, which forgets "
-            "claimed slots) while no scheduler runs, or use another prefix"
+            f"{forgets}) while no scheduler runs, or use another prefix"
         )
-    retention = str(getattr(config.retention, "value", config.retention))
+    retention = _text(config.retention)
     if retention != "limits":
         problems.append(
-            f"retention is {retention!r}, not 'limits': delete the stream (`nats stream rm "
-            f"{stream}`) while no scheduler runs, or use another prefix"
+            f"retention is {retention!r}, not 'limits' (messages would be removed by consumers, "
+            f"not by age, and {forgets} with them): {_recreate(stream, forgets)}"
         )
     if subjects not in (config.subjects or []):
         problems.append(
@@ -280,12 +434,95 @@ def _common_problems(config: StreamConfig, stream: str, subjects: str) -> list[s
             f"{stream} --subjects '{subjects}'` or use another prefix"
         )
     if config.sealed:
-        problems.append(f"the stream is sealed: use another prefix than {stream!r}")
+        problems.append(
+            f"sealed is true (it takes no more messages): use another prefix than {stream!r}"
+        )
+    if config.no_ack:
+        problems.append(
+            f"no_ack is true (publishes are not acknowledged, so every {what} fails): run "
+            f"`nats stream edit {stream} --ack`"
+        )
+    if config.mirror is not None:
+        problems.append(
+            f"mirror is {config.mirror.name!r} (a mirror takes no publishes, so every {what} "
+            f"fails): {_recreate(stream, forgets)}"
+        )
+    if config.sources:
+        sources = [source.name for source in config.sources]
+        problems.append(
+            f"sources are {sources} (messages copied from other streams would be taken for "
+            f"brokersched's): remove the sources from its configuration, or "
+            f"{_recreate(stream, forgets)}"
+        )
     return problems
 
 
-def _history_problems(config: StreamConfig, names: _Names) -> list[str]:
-    return _common_problems(config, names.history, names.history_subjects)
+def _history_problems(config: StreamConfig, names: _Names, size: int | None = None) -> list[str]:
+    """Every setting of an existing history stream that breaks writing or trimming runs.
+
+    ``max_msgs_per_subject`` is what trims each job's history: it must be set (brokersched
+    grows it to ``size``). A ``max_age``, or a max_msgs/max_bytes with discard 'old', only
+    drops old runs sooner: accepted. With discard 'new' a full stream refuses every record.
+    """
+    stream = names.history
+    forgets = "the run history"
+    problems = _common_problems(config, stream, names.history_subjects, "run record", forgets)
+    if not _limit(config.max_msgs_per_subject):
+        problems.append(
+            "max_msgs_per_subject is unlimited (it is what trims each job's history; without it "
+            f"the history grows for ever): run `nats stream edit {stream} "
+            f"--max-msgs-per-subject={size or _DEFAULT_HISTORY_SIZE}`, or "
+            f"{_recreate(stream, forgets)}"
+        )
+    if _text(config.discard) == "new":
+        limits = [f"{s}={_limit(getattr(config, s))}" for s in ("max_msgs", "max_bytes")]
+        if config.discard_new_per_subject:
+            limits.append(f"max_msgs_per_subject={_limit(config.max_msgs_per_subject)}")
+        limits = [limit for limit in limits if not limit.endswith("=0")]
+        if limits:
+            problems.append(
+                f"discard is 'new' with {', '.join(limits)} (once full, every run record is "
+                f"refused): run `nats stream edit {stream} --discard=old"
+                + (" --no-discard-per-subject`" if config.discard_new_per_subject else "`")
+            )
+    problems += _msg_size_problems(config, stream)
+    return problems
+
+
+def _claims_config(names: _Names, slot_ttl: timedelta, replicas: int) -> StreamConfig:
+    """The claims stream brokersched creates (it passes ``_claims_problems``)."""
+    from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+
+    ttl = slot_ttl.total_seconds()
+    return StreamConfig(
+        name=names.claims,
+        description="brokersched slot claims (deduplicated by Nats-Msg-Id)",
+        subjects=[names.claim_subjects],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.OLD,
+        num_replicas=replicas,
+        duplicate_window=ttl,
+        max_age=ttl,
+        allow_direct=True,
+    )
+
+
+def _history_config(names: _Names, size: int, replicas: int) -> StreamConfig:
+    """The history stream brokersched creates (it passes ``_history_problems``)."""
+    from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+
+    return StreamConfig(
+        name=names.history,
+        description="brokersched run history (one subject per job)",
+        subjects=[names.history_subjects],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.OLD,
+        num_replicas=replicas,
+        max_msgs_per_subject=size,
+        allow_direct=True,
+    )
 
 
 def _grown(config: StreamConfig, *, replicas: int, per_subject: int | None) -> StreamConfig | None:
@@ -308,9 +545,11 @@ def _grown(config: StreamConfig, *, replicas: int, per_subject: int | None) -> S
 class NATSBackend(ClaimBackend):
     """Claims and history on NATS JetStream (claim-only: no leases).
 
-    ``servers``: one URL or a list (``nats://``, ``tls://``; user-info in URLs is redacted from
-    every log line and error). ``slot_ttl``: how long a claimed slot is remembered (the claims
-    stream's duplicate window and max age). ``replicas``: stream replicas in a cluster.
+    ``servers``: one URL or a list (``nats://``, ``tls://``, ``ws://``, ``wss://``, or
+    scheme-less ``host:port``; anything else is refused at construction; user-info in URLs is
+    redacted from every log line and error). ``slot_ttl``: how long a claimed slot is
+    remembered (the claims stream's duplicate window and max age). ``replicas``: stream
+    replicas in a cluster.
     ``claim_timeout``: the longest a claim may take, whatever ``timeout`` the scheduler allows.
     ``connect_options`` go to ``nats.connect`` (``user_credentials``, ``tls``, ``token``, ...);
     they are never logged. ``start()`` waits up to twice ``connect_timeout`` (2 s) per server.
@@ -327,9 +566,7 @@ class NATSBackend(ClaimBackend):
         **connect_options: Any,
     ) -> None:
         super().__init__()
-        self._servers = [servers] if isinstance(servers, str) else list(servers)
-        if not self._servers:
-            raise ConfigurationError("servers is empty", option="servers", backend=_BACKEND)
+        self._servers = _check_servers(servers)
         self._slot_ttl = parse_duration(slot_ttl, name="slot_ttl")
         self._claim_timeout = parse_duration(claim_timeout, name="claim_timeout")
         for option, value in (("slot_ttl", self._slot_ttl), ("claim_timeout", self._claim_timeout)):
@@ -501,24 +738,9 @@ class NATSBackend(ClaimBackend):
         await self._check_history_stream(js)
 
     async def _ensure_claims_stream(self, js: JetStreamContext) -> None:
-        from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-
-        ttl = self._slot_ttl.total_seconds()
-        desired = StreamConfig(
-            name=self._names.claims,
-            description="brokersched slot claims (deduplicated by Nats-Msg-Id)",
-            subjects=[self._names.claim_subjects],
-            retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE,
-            discard=DiscardPolicy.OLD,
-            num_replicas=self._replicas,
-            duplicate_window=ttl,
-            max_age=ttl,
-            allow_direct=True,
-        )
         await self._ensure_stream(
             js,
-            desired,
+            _claims_config(self._names, self._slot_ttl, self._replicas),
             problems=lambda c: _claims_problems(c, self._names, self._slot_ttl),
             per_subject=None,
             option="slot_ttl",
@@ -576,23 +798,10 @@ class NATSBackend(ClaimBackend):
                 )
 
     async def _ensure_history_stream(self, js: JetStreamContext, size: int) -> bool:
-        from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-
-        desired = StreamConfig(
-            name=self._names.history,
-            description="brokersched run history (one subject per job)",
-            subjects=[self._names.history_subjects],
-            retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE,
-            discard=DiscardPolicy.OLD,
-            num_replicas=self._replicas,
-            max_msgs_per_subject=size,
-            allow_direct=True,
-        )
         return await self._ensure_stream(
             js,
-            desired,
-            problems=lambda c: _history_problems(c, self._names),
+            _history_config(self._names, size, self._replicas),
+            problems=lambda c: _history_problems(c, self._names, size),
             per_subject=size,
             option="history_size",
         )
@@ -666,7 +875,7 @@ class NATSBackend(ClaimBackend):
 
     async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
         nc, js = self._client()
-        msg_id = f"{slot.job}:{slot.slot_ms}"
+        msg_id = slot.key  # Nats-Msg-Id: <job>:<slot_ms>
         with _Translated("claim", msg_id, secrets=self._secrets):
             started = time.monotonic()
             budget = min(timeout, self._claim_budget_s)

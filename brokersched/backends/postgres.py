@@ -11,7 +11,14 @@ read-then-write in the client:
   job's row, so each slot goes to exactly one taker and a claim of a newer slot cannot slip in.
 
 Expiry is judged on ``clock_timestamp()`` (the time when the row is examined, after any lock
-wait; ``now()`` is frozen at the transaction's start), never on an instance's clock.
+wait; ``now()`` is frozen at the transaction's start), never on an instance's clock; so is a
+slot's time: a claim for a slot further ahead of ``clock_timestamp()`` than ``max_clock_skew`` is
+refused (a fast instance would otherwise fence the job's slots for the whole fleet), and a
+take-over restarts a slot only within the job's retry window.
+
+Every call is bounded on the client (a claim by its caller's timeout, a renewal and a release by
+a third of ``lease_ttl``), whatever the server's ``statement_timeout`` or ``lock_timeout``: a
+release never waits past the lease it ends.
 """
 
 from __future__ import annotations
@@ -33,16 +40,23 @@ from .._exceptions import (
     ConfigurationError,
 )
 from ..abc import JobPolicy, Lease, RunReason, RunRecord, Slot
-from ._sql import (
-    SCHEMA_VERSION,
+from ._lease import (
+    DEFAULT_MAX_CLOCK_SKEW,
     DeadRun,
+    JobState,
+    check_slot_time,
+    interrupted,
+    new_token,
+    refusal,
+    retry_window_ms,
+)
+from ._sql import (
+    NO_SLOT,
+    SCHEMA_VERSION,
     SQLLeaseBackend,
     check_identifier,
     history_cutoff,
     history_limit,
-    interrupted,
-    new_token,
-    refusal,
     run_record,
 )
 
@@ -115,24 +129,53 @@ CREATE TABLE {s}.history_counters (
     n bigint NOT NULL
 );
 """
+# Manual runs get their own fence; a grant remembers its slot, so only its release ends it.
+_SCHEMA_V2 = """
+ALTER TABLE {s}.jobs ADD COLUMN grant_slot_ms bigint, ADD COLUMN manual_slot_ms bigint;
+UPDATE {s}.jobs SET grant_slot_ms = last_slot_ms;
+"""
 #: ``_MIGRATIONS[v]`` takes the schema from version ``v`` to ``v + 1``.
-_MIGRATIONS = (_SCHEMA_V1,)
+_MIGRATIONS = (_SCHEMA_V1, _SCHEMA_V2)
+
+_CLOCK = "the database's clock (clock_timestamp())"
+_NOW_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+_NO_SLOT = f"'{NO_SLOT}'::bigint"
+
+# $10: max_clock_skew in ms.
+_IN_TIME = "$2::bigint <= {now_ms} + $10::bigint"
+
+# A slot whose lease row is taken (a manual run at a scheduled slot's very instant) is refused.
+_FREE = "NOT EXISTS (SELECT FROM {s}.leases AS f WHERE f.job = $1 AND f.slot_ms = $2)"
 
 _LIVE = """(j.lease_until > clock_timestamp() OR EXISTS (
     SELECT FROM {s}.leases AS l
     WHERE l.job = j.job AND l.state = 'running' AND l.expires_at > clock_timestamp()))"""
 
-_UPSERT_JOB = """INSERT INTO {s}.jobs AS j (job, last_slot_ms, lease_until)
-    VALUES ($1, $2, clock_timestamp() + $3::bigint {ms})
+_UPSERT_JOB = """INSERT INTO {s}.jobs AS j (job, last_slot_ms, lease_until, grant_slot_ms)
+    SELECT $1, $2, clock_timestamp() + $3::bigint {ms}, $2 WHERE {in_time}
     ON CONFLICT (job) DO UPDATE
-        SET last_slot_ms = excluded.last_slot_ms, lease_until = excluded.lease_until
-        WHERE j.last_slot_ms < excluded.last_slot_ms AND ($4::boolean OR NOT {live})
+        SET last_slot_ms = excluded.last_slot_ms, lease_until = excluded.lease_until,
+            grant_slot_ms = excluded.grant_slot_ms
+        WHERE j.last_slot_ms < excluded.last_slot_ms AND ($4::boolean OR NOT {live}) AND {free}
     RETURNING j.lease_until"""
 
-# A catch-up never creates the job's row: a job never claimed has missed nothing.
+# A catch-up never creates the job's row: a job never claimed has missed nothing (nor does a
+# job only ever run manually).
 _UPDATE_JOB = """UPDATE {s}.jobs AS j
-    SET last_slot_ms = $2, lease_until = clock_timestamp() + $3::bigint {ms}
-    WHERE j.job = $1 AND j.last_slot_ms < $2 AND ($4::boolean OR NOT {live})
+    SET last_slot_ms = $2, lease_until = clock_timestamp() + $3::bigint {ms}, grant_slot_ms = $2
+    WHERE j.job = $1 AND j.last_slot_ms > {no_slot} AND j.last_slot_ms < $2 AND {in_time}
+        AND ($4::boolean OR NOT {live}) AND {free}
+    RETURNING j.lease_until"""
+
+# A manual run passes its own fence and leaves the job's fence where it is.
+_MANUAL_JOB = """INSERT INTO {s}.jobs AS j
+        (job, last_slot_ms, lease_until, grant_slot_ms, manual_slot_ms)
+    SELECT $1, {no_slot}, clock_timestamp() + $3::bigint {ms}, $2, $2 WHERE {in_time}
+    ON CONFLICT (job) DO UPDATE
+        SET lease_until = excluded.lease_until, grant_slot_ms = excluded.grant_slot_ms,
+            manual_slot_ms = excluded.manual_slot_ms
+        WHERE coalesce(j.manual_slot_ms < excluded.manual_slot_ms, true)
+            AND ($4::boolean OR NOT {live}) AND {free}
     RETURNING j.lease_until"""
 
 # The last SELECT reads the job's row as of the statement's start: only used to say why a
@@ -145,9 +188,11 @@ _ACQUIRE = """WITH granted AS (
     SELECT $1, $2, $5::text, $6::text, $7::text, $8::text, 1, 'running', $9::timestamptz,
         lease_until
     FROM granted
+    ON CONFLICT DO NOTHING
     RETURNING 1
 )
-SELECT EXISTS (SELECT FROM leased) AS granted, j.last_slot_ms, {live} AS live
+SELECT EXISTS (SELECT FROM leased) AS granted, j.last_slot_ms, j.manual_slot_ms,
+    {live} AS live, {now_ms} AS now_ms
 FROM (VALUES (1)) AS one (x) LEFT JOIN {s}.jobs AS j ON j.job = $1"""
 
 _RENEW = """UPDATE {s}.leases SET expires_at = clock_timestamp() + $4::bigint {ms}
@@ -160,31 +205,39 @@ _RELEASE = """WITH ended AS (
     DELETE FROM {s}.leases WHERE job = $1 AND slot_ms = $2 AND token = $3 RETURNING slot_ms
 )
 UPDATE {s}.jobs AS j SET lease_until = clock_timestamp()
-FROM ended WHERE j.job = $1 AND j.last_slot_ms = ended.slot_ms"""
+FROM ended WHERE j.job = $1 AND j.grant_slot_ms = ended.slot_ms"""
 
 _HAND_OVER = """WITH ended AS (
     UPDATE {s}.leases SET state = 'handover', expires_at = clock_timestamp()
     WHERE job = $1 AND slot_ms = $2 AND token = $3 RETURNING slot_ms
 )
 UPDATE {s}.jobs AS j SET lease_until = clock_timestamp()
-FROM ended WHERE j.job = $1 AND j.last_slot_ms = ended.slot_ms"""
+FROM ended WHERE j.job = $1 AND j.grant_slot_ms = ended.slot_ms"""
 
-# $1 job names, $2 their max_attempts, $3 instance id, $4 ttl ms, $5 started_at.
-# ``retried`` goes through the job's row: if a newer slot was claimed meanwhile, the row no
-# longer matches and the slot is dropped instead. Rows are disjoint between the UPDATE and the
-# DELETE of leases. The dead attempts come back for the history.
+# $1 job names, $2 their max_attempts, $3 instance id, $4 ttl ms, $5 started_at, $6 their retry
+# windows in ms (NULL: none). ``retried`` goes through the job's row: if a newer slot was
+# claimed meanwhile, the row no longer matches and the slot is dropped instead; so is a slot
+# that waited longer than its window or is out of attempts (``is_latest``, ``restart_attempt``
+# in Python). Rows are disjoint between the UPDATE and the DELETE of leases. The dead attempts
+# come back for the history.
 _TAKE_OVER = """WITH policy AS (
-    SELECT * FROM unnest($1::text[], $2::integer[]) AS p (job, max_attempts)
+    SELECT * FROM unnest($1::text[], $2::integer[], $6::bigint[])
+        AS p (job, max_attempts, window_ms)
 ), dead AS (
     SELECT l.job, l.slot_ms, l.run_id, l.instance_id, l.reason, l.attempt, l.state,
-        l.started_at, p.max_attempts
+        l.started_at, p.max_attempts, p.window_ms,
+        (extract(epoch FROM clock_timestamp() - l.expires_at) * 1000)::bigint AS waited_ms
     FROM {s}.leases AS l JOIN policy AS p ON p.job = l.job
     WHERE l.state = 'handover' OR l.expires_at <= clock_timestamp()
     FOR UPDATE OF l SKIP LOCKED
 ), retried AS (
-    UPDATE {s}.jobs AS j SET lease_until = clock_timestamp() + $4::bigint {ms}
+    UPDATE {s}.jobs AS j
+    SET lease_until = clock_timestamp() + $4::bigint {ms}, grant_slot_ms = d.slot_ms
     FROM dead AS d
-    WHERE j.job = d.job AND j.last_slot_ms = d.slot_ms
+    WHERE j.job = d.job
+        AND (j.last_slot_ms = d.slot_ms
+            OR (j.manual_slot_ms = d.slot_ms AND j.last_slot_ms < d.slot_ms))
+        AND (d.window_ms IS NULL OR d.waited_ms <= d.window_ms)
         AND d.attempt + (d.state = 'running')::integer <= d.max_attempts
     RETURNING d.job, d.slot_ms, d.attempt + (d.state = 'running')::integer AS attempt,
         j.lease_until
@@ -202,11 +255,14 @@ _TAKE_OVER = """WITH policy AS (
         AND NOT EXISTS (SELECT FROM retried AS r WHERE r.job = d.job AND r.slot_ms = d.slot_ms)
 )
 SELECT true AS leased, job, slot_ms, token, run_id, NULL AS instance_id, NULL AS reason,
-    attempt, NULL AS state, NULL::timestamptz AS started_at
+    attempt, NULL AS state, NULL::timestamptz AS started_at, NULL::bigint AS waited_ms,
+    true AS restarted
 FROM leased
 UNION ALL
-SELECT false, job, slot_ms, NULL, run_id, instance_id, reason, attempt, state, started_at
-FROM dead WHERE state = 'running'
+SELECT false, d.job, d.slot_ms, NULL, d.run_id, d.instance_id, d.reason, d.attempt, d.state,
+    d.started_at, d.waited_ms,
+    EXISTS (SELECT FROM retried AS r WHERE r.job = d.job AND r.slot_ms = d.slot_ms)
+FROM dead AS d WHERE d.state = 'running'
 ORDER BY leased DESC, job, slot_ms"""
 
 # n counts the job's records, from a counter row whose lock queues concurrent writers of one
@@ -251,16 +307,20 @@ class _Statements:
 
     def __init__(self, schema: str) -> None:
         s = f'"{schema}"'
-        live = _LIVE.format(s=s)
+        parts = {"s": s, "ms": _MS, "now_ms": _NOW_MS, "no_slot": _NO_SLOT}
+        parts["live"] = _LIVE.format(**parts)
+        parts["in_time"] = _IN_TIME.format(**parts)
+        parts["free"] = _FREE.format(**parts)
 
         def fill(template: str, **more: str) -> str:
-            return template.format(s=s, ms=_MS, live=live, **more)
+            return template.format(**parts, **more)
 
         self.schema = s
         self.version_table = f"{s}.schema_version"
         self.migrations = tuple(fill(step) for step in _MIGRATIONS)
         self.acquire = fill(_ACQUIRE, grant=fill(_UPSERT_JOB))
         self.acquire_catch_up = fill(_ACQUIRE, grant=fill(_UPDATE_JOB))
+        self.acquire_manual = fill(_ACQUIRE, grant=fill(_MANUAL_JOB))
         self.renew = fill(_RENEW)
         self.release = fill(_RELEASE)
         self.hand_over = fill(_HAND_OVER)
@@ -274,7 +334,8 @@ class PostgresBackend(SQLLeaseBackend):
 
     ``dsn``: a ``postgresql://`` URL (``sslmode=`` works); its password never appears in a log
     or an error. ``schema``: where the tables live (created at start). ``min_size`` and
-    ``max_size``: the pool's connections.
+    ``max_size``: the pool's connections. ``max_clock_skew``: how far ahead of the database's
+    clock a claimed slot may be.
     """
 
     def __init__(
@@ -285,8 +346,9 @@ class PostgresBackend(SQLLeaseBackend):
         schema: str = "brokersched",
         min_size: int = 1,
         max_size: int = 10,
+        max_clock_skew: Duration = DEFAULT_MAX_CLOCK_SKEW,
     ) -> None:
-        super().__init__(lease_ttl)
+        super().__init__(lease_ttl, max_clock_skew)
         self._dsn = dsn
         self._redacted = redact_dsn(dsn)
         self._secrets = _redact.url_secrets(dsn)
@@ -505,11 +567,13 @@ class PostgresBackend(SQLLeaseBackend):
         timeout: float,
     ) -> Lease | Literal["overlap", "not-acquired"]:
         token = new_token()
-        sql = self._sql.acquire_catch_up if reason == "catch-up" else self._sql.acquire
+        sql = {"catch-up": self._sql.acquire_catch_up, "manual": self._sql.acquire_manual}.get(
+            reason, self._sql.acquire
+        )
         allow = policy.overlap == "allow"
         args = (
             slot.job, slot.slot_ms, self._ttl_ms, allow, token, run_id, instance_id, reason,
-            self._now(),
+            self._now(), self._skew_ms,
         )  # fmt: skip
 
         async def claim(conn: _Connection) -> Row | None:
@@ -519,7 +583,8 @@ class PostgresBackend(SQLLeaseBackend):
         assert row is not None  # the SELECT always returns its one row
         if row["granted"]:
             return Lease(slot.job, slot.slot_ms, token, run_id, 1, reason)
-        return refusal(slot.slot_ms, row["last_slot_ms"], row["live"], policy)
+        check_slot_time(slot, row["now_ms"], self._max_clock_skew, backend=self.name, clock=_CLOCK)
+        return refusal(reason, slot.slot_ms, _job_state(row), policy)
 
     async def renew(self, lease: Lease) -> bool:
         """Answers within a third of ``lease_ttl`` (see ``_renew_timeout``)."""
@@ -536,45 +601,56 @@ class PostgresBackend(SQLLeaseBackend):
         async def release(conn: _Connection) -> None:
             await conn.execute(sql, lease.job, lease.slot_ms, lease.token)
 
-        await self._call("release " + lease.slot.key, release)
+        # Within a third of the ttl (see _renew_timeout): the runner retries a release that
+        # failed while it still holds the lease, never one that landed after it expired.
+        await self._call("release " + lease.slot.key, release, self._renew_timeout)
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         by_job = {policy.name: policy for policy in policies}
         if not by_job:
             return []
         attempts = [policy.max_attempts for policy in by_job.values()]
-        args = (list(by_job), attempts, instance_id, self._ttl_ms, self._now())
+        windows = {
+            name: retry_window_ms(policy, self._lease_ttl) for name, policy in by_job.items()
+        }
+        now = self._now()
+        args = (list(by_job), attempts, instance_id, self._ttl_ms, now, list(windows.values()))
 
         async def take_over(conn: _Connection) -> list[Row]:
-            return await conn.fetch(self._sql.take_over, *args)
+            # The dead attempts are recorded in the same transaction (as on SQLite and in
+            # memory): a slot is taken over only together with its record, so it is recorded
+            # exactly once, and a record that fails leaves the slot to the next sweep.
+            async with conn.transaction():
+                rows = await conn.fetch(self._sql.take_over, *args)
+                for row in rows:
+                    if row["leased"]:
+                        continue
+                    policy, window_ms = by_job[row["job"]], windows[row["job"]]
+                    record = interrupted(
+                        _dead_run(row), now, restarted=row["restarted"], window_ms=window_ms
+                    )
+                    if record is not None:
+                        await conn.execute(self._sql.record, *self._record_args(policy, record))
+                return rows
 
         rows = await self._call("take over slots", take_over)
-        leases: list[Lease] = []
-        for row in rows:
-            if row["leased"]:
-                token, run_id, attempt = row["token"], row["run_id"], row["attempt"]
-                leases.append(Lease(row["job"], row["slot_ms"], token, run_id, attempt, "retry"))
-            else:
-                await self._record_dead(by_job[row["job"]], _dead_run(row))
-        return leases
-
-    async def _record_dead(self, policy: JobPolicy, dead: DeadRun) -> None:
-        """The dead runner's record; the slot is taken over whether or not this succeeds."""
-        try:
-            await self.record(policy, interrupted(dead, self._now()))
-        except BackendError as exc:
-            logger.warning(
-                "could not record the interrupted run %s of %s: %s", dead.run_id, dead.job, exc
-            )
+        return [
+            Lease(row["job"], row["slot_ms"], row["token"], row["run_id"], row["attempt"], "retry")
+            for row in rows
+            if row["leased"]
+        ]
 
     # -- history ---------------------------------------------------------------------------
 
-    async def record(self, job: JobPolicy, record: RunRecord) -> None:
-        args = (
+    def _record_args(self, job: JobPolicy, record: RunRecord) -> tuple[object, ...]:
+        return (
             job.name, record.slot_ms, record.run_id, record.instance_id, record.reason,
             record.attempt, record.started_at, record.finished_at, record.outcome, record.error,
             job.history_size, history_cutoff(job, self._now()),
         )  # fmt: skip
+
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        args = self._record_args(job, record)
 
         async def record_run(conn: _Connection) -> None:
             await conn.execute(self._sql.record, *args)
@@ -613,7 +689,16 @@ def _dead_run(row: Row) -> DeadRun:
         attempt=row["attempt"],
         state=row["state"],
         started_at=row["started_at"],
+        waited_ms=row["waited_ms"],
     )
+
+
+def _job_state(row: Row) -> JobState | None:
+    """The job's columns of ``_ACQUIRE``'s answer (``None``: no row)."""
+    fence = row["last_slot_ms"]
+    if fence is None:
+        return None
+    return JobState(None if fence == NO_SLOT else fence, row["manual_slot_ms"], bool(row["live"]))
 
 
 def redact_dsn(dsn: str) -> str:

@@ -2,20 +2,64 @@
 
 How a claim works
     Every slot gets its own durable classic queue ``<prefix>.claim.<job>.<slot_ms>`` declared
-    with ``x-max-length=1``, ``x-overflow=reject-publish`` and ``x-expires=slot_ttl``. A claim
-    declares that queue and publishes one persistent message to it through the default exchange,
-    ``mandatory=True``, on a channel in publisher-confirm mode. The broker acks the first message
-    (won) and nacks every later one while the queue holds it (lost). The queue expires when
-    nobody has declared it for ``slot_ttl``, so the slot is remembered that long after the last
-    claim. Nothing ever consumes a claim queue: a message taken out of it would let the next
-    publish in.
+    with ``x-max-length=1``, ``x-overflow=reject-publish`` and ``x-expires`` = the fleet's slot
+    memory (below). A claim checks the fleet's fence exchange, declares that queue and publishes
+    one persistent message to it through the default exchange, ``mandatory=True``, on a channel
+    in publisher-confirm mode. The broker acks the first message (won) and nacks every later one
+    while the queue holds it (lost). The queue expires when nobody has declared it for the slot
+    memory, so the slot is remembered that long after the last claim. Nothing ever consumes a
+    claim queue: a message taken out of it would let the next publish in.
+
+One slot memory per fleet (issue 18)
+    A claim queue keeps the ``x-expires`` of whoever declared it first. Were that each
+    instance's own ``slot_ttl``, an instance with 2s would win a slot, its queue would vanish
+    after 2s, and an instance with 20s, later by jitter but within its larger ``max_late``,
+    would win the slot again. So every instance of a prefix uses the *fleet's* slot memory:
+
+    * The record: a durable queue ``<prefix>.slot-memory`` holding one JSON message, the slot
+      memory (the longest ``slot_ttl`` seen since the record was created), when the record was
+      created and when it was raised from what. It is read and written only under a lock, an
+      exclusive consumer on ``<prefix>.slot-memory.lock`` (released when its channel closes,
+      also when the holder's connection dies): instances starting together queue up.
+    * ``start()`` adopts the record when its ``slot_ttl`` is not longer (a longer memory is
+      always safe), and makes it when there is none. A longer ``slot_ttl`` raises the record,
+      but only once the instance will claim: in ``prepare()`` (the scheduler calls it with its
+      jobs before it arms any), else at its first claim. A script that only reads history
+      with the default ``slot_ttl`` never raises a fleet's memory.
+    * The fence: a durable exchange ``<prefix>.slot-memory.<ms>ms`` per slot memory, bound to
+      the record queue (auto-delete: deleting the record queue deletes every fence). A raise
+      creates the new fence and deletes the old one before it writes the record. Every claim
+      checks its view's fence first (a passive declare, after the slot's instant): an instance
+      whose view was overtaken gets ``404`` before it declares anything, reads the record
+      again and claims with the new memory. A rolling deploy that raises ``slot_ttl`` needs
+      no downtime and no operator step.
+    * Why that is enough: a claim made under memory ``m`` saw the fence of ``m`` after the
+      slot's instant, so that slot fell due before ``m`` was raised. The record keeps the
+      recent raises; an instance claims a slot that fell due before a raise from ``m`` at most
+      ``m`` late (a little less), and a slot that fell due before the record was (re)created
+      not at all when late: while a queue made under ``m`` can still exist it sees it
+      (declaring with another ``x-expires`` gets ``406``; a queue that holds a claim is a
+      loss, an empty one fails closed), and later it does not claim. So two claims of a slot
+      never both win, however the instances' starts interleave with the raise. (This holds
+      for claims made at or after the slot's instant, as the scheduler makes them, on clocks
+      that agree, as the scheduler already requires; a claim outside the instance's own
+      ``slot_ttl`` after the slot is judged as before.)
+    * Lowering: an instance with a shorter ``slot_ttl`` keeps the fleet's longer memory. To
+      lower it, deploy the shorter ``slot_ttl`` everywhere, then delete the record queue
+      (``rabbitmqctl delete_queue <prefix>.slot-memory``): every fence goes with it, the
+      next claims find no fence, and the record is made again from the ``slot_ttl`` of the
+      instances still running (the longest wins again). Slots falling due around that moment
+      may be skipped (``backend-error``), never run twice.
+    * Instances of brokersched before this scheme know nothing of the record or the fences:
+      change ``slot_ttl`` only once every instance runs a version that does.
 
 Why each detail (measured on RabbitMQ 3.10)
     * Classic, never quorum: quorum queues do not enforce ``reject-publish`` exactly and let
       two or more claims of one slot win. ``x-queue-type`` is set explicitly because a vhost may
       default to quorum queues.
     * Durable queue, persistent message: a transient queue vanishes with a broker restart, after
-      which a late claimer would win a slot that already ran.
+      which a late claimer would win a slot that already ran. The record, the lock and the
+      fences are durable too; a broker that loses its definitions loses every claim anyway.
     * No ``x-message-ttl``: a late claimer would win once the message expired.
     * ``mandatory=True``: without it a publish to a queue that expired between the declare and
       the publish is acked, a false win. A returned message makes the claim declare again.
@@ -24,9 +68,9 @@ Why each detail (measured on RabbitMQ 3.10)
       resurrect a forgotten slot); a plain channel remembers nothing (the ``robust=False``
       declare of the issue, for every declare).
     * A pool of channels, each used by one operation at a time: synchronous AMQP methods
-      serialise per channel, and a channel error (``406 PRECONDITION_FAILED`` when two instances
-      declare a slot with different ``slot_ttl``) closes only the channel it happened on, which
-      the pool then replaces.
+      serialise per channel, and a channel error (``404`` from a fence that is gone, ``406``
+      from a claim queue declared with another memory) closes only the channel it happened
+      on, which the pool then replaces.
 
 Failures
     A claim that gets no definite answer within its deadline, or whose connection drops after
@@ -42,19 +86,23 @@ History
     trimmed by count only, so ``history_ttl`` is refused.
 
 Broker cost
-    One live queue per job per slot claimed within ``slot_ttl``: a job running every
-    ``interval`` keeps about ``slot_ttl / interval + 1`` claim queues alive, each costing
-    roughly 30-37 KB of broker memory (measured on 3.10).
+    One live queue per job per slot claimed within the fleet's slot memory: a job running every
+    ``interval`` keeps about ``memory / interval + 1`` claim queues alive, each costing roughly
+    30-37 KB of broker memory (measured on 3.10). Per prefix: the record and lock queues and one
+    fence exchange. Per claim: one more round trip than before (the fence check).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import json
 import logging
+import random
 import re
+import shlex
 from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -73,10 +121,23 @@ from .._exceptions import (
 from ..abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
 
 if TYPE_CHECKING:
-    from aio_pika.abc import AbstractChannel, AbstractRobustConnection
+    from aio_pika.abc import (
+        AbstractChannel,
+        AbstractIncomingMessage,
+        AbstractQueue,
+        AbstractRobustConnection,
+    )
     from pamqp.common import FieldTable
 
-__all__ = ["RabbitMQBackend", "claim_queue_name", "history_queue_name", "redact_url"]
+__all__ = [
+    "RabbitMQBackend",
+    "claim_queue_name",
+    "fence_exchange_name",
+    "history_queue_name",
+    "lock_queue_name",
+    "record_queue_name",
+    "redact_url",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -85,15 +146,76 @@ _MAX_QUEUE_NAME = 255  # bytes, an AMQP short string
 _SLOT_WIDTH = 20  # characters of the widest slot_ms (a signed 64-bit integer)
 _HASH_HEX = 32  # 128 bits of SHA-256: names of over-long jobs stay collision-free
 _NAME_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
-_PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+# No '.' in a prefix: '.' separates the parts of a queue name, and a prefix holding one would
+# make ``P`` + job ``claim.x`` and ``P.claim`` + job ``x`` share a queue.
+_PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,99}")
 _LONGEST_KIND = ".history."
 _DECLARE_ATTEMPTS = 3  # a claim queue can expire between declare and publish; rarely twice
 _OPERATION_TIMEOUT_S = 10.0  # record(), history() and prepare(): not time-critical, but bounded
 _READER_RETRY_S = 0.05  # another history reader holds the exclusive consumer
+_LOCK_RETRY_S = (0.01, 0.1)  # another instance holds the slot-memory lock: wait this long
+_VIEW_ATTEMPTS = 4  # a claim reads the record again at most this often (raises are rare)
+# A slot that fell due before a raise from m is claimed at most m minus this late: the queue a
+# claim under m made lives at least m after the slot, on the broker's timer, not ours.
+_CLAMP_MARGIN_MS = 250
+_RECORD_VERSION = 1
+_PLAIN: FieldTable = {"x-queue-type": "classic"}  # a vhost may default to quorum queues
 _CONNECT_DEFAULTS: Mapping[str, Any] = {
     "timeout": 10,  # seconds for one connection attempt
     "reconnect_interval": 1,  # aio-pika waits 5 s by default; claims should resume sooner
 }
+
+
+class _Quiet:
+    """Whether the client logs of one initial connect are being dropped (see ``_quieted``)."""
+
+    __slots__ = ("active",)
+
+    def __init__(self) -> None:
+        self.active = True
+
+
+# Context variables are copied into the tasks aio-pika and aiormq create during the connect
+# (the reconnection loop among them): they share this object, and see it turn inactive once
+# the first connection is made, so reconnections later on are logged as usual.
+_QUIET: contextvars.ContextVar[_Quiet | None] = contextvars.ContextVar(
+    "brokersched_rabbitmq_quiet", default=None
+)
+
+
+class _InitialConnectFilter(logging.Filter):
+    """Drops aio-pika's and aiormq's INFO+ records about an initial connect in progress: a
+    failure there is raised by ``start()`` as one clear error, and aio-pika would first log it
+    (ERROR "error when creating transport", INFO "Reconnecting after 1 seconds") although
+    ``fail_fast`` means it will not reconnect. aio-pika has no option for this (its issue #601)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        quiet = _QUIET.get()
+        return quiet is None or not quiet.active or record.levelno <= logging.DEBUG
+
+
+_FILTER = _InitialConnectFilter()
+
+
+@contextlib.contextmanager
+def _quieted() -> Generator[_Quiet, None, None]:
+    """Drop the client libraries' INFO+ log records in this context until the caller sets
+    ``active = False`` (once connected); after a failure they stay dropped for that connection.
+
+    A logger's filters see only the records logged on it, not those of its children: the filter
+    goes on every aio-pika/aiormq logger, which exist once those modules are imported.
+    """
+    for name in list(logging.root.manager.loggerDict):
+        if name.split(".")[0] in {"aio_pika", "aiormq"}:
+            client = logging.getLogger(name)
+            if _FILTER not in client.filters:
+                client.addFilter(_FILTER)
+    quiet = _Quiet()
+    token = _QUIET.set(quiet)
+    try:
+        yield quiet
+    finally:
+        _QUIET.reset(token)
 
 
 def redact_url(url: str) -> str:
@@ -106,8 +228,9 @@ def _escape(job: str) -> str:
 
     Queue names may only use ``[A-Za-z0-9-_.:@#,/+ ]`` (pamqp refuses others, ``$`` among
     them). The result is injective (``+`` itself is escaped) and plain ASCII. ``.`` stays
-    readable: names cannot collide through it because the slot is always the last, all-digit
-    segment. ``:`` is escaped so that a queue name never looks like a slot key.
+    readable: names cannot collide through it because the prefix holds no ``.`` (so it is the
+    first segment and the kind the second) and the slot is always the last, all-digit segment.
+    ``:`` is escaped so that a queue name never looks like a slot key.
     """
     return "".join(
         char if char in _NAME_SAFE else "".join(f"+{byte:02X}" for byte in char.encode())
@@ -140,6 +263,100 @@ def claim_queue_name(prefix: str, slot: Slot) -> str:
 def history_queue_name(prefix: str, job: str) -> str:
     """``<prefix>.history.<escaped job>``, at most 255 bytes."""
     return f"{prefix}.history.{_job_segment(prefix, job)}"
+
+
+def record_queue_name(prefix: str) -> str:
+    """``<prefix>.slot-memory``: the queue holding the fleet's slot memory record."""
+    return f"{prefix}.slot-memory"
+
+
+def lock_queue_name(prefix: str) -> str:
+    return f"{prefix}.slot-memory.lock"
+
+
+def fence_exchange_name(prefix: str, memory_ms: int) -> str:
+    """``<prefix>.slot-memory.<ms>ms``: exists while ``memory_ms`` is the fleet's slot memory."""
+    return f"{prefix}.slot-memory.{memory_ms}ms"
+
+
+@dataclass(frozen=True, slots=True)
+class _FleetRecord:
+    """The fleet's slot memory, as kept in the record queue (JSON, never pickled).
+
+    ``raises``: ``(at_ms, from_ms)`` of each raise still relevant, oldest first: until
+    ``at_ms`` a claim could have been made under ``from_ms``.
+    """
+
+    memory_ms: int
+    created_ms: int
+    raises: tuple[tuple[int, int], ...] = ()
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "version": _RECORD_VERSION,
+                "slot_memory_ms": self.memory_ms,
+                "created_ms": self.created_ms,
+                "raises": [list(entry) for entry in self.raises],
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_json(cls, body: bytes) -> _FleetRecord:
+        """Raises ``ValueError`` (or ``TypeError``/``KeyError``) for what is not a record,
+        ``_NewerRecord`` for a record of a later version."""
+        data = json.loads(body)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        if data["version"] != _RECORD_VERSION:
+            if isinstance(data["version"], int) and data["version"] > _RECORD_VERSION:
+                raise _NewerRecord(data["version"])
+            raise ValueError(f"unknown version {data['version']!r}")
+        raises = tuple((_int(at), _int(frm)) for at, frm in data["raises"])
+        return cls(_int(data["slot_memory_ms"]), _int(data["created_ms"]), raises)
+
+    def raised(self, memory_ms: int, at_ms: int) -> _FleetRecord:
+        """This record raised to ``memory_ms`` at ``at_ms``; raises too old to matter dropped:
+        no claim of a slot older than the memory is ever judged by them."""
+        recent = tuple(entry for entry in self.raises if entry[0] >= at_ms - memory_ms)
+        return _FleetRecord(memory_ms, self.created_ms, (*recent, (at_ms, self.memory_ms)))
+
+    def claim_limit_ms(self, slot_ms: int) -> int | None:
+        """How late ``slot_ms`` may still be claimed, when a shorter memory may have applied to
+        it: the shortest memory raised after it fell due; 0 when it fell due before this record
+        existed (what applied then is unknown). ``None``: the record's memory applied."""
+        if slot_ms < self.created_ms:
+            return 0
+        shorter = [frm for at, frm in self.raises if at > slot_ms]
+        return min(shorter) if shorter else None
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} is not a count of milliseconds")
+    return value
+
+
+class _NewerRecord(Exception):
+    """The record was written by a later brokersched (its format version)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """What this instance believes the fleet's slot memory is, and the fence that proves it."""
+
+    record: _FleetRecord
+    fence: str
+    claim_arguments: FieldTable
+
+
+class _StaleView(Exception):
+    """The view's fence is gone: the record changed since this instance read it."""
+
+
+class _OtherMemory(Exception):
+    """The claim queue exists with another ``x-expires`` (``406``); the broker's reply."""
 
 
 @dataclass(slots=True)
@@ -210,6 +427,21 @@ async def _open_channel(connection: AbstractRobustConnection, *, confirms: bool)
     return channel
 
 
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a background task's exception as seen: whoever awaited it has it already."""
+    if not task.cancelled():
+        task.exception()
+
+
+@contextlib.asynccontextmanager
+async def _maybe_timeout(seconds: float | None) -> AsyncGenerator[None, None]:
+    if seconds is None:
+        yield
+    else:
+        async with asyncio.timeout(seconds):
+            yield
+
+
 async def _close_quietly(channel: AbstractChannel) -> None:
     with contextlib.suppress(Exception):
         async with asyncio.timeout(5):
@@ -221,8 +453,9 @@ class RabbitMQBackend(ClaimBackend):
 
     ``url``: ``amqp://`` or ``amqps://``. ``slot_ttl``: how long a claimed slot is remembered
     (``jitter + max_late`` of every job must stay below it). ``prefix``: the start of every
-    queue name. ``channels``: claims in flight at once. ``claim_timeout``: the longest a claim
-    waits for the broker (the scheduler's own deadline applies when shorter). Other keyword
+    queue name (letters, digits, ``_`` and ``-``: no ``.``, which separates the parts).
+    ``channels``: claims in flight at once. ``claim_timeout``: the longest a claim waits for
+    the broker (the scheduler's own deadline applies when shorter). Other keyword
     arguments go to ``aio_pika.connect_robust`` (``ssl_context``, ``timeout``,
     ``reconnect_interval``, ``client_properties``...) and are never logged.
     """
@@ -253,12 +486,10 @@ class RabbitMQBackend(ClaimBackend):
         self._connection: AbstractRobustConnection | None = None
         self._pool: _ChannelPool | None = None
         self._history_ready: set[str] = set()  # history queues declared on this connection
-        self._claim_arguments: FieldTable = {
-            "x-queue-type": "classic",
-            "x-max-length": 1,
-            "x-overflow": "reject-publish",
-            "x-expires": to_ms(self._slot_ttl),
-        }
+        self._clock: Clock | None = None
+        self._view: _View | None = None  # the fleet's slot memory, as read at start or since
+        self._seen_ms: int | None = None  # the record's memory when it could not be adopted
+        self._refreshing: asyncio.Task[_View] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -283,6 +514,14 @@ class RabbitMQBackend(ClaimBackend):
     def prefix(self) -> str:
         return self._prefix
 
+    @property
+    def fleet_slot_memory(self) -> timedelta | None:
+        """How long the broker remembers a claimed slot for the whole fleet of this prefix (the
+        longest ``slot_ttl`` among its instances that claim), as last read; ``None`` before
+        ``start()``."""
+        memory = self._view.record.memory_ms if self._view is not None else self._seen_ms
+        return None if memory is None else timedelta(milliseconds=memory)
+
     # -- lifecycle -------------------------------------------------------------------------
 
     async def _open(self, clock: Clock) -> None:
@@ -292,23 +531,52 @@ class RabbitMQBackend(ClaimBackend):
             raise ConfigurationError(
                 f"{self.name} needs aio-pika: {_INSTALL_HINT}", backend=self.name
             ) from exc
+        from aiormq.exceptions import InvalidFrameError, ProbableAuthenticationError
+
         self._check_parsable()
         action = f"connecting to {redact_url(self._url)}"
-        with self._client_errors(action):
+        with self._client_errors(action), _quieted() as quiet:
             try:
                 connection = await aio_pika.connect_robust(self._url, **self._connect_options)
             except ValueError as exc:  # aio-pika refused an option (the URL's query, a keyword)
                 raise ConfigurationError(
                     f"{self.name}: {action}: {self._describe(exc)}", backend=self.name
                 ) from self._chainable(exc)
+            except ProbableAuthenticationError as exc:
+                raise BackendUnavailableError(self._login_refused()) from self._chainable(exc)
+            except InvalidFrameError as exc:
+                if not _refused_vhost(exc):
+                    raise
+                raise BackendUnavailableError(self._vhost_refused()) from self._chainable(exc)
+            quiet.active = False
         self._connection = connection
         self._pool = _ChannelPool(connection, self._channel_count)
         self._history_ready.clear()
+        self._clock = clock
         _log.debug("%s connected to %s", self.name, redact_url(self._url))
+        try:
+            await self._read_record(write=False)
+        except BaseException:
+            await self._close()
+            raise
+        if self._view is None and self._seen_ms is not None:
+            _log.info(
+                "%s: the fleet of prefix %r remembers claimed slots for %s, shorter than this"
+                " instance's slot_ttl %s: raised to it when this instance's scheduler starts"
+                " (or at its first claim)",
+                self.name,
+                self._prefix,
+                self._shown(self._seen_ms),
+                format_duration(self._slot_ttl),
+            )
 
     async def _close(self) -> None:
-        pool, connection = self._pool, self._connection
-        self._pool = self._connection = None
+        pool, connection, refreshing = self._pool, self._connection, self._refreshing
+        self._pool = self._connection = self._view = self._refreshing = None
+        self._seen_ms = None
+        if refreshing is not None and not refreshing.done():
+            refreshing.cancel()
+            await asyncio.gather(refreshing, return_exceptions=True)
         if pool is not None:
             with contextlib.suppress(Exception):
                 await pool.close()
@@ -316,6 +584,26 @@ class RabbitMQBackend(ClaimBackend):
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(5):
                     await connection.close()
+
+    def _login_refused(self) -> str:
+        user = _url_user(self._url)
+        return (
+            f"{self.name}: the broker at {redact_url(self._url)} refused the login of user"
+            f" {user!r} (ACCESS_REFUSED): check the user name and password in the URL (with"
+            " reserved characters percent-encoded), or create the user (rabbitmqctl add_user);"
+            " RabbitMQ's 'guest' user may only log in from localhost"
+        )
+
+    def _vhost_refused(self) -> str:
+        vhost, user = _url_vhost(self._url), _url_user(self._url)
+        quoted = shlex.quote(vhost)
+        return (
+            f"{self.name}: the broker at {redact_url(self._url)} refused virtual host {vhost!r}:"
+            f" it does not exist, or user {user!r} has no access to it; create it and grant"
+            f" access (rabbitmqctl add_vhost {quoted}; rabbitmqctl set_permissions -p {quoted}"
+            f" {shlex.quote(user)} '.*' '.*' '.*'), or name an existing vhost in the URL's path"
+            " (amqp://host/ is the default vhost '/')"
+        )
 
     def _check_parsable(self) -> None:
         """Refuse a URL that aio-pika cannot parse, without the parser's message: it may quote
@@ -345,6 +633,9 @@ class RabbitMQBackend(ClaimBackend):
     # -- claims ----------------------------------------------------------------------------
 
     async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
+        """See ``ClaimBackend.claim``. Across a change of the fleet's slot memory, two claims
+        of a slot never both win as long as claims are made at or after the slot's instant
+        (as the scheduler makes them); see the module's docstring."""
         pool = self._require_pool()
         queue = claim_queue_name(self._prefix, slot)
         body = json.dumps({"instance_id": instance_id, "run_id": run_id}).encode()
@@ -352,8 +643,8 @@ class RabbitMQBackend(ClaimBackend):
         attempt = _ClaimAttempt()
         try:
             with self._client_errors(f"claim of slot {slot.key}"):
-                async with asyncio.timeout(deadline), pool.channel() as channel:
-                    return await self._claim_on(channel, queue, slot, body, attempt)
+                async with asyncio.timeout(deadline):
+                    return await self._claim_in_view(pool, queue, slot, body, attempt)
         except BackendError as exc:
             if not attempt.unconfirmed:
                 raise
@@ -367,11 +658,91 @@ class RabbitMQBackend(ClaimBackend):
                 " confirm came back); the slot is not run"
             ) from exc
 
+    async def _claim_in_view(
+        self, pool: _ChannelPool, queue: str, slot: Slot, body: bytes, attempt: _ClaimAttempt
+    ) -> bool:
+        """Claim under the current view; read the record again when the view proves stale."""
+        for _ in range(_VIEW_ATTEMPTS):
+            view = await self._require_view()
+            budget = self._clamp_budget(view, slot)
+            try:
+                async with _maybe_timeout(budget), pool.channel() as channel:
+                    return await self._claim_on(channel, queue, slot, body, attempt, view)
+            except _StaleView:
+                await self._refresh(view)
+            except _OtherMemory as other:
+                if await self._refresh(view) != view:
+                    continue  # ours was the stale view: claim again under the new one
+                if await self._held(pool, queue):
+                    return False  # another instance's claim is in it: the slot is taken
+                raise BackendError(
+                    f"{self.name}: claim queue {queue!r} was declared with another slot memory"
+                    f" ({other}); this instance uses the fleet's"
+                    f" {self._shown(view.record.memory_ms)} (its own slot_ttl is"
+                    f" {format_duration(self._slot_ttl)}). An instance with an outdated view"
+                    " switches at its next claim; one of a brokersched version without the"
+                    " fleet record must be upgraded before slot_ttl changes. The slot is not"
+                    " run here"
+                ) from None
+            except TimeoutError:
+                if budget is None:
+                    raise
+                raise BackendError(self._too_late(view, slot)) from None
+        raise BackendError(
+            f"{self.name}: the fleet's slot memory kept changing during the claim of slot"
+            f" {slot.key}; the slot is not run here"
+        )
+
+    def _clamp_budget(self, view: _View, slot: Slot) -> float | None:
+        """Seconds left to claim ``slot`` when a shorter memory than the fleet's may have applied
+        to it (a raise after it fell due, or a record made after it); ``None``: no such limit.
+
+        Only for claims within this instance's own ``slot_ttl`` after the slot, the scheduler's
+        range: a claim long after (or before) a slot is outside what any memory promises.
+        """
+        assert self._clock is not None
+        now = self._clock.now_ms()
+        if not 0 <= now - slot.slot_ms < to_ms(self._slot_ttl):
+            return None
+        limit = view.record.claim_limit_ms(slot.slot_ms)
+        if limit is None:
+            return None
+        budget = (slot.slot_ms + limit - _CLAMP_MARGIN_MS - now) / 1000
+        if budget <= 0:
+            raise BackendError(self._too_late(view, slot))
+        return budget
+
+    def _too_late(self, view: _View, slot: Slot) -> str:
+        limit = view.record.claim_limit_ms(slot.slot_ms) or 0
+        if slot.slot_ms < view.record.created_ms:
+            why = "the fleet's slot memory record was made after the slot fell due"
+        else:
+            why = (
+                f"the fleet's slot memory was {self._shown(limit)} when it fell due (raised to"
+                f" {self._shown(view.record.memory_ms)} since)"
+            )
+        return (
+            f"{self.name}: slot {slot.key} is too late to claim safely: {why}, so an instance may"
+            " have claimed it under a shorter memory that has already forgotten it; the slot is"
+            " not run here"
+        )
+
     async def _claim_on(
-        self, channel: AbstractChannel, queue: str, slot: Slot, body: bytes, attempt: _ClaimAttempt
+        self,
+        channel: AbstractChannel,
+        queue: str,
+        slot: Slot,
+        body: bytes,
+        attempt: _ClaimAttempt,
+        view: _View,
     ) -> bool:
         from aio_pika import DeliveryMode, Message
-        from aio_pika.exceptions import ChannelPreconditionFailed, DeliveryError, PublishError
+        from aio_pika.exceptions import (
+            ChannelNotFoundEntity,
+            ChannelPreconditionFailed,
+            DeliveryError,
+            PublishError,
+        )
 
         message = Message(
             body,
@@ -379,14 +750,15 @@ class RabbitMQBackend(ClaimBackend):
             delivery_mode=DeliveryMode.PERSISTENT,
             message_id=slot.key,
         )
+        try:  # after the slot's instant: this view's memory was the fleet's when it fell due
+            await channel.declare_exchange(view.fence, passive=True)
+        except ChannelNotFoundEntity as exc:
+            raise _StaleView from exc
         for _ in range(_DECLARE_ATTEMPTS):
             try:
-                await channel.declare_queue(queue, durable=True, arguments=self._claim_arguments)
+                await channel.declare_queue(queue, durable=True, arguments=view.claim_arguments)
             except ChannelPreconditionFailed as exc:
-                raise BackendError(
-                    f"{self.name}: claim queue {queue!r} exists with other arguments; every"
-                    f" instance must use the same slot_ttl ({self._describe(exc)})"
-                ) from exc
+                raise _OtherMemory(self._describe(exc)) from exc
             attempt.unconfirmed = True
             try:
                 await channel.default_exchange.publish(message, queue, mandatory=True)
@@ -403,13 +775,252 @@ class RabbitMQBackend(ClaimBackend):
             " declare and publish"
         )
 
+    async def _held(self, pool: _ChannelPool, queue: str) -> bool:
+        """Whether ``queue`` holds a claim (a passive declare; it does not change the queue's
+        arguments, and a queue that vanished meanwhile holds none)."""
+        from aio_pika.exceptions import ChannelNotFoundEntity
+
+        try:
+            async with pool.channel() as channel:
+                declared = await channel.declare_queue(queue, passive=True)
+        except ChannelNotFoundEntity:
+            return False
+        return bool(declared.declaration_result.message_count)
+
+    async def _require_view(self) -> _View:
+        """The current view; the record is raised by the first claim of an instance whose
+        ``prepare()`` did not already raise it."""
+        return self._view if self._view is not None else await self._refresh(None)
+
+    @staticmethod
+    def _shown(memory_ms: int) -> str:
+        return format_duration(timedelta(milliseconds=memory_ms))
+
+    # -- the fleet's slot memory ---------------------------------------------------------
+
+    async def _refresh(self, seen: _View | None) -> _View:
+        """The view after reading the record again, unless it changed since ``seen`` (then the
+        current one). One reading at a time per backend; a claim that stops waiting (its
+        deadline) does not cut it short: a reading cut half-way could leave a raise undone."""
+        if self._view is not seen and self._view is not None:
+            return self._view
+        task = self._refreshing
+        if task is None or task.done():
+            task = asyncio.get_running_loop().create_task(self._settled())
+            task.add_done_callback(_retrieve)
+            self._refreshing = task
+        return await asyncio.shield(task)
+
+    async def _settled(self) -> _View:
+        view = await self._read_record(write=True)
+        assert view is not None
+        return view
+
+    async def _read_record(self, *, write: bool) -> _View | None:
+        """Read the record, or make it if there is none: the view, or ``None`` while the record
+        is shorter than this ``slot_ttl``. Only with ``write`` is it raised: an instance that
+        only reads history, say, never raises the fleet's memory."""
+        action = (
+            f"reading the fleet's slot memory (queue {self._record_name!r}, under the lock"
+            f" {lock_queue_name(self._prefix)!r} that instances take in turn)"
+        )
+        with self._client_errors(action):
+            async with asyncio.timeout(_OPERATION_TIMEOUT_S):
+                view = await self._settle(write=write)
+        if view is None:
+            return None
+        if view == self._view:
+            return self._view  # unchanged: claims in flight keep a view that is still current
+        if self._pool is not None:  # not stopped meanwhile
+            self._view = view
+        return view
+
+    @property
+    def _record_name(self) -> str:
+        return record_queue_name(self._prefix)
+
+    async def _settle(self, *, write: bool) -> _View | None:
+        """Under the lock: read the record; adopt it, raise it to this ``slot_ttl``, or make it."""
+        own = to_ms(self._slot_ttl)
+        async with self._fleet_lock() as channel:
+            records = await channel.declare_queue(self._record_name, durable=True, arguments=_PLAIN)
+            count = records.declaration_result.message_count or 0
+            message = await records.get(no_ack=False, fail=False) if count else None
+            record = self._parse_record(message.body if message else None, count)
+            self._seen_ms = None if record is None else record.memory_ms
+            if message is None or record is None:  # none yet, or unusable
+                record = await self._make_record(channel, own)
+            elif record.memory_ms >= own:
+                await self._put_fence(channel, records, record.memory_ms)  # back if deleted
+                await self._put_back(channel, message)
+                self._log_adopted(record)
+            elif not write:
+                await self._put_back(channel, message)
+                return None
+            else:
+                record = await self._raise(channel, records, message, record, own)
+        return self._view_of(record)
+
+    async def _make_record(self, channel: AbstractChannel, own_ms: int) -> _FleetRecord:
+        """A new record of this ``slot_ttl``, with no fence left over from before (deleting the
+        record queue deletes them all)."""
+        assert self._clock is not None
+        await channel.queue_delete(self._record_name)
+        records = await channel.declare_queue(self._record_name, durable=True, arguments=_PLAIN)
+        record = _FleetRecord(own_ms, self._clock.now_ms())  # after every old fence went
+        await self._put_fence(channel, records, own_ms)
+        await self._write_record(channel, record)
+        return record
+
+    async def _put_back(self, channel: AbstractChannel, message: AbstractIncomingMessage) -> None:
+        await message.reject(requeue=True)
+        # A queue answers in order: once this passive declare returns, the record is back in
+        # its queue, before the lock goes with the channel.
+        await channel.declare_queue(self._record_name, passive=True)
+
+    async def _raise(
+        self,
+        channel: AbstractChannel,
+        records: AbstractQueue,
+        message: AbstractIncomingMessage,
+        record: _FleetRecord,
+        own_ms: int,
+    ) -> _FleetRecord:
+        assert self._clock is not None
+        await self._put_fence(channel, records, own_ms)
+        # From here on no claim under the old memory passes its fence: a slot falling due now
+        # or later can only be claimed under the new one. The record keeps when this was.
+        await channel.exchange_delete(fence_exchange_name(self._prefix, record.memory_ms))
+        raised = record.raised(own_ms, self._clock.now_ms())
+        await message.ack()  # a crash before the write leaves no record: the next one resets
+        await self._write_record(channel, raised)
+        self._log_raised(record.memory_ms)
+        return raised
+
+    async def _write_record(self, channel: AbstractChannel, record: _FleetRecord) -> None:
+        from aio_pika import DeliveryMode, Message
+
+        message = Message(
+            record.to_json(),
+            content_type="application/json",
+            delivery_mode=DeliveryMode.PERSISTENT,
+        )
+        await channel.default_exchange.publish(message, self._record_name, mandatory=True)
+
+    def _parse_record(self, body: bytes | None, count: int) -> _FleetRecord | None:
+        if body is None:
+            return None
+        try:
+            record = _FleetRecord.from_json(body)
+        except _NewerRecord as exc:
+            raise BackendError(
+                f"{self.name}: queue {self._record_name!r} holds a slot memory record of format"
+                f" version {exc.args[0]}, written by a later brokersched: upgrade this instance"
+            ) from None
+        except (ValueError, TypeError, KeyError, IndexError):
+            _log.warning(
+                "queue %r holds a message that is not a slot memory record: made again",
+                self._record_name,
+            )
+            return None
+        if count > 1:
+            _log.warning("queue %r holds %d records: made again", self._record_name, count)
+            return None
+        return record
+
+    async def _put_fence(
+        self, channel: AbstractChannel, records: AbstractQueue, memory_ms: int
+    ) -> None:
+        from aio_pika import ExchangeType
+
+        fence = await channel.declare_exchange(
+            fence_exchange_name(self._prefix, memory_ms),
+            ExchangeType.DIRECT,
+            durable=True,
+            auto_delete=True,  # goes with the record queue's binding
+        )
+        await records.bind(fence, routing_key=self._record_name)
+
+    def _view_of(self, record: _FleetRecord) -> _View:
+        arguments: FieldTable = {
+            "x-queue-type": "classic",
+            "x-max-length": 1,
+            "x-overflow": "reject-publish",
+            "x-expires": record.memory_ms,
+        }
+        return _View(record, fence_exchange_name(self._prefix, record.memory_ms), arguments)
+
+    def _log_adopted(self, record: _FleetRecord) -> None:
+        previous = self._view.record.memory_ms if self._view is not None else None
+        own = to_ms(self._slot_ttl)
+        if record.memory_ms == own or record.memory_ms == previous:
+            return
+        _log.info(
+            "%s: the fleet of prefix %r remembers claimed slots for %s (its record, queue %r),"
+            " longer than this instance's slot_ttl %s: claims here use %s too (safe, it only"
+            " keeps more claim queues alive). To lower it: give every instance the shorter"
+            " slot_ttl, then delete the record (rabbitmqctl delete_queue %s)",
+            self.name,
+            self._prefix,
+            self._shown(record.memory_ms),
+            self._record_name,
+            format_duration(self._slot_ttl),
+            self._shown(record.memory_ms),
+            self._record_name,
+        )
+
+    def _log_raised(self, previous_ms: int) -> None:
+        _log.warning(
+            "%s: raised the slot memory of the fleet of prefix %r from %s to %s (this"
+            " instance's slot_ttl): instances still on %s switch at their next claim, and a"
+            " slot that fell due before now is claimed at most %s late. Claim queues now live"
+            " %s (broker memory grows with it); to lower it again: give every instance the"
+            " shorter slot_ttl, then delete the record (rabbitmqctl delete_queue %s)",
+            self.name,
+            self._prefix,
+            self._shown(previous_ms),
+            format_duration(self._slot_ttl),
+            self._shown(previous_ms),
+            self._shown(previous_ms),
+            format_duration(self._slot_ttl),
+            self._record_name,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _fleet_lock(self) -> AsyncGenerator[AbstractChannel, None]:
+        """A confirm channel holding the exclusive consumer of the lock queue; the lock goes
+        when the channel closes (or its connection dies). Waits while another instance holds it
+        (the caller's deadline bounds the wait)."""
+        from aiormq.exceptions import ChannelAccessRefused
+
+        async def ignore(message: AbstractIncomingMessage) -> None:
+            """Nothing is ever published to the lock queue."""
+
+        name = lock_queue_name(self._prefix)
+        while True:
+            async with self._side_channel(confirms=True) as channel:
+                lock = await channel.declare_queue(name, durable=True, arguments=_PLAIN)
+                if not lock.declaration_result.consumer_count:
+                    try:
+                        await lock.consume(ignore, exclusive=True)
+                    except ChannelAccessRefused:  # another instance got there first
+                        pass
+                    else:
+                        yield channel
+                        return
+            await asyncio.sleep(random.uniform(*_LOCK_RETRY_S))
+
     # -- history ---------------------------------------------------------------------------
 
     async def prepare(self, jobs: Sequence[JobPolicy]) -> None:
-        """Declare the history queues now, so a mismatch is reported at start. Best effort:
-        a failure is logged and ``record()`` tries again."""
+        """Raise the fleet's slot memory to this ``slot_ttl`` if it is shorter, before the
+        scheduler arms anything: no slot of this instance then falls due before its raise. Then
+        declare the history queues now, so a mismatch is reported at start; best effort: a
+        failure is logged and ``record()`` tries again."""
         if self._connection is None:
             return
+        if jobs and self._view is None:
+            await self._refresh(None)
         for job in jobs:
             try:
                 with self._client_errors(f"declaring the history of job {job.name!r}"):
@@ -507,7 +1118,6 @@ class RabbitMQBackend(ClaimBackend):
         queue, the ready count is the whole history; and an exclusive consumer keeps a second
         reader from taking part of it meanwhile. No prefetch limit: the queue pushes it all.
         """
-        from aio_pika.abc import AbstractIncomingMessage
         from aio_pika.exceptions import ChannelNotFoundEntity
 
         bodies: list[bytes] = []
@@ -534,11 +1144,13 @@ class RabbitMQBackend(ClaimBackend):
         return bodies[:expected]  # a record written meanwhile is for the next read
 
     @contextlib.asynccontextmanager
-    async def _side_channel(self) -> AsyncGenerator[AbstractChannel, None]:
+    async def _side_channel(
+        self, *, confirms: bool = False
+    ) -> AsyncGenerator[AbstractChannel, None]:
         """A short-lived channel off the pool, for declares that may fail and for reads."""
         if self._connection is None:
             raise BackendUnavailableError(f"{self.name} is not started; call start() first")
-        channel = await _open_channel(self._connection, confirms=False)
+        channel = await _open_channel(self._connection, confirms=confirms)
         try:
             yield channel
         finally:
@@ -549,7 +1161,7 @@ class RabbitMQBackend(ClaimBackend):
     @contextlib.contextmanager
     def _client_errors(self, action: str) -> Generator[None, None, None]:
         """Translate aio-pika/aiormq errors into ``BackendError``; no secret reaches a message."""
-        from aiormq.exceptions import AMQPError, ChannelInvalidStateError
+        from aiormq.exceptions import AMQPError
 
         try:
             yield
@@ -559,11 +1171,27 @@ class RabbitMQBackend(ClaimBackend):
             raise BackendUnavailableError(
                 f"{self.name}: {action}: no answer from the broker in time"
             ) from self._chainable(exc)
-        except (ConnectionError, OSError, ChannelInvalidStateError) as exc:
+        except (ConnectionError, OSError, RuntimeError, StopAsyncIteration) as exc:
+            # aio-pika's own CONNECTION_EXCEPTIONS: aiormq raises a bare RuntimeError ("...
+            # closed") from channel() when the connection drops during a reconnect, and
+            # ChannelInvalidStateError is a RuntimeError too.
             raise BackendUnavailableError(
                 f"{self.name}: {action}: no connection to the broker ({self._describe(exc)})"
             ) from self._chainable(exc)
         except AMQPError as exc:
+            raise BackendError(
+                f"{self.name}: {action} failed ({self._describe(exc)})"
+            ) from self._chainable(exc)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # a real cancellation of this task: never swallowed
+            # aiormq fails the waiters of a closing channel or connection with CancelledError
+            # although nobody cancelled this task: that is a lost connection.
+            raise BackendUnavailableError(
+                f"{self.name}: {action}: the connection closed while waiting for the broker"
+            ) from self._chainable(exc)
+        except Exception as exc:  # the contract: nothing but BackendError leaves a backend call
             raise BackendError(
                 f"{self.name}: {action} failed ({self._describe(exc)})"
             ) from self._chainable(exc)
@@ -584,6 +1212,28 @@ def _secrets(url: str, connect_options: Mapping[str, Any]) -> list[str]:
     if isinstance(password, str) and password:
         found.append(password)
     return sorted(set(found), key=len, reverse=True)
+
+
+def _refused_vhost(exc: BaseException) -> bool:
+    """Whether aiormq's ``InvalidFrameError`` is the broker closing the connection in answer
+    to ``Connection.Open``: RabbitMQ's ``530 NOT_ALLOWED``, for a vhost that does not exist or
+    that the user may not use. aiormq keeps only the frame's type (not its reply text)."""
+    text = str(exc)
+    return "Connection.OpenOk" in text and "Connection.Close" in text
+
+
+def _url_vhost(url: str) -> str:
+    """The vhost aiormq asks for: the URL's path without its first '/', or '/'."""
+    from yarl import URL
+
+    path = URL(url).path
+    return path[1:].replace("%2F", "/") if path not in {"", "/"} else "/"
+
+
+def _url_user(url: str) -> str:
+    from yarl import URL
+
+    return URL(url).user or "guest"  # aiormq's default login
 
 
 def _check_url(url: str, backend: str) -> str:
@@ -611,10 +1261,12 @@ def _check_channels(channels: object, backend: str) -> int:
 
 
 def _check_prefix(prefix: object, backend: str) -> str:
-    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix) or prefix.startswith("amq."):
+    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix) or prefix == "amq":
         raise ConfigurationError(
-            f"prefix {prefix!r} of {backend} must be 1-100 characters of [A-Za-z0-9_.-], not"
-            " starting with '.', '-' or 'amq.' (reserved by RabbitMQ)",
+            f"prefix {prefix!r} of {backend} must be 1-100 characters of [A-Za-z0-9_-], not"
+            " starting with '-', without '.' ('.' separates the parts of queue names: write"
+            " 'my-app' or 'my_app' rather than 'my.app') and other than 'amq' (queue names"
+            " starting 'amq.' are reserved by RabbitMQ)",
             option="prefix",
             backend=backend,
         )

@@ -5,7 +5,12 @@ SQLite's single write lock before reading: claims, hand-overs and take-overs are
 across processes, and a deferred transaction's "read, then fail to upgrade" (``SQLITE_BUSY``
 that ``busy_timeout`` cannot wait out) never happens. Lease expiry is computed inside each
 statement from SQLite's own ``julianday('now')`` (millisecond resolution), never from an
-instance's clock. History times come from the scheduler's clock (as in every backend).
+instance's clock; a claim for a slot further ahead of it than ``max_clock_skew`` is refused.
+History times come from the scheduler's clock (as in every backend).
+
+``busy_timeout`` (how long a statement waits for another process's write lock) must fit in a
+third of ``lease_ttl``: a release or renewal waiting longer could land after the lease expired,
+when another process has already restarted the slot.
 
 The database runs in WAL mode with ``synchronous=NORMAL``: durable against a crashed or killed
 process, which is what leases guard against; a power cut may lose the last commits.
@@ -20,10 +25,11 @@ import os
 import sqlite3
 from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from .._clock import Clock
-from .._durations import Duration, parse_duration, to_ms
+from .._durations import Duration, to_ms
 from .._exceptions import (
     BackendError,
     BackendUnavailableError,
@@ -31,19 +37,28 @@ from .._exceptions import (
     ConfigurationError,
 )
 from ..abc import JobPolicy, Lease, RunReason, RunRecord, Slot
-from ._sql import (
-    SCHEMA_VERSION,
+from ._lease import (
+    DEFAULT_MAX_CLOCK_SKEW,
     DeadRun,
+    JobState,
+    check_lock_wait,
+    check_slot_time,
+    interrupted,
+    is_latest,
+    new_run_id,
+    new_token,
+    refusal,
+    restart_attempt,
+    retry_window_ms,
+)
+from ._sql import (
+    NO_SLOT,
+    SCHEMA_VERSION,
     SQLLeaseBackend,
     check_identifier,
     datetime_to_us,
     history_cutoff,
     history_limit,
-    interrupted,
-    new_run_id,
-    new_token,
-    refusal,
-    retry_attempt,
     run_record,
     us_to_datetime,
 )
@@ -93,31 +108,60 @@ _SCHEMA_V1 = (
     ) STRICT, WITHOUT ROWID""",
     "CREATE INDEX {history_started} ON {history} (job, started_us)",
 )
+# Manual runs get their own fence; a grant remembers its slot, so only its release ends it.
+_SCHEMA_V2 = (
+    "ALTER TABLE {jobs} ADD COLUMN grant_slot_ms INTEGER",
+    "ALTER TABLE {jobs} ADD COLUMN manual_slot_ms INTEGER",
+    "UPDATE {jobs} SET grant_slot_ms = last_slot_ms",
+)
 #: ``_MIGRATIONS[v]`` takes the tables from version ``v`` to ``v + 1``.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_V1,)
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_V1, _SCHEMA_V2)
+
+_DEFAULT_BUSY_TIMEOUT = timedelta(seconds=5)
+_CLOCK = "SQLite's clock (julianday('now'))"
 
 _LIVE = """({jobs}.lease_until_ms > {now} OR EXISTS (
     SELECT 1 FROM {leases} AS l
     WHERE l.job = {jobs}.job AND l.state = 'running' AND l.expires_ms > {now}))"""
 
-_GRANT = """INSERT INTO {jobs} (job, last_slot_ms, lease_until_ms)
-VALUES (:job, :slot_ms, {now} + :ttl_ms)
+# A slot whose lease row is taken (a manual run at a scheduled slot's very instant) is refused.
+_FREE = "NOT EXISTS (SELECT 1 FROM {leases} WHERE job = :job AND slot_ms = :slot_ms)"
+
+_GRANT = """INSERT INTO {jobs} (job, last_slot_ms, lease_until_ms, grant_slot_ms)
+VALUES (:job, :slot_ms, {now} + :ttl_ms, :slot_ms)
 ON CONFLICT (job) DO UPDATE
-    SET last_slot_ms = excluded.last_slot_ms, lease_until_ms = excluded.lease_until_ms
-    WHERE {jobs}.last_slot_ms < excluded.last_slot_ms AND (:allow OR NOT {live})
+    SET last_slot_ms = excluded.last_slot_ms, lease_until_ms = excluded.lease_until_ms,
+        grant_slot_ms = excluded.grant_slot_ms
+    WHERE {jobs}.last_slot_ms < excluded.last_slot_ms AND (:allow OR NOT {live}) AND {free}
 RETURNING lease_until_ms"""
 
-# A catch-up never creates the job's row: a job never claimed has missed nothing.
-_GRANT_CATCH_UP = """UPDATE {jobs} SET last_slot_ms = :slot_ms, lease_until_ms = {now} + :ttl_ms
-WHERE job = :job AND last_slot_ms < :slot_ms AND (:allow OR NOT {live})
+# A catch-up never creates the job's row: a job never claimed has missed nothing (nor does a
+# job only ever run manually).
+_GRANT_CATCH_UP = """UPDATE {jobs}
+SET last_slot_ms = :slot_ms, lease_until_ms = {now} + :ttl_ms, grant_slot_ms = :slot_ms
+WHERE job = :job AND last_slot_ms > :no_slot AND last_slot_ms < :slot_ms
+    AND (:allow OR NOT {live}) AND {free}
 RETURNING lease_until_ms"""
+
+# A manual run passes its own fence and leaves the job's fence where it is.
+_GRANT_MANUAL = """INSERT INTO {jobs} (job, last_slot_ms, lease_until_ms, grant_slot_ms,
+    manual_slot_ms)
+VALUES (:job, :no_slot, {now} + :ttl_ms, :slot_ms, :slot_ms)
+ON CONFLICT (job) DO UPDATE
+    SET lease_until_ms = excluded.lease_until_ms, grant_slot_ms = excluded.grant_slot_ms,
+        manual_slot_ms = excluded.manual_slot_ms
+    WHERE coalesce({jobs}.manual_slot_ms < excluded.manual_slot_ms, 1)
+        AND (:allow OR NOT {live}) AND {free}
+RETURNING lease_until_ms"""
+
+_READ_NOW = "SELECT {now}"
 
 _INSERT_LEASE = """INSERT INTO {leases}
     (job, slot_ms, token, run_id, instance_id, reason, attempt, state, started_us, expires_ms)
 VALUES (:job, :slot_ms, :token, :run_id, :instance_id, :reason, 1, 'running', :started_us,
     :expires_ms)"""
 
-_JOB_STATE = "SELECT last_slot_ms, {live} FROM {jobs} WHERE job = :job"
+_JOB_STATE = "SELECT last_slot_ms, manual_slot_ms, {live} FROM {jobs} WHERE job = :job"
 
 _RENEW = """UPDATE {leases} SET expires_ms = {now} + :ttl_ms
 WHERE job = :job AND slot_ms = :slot_ms AND token = :token AND state = 'running'
@@ -126,7 +170,7 @@ RETURNING 1"""
 
 # Ends the job's "latest grant" too, so that the next claim does not wait for it to expire.
 _END_GRANT = """UPDATE {jobs} SET lease_until_ms = {now}
-WHERE job = :job AND last_slot_ms = :slot_ms AND EXISTS (
+WHERE job = :job AND grant_slot_ms = :slot_ms AND EXISTS (
     SELECT 1 FROM {leases} WHERE job = :job AND slot_ms = :slot_ms AND token = :token)"""
 
 _DELETE_LEASE = "DELETE FROM {leases} WHERE job = :job AND slot_ms = :slot_ms AND token = :token"
@@ -135,7 +179,7 @@ _HAND_OVER = """UPDATE {leases} SET state = 'handover', expires_ms = {now}
 WHERE job = :job AND slot_ms = :slot_ms AND token = :token"""
 
 _FIND_DEAD = """SELECT l.job, l.slot_ms, l.run_id, l.instance_id, l.reason, l.attempt, l.state,
-    l.started_us, l.slot_ms = j.last_slot_ms
+    l.started_us, {now} - l.expires_ms, j.last_slot_ms, j.manual_slot_ms
 FROM {leases} AS l JOIN {jobs} AS j ON j.job = l.job
 WHERE l.job IN (SELECT value FROM json_each(:jobs))
     AND (l.state = 'handover' OR l.expires_ms <= {now})
@@ -148,7 +192,8 @@ SET token = :token, run_id = :run_id, instance_id = :instance_id, reason = 'retr
 WHERE job = :job AND slot_ms = :slot_ms
 RETURNING expires_ms"""
 
-_RETRY_GRANT = "UPDATE {jobs} SET lease_until_ms = :expires_ms WHERE job = :job"
+_RETRY_GRANT = """UPDATE {jobs} SET lease_until_ms = :expires_ms, grant_slot_ms = :slot_ms
+WHERE job = :job"""
 
 _DROP_LEASE = "DELETE FROM {leases} WHERE job = :job AND slot_ms = :slot_ms"
 
@@ -182,6 +227,7 @@ class _Statements:
             "now": _NOW,
         }
         names["live"] = _LIVE.format(**names)
+        names["free"] = _FREE.format(**names)
 
         def fill(template: str) -> str:
             return template.format(**names)
@@ -190,6 +236,8 @@ class _Statements:
         self.migrations = tuple(tuple(fill(sql) for sql in step) for step in _MIGRATIONS)
         self.grant = fill(_GRANT)
         self.grant_catch_up = fill(_GRANT_CATCH_UP)
+        self.grant_manual = fill(_GRANT_MANUAL)
+        self.read_now = fill(_READ_NOW)
         self.insert_lease = fill(_INSERT_LEASE)
         self.job_state = fill(_JOB_STATE)
         self.renew = fill(_RENEW)
@@ -212,7 +260,9 @@ class SQLiteBackend(SQLLeaseBackend):
     ``path``: the database file (created if missing). ``lease_ttl``: how long a lease lives
     unless renewed. ``table_prefix``: prepended to the table names, so several schedulers (or
     an application's own tables) can share a file. ``busy_timeout``: how long a statement waits
-    for another process's write lock before failing.
+    for another process's write lock before failing; at most a third of ``lease_ttl`` (unset:
+    5 s, or a third of ``lease_ttl`` if shorter). ``max_clock_skew``: how far ahead of SQLite's
+    clock a claimed slot may be.
     """
 
     def __init__(
@@ -221,14 +271,21 @@ class SQLiteBackend(SQLLeaseBackend):
         *,
         lease_ttl: Duration = "30s",
         table_prefix: str = "brokersched_",
-        busy_timeout: Duration = "5s",
+        busy_timeout: Duration | None = None,
+        max_clock_skew: Duration = DEFAULT_MAX_CLOCK_SKEW,
     ) -> None:
-        super().__init__(lease_ttl)
+        super().__init__(lease_ttl, max_clock_skew)
         self._path = os.fspath(path)
         self._prefix = check_identifier(
             table_prefix, option="table_prefix", backend=self.name, max_length=40
         )
-        self._busy_timeout = parse_duration(busy_timeout, name="busy_timeout")
+        self._busy_timeout = check_lock_wait(
+            busy_timeout,
+            self._lease_ttl,
+            option="busy_timeout",
+            default=_DEFAULT_BUSY_TIMEOUT,
+            backend=self.name,
+        )
         self._sql = _Statements(self._prefix)
         # Each object has one connection; a transaction must not interleave with another
         # coroutine's statements on it.
@@ -238,6 +295,10 @@ class SQLiteBackend(SQLLeaseBackend):
 
     def __repr__(self) -> str:
         return f"SQLiteBackend({self._path!r}, table_prefix={self._prefix!r})"
+
+    @property
+    def busy_timeout(self) -> timedelta:
+        return self._busy_timeout
 
     @property
     def _op_timeout(self) -> float:
@@ -428,17 +489,21 @@ class SQLiteBackend(SQLLeaseBackend):
             "instance_id": instance_id,
             "reason": reason,
             "started_us": datetime_to_us(self._now()),
+            "no_slot": NO_SLOT,
         }
-        grant = self._sql.grant_catch_up if reason == "catch-up" else self._sql.grant
+        grant = {"catch-up": self._sql.grant_catch_up, "manual": self._sql.grant_manual}.get(
+            reason, self._sql.grant
+        )
 
         async def claim(conn: aiosqlite.Connection) -> Lease | Literal["overlap", "not-acquired"]:
+            (now_ms,) = next(iter(await conn.execute_fetchall(self._sql.read_now)))
+            check_slot_time(slot, now_ms, self._max_clock_skew, backend=self.name, clock=_CLOCK)
             rows = list(await conn.execute_fetchall(grant, params))
             if rows:
                 await conn.execute(self._sql.insert_lease, {**params, "expires_ms": rows[0][0]})
                 return Lease(slot.job, slot.slot_ms, token, run_id, 1, reason)
             state = list(await conn.execute_fetchall(self._sql.job_state, params))
-            latest, live = state[0] if state else (None, None)
-            return refusal(slot.slot_ms, latest, bool(live), policy)
+            return refusal(reason, slot.slot_ms, _job_state(state[0]) if state else None, policy)
 
         return await self._run("claim " + slot.key, claim, timeout=timeout, transaction=True)
 
@@ -460,7 +525,11 @@ class SQLiteBackend(SQLLeaseBackend):
             await conn.execute(self._sql.end_grant, params)
             await conn.execute(end, params)
 
-        await self._run("release " + lease.slot.key, release, transaction=True)
+        # Within a third of the ttl (see _renew_timeout): the runner retries a release that
+        # failed while it still holds the lease, never one that landed after it expired.
+        await self._run(
+            "release " + lease.slot.key, release, timeout=self._renew_timeout, transaction=True
+        )
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         by_job = {policy.name: policy for policy in policies}
@@ -473,7 +542,9 @@ class SQLiteBackend(SQLLeaseBackend):
             leases: list[Lease] = []
             for row in await conn.execute_fetchall(self._sql.find_dead, params):
                 dead = _dead_run(row)
-                lease = await self._take(conn, dead, bool(row[8]), by_job[dead.job], instance_id)
+                fence, manual_fence = row[9:11]
+                latest = is_latest(dead.slot_ms, fence, manual_fence)
+                lease = await self._take(conn, dead, latest, by_job[dead.job], instance_id)
                 leases.extend([lease] if lease else [])
             return leases
 
@@ -493,9 +564,11 @@ class SQLiteBackend(SQLLeaseBackend):
     ) -> Lease | None:
         """Restart or drop one dead (or handed-over) slot, inside the take-over transaction."""
         key = {"job": dead.job, "slot_ms": dead.slot_ms}
-        if dead.state == "running":
-            await self._append(conn, policy, interrupted(dead, self._now()))
-        attempt = retry_attempt(dead.state, dead.attempt, latest, policy.max_attempts)
+        window_ms = retry_window_ms(policy, self._lease_ttl)
+        attempt = restart_attempt(dead, latest=latest, policy=policy, window_ms=window_ms)
+        record = interrupted(dead, self._now(), restarted=attempt is not None, window_ms=window_ms)
+        if record is not None:
+            await self._append(conn, policy, record)
         if attempt is None:
             await conn.execute(self._sql.drop_lease, key)
             return None
@@ -570,10 +643,15 @@ class SQLiteBackend(SQLLeaseBackend):
 
 def _dead_run(row: Sequence[Any]) -> DeadRun:
     """A row of ``_FIND_DEAD``."""
-    job, slot_ms, run_id, instance_id, reason, attempt, state, started_us = row[:8]
-    return DeadRun(
-        job, slot_ms, run_id, instance_id, reason, attempt, state, us_to_datetime(started_us)
-    )
+    job, slot_ms, run_id, instance_id, reason, attempt, state, started_us, waited_ms = row[:9]
+    started = us_to_datetime(started_us)
+    return DeadRun(job, slot_ms, run_id, instance_id, reason, attempt, state, started, waited_ms)
+
+
+def _job_state(row: Sequence[Any]) -> JobState:
+    """A row of ``_JOB_STATE``."""
+    fence, manual_fence, live = row
+    return JobState(None if fence == NO_SLOT else fence, manual_fence, bool(live))
 
 
 def _check_opens(path: str) -> None:

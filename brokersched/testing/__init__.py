@@ -2,6 +2,6 @@
 the conformance suites every backend passes."""
 
 from ._clock import TestClock
-from ._context import make_context
+from ._context import abort, make_context
 
-__all__ = ["TestClock", "make_context"]
+__all__ = ["TestClock", "abort", "make_context"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -20,10 +21,11 @@ _DEFAULT_START = "2026-01-01T00:00:00+00:00"
 
 
 class _VirtualTimer:
-    __slots__ = ("callback", "cancelled", "when_ms")
+    __slots__ = ("callback", "cancelled", "due", "wall_ms")
 
-    def __init__(self, when_ms: int, callback: Callable[[], object]) -> None:
-        self.when_ms = when_ms
+    def __init__(self, due: int, wall_ms: int | None, callback: Callable[[], object]) -> None:
+        self.due = due  # on the monotonic clock
+        self.wall_ms = wall_ms  # a wall-clock timer's instant: a step() moves its due time
         self.callback = callback
         self.cancelled = False
 
@@ -35,9 +37,13 @@ class TestClock(Clock):
     """A virtual clock: ``await clock.advance("1m")`` fires what falls due, in order, and waits
     until the work it started has settled.
 
-    Work has settled when every task the scheduler started is finished or waiting on this clock
-    (a timer, ``ctx.sleep()``). A handler that waits on anything else (a real broker, a thread)
-    is waited for in real time, up to ``settle_timeout`` seconds.
+    Work has settled, as in trio's and anyio's ``wait_all_tasks_blocked``, when nothing is ready
+    to run: every task of the event loop is blocked, and every task the scheduler started is
+    finished, waiting on this clock (a timer, ``ctx.sleep()``), or an async handler blocked on
+    anything at all (an ``asyncio.Event`` the test sets later, a lock, a queue). So a test can
+    hold a run open, look at it, release it and advance again; a virtual timeout cancels a
+    handler wherever it is blocked. The scheduler's own work (a claim to a real broker, a sync
+    handler's thread) is waited for in real time, up to ``settle_timeout`` seconds.
     """
 
     __test__ = False  # not a pytest test class
@@ -48,20 +54,30 @@ class TestClock(Clock):
             raise ValueError(
                 f"TestClock start {moment.isoformat()} needs a time zone (e.g. +00:00)"
             )
-        self._now = datetime_to_ms(moment)
+        self._mono = 0
+        self._offset = datetime_to_ms(moment)  # wall = monotonic + offset; step() moves it
         self._timers: list[tuple[int, int, _VirtualTimer]] = []
         self._seq = itertools.count()
         self._tracked: set[asyncio.Task[Any]] = set()
         self._sleeping: dict[asyncio.Task[Any], asyncio.Future[None]] = {}
+        self._blocking: set[asyncio.Task[Any]] = set()  # tasks inside blocking()
         self.settle_timeout = settle_timeout
 
     def now_ms(self) -> int:
-        return self._now
+        return self._mono + self._offset
+
+    def monotonic_ms(self) -> int:
+        return self._mono
 
     def call_at(self, when_ms: int, callback: Callable[[], object]) -> Timer:
-        timer = _VirtualTimer(when_ms, callback)
-        heapq.heappush(self._timers, (when_ms, next(self._seq), timer))
-        if when_ms <= self._now:
+        return self._push(_VirtualTimer(when_ms - self._offset, when_ms, callback))
+
+    def call_later(self, delay_ms: int, callback: Callable[[], object]) -> Timer:
+        return self._push(_VirtualTimer(self._mono + delay_ms, None, callback))
+
+    def _push(self, timer: _VirtualTimer) -> _VirtualTimer:
+        heapq.heappush(self._timers, (timer.due, next(self._seq), timer))
+        if timer.due <= self._mono:
             asyncio.get_running_loop().call_soon(self._fire_due)
         return timer
 
@@ -71,12 +87,29 @@ class TestClock(Clock):
         task.add_done_callback(self._tracked.discard)
         return task
 
-    async def sleep_until(self, when_ms: int) -> None:
-        if when_ms <= self._now:
-            await asyncio.sleep(0)
+    @contextmanager
+    def blocking(self) -> Iterator[None]:
+        task = asyncio.current_task()
+        if task is None:
+            yield
             return
+        self._blocking.add(task)
+        try:
+            yield
+        finally:
+            self._blocking.discard(task)
+
+    async def sleep_until(self, when_ms: int) -> None:
+        await self._sleep(self.call_at, when_ms)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._sleep(self.call_later, round(seconds * 1000))
+
+    async def _sleep(
+        self, make_timer: Callable[[int, Callable[[], object]], Timer], at: int
+    ) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        timer = self.call_at(when_ms, lambda: resolve(future))
+        timer = make_timer(at, lambda: resolve(future))
         task = asyncio.current_task()
         if task is not None:
             self._sleeping[task] = future
@@ -87,66 +120,119 @@ class TestClock(Clock):
             if task is not None:
                 self._sleeping.pop(task, None)
 
+    async def wait(self, tasks: Collection[asyncio.Task[Any]], timeout: float) -> None:
+        """Wait for ``tasks``, at most ``timeout`` seconds of virtual time, which runs on by
+        itself meanwhile: ``await scheduler.stop()`` drains as it would in real time, timers
+        (timeouts, renewals, ``ctx.sleep()``) firing on the way. Work that runs in real time
+        (a sync handler's thread) is given at most ``timeout`` real seconds."""
+        deadline = self._mono + round(timeout * 1000)
+        pending = [task for task in tasks if not task.done()]
+        while pending:
+            await self._settle(min(self.settle_timeout, timeout))
+            pending = [task for task in pending if not task.done()]
+            timer = self._pop_due(deadline) if pending else None
+            if timer is None:
+                if pending:
+                    self._mono = max(self._mono, deadline)
+                return
+            self._mono = max(self._mono, timer.due)
+            timer.callback()
+
     # -- driving time ----------------------------------------------------------------------
 
     async def advance(self, duration: Duration) -> None:
         """Move time forward by ``duration``, firing everything that falls due on the way."""
-        await self._advance_to_ms(self._now + to_ms(parse_duration(duration, name="advance")))
+        await self._advance_to(self._mono + to_ms(parse_duration(duration, name="advance")))
 
     async def advance_to(self, moment: datetime | str) -> None:
-        """Move time forward to ``moment`` (never backwards)."""
+        """Move time forward to ``moment`` on the wall clock (never backwards)."""
         when = datetime.fromisoformat(moment) if isinstance(moment, str) else moment
-        await self._advance_to_ms(datetime_to_ms(when))
+        await self._advance_to(datetime_to_ms(when) - self._offset)
 
     async def stall(self, duration: Duration) -> None:
         """The process freezes for ``duration`` (a GC pause, a suspended VM): time moves on with
         nothing running, then everything that fell due meanwhile fires at once, late."""
         await self.settle()
-        self._now += to_ms(parse_duration(duration, name="stall"))
-        await self._advance_to_ms(self._now)
+        self._mono += to_ms(parse_duration(duration, name="stall"))
+        await self._advance_to(self._mono)
 
-    async def _advance_to_ms(self, target_ms: int) -> None:
+    async def step(self, duration: Duration, *, back: bool = False) -> None:
+        """The wall clock jumps by ``duration`` (``back=True``: backwards), as NTP or an operator
+        may step it; monotonic time does not move. Wall-clock timers (slots) follow the wall
+        clock; timeouts, lease renewals and sleeps do not."""
         await self.settle()
-        while (timer := self._pop_due(target_ms)) is not None:
-            self._now = max(self._now, timer.when_ms)
+        delta = to_ms(parse_duration(duration, name="step"))
+        self._offset += -delta if back else delta
+        for _, _, timer in self._timers:
+            if timer.wall_ms is not None:
+                timer.due = timer.wall_ms - self._offset
+        self._timers = [(timer.due, seq, timer) for _, seq, timer in self._timers]
+        heapq.heapify(self._timers)
+        await self._advance_to(self._mono)
+
+    async def _advance_to(self, target: int) -> None:
+        await self.settle()
+        while (timer := self._pop_due(target)) is not None:
+            self._mono = max(self._mono, timer.due)
             timer.callback()
             await self.settle()
-        self._now = max(self._now, target_ms)
+        self._mono = max(self._mono, target)
         await self.settle()
 
-    def _pop_due(self, target_ms: int) -> _VirtualTimer | None:
-        while self._timers and self._timers[0][0] <= target_ms:
+    def _pop_due(self, target: int) -> _VirtualTimer | None:
+        while self._timers and self._timers[0][0] <= target:
             _, _, timer = heapq.heappop(self._timers)
             if not timer.cancelled:
                 return timer
         return None
 
     def _fire_due(self) -> None:
-        while (timer := self._pop_due(self._now)) is not None:
+        while (timer := self._pop_due(self._mono)) is not None:
             timer.callback()
 
     def busy(self) -> list[asyncio.Task[Any]]:
-        """Tracked tasks that are neither finished nor waiting on this clock."""
-        return [task for task in self._tracked if not self._waiting(task)]
+        """The tasks that keep the work from settling: tracked tasks that are neither finished,
+        nor waiting on this clock, nor blocked handlers; else any task ready to run."""
+        busy = [task for task in self._tracked if not self._settled(task)]
+        if not busy:
+            current = asyncio.current_task()
+            busy = [task for task in asyncio.all_tasks() if task is not current and _ready(task)]
+        return busy
 
-    def _waiting(self, task: asyncio.Task[Any]) -> bool:
+    def _settled(self, task: asyncio.Task[Any]) -> bool:
         future = self._sleeping.get(task)  # task.cancel() cancels it: the task is then busy
-        return future is not None and not future.done()
+        if future is not None and not future.done():
+            return True
+        return task in self._blocking and not _ready(task)
 
     async def settle(self) -> None:
-        """Wait until every tracked task is finished or waiting on this clock."""
+        """Wait until nothing is ready to run (see the class docstring); ``TimeoutError`` names
+        the tasks still busy after ``settle_timeout`` seconds of real time."""
+        if busy := await self._settle(self.settle_timeout):
+            names = ", ".join(sorted(task.get_name() for task in busy))
+            raise TimeoutError(
+                f"TestClock: tasks still busy after {self.settle_timeout:g}s of real time: "
+                f"{names} (a handler waiting on something other than the clock? use "
+                "ctx.sleep() in virtual time)"
+            )
+
+    async def _settle(self, limit_s: float) -> list[asyncio.Task[Any]]:
+        """Settle, for at most ``limit_s`` of real time; return the tasks still busy then."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settle_timeout
+        deadline = loop.time() + limit_s
         quiet = spins = 0
         while quiet < 3:  # idle over several loop turns: no callback left to wake anything
             busy = self.busy()
             quiet = 0 if busy else quiet + 1
             if busy and loop.time() > deadline:
-                names = ", ".join(sorted(task.get_name() for task in busy))
-                raise TimeoutError(
-                    f"TestClock: tasks still busy after {self.settle_timeout:g}s of real time: "
-                    f"{names} (a handler waiting on something other than the clock? use "
-                    "ctx.sleep() in virtual time)"
-                )
+                return busy
             spins += 1
             await asyncio.sleep(0 if spins < 100 or not busy else 0.001)
+        return []
+
+
+def _ready(task: asyncio.Task[Any]) -> bool:
+    """Whether ``task`` can run now: it waits on no future, or on one that is done. asyncio has no
+    public API for this; anyio's ``wait_all_tasks_blocked`` reads the same attribute."""
+    waiter = getattr(task, "_fut_waiter", None)
+    return waiter is None or bool(waiter.done())

@@ -9,7 +9,7 @@ from .._clock import Clock, datetime_to_ms
 from .._context import AbortReason, JobContext
 from ..abc import RunReason
 
-__all__ = ["make_context"]
+__all__ = ["abort", "make_context"]
 
 
 def make_context(
@@ -36,5 +36,13 @@ def make_context(
         instance_id=instance_id,
         clock=clock,
     )
-    ctx.abort_reason = abort_reason
+    if abort_reason is not None:
+        abort(ctx, abort_reason)
     return ctx
+
+
+def abort(ctx: JobContext, reason: AbortReason) -> None:
+    """Tell the handler holding ``ctx`` to stop, as the scheduler would: ``ctx.abort_reason``
+    is set and ``ctx.wait_aborted()`` returns (the scheduler also cancels an async handler,
+    except on ``shutdown``)."""
+    ctx._abort(reason)

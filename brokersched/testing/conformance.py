@@ -25,6 +25,7 @@ import pytest
 import pytest_asyncio
 
 from .._clock import Clock, SystemClock
+from .._exceptions import BackendError
 from ..abc import Backend, ClaimBackend, JobPolicy, Lease, LeaseBackend, RunRecord, Slot
 
 __all__ = ["ClaimBackendSuite", "LeaseBackendSuite"]
@@ -33,7 +34,7 @@ B = TypeVar("B", bound=Backend)
 Factory = Callable[..., Awaitable[Any]]
 
 RACERS = 8
-SLOT = 1_800_000_000_000  # 2027-01-15T08:00:00Z
+SLOT = 1_700_000_000_000  # 2023-11-14T22:13:20Z: in the past, as a claimed slot is
 
 
 def make_record(
@@ -440,6 +441,33 @@ class LeaseBackendSuite(_Suite[B]):
         assert isinstance(late, Lease) and late.reason == "catch-up"
         again = await self.acquire(backend, Slot("job", SLOT + 5000), policy, reason="catch-up")
         assert again == "not-acquired"
+
+    @pytest.mark.asyncio
+    async def test_a_slot_far_ahead_of_the_backends_clock_is_refused(
+        self, fleet: Factory, clock: Clock
+    ) -> None:
+        """An instance whose clock is 2 minutes fast must not fence the job for the fleet:
+        the claim fails (closed) and the slot that falls due now is still granted."""
+        backend = await self.started(fleet)
+        now = clock.now_ms()
+        for reason in ("schedule", "manual"):
+            with pytest.raises(BackendError, match="max_clock_skew"):
+                await self.acquire(backend, Slot("job", now + 120_000), reason=reason)
+        assert isinstance(await self.acquire(backend, Slot("job", now)), Lease)
+
+    @pytest.mark.asyncio
+    async def test_manual_runs_do_not_fence_scheduled_slots(
+        self, fleet: Factory, clock: Clock
+    ) -> None:
+        one, two = await self.started(fleet), await self.started(fleet)
+        now = clock.now_ms()
+        manual = await self.acquire(one, Slot("job", now), reason="manual")
+        assert isinstance(manual, Lease) and manual.reason == "manual"
+        await one.release(manual)
+        assert await self.acquire(two, Slot("job", now), reason="manual") == "not-acquired"
+        earlier = await self.acquire(two, Slot("job", now - 1000), instance="i2")
+        assert isinstance(earlier, Lease)  # a scheduled slot still inside its jitter window
+        assert await self.acquire(one, Slot("job", now - 1000)) == "not-acquired"
 
     @pytest.mark.asyncio
     async def test_history_ttl_drops_old_runs(self, fleet: Factory, clock: Clock) -> None:

@@ -14,6 +14,13 @@ So a fixed-time daily job never runs twice nor is skipped around a switch. (Wher
 at midnight, as America/Nuuk's does, springing forward from 23:00, a 23:xx run comes at 00:00
 the next day: the first instant after the gap.)
 
+Days follow Vixie cron (and cronie) too: when the day-of-month or the day-of-week field starts
+with ``*`` (``*``, ``*/2``; ``?`` counts as ``*``), a day must match *both* fields; only when
+neither does is a day matching *either* one enough. So ``15 1-3 */2 * 1-5`` fires on odd days
+that are weekdays, ``0 0 1 * MON`` on the 1st and on every Monday, ``0 0 1-31 * MON`` every day.
+croniter is told which with its ``day_or`` flag, by every search: the schedule, the
+daylight-saving layer (it searches through the same croniter) and the never-fires probe.
+
 The mapping works on *segments*: stretches of UTC time with one UTC offset, separated by the
 zone's transitions (``OffsetTimeline``). Inside a segment local time is UTC plus a constant, so
 the first fire is croniter's first match after the local time; when that match lies beyond the
@@ -117,10 +124,16 @@ class _Spec:
     croniter_expression: str
     with_seconds: bool
     fixed_time: bool  # neither the minute nor the hour field starts with "*"
+    day_or: bool  # neither day field starts with "*": a day matches either (else both)
+    day_fields: tuple[str, str]  # day-of-month and day-of-week as written, for messages
 
 
 def parse_cron(expression: str, timezone: str | tzinfo = "UTC") -> CronTrigger:
     """Validate ``expression`` in ``timezone`` and return its trigger.
+
+    As in Vixie cron, a day must match both day fields when either starts with ``*``
+    (``0 0 */2 * MON-FRI``: odd days that are weekdays), and either field otherwise
+    (``0 0 1 * MON``: the 1st and every Monday).
 
     Raises ``ConfigurationError`` (``option="cron"`` or ``"timezone"``) naming what is wrong.
     """
@@ -317,12 +330,7 @@ class _WallClock:
 
     def __init__(self, spec: _Spec, expression: str) -> None:
         try:
-            self._cron = croniter(
-                spec.croniter_expression,
-                _NAIVE_EPOCH,
-                ret_type=datetime,
-                second_at_beginning=spec.with_seconds,
-            )
+            self._cron = _croniter(spec, _NAIVE_EPOCH)
         except CroniterError as exc:  # our own checks should have caught it first
             raise ConfigurationError(
                 f"cron expression '{expression}' is not valid: {exc}", option="cron"
@@ -388,22 +396,49 @@ def _values(expanded: Sequence[object], spec: _Field) -> list[int]:
     return sorted({int(str(value)) for value in expanded})
 
 
-def _refuse_never_firing(spec: _Spec, expression: str) -> None:
-    probe = croniter(
+def _croniter(spec: _Spec, start: datetime, max_years: int | None = None) -> croniter[datetime]:
+    """The one way this module builds a croniter, so every search reads the day fields alike."""
+    return croniter(
         spec.croniter_expression,
-        datetime.now(UTC).replace(tzinfo=None),
+        start,
         ret_type=datetime,
+        day_or=spec.day_or,
         second_at_beginning=spec.with_seconds,
-        max_years_between_matches=_NEVER_FIRES_YEARS,
+        max_years_between_matches=max_years,
     )
+
+
+def _refuse_never_firing(spec: _Spec, expression: str) -> None:
+    probe = _croniter(spec, datetime.now(UTC).replace(tzinfo=None), _NEVER_FIRES_YEARS)
     try:
         probe.get_next(datetime)
     except CroniterBadDateError:
         raise ConfigurationError(
             f"cron expression '{expression}' never fires: no date matches its day-of-month, "
-            "month and day-of-week",
+            f"month and day-of-week{_day_rule_note(spec)}",
             option="cron",
         ) from None
+
+
+def _day_rule_note(spec: _Spec) -> str:
+    """Why both day fields had to match, when that is what made the expression impossible."""
+    day_of_week = spec.day_fields[1]
+    if spec.day_or or _is_any_day(day_of_week):
+        return ""
+    # A day-of-month starting with "*" holds the 1st, which every month has, on every weekday
+    # in turn: only a starred day-of-week can turn an OR that fires into an AND that cannot.
+    return (
+        f" (day-of-week '{day_of_week}' starts with '*', so a day must match both day fields, "
+        "as in Vixie cron)"
+    )
+
+
+def _starts_with_star(day_field: str) -> bool:
+    return day_field.startswith(("*", "?"))
+
+
+def _is_any_day(day_field: str) -> bool:
+    return day_field in ("*", "?")
 
 
 # --- validation: our own, because croniter's messages do not say what is wrong --------------
@@ -416,11 +451,15 @@ def _parse(expression: str) -> _Spec:
         _check_field(value, spec, expression) for value, spec in zip(fields, specs, strict=True)
     ]
     _check_day_fields(fields[-3], fields[-1], expression)
-    minute, hour = fields[-5], fields[-4]
+    minute, hour, day_of_month, day_of_week = fields[-5], fields[-4], fields[-3], fields[-1]
     return _Spec(
         croniter_expression=" ".join(checked),
         with_seconds=len(fields) == 6,
         fixed_time=not (minute.startswith("*") or hour.startswith("*")),
+        # Vixie cron's rule, which croniter applies only when told: its default ORs any two
+        # restricted day fields, "*/2" included.
+        day_or=not (_starts_with_star(day_of_month) or _starts_with_star(day_of_week)),
+        day_fields=(day_of_month, day_of_week),
     )
 
 

@@ -8,8 +8,13 @@ from brokersched import (
     NATSBackend,
     PostgresBackend,
     RabbitMQBackend,
+    RedisBackend,
+    RedisLeaseBackend,
+    RunEvent,
     Scheduler,
+    SkipEvent,
     SQLiteBackend,
+    StartEvent,
 )
 
 
@@ -43,3 +48,30 @@ Scheduler(NATSBackend("nats://127.0.0.1:4222")).every("g", "1m", flush, history_
 
 @rabbit.every("h", "1m", timeout="10s")
 def decorated_sync(ctx: JobContext) -> None: ...
+
+
+# typed listeners: each event name takes a listener of its own event type (or of any Event)
+def on_skip(event: SkipEvent) -> None: ...
+
+
+async def on_start(event: StartEvent) -> None: ...
+
+
+def on_run(event: RunEvent) -> None: ...
+
+
+def on_any(event: SkipEvent | StartEvent | RunEvent) -> None: ...
+
+
+rabbit.on("skip", on_skip)
+rabbit.on("start", on_start)
+rabbit.on("complete", on_run)
+rabbit.on("fail", on_run)
+rabbit.on("skip", on_any)
+rabbit.on("fail", lambda event: print(event.outcome, event.exception))
+rabbit.on("claim", lambda event: print(event.backend, event.seconds))
+
+redis_claims = Scheduler(RedisBackend("redis://127.0.0.1:6379/0", slot_ttl="5m", cluster=False))
+redis_claims.every("r1", "5s", flush, timeout="4s", jitter="1s", history_ttl="1d")
+redis_leases = Scheduler(RedisLeaseBackend("redis://127.0.0.1:6379/0", lease_ttl="30s"))
+redis_leases.every("r2", "5s", flush, overlap="allow", max_attempts=2, catch_up="1m")

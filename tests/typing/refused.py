@@ -2,7 +2,16 @@
 
 from datetime import UTC, datetime
 
-from brokersched import JobContext, MemoryBackend, NATSBackend, RabbitMQBackend, Scheduler
+from brokersched import (
+    JobContext,
+    MemoryBackend,
+    NATSBackend,
+    RabbitMQBackend,
+    RedisBackend,
+    RunEvent,
+    Scheduler,
+    SkipEvent,
+)
 
 
 async def flush(ctx: JobContext) -> None: ...
@@ -24,3 +33,19 @@ memory.at("h", when, flush, overlap="skip")  # E
 memory.every("i", "5s", flush, max_late_ms=5000)  # E
 memory.every("j", "5s", flush, timezone="UTC")  # E
 memory.cron("k", "* * * * *", flush, offset="1s")  # E
+
+
+def on_skip(event: SkipEvent) -> None: ...
+
+
+def on_run(event: RunEvent) -> None: ...
+
+
+memory.on("complete", on_skip)  # E
+memory.on("skip", on_run)  # E
+memory.on("finish", on_run)  # E
+
+redis_claims = Scheduler(RedisBackend("redis://127.0.0.1:6379/0"))
+redis_claims.every("r1", "5s", flush, overlap="allow")  # E
+redis_claims.every("r2", "5s", flush, max_attempts=2)  # E
+redis_claims.cron("r3", "* * * * *", flush, catch_up="1m")  # E

@@ -1,0 +1,273 @@
+"""The lease rules every lease backend shares (memory, SQLite, PostgreSQL), apart from storage.
+
+* **Time.** A claim is judged on the backend's clock (the database's), never the instance's:
+  a slot further ahead of that clock than ``max_clock_skew`` is refused with
+  ``ClockSkewError``. Instances claim a slot at or after its time (plus jitter), so only a
+  fast clock asks for a future slot, and fencing would then refuse every earlier slot to the
+  whole fleet: one machine 2 minutes fast would silence the job for 2 minutes.
+* **Manual runs** (``reason="manual"``) are fenced among themselves only: they never move the
+  fence that scheduled, catch-up and retried slots must pass.
+* **Take-over.** A dead runner's or handed-over slot restarts only while it is the job's latest
+  slot (``is_latest``), has waited for a runner no longer than the job's retry window (since it
+  was handed over, or since the dead runner's lease expired), and (for a dead runner) within
+  ``max_attempts``; the dead attempt is recorded ``interrupted`` by the taker, which is the only
+  one who knows.
+* **Configuration.** ``lease_ttl`` and ``max_clock_skew``, and a lock wait that fits in one
+  renewal period.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal, cast
+
+from .._clock import ms_to_datetime
+from .._durations import Duration, format_duration, parse_duration, to_ms
+from .._exceptions import ClockSkewError, ConfigurationError
+from ..abc import Capabilities, JobPolicy, Lease, RunReason, RunRecord, Slot, new_run_id
+
+__all__ = [
+    "CAPABILITIES",
+    "DEFAULT_MAX_CLOCK_SKEW",
+    "INTERRUPTED_ERROR",
+    "ClockSkewError",
+    "DeadRun",
+    "JobState",
+    "check_lease_ttl",
+    "check_lock_wait",
+    "check_max_clock_skew",
+    "check_slot_time",
+    "interrupted",
+    "is_latest",
+    "new_run_id",
+    "new_token",
+    "refusal",
+    "restart_attempt",
+    "retry_window_ms",
+]
+
+CAPABILITIES = Capabilities(
+    leases=True, slot_memory=None, history_ttl=True, history_size_per_job=True
+)
+
+#: How far ahead of the backend's clock a claimed slot may be. Instances claim a slot at or
+#: after its time, so this is only the disagreement allowed between their clocks and the
+#: backend's: NTP keeps it to milliseconds; a few seconds leave room for a VM resuming.
+DEFAULT_MAX_CLOCK_SKEW = timedelta(seconds=5)
+
+INTERRUPTED_ERROR = "runner lost its lease"
+
+
+# -- configuration -------------------------------------------------------------------------
+
+
+def _duration(value: Duration, *, option: str, backend: str) -> timedelta:
+    try:
+        return parse_duration(value, name=option)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{exc} ({backend})", option=option, backend=backend) from None
+
+
+def check_lease_ttl(value: Duration, *, backend: str) -> timedelta:
+    lease_ttl = _duration(value, option="lease_ttl", backend=backend)
+    if lease_ttl <= timedelta(0):
+        raise ConfigurationError(
+            f"lease_ttl of {backend} must be greater than 0 (got {format_duration(lease_ttl)})",
+            option="lease_ttl",
+            backend=backend,
+        )
+    return lease_ttl
+
+
+def check_max_clock_skew(value: Duration, *, backend: str) -> timedelta:
+    skew = _duration(value, option="max_clock_skew", backend=backend)
+    if skew < timedelta(0):
+        raise ConfigurationError(
+            f"max_clock_skew of {backend} must be 0 or more (got {value!r})",
+            option="max_clock_skew",
+            backend=backend,
+        )
+    return skew
+
+
+def check_lock_wait(
+    value: Duration | None,
+    lease_ttl: timedelta,
+    *,
+    option: str,
+    default: timedelta,
+    backend: str,
+) -> timedelta:
+    """How long the backend lets a statement wait for another client's lock.
+
+    It must fit in a third of ``lease_ttl``: the runner renews every third, and a release (or
+    renewal) left waiting longer could land after the lease expired, when another instance has
+    already restarted the slot. Unset, it is ``default`` or a third of ``lease_ttl`` if shorter.
+    """
+    bound = lease_ttl / 3
+    if value is None:
+        return min(default, bound)
+    wait = _duration(value, option=option, backend=backend)
+    if wait > bound:
+        raise ConfigurationError(
+            f"{option} ({format_duration(wait)}) of {backend} must be at most a third of "
+            f"lease_ttl ({format_duration(lease_ttl)}): a release or renewal waiting "
+            f"{format_duration(wait)} for another process's lock can land after the lease "
+            "expired, and another instance runs the slot again; raise lease_ttl to "
+            f"{format_duration(wait * 3)} or more, or lower {option} to "
+            f"{format_duration(bound)} or less (or leave it unset)",
+            option=option,
+            backend=backend,
+        )
+    return wait
+
+
+# -- claims --------------------------------------------------------------------------------
+
+
+def check_slot_time(
+    slot: Slot, now_ms: int, max_skew: timedelta, *, backend: str, clock: str
+) -> None:
+    """Raise ``ClockSkewError`` if ``slot`` is more than ``max_skew`` ahead of ``now_ms``, the
+    backend's clock (named ``clock`` in the message)."""
+    ahead_ms = slot.slot_ms - now_ms
+    if ahead_ms <= to_ms(max_skew):
+        return
+    ahead = format_duration(timedelta(milliseconds=ahead_ms))
+    raise ClockSkewError(
+        f"{backend} refused {slot.key}: the slot ({ms_to_datetime(slot.slot_ms).isoformat()}) "
+        f"is {ahead} ahead of {clock} ({ms_to_datetime(now_ms).isoformat()}), more than "
+        f"max_clock_skew ({format_duration(max_skew)}); this instance's clock is fast: fix "
+        "its time sync (NTP), or raise max_clock_skew",
+        slot_ms=slot.slot_ms,
+        ahead_ms=ahead_ms,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """A job's fences and liveness as read back after a refused claim (``None``: no row)."""
+
+    fence: int | None  # the latest scheduled, catch-up or retried slot claimed
+    manual_fence: int | None  # the latest manual slot claimed
+    live: bool
+
+
+def refusal(
+    reason: RunReason, slot_ms: int, state: JobState | None, policy: JobPolicy
+) -> Literal["overlap", "not-acquired"]:
+    """Why a claim was refused, from the job's state as read after the refusal.
+
+    The state may be older than the decision (PostgreSQL reads it with the statement's
+    snapshot): a slot that passes its fence on a state with no live lease was then lost to a
+    concurrent claimer, which is ``not-acquired`` as well.
+    """
+    if state is None:
+        return "not-acquired"
+    fence = state.manual_fence if reason == "manual" else state.fence
+    if reason == "catch-up" and state.fence is None:
+        return "not-acquired"  # only manual runs so far: a catch-up is granted after a claim
+    if fence is not None and fence >= slot_ms:
+        return "not-acquired"
+    return "overlap" if policy.overlap == "skip" and state.live else "not-acquired"
+
+
+def new_token() -> str:
+    """A lease's token: random, so a stale runner can never guess a newer lease's."""
+    return secrets.token_hex(16)
+
+
+# -- take-over -----------------------------------------------------------------------------
+
+
+def retry_window_ms(policy: JobPolicy, lease_ttl: timedelta) -> int | None:
+    """How long a slot may wait for a new runner (on the backend's clock, from the moment it
+    was handed over or its dead runner's lease expired) and still restart; ``None``: no bound.
+
+    The scheduler sets ``JobPolicy.retry_window`` to ``max(catch_up, max_late)``: how late
+    the job accepts a start at all. It is counted from the moment the slot lost its runner, not
+    from the slot's time, so that a long run handed over by a rolling restart is resumed at once
+    however old its slot, while a slot left by a full-fleet stop is not rerun at the next start.
+    It is never shorter than ``lease_ttl``: while any instance runs, it sweeps every
+    ``lease_ttl / 2``, so a dead runner's slot is always restarted (within ``max_attempts``).
+    """
+    window = policy.retry_window
+    return None if window is None else to_ms(max(window, lease_ttl))
+
+
+@dataclass(frozen=True, slots=True)
+class DeadRun:
+    """A lease found expired or handed over by ``take_over``."""
+
+    job: str
+    slot_ms: int
+    run_id: str
+    instance_id: str
+    reason: str
+    attempt: int
+    state: str  # "running" (its runner died or lost the lease) or "handover"
+    started_at: datetime
+    waited_ms: int  # since it was handed over or its lease expired, on the backend's clock
+
+    def retried(self, token: str, run_id: str, attempt: int) -> Lease:
+        return Lease(self.job, self.slot_ms, token, run_id, attempt, "retry")
+
+    def waited_too_long(self, window_ms: int | None) -> bool:
+        return window_ms is not None and self.waited_ms > window_ms
+
+
+def is_latest(slot_ms: int, fence: int | None, manual_fence: int | None) -> bool:
+    """Whether a slot is still the job's latest, so worth restarting: the latest slot claimed,
+    or the latest manual run with no slot claimed after it. (PostgreSQL: the same in SQL.)"""
+    if slot_ms == fence:
+        return True
+    return slot_ms == manual_fence and (fence is None or fence < slot_ms)
+
+
+def restart_attempt(
+    dead: DeadRun, *, latest: bool, policy: JobPolicy, window_ms: int | None
+) -> int | None:
+    """The attempt a taken-over slot restarts with, or ``None`` when it is left.
+
+    Restarted only when it is the job's latest slot (``is_latest``) that has not waited longer
+    than ``window_ms`` (``retry_window_ms``); a hand-over keeps its attempt (the runner did not
+    die), a dead runner's slot counts one more, up to ``max_attempts``. (PostgreSQL: the same
+    rule in SQL.)
+    """
+    if not latest or dead.waited_too_long(window_ms):
+        return None
+    attempt = dead.attempt if dead.state == "handover" else dead.attempt + 1
+    return attempt if attempt <= policy.max_attempts else None
+
+
+def interrupted(
+    dead: DeadRun, now: datetime, *, restarted: bool, window_ms: int | None
+) -> RunRecord | None:
+    """The history record a taker writes for ``dead``, or ``None`` for a hand-over (its runner
+    recorded the run itself when it stopped). A dead runner cannot record its run, and a runner
+    that lost its lease leaves the record to the taker, so each lost attempt is recorded once.
+    """
+    if dead.state == "handover":
+        return None
+    error = INTERRUPTED_ERROR
+    if not restarted and dead.waited_too_long(window_ms):
+        window = timedelta(milliseconds=window_ms or 0)
+        waited = timedelta(milliseconds=dead.waited_ms)
+        error += (
+            f"; not restarted: it waited {format_duration(waited)} for a runner, longer than "
+            f"its retry window ({format_duration(window)})"
+        )
+    return RunRecord(
+        job=dead.job,
+        slot_ms=dead.slot_ms,
+        run_id=dead.run_id,
+        instance_id=dead.instance_id,
+        reason=cast(RunReason, dead.reason),
+        attempt=dead.attempt,
+        started_at=dead.started_at,
+        finished_at=now,
+        outcome="interrupted",
+        error=error,
+    )

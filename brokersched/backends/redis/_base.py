@@ -1,0 +1,465 @@
+"""What both Redis backends share: key names, the URL, the client, error translation, the
+persistence check at start, history.
+
+Key layout (``P`` the prefix, ``J`` the escaped job name)::
+
+    P:{J}:claim:<slot_ms>   RedisBackend: a claimed slot (SET NX PX slot_ttl)
+    P:{J}:job               RedisLeaseBackend: hash of the fences (fence, manual)
+    P:{J}:runs              RedisLeaseBackend: hash slot_ms -> the run being run or handed over
+    P:{J}:history           both: list of runs, newest first
+
+Every key of a job carries the job's hash tag ``{J}``: on a Redis Cluster every operation on a
+job touches one hash slot, and jobs spread over the nodes. The prefix comes first so that an
+ACL key pattern (``~brokersched:*``) can confine the backend. Names are injective: the prefix
+holds no ``{``, so the first ``{`` opens the tag; the escaped job holds no ``}`` (nor ``%``
+unescaped), so the tag closes where the job ends; the kind and the slot follow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from datetime import timedelta
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from ... import _redact
+from ..._clock import Clock, datetime_to_ms
+from ..._durations import Duration, parse_duration, to_ms
+from ..._exceptions import (
+    BackendError,
+    BackendUnavailableError,
+    BrokerschedError,
+    ConfigurationError,
+)
+from ...abc import JobPolicy, RunRecord, Slot
+from . import _scripts
+
+__all__ = [
+    "RedisConnection",
+    "claim_key",
+    "hash_tag",
+    "history_entry",
+    "history_key",
+    "job_key",
+    "positive",
+    "runs_key",
+]
+
+logger = logging.getLogger("brokersched.backends.redis")
+
+T = TypeVar("T")
+
+_INSTALL_HINT = "pip install 'brokersched[redis]'"
+_SCHEMES = ("redis", "rediss", "unix")
+_PREFIX = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+_NAME_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:$-")
+_OPERATION_TIMEOUT_S = 10.0  # start, record, history, take-over: not time-critical, but bounded
+_CONNECT_TIMEOUT_S = 5.0
+
+
+# -- names -------------------------------------------------------------------------------------
+
+
+def _escape(job: str) -> str:
+    """Keep ``[A-Za-z0-9_.:$-]``; every other character becomes ``%XX`` per UTF-8 byte (so no
+    ``{``, ``}`` or unescaped ``%``: injective, and the hash tag ends where the job does)."""
+    return "".join(
+        char if char in _NAME_SAFE else "".join(f"%{byte:02X}" for byte in char.encode())
+        for char in job
+    )
+
+
+def hash_tag(job: str) -> str:
+    """``{<escaped job>}``: every key of the job hashes to the same cluster slot."""
+    return "{" + _escape(job) + "}"
+
+
+def claim_key(prefix: str, slot: Slot) -> str:
+    return f"{prefix}:{hash_tag(slot.job)}:claim:{slot.slot_ms}"
+
+
+def job_key(prefix: str, job: str) -> str:
+    return f"{prefix}:{hash_tag(job)}:job"
+
+
+def runs_key(prefix: str, job: str) -> str:
+    return f"{prefix}:{hash_tag(job)}:runs"
+
+
+def history_key(prefix: str, job: str) -> str:
+    return f"{prefix}:{hash_tag(job)}:history"
+
+
+# -- options -----------------------------------------------------------------------------------
+
+
+def positive(value: Duration, option: str, backend: str) -> timedelta:
+    result = parse_duration(value, name=option)
+    if result < timedelta(milliseconds=1):
+        raise ConfigurationError(
+            f"{option} ({value!r}) of {backend} must be at least 1ms",
+            option=option,
+            backend=backend,
+        )
+    return result
+
+
+def _check_prefix(prefix: object, backend: str) -> str:
+    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+        raise ConfigurationError(
+            f"prefix {prefix!r} of {backend} must be 1-100 characters of [A-Za-z0-9_.:-] (no "
+            "'{', '}' or spaces: the job's hash tag follows it in every key)",
+            option="prefix",
+            backend=backend,
+        )
+    return prefix
+
+
+def _check_url(url: object, backend: str, *, cluster: bool) -> str:
+    """The scheme and the port are checked at construction; the rest by redis-py at start."""
+    shown = _redact.redact_url(url) if isinstance(url, str) else repr(url)
+    accepted = "redis://, rediss:// (TLS) or unix:// (a socket path)"
+    try:
+        if not isinstance(url, str):
+            raise ValueError("not a string")
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        scheme = parts.scheme
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"url {shown!r} of {backend} is not a valid URL ({exc}); use {accepted}",
+            option="url",
+            backend=backend,
+        ) from None
+    if scheme not in _SCHEMES:
+        raise ConfigurationError(
+            f"url {shown!r} of {backend} must start with {accepted}",
+            option="url",
+            backend=backend,
+        )
+    if cluster and scheme == "unix":
+        raise ConfigurationError(
+            f"url {shown!r} of {backend}: a Redis Cluster is reached over TCP (redis:// or "
+            "rediss://), not a unix socket",
+            option="url",
+            backend=backend,
+        )
+    if scheme != "unix" and not parts.hostname:
+        raise ConfigurationError(
+            f"url {shown!r} of {backend} names no host; e.g. redis://127.0.0.1:6379/0",
+            option="url",
+            backend=backend,
+        )
+    return url
+
+
+# -- the connection ----------------------------------------------------------------------------
+
+
+class RedisConnection:
+    """One backend's client (a ``redis.asyncio.Redis`` or ``RedisCluster``), its scripts, and
+    the one place where redis-py's errors become brokersched's, with the password scrubbed.
+
+    The client never retries a command by itself: a command whose answer was lost may have
+    been applied (a claim that won), and only a definite answer may be returned; a failed call
+    raises ``BackendError`` and the scheduler fails closed. The next call uses a fresh
+    connection from the pool, so an outage fails only the calls made during it.
+    """
+
+    def __init__(
+        self,
+        backend: str,
+        url: str,
+        *,
+        prefix: str,
+        cluster: bool,
+        require_persistence: bool,
+        client_options: Mapping[str, Any],
+    ) -> None:
+        self.backend = backend
+        self.url = _check_url(url, backend, cluster=cluster)
+        self.prefix = _check_prefix(prefix, backend)
+        self.cluster = bool(cluster)
+        self.require_persistence = bool(require_persistence)
+        self.redacted = _redact.redact_url(url)
+        self._secrets = _redact.url_secrets(url)
+        password = client_options.get("password")
+        if isinstance(password, str) and password:
+            self._secrets = sorted({*self._secrets, password}, key=len, reverse=True)
+        self._options = dict(client_options)
+        self._client: Any = None
+        self._scripts: dict[str, Any] = {}
+        self.clock: Clock | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def open(self, clock: Clock) -> None:
+        """Connect, check the server (its persistence) and load the scripts; one clear
+        line for every failure."""
+        client = self._make_client()
+        try:
+            with self.translate(f"connect to {self.redacted}"):
+                async with asyncio.timeout(_OPERATION_TIMEOUT_S):
+                    if self.cluster:
+                        await client.initialize()
+                    await client.ping()
+                    await self._check_persistence(client)
+        except BaseException:
+            await _close_quietly(client)
+            raise
+        self._client = client
+        self._scripts = {
+            name: client.register_script(getattr(_scripts, name)) for name in _scripts.__all__
+        }
+        self.clock = clock
+        logger.debug("%s connected to %s", self.backend, self.redacted)
+
+    def _make_client(self) -> Any:
+        try:
+            import redis.asyncio
+            from redis.asyncio.cluster import RedisCluster
+            from redis.asyncio.retry import Retry
+            from redis.backoff import NoBackoff
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"{self.backend} needs redis-py: {_INSTALL_HINT}", backend=self.backend
+            ) from exc
+        options: dict[str, Any] = {
+            "socket_connect_timeout": _CONNECT_TIMEOUT_S,
+            "client_name": "brokersched",
+            **self._options,
+            "retry": Retry(NoBackoff(), 0),  # never resend a command: see the class docstring
+            "decode_responses": False,  # the scripts' answers and the history are bytes
+        }
+        try:
+            if self.cluster:
+                return RedisCluster.from_url(self.url, **options)
+            return redis.asyncio.Redis.from_url(self.url, **options)
+        except (ValueError, TypeError) as exc:  # a URL or option redis-py refuses
+            raise ConfigurationError(
+                f"{self.backend} cannot use the url {self.redacted}: {self._describe(exc)}",
+                option="url",
+                backend=self.backend,
+            ) from self._chainable(exc)
+
+    async def _check_persistence(self, client: Any) -> None:
+        """A Redis without the append-only file forgets claims and leases when it restarts
+        (or keeps only its last snapshot): a late instance could then run a slot again."""
+        from redis.exceptions import ResponseError
+
+        try:
+            if self.cluster:
+                values = [
+                    await client.execute_command("CONFIG", "GET", "appendonly", target_nodes=node)
+                    for node in client.get_primaries()
+                ]
+            else:
+                values = [await client.config_get("appendonly")]
+        except ResponseError as exc:  # CONFIG renamed or disabled (managed Redis), or an ACL
+            detail = self._describe(exc)
+            if self.require_persistence:
+                raise ConfigurationError(
+                    f"{self.backend} cannot check that {self.redacted} persists its data "
+                    f"(CONFIG GET appendonly was refused: {detail}) and require_persistence "
+                    "is set; allow CONFIG GET for this user, or set require_persistence=False "
+                    "once you know the server keeps an append-only file",
+                    option="require_persistence",
+                    backend=self.backend,
+                ) from None
+            logger.info(
+                "%s could not check the persistence of %s (CONFIG GET appendonly: %s)",
+                self.backend, self.redacted, detail,
+            )  # fmt: skip
+            return
+        if all(_setting(value, "appendonly") == "yes" for value in values):
+            return
+        message = (
+            f"{self.backend}: {self.redacted} has no append-only file (appendonly no): if it "
+            "restarts it forgets the slots claimed and the leases held, and an instance that "
+            "is late can run a slot that already ran; set appendonly yes (appendfsync always "
+            "or everysec) on the server"
+        )
+        if self.require_persistence:
+            raise ConfigurationError(
+                message + ", or set require_persistence=False",
+                option="require_persistence",
+                backend=self.backend,
+            )
+        logger.warning(message)
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        self._scripts = {}
+        self.clock = None
+        if client is not None:
+            await _close_quietly(client)
+
+    # -- calls -------------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            raise BackendUnavailableError(f"{self.backend} is not started")
+        return self._client
+
+    def now_ms(self) -> int:
+        if self.clock is None:
+            raise BackendUnavailableError(f"{self.backend} is not started")
+        return self.clock.now_ms()
+
+    async def call(
+        self, action: str, exchange: Callable[[Any], Awaitable[T]], timeout: float | None = None
+    ) -> T:
+        """``exchange(client)``, answered within ``timeout`` seconds or ``BackendError``."""
+        with self.translate(action):
+            client = self.client
+            limit = _OPERATION_TIMEOUT_S if timeout is None else max(0.0, timeout)
+            async with asyncio.timeout(limit):
+                return await exchange(client)
+
+    async def script(
+        self,
+        name: str,
+        action: str,
+        keys: list[str],
+        args: list[str | int],
+        timeout: float | None = None,
+    ) -> Any:
+        """One script (EVALSHA; loaded once per node on ``NOSCRIPT``)."""
+
+        async def run(client: Any) -> Any:
+            return await self._scripts[name](keys=keys, args=args, client=client)
+
+        return await self.call(action, run, timeout)
+
+    @contextlib.contextmanager
+    def translate(self, action: str) -> Generator[None, None, None]:
+        """redis-py's errors (and timeouts) become ``BackendError``, with the password
+        scrubbed; only ``BackendError`` (or a configuration error) leaves a backend call."""
+        try:
+            yield
+        except BrokerschedError:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise self._translated(action, exc) from self._chainable(exc)
+
+    def _translated(self, action: str, exc: Exception) -> BackendError:
+        try:
+            from redis import exceptions as errors
+        except ImportError:  # pragma: no cover - the client is made only when it imports
+            return BackendError(f"{self.backend} could not {action}: {self._describe(exc)}")
+        where = f"{self.backend} could not {action}"
+        if isinstance(exc, errors.AuthenticationError) or _says_auth(exc):
+            if urlsplit(self.url).password is None and not self._options.get("password"):
+                return BackendUnavailableError(
+                    f"{where}: the server requires a password and the URL gives none "
+                    f"({self._describe(exc)}); write it as redis://user:password@host"
+                )
+            return BackendUnavailableError(
+                f"{where}: the server refused the credentials ({self._describe(exc)}); check "
+                "the user name and password in the URL"
+            )
+        if isinstance(exc, TimeoutError | errors.TimeoutError):
+            return BackendUnavailableError(f"{where}: no answer from {self.redacted} in time")
+        unavailable = (
+            OSError,
+            errors.ConnectionError,
+            errors.ClusterDownError,
+            errors.TryAgainError,
+            errors.RedisClusterException,
+            errors.BusyLoadingError,
+        )
+        if isinstance(exc, unavailable):
+            return BackendUnavailableError(f"{where}: {self._describe(exc)}")
+        if isinstance(exc, errors.NoPermissionError):
+            return BackendError(
+                f"{where}: the server's ACL refused it ({self._describe(exc)}); the user needs "
+                f"the keys ~{self.prefix}:* and the commands the backend runs (see the README)"
+            )
+        return BackendError(f"{where}: {self._describe(exc)}")
+
+    def _describe(self, exc: BaseException) -> str:
+        text = " ".join(_redact.scrub(str(exc), self._secrets).split())  # one line
+        return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+    def _chainable(self, exc: BaseException) -> BaseException | None:
+        """``exc`` scrubbed in place; ``None`` when some text of it still shows the password."""
+        return exc if _redact.scrub_exception(exc, self._secrets) else None
+
+    # -- history -----------------------------------------------------------------------------
+
+    def history_ttl_args(self, job: JobPolicy) -> list[str | int]:
+        """The scripts' cutoff (ms, the scheduler's clock, like the records' times) and the
+        history list's expiry, for ``history_ttl``; empty strings without one."""
+        if job.history_ttl is None:
+            return ["", ""]
+        return [self.now_ms() - to_ms(job.history_ttl), max(1, to_ms(job.history_ttl))]
+
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        args: list[str | int] = [
+            history_entry(record),
+            job.history_size,
+            *self.history_ttl_args(job),
+        ]
+        await self.script(
+            "RECORD", f"record a run of {job.name}", [history_key(self.prefix, job.name)], args
+        )
+
+    async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        count = max(0, min(limit, job.history_size))
+        if count == 0:
+            return []
+        key = history_key(self.prefix, job.name)
+
+        async def read(client: Any) -> list[bytes]:
+            entries: list[bytes] = await client.lrange(key, 0, count - 1)
+            return entries
+
+        entries = await self.call(f"read the history of {job.name}", read)
+        cutoff = None if job.history_ttl is None else self.now_ms() - to_ms(job.history_ttl)
+        records: list[RunRecord] = []
+        for entry in entries:
+            started, _, text = entry.partition(b":")
+            if cutoff is not None and int(started) < cutoff:
+                continue
+            records.append(RunRecord.from_json(text))
+        return records
+
+
+def history_entry(record: RunRecord) -> str:
+    """``<started_ms>:<the record's JSON>``: the scripts trim by age on the number alone."""
+    return f"{datetime_to_ms(record.started_at)}:{record.to_json()}"
+
+
+def _setting(value: object, name: str) -> str | None:
+    """One setting from a CONFIG GET answer (a dict, or a flat list of names and values)."""
+    if isinstance(value, dict):
+        found = value.get(name, value.get(name.encode()))
+    elif isinstance(value, list | tuple) and len(value) >= 2:
+        found = value[1]
+    else:
+        return None
+    return found.decode() if isinstance(found, bytes) else None if found is None else str(found)
+
+
+def _says_auth(exc: BaseException) -> bool:
+    """Authentication failures redis-py reports as a plain ResponseError (``WRONGPASS``, or a
+    ``NOAUTH`` on a command)."""
+    text = str(exc)
+    return text.startswith(("WRONGPASS", "NOAUTH", "invalid username-password")) or (
+        "Authentication required" in text
+    )
+
+
+async def _close_quietly(client: Any) -> None:
+    try:
+        async with asyncio.timeout(5):
+            await client.aclose()
+    except Exception:  # closing must not raise (Backend._close)
+        logger.debug("closing the Redis client failed", exc_info=True)

@@ -1,0 +1,245 @@
+"""The Lua scripts of the Redis backends: each decision is one script, run atomically by Redis.
+
+Every script touches the keys of ONE job only, all under the job's hash tag, so that on a Redis
+Cluster it runs on the one node that owns the job (no ``CROSSSLOT``). Times are the server's
+(``TIME``), never an instance's: ``now`` below is the node's clock in milliseconds.
+
+Numbers travel as decimal strings (``'%.0f'``): Lua numbers are doubles, exact for every slot
+and epoch millisecond, but ``tostring`` would print large ones in exponent notation.
+
+A run in ``<job>:runs`` (field: the slot in ms) is a JSON object of strings: ``state``
+(``running`` or ``handover``), ``token``, ``run_id``, ``instance_id``, ``attempt``,
+``reason``, ``started`` (ms, the scheduler's clock, for the history) and ``expires`` (ms, the
+server's clock). A run that ends is deleted: the fences in ``<job>:job`` keep its slot claimed.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ACQUIRE",
+    "COMMIT_TAKE_OVER",
+    "FLEET_MEMORY",
+    "RECORD",
+    "RELEASE",
+    "RENEW",
+    "SCAN_DEAD",
+]
+
+_NOW = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function num(value)
+  return string.format('%.0f', value)
+end
+"""
+
+# Newest first; trimmed to the size, then (with a cutoff) from the oldest end while the oldest
+# started before the cutoff; the whole list expires history_ttl after its last write, when
+# every record in it is older than that. An entry is "<started_ms>:<RunRecord JSON>".
+_PUSH = """
+local function push(key, entry, size, cutoff, ttl)
+  redis.call('LPUSH', key, entry)
+  redis.call('LTRIM', key, 0, tonumber(size) - 1)
+  if cutoff ~= '' then
+    local oldest = tonumber(cutoff)
+    while true do
+      local tail = redis.call('LINDEX', key, -1)
+      if not tail then break end
+      local started = tonumber(string.match(tail, '^(%-?%d+):'))
+      if started and started >= oldest then break end
+      redis.call('RPOP', key)
+    end
+  end
+  if ttl ~= '' then
+    redis.call('PEXPIRE', key, ttl)
+  end
+end
+"""
+
+#: KEYS: history. ARGV: entry, history_size, cutoff ms or '', history_ttl ms or ''.
+RECORD = (
+    _PUSH
+    + """
+push(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+return 1
+"""
+)
+
+#: KEYS: job, runs. ARGV: slot, reason, allow ('1': overlap allowed), ttl ms, max skew ms,
+#: token, run_id, instance_id, started ms. Returns {status, now}: status 'granted', 'overlap',
+#: 'not-acquired' or 'skew' (the slot is further ahead of the server's clock than the skew).
+#: Mirrors MemoryBackend.acquire: the fence of the reason (manual runs have their own), a
+#: catch-up only for a job claimed before, a slot whose run is still there, overlap.
+ACQUIRE = (
+    _NOW
+    + """
+local now = now_ms()
+local slot = tonumber(ARGV[1])
+if slot > now + tonumber(ARGV[5]) then
+  return {'skew', num(now)}
+end
+local reason = ARGV[2]
+local field = 'fence'
+if reason == 'manual' then field = 'manual' end
+local fence = redis.call('HGET', KEYS[1], field)
+if fence and slot <= tonumber(fence) then
+  return {'not-acquired', num(now)}
+end
+if reason == 'catch-up' and not fence then
+  return {'not-acquired', num(now)}
+end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+  return {'not-acquired', num(now)}
+end
+if ARGV[3] ~= '1' then
+  local runs = redis.call('HVALS', KEYS[2])
+  for i = 1, #runs do
+    local run = cjson.decode(runs[i])
+    if run.state == 'running' and tonumber(run.expires) > now then
+      return {'overlap', num(now)}
+    end
+  end
+end
+redis.call('HSET', KEYS[1], field, ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], cjson.encode({
+  state = 'running', token = ARGV[6], run_id = ARGV[7], instance_id = ARGV[8],
+  attempt = '1', reason = reason, started = ARGV[9], expires = num(now + tonumber(ARGV[4]))
+}))
+return {'granted', num(now)}
+"""
+)
+
+#: KEYS: runs. ARGV: slot, token, ttl ms. 1 when renewed; 0 when expired or another token's.
+RENEW = (
+    _NOW
+    + """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return 0 end
+local run = cjson.decode(raw)
+local now = now_ms()
+if run.token ~= ARGV[2] or run.state ~= 'running' or tonumber(run.expires) <= now then
+  return 0
+end
+run.expires = num(now + tonumber(ARGV[3]))
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(run))
+return 1
+"""
+)
+
+#: KEYS: runs. ARGV: slot, token, handover ('1'). A stale token touches nothing. A finished run
+#: is deleted; a handed-over one stays, expired now, for take_over.
+RELEASE = (
+    _NOW
+    + """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return 0 end
+local run = cjson.decode(raw)
+if run.token ~= ARGV[2] then return 0 end
+if ARGV[3] == '1' then
+  run.state = 'handover'
+  run.expires = num(now_ms())
+  redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(run))
+else
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 1
+"""
+)
+
+#: KEYS: job, runs. Returns {now, fence or '', manual fence or '', slot, run, slot, run...}:
+#: the runs whose runner died (lease expired) or handed them over. Read-only: the decisions are
+#: taken by the caller with the shared lease rules and committed by COMMIT_TAKE_OVER.
+SCAN_DEAD = (
+    _NOW
+    + """
+local now = now_ms()
+local out = {num(now), redis.call('HGET', KEYS[1], 'fence') or '',
+  redis.call('HGET', KEYS[1], 'manual') or ''}
+local runs = redis.call('HGETALL', KEYS[2])
+for i = 1, #runs, 2 do
+  local run = cjson.decode(runs[i + 1])
+  if run.state == 'handover' or tonumber(run.expires) <= now then
+    out[#out + 1] = runs[i]
+    out[#out + 1] = runs[i + 1]
+  end
+end
+return out
+"""
+)
+
+#: KEYS: job, runs, history. ARGV: the fence and manual fence SCAN_DEAD saw ('' for none),
+#: ttl ms, history_size, cutoff ms or '', history_ttl ms or '', then 8 per dead run: slot, its
+#: token, the new token ('' drops the run), run_id, instance_id, attempt, started ms, the
+#: interrupted record's history entry ('' for none). Returns the slots committed.
+#:
+#: Optimistic: nothing is written if a fence moved since the scan (the decision whether a slot
+#: is still the latest may be wrong), and a run is only re-granted or dropped if it still holds
+#: the token seen and is still dead. A re-grant changes the token and a drop deletes the run,
+#: so each dead run is taken over, and its lost attempt recorded, by exactly one caller, in
+#: the same atomic step.
+COMMIT_TAKE_OVER = (
+    _NOW
+    + _PUSH
+    + """
+local fence = redis.call('HGET', KEYS[1], 'fence') or ''
+local manual = redis.call('HGET', KEYS[1], 'manual') or ''
+if fence ~= ARGV[1] or manual ~= ARGV[2] then return {} end
+local now = now_ms()
+local ttl = tonumber(ARGV[3])
+local done = {}
+for i = 7, #ARGV, 8 do
+  local slot = ARGV[i]
+  local raw = redis.call('HGET', KEYS[2], slot)
+  if raw then
+    local run = cjson.decode(raw)
+    local dead = run.state == 'handover' or tonumber(run.expires) <= now
+    if run.token == ARGV[i + 1] and dead then
+      if ARGV[i + 2] ~= '' then
+        redis.call('HSET', KEYS[2], slot, cjson.encode({
+          state = 'running', token = ARGV[i + 2], run_id = ARGV[i + 3],
+          instance_id = ARGV[i + 4], attempt = ARGV[i + 5], reason = 'retry',
+          started = ARGV[i + 6], expires = num(now + ttl)
+        }))
+      else
+        redis.call('HDEL', KEYS[2], slot)
+      end
+      if ARGV[i + 7] ~= '' then
+        push(KEYS[3], ARGV[i + 7], ARGV[4], ARGV[5], ARGV[6])
+      end
+      done[#done + 1] = slot
+    end
+  end
+end
+return done
+"""
+)
+
+#: KEYS: the fleet's slot memory record (a hash). ARGV: this instance's slot_ttl ms, what it
+#: believes the fleet's memory is ('' for nothing yet). Creates the record, or raises its memory
+#: to the larger of the two, noting each raise as {at, from} in ``raises`` (those older than the
+#: new memory are dropped: no claim is judged by them any more). Returns {memory, raises, the
+#: memory before ('0': no record)}.
+FLEET_MEMORY = (
+    _NOW
+    + """
+local now = now_ms()
+local wanted = tonumber(ARGV[1])
+if ARGV[2] ~= '' and tonumber(ARGV[2]) > wanted then wanted = tonumber(ARGV[2]) end
+local memory = tonumber(redis.call('HGET', KEYS[1], 'memory_ms') or '0')
+local before = memory
+local raises = cjson.decode(redis.call('HGET', KEYS[1], 'raises') or '[]')
+if wanted > memory then
+  local kept = {}
+  for i = 1, #raises do
+    if tonumber(raises[i][1]) >= now - wanted then kept[#kept + 1] = raises[i] end
+  end
+  if memory > 0 then kept[#kept + 1] = {num(now), num(memory)} end
+  raises = kept
+  memory = wanted
+  redis.call('HSET', KEYS[1], 'memory_ms', num(memory), 'raises', cjson.encode(raises))
+end
+return {num(memory), cjson.encode(raises), num(before)}
+"""
+)

@@ -1,0 +1,63 @@
+"""RedisBackend and RedisLeaseBackend pass the public conformance suites, on the Redis server
+of ``redis_url`` and on a 3-master Redis Cluster started for the session."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from brokersched.backends.redis import RedisBackend, RedisLeaseBackend
+from brokersched.testing.conformance import ClaimBackendSuite, LeaseBackendSuite
+from tests.redis_helpers import delete_keys, redis_cluster_url
+
+__all__ = ["redis_cluster_url"]  # the session fixture, used here
+
+
+class _OnServer:
+    url = ""
+    cluster = False
+    prefixes: set[str]
+
+    @pytest_asyncio.fixture(autouse=True)
+    async def _server(self, redis_url: str) -> AsyncIterator[None]:
+        """Remember the server for make_backend; delete the test's keys afterwards."""
+        self.url, self.prefixes = redis_url, set()
+        yield
+        for prefix in self.prefixes:
+            await delete_keys(self.url, prefix, cluster=self.cluster)
+
+
+class _OnCluster(_OnServer):
+    cluster = True
+
+    @pytest_asyncio.fixture(autouse=True)
+    async def _server(self, redis_cluster_url: str) -> AsyncIterator[None]:  # type: ignore[override]
+        self.url, self.prefixes = redis_cluster_url, set()
+        yield
+        for prefix in self.prefixes:
+            await delete_keys(self.url, prefix, cluster=True)
+
+
+class TestRedisClaims(_OnServer, ClaimBackendSuite[RedisBackend]):
+    def make_backend(self, namespace: str, **options: Any) -> RedisBackend:
+        self.prefixes.add(namespace)
+        return RedisBackend(self.url, prefix=namespace, cluster=self.cluster, **options)
+
+
+class TestRedisLeases(_OnServer, LeaseBackendSuite[RedisLeaseBackend]):
+    def make_backend(self, namespace: str, **options: Any) -> RedisLeaseBackend:
+        self.prefixes.add(namespace)
+        return RedisLeaseBackend(self.url, prefix=namespace, cluster=self.cluster, **options)
+
+
+@pytest.mark.slow
+class TestRedisClusterClaims(_OnCluster, TestRedisClaims):
+    pass
+
+
+@pytest.mark.slow
+class TestRedisClusterLeases(_OnCluster, TestRedisLeases):
+    pass

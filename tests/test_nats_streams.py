@@ -1,0 +1,513 @@
+"""Stream settings that break the claim guarantee, its bounded size or the history are refused by
+``NATSBackend.start()`` (issue 18, item 2), against the real NATS server.
+
+Each refused setting is pre-created as an operator would, under a unique prefix; the error must
+name the stream, the setting, its value and the fix, and the fix (applied as ``nats stream edit``
+would) must let the backend start.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.js.api import (
+    DiscardPolicy,
+    PersistMode,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+    StreamSource,
+)
+
+from brokersched._clock import SystemClock
+from brokersched._exceptions import ConfigurationError
+from brokersched.abc import JobPolicy, RunRecord, Slot
+from brokersched.backends import nats as nats_backend
+from brokersched.backends.nats import (
+    NATSBackend,
+    _claims_config,
+    _claims_problems,
+    _history_config,
+    _history_problems,
+    _Names,
+)
+from tests.nats_helpers import (
+    create_stream,
+    delete_named_streams,
+    delete_streams,
+    nats_server,
+    stream_config,
+    unique_prefix,
+    update_stream,
+)
+
+CLOCK = SystemClock()
+SLOT_TTL = timedelta(minutes=5)
+MIB = 1024 * 1024
+
+
+@pytest.fixture
+async def prefix(nats_url: str) -> AsyncIterator[str]:
+    name = unique_prefix()
+    yield name
+    await delete_streams(nats_url, name)
+    await delete_named_streams(nats_url, f"{name}-origin")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def run_record(job: str, slot_ms: int) -> RunRecord:
+    at = datetime.now(UTC)
+    return RunRecord(job, slot_ms, f"run-{slot_ms}", "i1", "schedule", 1, at, at, "completed")
+
+
+def claims_stream(prefix: str, **settings: Any) -> StreamConfig:
+    """A claims stream that brokersched accepts, with ``settings`` changed."""
+    config = StreamConfig(
+        name=f"{prefix}-claims",
+        subjects=[f"{prefix}.claim.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.OLD,
+        duplicate_window=SLOT_TTL.total_seconds(),
+        max_age=SLOT_TTL.total_seconds(),
+    )
+    return _with(config, prefix, settings)
+
+
+def history_stream(prefix: str, **settings: Any) -> StreamConfig:
+    """A history stream that brokersched accepts, with ``settings`` changed."""
+    config = StreamConfig(
+        name=f"{prefix}-history",
+        subjects=[f"{prefix}.history.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.OLD,
+        max_msgs_per_subject=100,
+    )
+    return _with(config, prefix, settings)
+
+
+def _with(config: StreamConfig, prefix: str, settings: dict[str, Any]) -> StreamConfig:
+    """``settings`` applied to ``config``; ``{p}`` in a subject stands for the prefix."""
+    for name, value in settings.items():
+        if name == "subjects":
+            value = [subject.format(p=prefix) for subject in value]
+        setattr(config, name, value)
+    return config
+
+
+async def refused(url: str, prefix: str, *, option: str) -> str:
+    """The message of the ConfigurationError that ``start()`` raises (the backend stays down)."""
+    backend = NATSBackend(url, prefix=prefix, slot_ttl=SLOT_TTL)
+    with pytest.raises(ConfigurationError) as info:
+        await backend.start(CLOCK)
+    assert info.value.option == option
+    assert info.value.backend == "NATSBackend"
+    return str(info.value)
+
+
+async def starts(url: str, prefix: str) -> None:
+    """The backend starts, claims, records and reads history on the streams as they are."""
+    backend = NATSBackend(url, prefix=prefix, slot_ttl=SLOT_TTL)
+    await backend.start(CLOCK)
+    try:
+        job = JobPolicy("check", history_size=100)
+        await backend.prepare([job])
+        slot = Slot("check", now_ms())
+        assert await backend.claim(slot, instance_id="a", run_id="r1", timeout=2)
+        assert not await backend.claim(slot, instance_id="b", run_id="r2", timeout=2)
+        await backend.record(job, run_record("check", slot.slot_ms))
+        assert [r.slot_ms for r in await backend.history(job, 10)] == [slot.slot_ms]
+    finally:
+        await backend.stop()
+
+
+FORGETS = "forgotten on a server restart"
+
+# (settings of the pre-created claims stream, fragments of the error, the fix as a stream edit
+# or None when the fix is to delete the stream)
+CLAIMS_REFUSED = [
+    pytest.param(
+        {"max_msgs": 1000},
+        ["max_msgs is 1000", FORGETS, "--max-msgs=-1"],
+        {"max_msgs": -1},
+        id="max_msgs",
+    ),
+    pytest.param(
+        {"max_bytes": MIB},
+        [f"max_bytes is {MIB}", FORGETS, "--max-bytes=-1"],
+        {"max_bytes": -1},
+        id="max_bytes",
+    ),
+    pytest.param(
+        {"max_msgs_per_subject": 10},
+        ["max_msgs_per_subject is 10", FORGETS, "--max-msgs-per-subject=-1"],
+        {"max_msgs_per_subject": -1},
+        id="max_msgs_per_subject",
+    ),
+    pytest.param(
+        {"max_bytes": MIB, "discard": DiscardPolicy.NEW},
+        [f"max_bytes is {MIB}", "with discard 'new', every claim fails", "--max-bytes=-1"],
+        {"max_bytes": -1},  # discard 'new' without a limit is harmless
+        id="discard_new_max_bytes",
+    ),
+    pytest.param(
+        {"max_msgs": 1000, "discard": DiscardPolicy.NEW},
+        ["max_msgs is 1000", "with discard 'new', every claim fails", "--max-msgs=-1"],
+        {"max_msgs": -1},
+        id="discard_new_max_msgs",
+    ),
+    pytest.param(
+        {"max_msgs_per_subject": 10, "discard": DiscardPolicy.NEW, "discard_new_per_subject": True},
+        [
+            "max_msgs_per_subject is 10",
+            "every claim fails",
+            "--no-discard-per-subject --max-msgs-per-subject=-1",
+        ],
+        {"max_msgs_per_subject": -1, "discard_new_per_subject": False},
+        id="discard_new_per_subject",
+    ),
+    pytest.param(
+        {"max_age": 0},
+        ["max_age is 0 (unlimited", "grow for ever", "--max-age 5m"],
+        {"max_age": 300},
+        id="max_age_0",
+    ),
+    pytest.param(
+        {"max_age": 60, "duplicate_window": 60},
+        [
+            "max_age is 1m, shorter than slot_ttl 5m",
+            "duplicate_window is 1m, shorter than slot_ttl 5m",
+            "--max-age 5m",
+        ],
+        {"max_age": 300, "duplicate_window": 300},
+        id="short_max_age",
+    ),
+    pytest.param(
+        {"no_ack": True},
+        ["no_ack is true", "every claim fails", "--ack"],
+        {"no_ack": False},
+        id="no_ack",
+    ),
+    pytest.param(
+        {"max_msg_size": 512},
+        ["max_msg_size is 512 bytes", "--max-msg-size=-1"],
+        {"max_msg_size": -1},
+        id="max_msg_size",
+    ),
+    pytest.param(
+        {"subjects": ["{p}.elsewhere.>"]},
+        ["without '{p}.claim.>'", "--subjects '{p}.claim.>'"],
+        {"subjects": ["{p}.claim.>"]},
+        id="subjects",
+    ),
+    pytest.param(
+        {"storage": StorageType.MEMORY},
+        ["storage is 'memory', not 'file'", "nats stream rm {p}-claims"],
+        None,
+        id="storage_memory",
+    ),
+    pytest.param(
+        {"retention": RetentionPolicy.INTEREST},
+        ["retention is 'interest', not 'limits'", "nats stream rm {p}-claims"],
+        None,
+        id="retention_interest",
+    ),
+    pytest.param(
+        {"retention": RetentionPolicy.WORK_QUEUE},
+        ["retention is 'workqueue', not 'limits'", "nats stream rm {p}-claims"],
+        None,
+        id="retention_workqueue",
+    ),
+]
+
+
+def _rendered(settings: dict[str, Any], prefix: str) -> dict[str, Any]:
+    return {name: getattr(_with(StreamConfig(), prefix, settings), name) for name in settings}
+
+
+def _same(stored: object, wanted: object) -> bool:
+    """Whether the server's value is the one set (enums by value; None, 0 and False alike)."""
+    stored, wanted = getattr(stored, "value", stored), getattr(wanted, "value", wanted)
+    return stored == wanted or (not stored and not wanted)
+
+
+async def assert_refused_then_fixed(
+    url: str,
+    prefix: str,
+    stream: str,
+    option: str,
+    settings: dict[str, Any],
+    fragments: list[str],
+    fix: dict[str, Any] | None,
+) -> None:
+    message = await refused(url, prefix, option=option)
+    assert f"stream '{stream}' cannot be used" in message
+    for fragment in fragments:
+        assert fragment.format(p=prefix) in message, (fragment, message)
+    # Refused, never changed behind the operator's back.
+    stored = await stream_config(url, stream)
+    for name in settings.keys() - {"subjects"}:
+        assert _same(getattr(stored, name), settings[name]), name
+    if fix is not None:  # the fix the message gives, as `nats stream edit` applies it
+        await update_stream(url, stream, **_rendered(fix, prefix))
+        await starts(url, prefix)
+
+
+@pytest.mark.parametrize(("settings", "fragments", "fix"), CLAIMS_REFUSED)
+async def test_a_claims_stream_setting_that_breaks_claims_is_refused_with_its_fix(
+    nats_url: str,
+    prefix: str,
+    settings: dict[str, Any],
+    fragments: list[str],
+    fix: dict[str, Any] | None,
+) -> None:
+    await create_stream(nats_url, claims_stream(prefix, **settings))
+    await assert_refused_then_fixed(
+        nats_url, prefix, f"{prefix}-claims", "slot_ttl", settings, fragments, fix
+    )
+
+
+async def test_a_sealed_claims_stream_is_refused(nats_url: str, prefix: str) -> None:
+    await create_stream(nats_url, claims_stream(prefix), seal=True)
+    message = await refused(nats_url, prefix, option="slot_ttl")
+    assert "sealed is true (it takes no more messages): use another prefix" in message
+
+
+@pytest.mark.parametrize("kind", ["claims", "history"])
+@pytest.mark.parametrize("link", ["mirror", "sources"])
+async def test_a_mirror_or_a_stream_with_sources_is_refused(
+    nats_url: str, prefix: str, kind: str, link: str
+) -> None:
+    origin = f"{prefix}-origin"
+    await create_stream(nats_url, StreamConfig(name=origin, subjects=[f"{prefix}.origin.>"]))
+    if link == "mirror":  # a mirror has no subjects of its own
+        config = StreamConfig(name=f"{prefix}-{kind}", mirror=StreamSource(name=origin))
+        expected = f"mirror is '{origin}' (a mirror takes no publishes"
+    else:
+        make = claims_stream if kind == "claims" else history_stream
+        config = make(prefix, sources=[StreamSource(name=origin)])
+        expected = f"sources are ['{origin}'] (messages copied from other streams"
+    await create_stream(nats_url, config)
+    message = await refused(nats_url, prefix, option="slot_ttl" if kind == "claims" else "prefix")
+    assert f"stream '{prefix}-{kind}' cannot be used" in message
+    assert expected in message
+    assert f"nats stream rm {prefix}-{kind}" in message
+
+
+HISTORY_REFUSED = [
+    pytest.param(
+        {"no_ack": True},
+        ["no_ack is true", "every run record fails", "--ack"],
+        {"no_ack": False},
+        id="no_ack",
+    ),
+    pytest.param(
+        {"max_msgs_per_subject": -1},
+        ["max_msgs_per_subject is unlimited", "grows for ever", "--max-msgs-per-subject=1000"],
+        {"max_msgs_per_subject": 1000},
+        id="max_msgs_per_subject_unlimited",
+    ),
+    pytest.param(
+        {"discard": DiscardPolicy.NEW, "max_msgs": 1000},
+        ["discard is 'new' with max_msgs=1000", "every run record is refused", "--discard=old`"],
+        {"discard": DiscardPolicy.OLD},
+        id="discard_new_max_msgs",
+    ),
+    pytest.param(
+        {"discard": DiscardPolicy.NEW, "max_bytes": MIB},
+        [f"discard is 'new' with max_bytes={MIB}", "--discard=old`"],
+        {"discard": DiscardPolicy.OLD},
+        id="discard_new_max_bytes",
+    ),
+    pytest.param(
+        {"discard": DiscardPolicy.NEW, "discard_new_per_subject": True},
+        [
+            "discard is 'new' with max_msgs_per_subject=100",
+            "--discard=old --no-discard-per-subject`",
+        ],
+        {"discard": DiscardPolicy.OLD, "discard_new_per_subject": False},
+        id="discard_new_per_subject",
+    ),
+    pytest.param(
+        {"max_msg_size": 512},
+        ["max_msg_size is 512 bytes", "--max-msg-size=-1"],
+        {"max_msg_size": -1},
+        id="max_msg_size",
+    ),
+    pytest.param(
+        {"storage": StorageType.MEMORY},
+        ["storage is 'memory', not 'file'", "nats stream rm {p}-history", "the run history"],
+        None,
+        id="storage_memory",
+    ),
+    pytest.param(
+        {"retention": RetentionPolicy.INTEREST},
+        ["retention is 'interest', not 'limits'"],
+        None,
+        id="retention_interest",
+    ),
+]
+
+
+@pytest.mark.parametrize(("settings", "fragments", "fix"), HISTORY_REFUSED)
+async def test_a_history_stream_setting_that_breaks_the_history_is_refused_with_its_fix(
+    nats_url: str,
+    prefix: str,
+    settings: dict[str, Any],
+    fragments: list[str],
+    fix: dict[str, Any] | None,
+) -> None:
+    await create_stream(nats_url, history_stream(prefix, **settings))
+    await assert_refused_then_fixed(
+        nats_url, prefix, f"{prefix}-history", "prefix", settings, fragments, fix
+    )
+
+
+@pytest.mark.parametrize(
+    ("claims", "history"),
+    [
+        pytest.param(
+            # What only an operator's deliberate action uses, or only keeps claims longer.
+            {
+                "deny_delete": True,
+                "deny_purge": True,
+                "duplicate_window": 600,
+                "max_age": 3600,
+                "max_msg_size": MIB,
+                "discard": DiscardPolicy.NEW,  # harmless without a limit
+                "description": "made by hand",
+            },
+            # Age and global limits with discard 'old' only drop old runs sooner.
+            {"max_age": 3600, "max_msgs": 100_000, "max_bytes": 64 * MIB, "deny_purge": True},
+            id="harmless",
+        ),
+        pytest.param(
+            {"allow_rollup_hdrs": True},  # the server wants purges allowed with it
+            {"allow_rollup_hdrs": True, "max_msgs_per_subject": 1},
+            id="rollups",
+        ),
+    ],
+)
+async def test_settings_that_keep_the_guarantee_are_accepted(
+    nats_url: str, prefix: str, claims: dict[str, Any], history: dict[str, Any]
+) -> None:
+    await create_stream(nats_url, claims_stream(prefix, **claims))
+    await create_stream(nats_url, history_stream(prefix, **history))
+    await starts(nats_url, prefix)
+
+
+# -- the streams brokersched creates pass its own checks ---------------------------------------
+
+
+def test_the_streams_brokersched_would_create_pass_its_checks() -> None:
+    names = _Names("p")
+    for ttl in (timedelta(seconds=1), SLOT_TTL, timedelta(days=1)):
+        assert _claims_problems(_claims_config(names, ttl, 3), names, ttl) == []
+    for size in (1, 1000, 100_000):
+        assert _history_problems(_history_config(names, size, 1), names, size) == []
+
+
+async def test_the_streams_brokersched_created_pass_its_checks(nats_url: str, prefix: str) -> None:
+    """As the server reports them back (it fills in its defaults: -1, 0, 'old', ...)."""
+    await starts(nats_url, prefix)
+    names = _Names(prefix)
+    claims = await stream_config(nats_url, names.claims)
+    history = await stream_config(nats_url, names.history)
+    assert _claims_problems(claims, names, SLOT_TTL) == []
+    assert _history_problems(history, names, 100) == []
+    assert _history_problems(history, names) == []  # as start() checks it, before prepare()
+
+
+@pytest.mark.parametrize(
+    ("settings", "fragment"),
+    [
+        ({"persist_mode": PersistMode.ASYNC}, "persist_mode is 'async', not 'default'"),
+        ({"allow_msg_counter": True}, "allow_msg_counter is true (a counter stream refuses"),
+    ],
+)
+def test_settings_of_newer_servers_that_break_claims_are_refused(
+    settings: dict[str, Any], fragment: str
+) -> None:
+    """NATS 2.12 settings: the 2.9 server of these tests drops them, so the check is tested on
+    the configuration alone."""
+    names = _Names("p")
+    config = claims_stream("p", **settings)
+    problems = _claims_problems(config, names, SLOT_TTL)
+    assert len(problems) == 1
+    assert fragment in problems[0]
+    assert "nats stream rm p-claims" in problems[0]
+    assert (
+        _claims_problems(claims_stream("p", persist_mode=PersistMode.DEFAULT), names, SLOT_TTL)
+        == []
+    )
+
+
+# -- issue 18, item 2, end to end --------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_a_claims_stream_with_max_msgs_forgets_claims_on_restart_so_start_refuses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``max_msgs=1`` JetStream drops a claim as soon as the next one is stored; the
+    running server still remembers it, but a restarted one rebuilds its duplicate table from
+    the stored messages only, so a late instance wins a slot that already ran. ``start()``
+    therefore refuses the stream; once edited as the error says, claims survive a restart."""
+    async with nats_server(tmp_path / "store") as server:
+        prefix = "issue18"
+        await create_stream(server.url, claims_stream(prefix, max_msgs=1))
+        ran = Slot("report", now_ms() - 1000)
+        later = Slot("report", now_ms())
+
+        # The bug, with the check switched off (the backend before the fix).
+        with monkeypatch.context() as patch:
+            patch.setattr(nats_backend, "_claims_problems", lambda *_: [])
+            early = NATSBackend(server.url, prefix=prefix, slot_ttl=SLOT_TTL)
+            await early.start(CLOCK)
+            try:
+                assert await early.claim(ran, instance_id="early", run_id="r1", timeout=2)
+                assert await early.claim(later, instance_id="early", run_id="r2", timeout=2)
+                assert not await early.claim(ran, instance_id="other", run_id="r3", timeout=2)
+            finally:
+                await early.stop()
+            await server.restart(signal.SIGTERM)
+            late = NATSBackend(server.url, prefix=prefix, slot_ttl=SLOT_TTL)
+            await late.start(CLOCK)
+            try:
+                assert await late.claim(ran, instance_id="late", run_id="r4", timeout=2)  # twice
+            finally:
+                await late.stop()
+
+        # The fix: start() refuses the stream, naming the setting, its value and the fix.
+        message = await refused(server.url, prefix, option="slot_ttl")
+        assert f"stream '{prefix}-claims' cannot be used: max_msgs is 1" in message
+        assert f"nats stream edit {prefix}-claims --max-msgs=-1" in message
+
+        # Edited as told, the stream keeps every claim through a restart.
+        await update_stream(server.url, f"{prefix}-claims", max_msgs=-1)
+        backend = NATSBackend(server.url, prefix=prefix, slot_ttl=SLOT_TTL)
+        await backend.start(CLOCK)
+        first, second = Slot("report", now_ms() + 1), Slot("report", now_ms() + 2)
+        try:
+            assert await backend.claim(first, instance_id="early", run_id="r5", timeout=2)
+            assert await backend.claim(second, instance_id="early", run_id="r6", timeout=2)
+        finally:
+            await backend.stop()
+        await server.restart(signal.SIGTERM)
+        late = NATSBackend(server.url, prefix=prefix, slot_ttl=SLOT_TTL)
+        await late.start(CLOCK)
+        try:
+            assert not await late.claim(first, instance_id="late", run_id="r7", timeout=2)
+            assert not await late.claim(second, instance_id="late", run_id="r8", timeout=2)
+        finally:
+            await late.stop()
