@@ -100,11 +100,18 @@ def _port_pair_is_free(port: int) -> bool:
     return True
 
 
-def free_cluster_port() -> int:
-    for port in range(30000, 55535, 7):
-        if _port_pair_is_free(port):
-            return port
-    raise RuntimeError("no free port pair for a cluster node")
+def free_cluster_ports(count: int) -> list[int]:
+    """``count`` distinct ports whose bus ports are free too (chosen before any node binds)."""
+    ports: list[int] = []
+    for _ in range(200):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port <= 55535 and port not in ports and _port_pair_is_free(port):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise RuntimeError("no free port pairs for the cluster's nodes")
 
 
 def _die_with_parent() -> None:
@@ -117,7 +124,7 @@ def _die_with_parent() -> None:
 @dataclass
 class Node:
     directory: Path
-    port: int = field(default_factory=free_cluster_port)
+    port: int
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, binary: str) -> None:
@@ -189,8 +196,8 @@ def redis_cluster(binary: str) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="bench-redis-fleet-") as directory:
         nodes: list[Node] = []
         try:
-            for n in range(3):
-                nodes.append(Node(Path(directory) / f"node{n}"))
+            for n, port in enumerate(free_cluster_ports(3)):
+                nodes.append(Node(Path(directory) / f"node{n}", port))
                 nodes[-1].start(binary)
             for node in nodes:
                 node.wait_ready()
@@ -205,13 +212,24 @@ def redis_cluster(binary: str) -> Iterator[str]:
 
 
 class Member:
-    """One scheduler process: its JSON lines and its stderr."""
+    """One scheduler process: its JSON lines and its stderr, read by a task of its own (so that
+    a Ctrl-C, which cancels the fleet, still lets it read to the end once the process is
+    killed, and no pipe is left open when the loop closes)."""
 
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
         self.lines: list[dict[str, Any]] = []
         self.stderr = b""
         self.ready = asyncio.Event()
+        self.reader = asyncio.ensure_future(self.read())
+
+    @classmethod
+    async def start(cls, url: str, prefix: str, kind: str, target: str) -> Member:
+        return cls(await asyncio.create_subprocess_exec(
+            sys.executable, "-c", MEMBER, url, prefix, kind, target, str(JOBS),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+        ))  # fmt: skip
 
     async def read(self) -> None:
         assert self.process.stdout is not None and self.process.stderr is not None
@@ -225,7 +243,6 @@ class Member:
             self.stderr = await errors
             await self.process.wait()
         finally:
-            errors.cancel()
             self.ready.set()  # an early exit must not leave the fleet waiting
 
     async def stop_at(self, until: float) -> None:
@@ -234,12 +251,19 @@ class Member:
             self.process.stdin.write(f"{until}\n".encode())
             await self.process.stdin.drain()
 
+    async def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        await asyncio.wait([self.reader])
+
 
 @dataclass
 class Fleet:
     kind: str
     target: str
-    members: list[Member]
+    members: list[Member] = field(default_factory=list)
     go_ms: int = 0
     until_ms: int = 0
 
@@ -247,30 +271,20 @@ class Fleet:
 async def run_fleet(kind: str, target: str, url: str, prefix: str, seconds: float) -> Fleet:
     """Start the processes, let them run ``seconds`` from when the last one is ready, stop them
     at one instant and collect what they printed."""
-    members = [
-        Member(await asyncio.create_subprocess_exec(
-            sys.executable, "-c", MEMBER, url, prefix, kind, target, str(JOBS),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, cwd=ROOT,
-        ))
-        for _ in range(PROCESSES)
-    ]  # fmt: skip
-    fleet = Fleet(kind, target, members)
-    reading = asyncio.gather(*(member.read() for member in members))
+    fleet = Fleet(kind, target)
     try:
+        for _ in range(PROCESSES):
+            fleet.members.append(await Member.start(url, prefix, kind, target))
         async with asyncio.timeout(60):
-            await asyncio.gather(*(member.ready.wait() for member in members))
+            await asyncio.gather(*(member.ready.wait() for member in fleet.members))
         go = time.time()
         until = go + seconds
         fleet.go_ms, fleet.until_ms = int(go * 1000), int(until * 1000)
-        await asyncio.gather(*(member.stop_at(until) for member in members))
+        await asyncio.gather(*(member.stop_at(until) for member in fleet.members))
         async with asyncio.timeout(seconds + 60):
-            await reading
+            await asyncio.wait([member.reader for member in fleet.members])  # cancels none
     finally:
-        for member in members:
-            if member.process.returncode is None:
-                member.process.kill()
-        await asyncio.gather(reading, return_exceptions=True)
+        await asyncio.gather(*(member.kill() for member in fleet.members))
     return fleet
 
 
@@ -304,11 +318,12 @@ def figures(fleet: Fleet) -> Figures:
     window = range(first, fleet.until_ms - 1000, 1000)  # due with time to spare before the stop
     expected = [(f"job.{n}", ms) for n in range(JOBS) for ms in window]
     failures = [
-        f"process {n} exited {m.process.returncode}: "
-        + m.stderr.decode(errors="replace").strip()[-1500:]
+        f"process {n} exited {m.process.returncode}: {m.stderr.decode(errors='replace').strip()}"
         for n, m in enumerate(fleet.members)
         if m.process.returncode != 0
-    ]  # fmt: skip
+    ]
+    if failures:  # the whole tail of the first failure, the last line of each
+        failures = [failures[0][-1500:]] + [f.splitlines()[-1] for f in failures[1:]]
     return Figures(
         runs=len(runs),
         slots=len(where),

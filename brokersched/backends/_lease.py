@@ -26,15 +26,26 @@ from typing import Literal, cast
 from .._clock import ms_to_datetime
 from .._durations import Duration, format_duration, parse_duration, to_ms
 from .._exceptions import ClockSkewError, ConfigurationError
-from ..abc import Capabilities, JobPolicy, Lease, RunReason, RunRecord, Slot, new_run_id
+from ..abc import (
+    Capabilities,
+    JobPolicy,
+    Lease,
+    LeaseBackend,
+    RunReason,
+    RunRecord,
+    Slot,
+    new_run_id,
+)
 
 __all__ = [
     "CAPABILITIES",
     "DEFAULT_MAX_CLOCK_SKEW",
     "INTERRUPTED_ERROR",
+    "MIN_RENEW_TIMEOUT_S",
     "ClockSkewError",
     "DeadRun",
     "JobState",
+    "LeaseBackendBase",
     "check_lease_ttl",
     "check_lock_wait",
     "check_max_clock_skew",
@@ -271,3 +282,52 @@ def interrupted(
         outcome="interrupted",
         error=error,
     )
+
+
+#: The least time a renewal or a release is given, however short ``lease_ttl`` is.
+MIN_RENEW_TIMEOUT_S = 0.2
+
+
+class LeaseBackendBase(LeaseBackend):
+    """What every lease backend shares: ``lease_ttl`` and ``max_clock_skew`` (checked once, the
+    same way), the capabilities, and the bound on renewals and releases."""
+
+    def __init__(self, *, lease_ttl: Duration, max_clock_skew: Duration) -> None:
+        super().__init__()
+        self._lease_ttl = check_lease_ttl(lease_ttl, backend=self.name)
+        self._max_clock_skew = check_max_clock_skew(max_clock_skew, backend=self.name)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return CAPABILITIES
+
+    @property
+    def lease_ttl(self) -> timedelta:
+        return self._lease_ttl
+
+    @property
+    def max_clock_skew(self) -> timedelta:
+        """How far ahead of the backend's clock a claimed slot may be (see ``ClockSkewError``)."""
+        return self._max_clock_skew
+
+    @property
+    def _ttl_ms(self) -> int:
+        return to_ms(self._lease_ttl)
+
+    @property
+    def _skew_ms(self) -> int:
+        return to_ms(self._max_clock_skew)
+
+    @property
+    def _renew_timeout(self) -> float:
+        """The bound on ``renew()`` and ``release()``: a third of ``lease_ttl`` (at least
+        ``MIN_RENEW_TIMEOUT_S``).
+
+        The runner renews every third of the ttl and aborts the run when no renewal succeeded
+        in time; a renewal that answers later than that is of no use to it, and one left
+        waiting would let the lease expire (and another instance take the slot over) while
+        the runner has not been told. A release answered later than that could land after
+        the lease expired, when the slot has been restarted elsewhere: the runner is told it
+        failed in time, and retries it while it still holds the lease.
+        """
+        return max(self._lease_ttl.total_seconds() / 3, MIN_RENEW_TIMEOUT_S)

@@ -26,10 +26,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from .._clock import Clock
-from .._durations import Duration, to_ms
+from .._durations import Duration
 from .._exceptions import BackendUnavailableError, ConfigurationError
-from ..abc import Capabilities, JobPolicy, LeaseBackend, Outcome, RunReason, RunRecord
-from ._lease import CAPABILITIES, check_lease_ttl, check_max_clock_skew
+from ..abc import JobPolicy, Outcome, RunReason, RunRecord
+from ._lease import MIN_RENEW_TIMEOUT_S, LeaseBackendBase
 
 __all__ = [
     "MIN_RENEW_TIMEOUT_S",
@@ -56,54 +56,14 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
-#: The least time a renewal is given, however short ``lease_ttl`` is (a round trip, a lock).
-MIN_RENEW_TIMEOUT_S = 0.2
 
-
-class SQLLeaseBackend(LeaseBackend):
-    """What both SQL backends share: the lease ttl, the allowed clock skew, the capabilities,
-    the scheduler's clock (for history times; leases are judged on the database's clock)."""
+class SQLLeaseBackend(LeaseBackendBase):
+    """What both SQL backends share beyond every lease backend's settings: the scheduler's
+    clock (for history times; leases are judged on the database's clock)."""
 
     def __init__(self, lease_ttl: Duration, max_clock_skew: Duration) -> None:
-        super().__init__()
-        self._lease_ttl = check_lease_ttl(lease_ttl, backend=self.name)
-        self._max_clock_skew = check_max_clock_skew(max_clock_skew, backend=self.name)
+        super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
         self._clock: Clock | None = None
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return CAPABILITIES
-
-    @property
-    def lease_ttl(self) -> timedelta:
-        return self._lease_ttl
-
-    @property
-    def max_clock_skew(self) -> timedelta:
-        """How far ahead of the database's clock a claimed slot may be (see ``ClockSkewError``)."""
-        return self._max_clock_skew
-
-    @property
-    def _ttl_ms(self) -> int:
-        return to_ms(self._lease_ttl)
-
-    @property
-    def _skew_ms(self) -> int:
-        return to_ms(self._max_clock_skew)
-
-    @property
-    def _renew_timeout(self) -> float:
-        """The bound on ``renew()`` and ``release()``: a third of ``lease_ttl`` (at least
-        ``MIN_RENEW_TIMEOUT_S``).
-
-        The runner renews every third of the ttl and aborts the run when no renewal succeeded
-        in time; a renewal that answers later than that is of no use to it, and one left
-        waiting would let the lease expire (and another instance take the slot over) while
-        the runner has not been told. A release answered later than that could land after
-        the lease expired, when the slot has been restarted elsewhere: the runner is told it
-        failed in time, and retries it while it still holds the lease.
-        """
-        return max(self._lease_ttl.total_seconds() / 3, MIN_RENEW_TIMEOUT_S)
 
     def _now(self) -> datetime:
         if self._clock is None:

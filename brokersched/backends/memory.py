@@ -11,19 +11,16 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Literal
 
 from .._clock import Clock, ms_to_datetime
 from .._durations import Duration, to_ms
 from .._exceptions import BackendUnavailableError
-from ..abc import Capabilities, JobPolicy, Lease, LeaseBackend, RunReason, RunRecord, Slot
+from ..abc import JobPolicy, Lease, RunReason, RunRecord, Slot
 from ._lease import (
-    CAPABILITIES,
     DEFAULT_MAX_CLOCK_SKEW,
     DeadRun,
-    check_lease_ttl,
-    check_max_clock_skew,
+    LeaseBackendBase,
     check_slot_time,
     interrupted,
     is_latest,
@@ -58,7 +55,7 @@ class MemoryStore:
     history: dict[str, deque[RunRecord]] = field(default_factory=dict)
 
 
-class MemoryBackend(LeaseBackend):
+class MemoryBackend(LeaseBackendBase):
     """A lease backend in this process's memory; nothing survives the process.
 
     ``max_clock_skew``: how far ahead of this backend's clock (the scheduler's it was started
@@ -72,23 +69,9 @@ class MemoryBackend(LeaseBackend):
         store: MemoryStore | None = None,
         max_clock_skew: Duration = DEFAULT_MAX_CLOCK_SKEW,
     ) -> None:
-        super().__init__()
-        self._lease_ttl = check_lease_ttl(lease_ttl, backend=self.name)
-        self._max_clock_skew = check_max_clock_skew(max_clock_skew, backend=self.name)
+        super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
         self.store = store if store is not None else MemoryStore()
         self._clock: Clock | None = None
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return CAPABILITIES
-
-    @property
-    def lease_ttl(self) -> timedelta:
-        return self._lease_ttl
-
-    @property
-    def max_clock_skew(self) -> timedelta:
-        return self._max_clock_skew
 
     async def _open(self, clock: Clock) -> None:
         self._clock = clock

@@ -42,7 +42,7 @@ import re
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -206,6 +206,36 @@ def _import_nats() -> Any:
         raise ConfigurationError(
             f"{_BACKEND} needs the nats-py client: {_EXTRA_HINT}", backend=_BACKEND
         ) from exc
+
+
+def _cancel_requests() -> int:
+    """The cancellations of the current task not yet taken back (``Task.cancelling()``)."""
+    task = asyncio.current_task()
+    return 0 if task is None else task.cancelling()
+
+
+def _raise_if_cancelled_since(cancels: int) -> None:
+    """Raise the cancellation of this task that a client call swallowed since ``cancels`` was
+    read. nats-py awaits through ``asyncio.wait_for``, which on Python 3.11 returns the result
+    instead of raising ``CancelledError`` when the awaited operation finishes in the same loop
+    iteration as the cancellation (CPython gh-86296, fixed in 3.12); the request stays counted
+    in ``Task.cancelling()``."""
+    if _cancel_requests() > cancels:
+        raise asyncio.CancelledError
+
+
+async def _to_the_end(cleanup: Coroutine[Any, Any, None]) -> None:
+    """Run ``cleanup`` to its end although this task is being cancelled: a cancellation that
+    arrives meanwhile (a second Ctrl-C, an outer timeout) is raised once it is done."""
+    task = asyncio.ensure_future(cleanup)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 def _translate(exc: Exception, what: str, secrets: Sequence[str]) -> BackendError | None:
@@ -624,17 +654,19 @@ class NATSBackend(ClaimBackend):
         nats = _import_nats()
         # Fresh per start: asyncio primitives belong to the loop they are first used in.
         self._watch, self._history_lock = _Watch(), asyncio.Lock()
-        nc = await self._connect(nats)
+        cancels = _cancel_requests()
+        nc = await self._connect(nats, cancels)
         try:
             js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
             with _Translated("preparing streams", secrets=self._secrets):
                 await self._prepare_streams(js)
+            _raise_if_cancelled_since(cancels)
         except BaseException:
-            await self._close_client(nc)
+            await _to_the_end(self._close_client(nc))
             raise
         self._nc, self._js = nc, js
 
-    async def _connect(self, nats: Any) -> NATSClient:
+    async def _connect(self, nats: Any, cancels: int) -> NATSClient:
         options: dict[str, Any] = {
             **_CONNECT_DEFAULTS,
             **self._connect_options,
@@ -646,8 +678,9 @@ class NATSBackend(ClaimBackend):
         try:
             async with asyncio.timeout(budget):
                 await nc.connect(self._servers, **options)
+            _raise_if_cancelled_since(cancels)
         except BaseException as exc:
-            await self._close_client(nc)
+            await _to_the_end(self._close_client(nc))
             if not isinstance(exc, Exception):
                 raise
             cause = self._last_error or _describe(exc, self._secrets)

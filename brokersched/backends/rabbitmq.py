@@ -103,7 +103,7 @@ import logging
 import random
 import re
 import shlex
-from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -160,6 +160,7 @@ _VIEW_ATTEMPTS = 4  # a claim reads the record again at most this often (raises 
 _CLAMP_MARGIN_MS = 250
 _RECORD_VERSION = 1
 _PLAIN: FieldTable = {"x-queue-type": "classic"}  # a vhost may default to quorum queues
+_CONNECT_SETTLE_S = 1.0  # a cancelled start() lets a connection attempt end this long (_abandon)
 _CONNECT_DEFAULTS: Mapping[str, Any] = {
     "timeout": 10,  # seconds for one connection attempt
     "reconnect_interval": 1,  # aio-pika waits 5 s by default; claims should resume sooner
@@ -448,6 +449,71 @@ async def _close_quietly(channel: AbstractChannel) -> None:
             await channel.close()
 
 
+async def _connect_robust(url: str, options: Mapping[str, Any]) -> AbstractRobustConnection:
+    """``aio_pika.connect_robust``, leaving nothing running when it fails or is cancelled.
+
+    Its connection starts tasks before it is returned (the reconnection loop, then aiormq's
+    reader, writer and heartbeat): a call that is cancelled (an outer timeout, Ctrl-C) or fails
+    would leave them running, reconnecting for ever. The class passed notes the connection so
+    that it can be closed; ``connect_robust`` itself is kept for how it reads its options.
+    """
+    import aio_pika
+
+    made: list[AbstractRobustConnection] = []
+
+    class RobustConnection(aio_pika.RobustConnection):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    connecting: asyncio.Task[AbstractRobustConnection] = asyncio.create_task(
+        aio_pika.connect_robust(url, connection_class=RobustConnection, **options)
+    )
+    try:
+        return await asyncio.shield(connecting)
+    except BaseException:
+        await _to_the_end(_abandon(connecting, made))
+        raise
+
+
+async def _abandon(
+    connecting: asyncio.Task[AbstractRobustConnection], made: list[AbstractRobustConnection]
+) -> None:
+    """Close what a failed or cancelled ``_connect_robust`` made.
+
+    The attempt in flight gets a moment to end first: closing a robust connection cancels its
+    reconnection loop, and when that lands just as aiormq has finished connecting, aio-pika
+    drops the new aiormq connection unclosed (its reader, writer and heartbeat run on). An
+    attempt that is still going after the moment is waiting for the network, not finishing.
+    """
+    await asyncio.wait([connecting], timeout=_CONNECT_SETTLE_S)
+    connecting.cancel()
+    await asyncio.gather(connecting, return_exceptions=True)
+    for connection in made:
+        await _close_for_good(connection)
+
+
+async def _close_for_good(connection: AbstractRobustConnection) -> None:
+    """Close ``connection`` (its reconnection loop first), bounded, raising nothing."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(5):
+            await connection.close()
+
+
+async def _to_the_end(cleanup: Coroutine[Any, Any, None]) -> None:
+    """Run ``cleanup`` to its end although this task is being cancelled: a cancellation that
+    arrives meanwhile (a second Ctrl-C, an outer timeout) is raised once it is done."""
+    task = asyncio.ensure_future(cleanup)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+
+
 class RabbitMQBackend(ClaimBackend):
     """Claims slots through RabbitMQ (classic queues, publisher confirms).
 
@@ -526,7 +592,7 @@ class RabbitMQBackend(ClaimBackend):
 
     async def _open(self, clock: Clock) -> None:
         try:
-            import aio_pika
+            import aio_pika  # noqa: F401 (imported here to name the missing extra)
         except ImportError as exc:
             raise ConfigurationError(
                 f"{self.name} needs aio-pika: {_INSTALL_HINT}", backend=self.name
@@ -537,7 +603,7 @@ class RabbitMQBackend(ClaimBackend):
         action = f"connecting to {redact_url(self._url)}"
         with self._client_errors(action), _quieted() as quiet:
             try:
-                connection = await aio_pika.connect_robust(self._url, **self._connect_options)
+                connection = await _connect_robust(self._url, self._connect_options)
             except ValueError as exc:  # aio-pika refused an option (the URL's query, a keyword)
                 raise ConfigurationError(
                     f"{self.name}: {action}: {self._describe(exc)}", backend=self.name
@@ -557,7 +623,7 @@ class RabbitMQBackend(ClaimBackend):
         try:
             await self._read_record(write=False)
         except BaseException:
-            await self._close()
+            await _to_the_end(self._close())
             raise
         if self._view is None and self._seen_ms is not None:
             _log.info(

@@ -5,19 +5,16 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any, Literal
 
 from ..._clock import Clock, datetime_to_ms, ms_to_datetime
 from ..._durations import Duration, to_ms
 from ..._exceptions import BackendError
-from ...abc import Capabilities, JobPolicy, Lease, LeaseBackend, RunReason, RunRecord, Slot
+from ...abc import JobPolicy, Lease, RunReason, RunRecord, Slot
 from .._lease import (
-    CAPABILITIES,
     DEFAULT_MAX_CLOCK_SKEW,
     DeadRun,
-    check_lease_ttl,
-    check_max_clock_skew,
+    LeaseBackendBase,
     check_slot_time,
     interrupted,
     is_latest,
@@ -33,11 +30,9 @@ __all__ = ["RedisLeaseBackend"]
 logger = logging.getLogger("brokersched.backends.redis")
 
 _CLOCK = "the Redis server's clock (TIME)"
-#: The least time a renewal or a release is given, however short ``lease_ttl`` is.
-_MIN_RENEW_TIMEOUT_S = 0.2
 
 
-class RedisLeaseBackend(LeaseBackend):
+class RedisLeaseBackend(LeaseBackendBase):
     """Leases in Redis (or a Redis Cluster), with occurrence fencing, overlap control,
     take-over of dead runners and catch-up, judged on the server's clock.
 
@@ -57,9 +52,7 @@ class RedisLeaseBackend(LeaseBackend):
         require_persistence: bool = False,
         **client_options: Any,
     ) -> None:
-        super().__init__()
-        self._lease_ttl = check_lease_ttl(lease_ttl, backend=self.name)
-        self._max_clock_skew = check_max_clock_skew(max_clock_skew, backend=self.name)
+        super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
         self._redis = RedisConnection(
             self.name,
             url,
@@ -74,30 +67,8 @@ class RedisLeaseBackend(LeaseBackend):
         return f"{self.name}({self._redis.redacted!r}, prefix={self.prefix!r}{cluster})"
 
     @property
-    def capabilities(self) -> Capabilities:
-        return CAPABILITIES
-
-    @property
-    def lease_ttl(self) -> timedelta:
-        return self._lease_ttl
-
-    @property
-    def max_clock_skew(self) -> timedelta:
-        return self._max_clock_skew
-
-    @property
     def prefix(self) -> str:
         return self._redis.prefix
-
-    @property
-    def _ttl_ms(self) -> int:
-        return to_ms(self._lease_ttl)
-
-    @property
-    def _renew_timeout(self) -> float:
-        """A renewal or release answered later than a third of the ttl is of no use: the
-        runner renews every third, and the lease may be someone else's by then."""
-        return max(self._lease_ttl.total_seconds() / 3, _MIN_RENEW_TIMEOUT_S)
 
     async def _open(self, clock: Clock) -> None:
         await self._redis.open(clock)
