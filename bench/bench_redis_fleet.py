@@ -236,7 +236,7 @@ class Member:
         errors = asyncio.ensure_future(self.process.stderr.read())
         try:
             while line := await self.process.stdout.readline():
-                if line.startswith(b"{"):
+                if line.startswith(b"{") and line.endswith(b"\n"):  # not cut by a kill
                     self.lines.append(json.loads(line))
                     if "ready" in self.lines[-1]:
                         self.ready.set()
@@ -257,6 +257,7 @@ class Member:
         if self.process.stdin is not None:
             self.process.stdin.close()
         await asyncio.wait([self.reader])
+        await self.process.wait()
 
 
 @dataclass

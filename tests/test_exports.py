@@ -43,6 +43,12 @@ def test_the_namespace_holds_the_public_names_and_the_package_parts_only() -> No
     assert isinstance(brokersched.__version__, str)
 
 
+def test_the_package_version_is_the_one_in_the_code() -> None:
+    from importlib.metadata import version
+
+    assert version("brokersched") == brokersched.__version__
+
+
 def test_public_objects_say_where_they_are_imported_from() -> None:
     for name in brokersched.__all__:
         assert getattr(brokersched, name).__module__ == "brokersched", name
