@@ -356,31 +356,36 @@ def row(fleet: Fleet, f: Figures) -> str:
     )
 
 
+def notes(name: str, f: Figures) -> list[str]:
+    """What the table cannot show: which slots ran twice or nowhere, odd skips, crashes."""
+    out = []
+    if f.duplicates:
+        shown = ", ".join(
+            f"{job}@{ms} x{len(names)}" for (job, ms), names in sorted(f.duplicates.items())[:10]
+        )
+        out.append(f"!!! DUPLICATES, {name}: {len(f.duplicates)} slots ran more than once: {shown}")
+    if f.missed:
+        out.append(f"missed, {name}: " + ", ".join(f"{job}@{ms}" for job, ms in f.missed[:10]))
+    if f.skips:
+        out.append(f"skips other than not-acquired/overlap, {name}: {dict(f.skips)}")
+    return out + [f"!!! {name}: {failure}" for failure in f.failures]
+
+
 def report(fleets: list[Fleet], seconds: float) -> None:
     print(
         f"{PROCESSES} processes x {JOBS} jobs every 1s, {seconds:g}s from the last start to one "
         "stop instant; missed = of the slots due in the steady window"
     )
     print(HEADER)
-    notes: list[str] = []
+    remarks: list[str] = []
     duplicates = 0
     for fleet in fleets:
         f = figures(fleet)
         duplicates += len(f.duplicates)
         print(row(fleet, f))
-        name = f"{KINDS[fleet.kind]} on the {fleet.target}"
-        if f.duplicates:
-            shown = ", ".join(f"{job}@{ms} x{len(names)}" for (job, ms), names in
-                              sorted(f.duplicates.items())[:10])  # fmt: skip
-            notes.append(f"!!! DUPLICATES: {name}: {len(f.duplicates)} slots ran twice: {shown}")
-        if f.missed:
-            shown = ", ".join(f"{job}@{ms}" for job, ms in f.missed[:10])
-            notes.append(f"missed, {name}: {shown}")
-        if f.skips:
-            notes.append(f"skips other than not-acquired/overlap, {name}: {dict(f.skips)}")
-        notes += [f"!!! {name}: {failure}" for failure in f.failures]
-    for note in notes:
-        print(note)
+        remarks += notes(f"{KINDS[fleet.kind]} on the {fleet.target}", f)
+    for remark in remarks:
+        print(remark)
     if not duplicates:
         print("duplicates: none")
 
@@ -415,14 +420,16 @@ async def run_all(
 ) -> list[Fleet]:
     fleets: list[Fleet] = []
     for kind in KINDS:
-        rounds = [
-            run_fleet(kind, target, url, f"{prefix}-{kind}", seconds)
-            for target, url in targets.items()
-        ]
         if serial:
-            fleets += [await one for one in rounds]
-        else:
-            fleets += await asyncio.gather(*rounds)
+            for target, url in targets.items():
+                fleets.append(await run_fleet(kind, target, url, f"{prefix}-{kind}", seconds))
+            continue
+        async with asyncio.TaskGroup() as group:  # unlike gather, waits for every cleanup
+            tasks = [
+                group.create_task(run_fleet(kind, target, url, f"{prefix}-{kind}", seconds))
+                for target, url in targets.items()
+            ]
+        fleets += [task.result() for task in tasks]
     return fleets
 
 
