@@ -448,9 +448,15 @@ class Scheduler(Generic[B]):
             raise
 
     async def _start(self) -> None:
+        task = asyncio.current_task()
+        cancels = task.cancelling() if task is not None else 0
         await self.backend.start(self.clock)
         try:
             await self.backend.prepare([job.settings.policy for job in self._states()])
+            # Python 3.11's wait_for (in the client libraries) can swallow a cancellation that
+            # lands as its step finishes; the request is still counted: honour it.
+            if task is not None and task.cancelling() > cancels:
+                raise asyncio.CancelledError
         except BaseException:
             await self.backend.stop()
             raise

@@ -43,7 +43,7 @@ CLOCK = SystemClock()
 SLOT = 1_800_000_000_000  # 2027-01-15T08:00:00Z
 MAX_TURNS = 3000  # a start takes a few hundred turns; a bound, in case it never finishes
 EVERY_TURN_UNTIL = 200  # cancel at each of the first turns, then at every STRIDE-th one
-STRIDE = 5
+STRIDE = 8
 DELAYS_S = [i * 0.0004 for i in range(40)]  # 0 to 16 ms: connect and preparation on localhost
 SETTLE_TURNS = 20  # turns given to tasks that end by themselves after a close
 

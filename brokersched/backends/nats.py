@@ -90,6 +90,8 @@ _FETCH_BATCH = 512
 _FETCH_TIMEOUT_S = 2.0
 _CONSUMER_IDLE_S = 30.0  # server-side clean-up of a history reader that died mid-read
 _GUARD_DELAYS_S = (0.2, 1.0, 5.0)  # see NATSBackend._start_history_guard
+_WINDOW_RAISES = 5  # see NATSBackend._raise_claims_window
+_WINDOW_SETTLE_S = 0.25
 _ERR_STREAM_NAME_IN_USE = 10058
 _ERR_SUBJECTS_OVERLAP = 10065
 
@@ -570,6 +572,35 @@ def _grown(config: StreamConfig, *, replicas: int, per_subject: int | None) -> S
     if per_subject is not None and 0 < current < per_subject:
         changes["max_msgs_per_subject"] = per_subject
     return dataclasses.replace(config, **changes) if changes else None
+
+
+def _raised_window(config: StreamConfig, slot_ttl: timedelta) -> StreamConfig | None:
+    """``config`` (as the server reports it) with ``duplicate_window`` and ``max_age`` raised to
+    ``slot_ttl`` where shorter, every other setting kept; ``None`` when both cover it already.
+
+    Never lowers either (another instance may need the longer window); an unlimited max_age
+    stays unlimited (``_claims_problems`` refuses it anyway).
+    """
+    window = timedelta(seconds=config.duplicate_window or 0)
+    max_age = timedelta(seconds=config.max_age or 0)
+    if window >= slot_ttl and (max_age <= timedelta(0) or max_age >= slot_ttl):
+        return None
+    ttl = slot_ttl.total_seconds()
+    return dataclasses.replace(
+        config,
+        duplicate_window=max(window.total_seconds(), ttl),
+        max_age=max(max_age.total_seconds(), ttl) if max_age > timedelta(0) else config.max_age,
+    )
+
+
+def _claims_refusals(config: StreamConfig, names: _Names, slot_ttl: timedelta) -> list[str]:
+    """``_claims_problems`` of an existing claims stream, or none when raising its window to
+    ``slot_ttl`` (``_raised_window``) would leave nothing wrong: ``start()`` raises it then."""
+    problems = _claims_problems(config, names, slot_ttl)
+    raised = _raised_window(config, slot_ttl)
+    if problems and raised is not None and not _claims_problems(raised, names, slot_ttl):
+        return []
+    return problems
 
 
 class NATSBackend(ClaimBackend):

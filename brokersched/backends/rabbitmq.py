@@ -500,6 +500,22 @@ async def _close_for_good(connection: AbstractRobustConnection) -> None:
             await connection.close()
 
 
+def _cancel_requests() -> int:
+    """The cancellations of the current task not yet taken back (``Task.cancelling()``)."""
+    task = asyncio.current_task()
+    return 0 if task is None else task.cancelling()
+
+
+def _raise_if_cancelled_since(cancels: int) -> None:
+    """Raise the cancellation of this task that a client call swallowed since ``cancels`` was
+    read. aio-pika and aiormq await through ``asyncio.wait_for`` (``Queue.get``, RPCs with a
+    timeout), which on Python 3.11 returns the result instead of raising ``CancelledError`` when
+    the awaited operation finishes in the same loop iteration as the cancellation (CPython
+    gh-86296, fixed in 3.12); the request stays counted in ``Task.cancelling()``."""
+    if _cancel_requests() > cancels:
+        raise asyncio.CancelledError
+
+
 async def _to_the_end(cleanup: Coroutine[Any, Any, None]) -> None:
     """Run ``cleanup`` to its end although this task is being cancelled: a cancellation that
     arrives meanwhile (a second Ctrl-C, an outer timeout) is raised once it is done."""
@@ -601,6 +617,7 @@ class RabbitMQBackend(ClaimBackend):
 
         self._check_parsable()
         action = f"connecting to {redact_url(self._url)}"
+        cancels = _cancel_requests()
         with self._client_errors(action), _quieted() as quiet:
             try:
                 connection = await _connect_robust(self._url, self._connect_options)
@@ -622,6 +639,7 @@ class RabbitMQBackend(ClaimBackend):
         _log.debug("%s connected to %s", self.name, redact_url(self._url))
         try:
             await self._read_record(write=False)
+            _raise_if_cancelled_since(cancels)
         except BaseException:
             await _to_the_end(self._close())
             raise
