@@ -37,7 +37,7 @@ from ._options import (
     parse_scheduler_options,
     resolve_job,
 )
-from ._tasks import TaskSet
+from ._tasks import TaskSet, cancel_requests, raise_if_cancelled_since
 from ._typing import (
     ClaimAtOptions,
     ClaimCronOptions,
@@ -448,15 +448,11 @@ class Scheduler(Generic[B]):
             raise
 
     async def _start(self) -> None:
-        task = asyncio.current_task()
-        cancels = task.cancelling() if task is not None else 0
+        cancels = cancel_requests()
         await self.backend.start(self.clock)
         try:
             await self.backend.prepare([job.settings.policy for job in self._states()])
-            # Python 3.11's wait_for (in the client libraries) can swallow a cancellation that
-            # lands as its step finishes; the request is still counted: honour it.
-            if task is not None and task.cancelling() > cancels:
-                raise asyncio.CancelledError
+            raise_if_cancelled_since(cancels)  # one a client library swallowed (Python 3.11)
         except BaseException:
             await self.backend.stop()
             raise

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from ._clock import Clock
 
-__all__ = ["TaskSet"]
+__all__ = ["TaskSet", "cancel_requests", "raise_if_cancelled_since", "to_the_end"]
 
 T = TypeVar("T")
 
@@ -38,3 +38,33 @@ class TaskSet:
     def cancel_background(self) -> None:
         for task in self._background:
             task.cancel()
+
+
+def cancel_requests() -> int:
+    """The cancellations of the current task not yet taken back (``Task.cancelling()``)."""
+    task = asyncio.current_task()
+    return 0 if task is None else task.cancelling()
+
+
+def raise_if_cancelled_since(cancels: int) -> None:
+    """Raise the cancellation of this task that a client call swallowed since ``cancels`` was
+    read. The client libraries await through ``asyncio.wait_for``, which on Python 3.11 returns
+    the result instead of raising ``CancelledError`` when the awaited operation finishes in the
+    same loop iteration as the cancellation (CPython gh-86296, fixed in 3.12); the request stays
+    counted in ``Task.cancelling()``."""
+    if cancel_requests() > cancels:
+        raise asyncio.CancelledError
+
+
+async def to_the_end(cleanup: Coroutine[Any, Any, None]) -> None:
+    """Run ``cleanup`` to its end although this task is being cancelled: a cancellation that
+    arrives meanwhile (a second Ctrl-C, an outer timeout) is raised once it is done."""
+    task = asyncio.ensure_future(cleanup)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError

@@ -292,6 +292,33 @@ async def fault_proxy(target_port: int) -> AsyncIterator[FaultProxy]:
         await proxy.close()
 
 
+_DENY_STREAM_UPDATES = """
+authorization {
+  users = [
+    {user: admin, password: adminpw}
+    {user: app, password: apppw, permissions: {
+      publish: {allow: [">"], deny: ["$JS.API.STREAM.UPDATE.>"]}, subscribe: {allow: [">"]}}}
+  ]
+}
+"""
+
+
+@contextlib.asynccontextmanager
+async def nats_server_denying_stream_updates(store: Path) -> AsyncIterator[tuple[str, str]]:
+    """A nats-server with JetStream where user ``app`` may do everything but update streams
+    (as an account whose streams are managed elsewhere); yields the admin's and app's URLs."""
+    config = store.with_suffix(".conf")
+    config.write_text(_DENY_STREAM_UPDATES)
+    server = NatsServer(store)
+    server.auth = ["-c", str(config)]  # extra arguments of nats-server
+    server.url = f"nats://admin:adminpw@127.0.0.1:{server.port}"
+    await server.start()
+    try:
+        yield server.url, f"nats://app:apppw@127.0.0.1:{server.port}"
+    finally:
+        await server.stop()
+
+
 # -- a fleet member in its own process: python -m tests.nats_helpers URL PREFIX -----------------
 
 FLEET_JOBS = {"fleet.fast": 0.2, "fleet.slow": 0.5}  # job name -> interval in seconds

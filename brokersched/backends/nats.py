@@ -42,7 +42,7 @@ import re
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -56,6 +56,7 @@ from .._exceptions import (
     BrokerschedError,
     ConfigurationError,
 )
+from .._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
 from ..abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
 
 if TYPE_CHECKING:
@@ -208,36 +209,6 @@ def _import_nats() -> Any:
         raise ConfigurationError(
             f"{_BACKEND} needs the nats-py client: {_EXTRA_HINT}", backend=_BACKEND
         ) from exc
-
-
-def _cancel_requests() -> int:
-    """The cancellations of the current task not yet taken back (``Task.cancelling()``)."""
-    task = asyncio.current_task()
-    return 0 if task is None else task.cancelling()
-
-
-def _raise_if_cancelled_since(cancels: int) -> None:
-    """Raise the cancellation of this task that a client call swallowed since ``cancels`` was
-    read. nats-py awaits through ``asyncio.wait_for``, which on Python 3.11 returns the result
-    instead of raising ``CancelledError`` when the awaited operation finishes in the same loop
-    iteration as the cancellation (CPython gh-86296, fixed in 3.12); the request stays counted
-    in ``Task.cancelling()``."""
-    if _cancel_requests() > cancels:
-        raise asyncio.CancelledError
-
-
-async def _to_the_end(cleanup: Coroutine[Any, Any, None]) -> None:
-    """Run ``cleanup`` to its end although this task is being cancelled: a cancellation that
-    arrives meanwhile (a second Ctrl-C, an outer timeout) is raised once it is done."""
-    task = asyncio.ensure_future(cleanup)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
 
 
 def _translate(exc: Exception, what: str, secrets: Sequence[str]) -> BackendError | None:
@@ -685,15 +656,15 @@ class NATSBackend(ClaimBackend):
         nats = _import_nats()
         # Fresh per start: asyncio primitives belong to the loop they are first used in.
         self._watch, self._history_lock = _Watch(), asyncio.Lock()
-        cancels = _cancel_requests()
+        cancels = cancel_requests()
         nc = await self._connect(nats, cancels)
         try:
             js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
             with _Translated("preparing streams", secrets=self._secrets):
                 await self._prepare_streams(js)
-            _raise_if_cancelled_since(cancels)
+            raise_if_cancelled_since(cancels)
         except BaseException:
-            await _to_the_end(self._close_client(nc))
+            await to_the_end(self._close_client(nc))
             raise
         self._nc, self._js = nc, js
 
@@ -709,9 +680,9 @@ class NATSBackend(ClaimBackend):
         try:
             async with asyncio.timeout(budget):
                 await nc.connect(self._servers, **options)
-            _raise_if_cancelled_since(cancels)
+            raise_if_cancelled_since(cancels)
         except BaseException as exc:
-            await _to_the_end(self._close_client(nc))
+            await to_the_end(self._close_client(nc))
             if not isinstance(exc, Exception):
                 raise
             cause = self._last_error or _describe(exc, self._secrets)
@@ -805,8 +776,98 @@ class NATSBackend(ClaimBackend):
         await self._ensure_stream(
             js,
             _claims_config(self._names, self._slot_ttl, self._replicas),
-            problems=lambda c: _claims_problems(c, self._names, self._slot_ttl),
+            problems=lambda c: _claims_refusals(c, self._names, self._slot_ttl),
             per_subject=None,
+            option="slot_ttl",
+        )
+        await self._raise_claims_window(js)
+
+    async def _raise_claims_window(self, js: JetStreamContext) -> None:
+        """Raise the claims stream's ``duplicate_window`` and ``max_age`` to ``slot_ttl`` when
+        shorter (a rolling deploy that raises ``slot_ttl``), or refuse as ``_claims_problems``
+        says when NATS refuses the update.
+
+        Why raising is safe for the fleet: the scheduler calls ``start()``, then ``prepare()``,
+        and only then arms its jobs, each at its next slot after *now* (``Scheduler._start``,
+        ``_arm``); a claim-only instance never claims a slot from before its start. So every slot
+        this instance claims is first claimed, by anyone, after the raise, and every claim
+        message from then on is deduplicated under the longer window. JetStream purges a message
+        id once its age reaches the window in force at purge time (an update re-runs the purge
+        with the new window), so the raise also extends the ids stored before it; only ids
+        already purged under the old window are gone, and their slots are older than this
+        instance. A longer window never hurts the instances with a shorter ``slot_ttl``: they
+        accept it (``_raised_window`` never lowers). ``max_age`` grows too: a restarted server
+        rebuilds its ids from the stored messages only. The one way around it is
+        ``Job.resume()`` within its jitter of ``start()`` of a job paused before it:
+        ``Scheduler._rearm`` may arm a slot still in its jitter window from before the start.
+
+        NATS 2.9 has no conditional update: an instance that read the stream before our update
+        can overwrite it with its own, smaller raise. So the stream is read again after each
+        update, and once more after ``_WINDOW_SETTLE_S``, and raised again while it is short.
+        """
+        stream, names, ttl = self._names.claims, self._names, self._slot_ttl
+        raises, settled = 0, False
+        while True:
+            config = (await js.stream_info(stream)).config
+            raised = _raised_window(config, ttl)
+            if raised is None:
+                if raises == 0 or settled:
+                    return
+                settled = True  # a concurrent stale update lands within milliseconds
+                await asyncio.sleep(_WINDOW_SETTLE_S)
+                continue
+            settled = False
+            problems = _claims_problems(config, names, ttl)
+            if _claims_problems(raised, names, ttl):  # changed meanwhile: refuse as it is
+                self._raise_problems(stream, problems, option="slot_ttl")
+            if raises == _WINDOW_RAISES:
+                self._raise_problems(
+                    stream,
+                    [*problems, f"brokersched raised it {raises} times and it was lowered again"],
+                    option="slot_ttl",
+                )
+            await self._update_claims_window(js, raised, problems)
+            raises += 1
+            logger.warning(
+                "raised duplicate_window of JetStream stream %s from %s to %s and max_age from %s "
+                "to %s: slot_ttl of this instance is %s; the whole fleet now remembers each "
+                "claimed slot that long. To lower it again, first deploy the shorter slot_ttl on "
+                "every instance, then run `nats stream edit %s --dupe-window %s --max-age %s`",
+                stream,
+                _seconds(timedelta(seconds=config.duplicate_window or 0)),
+                _seconds(timedelta(seconds=raised.duplicate_window or 0)),
+                _seconds(timedelta(seconds=config.max_age or 0)),
+                _seconds(timedelta(seconds=raised.max_age or 0)),
+                _seconds(ttl),
+                stream,
+                _seconds(timedelta(seconds=config.duplicate_window or 0)),
+                _seconds(timedelta(seconds=config.max_age or 0)),
+            )
+
+    async def _update_claims_window(
+        self, js: JetStreamContext, raised: StreamConfig, problems: list[str]
+    ) -> None:
+        """Update the claims stream to ``raised``; a refused update (account limits, no
+        permission) is a ``ConfigurationError`` with ``problems`` and NATS's answer."""
+        import nats.errors
+        import nats.js.errors
+
+        try:
+            await js.update_stream(raised)  # pyright: ignore[reportUnknownMemberType]
+            return
+        except nats.js.errors.APIError as exc:
+            answer = _describe(exc, self._secrets)
+        except nats.errors.TimeoutError:
+            # A publish the user may not make gets no reply, only an -ERR on the connection
+            # ("nats: permissions violation for publish to "$js.api.stream.update.<name>"").
+            denied = self._last_error or ""
+            if not all(text in denied.lower() for text in ("permissions violation", "update")):
+                raise
+            answer = denied
+        assert raised.name is not None
+        self._raise_problems(
+            raised.name,
+            [*problems, f"brokersched could not raise them itself: NATS answered {answer}"],
             option="slot_ttl",
         )
 

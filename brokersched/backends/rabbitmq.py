@@ -103,7 +103,7 @@ import logging
 import random
 import re
 import shlex
-from collections.abc import AsyncGenerator, Coroutine, Generator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -118,6 +118,7 @@ from .._exceptions import (
     BrokerschedError,
     ConfigurationError,
 )
+from .._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
 from ..abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
 
 if TYPE_CHECKING:
@@ -472,7 +473,7 @@ async def _connect_robust(url: str, options: Mapping[str, Any]) -> AbstractRobus
     try:
         return await asyncio.shield(connecting)
     except BaseException:
-        await _to_the_end(_abandon(connecting, made))
+        await to_the_end(_abandon(connecting, made))
         raise
 
 
@@ -498,36 +499,6 @@ async def _close_for_good(connection: AbstractRobustConnection) -> None:
     with contextlib.suppress(Exception):
         async with asyncio.timeout(5):
             await connection.close()
-
-
-def _cancel_requests() -> int:
-    """The cancellations of the current task not yet taken back (``Task.cancelling()``)."""
-    task = asyncio.current_task()
-    return 0 if task is None else task.cancelling()
-
-
-def _raise_if_cancelled_since(cancels: int) -> None:
-    """Raise the cancellation of this task that a client call swallowed since ``cancels`` was
-    read. aio-pika and aiormq await through ``asyncio.wait_for`` (``Queue.get``, RPCs with a
-    timeout), which on Python 3.11 returns the result instead of raising ``CancelledError`` when
-    the awaited operation finishes in the same loop iteration as the cancellation (CPython
-    gh-86296, fixed in 3.12); the request stays counted in ``Task.cancelling()``."""
-    if _cancel_requests() > cancels:
-        raise asyncio.CancelledError
-
-
-async def _to_the_end(cleanup: Coroutine[Any, Any, None]) -> None:
-    """Run ``cleanup`` to its end although this task is being cancelled: a cancellation that
-    arrives meanwhile (a second Ctrl-C, an outer timeout) is raised once it is done."""
-    task = asyncio.ensure_future(cleanup)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
 
 
 class RabbitMQBackend(ClaimBackend):
@@ -617,7 +588,7 @@ class RabbitMQBackend(ClaimBackend):
 
         self._check_parsable()
         action = f"connecting to {redact_url(self._url)}"
-        cancels = _cancel_requests()
+        cancels = cancel_requests()
         with self._client_errors(action), _quieted() as quiet:
             try:
                 connection = await _connect_robust(self._url, self._connect_options)
@@ -639,9 +610,9 @@ class RabbitMQBackend(ClaimBackend):
         _log.debug("%s connected to %s", self.name, redact_url(self._url))
         try:
             await self._read_record(write=False)
-            _raise_if_cancelled_since(cancels)
+            raise_if_cancelled_since(cancels)
         except BaseException:
-            await _to_the_end(self._close())
+            await to_the_end(self._close())
             raise
         if self._view is None and self._seen_ms is not None:
             _log.info(
