@@ -5,8 +5,8 @@ in ``extra`` (``job``, ``run_id``, ``slot``, ``reason``, ``attempt``, ``outcome`
 ``duration_ms``, ``late_ms``, ``instance_id``). ``JsonFormatter`` puts every such field in the
 object, so a log pipeline can filter on ``job`` or ``outcome`` without parsing the message.
 
-Credentials never reach the output: both formatters pass the text through ``redact_secrets``
-(``brokersched._redact.redact_text``), which hides the password of any
+Credentials never reach the output: both formatters pass the text through
+``brokersched._redact.redact_text``, which hides the password of any
 ``scheme://user:password@host`` URL (up to its last ``@``) and of ``password=...`` /
 ``sslpassword=...`` pairs (libpq DSNs, query strings), wherever they appear (message, extra
 fields, tracebacks).
@@ -23,7 +23,7 @@ from typing import Any, Literal, TextIO, TypeGuard, cast
 
 from ._redact import redact_text
 
-__all__ = ["JsonFormatter", "TextFormatter", "configure_logging", "redact_secrets"]
+__all__ = ["JsonFormatter", "TextFormatter", "configure_logging"]
 
 LogFormat = Literal["json", "text"]
 
@@ -32,11 +32,6 @@ _STANDARD_ATTRS = frozenset(
     vars(logging.LogRecord("", logging.INFO, "", 0, "", None, None)).keys()
     | {"message", "asctime", "taskName"}
 )
-
-
-def redact_secrets(text: str) -> str:
-    """``text`` with the passwords of URLs and ``password=`` pairs replaced by ``***``."""
-    return redact_text(text)
 
 
 def _extra_fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -56,14 +51,14 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float):
         return value
     if isinstance(value, str):
-        return redact_secrets(value)
+        return redact_text(value)
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, list | tuple):
         return [_jsonable(item) for item in cast("list[Any]", value)]
     if _is_mapping(value):
         return {str(key): _jsonable(item) for key, item in value.items()}
-    return redact_secrets(str(value))
+    return redact_text(str(value))
 
 
 class JsonFormatter(logging.Formatter):
@@ -75,14 +70,14 @@ class JsonFormatter(logging.Formatter):
             "ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": redact_secrets(record.getMessage()),
+            "message": redact_text(record.getMessage()),
         }
         for key, value in _extra_fields(record).items():
             entry.setdefault(key, _jsonable(value))  # an extra never hides a standard key
         if record.exc_info:
-            entry["exc_info"] = redact_secrets(self.formatException(record.exc_info))
+            entry["exc_info"] = redact_text(self.formatException(record.exc_info))
         if record.stack_info:
-            entry["stack_info"] = redact_secrets(self.formatStack(record.stack_info))
+            entry["stack_info"] = redact_text(self.formatStack(record.stack_info))
         return json.dumps(entry, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -93,7 +88,7 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact_secrets(super().format(record))
+        return redact_text(super().format(record))
 
 
 # The broker and database clients log their own connection errors; a one-shot command reports

@@ -39,7 +39,8 @@ from ._clock import ms_to_datetime
 from ._durations import format_duration, parse_duration
 from ._events import SkipEvent
 from ._exceptions import BackendError, BackendUnavailableError, BrokerschedError, ConfigurationError
-from ._logging import LogFormat, configure_logging, redact_secrets
+from ._logging import LogFormat, configure_logging
+from ._redact import redact_text
 from ._scheduler import Job, Scheduler, collect_errors
 from ._timezones import parse_timezone, timezone_name
 from .abc import Backend, RunRecord
@@ -85,7 +86,7 @@ class CLIError(click.ClickException):
     exit_code = EXIT_USAGE
 
     def __init__(self, message: str) -> None:
-        super().__init__(redact_secrets(message))
+        super().__init__(redact_text(message))
 
 
 class BackendDownError(CLIError):
@@ -277,7 +278,7 @@ def _backend(scheduler: Scheduler[Any]) -> str:
     backend: Backend = scheduler.backend
     if "__repr__" not in vars(type(backend)):  # no useful repr: the class name will do
         return f"{backend.name}()"
-    return redact_secrets(repr(backend))
+    return redact_text(repr(backend))
 
 
 def _duration_of(record: RunRecord) -> str:
@@ -607,7 +608,7 @@ def trigger(app: str, job_name: str, log_format: LogFormat, log_level: str) -> N
 
 
 def _fail(message: str) -> NoReturn:
-    click.echo(redact_secrets(message), err=True)
+    click.echo(redact_text(message), err=True)
     sys.exit(EXIT_FAILED)
 
 
@@ -638,14 +639,14 @@ def check(app: str) -> None:
         with collect_errors():
             scheduler = load_scheduler(app)
     except AppConfigurationError as exc:
-        click.echo(redact_secrets(f"error: {exc.error}"), err=True)
+        click.echo(redact_text(f"error: {exc.error}"), err=True)
         _fail(
             "registration stopped at this job, so the jobs after it were not checked; "
             "fix it and run check again"
         )
     errors = scheduler.check()
     for error in errors:
-        click.echo(redact_secrets(f"error: {error}"), err=True)
+        click.echo(redact_text(f"error: {error}"), err=True)
     if errors:
         _fail(f"{len(errors)} configuration error{'s' if len(errors) > 1 else ''}")
     count = len(scheduler.jobs())

@@ -24,7 +24,8 @@ import pytest
 from click.testing import CliRunner
 
 from brokersched._clock import SystemClock
-from brokersched._logging import configure_logging, redact_secrets
+from brokersched._logging import configure_logging
+from brokersched._redact import redact_text
 from brokersched.abc import JobPolicy
 from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
@@ -555,8 +556,8 @@ def root_logger() -> Iterator[logging.Logger]:
         ("http://host:8080/path and amqp://host/", "http://host:8080/path and amqp://host/"),
     ],
 )
-def test_redact_secrets(text: str, redacted: str) -> None:
-    assert redact_secrets(text) == redacted
+def test_redact_text(text: str, redacted: str) -> None:
+    assert redact_text(text) == redacted
 
 
 def test_json_formatter_keeps_extra_fields_and_redacts(root_logger: logging.Logger) -> None:

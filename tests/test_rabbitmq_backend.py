@@ -40,6 +40,7 @@ from pamqp.exceptions import UnmarshalingException
 
 from brokersched._clock import SystemClock
 from brokersched._exceptions import BackendError, BackendUnavailableError, ConfigurationError
+from brokersched._redact import redact_url
 from brokersched.abc import JobPolicy, RunRecord, Slot
 from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
@@ -47,7 +48,6 @@ from brokersched.backends.rabbitmq import (
     history_queue_name,
     lock_queue_name,
     record_queue_name,
-    redact_url,
 )
 from tests.conftest import IN_CI
 from tests.tcp_proxy import TcpProxy

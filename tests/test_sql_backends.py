@@ -41,9 +41,10 @@ from brokersched import (
     Scheduler,
 )
 from brokersched._clock import Clock, SystemClock
+from brokersched._redact import redact_url
 from brokersched.abc import JobPolicy, Lease, LeaseBackend, RunRecord, Slot
 from brokersched.backends._sql import SCHEMA_VERSION
-from brokersched.backends.postgres import PostgresBackend, redact_dsn
+from brokersched.backends.postgres import PostgresBackend
 from brokersched.backends.sqlite import SQLiteBackend
 from tests.stall_proxy import StallProxy
 from tests.tcp_proxy import TcpProxy
@@ -688,8 +689,8 @@ async def test_the_password_never_reaches_errors_or_logs(
         ("host=db password='a b' user=app", "host=db password=*** user=app"),
     ],
 )
-def test_redact_dsn(dsn: str, expected: str) -> None:
-    assert redact_dsn(dsn) == expected
+def test_a_dsn_is_redacted_like_a_url(dsn: str, expected: str) -> None:
+    assert redact_url(dsn) == expected
 
 
 @pytest.mark.parametrize(

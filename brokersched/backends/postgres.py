@@ -60,7 +60,7 @@ from ._sql import (
     run_record,
 )
 
-__all__ = ["PostgresBackend", "redact_dsn"]
+__all__ = ["PostgresBackend"]
 
 logger = logging.getLogger(__name__)
 
@@ -350,7 +350,7 @@ class PostgresBackend(SQLLeaseBackend):
     ) -> None:
         super().__init__(lease_ttl, max_clock_skew)
         self._dsn = dsn
-        self._redacted = redact_dsn(dsn)
+        self._redacted = _redact.redact_url(dsn)
         self._secrets = _redact.url_secrets(dsn)
         self._schema = check_identifier(schema, option="schema", backend=self.name, max_length=63)
         if not 0 <= min_size <= max_size or max_size < 1:
@@ -699,11 +699,6 @@ def _job_state(row: Row) -> JobState | None:
     if fence is None:
         return None
     return JobState(None if fence == NO_SLOT else fence, row["manual_slot_ms"], bool(row["live"]))
-
-
-def redact_dsn(dsn: str) -> str:
-    """``dsn`` with every password replaced by ``***``: in the userinfo and in parameters."""
-    return _redact.redact_url(dsn)
 
 
 class _Call(Generic[T]):

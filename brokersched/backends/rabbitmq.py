@@ -137,7 +137,6 @@ __all__ = [
     "history_queue_name",
     "lock_queue_name",
     "record_queue_name",
-    "redact_url",
 ]
 
 _log = logging.getLogger(__name__)
@@ -218,11 +217,6 @@ def _quieted() -> Generator[_Quiet, None, None]:
         yield quiet
     finally:
         _QUIET.reset(token)
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``; for logs, errors and ``repr``."""
-    return _redact.redact_url(url)
 
 
 def _escape(job: str) -> str:
@@ -545,10 +539,8 @@ class RabbitMQBackend(ClaimBackend):
         self._refreshing: asyncio.Task[_View] | None = None
 
     def __repr__(self) -> str:
-        return (
-            f"{self.name}({redact_url(self._url)!r}, slot_ttl={format_duration(self._slot_ttl)!r},"
-            f" prefix={self._prefix!r})"
-        )
+        url, slot_ttl = _redact.redact_url(self._url), format_duration(self._slot_ttl)
+        return f"{self.name}({url!r}, slot_ttl={slot_ttl!r}, prefix={self._prefix!r})"
 
     @property
     def capabilities(self) -> Capabilities:
@@ -587,7 +579,7 @@ class RabbitMQBackend(ClaimBackend):
         from aiormq.exceptions import InvalidFrameError, ProbableAuthenticationError
 
         self._check_parsable()
-        action = f"connecting to {redact_url(self._url)}"
+        action = f"connecting to {_redact.redact_url(self._url)}"
         cancels = cancel_requests()
         with self._client_errors(action), _quieted() as quiet:
             try:
@@ -607,7 +599,7 @@ class RabbitMQBackend(ClaimBackend):
         self._pool = _ChannelPool(connection, self._channel_count)
         self._history_ready.clear()
         self._clock = clock
-        _log.debug("%s connected to %s", self.name, redact_url(self._url))
+        _log.debug("%s connected to %s", self.name, _redact.redact_url(self._url))
         try:
             await self._read_record(write=False)
             raise_if_cancelled_since(cancels)
@@ -643,7 +635,7 @@ class RabbitMQBackend(ClaimBackend):
     def _login_refused(self) -> str:
         user = _url_user(self._url)
         return (
-            f"{self.name}: the broker at {redact_url(self._url)} refused the login of user"
+            f"{self.name}: the broker at {_redact.redact_url(self._url)} refused the login of user"
             f" {user!r} (ACCESS_REFUSED): check the user name and password in the URL (with"
             " reserved characters percent-encoded), or create the user (rabbitmqctl add_user);"
             " RabbitMQ's 'guest' user may only log in from localhost"
@@ -653,7 +645,8 @@ class RabbitMQBackend(ClaimBackend):
         vhost, user = _url_vhost(self._url), _url_user(self._url)
         quoted = shlex.quote(vhost)
         return (
-            f"{self.name}: the broker at {redact_url(self._url)} refused virtual host {vhost!r}:"
+            f"{self.name}: the broker at {_redact.redact_url(self._url)} refused virtual host"
+            f" {vhost!r}:"
             f" it does not exist, or user {user!r} has no access to it; create it and grant"
             f" access (rabbitmqctl add_vhost {quoted}; rabbitmqctl set_permissions -p {quoted}"
             f" {shlex.quote(user)} '.*' '.*' '.*'), or name an existing vhost in the URL's path"
@@ -673,7 +666,7 @@ class RabbitMQBackend(ClaimBackend):
             return
         # Raised here, outside the except block: no parser error chained to it.
         raise ConfigurationError(
-            f"url {redact_url(self._url)!r} of {self.name} cannot be parsed: is the port a"
+            f"url {_redact.redact_url(self._url)!r} of {self.name} cannot be parsed: is the port a"
             " number, and are the reserved characters of the user name and password"
             " percent-encoded (@ : / ? # [ ] % as %40 %3A %2F %3F %23 %5B %5D %25)?",
             option="url",
@@ -1298,7 +1291,7 @@ def _check_url(url: str, backend: str) -> str:
         scheme = ""
     if scheme not in {"amqp", "amqps"}:
         raise ConfigurationError(
-            f"url {redact_url(url)!r} of {backend} must start with amqp:// or amqps://",
+            f"url {_redact.redact_url(url)!r} of {backend} must start with amqp:// or amqps://",
             option="url",
             backend=backend,
         )
