@@ -8,8 +8,13 @@ would) must let the backend start.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import logging
+import random
 import signal
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,6 +30,7 @@ from nats.js.api import (
     StreamSource,
 )
 
+from brokersched import JobContext, Scheduler
 from brokersched._clock import SystemClock
 from brokersched._exceptions import ConfigurationError
 from brokersched.abc import JobPolicy, RunRecord, Slot
@@ -42,6 +48,7 @@ from tests.nats_helpers import (
     delete_named_streams,
     delete_streams,
     nats_server,
+    nats_server_denying_stream_updates,
     stream_config,
     unique_prefix,
     update_stream,
@@ -511,3 +518,199 @@ async def test_a_claims_stream_with_max_msgs_forgets_claims_on_restart_so_start_
             assert not await late.claim(second, instance_id="late", run_id="r8", timeout=2)
         finally:
             await late.stop()
+
+
+# -- a rolling deploy that raises slot_ttl raises the claims stream's window ------------------
+
+NATS_LOGGER = "brokersched.backends.nats"
+
+
+def window_of(config: StreamConfig) -> tuple[float | None, float | None]:
+    return config.duplicate_window, config.max_age
+
+
+def _others(config: StreamConfig) -> dict[str, Any]:
+    """Every setting but the two that a raise changes."""
+    settings = dataclasses.asdict(config)
+    del settings["duplicate_window"], settings["max_age"]
+    return settings
+
+
+async def test_a_longer_slot_ttl_raises_the_claims_window_and_a_shorter_one_keeps_it(
+    nats_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    stream = f"{prefix}-claims"
+    old = NATSBackend(nats_url, prefix=prefix, slot_ttl="2s")
+    await old.start(CLOCK)
+    ran = Slot("report", now_ms())
+    try:
+        assert await old.claim(ran, instance_id="old", run_id="r1", timeout=2)
+    finally:
+        await old.stop()
+    before = await stream_config(nats_url, stream)
+    assert window_of(before) == (2, 2)
+
+    new = NATSBackend(nats_url, prefix=prefix, slot_ttl="20s")
+    with caplog.at_level(logging.WARNING, logger=NATS_LOGGER):
+        await new.start(CLOCK)  # within 2 s of the claim above: its id is still remembered
+    try:
+        after = await stream_config(nats_url, stream)
+        assert window_of(after) == (20, 20)
+        assert _others(after) == _others(before)  # only the two fields changed
+        [warning] = [r for r in caplog.records if r.name == NATS_LOGGER]
+        assert warning.levelno == logging.WARNING
+        message = warning.getMessage()
+        assert f"duplicate_window of JetStream stream {stream} from 2s to 20s" in message
+        assert "max_age from 2s to 20s" in message
+        assert "first deploy the shorter slot_ttl on every instance" in message
+        assert f"`nats stream edit {stream} --dupe-window 2s --max-age 2s`" in message
+
+        # Claims work, and the raise also extended the ids stored before it (JetStream purges
+        # an id by the window in force at purge time): 2.5 s later, the old claim still holds.
+        fresh = Slot("report", now_ms() + 1)
+        assert await new.claim(fresh, instance_id="new", run_id="r2", timeout=2)
+        assert not await new.claim(fresh, instance_id="new", run_id="r3", timeout=2)
+        await asyncio.sleep(max(0.0, (ran.slot_ms + 2500 - now_ms()) / 1000))
+        assert not await new.claim(ran, instance_id="new", run_id="r4", timeout=2)
+    finally:
+        await new.stop()
+
+    # An instance with the shorter slot_ttl starts as before and never lowers the window.
+    caplog.clear()
+    again = NATSBackend(nats_url, prefix=prefix, slot_ttl="2s")
+    with caplog.at_level(logging.INFO, logger=NATS_LOGGER):
+        await again.start(CLOCK)
+    try:
+        assert window_of(await stream_config(nats_url, stream)) == (20, 20)
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert not await again.claim(fresh, instance_id="again", run_id="r5", timeout=2)
+    finally:
+        await again.stop()
+
+
+async def test_a_raise_keeps_a_longer_max_age_and_only_raises_what_is_short(
+    nats_url: str, prefix: str
+) -> None:
+    await create_stream(nats_url, claims_stream(prefix, duplicate_window=60, max_age=3600))
+    backend = NATSBackend(nats_url, prefix=prefix, slot_ttl="5m")
+    await backend.start(CLOCK)
+    await backend.stop()
+    assert window_of(await stream_config(nats_url, f"{prefix}-claims")) == (300, 3600)
+
+
+async def test_concurrent_raises_keep_the_longest_window(nats_url: str, prefix: str) -> None:
+    """NATS 2.9 has no conditional update: a stale, smaller raise can land after a larger one;
+    the instance whose raise was overwritten reads the stream again and raises it again."""
+    ttls = [5, 10, 15, 20, 25]
+    random.shuffle(ttls)
+    backends = [NATSBackend(nats_url, prefix=prefix, slot_ttl=ttl) for ttl in ttls]
+    # The stream exists with a short window, as after a fleet of 2 s instances.
+    await create_stream(nats_url, _claims_config(_Names(prefix), timedelta(seconds=2), 1))
+    await asyncio.gather(*(backend.start(CLOCK) for backend in backends))
+    try:
+        assert window_of(await stream_config(nats_url, f"{prefix}-claims")) == (25, 25)
+    finally:
+        await asyncio.gather(*(backend.stop() for backend in backends))
+
+
+@pytest.mark.slow
+async def test_a_rolling_deploy_that_raises_slot_ttl_runs_each_slot_once_and_never_stops(
+    nats_url: str, prefix: str
+) -> None:
+    """Two instances at slot_ttl 2 s are replaced one by one by instances at 20 s, a job every
+    second: every start succeeds, no slot runs twice, and the fleet keeps running."""
+    runs: Counter[int] = Counter()
+
+    async def tick(ctx: JobContext) -> None:
+        runs[ctx.slot_ms] += 1
+
+    def instance(name: str, slot_ttl: str, max_late: str) -> Scheduler[NATSBackend]:
+        backend = NATSBackend(nats_url, prefix=prefix, slot_ttl=slot_ttl)
+        scheduler = Scheduler(backend, instance_id=name, drain_timeout="2s")
+        scheduler.every("deploy.tick", "1s", tick, max_late=max_late)
+        return scheduler
+
+    old = [instance(f"old{i}", "2s", "1s") for i in range(2)]
+    new = [instance(f"new{i}", "20s", "5s") for i in range(2)]
+    for scheduler in old:
+        await scheduler.start()
+    first_ms = now_ms()
+    try:
+        for replaced, replacement in zip(old, new, strict=True):
+            await asyncio.sleep(1.5)
+            await replacement.start()  # refused before: the stream's window was 2 s
+            await asyncio.sleep(1.5)
+            await replaced.stop()
+        assert window_of(await stream_config(nats_url, f"{prefix}-claims")) == (20, 20)
+        await asyncio.sleep(2)
+    finally:
+        for scheduler in old + new:
+            await scheduler.stop()
+    last_ms = now_ms()
+    assert [slot for slot, count in runs.items() if count > 1] == []
+    # Someone ran (nearly) every slot: the fleet never stopped.
+    expected = range((first_ms // 1000 + 1) * 1000, (last_ms // 1000 - 1) * 1000, 1000)
+    missing = [slot for slot in expected if slot not in runs]
+    assert len(missing) <= 1, missing
+
+
+async def test_a_sealed_claims_stream_is_refused_and_not_raised(nats_url: str, prefix: str) -> None:
+    await create_stream(nats_url, claims_stream(prefix, duplicate_window=2, max_age=2), seal=True)
+    sealed = await stream_config(nats_url, f"{prefix}-claims")  # sealing clears max_age
+    backend = NATSBackend(nats_url, prefix=prefix, slot_ttl="20s")
+    with pytest.raises(ConfigurationError) as info:
+        await backend.start(CLOCK)
+    message = str(info.value)
+    assert info.value.option == "slot_ttl"
+    assert "duplicate_window is 2s, shorter than slot_ttl 20s" in message
+    assert "sealed is true" in message
+    assert await stream_config(nats_url, f"{prefix}-claims") == sealed
+
+
+async def test_a_raise_that_nats_refuses_keeps_the_refusal(
+    nats_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nats.js.errors import APIError
+    from nats.js.manager import JetStreamManager
+
+    async def refuse(self: JetStreamManager, config: StreamConfig, **_: Any) -> None:
+        raise APIError.from_error(
+            {"code": 503, "err_code": 10023, "description": "insufficient resources"}
+        )
+
+    # As created by brokersched with slot_ttl 2s: nothing else to update.
+    await create_stream(nats_url, _claims_config(_Names(prefix), timedelta(seconds=2), 1))
+    monkeypatch.setattr(JetStreamManager, "update_stream", refuse)
+    backend = NATSBackend(nats_url, prefix=prefix, slot_ttl="20s")
+    with pytest.raises(ConfigurationError) as info:
+        await backend.start(CLOCK)
+    message = str(info.value)
+    assert info.value.option == "slot_ttl"
+    assert f"stream '{prefix}-claims' cannot be used" in message
+    assert "duplicate_window is 2s, shorter than slot_ttl 20s" in message
+    assert f"nats stream edit {prefix}-claims --dupe-window 20s --max-age 20s" in message
+    assert "could not raise them itself: NATS answered" in message
+    assert "insufficient resources" in message
+
+
+async def test_a_user_who_may_not_update_streams_gets_the_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A denied publish gets no reply, only an -ERR: the update times out (shortened here)."""
+    monkeypatch.setattr(nats_backend, "_API_TIMEOUT_S", 0.5)
+    async with nats_server_denying_stream_updates(tmp_path / "store") as (admin, app):
+        prefix = "denied"
+        created = NATSBackend(admin, prefix=prefix, slot_ttl="2s")
+        await created.start(CLOCK)
+        await created.stop()
+        backend = NATSBackend(app, prefix=prefix, slot_ttl="20s")
+        with pytest.raises(ConfigurationError) as info:
+            await backend.start(CLOCK)
+        message = str(info.value)
+        assert "duplicate_window is 2s, shorter than slot_ttl 20s" in message
+        assert "permissions violation" in message
+        assert "apppw" not in message
+        assert window_of(await stream_config(admin, f"{prefix}-claims")) == (2, 2)
+        fits = NATSBackend(app, prefix=prefix, slot_ttl="2s")  # needs no update
+        await fits.start(CLOCK)
+        await fits.stop()

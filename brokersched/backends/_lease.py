@@ -254,7 +254,12 @@ def restart_attempt(
 
 
 def interrupted(
-    dead: DeadRun, now: datetime, *, restarted: bool, window_ms: int | None
+    dead: DeadRun,
+    now: datetime,
+    *,
+    restarted: bool,
+    window_ms: int | None,
+    max_attempts: int | None = None,
 ) -> RunRecord | None:
     """The history record a taker writes for ``dead``, or ``None`` for a hand-over (its runner
     recorded the run itself when it stopped). A dead runner cannot record its run, and a runner
@@ -270,6 +275,8 @@ def interrupted(
             f"; not restarted: it waited {format_duration(waited)} for a runner, longer than "
             f"its retry window ({format_duration(window)})"
         )
+    elif not restarted and max_attempts is not None and dead.attempt >= max_attempts:
+        error += f"; not restarted: max_attempts ({max_attempts}) reached"
     return RunRecord(
         job=dead.job,
         slot_ms=dead.slot_ms,

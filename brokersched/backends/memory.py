@@ -167,7 +167,13 @@ class MemoryBackend(LeaseBackendBase):
         window_ms = retry_window_ms(policy, self._lease_ttl)
         attempt = restart_attempt(dead, latest=latest, policy=policy, window_ms=window_ms)
         now = ms_to_datetime(self._now())
-        record = interrupted(dead, now, restarted=attempt is not None, window_ms=window_ms)
+        record = interrupted(
+            dead,
+            now,
+            restarted=attempt is not None,
+            window_ms=window_ms,
+            max_attempts=policy.max_attempts,
+        )
         if record is not None:
             self._append(policy, record)
         if attempt is None:

@@ -627,7 +627,11 @@ class PostgresBackend(SQLLeaseBackend):
                         continue
                     policy, window_ms = by_job[row["job"]], windows[row["job"]]
                     record = interrupted(
-                        _dead_run(row), now, restarted=row["restarted"], window_ms=window_ms
+                        _dead_run(row),
+                        now,
+                        restarted=row["restarted"],
+                        window_ms=window_ms,
+                        max_attempts=policy.max_attempts,
                     )
                     if record is not None:
                         await conn.execute(self._sql.record, *self._record_args(policy, record))

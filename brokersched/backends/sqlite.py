@@ -566,7 +566,13 @@ class SQLiteBackend(SQLLeaseBackend):
         key = {"job": dead.job, "slot_ms": dead.slot_ms}
         window_ms = retry_window_ms(policy, self._lease_ttl)
         attempt = restart_attempt(dead, latest=latest, policy=policy, window_ms=window_ms)
-        record = interrupted(dead, self._now(), restarted=attempt is not None, window_ms=window_ms)
+        record = interrupted(
+            dead,
+            self._now(),
+            restarted=attempt is not None,
+            window_ms=window_ms,
+            max_attempts=policy.max_attempts,
+        )
         if record is not None:
             await self._append(conn, policy, record)
         if attempt is None:

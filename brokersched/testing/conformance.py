@@ -374,8 +374,9 @@ class LeaseBackendSuite(_Suite[B]):
         assert await backend.take_over([policy], instance_id="i3") == []
         await self.expire(clock)
         assert await backend.take_over([policy], instance_id="i3") == []
-        outcomes = [(r.outcome, r.attempt) for r in await backend.history(policy, 10)]
-        assert outcomes == [("interrupted", 2), ("interrupted", 1)]
+        records = await backend.history(policy, 10)
+        assert [(r.outcome, r.attempt) for r in records] == [("interrupted", 2), ("interrupted", 1)]
+        assert "max_attempts (2) reached" in (records[0].error or "")  # why it stopped there
 
     @pytest.mark.asyncio
     async def test_max_attempts_one_never_restarts(self, fleet: Factory, clock: Clock) -> None:

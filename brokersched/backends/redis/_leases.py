@@ -173,7 +173,13 @@ class RedisLeaseBackend(LeaseBackendBase):
             attempt = restart_attempt(
                 dead, latest=is_latest(slot_ms, *latest), policy=policy, window_ms=window_ms
             )
-            record = interrupted(dead, now, restarted=attempt is not None, window_ms=window_ms)
+            record = interrupted(
+                dead,
+                now,
+                restarted=attempt is not None,
+                window_ms=window_ms,
+                max_attempts=policy.max_attempts,
+            )
             token = run_id = ""
             if attempt is not None:
                 token, run_id = new_token(), new_run_id()
