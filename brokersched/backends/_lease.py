@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import Literal, cast
 
 from .._clock import ms_to_datetime
-from .._durations import Duration, format_duration, parse_duration, to_ms
+from .._durations import Duration, format_duration, parse_duration, positive_duration, to_ms
 from .._exceptions import ClockSkewError, ConfigurationError
 from ..abc import (
     Capabilities,
@@ -82,14 +82,7 @@ def _duration(value: Duration, *, option: str, backend: str) -> timedelta:
 
 
 def check_lease_ttl(value: Duration, *, backend: str) -> timedelta:
-    lease_ttl = _duration(value, option="lease_ttl", backend=backend)
-    if lease_ttl <= timedelta(0):
-        raise ConfigurationError(
-            f"lease_ttl of {backend} must be greater than 0 (got {format_duration(lease_ttl)})",
-            option="lease_ttl",
-            backend=backend,
-        )
-    return lease_ttl
+    return positive_duration(value, option="lease_ttl", backend=backend)
 
 
 def check_max_clock_skew(value: Duration, *, backend: str) -> timedelta:

@@ -18,8 +18,10 @@ History: one file-storage stream (``<prefix>-history``, a subject per job) whose
 ``max_msgs_per_subject`` is the largest ``history_size`` of the jobs seen (NATS keeps one size
 for all jobs); reads are trimmed to each job's own size.
 
-Streams are created when missing and updated when a setting must grow; they are never deleted or
-recreated (that would forget claimed slots and allow double runs). An existing stream that cannot
+Streams are created when missing and updated when a setting must grow (the claims stream's
+duplicate_window and max_age grow to the longest ``slot_ttl`` that starts, never shrink:
+``NATSBackend._raise_claims_window``); they are never deleted or recreated (that would forget
+claimed slots and allow double runs). An existing stream that cannot
 work fails ``start()`` with a ``ConfigurationError`` that names each setting, its value and how to
 fix it (``_claims_problems``, ``_history_problems``). A restarted server rebuilds its duplicate
 table from the stored messages only, so claims must leave their stream by age alone: memory
@@ -790,7 +792,8 @@ class NATSBackend(ClaimBackend):
         Why raising is safe for the fleet: the scheduler calls ``start()``, then ``prepare()``,
         and only then arms its jobs, each at its next slot after *now* (``Scheduler._start``,
         ``_arm``); a claim-only instance never claims a slot from before its start. So every slot
-        this instance claims is first claimed, by anyone, after the raise, and every claim
+        this instance claims is first claimed, by anyone, after the raise (clocks agreeing to
+        better than the old window, as claim-only backends require anyway), and every claim
         message from then on is deduplicated under the longer window. JetStream purges a message
         id once its age reaches the window in force at purge time (an update re-runs the purge
         with the new window), so the raise also extends the ids stored before it; only ids

@@ -111,7 +111,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from .. import _redact
 from .._clock import Clock
-from .._durations import Duration, format_duration, parse_duration, to_ms
+from .._durations import Duration, format_duration, positive_duration, to_ms
 from .._exceptions import (
     BackendError,
     BackendUnavailableError,
@@ -520,8 +520,10 @@ class RabbitMQBackend(ClaimBackend):
         super().__init__()
         self._url = _check_url(url, self.name)
         self._secrets = _secrets(url, connect_options)
-        self._slot_ttl = _positive(slot_ttl, "slot_ttl", self.name)
-        self._claim_timeout = _positive(claim_timeout, "claim_timeout", self.name)
+        self._slot_ttl = positive_duration(slot_ttl, option="slot_ttl", backend=self.name)
+        self._claim_timeout = positive_duration(
+            claim_timeout, option="claim_timeout", backend=self.name
+        )
         self._prefix = _check_prefix(prefix, self.name)
         self._channel_count = _check_channels(channels, self.name)
         in_url = parse_qs(urlsplit(url).query)  # the URL may carry its own timeout etc.
@@ -1319,14 +1321,3 @@ def _check_prefix(prefix: object, backend: str) -> str:
             backend=backend,
         )
     return prefix
-
-
-def _positive(value: Duration, option: str, backend: str) -> timedelta:
-    result = parse_duration(value, name=option)
-    if result < timedelta(milliseconds=1):
-        raise ConfigurationError(
-            f"{option} ({value!r}) of {backend} must be at least 1ms",
-            option=option,
-            backend=backend,
-        )
-    return result

@@ -22,13 +22,12 @@ import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable, Generator, Mapping
-from datetime import timedelta
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ... import _redact
 from ..._clock import Clock, datetime_to_ms
-from ..._durations import Duration, parse_duration, to_ms
+from ..._durations import to_ms
 from ..._exceptions import (
     BackendError,
     BackendUnavailableError,
@@ -45,7 +44,6 @@ __all__ = [
     "history_entry",
     "history_key",
     "job_key",
-    "positive",
     "runs_key",
 ]
 
@@ -95,17 +93,6 @@ def history_key(prefix: str, job: str) -> str:
 
 
 # -- options -----------------------------------------------------------------------------------
-
-
-def positive(value: Duration, option: str, backend: str) -> timedelta:
-    result = parse_duration(value, name=option)
-    if result < timedelta(milliseconds=1):
-        raise ConfigurationError(
-            f"{option} ({value!r}) of {backend} must be at least 1ms",
-            option=option,
-            backend=backend,
-        )
-    return result
 
 
 def _check_prefix(prefix: object, backend: str) -> str:

@@ -35,10 +35,10 @@ from datetime import timedelta
 from typing import Any
 
 from ..._clock import Clock
-from ..._durations import Duration, format_duration, to_ms
+from ..._durations import Duration, format_duration, positive_duration, to_ms
 from ..._exceptions import BackendError
 from ...abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
-from ._base import RedisConnection, claim_key, positive
+from ._base import RedisConnection, claim_key
 
 __all__ = ["RedisBackend", "slot_memory_key"]
 
@@ -100,7 +100,7 @@ class RedisBackend(ClaimBackend):
         **client_options: Any,
     ) -> None:
         super().__init__()
-        self._slot_ttl = positive(slot_ttl, "slot_ttl", self.name)
+        self._slot_ttl = positive_duration(slot_ttl, option="slot_ttl", backend=self.name)
         self._memory: _Memory | None = None
         self._raising: asyncio.Lock = asyncio.Lock()
         # When (this instance's clock) the record was last read, as sent: a claim of a slot
