@@ -605,6 +605,8 @@ class Scheduler(Generic[B]):
             after = self.clock.now_ms() - job.settings.jitter_ms - 1
             if job.fired_ms is not None:
                 after = max(after, job.fired_ms)
+            if self._started_ms is not None:  # never a slot from before this start
+                after = max(after, self._started_ms)
         job.armed_ms = None
         self._arm(job, after_ms=after)
 

@@ -461,7 +461,7 @@ async def test_memory_claims_stream_is_refused_with_a_fix(nats_url: str, prefix:
     assert f"nats stream rm {prefix}-claims" in message
 
 
-async def test_short_duplicate_window_is_refused_not_changed(nats_url: str, prefix: str) -> None:
+async def test_short_duplicate_window_is_raised_to_slot_ttl(nats_url: str, prefix: str) -> None:
     await _create_stream(
         nats_url,
         StreamConfig(
@@ -472,11 +472,15 @@ async def test_short_duplicate_window_is_refused_not_changed(nats_url: str, pref
             max_age=60,
         ),
     )
-    with pytest.raises(ConfigurationError) as info:
-        await NATSBackend(nats_url, prefix=prefix, slot_ttl="5m").start(CLOCK)
-    assert info.value.option == "slot_ttl"
-    assert "duplicate_window is 1m, shorter than slot_ttl 5m" in str(info.value)
-    assert "--dupe-window 5m" in str(info.value)
+    longer = NATSBackend(nats_url, prefix=prefix, slot_ttl="5m")
+    await longer.start(CLOCK)
+    await longer.stop()
+    nc = await nats.connect(nats_url)
+    try:
+        claims = (await nc.jetstream().stream_info(f"{prefix}-claims")).config
+    finally:
+        await nc.close()
+    assert (claims.duplicate_window, claims.max_age) == (300, 300)
     # A backend whose slot_ttl fits the existing window works with it as it is.
     fits = NATSBackend(nats_url, prefix=prefix, slot_ttl="1m")
     await fits.start(CLOCK)

@@ -190,14 +190,16 @@ CLAIMS_REFUSED = [
         id="max_age_0",
     ),
     pytest.param(
-        {"max_age": 60, "duplicate_window": 60},
+        # A short window alone is raised by start(); with a setting it cannot fix, all refused.
+        {"max_age": 60, "duplicate_window": 60, "max_msgs": 1000},
         [
             "max_age is 1m, shorter than slot_ttl 5m",
             "duplicate_window is 1m, shorter than slot_ttl 5m",
             "--max-age 5m",
+            "max_msgs is 1000",
         ],
-        {"max_age": 300, "duplicate_window": 300},
-        id="short_max_age",
+        {"max_age": 300, "duplicate_window": 300, "max_msgs": -1},
+        id="short_max_age_with_max_msgs",
     ),
     pytest.param(
         {"no_ack": True},
