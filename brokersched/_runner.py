@@ -102,6 +102,8 @@ class Runner:
             self.skip(job, slot_ms, "paused")
             return None
         if not job.settings.claim:
+            if not self._still_wanted(job, reason):
+                return None  # stop() has begun (or the job is gone): nothing new starts
             if job.settings.policy.overlap == "skip" and job.runs:
                 self.skip(job, slot_ms, "overlap")
                 return None
@@ -229,7 +231,8 @@ class Runner:
             outcome, error = await self._run_handler(run)
             if run.abandoned:
                 return None  # stop() gave up waiting for it; the lease is left to expire
-            lost = lease is not None and ctx.abort_reason == "lock-lost"
+            # Lost while the handler ran (a timeout or a stop may have told it first).
+            lost = renewer is not None and renewer.lost
             if lease is not None and not lost:
                 # Only a run cut short at an await by a graceful stop is offered to another
                 # instance; a handler that returned or raised has done what it will do.
@@ -313,7 +316,7 @@ class Runner:
                 return
             except Exception as exc:
                 tries += 1
-                held = renewer is not None and not renewer.lost
+                held = renewer is not None and renewer.holding
                 if not held and tries > len(_RELEASE_RETRIES_S):
                     logger.error("could not release lease of %s: %s", lease.slot.key, exc)
                     return
@@ -396,26 +399,35 @@ class Runner:
         for run in list(self.runs):
             self.abort(run, "shutdown")
         await self.clock.wait(self.tasks.pending(), timeout_s)
-        cut = {run.task for run in self.runs if run.job.is_async and not run.task.done()}
-        for task in cut:
-            task.cancel()  # drain_timeout is over
-        await self.clock.wait(cut, _CUT_GRACE_S)  # their release and record
-        abandoned = [run for run in self.runs if not run.task.done()]
+        # drain_timeout is over: async handlers still going are cancelled; runs already past
+        # their handler (releasing, recording) are left alone. Both get a grace to finish.
+        graced = [run for run in self.runs if run.finishing or run.job.is_async]
+        for run in graced:
+            if not run.finishing:
+                run.task.cancel()
+        await self.clock.wait({run.task for run in graced}, _CUT_GRACE_S)
+        # Sync handlers still in their thread are abandoned: all marked before any await, so
+        # none of them records itself as well.
+        abandoned = [run for run in self.runs if not run.task.done() and not run.finishing]
         for run in abandoned:
             run.abandoned = True
+        for run in self.runs:
             if run.renewer is not None:
                 run.renewer.cancel()  # the lease expires; the slot is then taken over
+        before = self.tasks.pending()
+        for run in abandoned:
             detail = f"abandoned: still running after drain_timeout ({timeout_s:g}s)"
             if run.lease is None:
                 await self._finish(run.job, run, "interrupted", detail)
             else:  # the lease is left to expire; the instance that takes the slot over records it
                 detail += "; its lease expires and the slot is taken over"
                 await self._finish(run.job, run, "interrupted", detail, record=False)
+        await self.clock.wait(self.tasks.pending() - before, _CUT_GRACE_S)  # their listeners
         self.tasks.cancel_background()
         tasks = {run.task for run in abandoned}
         for task in self.tasks.pending():
             if task not in tasks:
-                task.cancel()  # a claim or a listener that did not answer in time
+                task.cancel()  # a claim, a record or a listener that did not answer in time
 
 
 class _Renewer:
@@ -440,7 +452,7 @@ class _Renewer:
         self._period_ms = max(self._ttl_ms // 3, 10)
         self._margin_ms = max(self._ttl_ms // 10, 5)
         self.lost = False
-        self._cancelled = False
+        self._cancelled = False  # released, or given up by stop()
         self._timer = self._clock.call_later(self._period_ms, self._due)
         self._deadline = self._lose_at(leased_ms)
 
@@ -478,6 +490,11 @@ class _Renewer:
         self._timer.cancel()
         self._deadline.cancel()
         self._runner.abort(self._run, "lock-lost")
+
+    @property
+    def holding(self) -> bool:
+        """Still keeping the lease: neither lost nor given up."""
+        return not (self.lost or self._cancelled)
 
     def cancel(self) -> None:
         self._cancelled = True

@@ -46,7 +46,7 @@ from ._typing import (
     LeaseCronOptions,
     LeaseEveryOptions,
 )
-from .abc import Backend, ClaimBackend, LeaseBackend, RunRecord
+from .abc import Backend, ClaimBackend, Lease, LeaseBackend, RunRecord
 from .backends.memory import MemoryBackend
 from .triggers.at import AtTrigger
 from .triggers.base import Trigger
@@ -158,6 +158,7 @@ class Scheduler(Generic[B]):
         self._refused: list[ConfigurationError] = []  # see collect_errors()
         self._started_ms: int | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._stopper: asyncio.Task[None] | None = None  # a stop() begun by a handler
 
     # -- registration ------------------------------------------------------------------------
 
@@ -459,7 +460,7 @@ class Scheduler(Generic[B]):
         self._started, self._stopping = True, False
         self._runner.stopping = False
         self._started_ms = self.clock.now_ms()
-        self._stopped.clear()
+        self._stopped = asyncio.Event()  # bound to this start's event loop, not the first one's
         for job in self._states():
             self._arm(job)
         if isinstance(self.backend, LeaseBackend):
@@ -468,7 +469,16 @@ class Scheduler(Generic[B]):
             self._schedule_sweep()
 
     async def stop(self) -> None:
-        """Disarm, abort running handlers (``shutdown``), drain up to ``drain_timeout``."""
+        """Disarm, abort running handlers (``shutdown``), drain up to ``drain_timeout``.
+
+        Called from a handler (or an event listener), it begins the stop and returns: the drain
+        waits for that handler, which is told ``shutdown`` like the others."""
+        if self._tasks.is_drained(asyncio.current_task()):
+            if self._started and not self._stopping:
+                self._stopper = asyncio.get_running_loop().create_task(
+                    self.stop(), name="brokersched:stop"
+                )
+            return
         async with self._lifecycle:  # a second caller waits for the first one's drain
             if self._started:
                 await self._stop()
@@ -510,11 +520,13 @@ class Scheduler(Generic[B]):
         drain. A backend that cannot be reached at start is one error line and exit status 3."""
         loop = asyncio.get_running_loop()
         requested = asyncio.Event()
-        installed: list[signal.Signals] = []
+        installed: dict[signal.Signals, Any] = {}  # signal -> the handler it had before
 
         def restore() -> None:
-            for signum in installed:
+            for signum, previous in installed.items():
                 loop.remove_signal_handler(signum)
+                if previous is not None:
+                    signal.signal(signum, previous)
             installed.clear()
 
         def on_signal(signum: signal.Signals) -> None:
@@ -524,8 +536,9 @@ class Scheduler(Generic[B]):
 
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGINT, signal.SIGTERM):
+                previous = signal.getsignal(signum)
                 loop.add_signal_handler(signum, on_signal, signum)
-                installed.append(signum)
+                installed[signum] = previous
         try:
             try:
                 await self.start()
@@ -679,11 +692,16 @@ class Scheduler(Generic[B]):
             return
         for lease in leases:
             handle = self._jobs.get(lease.job)
-            if handle is None or self._stopping:
+            if handle is None or self._stopping or self._running_here(handle._state, lease):
+                # A sync handler whose lease was lost may still be running here: not twice.
                 await self._runner.release(lease, handover=True)
                 continue
             run = self._runner.execute(handle._state, lease.slot_ms, lease, leased_ms=leased_ms)
             self._spawn(run, name=f"retry:{lease.job}")
+
+    @staticmethod
+    def _running_here(job: JobState, lease: Lease) -> bool:
+        return any(run.ctx.slot_ms == lease.slot_ms for run in job.runs.values())
 
     # -- manual runs -----------------------------------------------------------------------
 

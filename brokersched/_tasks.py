@@ -35,6 +35,10 @@ class TaskSet:
         """The drained tasks not finished yet."""
         return {task for task in self._drained if not task.done()}
 
+    def is_drained(self, task: asyncio.Task[Any] | None) -> bool:
+        """Whether ``task`` is one that ``stop()`` waits for."""
+        return task in self._drained
+
     def cancel_background(self) -> None:
         for task in self._background:
             task.cancel()
