@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from ._context import JobContext
+from ._exceptions import ConfigurationError
 from ._options import JobOptions, JobSettings
 from .abc import Lease
 from .triggers.base import Trigger
 
-__all__ = ["Handler", "JobState", "Run"]
+__all__ = ["Handler", "JobState", "Run", "check_handler"]
 
 Handler: TypeAlias = Callable[[JobContext], Awaitable[None]] | Callable[[JobContext], None]
 
@@ -23,6 +24,34 @@ def is_async_handler(handler: object) -> bool:
         return True
     call = getattr(handler, "__call__", None)  # noqa: B004 - an object with an async __call__
     return inspect.iscoroutinefunction(call)
+
+
+def check_handler(job: str, handler: object) -> None:
+    """Refuse a handler that cannot be called with one positional argument, the ``JobContext``
+    (``def cleanup(): ...`` would fail every run with a ``TypeError``). A callable without an
+    inspectable signature (some builtins and C extensions) is accepted as it is."""
+    if not callable(handler):
+        raise ConfigurationError(
+            f"job '{job}': handler {handler!r} is not callable; pass a function that takes the "
+            "JobContext: `def handler(ctx: JobContext) -> None`",
+            option="handler",
+            job=job,
+        )
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None)
+    except TypeError:
+        shown = getattr(handler, "__qualname__", None) or repr(handler)
+        raise ConfigurationError(
+            f"job '{job}': handler {shown}{signature} cannot be called with the JobContext: it "
+            "must accept exactly one positional argument (`def handler(ctx: JobContext)`, or "
+            "`async def`); other parameters need defaults",
+            option="handler",
+            job=job,
+        ) from None
 
 
 @dataclass(slots=True, eq=False)

@@ -255,7 +255,7 @@ class Runner:
         try:
             with run_span(run.ctx) as span:
                 outcome, error = await self._call(run)
-                finish_span(span, outcome, error)
+                finish_span(span, outcome, error, run.exception)
                 return outcome, error
         finally:
             run.finishing = True  # from here on, abort() leaves the run alone

@@ -26,7 +26,7 @@ from ._clock import Clock, SystemClock, Timer, ms_to_datetime
 from ._durations import Duration, parse_duration, to_ms
 from ._events import ClaimEvent, EventName, Events, RunEvent, SkipEvent, StartEvent
 from ._exceptions import BackendError, ConfigurationError
-from ._job import Handler, JobState
+from ._job import Handler, JobState, check_handler
 from ._options import (
     JobOptions,
     JobSettings,
@@ -286,13 +286,14 @@ class Scheduler(Generic[B]):
             self._refused.extend(exc.all_errors)
             return _unchanged if handler is None else None  # type: ignore[return-value]
 
-        def add(function: Handler) -> Job:
-            if not callable(function):
-                raise ConfigurationError(
-                    f"job '{name}': handler {function!r} is not callable",
-                    option="handler",
-                    job=name,
-                )
+        def add(function: Handler) -> Job | None:
+            try:
+                check_handler(name, function)
+            except ConfigurationError as exc:
+                if not _COLLECTING.get():
+                    raise
+                self._refused.append(exc)
+                return None
             if name in self._jobs:
                 raise ConfigurationError(f"job name '{name}' is taken", option="name", job=name)
             state = JobState(name, kind, trigger, function, settings, job_options, make_trigger)
@@ -302,7 +303,7 @@ class Scheduler(Generic[B]):
             return job
 
         if handler is not None:
-            return add(handler)
+            return add(handler)  # type: ignore[return-value]  # None only while collecting
 
         def decorator(function: H) -> H:
             add(function)

@@ -37,9 +37,15 @@ def run_span(ctx: JobContext) -> Iterator[Any]:
         yield span
 
 
-def finish_span(span: Any, outcome: str, error: str | None) -> None:
+def finish_span(
+    span: Any, outcome: str, error: str | None, exception: BaseException | None = None
+) -> None:
+    """Set the outcome; a handler's exception is recorded on the span (an ``exception`` event
+    with its type, message and stack, which error trackers read)."""
     if span is None or trace is None:
         return
     span.set_attribute("brokersched.outcome", outcome)
+    if exception is not None:
+        span.record_exception(exception)
     if outcome != "completed":
         span.set_status(trace.Status(trace.StatusCode.ERROR, error))

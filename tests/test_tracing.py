@@ -50,3 +50,23 @@ async def test_each_run_is_a_span_with_its_outcome() -> None:
     assert bad.attributes["brokersched.outcome"] == "failed"
     assert bad.status.status_code is StatusCode.ERROR
     assert bad.status.description == "ValueError: nope"
+
+
+async def test_a_handler_exception_is_recorded_on_its_span() -> None:
+    EXPORTER.clear()
+    clock = TestClock("2027-01-15T08:00:30+00:00")
+    sched = Scheduler(MemoryBackend(), clock=clock, jitter=0)
+
+    def broken(ctx: JobContext) -> None:
+        raise RuntimeError("database is down")
+
+    sched.every("broken", "1m", broken)
+    async with sched:
+        await clock.advance("1m")
+    (span,) = EXPORTER.get_finished_spans()
+    (event,) = span.events
+    assert event.name == "exception"
+    assert event.attributes is not None
+    assert event.attributes["exception.type"] == "RuntimeError"
+    assert event.attributes["exception.message"] == "database is down"
+    assert "in broken" in str(event.attributes["exception.stacktrace"])
