@@ -139,6 +139,7 @@ class Scheduler(Generic[B]):
         check_scheduler_options(self.options, self.backend.capabilities, self.backend.name)
         self.clock: Clock = clock or SystemClock()
         self.instance_id = self.options.instance_id or _default_instance_id()
+        self._identity_pid = os.getpid()  # the process instance_id and the jitter RNG belong to
         self._jobs: dict[str, Job] = {}
         self._heap: list[tuple[int, int, int, JobState]] = []  # (due_ms, seq, slot_ms, job)
         self._seq = itertools.count()
@@ -449,7 +450,19 @@ class Scheduler(Generic[B]):
                 )
             raise
 
+    def _own_identity(self) -> None:
+        """A scheduler made before a fork (``gunicorn --preload``, ``multiprocessing``) gets an
+        identity of its own in each process: its ``instance_id`` (unless one was given) and its
+        jitter, so pre-forked workers neither share a name nor fire at the same instant."""
+        if self._identity_pid == os.getpid():
+            return
+        self._identity_pid = os.getpid()
+        if self.options.instance_id is None:
+            self.instance_id = self._runner.instance_id = _default_instance_id()
+        self._random = random.Random()  # seeded afresh from os.urandom
+
     async def _start(self) -> None:
+        self._own_identity()
         cancels = cancel_requests()
         await self.backend.start(self.clock)
         try:
