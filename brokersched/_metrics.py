@@ -19,6 +19,8 @@ Series (``job`` is capped, see ``max_jobs``):
 - ``brokersched_last_success_timestamp_seconds{job}``: when a run last completed here (Unix
   time on the scheduler's clock); alert on ``time() - ...`` growing
 - ``brokersched_claim_duration_seconds{backend}``: how long claims took (histogram)
+- ``brokersched_records_dropped_total{job}``: run records never written to the backend (it was
+  away while ``record_buffer`` records waited, or ``stop()`` could not write them in time)
 
 The registry: by default a new ``CollectorRegistry`` of its own, so that several schedulers
 (or tests) in one process never collide on metric names; ``metrics.registry`` is what to serve.
@@ -109,6 +111,12 @@ class PrometheusMetrics:
             ["job"],
             **into,
         )
+        self.records_dropped = prom.Counter(
+            "brokersched_records_dropped",
+            "Run records never written to the backend.",
+            ["job"],
+            **into,
+        )
         self.claim_duration = prom.Histogram(
             "brokersched_claim_duration_seconds",
             "How long claims took, by backend.",
@@ -159,6 +167,9 @@ class PrometheusMetrics:
         scheduler.on("fail", on_finish)
         scheduler.on("skip", on_skip)
         scheduler.on("claim", self._observe_claim)
+        scheduler._recorder.on_drop.append(
+            lambda record: self.records_dropped.labels(self.job_label(record.job)).inc()
+        )
         return self
 
     def _declare(self, label: str) -> None:

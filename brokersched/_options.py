@@ -58,6 +58,7 @@ class SchedulerOptions(BaseModel):
     history_ttl: DurationOption | None = None
     drain_timeout: DurationOption = timedelta(seconds=10)
     instance_id: str | None = Field(default=None, min_length=1, max_length=200)
+    record_buffer: int = Field(default=1000, ge=1)
 
 
 class JobOptions(BaseModel):

@@ -12,6 +12,7 @@ from ._durations import format_duration, to_ms
 from ._events import ClaimEvent, Events, RunEvent, SkipEvent, SkipReason, StartEvent
 from ._exceptions import BackendError, ClockSkewError
 from ._job import JobState, Run
+from ._recorder import Recorder
 from ._tasks import TaskSet
 from ._tracing import finish_span, run_span
 from .abc import (
@@ -51,10 +52,17 @@ class Runner:
     """Claims and runs slots for one scheduler: the life of a slot from its timer on."""
 
     def __init__(
-        self, clock: Clock, backend: Backend, instance_id: str, events: Events, tasks: TaskSet
+        self,
+        clock: Clock,
+        backend: Backend,
+        instance_id: str,
+        events: Events,
+        tasks: TaskSet,
+        recorder: Recorder,
     ) -> None:
         self.clock = clock
         self.backend = backend
+        self.recorder = recorder
         self.instance_id = instance_id
         self.events = events
         self.tasks = tasks
@@ -342,11 +350,8 @@ class Runner:
             outcome=outcome,
             error=error,
         )
-        try:
-            if record:
-                await self.backend.record(job.settings.policy, entry)
-        except Exception as exc:
-            logger.warning("could not record run %s of %s: %s", ctx.run_id, job.name, exc)
+        if record:
+            self.recorder.put(job.settings.policy, entry)  # written in the background, in order
         if outcome == "completed":
             job.last_ok_ms = finished_ms
         self._log(entry, duration_ms, run.started_ms - ctx.slot_ms, run.exception)

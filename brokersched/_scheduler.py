@@ -37,6 +37,7 @@ from ._options import (
     parse_scheduler_options,
     resolve_job,
 )
+from ._recorder import Recorder
 from ._tasks import TaskSet, cancel_requests, raise_if_cancelled_since
 from ._typing import (
     ClaimAtOptions,
@@ -65,6 +66,12 @@ OnRun = Callable[[RunEvent], Awaitable[None] | None]
 OnClaim = Callable[[ClaimEvent], Awaitable[None] | None]
 
 logger = logging.getLogger("brokersched")
+
+# stop() writes the run records still waiting for what is left of drain_timeout plus this grace
+# (a record being written as drain_timeout ends is not cut, as a run releasing its lease is not).
+_FLUSH_GRACE_S = 2.0
+# job.history() first waits this long at most for the records being written.
+_HISTORY_WAIT_S = 5.0
 
 
 _COLLECTING: ContextVar[bool] = ContextVar("brokersched_collecting", default=False)
@@ -108,6 +115,7 @@ class Scheduler(Generic[B]):
         history_size: int = ...,
         history_ttl: Duration | None = ...,
         drain_timeout: Duration = ...,
+        record_buffer: int = ...,
         instance_id: str | None = ...,
         clock: Clock | None = ...,
     ) -> None: ...
@@ -122,6 +130,7 @@ class Scheduler(Generic[B]):
         history_size: int = ...,
         history_ttl: Duration | None = ...,
         drain_timeout: Duration = ...,
+        record_buffer: int = ...,
         instance_id: str | None = ...,
         clock: Clock | None = ...,
     ) -> None: ...
@@ -153,8 +162,9 @@ class Scheduler(Generic[B]):
         self._stopped = asyncio.Event()
         self._lifecycle = asyncio.Lock()
         self._events = Events(self._tasks)
+        self._recorder = Recorder(self.clock, self.backend, self.options.record_buffer)
         self._runner = _runner.Runner(
-            self.clock, self.backend, self.instance_id, self._events, self._tasks
+            self.clock, self.backend, self.instance_id, self._events, self._tasks, self._recorder
         )
         self._refused: list[ConfigurationError] = []  # see collect_errors()
         self._started_ms: int | None = None
@@ -506,10 +516,14 @@ class Scheduler(Generic[B]):
         self._heap.clear()
         for job in self._states():
             job.armed_ms = None
+        drain_s = self.options.drain_timeout.total_seconds()
+        began_ms = self.clock.monotonic_ms()
         try:
-            await self._runner.drain(self.options.drain_timeout.total_seconds())
+            await self._runner.drain(drain_s)
         finally:
             try:
+                left_s = drain_s - (self.clock.monotonic_ms() - began_ms) / 1000
+                await self._recorder.flush(max(left_s, 0) + _FLUSH_GRACE_S)
                 await self.backend.stop()
             except Exception:
                 logger.exception("backend %s failed to stop cleanly", self.backend.name)
@@ -816,7 +830,9 @@ class Job:
 
     async def history(self, limit: int = 20) -> list[RunRecord]:
         """The job's recorded runs, newest first, at most ``limit``."""
-        backend: Backend = self._scheduler.backend
+        scheduler = self._scheduler
+        await scheduler._recorder.wait_written(_HISTORY_WAIT_S)
+        backend: Backend = scheduler.backend
         return await backend.history(self._state.settings.policy, limit)
 
     def describe(self) -> str:
