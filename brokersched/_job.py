@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -14,9 +15,13 @@ from ._options import JobOptions, JobSettings
 from .abc import Lease
 from .triggers.base import Trigger
 
-__all__ = ["Handler", "JobState", "Run", "check_handler"]
+__all__ = ["AroundRun", "Handler", "JobState", "Run", "call_sync", "check_handler"]
 
 Handler: TypeAlias = Callable[[JobContext], Awaitable[None]] | Callable[[JobContext], None]
+AroundRun: TypeAlias = Callable[[JobContext], AbstractContextManager[object]]
+"""``Scheduler(around_run=...)``: a context manager made for each run and entered around its
+handler, in the thread the handler runs in (a worker thread for a sync handler, the event loop
+for an async one)."""
 
 
 def is_async_handler(handler: object) -> bool:
@@ -52,6 +57,16 @@ def check_handler(job: str, handler: object) -> None:
             option="handler",
             job=job,
         ) from None
+
+
+def call_sync(handler: Handler, ctx: JobContext, around: AroundRun | None) -> None:
+    """A sync handler's run, in its worker thread: ``around`` (if any) is entered here too, so
+    that thread-bound resources (Django's database connections) are the handler's own."""
+    if around is None:
+        handler(ctx)
+        return
+    with around(ctx):
+        handler(ctx)
 
 
 @dataclass(slots=True, eq=False)

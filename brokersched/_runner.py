@@ -11,7 +11,7 @@ from ._context import AbortReason, JobContext
 from ._durations import format_duration, to_ms
 from ._events import ClaimEvent, Events, RunEvent, SkipEvent, SkipReason, StartEvent
 from ._exceptions import BackendError, ClockSkewError
-from ._job import JobState, Run
+from ._job import AroundRun, JobState, Run, call_sync
 from ._recorder import Recorder
 from ._tasks import TaskSet
 from ._tracing import finish_span, run_span
@@ -67,6 +67,7 @@ class Runner:
         self.events = events
         self.tasks = tasks
         self.runs: set[Run] = set()
+        self.around_run: AroundRun | None = None  # Scheduler(around_run=...)
         self.stopping = False  # drain() has begun: nothing new runs
 
     def skip(
@@ -276,9 +277,13 @@ class Runner:
         try:
             if job.is_async:
                 with self.clock.blocking():  # a handler may wait on anything (TestClock settles)
-                    await job.handler(ctx)  # type: ignore[misc]
+                    if self.around_run is None:
+                        await job.handler(ctx)  # type: ignore[misc]
+                    else:
+                        with self.around_run(ctx):
+                            await job.handler(ctx)  # type: ignore[misc]
             else:
-                await asyncio.to_thread(job.handler, ctx)
+                await asyncio.to_thread(call_sync, job.handler, ctx, self.around_run)
         except asyncio.CancelledError:
             if ctx.abort_reason is None:
                 raise  # not ours: the task itself is being cancelled

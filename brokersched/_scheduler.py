@@ -15,18 +15,18 @@ import signal
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
 from contextvars import ContextVar
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Generic, Literal, Self, TypeVar, Unpack, overload
+from typing import Any, Generic, Literal, Self, TypeAlias, TypeVar, Unpack, overload
 
 from . import _runner
 from ._clock import Clock, SystemClock, Timer, ms_to_datetime
 from ._durations import Duration, parse_duration, to_ms
 from ._events import ClaimEvent, EventName, Events, RunEvent, SkipEvent, StartEvent
 from ._exceptions import BackendError, ConfigurationError
-from ._job import Handler, JobState, check_handler
+from ._job import AroundRun, Handler, JobState, check_handler
 from ._options import (
     JobOptions,
     JobSettings,
@@ -59,6 +59,10 @@ __all__ = ["Job", "Scheduler"]
 B = TypeVar("B", bound=Backend)
 LB = TypeVar("LB", bound=LeaseBackend)
 H = TypeVar("H", bound=Handler)
+T = TypeVar("T")
+Lifespan: TypeAlias = Callable[["Scheduler[Any]"], AbstractAsyncContextManager[object]]
+"""``Scheduler(lifespan=...)``: called with the scheduler, entered by ``start()`` before the
+backend connects and exited after ``stop()`` (as Starlette's ``lifespan``)."""
 # Listeners, per event (concrete types, so that a lambda's parameter is typed too).
 OnSkip = Callable[[SkipEvent], Awaitable[None] | None]
 OnStart = Callable[[StartEvent], Awaitable[None] | None]
@@ -93,6 +97,15 @@ def _unchanged(function: H) -> H:
     return function
 
 
+def _callable_or_none(value: T, option: str) -> T:
+    if value is not None and not callable(value):
+        raise ConfigurationError(
+            f"Scheduler: {option} {value!r} is not callable; pass a function, or None",
+            option=option,
+        )
+    return value
+
+
 def _default_instance_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
 
@@ -118,6 +131,8 @@ class Scheduler(Generic[B]):
         record_buffer: int = ...,
         instance_id: str | None = ...,
         clock: Clock | None = ...,
+        lifespan: Lifespan | None = ...,
+        around_run: AroundRun | None = ...,
     ) -> None: ...
     @overload
     def __init__(
@@ -133,8 +148,18 @@ class Scheduler(Generic[B]):
         record_buffer: int = ...,
         instance_id: str | None = ...,
         clock: Clock | None = ...,
+        lifespan: Lifespan | None = ...,
+        around_run: AroundRun | None = ...,
     ) -> None: ...
-    def __init__(self, backend: Any = None, *, clock: Clock | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        backend: Any = None,
+        *,
+        clock: Clock | None = None,
+        lifespan: Lifespan | None = None,
+        around_run: AroundRun | None = None,
+        **options: Any,
+    ) -> None:
         # Scheduler() is a Scheduler[MemoryBackend] (see the overloads)
         self.backend: B = MemoryBackend() if backend is None else backend  # type: ignore[assignment]
         if not isinstance(self.backend, ClaimBackend | LeaseBackend):
@@ -166,6 +191,9 @@ class Scheduler(Generic[B]):
         self._runner = _runner.Runner(
             self.clock, self.backend, self.instance_id, self._events, self._tasks, self._recorder
         )
+        self._runner.around_run = _callable_or_none(around_run, "around_run")
+        self._lifespan = _callable_or_none(lifespan, "lifespan")
+        self._lifespan_exit: AsyncExitStack | None = None  # the lifespan entered, until stop()
         self._refused: list[ConfigurationError] = []  # see collect_errors()
         self._started_ms: int | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -441,10 +469,30 @@ class Scheduler(Generic[B]):
                     "the scheduler is started already: call start() once (or use "
                     "`async with scheduler`, not both), and stop() before starting it again"
                 )
-            await self._start()
+            await self._enter_lifespan()
+            try:
+                await self._start()
+            except BaseException as exc:
+                await self._exit_lifespan(exc)
+                raise
             self._watcher = asyncio.get_running_loop().create_task(
                 self._watch_exit(), name="brokersched:unstopped"
             )
+
+    async def _enter_lifespan(self) -> None:
+        if self._lifespan is None:
+            return
+        stack = AsyncExitStack()
+        await stack.enter_async_context(self._lifespan(self))
+        self._lifespan_exit = stack
+
+    async def _exit_lifespan(self, exc: BaseException | None = None) -> None:
+        stack, self._lifespan_exit = self._lifespan_exit, None
+        if stack is not None:
+            if exc is None:
+                await stack.aclose()
+            else:
+                await stack.__aexit__(type(exc), exc, exc.__traceback__)
 
     async def _watch_exit(self) -> None:
         """Says so when the event loop ends while the scheduler runs: ``asyncio.run()`` cancels
@@ -529,7 +577,10 @@ class Scheduler(Generic[B]):
                 logger.exception("backend %s failed to stop cleanly", self.backend.name)
             finally:
                 self._started = self._stopping = False
-                self._stopped.set()
+                try:
+                    await self._exit_lifespan()
+                finally:
+                    self._stopped.set()
 
     async def wait_stopped(self) -> None:
         """Wait until ``stop()`` has finished."""
