@@ -18,6 +18,7 @@ from ._exceptions import (
     ConfigurationError,
 )
 from ._scheduler import Job, Scheduler
+from ._thread import SchedulerThread
 from .abc import RunRecord
 from .backends.memory import MemoryBackend
 from .triggers.cron import parse_cron
@@ -53,6 +54,7 @@ __all__ = [
     "RunRecord",
     "SQLiteBackend",
     "Scheduler",
+    "SchedulerThread",
     "SkipEvent",
     "StartEvent",
     "parse_cron",

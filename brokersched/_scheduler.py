@@ -39,6 +39,7 @@ from ._options import (
 )
 from ._recorder import Recorder
 from ._tasks import TaskSet, cancel_requests, raise_if_cancelled_since
+from ._thread import SchedulerThread
 from ._typing import (
     ClaimAtOptions,
     ClaimCronOptions,
@@ -637,6 +638,16 @@ class Scheduler(Generic[B]):
                 await self.stop()
         finally:
             restore()
+
+    def start_in_thread(self, *, name: str = "brokersched") -> SchedulerThread:
+        """Start the scheduler on an event loop of its own, in a new thread, for code without
+        an event loop; returns once it has started (or raises its start error). Stop it with
+        the handle's ``stop()``, or use the handle as a context manager::
+
+            with scheduler.start_in_thread():
+                serve_forever()
+        """
+        return SchedulerThread(self, name=name).start()
 
     async def __aenter__(self) -> Self:
         await self.start()

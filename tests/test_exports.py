@@ -25,6 +25,7 @@ def test_all_is_the_public_surface() -> None:
         "RunRecord",
         "SQLiteBackend",
         "Scheduler",
+        "SchedulerThread",
         "SkipEvent",
         "StartEvent",
         "parse_cron",

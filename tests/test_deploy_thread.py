@@ -1,0 +1,109 @@
+"""``scheduler.start_in_thread()``: a scheduler for code without an event loop. These tests are
+plain sync functions, as such applications are (real time, bounded waits: about 2 s)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brokersched import BackendUnavailableError, JobContext, MemoryBackend, Scheduler
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_scheduler_runs_in_its_own_thread_until_stopped() -> None:
+    sched = Scheduler(jitter=0)
+    ran = threading.Event()
+    threads: list[str] = []
+
+    @sched.every("tick", "100ms", claim=False)
+    def tick(ctx: JobContext) -> None:
+        threads.append(threading.current_thread().name)
+        ran.set()
+
+    handle = sched.start_in_thread()
+    try:
+        assert handle.running and handle.thread.is_alive() and not handle.thread.daemon
+        assert ran.wait(5), "the job did not run within 5 s"
+    finally:
+        handle.stop()
+    assert not handle.thread.is_alive()
+    assert not sched.running
+    assert threads[0].startswith("brokersched-handler")  # sync handlers: a worker thread
+
+
+def test_the_handle_is_a_context_manager_and_runs_coroutines_from_sync_code() -> None:
+    sched = Scheduler(jitter=0)
+    loops: list[int] = []
+
+    @sched.every("report", "1h")
+    async def report(ctx: JobContext) -> None:
+        loops.append(threading.get_ident())
+
+    job = sched.get("report")
+    assert job is not None
+    with sched.start_in_thread() as handle:
+        record = handle.run(job.trigger(), timeout=5)
+        history = handle.run(job.history(5), timeout=5)
+    assert record is not None and record.outcome == "completed"
+    assert [entry.run_id for entry in history] == [record.run_id]
+    assert loops == [handle.thread.ident]  # async handlers: the thread's event loop
+    assert not handle.thread.is_alive()
+
+
+def test_the_start_error_is_raised_to_the_caller_and_the_lifespan_runs_in_the_thread() -> None:
+    class Unreachable(MemoryBackend):
+        async def start(self, clock: Any) -> None:
+            raise BackendUnavailableError("cannot connect to the broker")
+
+    where: list[str] = []
+
+    @asynccontextmanager
+    async def lifespan(scheduler: Scheduler[Any]) -> AsyncIterator[None]:
+        where.append(threading.current_thread().name)
+        yield
+
+    sched = Scheduler(Unreachable(), lifespan=lifespan)
+    with pytest.raises(BackendUnavailableError, match="cannot connect"):
+        sched.start_in_thread(name="sched")
+    assert where == ["sched"]
+    assert [t for t in threading.enumerate() if t.name == "sched"] == []
+
+
+def test_a_program_that_forgets_stop_still_exits_after_a_drain() -> None:
+    script = textwrap.dedent(
+        """
+        import threading, time
+        from brokersched import Scheduler
+
+        scheduler = Scheduler(jitter=0, drain_timeout="5s")
+        started = threading.Event()
+
+        @scheduler.every("slow", "100ms", claim=False)
+        def slow(ctx):
+            started.set()
+            while ctx.abort_reason is None:
+                time.sleep(0.01)
+            print("told", ctx.abort_reason, flush=True)
+
+        scheduler.start_in_thread()
+        started.wait(5)
+        print("main ends", flush=True)
+        """
+    )
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["main ends", "told shutdown"]
+    assert time.monotonic() - began < 10
