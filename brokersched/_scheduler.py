@@ -75,6 +75,8 @@ logger = logging.getLogger("brokersched")
 # stop() writes the run records still waiting for what is left of drain_timeout plus this grace
 # (a record being written as drain_timeout ends is not cut, as a run releasing its lease is not).
 _FLUSH_GRACE_S = 2.0
+# start(wait=False): the waits between attempts to reach the backend.
+_CONNECT_RETRIES_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 # job.history() first waits this long at most for the records being written.
 _HISTORY_WAIT_S = 5.0
 
@@ -197,6 +199,8 @@ class Scheduler(Generic[B]):
         self._lifespan_exit: AsyncExitStack | None = None  # the lifespan entered, until stop()
         self._refused: list[ConfigurationError] = []  # see collect_errors()
         self._started_ms: int | None = None
+        self._start_requested_ms: int | None = None
+        self._connecting: asyncio.Task[None] | None = None  # start(wait=False)'s attempts
         self._watcher: asyncio.Task[None] | None = None
         self._stopper: asyncio.Task[None] | None = None  # a stop() begun by a handler
 
@@ -450,11 +454,14 @@ class Scheduler(Generic[B]):
         """
         now = self.clock.now_ms()
         late: list[Job] = []
+        # Not connected yet (start(wait=False)): every job misses its slots since the start.
+        connecting = not self._started and self._connecting is not None
+        since = self._start_requested_ms if connecting else self._started_ms
         for job in self._jobs.values():
             state = job._state
-            if state.paused or state.armed_ms is None or self._started_ms is None:
+            if state.paused or since is None or (state.armed_ms is None and not connecting):
                 continue
-            first = state.schedule.next_ms(max(state.last_ok_ms or 0, self._started_ms))
+            first = state.schedule.next_ms(max(state.last_ok_ms or 0, since))
             second = state.schedule.next_ms(first) if first is not None else None
             if second is not None and now > second + state.settings.max_late_ms:
                 late.append(job)
@@ -462,23 +469,69 @@ class Scheduler(Generic[B]):
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Connect the backend and arm every job."""
+    async def start(self, *, wait: bool = True) -> None:
+        """Enter the lifespan, connect the backend and arm every job.
+
+        ``wait=False`` returns once the lifespan is entered and connects in the background,
+        retrying an unreachable backend (0.5 s, 1 s, 2 s, ... then every 30 s) until it
+        answers: a web app starts while its broker is down. Until then ``ready`` is false, no
+        slot runs (never one unclaimed), ``trigger()`` is refused and ``overdue()`` lists the
+        jobs whose slots are being missed. ``stop()`` ends the attempts."""
         async with self._lifecycle:
-            if self._started:
+            if self._started or self._connecting is not None:
                 raise RuntimeError(
                     "the scheduler is started already: call start() once (or use "
                     "`async with scheduler`, not both), and stop() before starting it again"
                 )
+            self._stopped = asyncio.Event()  # bound to this start's event loop
+            self._start_requested_ms = self.clock.now_ms()
             await self._enter_lifespan()
-            try:
-                await self._start()
-            except BaseException as exc:
-                await self._exit_lifespan(exc)
-                raise
+            if wait:
+                try:
+                    await self._start()
+                except BaseException as exc:
+                    await self._exit_lifespan(exc)
+                    raise
+            else:
+                self._connecting = asyncio.get_running_loop().create_task(
+                    self._connect(), name="brokersched:connect"
+                )
             self._watcher = asyncio.get_running_loop().create_task(
                 self._watch_exit(), name="brokersched:unstopped"
             )
+
+    async def _connect(self) -> None:
+        """``start(wait=False)``'s attempts, until the backend answers or ``stop()``."""
+        delays = itertools.chain(_CONNECT_RETRIES_S, itertools.repeat(_CONNECT_RETRIES_S[-1]))
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                await self._start()
+            except BackendError as exc:
+                delay = next(delays)
+                logger.warning(
+                    "backend %s not reachable (attempt %d): %s; retrying in %gs; no job runs "
+                    "until it answers",
+                    self.backend.name,
+                    attempts,
+                    exc,
+                    delay,
+                )
+                await self.clock.sleep(delay)
+                continue
+            except Exception:  # not an outage (a missing extra, a bug): retrying would not help
+                logger.exception("cannot start: backend %s; not retried", self.backend.name)
+                return
+            if attempts > 1:
+                logger.info("backend %s answered: started", self.backend.name)
+            return
+
+    @property
+    def ready(self) -> bool:
+        """Connected and running: false while ``start(wait=False)`` still tries to reach the
+        backend, and once ``stop()`` has begun (the base of a readiness probe)."""
+        return self.running
 
     async def _enter_lifespan(self) -> None:
         if self._lifespan is None:
@@ -533,7 +586,6 @@ class Scheduler(Generic[B]):
         self._started, self._stopping = True, False
         self._runner.stopping = False
         self._started_ms = self.clock.now_ms()
-        self._stopped = asyncio.Event()  # bound to this start's event loop, not the first one's
         for job in self._states():
             self._arm(job)
         if isinstance(self.backend, LeaseBackend):
@@ -552,9 +604,26 @@ class Scheduler(Generic[B]):
                     self.stop(), name="brokersched:stop"
                 )
             return
+        await self._stop_connecting()
         async with self._lifecycle:  # a second caller waits for the first one's drain
             if self._started:
                 await self._stop()
+
+    async def _stop_connecting(self) -> None:
+        """End ``start(wait=False)``'s attempts; if none succeeded, leave the lifespan here."""
+        connecting = self._connecting
+        if connecting is None:
+            return
+        connecting.cancel()
+        await asyncio.gather(connecting, return_exceptions=True)
+        if self._connecting is not connecting:
+            return  # another stop() has done it meanwhile
+        self._connecting = None
+        if not self._started:
+            try:
+                await self._exit_lifespan()
+            finally:
+                self._stopped.set()
 
     async def _stop(self) -> None:
         self._stopping = True
@@ -585,7 +654,7 @@ class Scheduler(Generic[B]):
 
     async def wait_stopped(self) -> None:
         """Wait until ``stop()`` has finished."""
-        if not self._started and not self._stopped.is_set():
+        if not self._started and self._connecting is None and not self._stopped.is_set():
             raise RuntimeError(
                 "wait_stopped() before start() would wait for ever: start the scheduler first "
                 "(`async with scheduler: await scheduler.wait_stopped()`)"
@@ -797,10 +866,12 @@ class Scheduler(Generic[B]):
 
     async def _run_manual(self, job: JobState) -> RunRecord | None:
         if not self._started or self._stopping:
-            raise RuntimeError(
-                f"cannot trigger job '{job.name}': the scheduler is not running "
-                "(start it first: async with scheduler)"
+            why = (
+                "the backend is not reachable yet (start(wait=False) is still trying)"
+                if self._connecting is not None and not self._stopping
+                else "the scheduler is not running (start it first: async with scheduler)"
             )
+            raise RuntimeError(f"cannot trigger job '{job.name}': {why}")
         task = self._spawn(
             self._runner.run_slot(job, self.clock.now_ms(), "manual"), name=f"manual:{job.name}"
         )

@@ -75,8 +75,11 @@ def refresh_cache(ctx: JobContext) -> None:
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     # wait=False: the app serves (and /health says 503) while the backend is still unreachable
-    async with scheduler:
+    await scheduler.start(wait=False)
+    try:
         yield
+    finally:
+        await scheduler.stop()  # drains running jobs (drain_timeout < gunicorn's graceful_timeout)
 
 
 app = FastAPI(lifespan=lifespan)
@@ -85,6 +88,11 @@ app = FastAPI(lifespan=lifespan)
 @app.get("/health")
 def health(response: Response) -> dict[str, Any]:
     overdue = [job.name for job in scheduler.overdue()]
-    if overdue or not scheduler.running:
+    if overdue or not scheduler.ready:
         response.status_code = 503
-    return {"instance_id": scheduler.instance_id, "pid": os.getpid(), "overdue": overdue}
+    return {
+        "ready": scheduler.ready,
+        "overdue": overdue,
+        "instance_id": scheduler.instance_id,
+        "pid": os.getpid(),
+    }
