@@ -134,7 +134,12 @@ def test_run_serves_the_api_and_the_dashboard() -> None:
         assert match is not None, line
         url = match.group(0)
         with httpx.Client(base_url=url, timeout=10) as http:
-            # PAGE-CHECK
+            page = http.get("")
+            assert page.status_code == 200 and '<table id="jobs">' in page.text
+            assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+            script = http.get("dashboard.js")
+            assert script.headers["content-type"].startswith("text/javascript")
+            assert "new EventSource(" in script.text
             jobs = http.get("jobs").json()
             assert [job["name"] for job in jobs["jobs"]] == ["outbox.flush", "report:daily$eu"]
             assert "sk-live-do-not-show" not in json.dumps(jobs)
