@@ -371,3 +371,22 @@ async def test_the_host_application_may_authorise_instead(scheduler: Scheduler[A
     assert (alice.status_code, mallory.status_code, forged.status_code) == (200, 401, 403)
     job = scheduler.get("outbox.flush")
     assert job is not None and job.paused
+
+
+async def test_mounted_in_a_host_application(
+    scheduler: Scheduler[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from starlette.applications import Starlette
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    host = Starlette()
+    host.mount("/scheduler", create_app(scheduler, authorize=lambda r: "x-admin" in r.headers))
+    async with client(host) as api:
+        page = await api.get("/scheduler/")
+        listed = await api.get("/scheduler/jobs")
+        origin = {"X-Admin": "1", "Origin": "http://testserver"}
+        paused = await api.post("/scheduler/jobs/outbox.flush/pause", headers=origin)
+        refused = await api.post("/scheduler/jobs/outbox.flush/resume")
+    assert page.status_code == 200 and 'src="dashboard.js"' in page.text  # relative: mountable
+    assert [job["name"] for job in listed.json()["jobs"]] == ["outbox.flush", ODD]
+    assert (paused.status_code, refused.status_code) == (200, 401)
