@@ -933,6 +933,11 @@ class Job:
         """Whether a run of this job is going on this instance."""
         return bool(self._state.runs)
 
+    @property
+    def paused(self) -> bool:
+        """Whether ``pause()`` stopped arming this job's slots on this instance."""
+        return self._state.paused
+
     def pause(self) -> None:
         """Stop arming slots on this instance (other instances are not affected)."""
         self._state.paused = True

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from ._events import Event
+    from .web._serve import HTTPServer
 
 __all__ = ["cli", "load_scheduler", "main"]
 
@@ -332,18 +333,53 @@ def _log_options(function: Callable[..., None]) -> Callable[..., None]:
     help="Serve Prometheus metrics on this port (0: any free port, logged at start).",
 )
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--http",
+    "http",
+    metavar="HOST:PORT",
+    help="Serve the admin API and dashboard (brokersched[web]), e.g. 127.0.0.1:8080; "
+    "another address than loopback needs BROKERSCHED_ADMIN_TOKEN.",
+)
 @_log_options
 def run(
-    app: str, metrics_port: int | None, metrics_host: str, log_format: LogFormat, log_level: str
+    app: str,
+    metrics_port: int | None,
+    metrics_host: str,
+    http: str | None,
+    log_format: LogFormat,
+    log_level: str,
 ) -> None:
     """Run the scheduler until SIGINT or SIGTERM, then drain running jobs."""
     configure_logging(log_format, log_level)
     scheduler = load_scheduler(app)
     metrics = (metrics_host, metrics_port) if metrics_port is not None else None
-    _run_async(_serve(scheduler, metrics))
+    web = _admin_server(scheduler, http) if http is not None else None
+    _run_async(_serve(scheduler, metrics, web))
 
 
-async def _serve(scheduler: Scheduler[Any], metrics: tuple[str, int] | None) -> None:
+def _admin_server(scheduler: Scheduler[Any], address: str) -> HTTPServer:
+    try:
+        from .web._serve import HTTPServer, parse_address
+    except ImportError as exc:
+        raise CLIError(f"--http needs {exc.name}: pip install 'brokersched[web]'") from None
+    try:
+        return HTTPServer(scheduler, *parse_address(address))
+    except ConfigurationError as exc:
+        raise CLIError(str(exc)) from None
+
+
+async def _start_admin(web: HTTPServer) -> None:
+    try:
+        url = await web.start()
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise CLIError(f"cannot serve --http {web.address}: {why}") from None
+    logger.info("serving the admin API and dashboard on %s", url, extra={"http_url": url})
+
+
+async def _serve(
+    scheduler: Scheduler[Any], metrics: tuple[str, int] | None, web: HTTPServer | None = None
+) -> None:
     stop = asyncio.Event()
 
     def on_signal(signum: int) -> None:
@@ -359,6 +395,8 @@ async def _serve(scheduler: Scheduler[Any], metrics: tuple[str, int] | None) -> 
         loop.add_signal_handler(signum, on_signal, signum)
     server = _serve_metrics(scheduler, *metrics) if metrics is not None else None
     try:
+        if web is not None:
+            await _start_admin(web)
         await scheduler.start()
         _log_started(scheduler)
         stopped = asyncio.ensure_future(scheduler.wait_stopped())
@@ -373,6 +411,8 @@ async def _serve(scheduler: Scheduler[Any], metrics: tuple[str, int] | None) -> 
         await scheduler.stop()
         logger.info("stopped")
     finally:
+        if web is not None:
+            await web.stop()
         if server is not None:
             server.shutdown()
             server.server_close()

@@ -1,0 +1,94 @@
+"""Who may change a scheduler through the admin app: the bearer token (or the host
+application's own check), and only from a same-origin page or a client that is not a browser."""
+
+from __future__ import annotations
+
+import inspect
+import secrets
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from .._exceptions import ConfigurationError
+
+__all__ = ["MIN_TOKEN_LENGTH", "Authorize", "Guard"]
+
+Authorize = Callable[[Request], bool | Awaitable[bool]]
+MIN_TOKEN_LENGTH = 16
+
+# A request from the dashboard itself, or from a client that is not a browser page (curl).
+_SAME_SITE = {"same-origin", "none"}
+
+
+class Guard:
+    """Checks a mutating request; ``refuse()`` returns the error response, or ``None``."""
+
+    def __init__(self, token: str | None, authorize: Authorize | None) -> None:
+        if token is not None and len(token) < MIN_TOKEN_LENGTH:
+            raise ConfigurationError(
+                f"the admin token is too short ({len(token)} characters); use at least "
+                f"{MIN_TOKEN_LENGTH}, e.g. python -c 'import secrets; "
+                "print(secrets.token_urlsafe(32))'",
+                option="token",
+            )
+        self._token = token.encode() if token else None
+        self._authorize = authorize
+
+    @property
+    def configured(self) -> bool:
+        return self._token is not None or self._authorize is not None
+
+    async def refuse(self, request: Request) -> JSONResponse | None:
+        if why := _cross_site(request):
+            return JSONResponse({"error": f"cross-site request refused: {why}"}, status_code=403)
+        if not self.configured:
+            return JSONResponse(
+                {
+                    "error": "changes are disabled: no admin token is configured (set "
+                    "BROKERSCHED_ADMIN_TOKEN, or pass token= or authorize= to create_app)"
+                },
+                status_code=403,
+            )
+        if self._token_matches(request) or await self._host_allows(request):
+            return None
+        return JSONResponse(
+            {"error": "missing or wrong admin token (send Authorization: Bearer <token>)"},
+            status_code=401,
+            headers={"WWW-Authenticate": 'Bearer realm="brokersched"'},
+        )
+
+    def _token_matches(self, request: Request) -> bool:
+        if self._token is None:
+            return False
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return secrets.compare_digest(given.strip().encode(), self._token)
+
+    async def _host_allows(self, request: Request) -> bool:
+        if self._authorize is None:
+            return False
+        allowed = self._authorize(request)
+        if inspect.isawaitable(allowed):
+            allowed = await allowed
+        return allowed is True
+
+
+def _cross_site(request: Request) -> str | None:
+    """Why a browser sent this request from another site, or ``None``.
+
+    Browsers send ``Sec-Fetch-Site`` (and ``Origin`` on a POST) themselves, and a page cannot
+    forge them; clients that are not browsers send neither and are judged by the token alone.
+    """
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in _SAME_SITE:
+        return f"Sec-Fetch-Site is {site!r}"
+    origin = request.headers.get("origin")
+    if origin is None:
+        return None
+    host = request.headers.get("host", "")
+    if origin == "null" or urlsplit(origin).netloc.lower() != host.lower():
+        return f"Origin {origin!r} does not match Host {host!r}"
+    return None

@@ -1,0 +1,118 @@
+"""The live event stream (Server-Sent Events): every client has a bounded queue that the
+scheduler's listeners fill; a client too slow to keep up is cut off (its browser reconnects and
+reloads the state), and a client that goes away is removed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .._events import Event, RunEvent, SkipEvent, StartEvent
+from .._redact import redact_text
+from .._scheduler import Scheduler
+
+__all__ = ["EventHub", "event_json"]
+
+QUEUE_SIZE = 256
+KEEPALIVE_S = 15.0  # a comment line now and then: a proxy keeps the stream, a dead peer shows
+RETRY_MS = 2000
+
+
+def event_json(kind: str, event: Event, instance_id: str) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "type": kind,
+        "job": event.job,
+        "slot_ms": event.slot_ms,
+        "instance_id": instance_id,
+    }
+    if isinstance(event, SkipEvent):
+        data["reason"] = event.reason
+        data["detail"] = redact_text(event.detail) if event.detail else None
+    elif isinstance(event, StartEvent | RunEvent):
+        data.update(run_id=event.run_id, reason=event.reason, attempt=event.attempt)
+        if isinstance(event, RunEvent):
+            data.update(
+                outcome=event.outcome,
+                error=redact_text(event.error) if event.error else None,
+                duration_ms=event.duration_ms,
+            )
+    return data
+
+
+class _Client:
+    __slots__ = ("cut", "loop", "queue")
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue(QUEUE_SIZE)
+        self.cut = False
+
+    def put(self, message: str) -> None:
+        if self.cut:
+            return
+        try:
+            self.queue.put_nowait(message)
+        except asyncio.QueueFull:
+            self.end()  # too slow: the stream ends, the browser reconnects and reloads
+
+    def end(self) -> None:
+        self.cut = True
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        self.queue.put_nowait(None)
+
+
+class EventHub:
+    """Listens to one scheduler's ``skip``/``start``/``complete``/``fail`` events and fans them
+    out to the connected clients."""
+
+    def __init__(self, scheduler: Scheduler[Any]) -> None:
+        self._instance_id = scheduler.instance_id
+        self._clients: set[_Client] = set()
+        scheduler.on("skip", lambda event: self._publish("skip", event))
+        scheduler.on("start", lambda event: self._publish("start", event))
+        scheduler.on("complete", lambda event: self._publish("complete", event))
+        scheduler.on("fail", lambda event: self._publish("fail", event))
+
+    @property
+    def clients(self) -> int:
+        return len(self._clients)
+
+    def close(self) -> None:
+        """End every stream (the server is stopping)."""
+        for client in self._clients:
+            client.end()
+
+    def _publish(self, kind: str, event: Event) -> None:
+        data = json.dumps(event_json(kind, event, self._instance_id), separators=(",", ":"))
+        message = f"event: {kind}\ndata: {data}\n\n"
+        for client in list(self._clients):
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if client.loop is running:
+                client.put(message)
+            else:  # the scheduler runs in another thread's loop (start_in_thread)
+                client.loop.call_soon_threadsafe(client.put, message)
+
+    async def stream(self) -> AsyncIterator[str]:
+        """One client's stream, until it goes away (the server cancels this generator) or
+        falls too far behind."""
+        client = _Client()
+        self._clients.add(client)
+        try:
+            yield f"retry: {RETRY_MS}\n: connected\n\n"
+            while True:
+                try:
+                    message = await asyncio.wait_for(client.queue.get(), KEEPALIVE_S)
+                except TimeoutError:
+                    yield ": keepalive\n\n"
+                    continue
+                if message is None:
+                    return
+                yield message
+        finally:
+            self._clients.discard(client)

@@ -1,0 +1,113 @@
+"""What the admin API shows of a job, a run and a scheduler, as JSON: nothing of a job's
+``data``, and no URL or error message that has not been through ``redact``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from .._clock import datetime_to_ms, ms_to_datetime
+from .._durations import format_duration
+from .._redact import MASK, redact_text
+from .._scheduler import Job, Scheduler
+from .._timezones import timezone_name
+from ..abc import Backend, RunRecord
+from ..triggers.cron import CronTrigger
+
+__all__ = ["backend_text", "job_json", "job_state", "record_json", "timeline_slots"]
+
+JobState = Literal["armed", "paused", "running", "idle"]
+MAX_TIMELINE_SLOTS = 500
+
+
+def iso(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def backend_text(scheduler: Scheduler[Any]) -> str:
+    backend: Backend = scheduler.backend
+    if "__repr__" not in vars(type(backend)):  # no useful repr: the class name will do
+        return f"{backend.name}()"
+    return redact_text(repr(backend))
+
+
+def job_state(scheduler: Scheduler[Any], job: Job) -> JobState:
+    """``running`` (a run is going on here), ``paused`` (here), ``armed`` (waiting for its next
+    slot) or ``idle`` (the scheduler is not running, or the schedule has ended)."""
+    if job.is_running:
+        return "running"
+    if job.paused:
+        return "paused"
+    return "armed" if scheduler.running and job.next_run is not None else "idle"
+
+
+def _options(scheduler: Scheduler[Any], job: Job) -> dict[str, Any]:
+    """The options that decide how a slot runs, resolved against the defaults; ``data`` only
+    says that there is some."""
+    settings = job.settings
+    options: dict[str, Any] = {
+        "jitter": format_duration(timedelta(milliseconds=settings.jitter_ms)),
+        "max_late": format_duration(timedelta(milliseconds=settings.max_late_ms)),
+        "timeout": format_duration(settings.timeout) if settings.timeout else None,
+        "claim": settings.claim,
+        "history_size": settings.policy.history_size,
+    }
+    if scheduler.backend.capabilities.leases:
+        options["overlap"] = settings.policy.overlap
+        options["max_attempts"] = settings.policy.max_attempts
+        options["catch_up"] = format_duration(timedelta(milliseconds=settings.catch_up_ms))
+    if settings.data is not None:
+        options["data"] = MASK
+    return options
+
+
+def job_json(
+    scheduler: Scheduler[Any], job: Job, last: RunRecord | None, *, runs: int = 5
+) -> dict[str, Any]:
+    schedule = job.schedule
+    zone = schedule.timezone if isinstance(schedule, CronTrigger) else UTC
+    return {
+        "name": job.name,
+        "kind": job.kind,
+        "schedule": job.describe(),
+        "zone": timezone_name(zone),
+        "options": _options(scheduler, job),
+        "state": job_state(scheduler, job),
+        "next_runs": [iso(when) for when in job.next_runs(runs)],
+        "last": record_json(last) if last is not None else None,
+    }
+
+
+def record_json(record: RunRecord) -> dict[str, Any]:
+    return {
+        "job": record.job,
+        "slot_ms": record.slot_ms,
+        "slot": iso(ms_to_datetime(record.slot_ms)),
+        "run_id": record.run_id,
+        "instance_id": record.instance_id,
+        "reason": record.reason,
+        "attempt": record.attempt,
+        "started_at": iso(record.started_at),
+        "finished_at": iso(record.finished_at) if record.finished_at else None,
+        "late_ms": datetime_to_ms(record.started_at) - record.slot_ms,
+        "outcome": record.outcome,
+        "error": redact_text(record.error) if record.error else None,
+    }
+
+
+def timeline_slots(job: Job, records: list[RunRecord], now_ms: int) -> list[int]:
+    """The schedule's slots from the oldest record's to the last one that should have run by
+    now (``max_late`` ago): the timeline shows those nobody ran as missed."""
+    scheduled = [r.slot_ms for r in records if r.reason != "manual"]
+    if not scheduled:
+        return []
+    until = now_ms - job.settings.max_late_ms
+    start = min(scheduled) - 1
+    if (gap := job.schedule.min_gap()) is not None:  # old records: the latest slots only
+        start = max(start, until - MAX_TIMELINE_SLOTS * (gap // timedelta(milliseconds=1)))
+    slots: list[int] = []
+    slot = job.schedule.next_ms(start)
+    while slot is not None and slot <= until:
+        slots.append(slot)
+        slot = job.schedule.next_ms(slot)
+    return slots[-MAX_TIMELINE_SLOTS:]

@@ -1,0 +1,392 @@
+"""The admin API (``brokersched.web``) through httpx's ASGI transport, against real schedulers
+on the embedded backend in virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from starlette.requests import Request
+from starlette.routing import Route
+
+from brokersched import ConfigurationError, JobContext, MemoryBackend, RabbitMQBackend, Scheduler
+from brokersched.backends.memory import MemoryStore
+from brokersched.testing import TestClock
+from brokersched.web import TOKEN_ENV, create_app
+
+TOKEN = "test-admin-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+START = "2026-03-02T12:00:00+00:00"
+ODD = "report:daily$eu"  # a valid job name that is not URL-safe: ':' and '$'
+SECRET = "sk-live-do-not-show"
+
+
+@pytest.fixture
+def clock() -> TestClock:
+    return TestClock(START)
+
+
+async def noop(ctx: JobContext) -> None:
+    pass
+
+
+def build(clock: TestClock, store: MemoryStore | None = None, name: str = "a") -> Scheduler[Any]:
+    scheduler = Scheduler(
+        MemoryBackend(store=store), clock=clock, jitter=0, instance_id=f"instance-{name}"
+    )
+    scheduler.every("outbox.flush", "1m", noop, timeout="30s", data={"api_key": SECRET})
+    scheduler.cron(ODD, "0 8 * * *", noop, timezone="Europe/Paris")
+    return scheduler
+
+
+@pytest.fixture
+async def scheduler(clock: TestClock) -> AsyncIterator[Scheduler[Any]]:
+    async with build(clock) as scheduler:
+        yield scheduler
+
+
+def client(app: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
+
+
+@pytest.fixture
+async def api(scheduler: Scheduler[Any]) -> AsyncIterator[httpx.AsyncClient]:
+    async with client(create_app(scheduler, token=TOKEN)) as http:
+        yield http
+
+
+# -- reading -------------------------------------------------------------------------------
+
+
+async def test_jobs_lists_schedule_options_state_next_runs_and_last_outcome(
+    clock: TestClock, api: httpx.AsyncClient
+) -> None:
+    await clock.advance("1m")  # the 12:01 slot runs
+    body = (await api.get("/jobs")).json()
+    assert body["instance_id"] == "instance-a"
+    assert body["running"] is True and body["changes_enabled"] is True
+    flush, report = body["jobs"]
+    assert (flush["name"], flush["kind"], flush["schedule"], flush["zone"]) == (
+        "outbox.flush",
+        "every",
+        "every 1m",
+        "UTC",
+    )
+    assert flush["state"] == "armed"
+    assert flush["next_runs"][:2] == ["2026-03-02T12:02:00.000Z", "2026-03-02T12:03:00.000Z"]
+    assert flush["options"]["timeout"] == "30s" and flush["options"]["overlap"] == "skip"
+    assert flush["options"]["data"] == "***"
+    last = flush["last"]
+    assert (last["outcome"], last["slot"], last["instance_id"]) == (
+        "completed",
+        "2026-03-02T12:01:00.000Z",
+        "instance-a",
+    )
+    assert (report["name"], report["zone"], report["last"]) == (ODD, "Europe/Paris", None)
+    assert report["next_runs"][0] == "2026-03-03T07:00:00.000Z"  # 08:00 in Paris (CET)
+
+
+async def test_a_job_by_its_percent_encoded_name(api: httpx.AsyncClient) -> None:
+    response = await api.get("/jobs/report%3Adaily%24eu")
+    assert response.status_code == 200
+    assert response.json()["name"] == ODD
+    assert len(response.json()["next_runs"]) == 10
+    history = await api.get("/jobs/report%3Adaily%24eu/history")
+    assert history.status_code == 200 and history.json()["records"] == []
+
+
+@pytest.mark.parametrize("path", ["/jobs/nope", "/jobs/nope/history", "/jobs/a%2Fb"])
+async def test_an_unknown_job_is_a_404_that_says_so(api: httpx.AsyncClient, path: str) -> None:
+    response = await api.get(path)
+    assert response.status_code == 404
+    error = response.json()["error"]
+    if "%2F" in path:  # a '/' is never in a job name: no route has that shape
+        assert error == "no such route: GET /jobs/a/b"
+    else:
+        assert error == f"no job named 'nope' (jobs: outbox.flush, {ODD})"
+
+
+async def test_an_unknown_job_is_a_404_for_changes_too(api: httpx.AsyncClient) -> None:
+    response = await api.post("/jobs/nope/pause", headers=AUTH)
+    assert response.status_code == 404
+    assert response.json()["error"].startswith("no job named 'nope'")
+
+
+async def test_history_shows_every_instance_lateness_and_missed_slots(clock: TestClock) -> None:
+    store = MemoryStore()
+    async with build(clock, store, "a") as one, build(clock, store, "b") as two:
+        await clock.advance("3m")  # 12:01, 12:02, 12:03: each on one of the two
+        for scheduler in (one, two):
+            job = scheduler.get("outbox.flush")
+            assert job is not None
+            job.pause()
+        await clock.advance("1m30s")  # 12:04: nobody runs it
+        for scheduler in (one, two):
+            job = scheduler.get("outbox.flush")
+            assert job is not None
+            job.resume()
+        await clock.advance("2m")  # 12:05, 12:06; now 12:06:30
+        async with client(create_app(one)) as api:
+            body = (await api.get("/jobs/outbox.flush/history", params={"limit": 10})).json()
+    records = body["records"]
+    ran = sorted(r["slot_ms"] for r in records)
+    assert len(ran) == 5 and len(set(ran)) == 5  # each slot once
+    assert {r["instance_id"] for r in records} <= {"instance-a", "instance-b"}
+    assert all(r["late_ms"] >= 0 and r["outcome"] == "completed" for r in records)
+    # 12:06 is still within max_late (60s): not yet "should have run"
+    minute = 60_000
+    first = ran[0]
+    assert body["slots"] == [first + n * minute for n in range(5)]
+    missed = set(body["slots"]) - set(ran)
+    assert missed == {first + 3 * minute}  # 12:04
+
+
+async def test_history_refuses_a_bad_limit(api: httpx.AsyncClient) -> None:
+    for limit in ("0", "abc", "1001", "-1"):
+        response = await api.get("/jobs/outbox.flush/history", params={"limit": limit})
+        assert response.status_code == 400
+        assert response.json()["error"] == (
+            f"limit '{limit}' is invalid: use a whole number from 1 to 1000"
+        )
+
+
+async def test_errors_and_the_backend_are_redacted(clock: TestClock) -> None:
+    async def leaky(ctx: JobContext) -> None:
+        raise RuntimeError("cannot reach postgresql://app:hunter2-pw@db.internal/orders")
+
+    scheduler = Scheduler(MemoryBackend(), clock=clock, jitter=0)
+    scheduler.every("leaky", "1m", leaky, data={"token": SECRET})
+    async with scheduler, client(create_app(scheduler)) as api:
+        await clock.advance("1m")
+        texts = [
+            (await api.get(path)).text for path in ("/jobs", "/jobs/leaky", "/jobs/leaky/history")
+        ]
+    for text in texts:
+        assert "hunter2-pw" not in text and SECRET not in text
+    record = json.loads(texts[2])["records"][0]
+    assert record["outcome"] == "failed"
+    assert record["error"] == "RuntimeError: cannot reach postgresql://app:***@db.internal/orders"
+
+
+async def test_a_broker_url_is_shown_without_its_password() -> None:
+    backend = RabbitMQBackend("amqp://app:hunter2-pw@127.0.0.1:5672/")  # never connected
+    scheduler = Scheduler(backend)
+    scheduler.every("tick", "1m", noop)
+    async with client(create_app(scheduler)) as api:
+        body = (await api.get("/jobs")).json()
+    assert "hunter2-pw" not in json.dumps(body)
+    assert "amqp://app:***@127.0.0.1:5672/" in body["backend"]
+    assert body["running"] is False and body["jobs"][0]["state"] == "idle"
+    assert "overlap" not in body["jobs"][0]["options"]  # a claim-only backend: no lease options
+
+
+async def test_health_is_degraded_with_the_overdue_jobs(clock: TestClock) -> None:
+    release = asyncio.Event()
+
+    async def stuck(ctx: JobContext) -> None:
+        await release.wait()  # holds its lease: the next slots are skipped (overlap)
+
+    scheduler = Scheduler(MemoryBackend(), clock=clock, jitter=0)
+    scheduler.every("stuck", "1m", stuck)
+    scheduler.every("fine", "1m", noop)
+    async with scheduler, client(create_app(scheduler)) as api:
+        assert (await api.get("/health")).json()["status"] == "ok"
+        await clock.advance("4m")
+        response = await api.get("/health")
+        release.set()
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "degraded"
+    assert [job["job"] for job in body["overdue"]] == ["stuck"]
+    assert body["overdue"][0]["state"] == "running"
+    async with client(create_app(scheduler)) as api:
+        stopped = await api.get("/health")
+    assert (stopped.status_code, stopped.json()["status"]) == (503, "stopped")
+
+
+async def test_openapi_describes_every_route(api: httpx.AsyncClient) -> None:
+    schema = (await api.get("/openapi.json")).json()
+    assert schema["openapi"].startswith("3.")
+    app = create_app(Scheduler())
+    api_routes = {
+        (route.path, method.lower())
+        for route in app.routes
+        if isinstance(route, Route) and route.path.startswith(("/jobs", "/health", "/events"))
+        for method in (route.methods or set()) - {"HEAD"}
+    }
+    described = {(path, method) for path, item in schema["paths"].items() for method in item}
+    assert described == api_routes
+    for path in ("/jobs/{name}/trigger", "/jobs/{name}/pause", "/jobs/{name}/resume"):
+        assert schema["paths"][path]["post"]["security"] == [{"bearer": []}]
+
+
+async def test_unknown_routes_and_methods_answer_in_json(api: httpx.AsyncClient) -> None:
+    missing = await api.get("/nothing")
+    assert (missing.status_code, missing.json()) == (404, {"error": "no such route: GET /nothing"})
+    wrong = await api.get("/jobs/outbox.flush/trigger")
+    assert wrong.status_code == 405
+    assert wrong.json() == {"error": "GET is not allowed on /jobs/outbox.flush/trigger"}
+
+
+# -- changing: the token, the origin -------------------------------------------------------
+
+
+@pytest.mark.parametrize("action", ["trigger", "pause", "resume"])
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": TOKEN}],
+    ids=["no token", "wrong token", "no Bearer scheme"],
+)
+async def test_changes_need_the_token(
+    scheduler: Scheduler[Any], api: httpx.AsyncClient, action: str, headers: dict[str, str]
+) -> None:
+    response = await api.post(f"/jobs/outbox.flush/{action}", headers=headers)
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == 'Bearer realm="brokersched"'
+    assert response.json()["error"] == (
+        "missing or wrong admin token (send Authorization: Bearer <token>)"
+    )
+    job = scheduler.get("outbox.flush")
+    assert job is not None and not job.paused
+    assert await job.history() == []  # nothing ran
+
+
+@pytest.mark.parametrize(
+    ("headers", "why"),
+    [
+        ({"Origin": "http://evil.example"}, "Origin 'http://evil.example' does not match Host"),
+        ({"Origin": "null"}, "Origin 'null' does not match Host"),
+        ({"Origin": "http://testserver:8080"}, "Origin 'http://testserver:8080' does not match"),
+        ({"Sec-Fetch-Site": "cross-site"}, "Sec-Fetch-Site is 'cross-site'"),
+        ({"Sec-Fetch-Site": "same-site"}, "Sec-Fetch-Site is 'same-site'"),
+    ],
+)
+async def test_cross_site_changes_are_refused_even_with_the_token(
+    scheduler: Scheduler[Any], api: httpx.AsyncClient, headers: dict[str, str], why: str
+) -> None:
+    response = await api.post("/jobs/outbox.flush/pause", headers={**AUTH, **headers})
+    assert response.status_code == 403
+    assert response.json()["error"].startswith(f"cross-site request refused: {why}")
+    job = scheduler.get("outbox.flush")
+    assert job is not None and not job.paused
+
+
+async def test_pause_and_resume_are_for_this_instance(
+    clock: TestClock, scheduler: Scheduler[Any], api: httpx.AsyncClient
+) -> None:
+    same_origin = {**AUTH, "Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"}
+    paused = await api.post("/jobs/outbox.flush/pause", headers=same_origin)
+    assert paused.status_code == 200
+    assert paused.json() == {
+        "job": "outbox.flush",
+        "state": "paused",
+        "scope": "this instance only (instance-a); other instances are not affected",
+    }
+    job = scheduler.get("outbox.flush")
+    assert job is not None and job.paused
+    await clock.advance("2m")
+    assert await job.history() == []
+    assert (await api.get("/jobs/outbox.flush")).json()["state"] == "paused"
+    resumed = await api.post("/jobs/outbox.flush/resume", headers=AUTH)
+    assert resumed.json()["state"] == "armed"
+    await clock.advance("1m")
+    # 12:02 (resumed at 12:02:00, its window still open) and 12:03
+    assert [f"{r.started_at:%H:%M}" for r in await job.history()] == ["12:03", "12:02"]
+
+
+async def test_trigger_runs_through_the_claim_in_the_background(
+    clock: TestClock, scheduler: Scheduler[Any], api: httpx.AsyncClient
+) -> None:
+    response = await api.post(
+        f"/jobs/{ODD.replace(':', '%3A').replace('$', '%24')}/trigger", headers=AUTH
+    )
+    assert response.status_code == 202
+    assert response.json()["accepted"] is True
+    await clock.settle()
+    job = scheduler.get(ODD)
+    assert job is not None
+    (record,) = await job.history()
+    assert (record.reason, record.outcome, record.instance_id) == (
+        "manual",
+        "completed",
+        "instance-a",
+    )
+
+
+async def test_trigger_on_a_stopped_scheduler_is_a_409(clock: TestClock) -> None:
+    async with client(create_app(build(clock), token=TOKEN)) as api:
+        response = await api.post("/jobs/outbox.flush/trigger", headers=AUTH)
+    assert response.status_code == 409
+    assert response.json()["error"] == (
+        "cannot trigger job 'outbox.flush': the scheduler is not running"
+    )
+
+
+async def test_without_a_token_changes_are_disabled(
+    scheduler: Scheduler[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    async with client(create_app(scheduler)) as api:
+        response = await api.post("/jobs/outbox.flush/pause", headers=AUTH)
+        listed = (await api.get("/jobs")).json()
+    assert response.status_code == 403
+    assert "no admin token is configured (set BROKERSCHED_ADMIN_TOKEN" in response.json()["error"]
+    assert listed["changes_enabled"] is False
+
+
+async def test_the_token_comes_from_the_environment(
+    scheduler: Scheduler[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    async with client(create_app(scheduler)) as api:
+        assert (await api.post("/jobs/outbox.flush/pause", headers=AUTH)).status_code == 200
+        wrong = {"Authorization": f"Bearer {TOKEN}x"}
+        assert (await api.post("/jobs/outbox.flush/pause", headers=wrong)).status_code == 401
+
+
+def test_a_short_token_is_refused() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        create_app(Scheduler(), token="short")
+    assert str(caught.value).startswith(
+        "the admin token is too short (5 characters); use at least 16"
+    )
+    assert caught.value.option == "token"
+
+
+async def test_the_host_application_may_authorise_instead(scheduler: Scheduler[Any]) -> None:
+    async def is_admin(request: Request) -> bool:
+        return request.headers.get("x-user") == "alice"
+
+    async with client(create_app(scheduler, authorize=is_admin)) as api:
+        alice = await api.post("/jobs/outbox.flush/pause", headers={"X-User": "alice"})
+        mallory = await api.post("/jobs/outbox.flush/resume", headers={"X-User": "mallory"})
+        forged = await api.post(
+            "/jobs/outbox.flush/resume",
+            headers={"X-User": "alice", "Origin": "http://evil.example"},
+        )
+    assert (alice.status_code, mallory.status_code, forged.status_code) == (200, 401, 403)
+    job = scheduler.get("outbox.flush")
+    assert job is not None and job.paused
+
+
+async def test_mounted_in_a_host_application(
+    scheduler: Scheduler[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from starlette.applications import Starlette
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    host = Starlette()
+    host.mount("/scheduler", create_app(scheduler, authorize=lambda r: "x-admin" in r.headers))
+    async with client(host) as api:
+        page = await api.get("/scheduler/")
+        listed = await api.get("/scheduler/jobs")
+        origin = {"X-Admin": "1", "Origin": "http://testserver"}
+        paused = await api.post("/scheduler/jobs/outbox.flush/pause", headers=origin)
+        refused = await api.post("/scheduler/jobs/outbox.flush/resume")
+    assert page.status_code == 200 and 'src="dashboard.js"' in page.text  # relative: mountable
+    assert [job["name"] for job in listed.json()["jobs"]] == ["outbox.flush", ODD]
+    assert (paused.status_code, refused.status_code) == (200, 401)
