@@ -1069,14 +1069,37 @@ class NATSBackend(ClaimBackend):
     # -- history -------------------------------------------------------------------------------
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
-        _, js = self._client()
+        nc, js = self._client()
         with _Translated(f"recording a run of {job.name!r}", secrets=self._secrets):
             await self._ensure_history(job.history_size)
-            await js.publish(
-                self._names.history_subject(job.name),
-                record.to_json().encode(),
-                timeout=_API_TIMEOUT_S,
-            )
+            await self._publish_record(nc, js, job, record)
+
+    async def _publish_record(
+        self, nc: NATSClient, js: JetStreamContext, job: JobPolicy, record: RunRecord
+    ) -> None:
+        """Publish ``record``, retried like a claim while the stream has no leader (a node
+        lost): its message id makes a retry of a stored record a duplicate, not a second copy
+        (within the history stream's duplicate window, 2 minutes by default)."""
+        import nats.js.errors
+
+        subject, body = self._names.history_subject(job.name), record.to_json().encode()
+        headers = {_MSG_ID: f"{record.job}:{record.slot_ms}:{record.run_id}"}
+        deadline = time.monotonic() + max(_API_TIMEOUT_S, self._claim_budget_s)
+        while True:
+            await self._watch.wait_connected(nc, deadline)
+            remaining = deadline - time.monotonic()
+            try:
+                async with self._watch.attempt(min(max(remaining, 0.01), _API_TIMEOUT_S)):
+                    await js.publish(subject, body, timeout=_API_TIMEOUT_S, headers=headers)
+                return
+            except (
+                TimeoutError,
+                nats.js.errors.NoStreamResponseError,
+                nats.js.errors.ServiceUnavailableError,
+            ):
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(_RETRY_PAUSE_S)
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         _, js = self._client()
