@@ -86,9 +86,21 @@ _json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
 # before it is retried with the same message id: a request sent just before a disconnect never
 # gets its ack, and waiting for the whole deadline would leave no time for the retry.
 _MIN_ATTEMPT_S = 0.25
+# ... and at most this long: with a long budget (a cluster's 30 s), a request lost with a dying
+# stream leader is retried against the new one soon after it is elected.
+_MAX_ATTEMPT_S = 2.0
 _RETRY_PAUSE_S = 0.02  # between attempts that got a definite "try again" (no responders, 503)
 _CONNECTED_POLL_S = 0.05
 _API_TIMEOUT_S = 5.0
+# How long a claim waits for a definite answer by default. On one server a claim that cannot be
+# answered within 2 s means the server is down: fail closed, the slot is skipped. A replicated
+# stream has no leader for seconds after its leader dies, and again after a partitioned node
+# comes back (it has raised its Raft term while cut off, so the leader steps down and a new
+# election runs; measured here on nats-server 2.9.10: 2-12 s). A claim that gives up after 2 s
+# then loses every slot of the election (the issue's "84 slots lost just after the link came
+# back"); one that waits runs them late instead, within max_late, still exactly once.
+_CLAIM_TIMEOUT = "2s"
+_CLUSTER_CLAIM_TIMEOUT = "30s"
 _FETCH_BATCH = 512
 _FETCH_TIMEOUT_S = 2.0
 _CONSUMER_IDLE_S = 30.0  # server-side clean-up of a history reader that died mid-read
@@ -584,7 +596,9 @@ class NATSBackend(ClaimBackend):
     redacted from every log line and error). ``slot_ttl``: how long a claimed slot is
     remembered (the claims stream's duplicate window and max age). ``replicas``: stream
     replicas in a cluster.
-    ``claim_timeout``: the longest a claim may take, whatever ``timeout`` the scheduler allows.
+    ``claim_timeout``: the longest a claim may take, whatever ``timeout`` the scheduler allows
+    (the rest of the job's ``max_late``); by default 2 s on one server and 30 s with
+    ``replicas`` > 1, where a stream leader's election takes seconds (see ``_CLAIM_TIMEOUT``).
     ``connect_options`` go to ``nats.connect`` (``user_credentials``, ``tls``, ``token``, ...);
     they are never logged. ``start()`` waits up to twice ``connect_timeout`` (2 s) per server.
     """
@@ -596,12 +610,14 @@ class NATSBackend(ClaimBackend):
         slot_ttl: Duration = "5m",
         prefix: str = "brokersched",
         replicas: int = 1,
-        claim_timeout: Duration = "2s",
+        claim_timeout: Duration | None = None,
         **connect_options: Any,
     ) -> None:
         super().__init__()
         self._servers = _check_servers(servers)
         self._slot_ttl = parse_duration(slot_ttl, name="slot_ttl")
+        if claim_timeout is None:
+            claim_timeout = _CLUSTER_CLAIM_TIMEOUT if replicas != 1 else _CLAIM_TIMEOUT
         self._claim_timeout = parse_duration(claim_timeout, name="claim_timeout")
         for option, value in (("slot_ttl", self._slot_ttl), ("claim_timeout", self._claim_timeout)):
             if value <= timedelta(0):
@@ -1053,14 +1069,37 @@ class NATSBackend(ClaimBackend):
     # -- history -------------------------------------------------------------------------------
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
-        _, js = self._client()
+        nc, js = self._client()
         with _Translated(f"recording a run of {job.name!r}", secrets=self._secrets):
             await self._ensure_history(job.history_size)
-            await js.publish(
-                self._names.history_subject(job.name),
-                record.to_json().encode(),
-                timeout=_API_TIMEOUT_S,
-            )
+            await self._publish_record(nc, js, job, record)
+
+    async def _publish_record(
+        self, nc: NATSClient, js: JetStreamContext, job: JobPolicy, record: RunRecord
+    ) -> None:
+        """Publish ``record``, retried like a claim while the stream has no leader (a node
+        lost): its message id makes a retry of a stored record a duplicate, not a second copy
+        (within the history stream's duplicate window, 2 minutes by default)."""
+        import nats.js.errors
+
+        subject, body = self._names.history_subject(job.name), record.to_json().encode()
+        headers = {_MSG_ID: f"{record.job}:{record.slot_ms}:{record.run_id}"}
+        deadline = time.monotonic() + max(_API_TIMEOUT_S, self._claim_budget_s)
+        while True:
+            await self._watch.wait_connected(nc, deadline)
+            remaining = deadline - time.monotonic()
+            try:
+                async with self._watch.attempt(min(max(remaining, 0.01), _API_TIMEOUT_S)):
+                    await js.publish(subject, body, timeout=_API_TIMEOUT_S, headers=headers)
+                return
+            except (
+                TimeoutError,
+                nats.js.errors.NoStreamResponseError,
+                nats.js.errors.ServiceUnavailableError,
+            ):
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(_RETRY_PAUSE_S)
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         _, js = self._client()
@@ -1203,7 +1242,7 @@ class _Message(NamedTuple):
 
 def _attempt_seconds(budget: float) -> float:
     """How long one publish attempt waits for its ack before it is retried."""
-    return min(max(_MIN_ATTEMPT_S, budget / 4), budget)
+    return min(max(_MIN_ATTEMPT_S, budget / 4), _MAX_ATTEMPT_S, budget)
 
 
 def _check_stream(ack: PubAck, stream: str, msg_id: str) -> None:
