@@ -93,6 +93,9 @@ def test_node_killed_and_restarted(cluster: RabbitCluster) -> None:
     assert figures(fleet, (began, ended)).twice == []
     assert resumed <= KILL_RESUME_BOUND_S
     assert down.resume_s <= KILL_RESUME_BOUND_S
+    # A claim queue left on the dead node fails closed, and the skip names the node.
+    homeless = [s.data["detail"] for s in fleet.skips() if "home node" in str(s.data["detail"])]
+    assert all("lives on node 'bsrmqt1@" in detail for detail in homeless), homeless[:3]
 
 
 def test_node_partitioned_then_healed(cluster: RabbitCluster) -> None:
@@ -115,6 +118,7 @@ def test_node_partitioned_then_healed(cluster: RabbitCluster) -> None:
             healed = time.time()
             cluster.heal()
         wait_for(lambda: members_running(fleet, healed + 1) == EVERYONE, 30, "after the heal")
+        time.sleep(3)
         ended = time.time()
     during = figures(fleet, (cut, healed), cut)
     after = figures(fleet, (healed, ended - 1.5), healed)

@@ -159,6 +159,7 @@ _VIEW_ATTEMPTS = 4  # a claim reads the record again at most this often (raises 
 # claim under m made lives at least m after the slot, on the broker's timer, not ours.
 _CLAMP_MARGIN_MS = 250
 _RECORD_VERSION = 1
+_HOME_NODE = re.compile(r"home node '([^']+)'")  # RabbitMQ's 404 for a queue on a down node
 _PLAIN: FieldTable = {"x-queue-type": "classic"}  # a vhost may default to quorum queues
 _CONNECT_SETTLE_S = 1.0  # a cancelled start() lets a connection attempt end this long (_abandon)
 _CONNECT_DEFAULTS: Mapping[str, Any] = {
@@ -863,6 +864,8 @@ class RabbitMQBackend(ClaimBackend):
                 await channel.declare_queue(queue, durable=True, arguments=view.claim_arguments)
             except ChannelPreconditionFailed as exc:
                 raise _OtherMemory(self._describe(exc)) from exc
+            except ChannelNotFoundEntity as exc:
+                raise BackendError(self._home_down(queue, slot, exc)) from exc
             attempt.unconfirmed = True
             try:
                 await channel.default_exchange.publish(message, queue, mandatory=True)
@@ -877,6 +880,16 @@ class RabbitMQBackend(ClaimBackend):
         raise BackendError(
             f"{self.name}: claim queue {queue!r} vanished {_DECLARE_ATTEMPTS} times between"
             " declare and publish"
+        )
+
+    def _home_down(self, queue: str, slot: Slot, exc: BaseException) -> str:
+        """A claim queue on a cluster node that is down: it may hold a claim (fail closed)."""
+        found = _HOME_NODE.search(str(exc))
+        node = repr(found[1]) if found else "(unnamed)"
+        return (
+            f"{self.name}: claim queue {queue!r} of slot {slot.key} lives on node {node}, which"
+            " is down or unreachable: it may hold another instance's claim, so the slot is not"
+            f" run here ({self._describe(exc)})"
         )
 
     async def _held(self, pool: _ChannelPool, queue: str) -> bool:
@@ -1344,8 +1357,16 @@ def _check_urls(urls: object, backend: str) -> list[str]:
     """One URL, or a non-empty list of them (the nodes of a cluster)."""
     if isinstance(urls, str):
         return [_check_url(urls, backend)]
-    if not isinstance(urls, Sequence) or not urls or not all(isinstance(url, str) for url in urls):
-        shown = type(urls).__name__ if not isinstance(urls, Sequence) else f"{len(urls)} items"
+    for n, url in enumerate(urls if isinstance(urls, Sequence) else ()):
+        if not isinstance(url, str):
+            raise ConfigurationError(
+                f"url {url!r} (item {n + 1} of the list) of {backend} must be a string, an"
+                " amqp:// or amqps:// URL",
+                option="url",
+                backend=backend,
+            )
+    if not isinstance(urls, Sequence) or not urls:
+        shown = type(urls).__name__ if not isinstance(urls, Sequence) else "an empty list"
         raise ConfigurationError(
             f"url of {backend} must be an amqp:// or amqps:// URL or a non-empty list of them"
             f" (one per node of a cluster), not {shown}",
