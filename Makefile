@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint typecheck services bench clean
+.PHONY: demo test test-fast lint typecheck services bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ test-fast: $(STAMP)
 
 bench: $(STAMP) services
 	for script in bench/bench_*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+# Minutes: chaos soaks on throwaway 3-node broker clusters (as root: each node in a network
+# namespace, so partitions can be cut); prints slots run twice, lost and time to resume.
+chaos: $(STAMP)
+	$(BIN)/python bench/chaos_rabbitmq.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -159,6 +159,7 @@ _VIEW_ATTEMPTS = 4  # a claim reads the record again at most this often (raises 
 # claim under m made lives at least m after the slot, on the broker's timer, not ours.
 _CLAMP_MARGIN_MS = 250
 _RECORD_VERSION = 1
+_HOME_NODE = re.compile(r"home node '([^']+)'")  # RabbitMQ's 404 for a queue on a down node
 _PLAIN: FieldTable = {"x-queue-type": "classic"}  # a vhost may default to quorum queues
 _CONNECT_SETTLE_S = 1.0  # a cancelled start() lets a connection attempt end this long (_abandon)
 _CONNECT_DEFAULTS: Mapping[str, Any] = {
@@ -444,25 +445,50 @@ async def _close_quietly(channel: AbstractChannel) -> None:
             await channel.close()
 
 
-async def _connect_robust(url: str, options: Mapping[str, Any]) -> AbstractRobustConnection:
-    """``aio_pika.connect_robust``, leaving nothing running when it fails or is cancelled.
+async def _connect_robust(
+    urls: Sequence[str], start: int, options: Mapping[str, Any]
+) -> AbstractRobustConnection:
+    """``aio_pika.connect_robust`` to ``urls[start]``, leaving nothing running when it fails or
+    is cancelled; once connected, every reconnection attempt goes to the next URL (round robin).
 
     Its connection starts tasks before it is returned (the reconnection loop, then aiormq's
     reader, writer and heartbeat): a call that is cancelled (an outer timeout, Ctrl-C) or fails
     would leave them running, reconnecting for ever. The class passed notes the connection so
     that it can be closed; ``connect_robust`` itself is kept for how it reads its options.
+
+    aio-pika connects to one URL only (its issue #141). Each of its attempts, the first and
+    every reconnection, starts by clearing ``transport`` and then connects to ``url``: the
+    setter below moves ``url`` to the next node there, so a lost node is left at once and a
+    node that refuses is followed by the next one, ``reconnect_interval`` apart.
     """
     import aio_pika
+    from yarl import URL
 
     made: list[AbstractRobustConnection] = []
+    nodes = [URL(url) for url in urls]
 
     class RobustConnection(aio_pika.RobustConnection):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self._node = start
+            self._attempts = -1  # __init__ clears transport too: that is not an attempt
             super().__init__(*args, **kwargs)
             made.append(self)
 
+        @property
+        def transport(self) -> Any:
+            return self.__dict__.get("_transport")
+
+        @transport.setter
+        def transport(self, value: Any) -> None:
+            if value is None:
+                self._attempts += 1
+                if self._attempts > 1:  # the first attempt keeps urls[start]
+                    self._node = (self._node + 1) % len(nodes)
+                    self.url = nodes[self._node]
+            self.__dict__["_transport"] = value
+
     connecting: asyncio.Task[AbstractRobustConnection] = asyncio.create_task(
-        aio_pika.connect_robust(url, connection_class=RobustConnection, **options)
+        aio_pika.connect_robust(urls[start], connection_class=RobustConnection, **options)
     )
     try:
         return await asyncio.shield(connecting)
@@ -498,7 +524,10 @@ async def _close_for_good(connection: AbstractRobustConnection) -> None:
 class RabbitMQBackend(ClaimBackend):
     """Claims slots through RabbitMQ (classic queues, publisher confirms).
 
-    ``url``: ``amqp://`` or ``amqps://``. ``slot_ttl``: how long a claimed slot is remembered
+    ``url``: ``amqp://`` or ``amqps://``, or a list of such URLs, one per node of a cluster:
+    the backend connects to the first that answers and, when its connection is lost, to the
+    next one (round robin, ``reconnect_interval`` apart); options in the first URL's query
+    apply to all. ``slot_ttl``: how long a claimed slot is remembered
     (``jitter + max_late`` of every job must stay below it). ``prefix``: the start of every
     queue name (letters, digits, ``_`` and ``-``: no ``.``, which separates the parts).
     ``channels``: claims in flight at once. ``claim_timeout``: the longest a claim waits for
@@ -509,7 +538,7 @@ class RabbitMQBackend(ClaimBackend):
 
     def __init__(
         self,
-        url: str = "amqp://guest:guest@127.0.0.1/",
+        url: str | Sequence[str] = "amqp://guest:guest@127.0.0.1/",
         *,
         slot_ttl: Duration = "5m",
         prefix: str = "brokersched",
@@ -518,15 +547,16 @@ class RabbitMQBackend(ClaimBackend):
         **connect_options: Any,
     ) -> None:
         super().__init__()
-        self._url = _check_url(url, self.name)
-        self._secrets = _secrets(url, connect_options)
+        self._urls = _check_urls(url, self.name)
+        self._url = self._urls[0]  # the one named in messages about the login or the vhost
+        self._secrets = _secrets(self._urls, connect_options)
         self._slot_ttl = positive_duration(slot_ttl, option="slot_ttl", backend=self.name)
         self._claim_timeout = positive_duration(
             claim_timeout, option="claim_timeout", backend=self.name
         )
         self._prefix = _check_prefix(prefix, self.name)
         self._channel_count = _check_channels(channels, self.name)
-        in_url = parse_qs(urlsplit(url).query)  # the URL may carry its own timeout etc.
+        in_url = parse_qs(urlsplit(self._url).query)  # the URL may carry its own timeout etc.
         defaults = {key: value for key, value in _CONNECT_DEFAULTS.items() if key not in in_url}
         self._connect_options = {**defaults, **connect_options}
         self._connect_options.setdefault(
@@ -541,8 +571,10 @@ class RabbitMQBackend(ClaimBackend):
         self._refreshing: asyncio.Task[_View] | None = None
 
     def __repr__(self) -> str:
-        url, slot_ttl = _redact.redact_url(self._url), format_duration(self._slot_ttl)
-        return f"{self.name}({url!r}, slot_ttl={slot_ttl!r}, prefix={self._prefix!r})"
+        urls = [_redact.redact_url(url) for url in self._urls]
+        shown = urls[0] if len(urls) == 1 else urls
+        slot_ttl = format_duration(self._slot_ttl)
+        return f"{self.name}({shown!r}, slot_ttl={slot_ttl!r}, prefix={self._prefix!r})"
 
     @property
     def capabilities(self) -> Capabilities:
@@ -580,12 +612,14 @@ class RabbitMQBackend(ClaimBackend):
             ) from exc
         from aiormq.exceptions import InvalidFrameError, ProbableAuthenticationError
 
-        self._check_parsable()
-        action = f"connecting to {_redact.redact_url(self._url)}"
+        for url in self._urls:
+            self._check_parsable(url)
+        shown = ", ".join(_redact.redact_url(url) for url in self._urls)
+        action = f"connecting to {shown}"
         cancels = cancel_requests()
         with self._client_errors(action), _quieted() as quiet:
             try:
-                connection = await _connect_robust(self._url, self._connect_options)
+                connection = await self._connect_first()
             except ValueError as exc:  # aio-pika refused an option (the URL's query, a keyword)
                 raise ConfigurationError(
                     f"{self.name}: {action}: {self._describe(exc)}", backend=self.name
@@ -601,7 +635,7 @@ class RabbitMQBackend(ClaimBackend):
         self._pool = _ChannelPool(connection, self._channel_count)
         self._history_ready.clear()
         self._clock = clock
-        _log.debug("%s connected to %s", self.name, _redact.redact_url(self._url))
+        _log.debug("%s connected to %s", self.name, connection)
         try:
             await self._read_record(write=False)
             raise_if_cancelled_since(cancels)
@@ -618,6 +652,27 @@ class RabbitMQBackend(ClaimBackend):
                 self._shown(self._seen_ms),
                 format_duration(self._slot_ttl),
             )
+
+    async def _connect_first(self) -> AbstractRobustConnection:
+        """A connection to the first node that answers, in the order given; the error of the
+        last one when none does. A refused login or vhost is not a node being down: raised."""
+        from aiormq.exceptions import AMQPConnectionError, ProbableAuthenticationError
+
+        for start in range(len(self._urls)):
+            try:
+                return await _connect_robust(self._urls, start, self._connect_options)
+            except ProbableAuthenticationError:
+                raise
+            except (ConnectionError, OSError, TimeoutError, AMQPConnectionError) as exc:
+                if start == len(self._urls) - 1:
+                    raise
+                _log.warning(
+                    "%s: node %s does not answer (%s); trying the next one",
+                    self.name,
+                    _redact.redact_url(self._urls[start]),
+                    self._describe(exc),
+                )
+        raise AssertionError("unreachable: the last node's error is raised")
 
     async def _close(self) -> None:
         pool, connection, refreshing = self._pool, self._connection, self._refreshing
@@ -655,20 +710,20 @@ class RabbitMQBackend(ClaimBackend):
             " (amqp://host/ is the default vhost '/')"
         )
 
-    def _check_parsable(self) -> None:
+    def _check_parsable(self, url: str) -> None:
         """Refuse a URL that aio-pika cannot parse, without the parser's message: it may quote
         a piece of a password that was cut at an unescaped ``#``, ``/`` or ``?``."""
         from yarl import URL
 
         try:
-            URL(self._url).port  # noqa: B018 (older yarl checks the port when it is read)
+            URL(url).port  # noqa: B018 (older yarl checks the port when it is read)
         except ValueError:
             pass
         else:
             return
         # Raised here, outside the except block: no parser error chained to it.
         raise ConfigurationError(
-            f"url {_redact.redact_url(self._url)!r} of {self.name} cannot be parsed: is the port a"
+            f"url {_redact.redact_url(url)!r} of {self.name} cannot be parsed: is the port a"
             " number, and are the reserved characters of the user name and password"
             " percent-encoded (@ : / ? # [ ] % as %40 %3A %2F %3F %23 %5B %5D %25)?",
             option="url",
@@ -809,6 +864,8 @@ class RabbitMQBackend(ClaimBackend):
                 await channel.declare_queue(queue, durable=True, arguments=view.claim_arguments)
             except ChannelPreconditionFailed as exc:
                 raise _OtherMemory(self._describe(exc)) from exc
+            except ChannelNotFoundEntity as exc:
+                raise BackendError(self._home_down(queue, slot, exc)) from exc
             attempt.unconfirmed = True
             try:
                 await channel.default_exchange.publish(message, queue, mandatory=True)
@@ -823,6 +880,16 @@ class RabbitMQBackend(ClaimBackend):
         raise BackendError(
             f"{self.name}: claim queue {queue!r} vanished {_DECLARE_ATTEMPTS} times between"
             " declare and publish"
+        )
+
+    def _home_down(self, queue: str, slot: Slot, exc: BaseException) -> str:
+        """A claim queue on a cluster node that is down: it may hold a claim (fail closed)."""
+        found = _HOME_NODE.search(str(exc))
+        node = repr(found[1]) if found else "(unnamed)"
+        return (
+            f"{self.name}: claim queue {queue!r} of slot {slot.key} lives on node {node}, which"
+            " is down or unreachable: it may hold another instance's claim, so the slot is not"
+            f" run here ({self._describe(exc)})"
         )
 
     async def _held(self, pool: _ChannelPool, queue: str) -> bool:
@@ -1255,9 +1322,9 @@ class RabbitMQBackend(ClaimBackend):
         return exc if _redact.scrub_exception(exc, self._secrets) else None
 
 
-def _secrets(url: str, connect_options: Mapping[str, Any]) -> list[str]:
-    """The forms of the URL's password, and of a ``password=`` keyword for aio-pika."""
-    found = _redact.url_secrets(url)
+def _secrets(urls: Sequence[str], connect_options: Mapping[str, Any]) -> list[str]:
+    """The forms of the URLs' passwords, and of a ``password=`` keyword for aio-pika."""
+    found = [secret for url in urls for secret in _redact.url_secrets(url)]
     password = connect_options.get("password")
     if isinstance(password, str) and password:
         found.append(password)
@@ -1284,6 +1351,29 @@ def _url_user(url: str) -> str:
     from yarl import URL
 
     return URL(url).user or "guest"  # aiormq's default login
+
+
+def _check_urls(urls: object, backend: str) -> list[str]:
+    """One URL, or a non-empty list of them (the nodes of a cluster)."""
+    if isinstance(urls, str):
+        return [_check_url(urls, backend)]
+    for n, url in enumerate(urls if isinstance(urls, Sequence) else ()):
+        if not isinstance(url, str):
+            raise ConfigurationError(
+                f"url {url!r} (item {n + 1} of the list) of {backend} must be a string, an"
+                " amqp:// or amqps:// URL",
+                option="url",
+                backend=backend,
+            )
+    if not isinstance(urls, Sequence) or not urls:
+        shown = type(urls).__name__ if not isinstance(urls, Sequence) else "an empty list"
+        raise ConfigurationError(
+            f"url of {backend} must be an amqp:// or amqps:// URL or a non-empty list of them"
+            f" (one per node of a cluster), not {shown}",
+            option="url",
+            backend=backend,
+        )
+    return [_check_url(url, backend) for url in urls]
 
 
 def _check_url(url: str, backend: str) -> str:
