@@ -80,7 +80,7 @@ class NatsCluster:
         """Remove a test's streams: each is a Raft group the cluster keeps electing."""
         nc = await nats.connect(self.servers, connect_timeout=1)
         try:
-            js = nc.jetstream(timeout=5)
+            js = nc.jetstream(timeout=15)  # just after a change of replicas it takes seconds
             for suffix in ("claims", "history"):
                 with contextlib.suppress(nats.js.errors.NotFoundError):
                     await js.delete_stream(f"{prefix}-{suffix}")

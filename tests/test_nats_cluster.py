@@ -14,13 +14,16 @@ import asyncio
 import subprocess
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
+import nats
+import nats.errors
 import pytest
 
 from brokersched._clock import SystemClock
 from brokersched.abc import JobPolicy
-from brokersched.backends.nats import NATSBackend
+from brokersched.backends.nats import NATSBackend, _claims_config, _Names
 from tests.cluster_helpers_nats import (
     JOBS,
     NATS_SERVER,
@@ -141,3 +144,27 @@ async def test_node_partitioned_then_healed(nats_cluster: NatsCluster, prefix: s
     assert found.lost == [], f"slots run nowhere: {found}"
     assert after_heal.resume_s <= RESUME_AFTER_HEAL_S, str(after_heal)
     await _check_history(cluster, prefix, fleet)
+
+
+async def test_existing_stream_with_fewer_replicas_is_raised(
+    nats_cluster: NatsCluster, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster = nats_cluster
+    nc = await nats.connect(cluster.servers, connect_timeout=1)
+    try:
+        config = _claims_config(_Names(prefix), timedelta(minutes=5), 1)
+        for attempt in range(10):  # a fresh cluster elects its metadata leader first
+            try:
+                await nc.jetstream(timeout=3).add_stream(config)
+                break
+            except nats.errors.TimeoutError:
+                if attempt == 9:
+                    raise
+        backend = NATSBackend(cluster.servers, prefix=prefix, replicas=3)
+        await backend.start(SystemClock())
+        await backend.stop()
+        info = await nc.jetstream().stream_info(f"{prefix}-claims")
+        assert info.config.num_replicas == 3
+        assert f"raised num_replicas of JetStream stream {prefix}-claims from 1 to 3" in caplog.text
+    finally:
+        await nc.close()  # the stream goes with the cluster (deleting it mid-scale-up hangs)

@@ -109,6 +109,8 @@ _WINDOW_RAISES = 5  # see NATSBackend._raise_claims_window
 _WINDOW_SETTLE_S = 0.25
 _ERR_STREAM_NAME_IN_USE = 10058
 _ERR_SUBJECTS_OVERLAP = 10065
+# "replicas > 1 not supported in non-clustered mode", "insufficient resources" (too few servers)
+_ERR_REPLICAS = (10074, 10023)
 
 # Defaults for nats.connect that suit a scheduler (the caller's connect_options win): reconnect
 # for ever and quickly, so that claiming resumes by itself shortly after NATS returns, and notice
@@ -983,7 +985,13 @@ class NATSBackend(ClaimBackend):
                     ) from None
                 try:
                     await js.add_stream(desired)  # pyright: ignore[reportUnknownMemberType]
-                except nats.js.errors.BadRequestError as exc:
+                except nats.js.errors.APIError as exc:
+                    if exc.err_code in _ERR_REPLICAS:
+                        raise self._replicas_error(
+                            desired.name, None, f"NATS answered {_describe(exc, self._secrets)}"
+                        ) from exc
+                    if not isinstance(exc, nats.js.errors.BadRequestError):
+                        raise
                     # Instances starting together race to create it; NATS 2.9 may answer the
                     # losers "name in use" or "subjects overlap". Either way: check theirs.
                     if exc.err_code in (_ERR_STREAM_NAME_IN_USE, _ERR_SUBJECTS_OVERLAP):
@@ -993,13 +1001,50 @@ class NATSBackend(ClaimBackend):
                 logger.info("created JetStream stream %s", desired.name)
                 return updated
             self._raise_problems(desired.name, problems(info.config), option=option)
+            # A server that is not clustered stores any num_replicas it is given, and keeps one.
+            have = (info.config.num_replicas or 1) if info.cluster is not None else 1
+            if have < self._replicas and (updated or info.cluster is None):
+                raise self._replicas_error(desired.name, have, "the server is not clustered")
             update = _grown(info.config, replicas=self._replicas, per_subject=per_subject)
             if update is None:
                 return updated
-            await js.update_stream(update)  # pyright: ignore[reportUnknownMemberType]
+            try:
+                await js.update_stream(update)  # pyright: ignore[reportUnknownMemberType]
+            except nats.js.errors.APIError as exc:
+                if have < self._replicas:
+                    raise self._replicas_error(
+                        desired.name, have, f"NATS answered {_describe(exc, self._secrets)}"
+                    ) from exc
+                raise
+            if have < self._replicas:
+                logger.warning(
+                    "raised num_replicas of JetStream stream %s from %d to %d (replicas of this "
+                    "instance)",
+                    desired.name,
+                    have,
+                    self._replicas,
+                )
             updated = True
             logger.info("updated JetStream stream %s", desired.name)
         raise BackendError(f"{_BACKEND}: stream {desired.name} keeps changing; is it contested?")
+
+    def _replicas_error(self, stream: str, have: int | None, why: str) -> ConfigurationError:
+        """``replicas`` cannot be had: the stream is missing (``have`` None) or has fewer."""
+        want = self._replicas
+        if have is None:
+            what = f"cannot create JetStream stream {stream!r} with {want} replicas ({why})"
+        else:
+            what = (
+                f"the existing JetStream stream {stream!r} has num_replicas {have}, fewer than "
+                f"replicas={want} of this instance, and could not be raised ({why})"
+            )
+        return ConfigurationError(
+            f"{_BACKEND}: {what}: replicas > 1 needs a NATS cluster with at least {want} "
+            f"JetStream servers (then `nats stream edit {stream} --replicas {want}`); on one "
+            "server pass replicas=1",
+            option="replicas",
+            backend=_BACKEND,
+        )
 
     def _raise_problems(self, stream: str, problems: list[str], option: str = "prefix") -> None:
         if problems:
