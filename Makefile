@@ -41,6 +41,7 @@ bench: $(STAMP) services
 # namespace, so partitions can be cut); prints slots run twice, lost and time to resume.
 chaos: $(STAMP)
 	$(BIN)/python bench/chaos_rabbitmq.py
+	$(BIN)/python bench/chaos_nats.py 10
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
