@@ -63,6 +63,7 @@ def browser() -> Iterator[object]:
         chrome.quit()
 
 
+@pytest.mark.slow
 def test_the_dashboard_shows_jobs_and_a_triggered_run_live_and_pauses(
     dashboard_url: str, browser: object, tmp_path: Path
 ) -> None:
