@@ -25,7 +25,8 @@ from nats.js.api import StorageType, StreamConfig
 from brokersched._clock import SystemClock
 from brokersched._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from brokersched.abc import JobPolicy, RunRecord, Slot
-from brokersched.backends.nats import NATSBackend, _Names, redact, subject_token
+from brokersched.backends.nats import NATSBackend, redact, subject_token
+from brokersched.backends.nats._streams import Names
 from tests.nats_helpers import (
     FLEET_JOBS,
     delete_streams,
@@ -134,7 +135,7 @@ def test_subjects_and_streams_decode_back_to_prefix_kind_and_job(
     if not _accepted_prefix(prefix):
         assert "." in prefix
         return
-    names = _Names(prefix)
+    names = Names(prefix)
     subject = names.claim_subject(job) if kind == "claim" else names.history_subject(job)
     assert _decode_subject(subject) == (prefix, kind, job)
     stream = names.claims if kind == "claim" else names.history
@@ -144,7 +145,7 @@ def test_subjects_and_streams_decode_back_to_prefix_kind_and_job(
 def test_the_rabbitmq_collision_cannot_happen_on_nats() -> None:
     with pytest.raises(ConfigurationError, match="prefix"):
         NATSBackend(prefix="P.claim")
-    assert _Names("P").claim_subject("claim.x") == "P.claim.claim%2Ex"
+    assert Names("P").claim_subject("claim.x") == "P.claim.claim%2Ex"
 
 
 def test_constructor_validates_and_never_connects() -> None:

@@ -23,7 +23,8 @@ import pytest
 
 from brokersched._clock import SystemClock
 from brokersched.abc import JobPolicy
-from brokersched.backends.nats import NATSBackend, _claims_config, _Names
+from brokersched.backends.nats import NATSBackend
+from brokersched.backends.nats._streams import Names, claims_config
 from tests.cluster_helpers_nats import (
     JOBS,
     NATS_SERVER,
@@ -152,7 +153,7 @@ async def test_existing_stream_with_fewer_replicas_is_raised(
     cluster = nats_cluster
     nc = await nats.connect(cluster.servers, connect_timeout=1)
     try:
-        config = _claims_config(_Names(prefix), timedelta(minutes=5), 1)
+        config = claims_config(Names(prefix), timedelta(minutes=5), 1)
         for attempt in range(10):  # a fresh cluster elects its metadata leader first
             try:
                 await nc.jetstream(timeout=3).add_stream(config)

@@ -12,7 +12,8 @@ import pytest
 
 from brokersched._clock import SystemClock
 from brokersched._exceptions import ConfigurationError
-from brokersched.backends.nats import NATSBackend, _claims_config, _Names
+from brokersched.backends.nats import NATSBackend
+from brokersched.backends.nats._streams import Names, claims_config
 from tests.nats_helpers import create_stream, delete_streams, stream_config, unique_prefix
 
 CLOCK = SystemClock()
@@ -43,7 +44,7 @@ async def test_an_existing_stream_with_fewer_replicas_is_refused_when_it_cannot_
 ) -> None:
     from datetime import timedelta
 
-    await create_stream(nats_url, _claims_config(_Names(prefix), timedelta(minutes=5), 1))
+    await create_stream(nats_url, claims_config(Names(prefix), timedelta(minutes=5), 1))
     backend = NATSBackend(nats_url, prefix=prefix, replicas=3)
     with pytest.raises(ConfigurationError) as caught:
         await backend.start(CLOCK)

@@ -34,14 +34,13 @@ from brokersched import JobContext, Scheduler
 from brokersched._clock import SystemClock
 from brokersched._exceptions import ConfigurationError
 from brokersched.abc import JobPolicy, RunRecord, Slot
-from brokersched.backends import nats as nats_backend
-from brokersched.backends.nats import (
-    NATSBackend,
-    _claims_config,
-    _claims_problems,
-    _history_config,
-    _history_problems,
-    _Names,
+from brokersched.backends.nats import NATSBackend, _backend, _streams
+from brokersched.backends.nats._streams import (
+    Names,
+    claims_config,
+    claims_problems,
+    history_config,
+    history_problems,
 )
 from tests.nats_helpers import (
     create_stream,
@@ -419,22 +418,22 @@ async def test_settings_that_keep_the_guarantee_are_accepted(
 
 
 def test_the_streams_brokersched_would_create_pass_its_checks() -> None:
-    names = _Names("p")
+    names = Names("p")
     for ttl in (timedelta(seconds=1), SLOT_TTL, timedelta(days=1)):
-        assert _claims_problems(_claims_config(names, ttl, 3), names, ttl) == []
+        assert claims_problems(claims_config(names, ttl, 3), names, ttl) == []
     for size in (1, 1000, 100_000):
-        assert _history_problems(_history_config(names, size, 1), names, size) == []
+        assert history_problems(history_config(names, size, 1), names, size) == []
 
 
 async def test_the_streams_brokersched_created_pass_its_checks(nats_url: str, prefix: str) -> None:
     """As the server reports them back (it fills in its defaults: -1, 0, 'old', ...)."""
     await starts(nats_url, prefix)
-    names = _Names(prefix)
+    names = Names(prefix)
     claims = await stream_config(nats_url, names.claims)
     history = await stream_config(nats_url, names.history)
-    assert _claims_problems(claims, names, SLOT_TTL) == []
-    assert _history_problems(history, names, 100) == []
-    assert _history_problems(history, names) == []  # as start() checks it, before prepare()
+    assert claims_problems(claims, names, SLOT_TTL) == []
+    assert history_problems(history, names, 100) == []
+    assert history_problems(history, names) == []  # as start() checks it, before prepare()
 
 
 @pytest.mark.parametrize(
@@ -449,15 +448,14 @@ def test_settings_of_newer_servers_that_break_claims_are_refused(
 ) -> None:
     """NATS 2.12 settings: the 2.9 server of these tests drops them, so the check is tested on
     the configuration alone."""
-    names = _Names("p")
+    names = Names("p")
     config = claims_stream("p", **settings)
-    problems = _claims_problems(config, names, SLOT_TTL)
+    problems = claims_problems(config, names, SLOT_TTL)
     assert len(problems) == 1
     assert fragment in problems[0]
     assert "nats stream rm p-claims" in problems[0]
     assert (
-        _claims_problems(claims_stream("p", persist_mode=PersistMode.DEFAULT), names, SLOT_TTL)
-        == []
+        claims_problems(claims_stream("p", persist_mode=PersistMode.DEFAULT), names, SLOT_TTL) == []
     )
 
 
@@ -480,7 +478,7 @@ async def test_a_claims_stream_with_max_msgs_forgets_claims_on_restart_so_start_
 
         # The bug, with the check switched off (the backend before the fix).
         with monkeypatch.context() as patch:
-            patch.setattr(nats_backend, "_claims_problems", lambda *_: [])
+            patch.setattr(_streams, "claims_problems", lambda *_: [])
             early = NATSBackend(server.url, prefix=prefix, slot_ttl=SLOT_TTL)
             await early.start(CLOCK)
             try:
@@ -607,7 +605,7 @@ async def test_concurrent_raises_keep_the_longest_window(nats_url: str, prefix: 
     random.shuffle(ttls)
     backends = [NATSBackend(nats_url, prefix=prefix, slot_ttl=ttl) for ttl in ttls]
     # The stream exists with a short window, as after a fleet of 2 s instances.
-    await create_stream(nats_url, _claims_config(_Names(prefix), timedelta(seconds=2), 1))
+    await create_stream(nats_url, claims_config(Names(prefix), timedelta(seconds=2), 1))
     await asyncio.gather(*(backend.start(CLOCK) for backend in backends))
     try:
         assert window_of(await stream_config(nats_url, f"{prefix}-claims")) == (25, 25)
@@ -681,7 +679,7 @@ async def test_a_raise_that_nats_refuses_keeps_the_refusal(
         )
 
     # As created by brokersched with slot_ttl 2s: nothing else to update.
-    await create_stream(nats_url, _claims_config(_Names(prefix), timedelta(seconds=2), 1))
+    await create_stream(nats_url, claims_config(Names(prefix), timedelta(seconds=2), 1))
     monkeypatch.setattr(JetStreamManager, "update_stream", refuse)
     backend = NATSBackend(nats_url, prefix=prefix, slot_ttl="20s")
     with pytest.raises(ConfigurationError) as info:
@@ -699,7 +697,7 @@ async def test_a_user_who_may_not_update_streams_gets_the_refusal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A denied publish gets no reply, only an -ERR: the update times out (shortened here)."""
-    monkeypatch.setattr(nats_backend, "_API_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(_backend, "_API_TIMEOUT_S", 0.5)
     async with nats_server_denying_stream_updates(tmp_path / "store") as (admin, app):
         prefix = "denied"
         created = NATSBackend(admin, prefix=prefix, slot_ttl="2s")

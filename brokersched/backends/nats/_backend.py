@@ -1,0 +1,640 @@
+"""``NATSBackend``: the connection, claims (with the resolution of ambiguous ones) and the run
+history; its streams are set up and checked by ``_streams``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import re
+import secrets
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
+
+from ... import _redact
+from ..._clock import Clock
+from ..._durations import Duration, parse_duration
+from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
+from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
+from ...abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
+from ._base import (
+    BACKEND,
+    Translated,
+    check_servers,
+    describe,
+    import_nats,
+    logger,
+    redact,
+    secrets_of,
+)
+from ._streams import Names, Streams
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATSClient
+    from nats.js import JetStreamContext
+    from nats.js.api import PubAck
+
+__all__ = ["NATSBackend"]
+
+_PREFIX_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_MSG_ID = "Nats-Msg-Id"
+_json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
+# A single publish attempt waits at most this long (or a quarter of the claim budget, if more)
+# before it is retried with the same message id: a request sent just before a disconnect never
+# gets its ack, and waiting for the whole deadline would leave no time for the retry.
+_MIN_ATTEMPT_S = 0.25
+# ... and at most this long: with a long budget (a cluster's 30 s), a request lost with a dying
+# stream leader is retried against the new one soon after it is elected.
+_MAX_ATTEMPT_S = 2.0
+_RETRY_PAUSE_S = 0.02  # between attempts that got a definite "try again" (no responders, 503)
+_CONNECTED_POLL_S = 0.05
+_API_TIMEOUT_S = 5.0
+# How long a claim waits for a definite answer by default. On one server a claim that cannot be
+# answered within 2 s means the server is down: fail closed, the slot is skipped. A replicated
+# stream has no leader for seconds after its leader dies, and again after a partitioned node
+# comes back (it has raised its Raft term while cut off, so the leader steps down and a new
+# election runs; measured here on nats-server 2.9.10: 2-12 s). A claim that gives up after 2 s
+# then loses every slot of the election (the issue's "84 slots lost just after the link came
+# back"); one that waits runs them late instead, within max_late, still exactly once.
+_CLAIM_TIMEOUT = "2s"
+_CLUSTER_CLAIM_TIMEOUT = "30s"
+_FETCH_BATCH = 512
+_FETCH_TIMEOUT_S = 2.0
+_CONSUMER_IDLE_S = 30.0  # server-side clean-up of a history reader that died mid-read
+
+# Defaults for nats.connect that suit a scheduler (the caller's connect_options win): reconnect
+# for ever and quickly, so that claiming resumes by itself shortly after NATS returns, and notice
+# a half-open connection within ~30 s instead of nats-py's 4 minutes.
+_CONNECT_DEFAULTS: dict[str, Any] = {
+    "name": "brokersched",
+    "max_reconnect_attempts": -1,
+    "reconnect_time_wait": 0.5,
+    "ping_interval": 10,
+    "max_outstanding_pings": 3,
+    "connect_timeout": 2,
+}
+_CALLBACKS = ("error_cb", "disconnected_cb", "reconnected_cb", "closed_cb")
+
+
+class NATSBackend(ClaimBackend):
+    """Claims and history on NATS JetStream (claim-only: no leases).
+
+    ``servers``: one URL or a list (``nats://``, ``tls://``, ``ws://``, ``wss://``, or
+    scheme-less ``host:port``; anything else is refused at construction; user-info in URLs is
+    redacted from every log line and error). ``slot_ttl``: how long a claimed slot is
+    remembered (the claims stream's duplicate window and max age). ``replicas``: stream
+    replicas in a cluster.
+    ``claim_timeout``: the longest a claim may take, whatever ``timeout`` the scheduler allows
+    (the rest of the job's ``max_late``); by default 2 s on one server and 30 s with
+    ``replicas`` > 1, where a stream leader's election takes seconds (see ``_CLAIM_TIMEOUT``).
+    ``connect_options`` go to ``nats.connect`` (``user_credentials``, ``tls``, ``token``, ...);
+    they are never logged. ``start()`` waits up to twice ``connect_timeout`` (2 s) per server.
+    """
+
+    def __init__(
+        self,
+        servers: str | list[str] = "nats://127.0.0.1:4222",
+        *,
+        slot_ttl: Duration = "5m",
+        prefix: str = "brokersched",
+        replicas: int = 1,
+        claim_timeout: Duration | None = None,
+        **connect_options: Any,
+    ) -> None:
+        super().__init__()
+        self._servers = check_servers(servers)
+        self._slot_ttl = parse_duration(slot_ttl, name="slot_ttl")
+        if claim_timeout is None:
+            claim_timeout = _CLUSTER_CLAIM_TIMEOUT if replicas != 1 else _CLAIM_TIMEOUT
+        self._claim_timeout = parse_duration(claim_timeout, name="claim_timeout")
+        for option, value in (("slot_ttl", self._slot_ttl), ("claim_timeout", self._claim_timeout)):
+            if value <= timedelta(0):
+                raise ConfigurationError(
+                    f"{option} must be longer than 0s", option=option, backend=BACKEND
+                )
+        if not _PREFIX_RE.fullmatch(prefix):
+            raise ConfigurationError(
+                f"prefix {prefix!r} must be 1-64 letters, digits, '_' or '-' "
+                "(it names streams and subjects)",
+                option="prefix",
+                backend=BACKEND,
+            )
+        if type(replicas) is not int or not 1 <= replicas <= 5:
+            raise ConfigurationError(
+                f"replicas {replicas!r} must be an integer from 1 to 5",
+                option="replicas",
+                backend=BACKEND,
+            )
+        self._names = Names(prefix)
+        self._replicas = replicas
+        self._connect_options = dict(connect_options)
+        self._secrets = secrets_of(self._servers, self._connect_options)
+        self._shown_servers = ", ".join(_redact.redact_url(s) for s in self._servers)
+        self._capabilities = Capabilities(
+            leases=False, slot_memory=self._slot_ttl, history_ttl=False, history_size_per_job=False
+        )
+        self._nc: NATSClient | None = None
+        self._js: JetStreamContext | None = None
+        self._streams = self._new_streams()
+        self._watch = _Watch()
+        self._last_error: str | None = None
+        self._claim_budget_s = self._claim_timeout.total_seconds()
+        self._token_base = secrets.token_hex(6)
+        self._token_seq = itertools.count()
+        self._claim_subjects: dict[str, str] = {}  # job -> subject, validated once
+
+    def _new_streams(self) -> Streams:
+        return Streams(
+            self._names,
+            slot_ttl=self._slot_ttl,
+            replicas=self._replicas,
+            secrets=self._secrets,
+            shown_servers=self._shown_servers,
+            last_error=lambda: self._last_error,
+        )
+
+    def __repr__(self) -> str:
+        return f"{BACKEND}({self._shown_servers!r}, prefix={self._names.prefix!r})"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    @property
+    def slot_ttl(self) -> timedelta:
+        return self._slot_ttl
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def _open(self, clock: Clock) -> None:
+        nats = import_nats()
+        # Fresh per start: asyncio primitives belong to the loop they are first used in.
+        self._watch, self._streams = _Watch(), self._new_streams()
+        cancels = cancel_requests()
+        nc = await self._connect(nats, cancels)
+        try:
+            js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
+            with Translated("preparing streams", secrets=self._secrets):
+                await self._streams.start(js)
+            raise_if_cancelled_since(cancels)
+        except BaseException:
+            await to_the_end(self._close_client(nc))
+            raise
+        self._nc, self._js = nc, js
+
+    async def _connect(self, nats: Any, cancels: int) -> NATSClient:
+        options: dict[str, Any] = {
+            **_CONNECT_DEFAULTS,
+            **self._connect_options,
+            **self._callbacks(),
+        }
+        budget = 2 * float(options["connect_timeout"]) * len(self._servers)
+        nc: NATSClient = nats.NATS()
+        self._last_error = None
+        try:
+            async with asyncio.timeout(budget):
+                await nc.connect(self._servers, **options)
+            raise_if_cancelled_since(cancels)
+        except BaseException as exc:
+            await to_the_end(self._close_client(nc))
+            if not isinstance(exc, Exception):
+                raise
+            cause = self._last_error or describe(exc, self._secrets)
+            clean = _redact.scrub_exception(exc, self._secrets)
+            raise BackendUnavailableError(
+                f"{BACKEND}: cannot connect to NATS at {self._shown_servers} within "
+                f"{budget:g}s ({cause})"
+            ) from (exc if clean else None)
+        return nc
+
+    def _callbacks(self) -> dict[str, Callable[..., Awaitable[None]]]:
+        """Our connection callbacks, each also calling the caller's own if given."""
+        ours: dict[str, Callable[..., Awaitable[None]]] = {
+            "error_cb": self._on_error,
+            "disconnected_cb": self._on_disconnected,
+            "reconnected_cb": self._on_reconnected,
+            "closed_cb": self._on_closed,
+        }
+        for name in _CALLBACKS:
+            theirs = self._connect_options.get(name)
+            if theirs is not None:
+                ours[name] = _chain(ours[name], theirs)
+        return ours
+
+    async def _close(self) -> None:
+        await self._streams.close()
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is not None:
+            await self._close_client(nc)
+
+    @staticmethod
+    async def _close_client(nc: NATSClient) -> None:
+        with contextlib.suppress(Exception):
+            await nc.close()
+
+    async def _on_error(self, exc: Exception) -> None:
+        # nats-py calls this on every failed reconnect attempt: keep the message for the next
+        # error we raise, and log at debug while we know we are disconnected.
+        self._last_error = describe(exc, self._secrets)
+        connected = self._nc is not None and self._nc.is_connected
+        logger.log(
+            logging.WARNING if connected else logging.DEBUG, "NATS error: %s", self._last_error
+        )
+
+    async def _on_disconnected(self) -> None:
+        self._watch.disconnected()
+        if self._nc is not None:  # not the initial connection, nor closing
+            logger.warning("NATS connection lost; claims fail closed until it is back")
+
+    async def _on_reconnected(self) -> None:
+        self._watch.changed()
+        nc = self._nc
+        url = "?"
+        if nc is not None and nc.connected_url:
+            url = _redact.scrub(_redact.redact_url(nc.connected_url.geturl()), self._secrets)
+        logger.info("NATS connection back (%s); claiming resumes", url)
+
+    async def _on_closed(self) -> None:
+        self._watch.changed()
+        if self._nc is not None:
+            logger.error("NATS connection closed for good; claims fail until restart")
+
+    def _client(self) -> tuple[NATSClient, JetStreamContext]:
+        if self._nc is None or self._js is None:
+            raise BackendUnavailableError(f"{BACKEND} is not started (call start() first)")
+        return self._nc, self._js
+
+    async def prepare(self, jobs: Sequence[JobPolicy]) -> None:
+        if jobs:
+            _, js = self._client()
+            with Translated("preparing the history stream", secrets=self._secrets):
+                await self._streams.ensure_history(js, max(job.history_size for job in jobs))
+
+    # -- claims --------------------------------------------------------------------------------
+
+    async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
+        nc, js = self._client()
+        msg_id = slot.key  # Nats-Msg-Id: <job>:<slot_ms>
+        with Translated("claim", msg_id, secrets=self._secrets):
+            started = time.monotonic()
+            budget = min(timeout, self._claim_budget_s)
+            # The token tells a retry of this very call from any other claim, even one by the
+            # same instance with the same run id.
+            token = f"{self._token_base}{next(self._token_seq):x}"
+            subject = self._claim_subjects.get(slot.job) or self._claim_subject(slot.job)
+            message = _Message(
+                subject,
+                msg_id,
+                _claim_body(instance_id, slot.slot_ms, run_id, token),
+                token,
+            )
+            if not nc.is_connected or budget <= 0:
+                return await self._retry_claim(nc, js, message, started, budget, None)
+            # The first attempt, kept lean: it is nearly always the only one. It relies on
+            # nats-py's timeout rather than an asyncio.timeout that a disconnect could end early
+            # (~7 us per claim); it is retried after _attempt_seconds() anyway.
+            try:
+                ack = await js.publish(
+                    message.subject,
+                    message.body,
+                    timeout=_attempt_seconds(budget),
+                    headers={_MSG_ID: msg_id},
+                )
+            except Exception as exc:
+                return await self._retry_claim(nc, js, message, started, budget, exc)
+            _check_stream(ack, self._names.claims, msg_id)
+            return not ack.duplicate  # a definite answer: nothing of this call was stored before
+
+    def _claim_subject(self, job: str) -> str:
+        subject = self._claim_subjects[job] = self._names.claim_subject(job)
+        return subject
+
+    async def _retry_claim(
+        self,
+        nc: NATSClient,
+        js: JetStreamContext,
+        message: _Message,
+        started: float,
+        budget: float,
+        first_error: Exception | None,
+    ) -> bool:
+        claim = _Claim(self._watch, nc, js, self._names.claims, message, started, budget)
+        return await claim.retry(first_error)
+
+    # -- history -------------------------------------------------------------------------------
+
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        nc, js = self._client()
+        with Translated(f"recording a run of {job.name!r}", secrets=self._secrets):
+            await self._streams.ensure_history(js, job.history_size)
+            await self._publish_record(nc, js, job, record)
+
+    async def _publish_record(
+        self, nc: NATSClient, js: JetStreamContext, job: JobPolicy, record: RunRecord
+    ) -> None:
+        """Publish ``record``, retried like a claim while the stream has no leader (a node
+        lost): its message id makes a retry of a stored record a duplicate, not a second copy
+        (within the history stream's duplicate window, 2 minutes by default)."""
+        import nats.js.errors
+
+        subject, body = self._names.history_subject(job.name), record.to_json().encode()
+        headers = {_MSG_ID: f"{record.job}:{record.slot_ms}:{record.run_id}"}
+        deadline = time.monotonic() + max(_API_TIMEOUT_S, self._claim_budget_s)
+        while True:
+            await self._watch.wait_connected(nc, deadline)
+            remaining = deadline - time.monotonic()
+            try:
+                async with self._watch.attempt(min(max(remaining, 0.01), _API_TIMEOUT_S)):
+                    await js.publish(subject, body, timeout=_API_TIMEOUT_S, headers=headers)
+                return
+            except (
+                TimeoutError,
+                nats.js.errors.NoStreamResponseError,
+                nats.js.errors.ServiceUnavailableError,
+            ):
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(_RETRY_PAUSE_S)
+
+    async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        _, js = self._client()
+        count = min(limit, job.history_size)
+        if count <= 0:
+            return []
+        subject = self._names.history_subject(job.name)
+        with Translated(f"reading the history of {job.name!r}", secrets=self._secrets):
+            if count == 1:
+                bodies = await self._last_body(js, subject)
+            else:
+                bodies = await self._last_bodies(js, subject, count)
+        return [RunRecord.from_json(body) for body in reversed(bodies)]
+
+    async def _last_body(self, js: JetStreamContext, subject: str) -> list[bytes]:
+        import nats.js.errors
+
+        try:
+            # Not a direct get: a missing stream must be "not found", not "no responders".
+            msg = await js.get_last_msg(self._names.history, subject)
+        except nats.js.errors.NotFoundError:  # no stream yet, or no run of this job
+            return []
+        return [msg.data] if msg.data else []
+
+    async def _last_bodies(self, js: JetStreamContext, subject: str, count: int) -> list[bytes]:
+        """The last ``count`` bodies on ``subject``, oldest first.
+
+        JetStream 2.9 cannot read a subject backwards, so an ephemeral consumer reads the
+        subject's messages (at most ``max_msgs_per_subject``) and keeps the last ``count``.
+        """
+        import nats.js.errors
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=AckPolicy.NONE,
+            filter_subject=subject,
+            mem_storage=True,
+            inactive_threshold=_CONSUMER_IDLE_S,
+        )
+        try:
+            info = await js.add_consumer(  # pyright: ignore[reportUnknownMemberType]
+                self._names.history, config
+            )
+        except nats.js.errors.NotFoundError:  # no history stream yet
+            return []
+        assert info.name is not None
+        try:
+            pending = info.num_pending or 0
+            return await self._drain(js, info.name, pending, count) if pending else []
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(js.delete_consumer(self._names.history, info.name))
+
+    async def _drain(
+        self, js: JetStreamContext, consumer: str, pending: int, count: int
+    ) -> list[bytes]:
+        import nats.errors
+
+        sub = await js.pull_subscribe_bind(consumer, stream=self._names.history)
+        newest: deque[bytes] = deque(maxlen=count)
+        try:
+            while pending > 0:
+                try:
+                    msgs = await sub.fetch(min(pending, _FETCH_BATCH), timeout=_FETCH_TIMEOUT_S)
+                except nats.errors.TimeoutError:  # trimmed while we read: nothing more
+                    break
+                newest.extend(msg.data for msg in msgs)
+                pending = msgs[-1].metadata.num_pending if msgs else 0
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return list(newest)
+
+
+class _Watch:
+    """The connection's state as claims need it: when it is back, and which publish attempts
+    are in flight (a disconnect ends them at once: their acks will never come)."""
+
+    def __init__(self) -> None:
+        self._attempts: set[asyncio.Timeout] = set()
+        self._changed = asyncio.Event()
+
+    def changed(self) -> None:
+        self._changed.set()
+
+    def disconnected(self) -> None:
+        self._changed.clear()
+        now = asyncio.get_running_loop().time()
+        for attempt in list(self._attempts):
+            with contextlib.suppress(RuntimeError):  # already leaving its block
+                attempt.reschedule(now)
+
+    def attempt(self, seconds: float) -> _Attempt:
+        """A deadline for one publish attempt that a disconnect ends at once."""
+        return _Attempt(self._attempts, asyncio.timeout(seconds))
+
+    async def wait_connected(self, nc: NATSClient, until: float) -> None:
+        """Return when ``nc`` is connected again or at ``until`` (``time.monotonic()``)."""
+        while not nc.is_connected:
+            if nc.is_closed:
+                raise BackendUnavailableError(f"{BACKEND}: the NATS connection is closed")
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return
+            with contextlib.suppress(TimeoutError):  # the event can miss a change: poll too
+                await asyncio.wait_for(self._changed.wait(), min(remaining, _CONNECTED_POLL_S))
+
+
+class _Attempt:
+    """An ``asyncio.timeout`` that its ``_Watch`` can end early while it is active."""
+
+    __slots__ = ("_attempts", "_timeout")
+
+    def __init__(self, attempts: set[asyncio.Timeout], timeout: asyncio.Timeout) -> None:
+        self._attempts, self._timeout = attempts, timeout
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+        self._attempts.add(self._timeout)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._attempts.discard(self._timeout)
+        await self._timeout.__aexit__(exc_type, exc, tb)  # raises TimeoutError when it expired
+
+
+class _Message(NamedTuple):
+    """What every attempt of one claim publishes; ``token`` is in ``body``."""
+
+    subject: str
+    msg_id: str
+    body: bytes
+    token: str
+
+
+def _attempt_seconds(budget: float) -> float:
+    """How long one publish attempt waits for its ack before it is retried."""
+    return min(max(_MIN_ATTEMPT_S, budget / 4), _MAX_ATTEMPT_S, budget)
+
+
+def _check_stream(ack: PubAck, stream: str, msg_id: str) -> None:
+    if ack.stream != stream:
+        raise BackendError(
+            f"{BACKEND}: claim {msg_id} was stored in stream {ack.stream!r}, expected {stream!r}"
+        )
+
+
+def _claim_body(instance_id: str, slot_ms: int, run_id: str, token: str) -> bytes:
+    # Formatted by hand (strings still JSON-escaped): json.dumps of a dict costs more than the
+    # rest of the claim's client-side work together.
+    return (
+        f'{{"instance_id":{_json_str(instance_id)},"slot_ms":{int(slot_ms)},'
+        f'"run_id":{_json_str(run_id)},"claim":"{token}"}}'
+    ).encode()
+
+
+class _Claim:
+    """One ``claim()`` call: publish attempts with the same message id until a definite answer."""
+
+    def __init__(
+        self,
+        watch: _Watch,
+        nc: NATSClient,
+        js: JetStreamContext,
+        stream: str,
+        message: _Message,
+        started: float,
+        budget: float,
+    ) -> None:
+        self.watch, self.nc, self.js, self.stream = watch, nc, js, stream
+        self.message, self.msg_id, self.budget = message, message.msg_id, budget
+        self.deadline = started + budget  # on time.monotonic()
+        self.attempt_s = _attempt_seconds(budget)
+        self.attempts = 0
+        self.cause: Exception | None = None  # why the last attempt had no answer
+
+    async def retry(self, first_error: Exception | None) -> bool:
+        """Attempt until a definite answer or the deadline; ``first_error`` ended attempt 1."""
+        if first_error is not None:
+            self.attempts = 1
+            await self._absorb(first_error)
+        while (remaining := self.deadline - time.monotonic()) > 0:
+            if not self.nc.is_connected:
+                # Waiting, rather than letting nats-py buffer the publish, means a claim we give
+                # up on was never sent: it cannot be stored later behind our back.
+                await self.watch.wait_connected(self.nc, self.deadline)
+                continue
+            try:
+                async with self.watch.attempt(min(remaining, self.attempt_s)):
+                    verdict = await self._attempt()
+            except Exception as exc:
+                await self._absorb(exc)
+                continue
+            if verdict is not None:
+                return verdict
+        raise self._no_answer()
+
+    async def _absorb(self, exc: Exception) -> None:
+        """Keep ``exc`` as the cause of a retry, or re-raise it when retrying cannot help."""
+        import nats.errors
+        import nats.js.errors
+
+        if isinstance(exc, TimeoutError | nats.errors.OutboundBufferLimitError):
+            self.cause = exc  # maybe stored: the next attempt finds out
+        elif isinstance(
+            exc, nats.js.errors.NoStreamResponseError | nats.js.errors.ServiceUnavailableError
+        ):  # JetStream not ready (restarting, electing a leader): not stored
+            self.cause = exc
+            await asyncio.sleep(max(0.0, min(_RETRY_PAUSE_S, self.deadline - time.monotonic())))
+        else:
+            raise exc
+
+    async def _attempt(self) -> bool | None:
+        """``True``/``False`` when definite, ``None`` to try again."""
+        self.attempts += 1
+        ack = await self.js.publish(
+            self.message.subject,
+            self.message.body,
+            timeout=self.budget,  # the attempt's own deadline ends it sooner
+            headers={_MSG_ID: self.msg_id},
+        )
+        _check_stream(ack, self.stream, self.msg_id)
+        if not ack.duplicate:
+            return True
+        if self.attempts == 1:
+            return False  # nothing of this call can have been stored before: definite
+        if not ack.seq:  # clustered: the first copy is still being replicated
+            await asyncio.sleep(_RETRY_PAUSE_S)
+            return None
+        return await self._stored_is_ours(ack.seq)
+
+    async def _stored_is_ours(self, seq: int) -> bool:
+        """Whether the message stored under our id is an earlier attempt of this call.
+
+        Read from the stream leader (not a direct get, which a lagging replica may answer).
+        """
+        msg = await self.js.get_msg(self.stream, seq=seq)
+        headers = cast(dict[str, str], msg.headers or {})  # pyright: ignore[reportUnknownMemberType]
+        stored_id = headers.get(_MSG_ID)
+        if stored_id != self.msg_id:
+            raise BackendError(
+                f"{BACKEND}: claim {self.msg_id}: sequence {seq} of {self.stream} holds "
+                f"{stored_id!r}; cannot tell who won"
+            )
+        try:
+            stored = json.loads(msg.data or b"")
+        except ValueError as exc:
+            raise BackendError(f"{BACKEND}: claim {self.msg_id}: unreadable stored body") from exc
+        ours = self.message.token
+        return isinstance(stored, dict) and cast(dict[str, Any], stored).get("claim") == ours
+
+    def _no_answer(self) -> BackendError:
+        if self.cause is not None:
+            cause = redact(str(self.cause)) or type(self.cause).__name__
+        else:
+            cause = "no time left to try" if self.nc.is_connected else "not connected"
+        error = BackendUnavailableError(
+            f"{BACKEND}: claim {self.msg_id}: no definite answer within {self.budget:g}s "
+            f"after {self.attempts} attempt(s) ({cause})"
+        )
+        error.__cause__ = self.cause
+        return error
+
+
+def _chain(
+    first: Callable[..., Awaitable[None]], second: Callable[..., Awaitable[None]]
+) -> Callable[..., Awaitable[None]]:
+    async def both(*args: Any) -> None:
+        await first(*args)
+        await second(*args)
+
+    return both

@@ -1,0 +1,177 @@
+"""What the claims and the streams of ``NATSBackend`` share: its name and logger, the server
+URLs, secrets and their redaction, and the translation of nats-py exceptions."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, cast
+
+from ... import _redact
+from ..._exceptions import (
+    BackendError,
+    BackendUnavailableError,
+    BrokerschedError,
+    ConfigurationError,
+)
+
+__all__ = [
+    "BACKEND",
+    "Translated",
+    "check_servers",
+    "describe",
+    "import_nats",
+    "logger",
+    "redact",
+    "secrets_of",
+]
+
+logger = logging.getLogger("brokersched.backends.nats")
+
+BACKEND = "NATSBackend"
+_EXTRA_HINT = "pip install 'brokersched[nats]'"
+# connect_options that hold a secret (nats.connect's keywords)
+_SECRET_OPTIONS = ("password", "token", "nkeys_seed_str")
+
+
+def redact(text: str) -> str:
+    """``text`` with the user-info part of every URL (``user:pass@``, ``token@``) replaced.
+
+    The user name stays (it helps to debug permissions); passwords and tokens never appear.
+    Only URLs with a scheme are found in free text: a backend also scrubs the secrets it knows.
+    """
+    return _redact.redact_text(text)
+
+
+def secrets_of(servers: Sequence[str], connect_options: dict[str, Any]) -> list[str]:
+    """Every form of the secrets in ``servers`` and ``connect_options``, longest first."""
+    found = {secret for server in servers for secret in _redact.url_secrets(server)}
+    for option in _SECRET_OPTIONS:
+        value = connect_options.get(option)
+        if isinstance(value, str) and value:
+            found.add(value)
+    return sorted(found, key=len, reverse=True)
+
+
+def describe(exc: BaseException, secrets: Sequence[str]) -> str:
+    """The text of a client exception, fit for a message: no secret, never empty."""
+    return _redact.scrub(redact(str(exc)), secrets) or type(exc).__name__
+
+
+_SCHEME_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+_SCHEMES = ("nats", "tls", "ws", "wss")  # what nats-py connects with
+_ACCEPTED = "nats://host:4222, tls://host:4222, ws://host:8080, wss://host:443 or host:4222"
+
+
+def check_servers(servers: object) -> list[str]:
+    """``servers`` as a list of URLs nats-py can connect to, or a ``ConfigurationError``.
+
+    nats-py takes anything: it reads ``http://host:4222`` as the host ``http`` and fails with a
+    DNS error seconds after ``start()``. Scheme-less ``host:port`` (and ``user:pw@host:port``)
+    is nats-py's own shorthand for ``nats://``.
+    """
+    found = [servers] if isinstance(servers, str) else servers
+    if not isinstance(found, list | tuple) or not found:
+        raise ConfigurationError(
+            f"servers of {BACKEND} must be a URL or a non-empty list of URLs ({_ACCEPTED})",
+            option="servers",
+            backend=BACKEND,
+        )
+    checked: list[str] = []
+    for server in cast(Sequence[object], found):
+        if not isinstance(server, str) or not server.strip():
+            raise ConfigurationError(
+                f"server {server!r} of {BACKEND} is not a URL; write {_ACCEPTED}",
+                option="servers",
+                backend=BACKEND,
+            )
+        scheme = _scheme(server)
+        if scheme is not None and scheme not in _SCHEMES:
+            raise ConfigurationError(
+                f"server {_redact.redact_url(server)!r} of {BACKEND} has the scheme"
+                f" {scheme!r}; NATS URLs start with nats://, tls://, ws:// or wss://, in lower"
+                " case (or have no scheme: host:4222)",
+                option="servers",
+                backend=BACKEND,
+            )
+        checked.append(server)
+    websocket = [_scheme(server) in ("ws", "wss") for server in checked]
+    if any(websocket) and not all(websocket):
+        raise ConfigurationError(
+            f"servers of {BACKEND} mix WebSocket (ws://, wss://) and plain (nats://, tls://)"
+            " URLs, which nats-py refuses: list one kind only",
+            option="servers",
+            backend=BACKEND,
+        )
+    return checked
+
+
+def _scheme(server: str) -> str | None:
+    match = _SCHEME_RE.match(server)
+    return match[1] if match else None
+
+
+def import_nats() -> Any:
+    try:
+        return importlib.import_module("nats")
+    except ImportError as exc:  # the extra is not installed
+        raise ConfigurationError(
+            f"{BACKEND} needs the nats-py client: {_EXTRA_HINT}", backend=BACKEND
+        ) from exc
+
+
+def _translate(exc: Exception, what: str, secrets: Sequence[str]) -> BackendError | None:
+    """The brokersched error for a client exception, or ``None`` for a bug to re-raise."""
+    import nats.errors
+    import nats.js.errors
+
+    detail = describe(exc, secrets)
+    unavailable = (
+        OSError,  # includes TimeoutError and nats.errors.TimeoutError
+        nats.errors.ConnectionClosedError,
+        nats.errors.ConnectionReconnectingError,
+        nats.errors.ConnectionDrainingError,
+        nats.errors.NoServersError,
+        nats.errors.OutboundBufferLimitError,
+        nats.errors.StaleConnectionError,
+        nats.js.errors.NoStreamResponseError,
+        nats.js.errors.ServiceUnavailableError,
+    )
+    if isinstance(exc, unavailable):
+        return BackendUnavailableError(f"{BACKEND}: {what}: NATS unavailable ({detail})")
+    if isinstance(exc, nats.errors.Error):
+        return BackendError(f"{BACKEND}: {what}: {detail}")
+    return None
+
+
+class Translated:
+    """The one place nats-py exceptions become ``BackendError`` (chained).
+
+    A class rather than a ``contextmanager`` generator: it wraps every claim, so it is cheap,
+    and the message is only formatted when something failed.
+    """
+
+    __slots__ = ("_secrets", "_what")
+
+    def __init__(self, *what: str, secrets: Sequence[str] = ()) -> None:
+        self._what = what
+        self._secrets = secrets
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None or isinstance(exc, BrokerschedError) or not isinstance(exc, Exception):
+            return
+        error = _translate(exc, " ".join(self._what), self._secrets)
+        if error is not None:
+            clean = _redact.scrub_exception(exc, self._secrets)
+            raise error from (exc if clean else None)
