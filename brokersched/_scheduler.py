@@ -86,9 +86,10 @@ _COLLECTING: ContextVar[bool] = ContextVar("brokersched_collecting", default=Fal
 
 @contextmanager
 def collect_errors() -> Iterator[None]:
-    """While active, registration keeps refused jobs' errors for ``check()`` instead of raising
-    them, so that ``brokersched check`` reports every error of every job at once. A refused job
-    is not registered (its direct form returns ``None``)."""
+    """While active, the decorator form of registration keeps a refused job's errors for
+    ``check()`` instead of raising them, so that ``brokersched check`` reports every error of
+    every job at once. A refused job is not registered. The direct form
+    (``every(name, interval, handler)``) still raises: it has no ``Job`` to return."""
     token = _COLLECTING.set(True)
     try:
         yield
@@ -325,19 +326,13 @@ class Scheduler(Generic[B]):
         try:
             name, trigger, settings, job_options = self._validate(name, kind, make_trigger, options)
         except ConfigurationError as exc:
-            if not _COLLECTING.get():
+            if handler is not None or not _COLLECTING.get():
                 raise
             self._refused.extend(exc.all_errors)
-            return _unchanged if handler is None else None  # type: ignore[return-value]
+            return _unchanged
 
-        def add(function: Handler) -> Job | None:
-            try:
-                check_handler(name, function)
-            except ConfigurationError as exc:
-                if not _COLLECTING.get():
-                    raise
-                self._refused.append(exc)
-                return None
+        def add(function: Handler) -> Job:
+            check_handler(name, function)
             if name in self._jobs:
                 raise ConfigurationError(f"job name '{name}' is taken", option="name", job=name)
             state = JobState(name, kind, trigger, function, settings, job_options, make_trigger)
@@ -347,10 +342,15 @@ class Scheduler(Generic[B]):
             return job
 
         if handler is not None:
-            return add(handler)  # type: ignore[return-value]  # None only while collecting
+            return add(handler)
 
         def decorator(function: H) -> H:
-            add(function)
+            try:
+                add(function)
+            except ConfigurationError as exc:
+                if not _COLLECTING.get():
+                    raise
+                self._refused.append(exc)
             return function
 
         return decorator

@@ -96,11 +96,24 @@ def test_a_callable_without_a_signature_is_accepted() -> None:
 def test_check_collects_a_wrong_signature_with_the_other_errors() -> None:
     scheduler = Scheduler()
     with collect_errors():
-        scheduler.every("cleanup", "1m", no_args)
-        scheduler.every("bad", "1m", lambda ctx: None, jitter="nope")
+        scheduler.every("cleanup", "1m")(no_args)  # type: ignore[type-var]
+        scheduler.every("bad", "1m", jitter="nope")(lambda ctx: None)
     errors = scheduler.check()
     assert [error.job for error in errors] == ["cleanup", "bad"]
     assert scheduler.jobs() == []
+
+
+def test_the_direct_form_returns_a_job_or_raises_even_while_collecting() -> None:
+    """It has no Job to return for a refused job (``every()`` is typed to return one)."""
+    scheduler = Scheduler()
+    with collect_errors():
+        with pytest.raises(ConfigurationError, match="job 'cleanup': handler"):
+            scheduler.every("cleanup", "1m", no_args)
+        with pytest.raises(ConfigurationError, match="jitter"):
+            scheduler.every("bad", "1m", lambda ctx: None, jitter="nope")
+        job = scheduler.every("fine", "1m", lambda ctx: None)
+    assert scheduler.jobs() == [job]
+    assert scheduler.check() == []
 
 
 def test_a_value_that_is_not_callable_is_refused() -> None:
