@@ -1,5 +1,7 @@
 """The public surface is exactly what DESIGN.md names (and a few documented extras)."""
 
+from pathlib import Path
+
 import brokersched
 
 
@@ -48,6 +50,16 @@ def test_the_package_version_is_the_one_in_the_code() -> None:
     from importlib.metadata import version
 
     assert version("brokersched") == brokersched.__version__
+
+
+def test_the_package_says_it_is_typed_and_where_to_read_more() -> None:
+    from importlib.metadata import metadata
+
+    meta = metadata("brokersched")
+    assert "Typing :: Typed" in meta.get_all("Classifier", [])
+    labels = {entry.partition(",")[0] for entry in meta.get_all("Project-URL", [])}
+    assert labels >= {"Homepage", "Documentation", "Issues", "Changelog"}
+    assert Path(brokersched.__file__).with_name("py.typed").is_file()  # the wheel takes it
 
 
 def test_public_objects_say_where_they_are_imported_from() -> None:
