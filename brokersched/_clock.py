@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["Clock", "SystemClock", "Timer", "datetime_to_ms", "ms_to_datetime"]
+__all__ = ["Clock", "SystemClock", "Timer", "datetime_to_ms", "ms_to_datetime", "resolve"]
 
 T = TypeVar("T")
 

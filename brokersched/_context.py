@@ -10,7 +10,7 @@ from typing import Any, Literal
 from ._clock import Clock, SystemClock, ms_to_datetime, resolve
 from .abc import RunReason
 
-__all__ = ["AbortReason", "JobContext"]
+__all__ = ["AbortReason", "JobContext", "abort"]
 
 AbortReason = Literal["timeout", "lock-lost", "removed", "shutdown"]
 
@@ -121,3 +121,10 @@ class JobContext:
             f"JobContext(job={self.job!r}, run_id={self.run_id!r}, slot_ms={self.slot_ms}, "
             f"reason={self.reason!r}, attempt={self.attempt})"
         )
+
+
+def abort(ctx: JobContext, reason: AbortReason) -> None:
+    """Tell the handler holding ``ctx`` to stop, as the scheduler would: ``ctx.abort_reason``
+    is set and ``ctx.wait_aborted()`` returns (the scheduler also cancels an async handler,
+    except on ``shutdown``)."""
+    ctx._abort(reason)

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from ._exceptions import ConfigurationError
 
-__all__ = ["Duration", "format_duration", "parse_duration", "positive_duration"]
+__all__ = ["Duration", "format_duration", "parse_duration", "positive_duration", "to_ms"]
 
 Duration = timedelta | int | float | str
 

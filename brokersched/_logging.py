@@ -23,7 +23,7 @@ from typing import Any, Literal, TextIO, TypeGuard, cast
 
 from ._redact import redact_text
 
-__all__ = ["JsonFormatter", "TextFormatter", "configure_logging"]
+__all__ = ["JsonFormatter", "LogFormat", "TextFormatter", "configure_logging"]
 
 LogFormat = Literal["json", "text"]
 

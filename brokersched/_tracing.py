@@ -8,7 +8,7 @@ from typing import Any
 
 from ._context import JobContext
 
-__all__ = ["run_span"]
+__all__ = ["finish_span", "run_span"]
 
 try:
     from opentelemetry import trace

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._clock import Clock, datetime_to_ms
-from .._context import AbortReason, JobContext
+from .._context import AbortReason, JobContext, abort
 from ..abc import RunReason
 
 __all__ = ["abort", "make_context"]
@@ -39,10 +39,3 @@ def make_context(
     if abort_reason is not None:
         abort(ctx, abort_reason)
     return ctx
-
-
-def abort(ctx: JobContext, reason: AbortReason) -> None:
-    """Tell the handler holding ``ctx`` to stop, as the scheduler would: ``ctx.abort_reason``
-    is set and ``ctx.wait_aborted()`` returns (the scheduler also cancels an async handler,
-    except on ``shutdown``)."""
-    ctx._abort(reason)
