@@ -12,8 +12,9 @@ Three tools, for three situations:
 * ``url_secrets(url)`` and ``scrub(text, secrets)``: a client's message about a URL we gave it
   may quote the password in any form (percent-decoded, or a piece of it when the client's
   parser cut an unescaped password at a delimiter). A backend lists those forms once and
-  scrubs every client text with them; ``scrub_exception`` does the same to a whole chain of
-  exceptions, in place, since ``raise ... from exc`` carries the client's text along.
+  scrubs every client text with them (``connection_secrets`` adds the secrets passed as
+  keywords); ``scrub_exception`` does the same to a whole chain of exceptions, in place, since
+  ``raise ... from exc`` carries the client's text along (``chainable`` says what to chain).
 * ``redact_text(text)``: free text whose secrets we do not know (log lines): every
   ``scheme://user:password@`` URL and every ``password=...`` pair in it.
 
@@ -24,11 +25,13 @@ A userinfo without ``:`` is a user name, except for NATS (``nats://``, ``tls://`
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from urllib.parse import unquote, unquote_plus
 
 __all__ = [
     "MASK",
+    "chainable",
+    "connection_secrets",
     "leaks",
     "redact_text",
     "redact_url",
@@ -98,6 +101,17 @@ def url_secrets(url: str) -> list[str]:
     return sorted((form for form in forms if form), key=lambda form: (-len(form), form))
 
 
+def connection_secrets(
+    urls: Iterable[str], options: Mapping[str, object], keywords: Iterable[str]
+) -> list[str]:
+    """The secrets of a client's connection, longest first: every form of those in ``urls``
+    (``url_secrets``) and the string values of ``options`` (its connect keywords) named in
+    ``keywords`` (``password``, ``token``, ...)."""
+    found = {secret for url in urls for secret in url_secrets(url)}
+    found.update(value for key in keywords if isinstance(value := options.get(key), str) and value)
+    return sorted(found, key=lambda form: (-len(form), form))
+
+
 def scrub(text: str, secrets: Iterable[str]) -> str:
     """``text`` with every occurrence of each of ``secrets`` replaced by ``***``.
 
@@ -144,6 +158,12 @@ def scrub_exception(exc: BaseException, secrets: Iterable[str]) -> bool:
     for error in _chain(exc):
         _scrub_one(error, secrets)
     return not leaks(exc, secrets)
+
+
+def chainable(exc: BaseException, secrets: Iterable[str]) -> BaseException | None:
+    """``exc`` scrubbed of ``secrets`` in place (with what is chained to it), or ``None`` when
+    some text of it still shows one: what a translated error may be raised ``from``."""
+    return exc if scrub_exception(exc, secrets) else None
 
 
 def _split(url: str) -> tuple[str, str | None, str]:

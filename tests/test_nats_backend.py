@@ -164,8 +164,9 @@ def test_constructor_validates_and_never_connects() -> None:
         ({"replicas": True}, "replicas"),
     ]
     for kwargs, option in bad:
-        with pytest.raises(ConfigurationError, match=option):
+        with pytest.raises(ConfigurationError, match=option) as info:
             NATSBackend(**kwargs)  # type: ignore[arg-type]
+        assert (info.value.option, info.value.backend) == (option, "NATSBackend"), kwargs
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,8 @@ from brokersched import NATSBackend, PostgresBackend, RabbitMQBackend
 from brokersched._exceptions import BackendUnavailableError, BrokerschedError, ConfigurationError
 from brokersched._logging import configure_logging
 from brokersched._redact import (
+    chainable,
+    connection_secrets,
     leaks,
     redact_text,
     redact_url,
@@ -250,6 +252,20 @@ def test_scrub_exception_reports_what_it_cannot_clean() -> None:
 
     assert not scrub_exception(Stubborn(), ["S3cretZ"])
     assert scrub_exception(Stubborn(), [])
+    assert chainable(Stubborn(), ["S3cretZ"]) is None  # raise ... from None: nothing leaks
+    cleaned = OSError("refused for S3cretZ")
+    assert chainable(cleaned, ["S3cretZ"]) is cleaned
+    assert str(cleaned) == "refused for ***"
+
+
+def test_connection_secrets_are_the_urls_and_the_named_keywords_longest_first() -> None:
+    found = connection_secrets(
+        ["nats://tok3nQ@h:4222", "nats://alice:p%40ssW@h:4222"],
+        {"password": "Opt10nPw", "token": 42, "user": "bob", "nkeys_seed_str": ""},
+        ("password", "token", "nkeys_seed_str"),
+    )
+    assert set(found) == {"tok3nQ", "p%40ssW", "p@ssW", "Opt10nPw"}
+    assert [len(secret) for secret in found] == sorted(map(len, found), reverse=True)
 
 
 # -- NATS ------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from ... import _redact
 from ..._clock import Clock
-from ..._durations import Duration, parse_duration
+from ..._durations import Duration, positive_duration
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
 from ...abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
@@ -31,7 +31,6 @@ from ._base import (
     import_nats,
     logger,
     redact,
-    secrets_of,
 )
 from ._streams import Names, Streams
 
@@ -80,6 +79,8 @@ _CONNECT_DEFAULTS: dict[str, Any] = {
     "connect_timeout": 2,
 }
 _CALLBACKS = ("error_cb", "disconnected_cb", "reconnected_cb", "closed_cb")
+# connect_options that hold a secret (nats.connect's keywords)
+_SECRET_OPTIONS = ("password", "token", "nkeys_seed_str")
 
 
 class NATSBackend(ClaimBackend):
@@ -109,15 +110,12 @@ class NATSBackend(ClaimBackend):
     ) -> None:
         super().__init__()
         self._servers = check_servers(servers)
-        self._slot_ttl = parse_duration(slot_ttl, name="slot_ttl")
+        self._slot_ttl = positive_duration(slot_ttl, option="slot_ttl", backend=BACKEND)
         if claim_timeout is None:
             claim_timeout = _CLUSTER_CLAIM_TIMEOUT if replicas != 1 else _CLAIM_TIMEOUT
-        self._claim_timeout = parse_duration(claim_timeout, name="claim_timeout")
-        for option, value in (("slot_ttl", self._slot_ttl), ("claim_timeout", self._claim_timeout)):
-            if value <= timedelta(0):
-                raise ConfigurationError(
-                    f"{option} must be longer than 0s", option=option, backend=BACKEND
-                )
+        self._claim_timeout = positive_duration(
+            claim_timeout, option="claim_timeout", backend=BACKEND
+        )
         if not _PREFIX_RE.fullmatch(prefix):
             raise ConfigurationError(
                 f"prefix {prefix!r} must be 1-64 letters, digits, '_' or '-' "
@@ -134,7 +132,9 @@ class NATSBackend(ClaimBackend):
         self._names = Names(prefix)
         self._replicas = replicas
         self._connect_options = dict(connect_options)
-        self._secrets = secrets_of(self._servers, self._connect_options)
+        self._secrets = _redact.connection_secrets(
+            self._servers, self._connect_options, _SECRET_OPTIONS
+        )
         self._shown_servers = ", ".join(_redact.redact_url(s) for s in self._servers)
         self._capabilities = Capabilities(
             leases=False, slot_memory=self._slot_ttl, history_ttl=False, history_size_per_job=False
@@ -206,11 +206,10 @@ class NATSBackend(ClaimBackend):
             if not isinstance(exc, Exception):
                 raise
             cause = self._last_error or describe(exc, self._secrets)
-            clean = _redact.scrub_exception(exc, self._secrets)
             raise BackendUnavailableError(
                 f"{BACKEND}: cannot connect to NATS at {self._shown_servers} within "
                 f"{budget:g}s ({cause})"
-            ) from (exc if clean else None)
+            ) from _redact.chainable(exc, self._secrets)
         return nc
 
     def _callbacks(self) -> dict[str, Callable[..., Awaitable[None]]]:

@@ -26,15 +26,12 @@ __all__ = [
     "import_nats",
     "logger",
     "redact",
-    "secrets_of",
 ]
 
 logger = logging.getLogger("brokersched.backends.nats")
 
 BACKEND = "NATSBackend"
 _EXTRA_HINT = "pip install 'brokersched[nats]'"
-# connect_options that hold a secret (nats.connect's keywords)
-_SECRET_OPTIONS = ("password", "token", "nkeys_seed_str")
 
 
 def redact(text: str) -> str:
@@ -44,16 +41,6 @@ def redact(text: str) -> str:
     Only URLs with a scheme are found in free text: a backend also scrubs the secrets it knows.
     """
     return _redact.redact_text(text)
-
-
-def secrets_of(servers: Sequence[str], connect_options: dict[str, Any]) -> list[str]:
-    """Every form of the secrets in ``servers`` and ``connect_options``, longest first."""
-    found = {secret for server in servers for secret in _redact.url_secrets(server)}
-    for option in _SECRET_OPTIONS:
-        value = connect_options.get(option)
-        if isinstance(value, str) and value:
-            found.add(value)
-    return sorted(found, key=len, reverse=True)
 
 
 def describe(exc: BaseException, secrets: Sequence[str]) -> str:
@@ -173,5 +160,4 @@ class Translated:
             return
         error = _translate(exc, " ".join(self._what), self._secrets)
         if error is not None:
-            clean = _redact.scrub_exception(exc, self._secrets)
-            raise error from (exc if clean else None)
+            raise error from _redact.chainable(exc, self._secrets)

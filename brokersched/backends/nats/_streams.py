@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._durations import format_duration
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
+from ..._options import NAME_PATTERN
 from ._base import BACKEND, describe, logger
 
 if TYPE_CHECKING:
@@ -40,9 +41,6 @@ __all__ = [
     "subject_token",
 ]
 
-# Job names are validated by the scheduler; this is the backend's own guard before a name
-# becomes a subject token and a header value.
-_JOB_RE = re.compile(r"[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}")
 # Everything else is percent-encoded in subject tokens ('.' separates tokens; '%' is escaped so
 # the encoding stays reversible and two job names never share a subject).
 _TOKEN_UNSAFE = re.compile(r"[^A-Za-z0-9_:$-]")
@@ -59,7 +57,9 @@ _ERR_REPLICAS = (10074, 10023)
 @functools.lru_cache(maxsize=4096)
 def subject_token(job: str) -> str:
     """The NATS subject token for ``job``: reversible, no ``.``, ``*``, ``>`` or spaces."""
-    if not _JOB_RE.fullmatch(job):
+    # The scheduler checked it already; the backend's own guard, as the name becomes a subject
+    # token and a header value.
+    if not NAME_PATTERN.fullmatch(job):
         raise ConfigurationError(
             f"job name {job!r} cannot be used as a NATS subject token; "
             "use letters, digits and _ . : $ - (at most 128 characters)",
@@ -298,37 +298,45 @@ def history_problems(config: StreamConfig, names: Names, size: int | None = None
 
 def claims_config(names: Names, slot_ttl: timedelta, replicas: int) -> StreamConfig:
     """The claims stream brokersched creates (it passes ``claims_problems``)."""
-    from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-
     ttl = slot_ttl.total_seconds()
-    return StreamConfig(
-        name=names.claims,
-        description="brokersched slot claims (deduplicated by Nats-Msg-Id)",
-        subjects=[names.claim_subjects],
-        retention=RetentionPolicy.LIMITS,
-        storage=StorageType.FILE,
-        discard=DiscardPolicy.OLD,
-        num_replicas=replicas,
+    return _stream_config(
+        names.claims,
+        "brokersched slot claims (deduplicated by Nats-Msg-Id)",
+        names.claim_subjects,
+        replicas,
         duplicate_window=ttl,
         max_age=ttl,
-        allow_direct=True,
     )
 
 
 def history_config(names: Names, size: int, replicas: int) -> StreamConfig:
     """The history stream brokersched creates (it passes ``history_problems``)."""
+    return _stream_config(
+        names.history,
+        "brokersched run history (one subject per job)",
+        names.history_subjects,
+        replicas,
+        max_msgs_per_subject=size,
+    )
+
+
+def _stream_config(
+    name: str, description: str, subjects: str, replicas: int, **limits: Any
+) -> StreamConfig:
+    """What both streams are: file storage, messages removed by their limits only (the oldest
+    first), read directly."""
     from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
     return StreamConfig(
-        name=names.history,
-        description="brokersched run history (one subject per job)",
-        subjects=[names.history_subjects],
+        name=name,
+        description=description,
+        subjects=[subjects],
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
         discard=DiscardPolicy.OLD,
         num_replicas=replicas,
-        max_msgs_per_subject=size,
         allow_direct=True,
+        **limits,
     )
 
 

@@ -231,7 +231,7 @@ class RedisConnection:
                 f"{self.backend} cannot use the url {self.redacted}: {self._describe(exc)}",
                 option="url",
                 backend=self.backend,
-            ) from self._chainable(exc)
+            ) from _redact.chainable(exc, self._secrets)
 
     async def _check_persistence(self, client: Any) -> None:
         """A Redis without the append-only file forgets claims and leases when it restarts
@@ -334,7 +334,7 @@ class RedisConnection:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise self._translated(action, exc) from self._chainable(exc)
+            raise self._translated(action, exc) from _redact.chainable(exc, self._secrets)
 
     def _translated(self, action: str, exc: Exception) -> BackendError:
         try:
@@ -374,10 +374,6 @@ class RedisConnection:
     def _describe(self, exc: BaseException) -> str:
         text = " ".join(_redact.scrub(str(exc), self._secrets).split())  # one line
         return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-    def _chainable(self, exc: BaseException) -> BaseException | None:
-        """``exc`` scrubbed in place; ``None`` when some text of it still shows the password."""
-        return exc if _redact.scrub_exception(exc, self._secrets) else None
 
     # -- history -----------------------------------------------------------------------------
 
