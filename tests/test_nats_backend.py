@@ -22,8 +22,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from nats.js.api import StorageType, StreamConfig
 
+from brokersched import BackendError, BackendUnavailableError, ConfigurationError
 from brokersched._clock import SystemClock
-from brokersched._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from brokersched.abc import JobPolicy, RunRecord, Slot
 from brokersched.backends.nats import NATSBackend, redact, subject_token
 from brokersched.backends.nats._streams import Names

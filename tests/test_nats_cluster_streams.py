@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from brokersched import ConfigurationError
 from brokersched._clock import SystemClock
-from brokersched._exceptions import ConfigurationError
 from brokersched.backends.nats import NATSBackend
 from brokersched.backends.nats._streams import Names, claims_config
 from tests.nats_helpers import create_stream, delete_streams, stream_config, unique_prefix

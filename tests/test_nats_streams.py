@@ -30,9 +30,8 @@ from nats.js.api import (
     StreamSource,
 )
 
-from brokersched import JobContext, Scheduler
+from brokersched import ConfigurationError, JobContext, Scheduler
 from brokersched._clock import SystemClock
-from brokersched._exceptions import ConfigurationError
 from brokersched.abc import JobPolicy, RunRecord, Slot
 from brokersched.backends.nats import NATSBackend, _backend, _streams
 from brokersched.backends.nats._streams import (
