@@ -343,7 +343,7 @@ class NATSBackend(ClaimBackend):
         import nats.js.errors
 
         subject, body = self._names.history_subject(job.name), record.to_json().encode()
-        headers = {_MSG_ID: f"{record.job}:{record.slot_ms}:{record.run_id}"}
+        headers = {_MSG_ID: f"{Slot(record.job, record.slot_ms).key}:{record.run_id}"}
         deadline = time.monotonic() + max(_API_TIMEOUT_S, self._claim_budget_s)
         while True:
             await self._watch.wait_connected(nc, deadline)
