@@ -16,3 +16,11 @@ worker_class = "uvicorn_worker.UvicornWorker"
 preload_app = True
 graceful_timeout = 15
 timeout = 30
+
+
+def child_exit(server: object, worker: object) -> None:
+    """With PROMETHEUS_MULTIPROC_DIR, forget a dead worker's live gauges (active runs)."""
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)  # type: ignore[attr-defined]
