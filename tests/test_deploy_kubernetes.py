@@ -128,3 +128,17 @@ def _answers(url: str) -> int | None:
         return get(url)[0]
     except OSError:  # not listening yet
         return None
+
+
+def test_the_readme_quotes_the_manifest() -> None:
+    readme = (MANIFEST.parents[2] / "README.md").read_text()
+    spec, container = pod()
+    env = {each["name"]: each.get("value") for each in container["env"]}
+    readiness, liveness = container["readinessProbe"], container["livenessProbe"]
+    for quoted in (
+        f"`DRAIN_TIMEOUT={env['DRAIN_TIMEOUT']}`",
+        f"`terminationGracePeriodSeconds` ({spec['terminationGracePeriodSeconds']})",
+        f"({readiness['failureThreshold']} failures, {readiness['periodSeconds']} s apart)",
+        f"({liveness['failureThreshold']} failures, {liveness['periodSeconds']} s apart)",
+    ):
+        assert quoted in readme
