@@ -79,7 +79,9 @@ def wait_for_ticks(database: str, count: int, log: Path, timeout: float = 20) ->
     return done
 
 
+@pytest.mark.slow
 def test_the_management_command_reads_the_project(database: str) -> None:
+    """About 4 s: five Django processes."""
     migrate = manage(database, "migrate", "--no-input")
     assert migrate.returncode == 0, migrate.stderr
     check = manage(database, "brokersched", "check")

@@ -103,7 +103,6 @@ def test_sigterm_drains_a_running_job_within_the_grace_period(tmp_path: Path) ->
     assert "outcome=interrupted" not in server.text()
 
 
-@pytest.mark.slow
 def test_the_probe_fails_while_the_backend_is_unreachable(tmp_path: Path) -> None:
     """The pod starts (start(wait=False)) and stays out of the Service: /health answers 503."""
     _, container = pod()
