@@ -130,3 +130,22 @@ def test_runs_survive_the_database_closing_connections(database: str, tmp_path: 
     assert {entry["outcome"] for entry in runs} == {"completed"}, [
         entry.get("error") for entry in runs
     ]
+
+
+def test_a_project_without_the_setting_is_told_what_to_write() -> None:
+    code = (
+        "import django, sys\n"
+        "from django.conf import settings\n"
+        "settings.configure(INSTALLED_APPS=['brokersched.contrib.django'])\n"
+        "django.setup()\n"
+        "from django.core.management import execute_from_command_line\n"
+        "execute_from_command_line(['manage.py', 'brokersched', 'check'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 1
+    assert (
+        "settings.BROKERSCHED_SCHEDULER is None; name the scheduler as 'module:attribute', "
+        "e.g. BROKERSCHED_SCHEDULER = 'reports.jobs:scheduler'"
+    ) in done.stderr
