@@ -18,7 +18,9 @@ Series (``job`` is capped, see ``max_jobs``):
 - ``brokersched_active_runs{job}``: runs going on in this process
 - ``brokersched_last_success_timestamp_seconds{job}``: when a run last completed here (Unix
   time on the scheduler's clock); alert on ``time() - ...`` growing
-- ``brokersched_claim_duration_seconds{backend}``: how long claims took (histogram)
+- ``brokersched_claim_duration_seconds{backend}``: how long claims took (histogram);
+  ``backend`` is ``rabbitmq``, ``nats``, ``redis``, ``postgres``, ``sqlite`` or ``memory`` (a
+  backend of your own: its class name, lower case, without ``Backend``)
 - ``brokersched_records_dropped_total{job}``: run records never written to the backend (it was
   away while ``record_buffer`` records waited, or ``stop()`` could not write them in time)
 
@@ -26,6 +28,13 @@ The registry: by default a new ``CollectorRegistry`` of its own, so that several
 (or tests) in one process never collide on metric names; ``metrics.registry`` is what to serve.
 Pass ``registry=prometheus_client.REGISTRY`` to join the process-wide registry, as
 ``brokersched run --metrics-port`` does, so the application's own metrics are served as well.
+
+Several worker processes (``gunicorn``, ``uvicorn --workers``): with ``PROMETHEUS_MULTIPROC_DIR``
+set, prometheus-client keeps every process's values in that directory and a
+``multiprocess.MultiProcessCollector`` adds them up at each scrape: counters and histograms are
+summed, ``brokersched_active_runs`` over the live processes (``livesum``) and
+``brokersched_last_success_timestamp_seconds`` is the latest of all (``max``). The README's
+"Deploying" section has the recipe.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ if TYPE_CHECKING:
 
     from ._scheduler import Scheduler
 
-__all__ = ["OTHER_JOB", "PrometheusMetrics"]
+__all__ = ["OTHER_JOB", "PrometheusMetrics", "backend_label"]
 
 OTHER_JOB = "_other"
 _OUTCOMES = ("completed", "failed", "timed-out", "interrupted")
@@ -51,6 +60,26 @@ DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
 LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 # A claim is one round trip to the broker or database.
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+# The label of each backend brokersched ships (both Redis backends are "redis").
+_BACKEND_LABELS = {
+    "RabbitMQBackend": "rabbitmq",
+    "NATSBackend": "nats",
+    "RedisBackend": "redis",
+    "RedisLeaseBackend": "redis",
+    "PostgresBackend": "postgres",
+    "SQLiteBackend": "sqlite",
+    "MemoryBackend": "memory",
+}
+
+
+def backend_label(name: str) -> str:
+    """The ``backend`` label of a backend's ``name``: ``"RabbitMQBackend"`` → ``"rabbitmq"``."""
+    label = _BACKEND_LABELS.get(name)
+    if label is None:
+        label = name.removesuffix("Backend").lower() or name.lower()
+    return label
 
 
 def _prometheus() -> Any:
@@ -102,13 +131,20 @@ class PrometheusMetrics:
             buckets=LATENESS_BUCKETS,
             **into,
         )
+        # multiprocess_mode: how PROMETHEUS_MULTIPROC_DIR adds up the workers' gauges (ignored
+        # otherwise): the runs going on in the live workers; the latest success of any worker.
         self.active = prom.Gauge(
-            "brokersched_active_runs", "Runs going on in this process.", ["job"], **into
+            "brokersched_active_runs",
+            "Runs going on in this process.",
+            ["job"],
+            multiprocess_mode="livesum",
+            **into,
         )
         self.last_success = prom.Gauge(
             "brokersched_last_success_timestamp_seconds",
             "Unix time of the last completed run in this process.",
             ["job"],
+            multiprocess_mode="max",
             **into,
         )
         self.records_dropped = prom.Counter(
@@ -179,4 +215,4 @@ class PrometheusMetrics:
         self.active.labels(label)
 
     def _observe_claim(self, event: ClaimEvent) -> None:
-        self.claim_duration.labels(event.backend).observe(event.seconds)
+        self.claim_duration.labels(backend_label(event.backend)).observe(event.seconds)

@@ -102,7 +102,14 @@ def test_gunicorn_preload_workers_differ(tmp_path: Path) -> None:
     imported the app (and made its Scheduler). Each one runs the per-process job under its own
     id, with its own jitter. Real time: about 6 s."""
     log = tmp_path / "gunicorn.log"
-    env = {**os.environ, "BIND": f"127.0.0.1:{_free_port()}", "WORKERS": "3"}
+    multiproc = tmp_path / "prometheus"
+    multiproc.mkdir()
+    env = {
+        **os.environ,
+        "BIND": f"127.0.0.1:{_free_port()}",
+        "WORKERS": "3",
+        "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
+    }
     env.pop("BROKERSCHED_URL", None)
     with log.open("w") as sink:
         server = subprocess.Popen(
@@ -139,6 +146,9 @@ def test_gunicorn_preload_workers_differ(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+    # the config's child_exit hook forgot each exited worker's live gauges; counts stay
+    assert sorted(path.name for path in multiproc.glob("gauge_livesum_*")) == []
+    assert len(list(multiproc.glob("counter_*.db"))) >= 3
     ids = {pid: {run_id for run_id, _ in each} for pid, each in runs.items()}
     assert all(len(each) == 1 for each in ids.values()), ids
     assert len({next(iter(each)) for each in ids.values()}) == len(ids), ids  # distinct ids

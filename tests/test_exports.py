@@ -39,7 +39,7 @@ def test_all_is_the_public_surface() -> None:
 
 def test_the_namespace_holds_the_public_names_and_the_package_parts_only() -> None:
     public = {name for name in vars(brokersched) if not name.startswith("_")}
-    packages = {"abc", "backends", "triggers", "testing", "cli", "web"}
+    packages = {"abc", "backends", "triggers", "testing", "cli", "web", "contrib"}
     assert public - packages <= set(brokersched.__all__)
     assert not {"Any", "TYPE_CHECKING", "importlib", "annotations"} & set(vars(brokersched))
     assert set(dir(brokersched)) == {*brokersched.__all__, "__version__"}

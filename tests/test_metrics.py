@@ -5,15 +5,27 @@ from __future__ import annotations
 import asyncio
 import sys
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
-from brokersched import ConfigurationError, JobContext, MemoryBackend, Scheduler
-from brokersched._metrics import OTHER_JOB, PrometheusMetrics
+from brokersched import (
+    ConfigurationError,
+    JobContext,
+    MemoryBackend,
+    NATSBackend,
+    PostgresBackend,
+    RabbitMQBackend,
+    RedisBackend,
+    RedisLeaseBackend,
+    Scheduler,
+    SQLiteBackend,
+)
+from brokersched._metrics import OTHER_JOB, PrometheusMetrics, backend_label
+from brokersched.abc import Backend
 from brokersched.testing import TestClock
 from tests.cli_apps.process import RunningCLI
 from tests.helpers import DictClaimBackend
@@ -82,7 +94,7 @@ async def test_runs_skips_durations_and_gauges(
     # jitter 0 on virtual time: every scheduled run started on its slot
     assert value(registry, "brokersched_run_lateness_seconds_count", job="ok") == 3
     assert value(registry, "brokersched_run_lateness_seconds_sum", job="ok") == 0
-    claims = value(registry, "brokersched_claim_duration_seconds_count", backend="MemoryBackend")
+    claims = value(registry, "brokersched_claim_duration_seconds_count", backend="memory")
     # 9 scheduled slots (the skipped one too) + 3 catch-up claims at start, refused: a job
     # never claimed before has missed nothing
     assert claims == 9 + 3
@@ -202,10 +214,28 @@ def test_brokersched_run_serves_metrics_over_http(tmp_path: Path) -> None:
                 break
             time.sleep(0.1)
         assert completed >= 2 and failed >= 2, samples
-        assert samples['brokersched_claim_duration_seconds_count{backend="SQLiteBackend"}'] >= 4
+        assert samples['brokersched_claim_duration_seconds_count{backend="sqlite"}'] >= 4
         assert samples['brokersched_runs_total{job="report",outcome="completed"}'] == 0
         assert samples['brokersched_last_success_timestamp_seconds{job="tick"}'] > 1.7e9
         assert "python_info" in " ".join(samples)  # the process-wide registry is served
         assert cli.stop() == 0, cli.output()
     finally:
         cli.kill()
+
+
+# Constructing a backend never connects.
+BACKENDS: list[tuple[Callable[[], Backend], str]] = [
+    (lambda: RabbitMQBackend("amqp://127.0.0.1/"), "rabbitmq"),
+    (lambda: NATSBackend("nats://127.0.0.1:4222"), "nats"),
+    (lambda: RedisBackend("redis://127.0.0.1:6379/0"), "redis"),
+    (lambda: RedisLeaseBackend("redis://127.0.0.1:6379/0"), "redis"),
+    (lambda: PostgresBackend("postgresql://127.0.0.1/test"), "postgres"),
+    (lambda: SQLiteBackend(":memory:"), "sqlite"),
+    (MemoryBackend, "memory"),
+    (DictClaimBackend, "dictclaim"),  # a backend of your own: its name, lower case
+]
+
+
+@pytest.mark.parametrize(("make", "label"), BACKENDS, ids=[label for _, label in BACKENDS])
+def test_the_backend_label_is_one_users_read(make: Callable[[], Backend], label: str) -> None:
+    assert backend_label(make().name) == label

@@ -21,8 +21,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 
-from brokersched import JobContext, PrometheusMetrics, Scheduler
+from brokersched import JobContext, PrometheusMetrics, Scheduler, parse_duration
 from brokersched.abc import Backend
 
 logging.basicConfig(
@@ -57,13 +58,21 @@ def backend_from_url(url: str | None) -> Backend | None:
 
 # Made at import: under `gunicorn --preload` this happens once, in the master, before the fork;
 # each worker still gets an instance_id and a jitter of its own when the scheduler starts.
-scheduler: Scheduler[Any] = Scheduler(backend_from_url(os.environ.get("BROKERSCHED_URL")))
+# DRAIN_TIMEOUT: how long stop() lets running jobs finish; keep it under the platform's grace
+# period (gunicorn's graceful_timeout, Kubernetes' terminationGracePeriodSeconds).
+scheduler: Scheduler[Any] = Scheduler(
+    backend_from_url(os.environ.get("BROKERSCHED_URL")),
+    drain_timeout=os.environ.get("DRAIN_TIMEOUT", "10s"),
+)
 metrics = PrometheusMetrics().attach(scheduler)
 REPORT_EVERY = os.environ.get("REPORT_EVERY", "2s")
+# how long building a report takes (seconds, or a duration: "3s")
+REPORT_WORK = parse_duration(os.environ.get("REPORT_WORK", "0")).total_seconds()
 
 
 @scheduler.every("report.build", REPORT_EVERY)
 async def build_report(ctx: JobContext) -> None:
+    await ctx.sleep(REPORT_WORK)
     ctx.logger.info("report for %s built by %s", ctx.scheduled_at, ctx.instance_id)
 
 
@@ -96,3 +105,13 @@ def health(response: Response) -> dict[str, Any]:
         "instance_id": scheduler.instance_id,
         "pid": os.getpid(),
     }
+
+
+@app.get("/metrics")
+def prometheus() -> Response:
+    """This worker's metrics; with ``PROMETHEUS_MULTIPROC_DIR`` set, those of every worker."""
+    registry = metrics.registry
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -9,6 +9,7 @@ the workers are forked from it; each worker starts its scheduler in the app's li
 """
 
 import os
+from typing import Any
 
 bind = os.environ.get("BIND", "127.0.0.1:8000")
 workers = int(os.environ.get("WORKERS", "3"))
@@ -16,3 +17,11 @@ worker_class = "uvicorn_worker.UvicornWorker"
 preload_app = True
 graceful_timeout = 15
 timeout = 30
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    """With PROMETHEUS_MULTIPROC_DIR, forget a dead worker's live gauges (active runs)."""
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)
