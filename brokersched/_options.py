@@ -31,6 +31,10 @@ __all__ = [
 ]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}")
+_NAME_RULE = (
+    "use 1-128 characters, letters, digits and '_' '$' (first), then also '.' ':' '-' "
+    "(pattern ^[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}$)"
+)
 LEASE_ONLY = ("overlap", "max_attempts", "catch_up")
 
 
@@ -78,6 +82,7 @@ class JobOptions(BaseModel):
     timezone: TimezoneOption | None = None
     data: Any = None
     claim: StrictBool = True
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +96,7 @@ class JobSettings:
     catch_up_ms: int
     data: Any
     claim: bool
+    key: str  # claims, leases, fencing and history are kept under it (default: the name)
 
 
 def _from_validation_error(
@@ -131,9 +137,7 @@ def parse_scheduler_options(options: dict[str, Any]) -> SchedulerOptions:
 def check_name(name: object) -> str:
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ConfigurationError(
-            f"job name {name!r} is not valid: use 1-128 characters, letters, digits and "
-            "'_' '$' (first), then also '.' ':' '-' "
-            "(pattern ^[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}$)",
+            f"job name {name!r} is not valid: {_NAME_RULE}",
             option="name",
             job=name if isinstance(name, str) else None,
         )
@@ -186,7 +190,7 @@ def _settings(
     if catch_up is None:
         catch_up = timedelta(minutes=5) if caps.leases and options.claim else timedelta(0)
     policy = JobPolicy(
-        name=job,
+        name=options.key or job,
         history_size=options.history_size or defaults.history_size,
         history_ttl=options.history_ttl or defaults.history_ttl,
         overlap=options.overlap or "skip",
@@ -201,6 +205,7 @@ def _settings(
         catch_up_ms=to_ms(catch_up),
         data=options.data,
         claim=options.claim,
+        key=options.key or job,
     )
 
 
@@ -248,6 +253,8 @@ def job_errors(
         refuse("offset", f"option 'offset' applies to every() only, not to {kind}()")
     if options.timezone is not None and kind != "cron":
         refuse("timezone", f"option 'timezone' applies to cron() only, not to {kind}()")
+    if options.key is not None and not NAME_PATTERN.fullmatch(options.key):
+        refuse("key", f"option 'key' {options.key!r} is not valid: {_NAME_RULE}")
     history_ttl = options.history_ttl or defaults.history_ttl
     if history_ttl is not None and not caps.history_ttl:
         refuse(

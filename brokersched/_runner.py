@@ -126,7 +126,9 @@ class Runner:
         try:
             # The backend's own deadline comes first; this one only bounds a backend that hangs.
             async with asyncio.timeout(timeout + _CLAIM_SLACK_S):
-                lease = await self._claim(job, Slot(job.name, slot_ms), run_id, reason, timeout)
+                lease = await self._claim(
+                    job, Slot(job.settings.key, slot_ms), run_id, reason, timeout
+                )
         except ClockSkewError as exc:  # this instance's clock is fast: it claims nothing
             self.skip(job, slot_ms, "clock-skew", detail=str(exc))
             return None
@@ -344,7 +346,7 @@ class Runner:
         finished_ms = self.clock.now_ms()
         duration_ms = self.clock.monotonic_ms() - run.started_mono
         entry = RunRecord(
-            job=job.name,
+            job=job.settings.key,  # the history is the key's: a renamed job keeps it
             slot_ms=ctx.slot_ms,
             run_id=ctx.run_id,
             instance_id=ctx.instance_id,

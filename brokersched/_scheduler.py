@@ -379,7 +379,19 @@ class Scheduler(Generic[B]):
         settings = resolve_job(
             name, kind, trigger.min_gap(), job_options, self.options, caps, backend
         )
+        self._check_key(name, settings.key, replacing)
         return name, trigger, settings, job_options
+
+    def _check_key(self, name: str, key: str, replacing: JobState | None) -> None:
+        """Two jobs of one scheduler never share a key: they would claim each other's slots."""
+        for other in self._states():
+            if other is not replacing and other.name != name and other.settings.key == key:
+                raise ConfigurationError(
+                    f"job '{name}': key '{key}' is taken by job '{other.name}'; two jobs of one "
+                    "scheduler need different keys (claims and history are kept under the key)",
+                    option="key",
+                    job=name,
+                )
 
     def _update(self, job: JobState, options: dict[str, Any]) -> None:
         merged = {**job.options.model_dump(exclude_unset=True), **options}
@@ -849,13 +861,14 @@ class Scheduler(Generic[B]):
         except Exception as exc:
             logger.warning("take-over sweep failed: %s", exc)
             return
+        by_key = {job.settings.key: job for job in self._states()}
         for lease in leases:
-            handle = self._jobs.get(lease.job)
-            if handle is None or self._stopping or self._running_here(handle._state, lease):
+            state = by_key.get(lease.job)  # leases are kept under the job's key
+            if state is None or self._stopping or self._running_here(state, lease):
                 # A sync handler whose lease was lost may still be running here: not twice.
                 await self._runner.release(lease, handover=True)
                 continue
-            run = self._runner.execute(handle._state, lease.slot_ms, lease, leased_ms=leased_ms)
+            run = self._runner.execute(state, lease.slot_ms, lease, leased_ms=leased_ms)
             self._spawn(run, name=f"retry:{lease.job}")
 
     @staticmethod
@@ -893,6 +906,12 @@ class Job:
     @property
     def name(self) -> str:
         return self._state.name
+
+    @property
+    def key(self) -> str:
+        """What claims, leases, fencing and history are kept under: the ``key`` option, or
+        the name."""
+        return self._state.settings.key
 
     @property
     def kind(self) -> Literal["every", "cron", "at"]:

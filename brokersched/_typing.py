@@ -32,6 +32,7 @@ class ClaimAtOptions(TypedDict, total=False):
     history_ttl: Duration
     data: Any
     claim: bool
+    key: str
 
 
 class ClaimEveryOptions(ClaimAtOptions, total=False):

@@ -1,0 +1,148 @@
+"""Job option ``key``: claims, leases, fencing and history kept under a stable key."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+
+from brokersched import ConfigurationError, JobContext, MemoryBackend, PostgresBackend, Scheduler
+from brokersched.backends.memory import MemoryStore
+from brokersched.testing import TestClock
+
+START = "2027-01-15T08:00:30+00:00"
+
+
+class Runs:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, int]] = []  # (instance, job, slot)
+
+    async def __call__(self, ctx: JobContext) -> None:
+        self.seen.append((ctx.instance_id, ctx.job, ctx.slot_ms))
+
+
+def test_key_defaults_to_the_name() -> None:
+    scheduler = Scheduler()
+    job = scheduler.every("sync", "1m", Runs())
+    assert job.key == "sync"
+    assert job.settings.policy.name == "sync"
+    keyed = scheduler.every("sync.renamed", "1m", Runs(), key="sync-v2")
+    assert keyed.key == "sync-v2"
+    assert keyed.settings.policy.name == "sync-v2"
+
+
+def test_two_jobs_of_one_scheduler_with_one_key_are_refused() -> None:
+    scheduler = Scheduler()
+    scheduler.every("sync", "1m", Runs(), key="sync-v2")
+    with pytest.raises(ConfigurationError) as caught:
+        scheduler.every("other", "1m", Runs(), key="sync-v2")
+    assert str(caught.value) == (
+        "job 'other': key 'sync-v2' is taken by job 'sync'; two jobs of one scheduler need "
+        "different keys (claims and history are kept under the key)"
+    )
+    assert caught.value.option == "key"
+    scheduler.every("plain", "1m", Runs())
+    with pytest.raises(ConfigurationError, match="key 'plain' is taken by job 'plain'"):
+        scheduler.every("again", "1m", Runs(), key="plain")  # another job's name is its key
+    assert [job.name for job in scheduler.jobs()] == ["sync", "plain"]
+
+
+def test_a_job_keeps_its_own_key_on_update() -> None:
+    scheduler = Scheduler()
+    job = scheduler.every("sync", "1m", Runs(), key="sync-v2")
+    job.update(jitter="1s")
+    assert job.key == "sync-v2"
+    other = scheduler.every("b", "1m", Runs())
+    with pytest.raises(ConfigurationError, match="key 'sync-v2' is taken"):
+        other.update(key="sync-v2")
+    assert other.key == "b"
+
+
+@pytest.mark.parametrize("key", ["", "has space", "a/b", "x" * 129, ".dot-first"])
+def test_an_invalid_key_is_refused(key: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Scheduler().every("sync", "1m", Runs(), key=key)
+    assert str(caught.value).startswith(f"job 'sync': option 'key' {key!r} is not valid: use")
+    assert caught.value.option == "key"
+
+
+def test_a_key_that_is_not_a_string_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="option 'key' = 3 is invalid"):
+        Scheduler().every("sync", "1m", Runs(), key=3)  # type: ignore[call-overload]
+
+
+async def test_a_renamed_job_keeping_its_key_never_runs_a_slot_twice() -> None:
+    """A deploy renames ``sync`` to ``sync.renamed``: old and new instances overlap for a while
+    and claim the same slots, so each slot runs once; the history is the key's."""
+    clock, store, runs = TestClock(START), MemoryStore(), Runs()
+    old = Scheduler(MemoryBackend(store=store), clock=clock, jitter=0, instance_id="old")
+    new = Scheduler(MemoryBackend(store=store), clock=clock, jitter=0, instance_id="new")
+    old.every("sync", "1m", runs, key="sync-v2", catch_up=0)
+    renamed = new.every("sync.renamed", "1m", runs, key="sync-v2", catch_up=0)
+    await old.start()
+    await clock.advance("2m")
+    await new.start()
+    await clock.advance("3m")  # both run
+    await old.stop()
+    await clock.advance("2m")
+    slots = [slot for _, _, slot in runs.seen]
+    assert len(slots) == 7
+    assert len(set(slots)) == len(slots)
+    assert {job for _, job, _ in runs.seen} == {"sync", "sync.renamed"}
+    history = await renamed.history(limit=20)
+    assert len(history) == 7
+    assert {record.job for record in history} == {"sync-v2"}
+    assert {record.instance_id for record in history} == {"old", "new"}
+    await new.stop()
+
+
+async def test_a_new_key_starts_afresh_on_purpose() -> None:
+    clock, store, runs = TestClock(START), MemoryStore(), Runs()
+    v1 = Scheduler(MemoryBackend(store=store), clock=clock, jitter=0, instance_id="v1")
+    v2 = Scheduler(MemoryBackend(store=store), clock=clock, jitter=0, instance_id="v2")
+    v1.every("sync", "1m", runs, catch_up=0)
+    v2.every("sync", "1m", runs, key="sync-v2", catch_up=0)
+    async with v1, v2:
+        await clock.advance("2m")
+    assert sorted(instance for instance, _, _ in runs.seen) == ["v1", "v1", "v2", "v2"]
+
+
+@pytest.fixture
+async def postgres_schema(postgres_dsn: str) -> AsyncIterator[str]:
+    schema = "seeds" + secrets.token_hex(5)
+    yield schema
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+async def test_a_rename_keeping_the_key_on_postgres(postgres_dsn: str, postgres_schema: str) -> None:
+    """The deploy of a rename on PostgreSQL: the old and the new release run side by side on
+    virtual time (slots ahead of the database's clock are allowed by ``max_clock_skew``)."""
+    clock, runs = TestClock(datetime.now(UTC).replace(microsecond=0)), Runs()
+
+    def instance(name: str) -> Scheduler[PostgresBackend]:
+        backend = PostgresBackend(postgres_dsn, schema=postgres_schema, max_clock_skew="1h")
+        return Scheduler(backend, clock=clock, jitter=0, instance_id=name)
+
+    old, new = instance("old"), instance("new")
+    old.every("sync", "10s", runs, key="sync-v2", catch_up=0)
+    renamed = new.every("sync.renamed", "10s", runs, key="sync-v2", catch_up=0)
+    async with old:
+        await clock.advance("20s")
+        async with new:
+            await clock.advance("50s")
+            await old.stop()
+            await clock.advance("20s")
+            history = await renamed.history(limit=50)
+    slots = [slot for _, _, slot in runs.seen]
+    assert len(slots) == 9
+    assert len(set(slots)) == len(slots)
+    assert {job for _, job, _ in runs.seen} == {"sync", "sync.renamed"}
+    assert sorted(record.slot_ms for record in history) == sorted(slots)
+    assert {record.job for record in history} == {"sync-v2"}
