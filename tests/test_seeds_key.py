@@ -121,7 +121,9 @@ async def postgres_schema(postgres_dsn: str) -> AsyncIterator[str]:
         await conn.close()
 
 
-async def test_a_rename_keeping_the_key_on_postgres(postgres_dsn: str, postgres_schema: str) -> None:
+async def test_a_rename_keeping_the_key_on_postgres(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
     """The deploy of a rename on PostgreSQL: the old and the new release run side by side on
     virtual time (slots ahead of the database's clock are allowed by ``max_clock_skew``)."""
     clock, runs = TestClock(datetime.now(UTC).replace(microsecond=0)), Runs()
