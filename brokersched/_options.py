@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
 from typing import Annotated, Any, Literal
@@ -26,6 +27,7 @@ __all__ = [
     "JobSettings",
     "SchedulerOptions",
     "check_name",
+    "enabled_from_env",
     "parse_job_options",
     "resolve_job",
 ]
@@ -324,3 +326,21 @@ def _timing_errors(
 def _shown(value: object) -> str:
     """An option's value as a message shows it: ``1h``, ``'allow'``, ``3``."""
     return format_duration(value) if isinstance(value, timedelta) else repr(value)
+
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def enabled_from_env(environ: Mapping[str, str]) -> bool:
+    """``BROKERSCHED_ENABLED``: true unless set to a false spelling; any other value refused."""
+    raw = environ.get("BROKERSCHED_ENABLED")
+    if raw is None or raw.strip().lower() in _TRUE:
+        return True
+    if raw.strip().lower() in _FALSE:
+        return False
+    raise ConfigurationError(
+        f"BROKERSCHED_ENABLED={raw!r} is not a boolean: use true or false "
+        f"(also {'/'.join(_TRUE[1:])} or {'/'.join(_FALSE[1:])}), or leave it unset",
+        option="enabled",
+    )

@@ -32,6 +32,7 @@ from ._options import (
     JobSettings,
     check_name,
     check_scheduler_options,
+    enabled_from_env,
     job_errors,
     parse_job_options,
     parse_scheduler_options,
@@ -136,6 +137,7 @@ class Scheduler(Generic[B]):
         clock: Clock | None = ...,
         lifespan: Lifespan | None = ...,
         around_run: AroundRun | None = ...,
+        enabled: bool | None = ...,
     ) -> None: ...
     @overload
     def __init__(
@@ -153,6 +155,7 @@ class Scheduler(Generic[B]):
         clock: Clock | None = ...,
         lifespan: Lifespan | None = ...,
         around_run: AroundRun | None = ...,
+        enabled: bool | None = ...,
     ) -> None: ...
     def __init__(
         self,
@@ -161,6 +164,7 @@ class Scheduler(Generic[B]):
         clock: Clock | None = None,
         lifespan: Lifespan | None = None,
         around_run: AroundRun | None = None,
+        enabled: bool | None = None,
         **options: Any,
     ) -> None:
         # Scheduler() is a Scheduler[MemoryBackend] (see the overloads)
@@ -175,6 +179,13 @@ class Scheduler(Generic[B]):
         self.options = parse_scheduler_options(options)
         check_scheduler_options(self.options, self.backend.capabilities, self.backend.name)
         self.clock: Clock = clock or SystemClock()
+        if enabled is None:
+            enabled = enabled_from_env(os.environ)
+        elif not isinstance(enabled, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ConfigurationError(
+                f"Scheduler: enabled={enabled!r} must be True or False", option="enabled"
+            )
+        self._enabled = enabled  # False: jobs are registered and listed, nothing is armed
         self.instance_id = self.options.instance_id or _default_instance_id()
         self._identity_pid = os.getpid()  # the process instance_id and the jitter RNG belong to
         self._jobs: dict[str, Job] = {}
@@ -464,6 +475,8 @@ class Scheduler(Generic[B]):
 
         A slot counts as handled when it completed here or another instance claimed it.
         """
+        if not self._enabled:
+            return []  # nothing is scheduled here: nothing can be late
         now = self.clock.now_ms()
         late: list[Job] = []
         # Not connected yet (start(wait=False)): every job misses its slots since the start.
@@ -600,7 +613,7 @@ class Scheduler(Generic[B]):
         self._started_ms = self.clock.now_ms()
         for job in self._states():
             self._arm(job)
-        if isinstance(self.backend, LeaseBackend):
+        if isinstance(self.backend, LeaseBackend) and self._enabled:
             self._catch_up()
             self._spawn(self._sweep(), name="brokersched:take-over")  # hand-overs wait for no one
             self._schedule_sweep()
@@ -743,6 +756,14 @@ class Scheduler(Generic[B]):
         await self.stop()
 
     @property
+    def enabled(self) -> bool:
+        """Whether this instance schedules: ``False`` (``Scheduler(enabled=False)``,
+        ``BROKERSCHED_ENABLED=false``, ``brokersched run --no-schedule``) keeps the jobs
+        registered, listed and runnable with ``trigger()``, but arms no timer: no slot, no
+        catch-up, no take-over of other instances' slots runs here."""
+        return self._enabled
+
+    @property
     def running(self) -> bool:
         return self._started and not self._stopping
 
@@ -765,7 +786,7 @@ class Scheduler(Generic[B]):
         self._arm(job)
 
     def _arm(self, job: JobState, after_ms: int | None = None) -> None:
-        if not self._started or self._stopping or job.paused or job.removed:
+        if not self._started or self._stopping or job.paused or job.removed or not self._enabled:
             return
         now = self.clock.now_ms()
         slot = job.schedule.next_ms(now if after_ms is None else after_ms)
@@ -934,11 +955,12 @@ class Job:
 
     @property
     def next_run(self) -> datetime | None:
-        """When the next slot falls (before jitter), or ``None`` when paused, removed or done."""
+        """When the next slot falls (before jitter), or ``None`` when paused, removed, done, or
+        when the scheduler is not enabled."""
         state = self._state
         if state.armed_ms is not None:
             return ms_to_datetime(state.armed_ms)
-        if state.paused or state.removed:
+        if state.paused or state.removed or not self._scheduler.enabled:
             return None
         nxt = state.schedule.next_ms(self._scheduler.clock.now_ms())
         return None if nxt is None else ms_to_datetime(nxt)

@@ -340,18 +340,27 @@ def _log_options(function: Callable[..., None]) -> Callable[..., None]:
     help="Serve the admin API and dashboard (brokersched[web]), e.g. 127.0.0.1:8080; "
     "another address than loopback needs BROKERSCHED_ADMIN_TOKEN.",
 )
+@click.option(
+    "--no-schedule",
+    is_flag=True,
+    help="Arm no job here (as BROKERSCHED_ENABLED=false): jobs stay listed and run on "
+    "trigger (--http), e.g. on web replicas.",
+)
 @_log_options
 def run(
     app: str,
     metrics_port: int | None,
     metrics_host: str,
     http: str | None,
+    no_schedule: bool,
     log_format: LogFormat,
     log_level: str,
 ) -> None:
     """Run the scheduler until SIGINT or SIGTERM, then drain running jobs."""
     configure_logging(log_format, log_level)
     scheduler = load_scheduler(app)
+    if no_schedule:
+        scheduler._enabled = False
     metrics = (metrics_host, metrics_port) if metrics_port is not None else None
     web = _admin_server(scheduler, http) if http is not None else None
     _run_async(_serve(scheduler, metrics, web))
@@ -443,14 +452,16 @@ def _log_started(scheduler: Scheduler[Any]) -> None:
     backend = _backend(scheduler)
     jobs = scheduler.jobs()
     logger.info(
-        "started %d job(s) on %s as instance %s",
+        "started %d job(s) on %s as instance %s%s",
         len(jobs),
         backend,
         scheduler.instance_id,
+        "" if scheduler.enabled else " with scheduling disabled (jobs run on trigger only)",
         extra={
             "backend": backend,
             "jobs": [job.name for job in jobs],
             "instance_id": scheduler.instance_id,
+            "enabled": scheduler.enabled,
         },
     )
 

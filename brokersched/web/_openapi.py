@@ -58,7 +58,7 @@ _SCHEMAS: dict[str, Any] = {
                 "type": "object",
                 "description": "Resolved options; `data` is never shown, only `***`",
             },
-            "state": {"enum": ["armed", "paused", "running", "idle"]},
+            "state": {"enum": ["armed", "paused", "running", "idle", "disabled"]},
             "next_runs": {"type": "array", "items": {"type": "string", "format": "date-time"}},
             "last": {"oneOf": [_ref("Record"), {"type": "null"}]},
             "history_error": {"type": "string"},

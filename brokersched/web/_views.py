@@ -16,7 +16,7 @@ from ..triggers.cron import CronTrigger
 
 __all__ = ["backend_text", "job_json", "job_state", "record_json", "timeline_slots"]
 
-JobState = Literal["armed", "paused", "running", "idle"]
+JobState = Literal["armed", "paused", "running", "idle", "disabled"]
 MAX_TIMELINE_SLOTS = 500
 
 
@@ -32,10 +32,13 @@ def backend_text(scheduler: Scheduler[Any]) -> str:
 
 
 def job_state(scheduler: Scheduler[Any], job: Job) -> JobState:
-    """``running`` (a run is going on here), ``paused`` (here), ``armed`` (waiting for its next
+    """``running`` (a run is going on here), ``disabled`` (scheduling is switched off here, or
+    for this job: it runs on trigger only), ``paused`` (here), ``armed`` (waiting for its next
     slot) or ``idle`` (the scheduler is not running, or the schedule has ended)."""
     if job.is_running:
         return "running"
+    if not scheduler.enabled:
+        return "disabled"
     if job.paused:
         return "paused"
     return "armed" if scheduler.running and job.next_run is not None else "idle"
