@@ -37,6 +37,9 @@ _NAME_RULE = (
     "use 1-128 characters, letters, digits and '_' '$' (first), then also '.' ':' '-' "
     "(pattern ^[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}$)"
 )
+Kind = Literal["every", "cron", "at", "after"]
+# after() runs once, when its delay has passed: no schedule to be late on, nothing to catch up.
+NOT_AFTER = ("jitter", "max_late", "overlap", "max_attempts", "catch_up")
 LEASE_ONLY = ("overlap", "max_attempts", "catch_up")
 
 
@@ -85,6 +88,7 @@ class JobOptions(BaseModel):
     data: Any = None
     claim: StrictBool = True
     key: str | None = None
+    run_on_start: StrictBool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +162,7 @@ def check_scheduler_options(options: SchedulerOptions, caps: Capabilities, backe
 
 def resolve_job(
     job: str,
-    kind: Literal["every", "cron", "at"],
+    kind: Kind,
     gap: timedelta | None,
     options: JobOptions,
     defaults: SchedulerOptions,
@@ -213,7 +217,7 @@ def _settings(
 
 def job_errors(
     job: str,
-    kind: Literal["every", "cron", "at"],
+    kind: Kind,
     gap: timedelta | None,
     options: JobOptions,
     defaults: SchedulerOptions,
@@ -234,7 +238,17 @@ def job_errors(
         )
 
     given = options.model_fields_set
+    if kind == "after":
+        for option in NOT_AFTER:
+            if option in given and getattr(options, option) is not None:
+                refuse(
+                    option,
+                    f"option '{option}' does not apply to after(): it runs once, when its delay "
+                    "has passed",
+                )
     for option in LEASE_ONLY:
+        if kind == "after":
+            break
         if option in given and getattr(options, option) is not None and not caps.leases:
             refuse(
                 option,
@@ -253,6 +267,11 @@ def job_errors(
                 refuse(option, f"option '{option}' needs claim=True: an unclaimed job has no lease")
     if options.offset is not None and kind != "every":
         refuse("offset", f"option 'offset' applies to every() only, not to {kind}()")
+    if options.run_on_start and kind not in ("every", "cron"):
+        refuse(
+            "run_on_start",
+            f"option 'run_on_start' applies to every() and cron() only, not to {kind}()",
+        )
     if options.timezone is not None and kind != "cron":
         refuse("timezone", f"option 'timezone' applies to cron() only, not to {kind}()")
     if options.key is not None and not NAME_PATTERN.fullmatch(options.key):

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeAlias, TypeVar, Unpack, overload
 
-from . import _runner
+from . import _boot, _runner
 from ._clock import Clock, SystemClock, Timer, ms_to_datetime
 from ._durations import Duration, parse_duration, to_ms
 from ._events import ClaimEvent, EventName, Events, RunEvent, SkipEvent, StartEvent
@@ -30,6 +30,7 @@ from ._job import AroundRun, Handler, JobState, check_handler
 from ._options import (
     JobOptions,
     JobSettings,
+    Kind,
     check_name,
     check_scheduler_options,
     enabled_from_env,
@@ -42,6 +43,7 @@ from ._recorder import Recorder
 from ._tasks import TaskSet, cancel_requests, raise_if_cancelled_since
 from ._thread import SchedulerThread
 from ._typing import (
+    AfterOptions,
     ClaimAtOptions,
     ClaimCronOptions,
     ClaimEveryOptions,
@@ -51,6 +53,7 @@ from ._typing import (
 )
 from .abc import Backend, ClaimBackend, Lease, LeaseBackend, RunRecord
 from .backends.memory import MemoryBackend
+from .triggers.after import AfterTrigger
 from .triggers.at import AtTrigger
 from .triggers.base import Trigger
 from .triggers.cron import parse_cron
@@ -324,10 +327,31 @@ class Scheduler(Generic[B]):
         """Run ``handler`` once, at ``when`` (an aware datetime)."""
         return self._register(name, "at", lambda _: AtTrigger(when), handler, options)
 
+    @overload
+    def after(
+        self, name: str, delay: Duration, handler: H, **options: Unpack[AfterOptions]
+    ) -> Job: ...
+    @overload
+    def after(
+        self, name: str, delay: Duration, handler: None = None, **options: Unpack[AfterOptions]
+    ) -> Callable[[H], H]: ...
+    def after(
+        self, name: str, delay: Duration, handler: Handler | None = None, **options: Any
+    ) -> Job | Callable[[H], H]:
+        """Run ``handler`` once, ``delay`` after ``start()`` (``ctx.reason == "start"``); a job
+        added to a running scheduler, ``delay`` after it is added. With ``claim=True`` (the
+        default) instances that start together run it once between them; with ``claim=False``
+        every instance runs it (see ``brokersched._boot``)."""
+
+        def make(job_options: JobOptions) -> Trigger:
+            return AfterTrigger(parse_duration(delay, name="delay"))
+
+        return self._register(name, "after", make, handler, options)
+
     def _register(
         self,
         name: str,
-        kind: Literal["every", "cron", "at"],
+        kind: Kind,
         make_trigger: Callable[[JobOptions], Trigger],
         handler: Handler | None,
         options: dict[str, Any],
@@ -369,7 +393,7 @@ class Scheduler(Generic[B]):
     def _validate(
         self,
         name: str,
-        kind: Literal["every", "cron", "at"],
+        kind: Kind,
         make_trigger: Callable[[JobOptions], Trigger],
         options: dict[str, Any],
         replacing: JobState | None = None,
@@ -613,6 +637,7 @@ class Scheduler(Generic[B]):
         self._started_ms = self.clock.now_ms()
         for job in self._states():
             self._arm(job)
+            self._arm_boot(job, self._started_ms)
         if isinstance(self.backend, LeaseBackend) and self._enabled:
             self._catch_up()
             self._spawn(self._sweep(), name="brokersched:take-over")  # hand-overs wait for no one
@@ -659,6 +684,9 @@ class Scheduler(Generic[B]):
         self._heap.clear()
         for job in self._states():
             job.armed_ms = None
+            if job.boot_timer is not None:  # a boot run not yet due never comes
+                job.boot_timer.cancel()
+            job.boot_ms = job.boot_timer = None
         drain_s = self.options.drain_timeout.total_seconds()
         began_ms = self.clock.monotonic_ms()
         try:
@@ -784,6 +812,25 @@ class Scheduler(Generic[B]):
         except Exception:
             logger.exception("backend could not prepare job %s; its slots are skipped", job.name)
         self._arm(job)
+        self._arm_boot(job, self.clock.now_ms())
+
+    def _arm_boot(self, job: JobState, since_ms: int) -> None:
+        """Arm the boot run of an ``after()`` job, or of a ``run_on_start`` job."""
+        if not self._started or self._stopping or job.removed or not self._enabled:
+            return
+        if isinstance(job.schedule, AfterTrigger):
+            delay_ms = job.schedule.delay_ms
+        elif job.options.run_on_start:
+            delay_ms = 0
+        else:
+            return
+        due = job.boot_ms = since_ms + delay_ms
+
+        def fire() -> None:
+            job.boot_ms = job.boot_timer = None
+            self._spawn(_boot.run_boot(self._runner, job, due), name=f"start:{job.name}")
+
+        job.boot_timer = self.clock.call_at(due, fire)
 
     def _arm(self, job: JobState, after_ms: int | None = None) -> None:
         if not self._started or self._stopping or job.paused or job.removed or not self._enabled:
@@ -935,7 +982,7 @@ class Job:
         return self._state.settings.key
 
     @property
-    def kind(self) -> Literal["every", "cron", "at"]:
+    def kind(self) -> Kind:
         return self._state.kind
 
     @property
@@ -958,6 +1005,8 @@ class Job:
         """When the next slot falls (before jitter), or ``None`` when paused, removed, done, or
         when the scheduler is not enabled."""
         state = self._state
+        if state.boot_ms is not None and not state.paused:  # its boot run comes first
+            return ms_to_datetime(state.boot_ms)
         if state.armed_ms is not None:
             return ms_to_datetime(state.armed_ms)
         if state.paused or state.removed or not self._scheduler.enabled:

@@ -38,7 +38,7 @@ _SCHEMAS: dict[str, Any] = {
             "slot": {"type": "string", "format": "date-time"},
             "run_id": {"type": "string"},
             "instance_id": {"type": "string"},
-            "reason": {"enum": ["schedule", "catch-up", "retry", "manual"]},
+            "reason": {"enum": ["schedule", "catch-up", "retry", "manual", "start"]},
             "attempt": {"type": "integer"},
             "started_at": {"type": "string", "format": "date-time"},
             "finished_at": {"type": ["string", "null"], "format": "date-time"},
@@ -51,7 +51,7 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "properties": {
             "name": {"type": "string"},
-            "kind": {"enum": ["every", "cron", "at"]},
+            "kind": {"enum": ["every", "cron", "at", "after"]},
             "schedule": {"type": "string"},
             "zone": {"type": "string"},
             "options": {

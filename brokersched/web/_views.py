@@ -101,7 +101,7 @@ def record_json(record: RunRecord) -> dict[str, Any]:
 def timeline_slots(job: Job, records: list[RunRecord], now_ms: int) -> list[int]:
     """The schedule's slots from the oldest record's to the last one that should have run by
     now (``max_late`` ago): the timeline shows those nobody ran as missed."""
-    scheduled = [r.slot_ms for r in records if r.reason != "manual"]
+    scheduled = [r.slot_ms for r in records if r.reason not in ("manual", "start")]
     if not scheduled:
         return []
     until = now_ms - job.settings.max_late_ms
