@@ -108,6 +108,10 @@ class JobState:
     # the last slot handled: completed here, or claimed by another instance (for overdue())
     last_ok_ms: int | None = None
     runs: dict[str, Run] = field(default_factory=dict)  # run_id -> run in progress here
+    enabled: bool = True  # False: switched off by an override (registered, never armed)
+    overrides: dict[str, Any] = field(default_factory=dict)  # the override applied, as given
+    # the trigger maker and options as registered, before any override
+    origin: tuple[Callable[[JobOptions], Trigger], dict[str, Any]] | None = None
     boot_ms: int | None = None  # when the boot run (after(), run_on_start) is due here
     boot_timer: Timer | None = None
 

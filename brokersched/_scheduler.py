@@ -14,7 +14,7 @@ import secrets
 import signal
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
 from contextvars import ContextVar
 from datetime import datetime, timedelta
@@ -39,6 +39,13 @@ from ._options import (
     parse_scheduler_options,
     resolve_job,
 )
+from ._overrides import (
+    SCHEDULE_KEYS,
+    Overrides,
+    overrides_from_env,
+    parse_overrides,
+    unknown_jobs,
+)
 from ._recorder import Recorder
 from ._tasks import TaskSet, cancel_requests, raise_if_cancelled_since
 from ._thread import SchedulerThread
@@ -54,7 +61,7 @@ from ._typing import (
 from .abc import Backend, ClaimBackend, Lease, LeaseBackend, RunRecord
 from .backends.memory import MemoryBackend
 from .triggers.after import AfterTrigger
-from .triggers.at import AtTrigger
+from .triggers.at import AtTrigger, parse_when
 from .triggers.base import Trigger
 from .triggers.cron import parse_cron
 from .triggers.interval import IntervalTrigger
@@ -141,6 +148,7 @@ class Scheduler(Generic[B]):
         lifespan: Lifespan | None = ...,
         around_run: AroundRun | None = ...,
         enabled: bool | None = ...,
+        overrides: Mapping[str, Mapping[str, Any]] | None = ...,
     ) -> None: ...
     @overload
     def __init__(
@@ -159,6 +167,7 @@ class Scheduler(Generic[B]):
         lifespan: Lifespan | None = ...,
         around_run: AroundRun | None = ...,
         enabled: bool | None = ...,
+        overrides: Mapping[str, Mapping[str, Any]] | None = ...,
     ) -> None: ...
     def __init__(
         self,
@@ -168,6 +177,7 @@ class Scheduler(Generic[B]):
         lifespan: Lifespan | None = None,
         around_run: AroundRun | None = None,
         enabled: bool | None = None,
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
         **options: Any,
     ) -> None:
         # Scheduler() is a Scheduler[MemoryBackend] (see the overloads)
@@ -189,6 +199,9 @@ class Scheduler(Generic[B]):
                 f"Scheduler: enabled={enabled!r} must be True or False", option="enabled"
             )
         self._enabled = enabled  # False: jobs are registered and listed, nothing is armed
+        self._overrides: Overrides = (
+            overrides_from_env(os.environ) if overrides is None else parse_overrides(overrides)
+        )
         self.instance_id = self.options.instance_id or _default_instance_id()
         self._identity_pid = os.getpid()  # the process instance_id and the jitter RNG belong to
         self._jobs: dict[str, Job] = {}
@@ -252,12 +265,7 @@ class Scheduler(Generic[B]):
         self, name: str, interval: Duration, handler: Handler | None = None, **options: Any
     ) -> Job | Callable[[H], H]:
         """Run ``handler`` every ``interval``, on a grid aligned to the Unix epoch (+ offset)."""
-
-        def make(job_options: JobOptions) -> Trigger:
-            period = parse_duration(interval, name="interval")
-            return IntervalTrigger(period, job_options.offset or timedelta(0))
-
-        return self._register(name, "every", make, handler, options)
+        return self._register(name, "every", self._maker("every", interval), handler, options)
 
     @overload
     def cron(
@@ -291,11 +299,7 @@ class Scheduler(Generic[B]):
         self, name: str, expression: str, handler: Handler | None = None, **options: Any
     ) -> Job | Callable[[H], H]:
         """Run ``handler`` on a cron schedule, in ``timezone`` (default: the scheduler's)."""
-
-        def make(job_options: JobOptions) -> Trigger:
-            return parse_cron(expression, job_options.timezone or self.options.timezone)
-
-        return self._register(name, "cron", make, handler, options)
+        return self._register(name, "cron", self._maker("cron", expression), handler, options)
 
     @overload
     def at(
@@ -325,7 +329,7 @@ class Scheduler(Generic[B]):
         self, name: str, when: datetime, handler: Handler | None = None, **options: Any
     ) -> Job | Callable[[H], H]:
         """Run ``handler`` once, at ``when`` (an aware datetime)."""
-        return self._register(name, "at", lambda _: AtTrigger(when), handler, options)
+        return self._register(name, "at", self._maker("at", when), handler, options)
 
     @overload
     def after(
@@ -342,11 +346,22 @@ class Scheduler(Generic[B]):
         added to a running scheduler, ``delay`` after it is added. With ``claim=True`` (the
         default) instances that start together run it once between them; with ``claim=False``
         every instance runs it (see ``brokersched._boot``)."""
+        return self._register(name, "after", self._maker("after", delay), handler, options)
+
+    def _maker(self, kind: Kind, schedule: Any) -> Callable[[JobOptions], Trigger]:
+        """What builds a job's trigger from its schedule (given, or from overrides) and options."""
 
         def make(job_options: JobOptions) -> Trigger:
-            return AfterTrigger(parse_duration(delay, name="delay"))
+            if kind == "every":
+                period = parse_duration(schedule, name="interval")
+                return IntervalTrigger(period, job_options.offset or timedelta(0))
+            if kind == "cron":
+                return parse_cron(schedule, job_options.timezone or self.options.timezone)
+            if kind == "after":
+                return AfterTrigger(parse_duration(schedule, name="delay"))
+            return AtTrigger(parse_when(schedule))
 
-        return self._register(name, "after", make, handler, options)
+        return make
 
     def _register(
         self,
@@ -357,7 +372,9 @@ class Scheduler(Generic[B]):
         options: dict[str, Any],
     ) -> Job | Callable[[H], H]:
         # Everything is validated now, before the decorator form returns: never at the first run.
+        origin = (make_trigger, options)
         try:
+            make_trigger, options, enabled = self._overridden(name, kind, make_trigger, options)
             name, trigger, settings, job_options = self._validate(name, kind, make_trigger, options)
         except ConfigurationError as exc:
             if not _COLLECTING.get():
@@ -376,6 +393,8 @@ class Scheduler(Generic[B]):
             if name in self._jobs:
                 raise ConfigurationError(f"job name '{name}' is taken", option="name", job=name)
             state = JobState(name, kind, trigger, function, settings, job_options, make_trigger)
+            state.origin, state.enabled = origin, enabled
+            state.overrides = self._overrides.get(name, {})
             job = self._jobs[name] = Job(self, state)
             if self._started and not self._stopping:
                 self._spawn(self._prepare_and_arm(state), name=f"brokersched:add:{name}")
@@ -417,6 +436,62 @@ class Scheduler(Generic[B]):
         self._check_key(name, settings.key, replacing)
         return name, trigger, settings, job_options
 
+    def _overridden(
+        self,
+        name: str,
+        kind: Kind,
+        make_trigger: Callable[[JobOptions], Trigger],
+        options: dict[str, Any],
+    ) -> tuple[Callable[[JobOptions], Trigger], dict[str, Any], bool]:
+        """The trigger maker, options and enabled state of ``name`` once its override (if any)
+        is applied; a schedule under another kind's key is refused: the kind never changes."""
+        override = dict(self._overrides.get(name, {}))
+        if not override:
+            return make_trigger, options, True
+        enabled = override.pop("enabled", True)
+        if not isinstance(enabled, bool):
+            raise ConfigurationError(
+                f"job '{name}': override 'enabled' = {enabled!r} must be true or false",
+                option="enabled",
+                job=name,
+            )
+        schedule_key = SCHEDULE_KEYS[kind]
+        for other in SCHEDULE_KEYS.values():
+            if other in override and other != schedule_key:
+                raise ConfigurationError(
+                    f"job '{name}' is a {kind}() job: override '{other}' does not apply (its "
+                    f"schedule is '{schedule_key}'); the kind of a job never changes",
+                    option=other,
+                    job=name,
+                )
+        if schedule_key in override:
+            make_trigger = self._maker(kind, override.pop(schedule_key))
+        return make_trigger, {**options, **override}, enabled
+
+    def _add_overrides(self, more: Overrides) -> None:
+        """Overrides given after the jobs registered (the CLI's ``--override``): merged over
+        the scheduler's, option by option, and applied to the jobs at once."""
+        for name, override in more.items():
+            merged = self._overrides[name] = {**self._overrides.get(name, {}), **override}
+            job = self._jobs.get(name)
+            if job is None:
+                continue
+            state = job._state
+            assert state.origin is not None  # set by _register
+            origin_trigger, origin_options = state.origin
+            make_trigger, options, enabled = self._overridden(
+                name, state.kind, origin_trigger, origin_options
+            )
+            _, trigger, settings, job_options = self._validate(
+                name, state.kind, make_trigger, options, replacing=state
+            )
+            state.schedule, state.settings, state.options = trigger, settings, job_options
+            state.make_trigger, state.enabled, state.overrides = make_trigger, enabled, merged
+
+    def _override_errors(self) -> list[ConfigurationError]:
+        """Overrides that name no registered job."""
+        return unknown_jobs(self._overrides, self._jobs)
+
     def _check_key(self, name: str, key: str, replacing: JobState | None) -> None:
         """Two jobs of one scheduler never share a key: they would claim each other's slots."""
         for other in self._states():
@@ -446,7 +521,7 @@ class Scheduler(Generic[B]):
         while ``collect_errors()`` was active, and the registered jobs checked again against
         the scheduler's current backend and defaults."""
         caps, backend = self.backend.capabilities, self.backend.name
-        errors: list[ConfigurationError] = list(self._refused)
+        errors: list[ConfigurationError] = list(self._refused) + self._override_errors()
         for job in self._states():
             gap = job.schedule.min_gap()
             errors += job_errors(job.name, job.kind, gap, job.options, self.options, caps, backend)
@@ -532,6 +607,8 @@ class Scheduler(Generic[B]):
                     "the scheduler is started already: call start() once (or use "
                     "`async with scheduler`, not both), and stop() before starting it again"
                 )
+            if errors := self._override_errors():  # every job is registered by now
+                raise errors[0]
             self._stopped = asyncio.Event()  # bound to this start's event loop
             self._start_requested_ms = self.clock.now_ms()
             await self._enter_lifespan()
@@ -816,7 +893,9 @@ class Scheduler(Generic[B]):
 
     def _arm_boot(self, job: JobState, since_ms: int) -> None:
         """Arm the boot run of an ``after()`` job, or of a ``run_on_start`` job."""
-        if not self._started or self._stopping or job.removed or not self._enabled:
+        if not self._started or self._stopping or job.removed or job.paused:
+            return  # a job paused at start has no boot run (a CLI trigger pauses them all)
+        if not (self._enabled and job.enabled):
             return
         if isinstance(job.schedule, AfterTrigger):
             delay_ms = job.schedule.delay_ms
@@ -833,7 +912,9 @@ class Scheduler(Generic[B]):
         job.boot_timer = self.clock.call_at(due, fire)
 
     def _arm(self, job: JobState, after_ms: int | None = None) -> None:
-        if not self._started or self._stopping or job.paused or job.removed or not self._enabled:
+        if not self._started or self._stopping or job.paused or job.removed:
+            return
+        if not (self._enabled and job.enabled):
             return
         now = self.clock.now_ms()
         slot = job.schedule.next_ms(now if after_ms is None else after_ms)
@@ -898,6 +979,8 @@ class Scheduler(Generic[B]):
         for job in self._states():
             if not job.settings.claim or job.settings.catch_up_ms <= 0 or job.paused:
                 continue
+            if not job.enabled:
+                continue
             latest = job.schedule.latest_ms(now, job.settings.catch_up_ms)
             if latest is not None:
                 coro = self._runner.run_slot(job, latest, "catch-up")
@@ -918,7 +1001,7 @@ class Scheduler(Generic[B]):
     async def _sweep(self) -> None:
         backend = self.backend
         assert isinstance(backend, LeaseBackend)
-        jobs = [job for job in self._states() if job.settings.claim and not job.paused]
+        jobs = [s for s in self._states() if s.settings.claim and not s.paused and s.enabled]
         if not jobs:
             return
         leased_ms = self.clock.monotonic_ms()
@@ -1009,7 +1092,7 @@ class Job:
             return ms_to_datetime(state.boot_ms)
         if state.armed_ms is not None:
             return ms_to_datetime(state.armed_ms)
-        if state.paused or state.removed or not self._scheduler.enabled:
+        if state.paused or state.removed or not (self._scheduler.enabled and state.enabled):
             return None
         nxt = state.schedule.next_ms(self._scheduler.clock.now_ms())
         return None if nxt is None else ms_to_datetime(nxt)
@@ -1022,6 +1105,19 @@ class Job:
     def is_running(self) -> bool:
         """Whether a run of this job is going on this instance."""
         return bool(self._state.runs)
+
+    @property
+    def enabled(self) -> bool:
+        """``False`` when an override (``{"enabled": False}``) switched the job off: it stays
+        registered and runs on ``trigger()``, but no slot of it is armed. (Whether the whole
+        scheduler schedules is ``scheduler.enabled``.)"""
+        return self._state.enabled
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The override applied to this job (``Scheduler(overrides=...)``, the environment or
+        the CLI), as given; ``{}`` when none."""
+        return dict(self._state.overrides)
 
     @property
     def paused(self) -> bool:

@@ -37,7 +37,7 @@ def job_state(scheduler: Scheduler[Any], job: Job) -> JobState:
     slot) or ``idle`` (the scheduler is not running, or the schedule has ended)."""
     if job.is_running:
         return "running"
-    if not scheduler.enabled:
+    if not (scheduler.enabled and job.enabled):
         return "disabled"
     if job.paused:
         return "paused"
