@@ -56,3 +56,4 @@ rabbit.after("s3", "2s", flush, catch_up="1m")  # E
 memory.every("s4", "5s", flush, key=3)  # E
 memory.after("s5", "2s", flush, run_on_start=True)  # E
 Scheduler(enabled="no")  # E
+Scheduler(overrides={"digest.daily": "0 * * * *"})  # E
