@@ -7,6 +7,7 @@ import asyncio
 import secrets
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -16,14 +17,19 @@ from brokersched import (
     ConfigurationError,
     JobContext,
     MemoryBackend,
+    NATSBackend,
     PostgresBackend,
     RabbitMQBackend,
+    RedisBackend,
     Scheduler,
+    SQLiteBackend,
 )
 from brokersched.abc import Backend
 from brokersched.backends.memory import MemoryStore
 from brokersched.testing import TestClock
 from tests.helpers import DictClaimBackend
+from tests.nats_helpers import delete_streams, unique_prefix
+from tests.redis_helpers import delete_keys
 
 START = "2027-01-15T08:00:30+00:00"
 
@@ -272,3 +278,27 @@ async def test_a_fleet_boot_run_happens_once_on_rabbitmq(amqp_url: str) -> None:
     runs = await boot_three([RabbitMQBackend(amqp_url, prefix=prefix) for _ in range(3)])
     assert len(runs.of("sweep")) == 1
     assert len({i for i, _, _ in runs.of("warm")}) == 3
+
+
+async def test_a_fleet_boot_run_happens_once_on_nats(nats_url: str) -> None:
+    prefix = unique_prefix()
+    try:
+        runs = await boot_three([NATSBackend(nats_url, prefix=prefix) for _ in range(3)])
+    finally:
+        await delete_streams(nats_url, prefix)
+    assert len(runs.of("sweep")) == 1
+
+
+async def test_a_fleet_boot_run_happens_once_on_redis(redis_url: str) -> None:
+    prefix = "seeds" + secrets.token_hex(4)
+    try:
+        runs = await boot_three([RedisBackend(redis_url, prefix=prefix) for _ in range(3)])
+    finally:
+        await delete_keys(redis_url, prefix)
+    assert len(runs.of("sweep")) == 1
+
+
+async def test_a_fleet_boot_run_happens_once_on_sqlite(tmp_path: Path) -> None:
+    path = tmp_path / "boot.db"
+    runs = await boot_three([SQLiteBackend(path) for _ in range(3)])
+    assert len(runs.of("sweep")) == 1

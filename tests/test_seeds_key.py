@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 import pytest
 
-from brokersched import ConfigurationError, JobContext, MemoryBackend, PostgresBackend, Scheduler
+from brokersched import (
+    ConfigurationError,
+    JobContext,
+    MemoryBackend,
+    NATSBackend,
+    PostgresBackend,
+    RabbitMQBackend,
+    RedisBackend,
+    Scheduler,
+)
+from brokersched.abc import Backend, JobPolicy, Slot
 from brokersched.backends.memory import MemoryStore
 from brokersched.testing import TestClock
+from tests.nats_helpers import delete_streams
+from tests.redis_helpers import delete_keys
 
 START = "2027-01-15T08:00:30+00:00"
 
@@ -110,31 +123,80 @@ async def test_a_new_key_starts_afresh_on_purpose() -> None:
     assert sorted(instance for instance, _, _ in runs.seen) == ["v1", "v1", "v2", "v2"]
 
 
-@pytest.fixture
-async def postgres_schema(postgres_dsn: str) -> AsyncIterator[str]:
-    schema = "seeds" + secrets.token_hex(5)
-    yield schema
-    conn = await asyncpg.connect(postgres_dsn)
-    try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    finally:
-        await conn.close()
+async def test_a_slot_left_by_a_dead_runner_is_retried_under_the_key() -> None:
+    """The old release died mid-run on slot 08:00 of ``sync``; the renamed job takes it over."""
+    clock, store = TestClock(START), MemoryStore()
+    corpse = MemoryBackend(store=store, lease_ttl="30s")
+    await corpse.start(clock)
+    slot_ms = int(datetime.fromisoformat("2027-01-15T08:00:00+00:00").timestamp() * 1000)
+    lease = await corpse.acquire(
+        Slot("sync-v2", slot_ms),
+        policy=JobPolicy("sync-v2"),
+        instance_id="dead",
+        run_id="r1",
+        reason="schedule",
+        timeout=1,
+    )
+    assert not isinstance(lease, str)  # acquired, then the process "dies": no renewals
+    runs = Runs()
+    scheduler = Scheduler(MemoryBackend(store=store, lease_ttl="30s"), clock=clock, jitter=0)
+    job = scheduler.every("sync.renamed", "1h", runs, key="sync-v2", catch_up=0)
+    async with scheduler:
+        await clock.advance("50s")
+        assert runs.seen == [(scheduler.instance_id, "sync.renamed", slot_ms)]
+        history = await job.history(5)
+    assert [(r.job, r.outcome, r.attempt) for r in history] == [
+        ("sync-v2", "completed", 2),
+        ("sync-v2", "interrupted", 1),
+    ]
 
 
-async def test_a_rename_keeping_the_key_on_postgres(
-    postgres_dsn: str, postgres_schema: str
+@pytest.fixture(params=["postgres", "rabbitmq", "nats", "redis"])
+async def make_backend(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[], Backend]]:
+    """A factory of backends of one fresh namespace on a real server (one per instance)."""
+    kind: str = request.param
+    name = "seeds" + secrets.token_hex(5)
+    url = request.getfixturevalue(
+        {"postgres": "postgres_dsn", "rabbitmq": "amqp_url", "nats": "nats_url"}.get(
+            kind, "redis_url"
+        )
+    )
+
+    def make() -> Backend:
+        if kind == "postgres":  # virtual slots run ahead of the database's clock
+            return PostgresBackend(url, schema=name, max_clock_skew="1h")
+        if kind == "rabbitmq":
+            return RabbitMQBackend(url, prefix=name)
+        if kind == "nats":
+            return NATSBackend(url, prefix=name)
+        return RedisBackend(url, prefix=name)
+
+    yield make
+    if kind == "postgres":
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        finally:
+            await conn.close()
+    elif kind == "nats":
+        await delete_streams(url, name)
+    elif kind == "redis":
+        await delete_keys(url, name)
+
+
+async def test_a_rename_keeping_the_key_on_a_real_server(
+    make_backend: Callable[[], Backend],
 ) -> None:
-    """The deploy of a rename on PostgreSQL: the old and the new release run side by side on
-    virtual time (slots ahead of the database's clock are allowed by ``max_clock_skew``)."""
+    """The deploy of a rename: the old and the new release run side by side (on virtual time)
+    and claim each slot under the same key."""
     clock, runs = TestClock(datetime.now(UTC).replace(microsecond=0)), Runs()
 
-    def instance(name: str) -> Scheduler[PostgresBackend]:
-        backend = PostgresBackend(postgres_dsn, schema=postgres_schema, max_clock_skew="1h")
-        return Scheduler(backend, clock=clock, jitter=0, instance_id=name)
+    def instance(name: str) -> Scheduler[Any]:
+        return Scheduler(make_backend(), clock=clock, jitter=0, instance_id=name)
 
     old, new = instance("old"), instance("new")
-    old.every("sync", "10s", runs, key="sync-v2", catch_up=0)
-    renamed = new.every("sync.renamed", "10s", runs, key="sync-v2", catch_up=0)
+    old.every("sync", "10s", runs, key="sync-v2")
+    renamed = new.every("sync.renamed", "10s", runs, key="sync-v2")
     async with old:
         await clock.advance("20s")
         async with new:
