@@ -583,7 +583,9 @@ class Scheduler(Generic[B]):
         since = self._start_requested_ms if connecting else self._started_ms
         for job in self._jobs.values():
             state = job._state
-            if state.paused or since is None or (state.armed_ms is None and not connecting):
+            if state.paused or not state.enabled or since is None:
+                continue
+            if state.armed_ms is None and not connecting:
                 continue
             first = state.schedule.next_ms(max(state.last_ok_ms or 0, since))
             second = state.schedule.next_ms(first) if first is not None else None

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from brokersched import (
+    BackendUnavailableError,
     ConfigurationError,
     JobContext,
     MemoryBackend,
@@ -290,3 +291,23 @@ def test_the_environment_reaches_the_cli(tmp_path: Path) -> None:
     bad = brokersched("jobs", f"{path}:scheduler", env={"BROKERSCHED_OVERRIDES": "{"})
     assert bad.returncode == 2
     assert "BROKERSCHED_OVERRIDES is not valid JSON" in bad.stderr
+
+
+class DownBackend(MemoryBackend):
+    """A backend that never answers (a broker that is not there yet)."""
+
+    async def start(self, clock: Any) -> None:
+        raise BackendUnavailableError("connection refused")
+
+
+async def test_a_disabled_job_is_never_overdue_even_while_connecting() -> None:
+    clock = TestClock(START)
+    scheduler = Scheduler(
+        DownBackend(), clock=clock, jitter=0, max_late="10s", overrides={"off": {"enabled": False}}
+    )
+    scheduler.every("on", "5s", Runs())
+    scheduler.every("off", "5s", Runs())
+    await scheduler.start(wait=False)  # the backend does not answer: every slot is missed
+    await clock.advance("30s")
+    assert [job.name for job in scheduler.overdue()] == ["on"]
+    await scheduler.stop()
