@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import json
+import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 
 from brokersched import (
     BackendUnavailableError,
@@ -19,6 +21,7 @@ from brokersched import (
     Scheduler,
 )
 from brokersched._scheduler import collect_errors
+from brokersched.cli import cli
 from brokersched.testing import TestClock
 from brokersched.web._views import job_state
 from tests.cli_apps.process import brokersched
@@ -221,7 +224,7 @@ scheduler.every("purge", "1m", work, key="purge-v2")
 
 @pytest.fixture
 def app(tmp_path: Path) -> str:
-    path = tmp_path / "app.py"
+    path = tmp_path / f"seeds_app_{secrets.token_hex(4)}.py"  # imported in process: unique
     path.write_text(APP)
     return f"{path}:scheduler"
 
@@ -266,30 +269,46 @@ def test_jobs_shows_keys_overrides_and_the_enabled_state(app: str) -> None:
     assert 'cron="0 * * * *"' in result.stdout
 
 
-def test_cli_overrides_are_validated(app: str) -> None:
-    result = brokersched("jobs", app, "--override", "digets.daily.cron=0 * * * *")
-    assert result.returncode == 2
-    assert "overrides: no job 'digets.daily'; did you mean 'digest.daily'?" in result.stderr
-    result = brokersched("jobs", app, "--override", "purge.cron=0 * * * *")
-    assert result.returncode == 2
-    assert "job 'purge' is a every() job: override 'cron' does not apply" in result.stderr
-    result = brokersched("jobs", app, "--override", "purge")
-    assert result.returncode == 2
-    assert "--override 'purge' is not JOB.OPTION=VALUE" in result.stderr
-    check = brokersched("check", app, "--override", "purg.jitter=1")
-    assert check.returncode == 1
+def jobs_in_process(*args: str, env: dict[str, str] | None = None) -> Result:
+    """``brokersched jobs ...`` in this process (the same code as a subprocess, faster)."""
+    return CliRunner().invoke(cli, ["jobs", *args], env={"COLUMNS": "250", **(env or {})})
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "digets.daily.cron=0 * * * *",
+            "overrides: no job 'digets.daily'; did you mean 'digest.daily'?",
+        ),
+        ("purge.cron=0 * * * *", "job 'purge' is a every() job: override 'cron' does not apply"),
+        ("purge", "--override 'purge' is not JOB.OPTION=VALUE"),
+        ("purge.jitter=1h", "job 'purge': jitter (1h) must be under half the time between runs"),
+    ],
+)
+def test_cli_overrides_are_validated(app: str, override: str, message: str) -> None:
+    result = jobs_in_process(app, "--override", override)
+    assert result.exit_code == 2
+    assert message in result.stderr
+
+
+def test_check_reports_an_override_naming_no_job(app: str) -> None:
+    check = CliRunner().invoke(cli, ["check", app, "--override", "purg.jitter=1"])
+    assert check.exit_code == 1
     assert "error: overrides: no job 'purg'; did you mean 'purge'?" in check.stderr
 
 
 def test_the_environment_reaches_the_cli(tmp_path: Path) -> None:
-    path = tmp_path / "plain.py"
+    path = tmp_path / f"seeds_plain_{secrets.token_hex(4)}.py"
     path.write_text(APP.replace('overrides={"digest.daily": {"jitter": "5s"}}', ""))
     env = {"BROKERSCHED_OVERRIDES": '{"purge": {"every": "5m"}}'}
-    result = brokersched("jobs", f"{path}:scheduler", env=env)
-    assert result.returncode == 0, result.stderr
+    result = jobs_in_process(f"{path}:scheduler", env=env)
+    assert result.exit_code == 0, result.stderr
     assert row(result.stdout, "purge")[3] == "every 5m"
-    bad = brokersched("jobs", f"{path}:scheduler", env={"BROKERSCHED_OVERRIDES": "{"})
-    assert bad.returncode == 2
+    again = path.with_name(f"seeds_plain_{secrets.token_hex(4)}.py")  # imported afresh
+    again.write_text(path.read_text())
+    bad = jobs_in_process(f"{again}:scheduler", env={"BROKERSCHED_OVERRIDES": "{"})
+    assert bad.exit_code == 2
     assert "BROKERSCHED_OVERRIDES is not valid JSON" in bad.stderr
 
 
