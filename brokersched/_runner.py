@@ -361,7 +361,7 @@ class Runner:
             self.recorder.put(job.settings.policy, entry)  # written in the background, in order
         if outcome == "completed":
             job.last_ok_ms = finished_ms
-        self._log(entry, duration_ms, run.started_ms - ctx.slot_ms, run.exception)
+        self._log(job, entry, duration_ms, run.started_ms - ctx.slot_ms, run.exception)
         event = RunEvent(
             job.name,
             ctx.slot_ms,
@@ -377,13 +377,18 @@ class Runner:
         return entry
 
     def _log(
-        self, record: RunRecord, duration_ms: int, late_ms: int, exception: BaseException | None
+        self,
+        job: JobState,
+        record: RunRecord,
+        duration_ms: int,
+        late_ms: int,
+        exception: BaseException | None,
     ) -> None:
         """One line per run; a handler's exception adds its traceback to that line (the history
-        record keeps only the message)."""
+        record keeps only the message). The job is named by its name (the record has its key)."""
         fields = {
             "event": "run",
-            "job": record.job,
+            "job": job.name,
             "run_id": record.run_id,
             "slot": record.slot_ms,
             "reason": record.reason,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -110,6 +111,24 @@ async def test_a_renamed_job_keeping_its_key_never_runs_a_slot_twice() -> None:
     assert {record.job for record in history} == {"sync-v2"}
     assert {record.instance_id for record in history} == {"old", "new"}
     await new.stop()
+
+
+async def test_logs_and_events_name_the_job_records_carry_the_key(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "brokersched")
+    clock = TestClock(START)
+    scheduler = Scheduler(MemoryBackend(), clock=clock, jitter=0)
+    events: list[str] = []
+    scheduler.on("complete", lambda event: events.append(event.job))
+    job = scheduler.every("sync.renamed", "1m", Runs(), key="sync")
+    async with scheduler:
+        await clock.advance("30s")
+        (record,) = await job.history()
+    assert record.job == "sync"
+    assert events == ["sync.renamed"]
+    (line,) = [r for r in caplog.records if r.getMessage().startswith("run ")]
+    assert "job=sync.renamed " in line.getMessage()
 
 
 async def test_a_new_key_starts_afresh_on_purpose() -> None:
