@@ -557,7 +557,7 @@ def jobs(app: str, count: int, overrides: tuple[str, ...]) -> None:
 
 
 def _shown_overrides(job: Job) -> str:
-    shown = [f"{name}={json.dumps(value)}" for name, value in job.overrides.items()]
+    shown = [f"{name}={json.dumps(value, default=str)}" for name, value in job.overrides.items()]
     return "\n".join(shown) or "-"
 
 

@@ -221,6 +221,23 @@ scheduler.cron("digest.daily", "0 8 * * *", work)
 scheduler.every("purge", "1m", work, key="purge-v2")
 """
 
+APP_AT = """
+from datetime import UTC, datetime, timedelta
+
+from brokersched import Scheduler
+
+scheduler = Scheduler(
+    overrides={"migrate": {"at": datetime(2030, 1, 1, tzinfo=UTC), "timeout": timedelta(hours=1)}}
+)
+
+
+async def work(ctx):
+    pass
+
+
+scheduler.at("migrate", datetime(2029, 1, 1, tzinfo=UTC), work)
+"""
+
 
 @pytest.fixture
 def app(tmp_path: Path) -> str:
@@ -267,6 +284,14 @@ def test_jobs_shows_keys_overrides_and_the_enabled_state(app: str) -> None:
     assert purge[:2] == ["purge", "purge-v2"]
     assert (purge[6], purge[7], purge[8]) == ("enabled=false", "no", "-")
     assert 'cron="0 * * * *"' in result.stdout
+
+
+def test_jobs_shows_overrides_that_are_not_json(tmp_path: Path) -> None:
+    path = tmp_path / f"seeds_at_{secrets.token_hex(4)}.py"
+    path.write_text(APP_AT)
+    result = jobs_in_process(f"{path}:scheduler")
+    assert result.exit_code == 0, result.stderr
+    assert row(result.stdout, "migrate")[6] == 'at="2030-01-01 00:00:00+00:00"'
 
 
 def jobs_in_process(*args: str, env: dict[str, str] | None = None) -> Result:
