@@ -7,11 +7,12 @@ import inspect
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
+from ._clock import Timer
 from ._context import JobContext
 from ._exceptions import ConfigurationError
-from ._options import JobOptions, JobSettings
+from ._options import JobOptions, JobSettings, Kind
 from .abc import Lease
 from .triggers.base import Trigger
 
@@ -92,7 +93,7 @@ class JobState:
     ``Job`` (``brokersched._scheduler``), which shows only the public API."""
 
     name: str
-    kind: Literal["every", "cron", "at"]
+    kind: Kind
     schedule: Trigger
     handler: Handler
     settings: JobSettings
@@ -107,6 +108,12 @@ class JobState:
     # the last slot handled: completed here, or claimed by another instance (for overdue())
     last_ok_ms: int | None = None
     runs: dict[str, Run] = field(default_factory=dict)  # run_id -> run in progress here
+    enabled: bool = True  # False: switched off by an override (registered, never armed)
+    overrides: dict[str, Any] = field(default_factory=dict)  # the override applied, as given
+    # the trigger maker and options as registered, before any override
+    origin: tuple[Callable[[JobOptions], Trigger], dict[str, Any]] | None = None
+    boot_ms: int | None = None  # when the boot run (after(), run_on_start) is due here
+    boot_timer: Timer | None = None
 
     def __post_init__(self) -> None:
         self.is_async = is_async_handler(self.handler)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta, tzinfo
 from typing import Annotated, Any, Literal
@@ -26,11 +27,19 @@ __all__ = [
     "JobSettings",
     "SchedulerOptions",
     "check_name",
+    "enabled_from_env",
     "parse_job_options",
     "resolve_job",
 ]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}")
+_NAME_RULE = (
+    "use 1-128 characters, letters, digits and '_' '$' (first), then also '.' ':' '-' "
+    "(pattern ^[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}$)"
+)
+Kind = Literal["every", "cron", "at", "after"]
+# after() runs once, when its delay has passed: no schedule to be late on, nothing to catch up.
+NOT_AFTER = ("jitter", "max_late", "overlap", "max_attempts", "catch_up")
 LEASE_ONLY = ("overlap", "max_attempts", "catch_up")
 
 
@@ -78,6 +87,8 @@ class JobOptions(BaseModel):
     timezone: TimezoneOption | None = None
     data: Any = None
     claim: StrictBool = True
+    key: str | None = None
+    run_on_start: StrictBool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +102,7 @@ class JobSettings:
     catch_up_ms: int
     data: Any
     claim: bool
+    key: str  # claims, leases, fencing and history are kept under it (default: the name)
 
 
 def _from_validation_error(
@@ -131,9 +143,7 @@ def parse_scheduler_options(options: dict[str, Any]) -> SchedulerOptions:
 def check_name(name: object) -> str:
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ConfigurationError(
-            f"job name {name!r} is not valid: use 1-128 characters, letters, digits and "
-            "'_' '$' (first), then also '.' ':' '-' "
-            "(pattern ^[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}$)",
+            f"job name {name!r} is not valid: {_NAME_RULE}",
             option="name",
             job=name if isinstance(name, str) else None,
         )
@@ -152,7 +162,7 @@ def check_scheduler_options(options: SchedulerOptions, caps: Capabilities, backe
 
 def resolve_job(
     job: str,
-    kind: Literal["every", "cron", "at"],
+    kind: Kind,
     gap: timedelta | None,
     options: JobOptions,
     defaults: SchedulerOptions,
@@ -186,7 +196,7 @@ def _settings(
     if catch_up is None:
         catch_up = timedelta(minutes=5) if caps.leases and options.claim else timedelta(0)
     policy = JobPolicy(
-        name=job,
+        name=options.key or job,
         history_size=options.history_size or defaults.history_size,
         history_ttl=options.history_ttl or defaults.history_ttl,
         overlap=options.overlap or "skip",
@@ -201,12 +211,13 @@ def _settings(
         catch_up_ms=to_ms(catch_up),
         data=options.data,
         claim=options.claim,
+        key=options.key or job,
     )
 
 
 def job_errors(
     job: str,
-    kind: Literal["every", "cron", "at"],
+    kind: Kind,
     gap: timedelta | None,
     options: JobOptions,
     defaults: SchedulerOptions,
@@ -227,7 +238,17 @@ def job_errors(
         )
 
     given = options.model_fields_set
+    if kind == "after":
+        for option in NOT_AFTER:
+            if option in given and getattr(options, option) is not None:
+                refuse(
+                    option,
+                    f"option '{option}' does not apply to after(): it runs once, when its delay "
+                    "has passed",
+                )
     for option in LEASE_ONLY:
+        if kind == "after":
+            break
         if option in given and getattr(options, option) is not None and not caps.leases:
             refuse(
                 option,
@@ -246,8 +267,15 @@ def job_errors(
                 refuse(option, f"option '{option}' needs claim=True: an unclaimed job has no lease")
     if options.offset is not None and kind != "every":
         refuse("offset", f"option 'offset' applies to every() only, not to {kind}()")
+    if options.run_on_start and kind not in ("every", "cron"):
+        refuse(
+            "run_on_start",
+            f"option 'run_on_start' applies to every() and cron() only, not to {kind}()",
+        )
     if options.timezone is not None and kind != "cron":
         refuse("timezone", f"option 'timezone' applies to cron() only, not to {kind}()")
+    if options.key is not None and not NAME_PATTERN.fullmatch(options.key):
+        refuse("key", f"option 'key' {options.key!r} is not valid: {_NAME_RULE}")
     history_ttl = options.history_ttl or defaults.history_ttl
     if history_ttl is not None and not caps.history_ttl:
         refuse(
@@ -317,3 +345,21 @@ def _timing_errors(
 def _shown(value: object) -> str:
     """An option's value as a message shows it: ``1h``, ``'allow'``, ``3``."""
     return format_duration(value) if isinstance(value, timedelta) else repr(value)
+
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def enabled_from_env(environ: Mapping[str, str]) -> bool:
+    """``BROKERSCHED_ENABLED``: true unless set to a false spelling; any other value refused."""
+    raw = environ.get("BROKERSCHED_ENABLED")
+    if raw is None or raw.strip().lower() in _TRUE:
+        return True
+    if raw.strip().lower() in _FALSE:
+        return False
+    raise ConfigurationError(
+        f"BROKERSCHED_ENABLED={raw!r} is not a boolean: use true or false "
+        f"(also {'/'.join(_TRUE[1:])} or {'/'.join(_FALSE[1:])}), or leave it unset",
+        option="enabled",
+    )

@@ -126,7 +126,9 @@ class Runner:
         try:
             # The backend's own deadline comes first; this one only bounds a backend that hangs.
             async with asyncio.timeout(timeout + _CLAIM_SLACK_S):
-                lease = await self._claim(job, Slot(job.name, slot_ms), run_id, reason, timeout)
+                lease = await self._claim(
+                    job, Slot(job.settings.key, slot_ms), run_id, reason, timeout
+                )
         except ClockSkewError as exc:  # this instance's clock is fast: it claims nothing
             self.skip(job, slot_ms, "clock-skew", detail=str(exc))
             return None
@@ -344,7 +346,7 @@ class Runner:
         finished_ms = self.clock.now_ms()
         duration_ms = self.clock.monotonic_ms() - run.started_mono
         entry = RunRecord(
-            job=job.name,
+            job=job.settings.key,  # the history is the key's: a renamed job keeps it
             slot_ms=ctx.slot_ms,
             run_id=ctx.run_id,
             instance_id=ctx.instance_id,
@@ -359,7 +361,7 @@ class Runner:
             self.recorder.put(job.settings.policy, entry)  # written in the background, in order
         if outcome == "completed":
             job.last_ok_ms = finished_ms
-        self._log(entry, duration_ms, run.started_ms - ctx.slot_ms, run.exception)
+        self._log(job, entry, duration_ms, run.started_ms - ctx.slot_ms, run.exception)
         event = RunEvent(
             job.name,
             ctx.slot_ms,
@@ -375,13 +377,18 @@ class Runner:
         return entry
 
     def _log(
-        self, record: RunRecord, duration_ms: int, late_ms: int, exception: BaseException | None
+        self,
+        job: JobState,
+        record: RunRecord,
+        duration_ms: int,
+        late_ms: int,
+        exception: BaseException | None,
     ) -> None:
         """One line per run; a handler's exception adds its traceback to that line (the history
-        record keeps only the message)."""
+        record keeps only the message). The job is named by its name (the record has its key)."""
         fields = {
             "event": "run",
-            "job": record.job,
+            "job": job.name,
             "run_id": record.run_id,
             "slot": record.slot_ms,
             "reason": record.reason,

@@ -14,14 +14,14 @@ import secrets
 import signal
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
 from contextvars import ContextVar
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeAlias, TypeVar, Unpack, overload
 
-from . import _runner
+from . import _boot, _runner
 from ._clock import Clock, SystemClock, Timer, ms_to_datetime
 from ._durations import Duration, parse_duration, to_ms
 from ._events import ClaimEvent, EventName, Events, RunEvent, SkipEvent, StartEvent
@@ -30,17 +30,27 @@ from ._job import AroundRun, Handler, JobState, check_handler
 from ._options import (
     JobOptions,
     JobSettings,
+    Kind,
     check_name,
     check_scheduler_options,
+    enabled_from_env,
     job_errors,
     parse_job_options,
     parse_scheduler_options,
     resolve_job,
 )
+from ._overrides import (
+    SCHEDULE_KEYS,
+    Overrides,
+    overrides_from_env,
+    parse_overrides,
+    unknown_jobs,
+)
 from ._recorder import Recorder
 from ._tasks import TaskSet, cancel_requests, raise_if_cancelled_since
 from ._thread import SchedulerThread
 from ._typing import (
+    AfterOptions,
     ClaimAtOptions,
     ClaimCronOptions,
     ClaimEveryOptions,
@@ -50,7 +60,8 @@ from ._typing import (
 )
 from .abc import Backend, ClaimBackend, Lease, LeaseBackend, RunRecord
 from .backends.memory import MemoryBackend
-from .triggers.at import AtTrigger
+from .triggers.after import AfterTrigger
+from .triggers.at import AtTrigger, parse_when
 from .triggers.base import Trigger
 from .triggers.cron import parse_cron
 from .triggers.interval import IntervalTrigger
@@ -137,6 +148,8 @@ class Scheduler(Generic[B]):
         clock: Clock | None = ...,
         lifespan: Lifespan | None = ...,
         around_run: AroundRun | None = ...,
+        enabled: bool | None = ...,
+        overrides: Mapping[str, Mapping[str, Any]] | None = ...,
     ) -> None: ...
     @overload
     def __init__(
@@ -154,6 +167,8 @@ class Scheduler(Generic[B]):
         clock: Clock | None = ...,
         lifespan: Lifespan | None = ...,
         around_run: AroundRun | None = ...,
+        enabled: bool | None = ...,
+        overrides: Mapping[str, Mapping[str, Any]] | None = ...,
     ) -> None: ...
     def __init__(
         self,
@@ -162,6 +177,8 @@ class Scheduler(Generic[B]):
         clock: Clock | None = None,
         lifespan: Lifespan | None = None,
         around_run: AroundRun | None = None,
+        enabled: bool | None = None,
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
         **options: Any,
     ) -> None:
         # Scheduler() is a Scheduler[MemoryBackend] (see the overloads)
@@ -176,6 +193,16 @@ class Scheduler(Generic[B]):
         self.options = parse_scheduler_options(options)
         check_scheduler_options(self.options, self.backend.capabilities, self.backend.name)
         self.clock: Clock = clock or SystemClock()
+        if enabled is None:
+            enabled = enabled_from_env(os.environ)
+        elif not isinstance(enabled, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ConfigurationError(
+                f"Scheduler: enabled={enabled!r} must be True or False", option="enabled"
+            )
+        self._enabled = enabled  # False: jobs are registered and listed, nothing is armed
+        self._overrides: Overrides = (
+            overrides_from_env(os.environ) if overrides is None else parse_overrides(overrides)
+        )
         self.instance_id = self.options.instance_id or _default_instance_id()
         self._identity_pid = os.getpid()  # the process instance_id and the jitter RNG belong to
         self._jobs: dict[str, Job] = {}
@@ -239,12 +266,7 @@ class Scheduler(Generic[B]):
         self, name: str, interval: Duration, handler: Handler | None = None, **options: Any
     ) -> Job | Callable[[H], H]:
         """Run ``handler`` every ``interval``, on a grid aligned to the Unix epoch (+ offset)."""
-
-        def make(job_options: JobOptions) -> Trigger:
-            period = parse_duration(interval, name="interval")
-            return IntervalTrigger(period, job_options.offset or timedelta(0))
-
-        return self._register(name, "every", make, handler, options)
+        return self._register(name, "every", self._maker("every", interval), handler, options)
 
     @overload
     def cron(
@@ -278,11 +300,7 @@ class Scheduler(Generic[B]):
         self, name: str, expression: str, handler: Handler | None = None, **options: Any
     ) -> Job | Callable[[H], H]:
         """Run ``handler`` on a cron schedule, in ``timezone`` (default: the scheduler's)."""
-
-        def make(job_options: JobOptions) -> Trigger:
-            return parse_cron(expression, job_options.timezone or self.options.timezone)
-
-        return self._register(name, "cron", make, handler, options)
+        return self._register(name, "cron", self._maker("cron", expression), handler, options)
 
     @overload
     def at(
@@ -312,18 +330,52 @@ class Scheduler(Generic[B]):
         self, name: str, when: datetime, handler: Handler | None = None, **options: Any
     ) -> Job | Callable[[H], H]:
         """Run ``handler`` once, at ``when`` (an aware datetime)."""
-        return self._register(name, "at", lambda _: AtTrigger(when), handler, options)
+        return self._register(name, "at", self._maker("at", when), handler, options)
+
+    @overload
+    def after(
+        self, name: str, delay: Duration, handler: H, **options: Unpack[AfterOptions]
+    ) -> Job: ...
+    @overload
+    def after(
+        self, name: str, delay: Duration, handler: None = None, **options: Unpack[AfterOptions]
+    ) -> Callable[[H], H]: ...
+    def after(
+        self, name: str, delay: Duration, handler: Handler | None = None, **options: Any
+    ) -> Job | Callable[[H], H]:
+        """Run ``handler`` once, ``delay`` after ``start()`` (``ctx.reason == "start"``); a job
+        added to a running scheduler, ``delay`` after it is added. With ``claim=True`` (the
+        default) instances that start together run it once between them; with ``claim=False``
+        every instance runs it (see ``brokersched._boot``)."""
+        return self._register(name, "after", self._maker("after", delay), handler, options)
+
+    def _maker(self, kind: Kind, schedule: Any) -> Callable[[JobOptions], Trigger]:
+        """What builds a job's trigger from its schedule (given, or from overrides) and options."""
+
+        def make(job_options: JobOptions) -> Trigger:
+            if kind == "every":
+                period = parse_duration(schedule, name="interval")
+                return IntervalTrigger(period, job_options.offset or timedelta(0))
+            if kind == "cron":
+                return parse_cron(schedule, job_options.timezone or self.options.timezone)
+            if kind == "after":
+                return AfterTrigger(parse_duration(schedule, name="delay"))
+            return AtTrigger(parse_when(schedule))
+
+        return make
 
     def _register(
         self,
         name: str,
-        kind: Literal["every", "cron", "at"],
+        kind: Kind,
         make_trigger: Callable[[JobOptions], Trigger],
         handler: Handler | None,
         options: dict[str, Any],
     ) -> Job | Callable[[H], H]:
         # Everything is validated now, before the decorator form returns: never at the first run.
+        origin = (make_trigger, options)
         try:
+            make_trigger, options, enabled = self._overridden(name, kind, make_trigger, options)
             name, trigger, settings, job_options = self._validate(name, kind, make_trigger, options)
         except ConfigurationError as exc:
             if handler is not None or not _COLLECTING.get():
@@ -336,6 +388,8 @@ class Scheduler(Generic[B]):
             if name in self._jobs:
                 raise ConfigurationError(f"job name '{name}' is taken", option="name", job=name)
             state = JobState(name, kind, trigger, function, settings, job_options, make_trigger)
+            state.origin, state.enabled = origin, enabled
+            state.overrides = self._overrides.get(name, {})
             job = self._jobs[name] = Job(self, state)
             if self._started and not self._stopping:
                 self._spawn(self._prepare_and_arm(state), name=f"brokersched:add:{name}")
@@ -358,7 +412,7 @@ class Scheduler(Generic[B]):
     def _validate(
         self,
         name: str,
-        kind: Literal["every", "cron", "at"],
+        kind: Kind,
         make_trigger: Callable[[JobOptions], Trigger],
         options: dict[str, Any],
         replacing: JobState | None = None,
@@ -379,7 +433,75 @@ class Scheduler(Generic[B]):
         settings = resolve_job(
             name, kind, trigger.min_gap(), job_options, self.options, caps, backend
         )
+        self._check_key(name, settings.key, replacing)
         return name, trigger, settings, job_options
+
+    def _overridden(
+        self,
+        name: str,
+        kind: Kind,
+        make_trigger: Callable[[JobOptions], Trigger],
+        options: dict[str, Any],
+    ) -> tuple[Callable[[JobOptions], Trigger], dict[str, Any], bool]:
+        """The trigger maker, options and enabled state of ``name`` once its override (if any)
+        is applied; a schedule under another kind's key is refused: the kind never changes."""
+        override = dict(self._overrides.get(name, {}))
+        if not override:
+            return make_trigger, options, True
+        enabled = override.pop("enabled", True)
+        if not isinstance(enabled, bool):
+            raise ConfigurationError(
+                f"job '{name}': override 'enabled' = {enabled!r} must be true or false",
+                option="enabled",
+                job=name,
+            )
+        schedule_key = SCHEDULE_KEYS[kind]
+        for other in SCHEDULE_KEYS.values():
+            if other in override and other != schedule_key:
+                raise ConfigurationError(
+                    f"job '{name}' is a {kind}() job: override '{other}' does not apply (its "
+                    f"schedule is '{schedule_key}'); the kind of a job never changes",
+                    option=other,
+                    job=name,
+                )
+        if schedule_key in override:
+            make_trigger = self._maker(kind, override.pop(schedule_key))
+        return make_trigger, {**options, **override}, enabled
+
+    def _add_overrides(self, more: Overrides) -> None:
+        """Overrides given after the jobs registered (the CLI's ``--override``): merged over
+        the scheduler's, option by option, and applied to the jobs at once."""
+        for name, override in more.items():
+            merged = self._overrides[name] = {**self._overrides.get(name, {}), **override}
+            job = self._jobs.get(name)
+            if job is None:
+                continue
+            state = job._state
+            assert state.origin is not None  # set by _register
+            origin_trigger, origin_options = state.origin
+            make_trigger, options, enabled = self._overridden(
+                name, state.kind, origin_trigger, origin_options
+            )
+            _, trigger, settings, job_options = self._validate(
+                name, state.kind, make_trigger, options, replacing=state
+            )
+            state.schedule, state.settings, state.options = trigger, settings, job_options
+            state.make_trigger, state.enabled, state.overrides = make_trigger, enabled, merged
+
+    def _override_errors(self) -> list[ConfigurationError]:
+        """Overrides that name no registered job."""
+        return unknown_jobs(self._overrides, self._jobs)
+
+    def _check_key(self, name: str, key: str, replacing: JobState | None) -> None:
+        """Two jobs of one scheduler never share a key: they would claim each other's slots."""
+        for other in self._states():
+            if other is not replacing and other.name != name and other.settings.key == key:
+                raise ConfigurationError(
+                    f"job '{name}': key '{key}' is taken by job '{other.name}'; two jobs of one "
+                    "scheduler need different keys (claims and history are kept under the key)",
+                    option="key",
+                    job=name,
+                )
 
     def _update(self, job: JobState, options: dict[str, Any]) -> None:
         merged = {**job.options.model_dump(exclude_unset=True), **options}
@@ -399,7 +521,7 @@ class Scheduler(Generic[B]):
         while ``collect_errors()`` was active, and the registered jobs checked again against
         the scheduler's current backend and defaults."""
         caps, backend = self.backend.capabilities, self.backend.name
-        errors: list[ConfigurationError] = list(self._refused)
+        errors: list[ConfigurationError] = list(self._refused) + self._override_errors()
         for job in self._states():
             gap = job.schedule.min_gap()
             errors += job_errors(job.name, job.kind, gap, job.options, self.options, caps, backend)
@@ -452,6 +574,8 @@ class Scheduler(Generic[B]):
 
         A slot counts as handled when it completed here or another instance claimed it.
         """
+        if not self._enabled:
+            return []  # nothing is scheduled here: nothing can be late
         now = self.clock.now_ms()
         late: list[Job] = []
         # Not connected yet (start(wait=False)): every job misses its slots since the start.
@@ -459,7 +583,9 @@ class Scheduler(Generic[B]):
         since = self._start_requested_ms if connecting else self._started_ms
         for job in self._jobs.values():
             state = job._state
-            if state.paused or since is None or (state.armed_ms is None and not connecting):
+            if state.paused or not state.enabled or since is None:
+                continue
+            if state.armed_ms is None and not connecting:
                 continue
             first = state.schedule.next_ms(max(state.last_ok_ms or 0, since))
             second = state.schedule.next_ms(first) if first is not None else None
@@ -483,6 +609,8 @@ class Scheduler(Generic[B]):
                     "the scheduler is started already: call start() once (or use "
                     "`async with scheduler`, not both), and stop() before starting it again"
                 )
+            if errors := self._override_errors():  # every job is registered by now
+                raise errors[0]
             self._stopped = asyncio.Event()  # bound to this start's event loop
             self._start_requested_ms = self.clock.now_ms()
             await self._enter_lifespan()
@@ -588,7 +716,8 @@ class Scheduler(Generic[B]):
         self._started_ms = self.clock.now_ms()
         for job in self._states():
             self._arm(job)
-        if isinstance(self.backend, LeaseBackend):
+            self._arm_boot(job, self._started_ms)
+        if isinstance(self.backend, LeaseBackend) and self._enabled:
             self._catch_up()
             self._spawn(self._sweep(), name="brokersched:take-over")  # hand-overs wait for no one
             self._schedule_sweep()
@@ -634,6 +763,9 @@ class Scheduler(Generic[B]):
         self._heap.clear()
         for job in self._states():
             job.armed_ms = None
+            if job.boot_timer is not None:  # a boot run not yet due never comes
+                job.boot_timer.cancel()
+            job.boot_ms = job.boot_timer = None
         drain_s = self.options.drain_timeout.total_seconds()
         began_ms = self.clock.monotonic_ms()
         try:
@@ -731,6 +863,14 @@ class Scheduler(Generic[B]):
         await self.stop()
 
     @property
+    def enabled(self) -> bool:
+        """Whether this instance schedules: ``False`` (``Scheduler(enabled=False)``,
+        ``BROKERSCHED_ENABLED=false``, ``brokersched run --no-schedule``) keeps the jobs
+        registered, listed and runnable with ``trigger()``, but arms no timer: no slot, no
+        catch-up, no take-over of other instances' slots runs here."""
+        return self._enabled
+
+    @property
     def running(self) -> bool:
         return self._started and not self._stopping
 
@@ -751,9 +891,32 @@ class Scheduler(Generic[B]):
         except Exception:
             logger.exception("backend could not prepare job %s; its slots are skipped", job.name)
         self._arm(job)
+        self._arm_boot(job, self.clock.now_ms())
+
+    def _arm_boot(self, job: JobState, since_ms: int) -> None:
+        """Arm the boot run of an ``after()`` job, or of a ``run_on_start`` job."""
+        if not self._started or self._stopping or job.removed or job.paused:
+            return  # a job paused at start has no boot run (a CLI trigger pauses them all)
+        if not (self._enabled and job.enabled):
+            return
+        if isinstance(job.schedule, AfterTrigger):
+            delay_ms = job.schedule.delay_ms
+        elif job.options.run_on_start:
+            delay_ms = 0
+        else:
+            return
+        due = job.boot_ms = since_ms + delay_ms
+
+        def fire() -> None:
+            job.boot_ms = job.boot_timer = None
+            self._spawn(_boot.run_boot(self._runner, job, due), name=f"start:{job.name}")
+
+        job.boot_timer = self.clock.call_at(due, fire)
 
     def _arm(self, job: JobState, after_ms: int | None = None) -> None:
         if not self._started or self._stopping or job.paused or job.removed:
+            return
+        if not (self._enabled and job.enabled):
             return
         now = self.clock.now_ms()
         slot = job.schedule.next_ms(now if after_ms is None else after_ms)
@@ -818,6 +981,8 @@ class Scheduler(Generic[B]):
         for job in self._states():
             if not job.settings.claim or job.settings.catch_up_ms <= 0 or job.paused:
                 continue
+            if not job.enabled:
+                continue
             latest = job.schedule.latest_ms(now, job.settings.catch_up_ms)
             if latest is not None:
                 coro = self._runner.run_slot(job, latest, "catch-up")
@@ -838,7 +1003,7 @@ class Scheduler(Generic[B]):
     async def _sweep(self) -> None:
         backend = self.backend
         assert isinstance(backend, LeaseBackend)
-        jobs = [job for job in self._states() if job.settings.claim and not job.paused]
+        jobs = [s for s in self._states() if s.settings.claim and not s.paused and s.enabled]
         if not jobs:
             return
         leased_ms = self.clock.monotonic_ms()
@@ -849,13 +1014,14 @@ class Scheduler(Generic[B]):
         except Exception as exc:
             logger.warning("take-over sweep failed: %s", exc)
             return
+        by_key = {job.settings.key: job for job in self._states()}
         for lease in leases:
-            handle = self._jobs.get(lease.job)
-            if handle is None or self._stopping or self._running_here(handle._state, lease):
+            state = by_key.get(lease.job)  # leases are kept under the job's key
+            if state is None or self._stopping or self._running_here(state, lease):
                 # A sync handler whose lease was lost may still be running here: not twice.
                 await self._runner.release(lease, handover=True)
                 continue
-            run = self._runner.execute(handle._state, lease.slot_ms, lease, leased_ms=leased_ms)
+            run = self._runner.execute(state, lease.slot_ms, lease, leased_ms=leased_ms)
             self._spawn(run, name=f"retry:{lease.job}")
 
     @staticmethod
@@ -895,7 +1061,13 @@ class Job:
         return self._state.name
 
     @property
-    def kind(self) -> Literal["every", "cron", "at"]:
+    def key(self) -> str:
+        """What claims, leases, fencing and history are kept under: the ``key`` option, or
+        the name."""
+        return self._state.settings.key
+
+    @property
+    def kind(self) -> Kind:
         return self._state.kind
 
     @property
@@ -915,11 +1087,14 @@ class Job:
 
     @property
     def next_run(self) -> datetime | None:
-        """When the next slot falls (before jitter), or ``None`` when paused, removed or done."""
+        """When the next slot falls (before jitter), or ``None`` when paused, removed, done, or
+        when the scheduler is not enabled."""
         state = self._state
+        if state.boot_ms is not None and not state.paused:  # its boot run comes first
+            return ms_to_datetime(state.boot_ms)
         if state.armed_ms is not None:
             return ms_to_datetime(state.armed_ms)
-        if state.paused or state.removed:
+        if state.paused or state.removed or not (self._scheduler.enabled and state.enabled):
             return None
         nxt = state.schedule.next_ms(self._scheduler.clock.now_ms())
         return None if nxt is None else ms_to_datetime(nxt)
@@ -932,6 +1107,19 @@ class Job:
     def is_running(self) -> bool:
         """Whether a run of this job is going on this instance."""
         return bool(self._state.runs)
+
+    @property
+    def enabled(self) -> bool:
+        """``False`` when an override (``{"enabled": False}``) switched the job off: it stays
+        registered and runs on ``trigger()``, but no slot of it is armed. (Whether the whole
+        scheduler schedules is ``scheduler.enabled``.)"""
+        return self._state.enabled
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The override applied to this job (``Scheduler(overrides=...)``, the environment or
+        the CLI), as given; ``{}`` when none."""
+        return dict(self._state.overrides)
 
     @property
     def paused(self) -> bool:

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypedDict
 from ._durations import Duration
 
 __all__ = [
+    "AfterOptions",
     "ClaimAtOptions",
     "ClaimCronOptions",
     "ClaimEveryOptions",
@@ -32,14 +33,28 @@ class ClaimAtOptions(TypedDict, total=False):
     history_ttl: Duration
     data: Any
     claim: bool
+    key: str
 
 
 class ClaimEveryOptions(ClaimAtOptions, total=False):
     offset: Duration
+    run_on_start: bool
 
 
 class ClaimCronOptions(ClaimAtOptions, total=False):
     timezone: str
+    run_on_start: bool
+
+
+class AfterOptions(TypedDict, total=False):
+    """``after()`` on any backend: it runs once, so no jitter, lateness or lease options."""
+
+    timeout: Duration
+    history_size: int
+    history_ttl: Duration
+    data: Any
+    claim: bool
+    key: str
 
 
 class LeaseAtOptions(ClaimAtOptions, total=False):
@@ -52,8 +67,10 @@ class LeaseAtOptions(ClaimAtOptions, total=False):
 class LeaseEveryOptions(LeaseAtOptions, total=False):
     overlap: Literal["skip", "allow"]
     offset: Duration
+    run_on_start: bool
 
 
 class LeaseCronOptions(LeaseAtOptions, total=False):
     overlap: Literal["skip", "allow"]
     timezone: str
+    run_on_start: bool

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 Outcome = Literal["completed", "failed", "timed-out", "interrupted"]
-RunReason = Literal["schedule", "catch-up", "retry", "manual"]
+RunReason = Literal["schedule", "catch-up", "retry", "manual", "start"]
 Overlap = Literal["skip", "allow"]
 
 

@@ -40,6 +40,7 @@ from ._durations import format_duration, parse_duration
 from ._events import SkipEvent
 from ._exceptions import BackendError, BackendUnavailableError, BrokerschedError, ConfigurationError
 from ._logging import LogFormat, configure_logging
+from ._overrides import cli_override
 from ._redact import redact_text
 from ._scheduler import Job, Scheduler, collect_errors
 from ._timezones import parse_timezone, timezone_name
@@ -308,6 +309,35 @@ def cli() -> None:
     """
 
 
+def _override_option(function: Callable[..., None]) -> Callable[..., None]:
+    return click.option(
+        "--override",
+        "overrides",
+        metavar="JOB.OPTION=VALUE",
+        multiple=True,
+        help="Override a job's schedule or option (repeatable), over the application's "
+        "overrides and BROKERSCHED_OVERRIDES: 'digest.daily.cron=0 * * * *', "
+        "'purge.enabled=false', 'sync.jitter=5s'; VALUE is JSON when it parses as JSON.",
+    )(function)
+
+
+def _load(app: str, overrides: tuple[str, ...], *, collect: bool = False) -> Scheduler[Any]:
+    """``load_scheduler`` and the ``--override`` options applied; an override naming no job
+    is an error (unless ``collect``: ``check`` reports it with the others)."""
+    scheduler = load_scheduler(app)
+    given: dict[str, dict[str, Any]] = {}
+    try:
+        for text in overrides:
+            job, option, value = cli_override(text)
+            given.setdefault(job, {})[option] = value
+        scheduler._add_overrides(given)
+    except ConfigurationError as exc:
+        raise CLIError(str(exc)) from None
+    if not collect and (unknown := scheduler._override_errors()):
+        raise CLIError(str(unknown[0]))
+    return scheduler
+
+
 def _log_options(function: Callable[..., None]) -> Callable[..., None]:
     function = click.option(
         "--log-level",
@@ -340,18 +370,29 @@ def _log_options(function: Callable[..., None]) -> Callable[..., None]:
     help="Serve the admin API and dashboard (brokersched[web]), e.g. 127.0.0.1:8080; "
     "another address than loopback needs BROKERSCHED_ADMIN_TOKEN.",
 )
+@click.option(
+    "--no-schedule",
+    is_flag=True,
+    help="Arm no job here (as BROKERSCHED_ENABLED=false): jobs stay listed and run on "
+    "trigger (--http), e.g. on web replicas.",
+)
+@_override_option
 @_log_options
 def run(
     app: str,
     metrics_port: int | None,
     metrics_host: str,
     http: str | None,
+    no_schedule: bool,
+    overrides: tuple[str, ...],
     log_format: LogFormat,
     log_level: str,
 ) -> None:
     """Run the scheduler until SIGINT or SIGTERM, then drain running jobs."""
     configure_logging(log_format, log_level)
-    scheduler = load_scheduler(app)
+    scheduler = _load(app, overrides)
+    if no_schedule:
+        scheduler._enabled = False
     metrics = (metrics_host, metrics_port) if metrics_port is not None else None
     web = _admin_server(scheduler, http) if http is not None else None
     _run_async(_serve(scheduler, metrics, web))
@@ -443,14 +484,16 @@ def _log_started(scheduler: Scheduler[Any]) -> None:
     backend = _backend(scheduler)
     jobs = scheduler.jobs()
     logger.info(
-        "started %d job(s) on %s as instance %s",
+        "started %d job(s) on %s as instance %s%s",
         len(jobs),
         backend,
         scheduler.instance_id,
+        "" if scheduler.enabled else " with scheduling disabled (jobs run on trigger only)",
         extra={
             "backend": backend,
             "jobs": [job.name for job in jobs],
             "instance_id": scheduler.instance_id,
+            "enabled": scheduler.enabled,
         },
     )
 
@@ -482,17 +525,40 @@ def _serve_metrics(scheduler: Scheduler[Any], host: str, port: int) -> WSGIServe
 @cli.command(epilog=EPILOG)
 @click.argument("app", metavar="APP")
 @click.option("-n", "count", type=click.IntRange(0, 100), default=3, show_default=True)
-def jobs(app: str, count: int) -> None:
-    """List the jobs, their schedules, non-default options and next runs (no connection)."""
-    scheduler = load_scheduler(app)
-    table = Table(title=f"{app} on {_backend(scheduler)}", title_justify="left")
-    for column in ("name", "kind", "schedule", "zone", "options", f"next {count} runs"):
+@_override_option
+def jobs(app: str, count: int, overrides: tuple[str, ...]) -> None:
+    """List the jobs, their keys, schedules, non-default options, overrides, whether they are
+    enabled, and their next runs (no connection)."""
+    scheduler = _load(app, overrides)
+    title = f"{app} on {_backend(scheduler)}"
+    if not scheduler.enabled:
+        title += " (scheduling disabled: jobs run on trigger only)"
+    table = Table(title=title, title_justify="left")
+    columns = ("name", "key", "kind", "schedule", "zone", "options", "overrides", "enabled")
+    for column in (*columns, f"next {count} runs"):
         table.add_column(column, overflow="fold")
     for job in scheduler.jobs():
         zone = _zone(job.schedule)
-        runs = "\n".join(_when(when, zone) for when in job.next_runs(count)) or "-"
-        table.add_row(job.name, job.kind, job.describe(), timezone_name(zone), _options(job), runs)
+        enabled = job.enabled and scheduler.enabled
+        upcoming = job.next_runs(count) if enabled else []
+        runs = "\n".join(_when(when, zone) for when in upcoming) or "-"
+        table.add_row(
+            job.name,
+            job.key,
+            job.kind,
+            job.describe(),
+            timezone_name(zone),
+            _options(job),
+            _shown_overrides(job),
+            "yes" if enabled else "no",
+            runs,
+        )
     _console().print(table)
+
+
+def _shown_overrides(job: Job) -> str:
+    shown = [f"{name}={json.dumps(value, default=str)}" for name, value in job.overrides.items()]
+    return "\n".join(shown) or "-"
 
 
 def _zone(trigger: Trigger) -> tzinfo:
@@ -502,7 +568,7 @@ def _zone(trigger: Trigger) -> tzinfo:
 def _options(job: Job) -> str:
     """The options given at registration, except those the schedule column already shows."""
     shown: list[str] = []
-    for name in sorted(job.options.model_fields_set - {"timezone", "offset"}):
+    for name in sorted(job.options.model_fields_set - {"timezone", "offset", "key"}):
         value = getattr(job.options, name)
         if isinstance(value, timedelta):
             text = format_duration(value)
@@ -585,10 +651,11 @@ def _offset(local: datetime) -> str:
 @click.argument("job_name", metavar="JOB")
 @click.option("-n", "limit", type=click.IntRange(1, 10_000), default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON record per line.")
-def history(app: str, job_name: str, limit: int, as_json: bool) -> None:
-    """Show the recorded runs of JOB, newest first."""
+@_override_option
+def history(app: str, job_name: str, limit: int, as_json: bool, overrides: tuple[str, ...]) -> None:
+    """Show the recorded runs of JOB (kept under its key), newest first."""
     configure_logging("text", "WARNING", quiet_clients=True)
-    scheduler = load_scheduler(app)
+    scheduler = _load(app, overrides)
     job = _job(scheduler, job_name, app)
     records = _run_async(_read_history(scheduler, job, limit))
     if as_json:
@@ -630,11 +697,14 @@ async def _read_history(scheduler: Scheduler[Any], job: Job, limit: int) -> list
 @cli.command(epilog=EPILOG)
 @click.argument("app", metavar="APP")
 @click.argument("job_name", metavar="JOB")
+@_override_option
 @_log_options
-def trigger(app: str, job_name: str, log_format: LogFormat, log_level: str) -> None:
+def trigger(
+    app: str, job_name: str, overrides: tuple[str, ...], log_format: LogFormat, log_level: str
+) -> None:
     """Run JOB once now, through the claim; nothing else runs meanwhile."""
     configure_logging(log_format, log_level, quiet_clients=True)
-    scheduler = load_scheduler(app)
+    scheduler = _load(app, overrides)
     job = _job(scheduler, job_name, app)
     record, skips = _run_async(_trigger(scheduler, job))
     if record is None:
@@ -673,11 +743,13 @@ async def _trigger(scheduler: Scheduler[Any], job: Job) -> tuple[RunRecord | Non
 
 @cli.command(epilog=EPILOG)
 @click.argument("app", metavar="APP")
-def check(app: str) -> None:
-    """Report every configuration error of the application's jobs (no connection)."""
+@_override_option
+def check(app: str, overrides: tuple[str, ...]) -> None:
+    """Report every configuration error of the application's jobs and overrides (no
+    connection)."""
     try:
         with collect_errors():
-            scheduler = load_scheduler(app)
+            scheduler = _load(app, overrides, collect=True)
     except AppConfigurationError as exc:
         click.echo(redact_text(f"error: {exc.error}"), err=True)
         _fail(

@@ -8,7 +8,21 @@ from .._clock import datetime_to_ms, ms_to_datetime
 from .._exceptions import ConfigurationError
 from .base import Trigger
 
-__all__ = ["AtTrigger"]
+__all__ = ["AtTrigger", "parse_when"]
+
+
+def parse_when(value: object) -> datetime:
+    """An ``at`` override's instant: a datetime, or an ISO 8601 string with its offset (from
+    JSON configuration); other values are left for ``AtTrigger`` to refuse."""
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            raise ConfigurationError(
+                f"at {value!r} is not an ISO 8601 instant such as '2027-01-15T08:00:00+00:00'",
+                option="at",
+            ) from None
+    return value  # type: ignore[return-value]  # AtTrigger refuses what is not a datetime
 
 
 class AtTrigger(Trigger):

@@ -16,7 +16,7 @@ from ..triggers.cron import CronTrigger
 
 __all__ = ["backend_text", "job_json", "job_state", "record_json", "timeline_slots"]
 
-JobState = Literal["armed", "paused", "running", "idle"]
+JobState = Literal["armed", "paused", "running", "idle", "disabled"]
 MAX_TIMELINE_SLOTS = 500
 
 
@@ -32,10 +32,13 @@ def backend_text(scheduler: Scheduler[Any]) -> str:
 
 
 def job_state(scheduler: Scheduler[Any], job: Job) -> JobState:
-    """``running`` (a run is going on here), ``paused`` (here), ``armed`` (waiting for its next
+    """``running`` (a run is going on here), ``disabled`` (scheduling is switched off here, or
+    for this job: it runs on trigger only), ``paused`` (here), ``armed`` (waiting for its next
     slot) or ``idle`` (the scheduler is not running, or the schedule has ended)."""
     if job.is_running:
         return "running"
+    if not (scheduler.enabled and job.enabled):
+        return "disabled"
     if job.paused:
         return "paused"
     return "armed" if scheduler.running and job.next_run is not None else "idle"
@@ -98,7 +101,7 @@ def record_json(record: RunRecord) -> dict[str, Any]:
 def timeline_slots(job: Job, records: list[RunRecord], now_ms: int) -> list[int]:
     """The schedule's slots from the oldest record's to the last one that should have run by
     now (``max_late`` ago): the timeline shows those nobody ran as missed."""
-    scheduled = [r.slot_ms for r in records if r.reason != "manual"]
+    scheduled = [r.slot_ms for r in records if r.reason not in ("manual", "start")]
     if not scheduled:
         return []
     until = now_ms - job.settings.max_late_ms

@@ -75,3 +75,19 @@ redis_claims = Scheduler(RedisBackend("redis://127.0.0.1:6379/0", slot_ttl="5m",
 redis_claims.every("r1", "5s", flush, timeout="4s", jitter="1s", history_ttl="1d")
 redis_leases = Scheduler(RedisLeaseBackend("redis://127.0.0.1:6379/0", lease_ttl="30s"))
 redis_leases.every("r2", "5s", flush, overlap="allow", max_attempts=2, catch_up="1m")
+
+
+# wave 2: key, run_on_start, after(), enabled, overrides
+rabbit.every("sync", "5m", flush, key="sync-v2", run_on_start=True)
+rabbit.cron("digest.daily", "0 8 * * *", flush, run_on_start=False, key="digest")
+lease.every("recover", "1h", flush, run_on_start=True, overlap="skip", key="recover-v1")
+lease.cron("recover2", "0 * * * *", flush, run_on_start=True, catch_up=0)
+rabbit.after("cache.warm", "2s", flush, claim=False)
+lease.after("sweep", 0, sync_flush, timeout="1m", key="sweep-v2", data={"a": 1})
+off = Scheduler(enabled=False)
+
+
+@rabbit.after("warm2", "2s", claim=False)
+async def warm(ctx: JobContext) -> None: ...
+Scheduler(overrides={"digest.daily": {"cron": "0 * * * *"}, "purge": {"enabled": False}})
+Scheduler(RabbitMQBackend("amqp://127.0.0.1/"), enabled=False, overrides={"a": {"every": 5}})

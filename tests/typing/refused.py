@@ -49,3 +49,11 @@ redis_claims = Scheduler(RedisBackend("redis://127.0.0.1:6379/0"))
 redis_claims.every("r1", "5s", flush, overlap="allow")  # E
 redis_claims.every("r2", "5s", flush, max_attempts=2)  # E
 redis_claims.cron("r3", "* * * * *", flush, catch_up="1m")  # E
+
+memory.at("s1", when, flush, run_on_start=True)  # E
+memory.after("s2", "2s", flush, jitter="1s")  # E
+rabbit.after("s3", "2s", flush, catch_up="1m")  # E
+memory.every("s4", "5s", flush, key=3)  # E
+memory.after("s5", "2s", flush, run_on_start=True)  # E
+Scheduler(enabled="no")  # E
+Scheduler(overrides={"digest.daily": "0 * * * *"})  # E

@@ -164,7 +164,7 @@ function renderTimeline(name) {
   });
   const bySlot = new Map();
   for (const run of runs) {
-    if (run.reason === "manual") continue;
+    if (run.reason === "manual" || run.reason === "start") continue;  // not slots of the schedule
     bySlot.set(run.slot_ms, (bySlot.get(run.slot_ms) || 0) + 1);
   }
   for (const [slot, count] of bySlot) {

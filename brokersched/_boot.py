@@ -1,0 +1,109 @@
+"""Boot runs: ``after(name, delay)`` and ``run_on_start=True``, run ``delay`` after ``start()``.
+
+With ``claim=False`` a boot run is *per process*: every instance runs it (a cache warm-up).
+
+With ``claim=True`` (the default) it is *per fleet*: instances that start together share one run
+(a recovery sweep). They cannot agree on one instant, as they did not start at the same one, so
+the run is claimed on a grid of boot windows (``BOOT_WINDOW_MS``, one minute) under the key
+``<key>:start``: an instance whose boot run falls in window ``k`` claims window ``k - 1``, then
+window ``k``, and runs only if it won both. Two instances whose boot runs are less than a window
+apart always compete for one window, so exactly one of them runs; an instance whose boot run
+comes two windows or more after the last one runs it again (the next deploy).
+
+A window is named by its start on a lease backend (whose fencing orders the windows, and which
+refuses slots far ahead of its clock), by its start plus two windows on a claim-only one (which
+may refuse a slot that fell due before the fleet's first start). On a lease backend the
+second claim's lease is held (and renewed) for the run, then released; a
+boot run is never retried on another instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ._durations import to_ms
+from ._events import SkipReason
+from ._exceptions import BackendError, ClockSkewError
+from ._job import JobState
+from ._runner import Runner
+from .abc import ClaimBackend, JobPolicy, Lease, LeaseBackend, RunRecord, Slot, new_run_id
+
+__all__ = ["BOOT_WINDOW_MS", "boot_window_ms", "run_boot"]
+
+logger = logging.getLogger("brokersched")
+
+BOOT_WINDOW_MS = 60_000
+_MIN_CLAIM_TIMEOUT_S = 0.5
+
+
+def boot_window_ms(runner: Runner) -> int:
+    """One minute, or a quarter of a claim-only backend's slot memory when that is shorter:
+    the claim of window ``k - 1`` must still be remembered two windows later."""
+    memory = runner.backend.capabilities.slot_memory
+    return BOOT_WINDOW_MS if memory is None else min(BOOT_WINDOW_MS, to_ms(memory) // 4)
+
+
+async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | None:
+    """The boot run of ``job``, due at ``boot_ms`` (``ctx.reason == "start"``)."""
+    if job.paused:
+        runner.skip(job, boot_ms, "paused")
+        return None
+    if runner.stopping or job.removed:
+        return None
+    if not job.settings.claim:
+        return await runner.execute(job, boot_ms, None, reason="start")
+    run_id = new_run_id()
+    window = boot_window_ms(runner)
+    cell = boot_ms - boot_ms % window
+    if not isinstance(runner.backend, LeaseBackend):
+        # A claim-only backend may refuse a slot that fell due before its fleet record was
+        # made (a first start): name each window by an instant still to come instead.
+        cell += 2 * window
+    key = f"{job.settings.key}:start"
+    policy = JobPolicy(name=key, overlap="allow", max_attempts=1)
+    lease: Lease | None = None
+    for slot_ms in (cell - window, cell):
+        if lease is not None:
+            await runner.release(lease, handover=False)
+        got = await _claim(runner, job, Slot(key, slot_ms), policy, run_id)
+        if isinstance(got, str):
+            runner.skip(job, boot_ms, got)
+            return None
+        lease = got
+    if runner.stopping or job.removed:
+        if lease is not None:
+            await runner.release(lease, handover=False)
+        return None
+    return await runner.execute(job, boot_ms, lease, reason="start", run_id=run_id)
+
+
+async def _claim(
+    runner: Runner, job: JobState, slot: Slot, policy: JobPolicy, run_id: str
+) -> Lease | SkipReason | None:
+    """A lease (lease backends), ``None`` (a won claim), or why the boot run is skipped."""
+    backend, timeout = runner.backend, max(job.settings.max_late_ms / 1000, _MIN_CLAIM_TIMEOUT_S)
+    try:
+        async with asyncio.timeout(timeout + 0.25):
+            if isinstance(backend, LeaseBackend):
+                lease = await backend.acquire(
+                    slot,
+                    policy=policy,
+                    instance_id=runner.instance_id,
+                    run_id=run_id,
+                    reason="start",
+                    timeout=timeout,
+                )
+                return "not-acquired" if isinstance(lease, str) else lease
+            assert isinstance(backend, ClaimBackend)
+            won = await backend.claim(
+                slot, instance_id=runner.instance_id, run_id=run_id, timeout=timeout
+            )
+            return None if won else "not-acquired"
+    except ClockSkewError:
+        return "clock-skew"
+    except (BackendError, TimeoutError):
+        return "backend-error"
+    except Exception:  # a backend bug must not stop the scheduler either
+        logger.exception("boot claim of %s failed unexpectedly", slot.key)
+        return "backend-error"

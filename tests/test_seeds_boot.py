@@ -1,0 +1,304 @@
+"""Boot runs: ``scheduler.after(name, delay)`` and ``run_on_start=True``, per process
+(``claim=False``) or once per fleet (``claim=True``, the default)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from brokersched import (
+    ConfigurationError,
+    JobContext,
+    MemoryBackend,
+    NATSBackend,
+    PostgresBackend,
+    RabbitMQBackend,
+    RedisBackend,
+    Scheduler,
+    SQLiteBackend,
+)
+from brokersched.abc import Backend
+from brokersched.backends.memory import MemoryStore
+from brokersched.testing import TestClock
+from tests.helpers import DictClaimBackend
+from tests.nats_helpers import delete_streams, unique_prefix
+from tests.redis_helpers import delete_keys
+
+START = "2027-01-15T08:00:30+00:00"
+
+
+class Runs:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str, datetime]] = []  # (instance, job, reason, slot)
+
+    async def __call__(self, ctx: JobContext) -> None:
+        self.seen.append((ctx.instance_id, ctx.job, ctx.reason, ctx.scheduled_at))
+
+    def of(self, job: str) -> list[tuple[str, str, datetime]]:
+        return [(i, r, at) for i, j, r, at in self.seen if j == job]
+
+
+def fleet(clock: TestClock, size: int, kind: str = "lease", **options: Any) -> list[Scheduler[Any]]:
+    """``size`` schedulers sharing a MemoryBackend's store (lease) or a dict (claim-only)."""
+    store, claims = MemoryStore(), dict[str, str]()
+
+    def backend() -> Backend:
+        return MemoryBackend(store=store) if kind == "lease" else DictClaimBackend(claims)
+
+    return [
+        Scheduler(backend(), clock=clock, jitter=0, instance_id=f"i{n}", **options)
+        for n in range(size)
+    ]
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+async def test_after_runs_once_delay_after_start_per_process_or_per_fleet() -> None:
+    clock, runs = TestClock(START), Runs()
+    schedulers = fleet(clock, 3)
+    for scheduler in schedulers:
+        scheduler.after("cache.warm", "2s", runs, claim=False)  # per process
+        scheduler.after("recovery.sweep", "2s", runs)  # per fleet
+    await asyncio.gather(*(s.start() for s in schedulers))
+    first = schedulers[0].get("cache.warm")
+    assert first is not None and first.next_run == at("2027-01-15T08:00:32+00:00")
+    await clock.advance("1999ms")
+    assert runs.seen == []
+    await clock.advance("1ms")
+    assert first.next_run is None
+    await clock.advance("10m")
+    due = at("2027-01-15T08:00:32+00:00")
+    assert sorted(runs.of("cache.warm")) == [(f"i{n}", "start", due) for n in range(3)]
+    ((_, reason, when),) = runs.of("recovery.sweep")
+    assert (reason, when) == ("start", due)
+    history = await schedulers[0].get("recovery.sweep").history()  # type: ignore[union-attr]
+    assert [(r.reason, r.job) for r in history] == [("start", "recovery.sweep")]
+    await asyncio.gather(*(s.stop() for s in schedulers))
+
+
+async def test_run_on_start_adds_one_run_at_start_to_the_schedule() -> None:
+    clock, runs = TestClock(START), Runs()
+    schedulers = fleet(clock, 3)
+    for scheduler in schedulers:
+        scheduler.every("refresh", "1m", runs, run_on_start=True, claim=False)
+        scheduler.cron("recover", "0 * * * *", runs, run_on_start=True, catch_up=0)
+    async with schedulers[0], schedulers[1], schedulers[2]:
+        await clock.advance("1m")
+    start, minute = at(START), at("2027-01-15T08:01:00+00:00")
+    assert sorted(runs.of("refresh")) == sorted(
+        [(f"i{n}", "start", start) for n in range(3)]
+        + [(f"i{n}", "schedule", minute) for n in range(3)]
+    )
+    assert [(r, w) for _, r, w in runs.of("recover")] == [("start", start)]
+
+
+@pytest.mark.parametrize("kind", ["lease", "claim-only"])
+async def test_instances_starting_within_a_window_share_one_boot_run(kind: str) -> None:
+    """Boot runs fall on either side of a window's edge: still one run; an instance starting
+    two windows after the last boot run runs it again (the next deploy)."""
+    clock, runs = TestClock("2027-01-15T08:00:59.900+00:00"), Runs()
+    a, b, c, d = fleet(clock, 4, kind)
+    for scheduler in (a, b, c, d):
+        scheduler.after("sweep", 0, runs)
+    await a.start()
+    await clock.advance("200ms")  # now 08:01:00.100: another window
+    await b.start()
+    await clock.advance("50s")
+    await c.start()  # 08:01:50.100, less than a window after b
+    await clock.advance("1s")
+    assert [i for i, _, _ in runs.of("sweep")] == ["i0"]
+    await clock.advance("3m")
+    await d.start()
+    await clock.advance("1s")
+    assert [i for i, _, _ in runs.of("sweep")] == ["i0", "i3"]
+    for scheduler in (a, b, c, d):
+        await scheduler.stop()
+
+
+async def test_boot_runs_respect_pause_disable_and_stop() -> None:
+    clock, runs = TestClock(START), Runs()
+    scheduler = Scheduler(MemoryBackend(), clock=clock, jitter=0)
+    paused = scheduler.after("paused", "1s", runs)
+    scheduler.after("stopped", "1m", runs)
+    async with scheduler:
+        paused.pause()
+        await clock.advance("10s")
+    await clock.advance("2m")
+    assert runs.seen == []
+    off = Scheduler(MemoryBackend(), clock=clock, jitter=0, enabled=False)
+    job = off.after("warm", "1s", runs)
+    async with off:
+        await clock.advance("10s")
+        assert runs.seen == []
+        assert job.next_run is None
+        record = await job.trigger()  # still runs on demand
+        assert record is not None and record.reason == "manual"
+
+
+async def test_an_after_job_added_to_a_running_scheduler_waits_its_delay() -> None:
+    clock, runs = TestClock(START), Runs()
+    async with Scheduler(MemoryBackend(), clock=clock, jitter=0) as scheduler:
+        await clock.advance("1m")
+        scheduler.after("late", "5s", runs)
+        await clock.advance("4s")
+        assert runs.seen == []
+        await clock.advance("1s")
+        assert [w for _, _, w in runs.of("late")] == [at("2027-01-15T08:01:35+00:00")]
+
+
+def test_after_is_described_and_listed() -> None:
+    scheduler = Scheduler()
+    job = scheduler.after("warm", "2s", Runs(), claim=False, timeout="1m")
+    assert (job.kind, job.describe(), job.next_run, job.next_runs(3)) == (
+        "after",
+        "once, 2s after start",
+        None,
+        [],
+    )
+
+
+@pytest.mark.parametrize(
+    ("register", "message"),
+    [
+        (
+            lambda s: s.after("a", "2s", Runs(), jitter="1s"),
+            "job 'a': option 'jitter' does not apply to after(): it runs once, when its delay "
+            "has passed",
+        ),
+        (
+            lambda s: s.after("a", "2s", Runs(), catch_up="1m"),
+            "job 'a': option 'catch_up' does not apply to after()",
+        ),
+        (
+            lambda s: s.after("a", "2s", Runs(), run_on_start=True),
+            "job 'a': option 'run_on_start' applies to every() and cron() only, not to after()",
+        ),
+        (
+            lambda s: s.at("a", datetime(2030, 1, 1, tzinfo=UTC), Runs(), run_on_start=True),
+            "job 'a': option 'run_on_start' applies to every() and cron() only, not to at()",
+        ),
+        (lambda s: s.after("a", "-1s", Runs()), "job 'a': delay '-1s' is not a duration"),
+        (
+            lambda s: s.every("a", "1m", Runs(), run_on_start="yes"),
+            "job 'a': option 'run_on_start' = 'yes' is invalid",
+        ),
+    ],
+)
+def test_boot_options_are_validated(register: Any, message: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        register(Scheduler())
+    assert str(caught.value).startswith(message)
+
+
+def test_after_on_a_claim_only_backend() -> None:
+    scheduler = Scheduler(RabbitMQBackend("amqp://127.0.0.1/"))
+    job = scheduler.after("sweep", timedelta(seconds=1), Runs())
+    assert job.kind == "after"
+
+
+# -- the fleet on real servers: three instances start together, the boot run happens once ---
+
+
+@pytest.fixture
+async def postgres_schema(postgres_dsn: str) -> AsyncIterator[str]:
+    schema = "seeds" + secrets.token_hex(5)
+    yield schema
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+async def boot_three(backends: list[Backend]) -> Runs:
+    """Three instances start together; returns once each has run or skipped both jobs."""
+    runs = Runs()
+    schedulers = [Scheduler(backend, jitter=0) for backend in backends]
+    outcomes: list[str] = []
+    settled = asyncio.Event()
+
+    def count(what: str) -> None:
+        outcomes.append(what)
+        if len(outcomes) == 6:
+            settled.set()
+
+    for scheduler in schedulers:
+        scheduler.after("sweep", "100ms", runs)
+        scheduler.after("warm", "100ms", runs, claim=False)
+        scheduler.on("complete", lambda event: count(f"ran {event.job}"))
+        scheduler.on("skip", lambda event: count(f"{event.reason} {event.job}"))
+    await asyncio.gather(*(s.start() for s in schedulers))
+    try:
+        await asyncio.wait_for(settled.wait(), 10)
+    finally:
+        await asyncio.gather(*(s.stop() for s in schedulers))
+    assert sorted(outcomes) == [
+        "not-acquired sweep",
+        "not-acquired sweep",
+        "ran sweep",
+        "ran warm",
+        "ran warm",
+        "ran warm",
+    ]
+    history = await _history(backends[0])
+    assert len(history) == 4
+    return runs
+
+
+async def _history(backend: Backend) -> list[Any]:
+    async with Scheduler(backend) as reader:
+        reader.after("sweep", "1h", Runs())
+        reader.after("warm", "1h", Runs(), claim=False)
+        sweep, warm = reader.get("sweep"), reader.get("warm")
+        assert sweep is not None and warm is not None
+        return [*(await sweep.history()), *(await warm.history())]
+
+
+async def test_a_fleet_boot_run_happens_once_on_postgres(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    runs = await boot_three(
+        [PostgresBackend(postgres_dsn, schema=postgres_schema) for _ in range(3)]
+    )
+    assert len(runs.of("sweep")) == 1
+    assert len({i for i, _, _ in runs.of("warm")}) == 3
+
+
+async def test_a_fleet_boot_run_happens_once_on_rabbitmq(amqp_url: str) -> None:
+    prefix = "seeds" + secrets.token_hex(4)
+    runs = await boot_three([RabbitMQBackend(amqp_url, prefix=prefix) for _ in range(3)])
+    assert len(runs.of("sweep")) == 1
+    assert len({i for i, _, _ in runs.of("warm")}) == 3
+
+
+async def test_a_fleet_boot_run_happens_once_on_nats(nats_url: str) -> None:
+    prefix = unique_prefix()
+    try:
+        runs = await boot_three([NATSBackend(nats_url, prefix=prefix) for _ in range(3)])
+    finally:
+        await delete_streams(nats_url, prefix)
+    assert len(runs.of("sweep")) == 1
+
+
+async def test_a_fleet_boot_run_happens_once_on_redis(redis_url: str) -> None:
+    prefix = "seeds" + secrets.token_hex(4)
+    try:
+        runs = await boot_three([RedisBackend(redis_url, prefix=prefix) for _ in range(3)])
+    finally:
+        await delete_keys(redis_url, prefix)
+    assert len(runs.of("sweep")) == 1
+
+
+async def test_a_fleet_boot_run_happens_once_on_sqlite(tmp_path: Path) -> None:
+    path = tmp_path / "boot.db"
+    runs = await boot_three([SQLiteBackend(path) for _ in range(3)])
+    assert len(runs.of("sweep")) == 1
