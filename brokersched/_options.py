@@ -23,12 +23,17 @@ from ._timezones import parse_timezone
 from .abc import Capabilities, JobPolicy
 
 __all__ = [
+    "NAME_PATTERN",
     "JobOptions",
     "JobSettings",
+    "Kind",
     "SchedulerOptions",
     "check_name",
+    "check_scheduler_options",
     "enabled_from_env",
+    "job_errors",
     "parse_job_options",
+    "parse_scheduler_options",
     "resolve_job",
 ]
 

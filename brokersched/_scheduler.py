@@ -66,7 +66,7 @@ from .triggers.base import Trigger
 from .triggers.cron import parse_cron
 from .triggers.interval import IntervalTrigger
 
-__all__ = ["Job", "Scheduler"]
+__all__ = ["Job", "Scheduler", "collect_errors"]
 
 B = TypeVar("B", bound=Backend)
 LB = TypeVar("LB", bound=LeaseBackend)
@@ -92,18 +92,22 @@ _CONNECT_RETRIES_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 _HISTORY_WAIT_S = 5.0
 
 
-_COLLECTING: ContextVar[bool] = ContextVar("brokersched_collecting", default=False)
+# The errors collect_errors() keeps (None: not collecting).
+_COLLECTING: ContextVar[list[ConfigurationError] | None] = ContextVar(
+    "brokersched_collecting", default=None
+)
 
 
 @contextmanager
-def collect_errors() -> Iterator[None]:
-    """While active, the decorator form of registration keeps a refused job's errors for
-    ``check()`` instead of raising them, so that ``brokersched check`` reports every error of
-    every job at once. A refused job is not registered. The direct form
+def collect_errors() -> Iterator[list[ConfigurationError]]:
+    """While active, the decorator form of registration keeps a refused job's errors (in the
+    list it gives, and for ``check()``) instead of raising them, so that ``brokersched check``
+    reports every error of every job at once. A refused job is not registered. The direct form
     (``every(name, interval, handler)``) still raises: it has no ``Job`` to return."""
-    token = _COLLECTING.set(True)
+    errors: list[ConfigurationError] = []
+    token = _COLLECTING.set(errors)
     try:
-        yield
+        yield errors
     finally:
         _COLLECTING.reset(token)
 
@@ -378,9 +382,10 @@ class Scheduler(Generic[B]):
             make_trigger, options, enabled = self._overridden(name, kind, make_trigger, options)
             name, trigger, settings, job_options = self._validate(name, kind, make_trigger, options)
         except ConfigurationError as exc:
-            if handler is not None or not _COLLECTING.get():
+            if handler is not None or (collected := _COLLECTING.get()) is None:
                 raise
             self._refused.extend(exc.all_errors)
+            collected.extend(exc.all_errors)
             return _unchanged
 
         def add(function: Handler) -> Job:
@@ -402,9 +407,10 @@ class Scheduler(Generic[B]):
             try:
                 add(function)
             except ConfigurationError as exc:
-                if not _COLLECTING.get():
+                if (collected := _COLLECTING.get()) is None:
                     raise
                 self._refused.append(exc)
+                collected.append(exc)
             return function
 
         return decorator
@@ -468,9 +474,11 @@ class Scheduler(Generic[B]):
             make_trigger = self._maker(kind, override.pop(schedule_key))
         return make_trigger, {**options, **override}, enabled
 
-    def _add_overrides(self, more: Overrides) -> None:
+    def add_overrides(self, more: Mapping[str, Mapping[str, Any]]) -> None:
         """Overrides given after the jobs registered (the CLI's ``--override``): merged over
-        the scheduler's, option by option, and applied to the jobs at once."""
+        the scheduler's, option by option, validated and applied to the jobs at once. One
+        naming no job is reported by ``check()`` and refused by ``start()``."""
+        more = parse_overrides(more)
         for name, override in more.items():
             merged = self._overrides[name] = {**self._overrides.get(name, {}), **override}
             job = self._jobs.get(name)
@@ -488,8 +496,8 @@ class Scheduler(Generic[B]):
             state.schedule, state.settings, state.options = trigger, settings, job_options
             state.make_trigger, state.enabled, state.overrides = make_trigger, enabled, merged
 
-    def _override_errors(self) -> list[ConfigurationError]:
-        """Overrides that name no registered job."""
+    def override_errors(self) -> list[ConfigurationError]:
+        """The overrides that name no registered job, each with a suggestion."""
         return unknown_jobs(self._overrides, self._jobs)
 
     def _check_key(self, name: str, key: str, replacing: JobState | None) -> None:
@@ -521,7 +529,7 @@ class Scheduler(Generic[B]):
         while ``collect_errors()`` was active, and the registered jobs checked again against
         the scheduler's current backend and defaults."""
         caps, backend = self.backend.capabilities, self.backend.name
-        errors: list[ConfigurationError] = list(self._refused) + self._override_errors()
+        errors: list[ConfigurationError] = list(self._refused) + self.override_errors()
         for job in self._states():
             gap = job.schedule.min_gap()
             errors += job_errors(job.name, job.kind, gap, job.options, self.options, caps, backend)
@@ -609,7 +617,7 @@ class Scheduler(Generic[B]):
                     "the scheduler is started already: call start() once (or use "
                     "`async with scheduler`, not both), and stop() before starting it again"
                 )
-            if errors := self._override_errors():  # every job is registered by now
+            if errors := self.override_errors():  # every job is registered by now
                 raise errors[0]
             self._stopped = asyncio.Event()  # bound to this start's event loop
             self._start_requested_ms = self.clock.now_ms()
@@ -869,6 +877,12 @@ class Scheduler(Generic[B]):
         registered, listed and runnable with ``trigger()``, but arms no timer: no slot, no
         catch-up, no take-over of other instances' slots runs here."""
         return self._enabled
+
+    @enabled.setter
+    def enabled(self, enabled: bool) -> None:
+        if self._started or self._connecting is not None:
+            raise RuntimeError("Scheduler.enabled is set before start()")
+        self._enabled = enabled
 
     @property
     def running(self) -> bool:

@@ -330,10 +330,10 @@ def _load(app: str, overrides: tuple[str, ...], *, collect: bool = False) -> Sch
         for text in overrides:
             job, option, value = cli_override(text)
             given.setdefault(job, {})[option] = value
-        scheduler._add_overrides(given)
+        scheduler.add_overrides(given)
     except ConfigurationError as exc:
         raise CLIError(str(exc)) from None
-    if not collect and (unknown := scheduler._override_errors()):
+    if not collect and (unknown := scheduler.override_errors()):
         raise CLIError(str(unknown[0]))
     return scheduler
 
@@ -392,7 +392,7 @@ def run(
     configure_logging(log_format, log_level)
     scheduler = _load(app, overrides)
     if no_schedule:
-        scheduler._enabled = False
+        scheduler.enabled = False
     metrics = (metrics_host, metrics_port) if metrics_port is not None else None
     web = _admin_server(scheduler, http) if http is not None else None
     _run_async(_serve(scheduler, metrics, web))
@@ -748,10 +748,11 @@ def check(app: str, overrides: tuple[str, ...]) -> None:
     """Report every configuration error of the application's jobs and overrides (no
     connection)."""
     try:
-        with collect_errors():
+        with collect_errors() as collected:
             scheduler = _load(app, overrides, collect=True)
     except AppConfigurationError as exc:
-        click.echo(redact_text(f"error: {exc.error}"), err=True)
+        for error in [*collected, *exc.error.all_errors]:
+            click.echo(redact_text(f"error: {error}"), err=True)
         _fail(
             "registration stopped at this job, so the jobs after it were not checked; "
             "fix it and run check again"

@@ -164,6 +164,15 @@ def test_check_reports_every_job_refused_at_registration() -> None:
     assert "s3cret" not in result.stderr and "Traceback" not in result.stderr
 
 
+def test_check_stopped_by_a_direct_form_error_still_reports_what_it_collected() -> None:
+    result = brokersched("check", "tests.cli_apps.refused_direct:scheduler")
+    assert result.returncode == 1
+    first, second, summary = result.stderr.strip().splitlines()
+    assert first.startswith("error: job 'also-bad': jitter (6s) must be under half")
+    assert second.startswith("error: job 'purge': jitter (7s) must be under half")
+    assert "registration stopped at this job" in summary
+
+
 def test_check_reports_every_error_at_once() -> None:
     result = brokersched("check", "tests.cli_apps.late_backend:create")
     assert result.returncode == 1

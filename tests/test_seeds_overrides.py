@@ -197,9 +197,11 @@ def test_bad_overrides_in_the_environment(
 
 
 def test_check_collects_override_errors() -> None:
-    with collect_errors():
+    runs = Runs()
+    with collect_errors():  # the decorator form collects (the direct form raises)
         scheduler = Scheduler(overrides={"purge": {"cron": "* * * * *"}, "sync": {"jitter": "1h"}})
-        register(scheduler, Runs())
+        scheduler.every("purge", "1m")(runs)
+        scheduler.every("sync", "1m", jitter="1s")(runs)
     errors = [str(error) for error in scheduler.check()]
     assert errors[0].startswith("job 'purge' is a every() job: override 'cron' does not apply")
     assert errors[1].startswith("job 'sync': jitter (1h) must be under half the time")
