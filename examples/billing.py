@@ -33,14 +33,17 @@ JOB = "billing.invoices"
 CUSTOMERS = ["ada", "grace", "linus"]
 
 
-async def send_invoices(ctx: JobContext) -> None:
+def send_invoices(ctx: JobContext) -> None:  # sync, like many payment clients: a worker thread
     for n, customer in enumerate(CUSTOMERS):
-        print(f"{ctx.instance_id}: invoice for {customer}, slot {ctx.scheduled_at:%H:%M:%S}"
-              f" ({ctx.reason})", flush=True)
+        print(
+            f"{ctx.instance_id}: invoice for {customer}, slot {ctx.scheduled_at:%H:%M:%S}"
+            f" ({ctx.reason})",
+            flush=True,
+        )
         if n == 0 and ctx.data and not os.path.exists(marker := ctx.data["crash_once"]):
             Path(marker).touch()  # the demo's first run, whichever instance has it, dies:
             os._exit(1)  # no cleanup, its lease is left to expire
-        await asyncio.sleep(0.1)
+        time.sleep(0.1)
 
 
 async def instance(args: argparse.Namespace) -> None:
@@ -60,8 +63,11 @@ async def instance(args: argparse.Namespace) -> None:
         assert job is not None
         for r in await job.history():
             slot = datetime.fromtimestamp(r.slot_ms / 1000, UTC)
-            print(f"{args.id}: history: slot {slot:%H:%M:%S} {r.reason} on {r.instance_id}, "
-                  f"attempt {r.attempt}: {r.outcome} {r.error or ''}", flush=True)
+            print(
+                f"{args.id}: history: slot {slot:%H:%M:%S} {r.reason} on {r.instance_id}, "
+                f"attempt {r.attempt}: {r.outcome} {r.error or ''}",
+                flush=True,
+            )
 
 
 def demo() -> int:

@@ -23,7 +23,7 @@ async def refresh(ctx: JobContext) -> None:
     await asyncio.sleep(0.1)  # pretend to read the rates from upstream
     cache["rates"] = f"rates as of {ctx.scheduled_at:%H:%M:%S}"
     refreshes.append((f"{ctx.scheduled_at:%H:%M:%S}", ctx.instance_id, ctx.reason))
-    print(f"  {ctx.instance_id}: refreshed the cache for slot {ctx.scheduled_at:%H:%M:%S} ({ctx.reason})")
+    print(f"  {ctx.instance_id}: refreshed slot {ctx.scheduled_at:%H:%M:%S} ({ctx.reason})")
 
 
 def build_instance(name: str, store: MemoryStore) -> Scheduler[MemoryBackend]:

@@ -57,7 +57,7 @@ async def instance(instance_id: str, db: str, when: datetime, seconds: float) ->
 def demo() -> int:
     """Two instances started at the same moment, and a third started after the migration's time
     (the next deploy): the migration runs once."""
-    when = datetime.now(UTC) + timedelta(seconds=2.5)
+    when = datetime.now(UTC) + timedelta(seconds=4)  # time enough for both to start
     db = str(Path(tempfile.mkdtemp()) / "migration.db")
     print(f"the migration is due at {when:%H:%M:%S.%f}; instances a and b start now")
 
@@ -66,8 +66,8 @@ def demo() -> int:
         argv += ["--seconds", str(seconds)]
         return subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, text=True)
 
-    first = [start("a", 4.5), start("b", 4.5)]
-    time.sleep(3.5)
+    first = [start("a", 6.5), start("b", 6.5)]
+    time.sleep(5)
     print("instance c starts after the migration's time")
     late = start("c", 1.5)
     output = "".join(process.communicate()[0] for process in [*first, late])

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import secrets
+import signal
 import socket
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -54,18 +57,27 @@ store = MemoryStore()  # what a shared database would be to several processes
 scheduler = build("instance-1", store)  # the one `brokersched run ...:scheduler` serves
 
 
+class Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # main() handles Ctrl-C and SIGTERM: the server stops, then the schedulers drain
+
+
 async def main(host: str, port: int, seconds: float | None) -> None:
     if not os.environ.get(TOKEN_ENV):  # a token for this run, so that the buttons work
         os.environ[TOKEN_ENV] = secrets.token_urlsafe(24)
         print(f"admin token for the buttons: {os.environ[TOKEN_ENV]}")
     second = build("instance-2", store)  # another instance: its runs get a lane of their own
     config = uvicorn.Config(create_app(scheduler), lifespan="off", timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
+    server = Server(config)
     sock = socket.create_server((host, port))  # port 0: any free port
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, setattr, server, "should_exit", True)
+    if seconds is not None:  # a short run
+        loop.call_later(seconds, setattr, server, "should_exit", True)
     async with scheduler, second:
         print(f"dashboard: http://{host}:{sock.getsockname()[1]}/", flush=True)
-        if seconds is not None:  # a short run (the test suite's)
-            asyncio.get_running_loop().call_later(seconds, setattr, server, "should_exit", True)
         await server.serve([sock])  # until Ctrl-C
 
 
