@@ -26,6 +26,7 @@ __all__ = ["TOKEN_ENV", "create_app"]
 
 TOKEN_ENV = "BROKERSCHED_ADMIN_TOKEN"
 MAX_HISTORY = 1000
+MAX_NAME = 128  # the longest job name (see check_name)
 logger = logging.getLogger("brokersched.web")
 
 _STATIC = files(__package__).joinpath("static")
@@ -85,6 +86,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
 
+def _shown_name(name: str) -> str:
+    """A name from the path, quoted; not echoed whole when no job could have it."""
+    if len(name) <= MAX_NAME:
+        return repr(name)
+    return f"{name[:MAX_NAME]!r}... ({len(name)} characters; job names have at most {MAX_NAME})"
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
@@ -103,7 +111,7 @@ class _AdminAPI:
         job = self.scheduler.get(name)
         if job is None:
             known = ", ".join(j.name for j in self.scheduler.jobs()) or "none"
-            return _error(404, f"no job named {name!r} (jobs: {known})")
+            return _error(404, f"no job named {_shown_name(name)} (jobs: {known})")
         return job
 
     async def _last(self, job: Job) -> tuple[RunRecord | None, str | None]:
@@ -145,7 +153,7 @@ class _AdminAPI:
         if isinstance(job, Response):
             return job
         raw = request.query_params.get("limit", "50")
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_HISTORY:
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_HISTORY:
             return _error(400, f"limit {raw!r} is invalid: use a whole number from 1 to 1000")
         try:
             records = await job.history(int(raw))
@@ -155,7 +163,7 @@ class _AdminAPI:
         return JSONResponse(
             {
                 "job": job.name,
-                "records": [record_json(record) for record in records],
+                "records": [record_json(record, job) for record in records],
                 "slots": timeline_slots(job, records, self.scheduler.clock.now_ms()),
                 "now_ms": self.scheduler.clock.now_ms(),
             }
@@ -177,6 +185,15 @@ class _AdminAPI:
         )
 
     async def events(self, request: Request) -> Response:
+        if self.hub.full:  # reading is open: nobody may hold every connection and queue
+            return JSONResponse(
+                {
+                    "error": f"too many event-stream clients ({self.hub.clients}); close "
+                    "another dashboard tab or try again later"
+                },
+                status_code=503,
+                headers={"Retry-After": "10"},
+            )
         return StreamingResponse(
             self.hub.stream(),
             media_type="text/event-stream",

@@ -4,16 +4,19 @@ application's own check), and only from a same-origin page or a client that is n
 from __future__ import annotations
 
 import inspect
+import ipaddress
 import secrets
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._exceptions import ConfigurationError
 
-__all__ = ["MIN_TOKEN_LENGTH", "Authorize", "Guard"]
+__all__ = ["MIN_TOKEN_LENGTH", "Authorize", "Guard", "LoopbackHostsOnly"]
 
 Authorize = Callable[[Request], bool | Awaitable[bool]]
 MIN_TOKEN_LENGTH = 16
@@ -26,6 +29,9 @@ class Guard:
     """Checks a mutating request; ``refuse()`` returns the error response, or ``None``."""
 
     def __init__(self, token: str | None, authorize: Authorize | None) -> None:
+        if token is not None:
+            # read from a file or a secret, it often ends with a newline no header can carry
+            token = token.strip()
         if token is not None and len(token) < MIN_TOKEN_LENGTH:
             raise ConfigurationError(
                 f"the admin token is too short ({len(token)} characters); use at least "
@@ -92,3 +98,43 @@ def _cross_site(request: Request) -> str | None:
     if origin == "null" or urlsplit(origin).netloc.lower() != host.lower():
         return f"Origin {origin!r} does not match Host {host!r}"
     return None
+
+
+def _loopback_name(host: str) -> bool:
+    """Whether ``host`` (from a ``Host`` header, without port or brackets) names this machine
+    only: a loopback address, ``localhost`` or a name under ``.localhost``, which browsers
+    never look up in the DNS (RFC 6761)."""
+    host = host.lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class LoopbackHostsOnly:
+    """Refuses a request whose ``Host`` is not a loopback name, for an app served on a
+    loopback address: a page of ``evil.example`` whose name an attacker's DNS now resolves to
+    127.0.0.1 is same-origin with itself, and would read every route (DNS rebinding)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = Headers(scope=scope).get("host", "")
+            name = urlsplit(f"//{host}").hostname if host.isascii() else None
+            if name is None or not _loopback_name(name):
+                response = JSONResponse(
+                    {
+                        "error": f"Host {host!r} refused: this admin server listens on a "
+                        "loopback address and answers to loopback names only (127.0.0.1, "
+                        "[::1], localhost); a proxy in front of it must pass one of those as "
+                        "Host"
+                    },
+                    status_code=421,
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
