@@ -193,3 +193,31 @@ async def test_event_stream_clients_are_capped(monkeypatch: pytest.MonkeyPatch) 
     for stream in streams:
         await stream.aclose()
     assert hub.clients == 0
+
+
+async def test_head_on_the_event_stream_ends_at_once(served: str) -> None:
+    """A HEAD is answered with the headers only; a stream behind it would hold the connection
+    (and a client's place in the hub) forever, and the next request on it would hang."""
+    async with httpx.AsyncClient(base_url=served, timeout=5) as http:
+        head = await http.head("events")
+        after = await http.get("health")  # the same keep-alive connection
+    assert head.status_code == 200
+    assert head.headers["content-type"].startswith("text/event-stream")
+    assert after.json()["status"] == "ok"
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+async def test_an_internal_error_is_json_without_a_traceback() -> None:
+    def broken(request: Any) -> bool:
+        raise RuntimeError("session store down: postgresql://app:hunter2-pw@db/sessions")
+
+    scheduler = Scheduler()
+    scheduler.every("ok", "1h", ok)
+    app = create_app(scheduler, authorize=broken)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as api:
+        response = await api.post("/jobs/ok/pause")
+    assert response.status_code == 500
+    assert response.json() == {"error": "internal error (the server's log has the details)"}

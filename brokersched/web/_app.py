@@ -38,6 +38,7 @@ _PAGE_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+_STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 
 def create_app(
@@ -71,7 +72,8 @@ def create_app(
         Route("/jobs/{name}/pause", api.pause, methods=["POST"]),
         Route("/jobs/{name}/resume", api.resume, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    handlers = {HTTPException: _http_error, Exception: _internal_error}
+    app = Starlette(routes=routes, exception_handlers=handlers)
     app.state.events = api.hub
     return app
 
@@ -84,6 +86,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     elif exc.status_code == 405:
         message = f"{request.method} is not allowed on {request.url.path}"
     return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    # The server logs the exception (its traceback may name secrets): the client learns nothing.
+    return _error(500, "internal error (the server's log has the details)")
 
 
 def _shown_name(name: str) -> str:
@@ -185,6 +192,8 @@ class _AdminAPI:
         )
 
     async def events(self, request: Request) -> Response:
+        if request.method == "HEAD":  # the headers only: a stream would hold the connection
+            return Response(media_type="text/event-stream", headers=_STREAM_HEADERS)
         if self.hub.full:  # reading is open: nobody may hold every connection and queue
             return JSONResponse(
                 {
@@ -197,7 +206,7 @@ class _AdminAPI:
         return StreamingResponse(
             self.hub.stream(),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            headers=_STREAM_HEADERS,
         )
 
     async def openapi(self, request: Request) -> Response:
