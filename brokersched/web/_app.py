@@ -93,6 +93,14 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return _error(500, "internal error (the server's log has the details)")
 
 
+def _limit(raw: str) -> int | JSONResponse:
+    # ASCII digits only ("²".isdigit() too), and few of them (int() refuses 4300 and more)
+    if raw.isascii() and raw.isdigit() and len(raw) <= 4 and 1 <= int(raw) <= MAX_HISTORY:
+        return int(raw)
+    shown = repr(raw) if len(raw) < 10 else f"{raw[:10]!r}..."
+    return _error(400, f"limit {shown} is invalid: use a whole number from 1 to {MAX_HISTORY}")
+
+
 def _shown_name(name: str) -> str:
     """A name from the path, quoted; not echoed whole when no job could have it."""
     if len(name) <= MAX_NAME:
@@ -159,11 +167,11 @@ class _AdminAPI:
         job = self._job(request)
         if isinstance(job, Response):
             return job
-        raw = request.query_params.get("limit", "50")
-        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_HISTORY:
-            return _error(400, f"limit {raw!r} is invalid: use a whole number from 1 to 1000")
+        limit = _limit(request.query_params.get("limit", "50"))
+        if isinstance(limit, Response):
+            return limit
         try:
-            records = await job.history(int(raw))
+            records = await job.history(limit)
         except Exception as exc:
             message = redact_text(f"{type(exc).__name__}: {exc}")
             return _error(503, f"cannot read the history of job {job.name!r}: {message}")
