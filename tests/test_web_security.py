@@ -52,7 +52,9 @@ async def served(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
 # -- DNS rebinding: a loopback server answers to loopback names only -------------------------
 
 
-@pytest.mark.parametrize("host", ["evil.example", "evil.example:{port}", "10.0.0.7:{port}"])
+@pytest.mark.parametrize(
+    "host", ["evil.example", "evil.example:{port}", "10.0.0.7:{port}", "[::1", "admin.example.com"]
+)
 async def test_a_loopback_server_refuses_another_host_name(served: str, host: str) -> None:
     """A page of evil.example whose name now resolves to 127.0.0.1 is same-origin with
     itself: its Host is evil.example, and without this check it could read every route."""
@@ -68,7 +70,8 @@ async def test_a_loopback_server_refuses_another_host_name(served: str, host: st
         assert response.json()["error"] == (
             f"Host {headers['Host']!r} refused: this admin server listens on a loopback address "
             "and answers to loopback names only (127.0.0.1, [::1], localhost); a proxy in "
-            "front of it must pass one of those as Host"
+            "front of it must pass one of those as Host, or its name must be listed in "
+            "BROKERSCHED_ADMIN_HOSTS"
         )
 
 
@@ -81,6 +84,26 @@ async def test_a_loopback_server_answers_to_loopback_names(served: str, host: st
         response = await http.get("jobs", headers={"Host": host.format(port=port)})
     assert response.status_code == 200
     assert response.json()["jobs"][0]["name"] == "ok"
+
+
+async def test_a_proxy_name_may_be_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nginx on this machine passing ``Host: admin.example.com`` to 127.0.0.1:8080."""
+    monkeypatch.setenv("BROKERSCHED_ADMIN_HOSTS", "admin.example.com, Other.Example.")
+    scheduler = Scheduler()
+    scheduler.every("ok", "1h", ok)
+    server = HTTPServer(scheduler, "127.0.0.1", 0)
+    url = await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+            allowed = [
+                await http.get("jobs", headers={"Host": host})
+                for host in ("admin.example.com", "ADMIN.example.com:443", "other.example")
+            ]
+            refused = await http.get("jobs", headers={"Host": "evil.example"})
+    finally:
+        await server.stop()
+    assert [response.status_code for response in allowed] == [200, 200, 200]
+    assert refused.status_code == 421
 
 
 # -- odd input -----------------------------------------------------------------------------
