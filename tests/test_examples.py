@@ -19,14 +19,19 @@ import httpx
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-COMMANDS = {
-    "billing": ["billing.py"],
-    "nightly_export": ["nightly_export.py", "--seconds", "5"],
-    "cache_refresh": ["cache_refresh.py", "--seconds", "5"],
-    "migration": ["migration.py"],
-    "dashboard": ["dashboard/app.py", "--port", "0", "--seconds", "60"],  # until Ctrl-C
+TOKEN = "examples-admin-token-0123456789"
+COMMANDS = {  # what follows `python`
+    "billing": [EXAMPLES / "billing.py"],
+    "nightly_export": [EXAMPLES / "nightly_export.py", "--seconds", "5"],
+    "cache_refresh": [EXAMPLES / "cache_refresh.py", "--seconds", "5"],
+    "migration": [EXAMPLES / "migration.py"],
+    "dashboard": [  # until SIGTERM
+        *("-m", "brokersched", "run", f"{EXAMPLES / 'dashboard' / 'app.py'}:scheduler"),
+        *("--http", "127.0.0.1:0"),
+    ],
 }
-ENV = {"PATH": "/usr/bin:/bin"}  # no BROKERSCHED_* server URLs: nothing to connect to
+# no BROKERSCHED_* server URLs: nothing to connect to
+ENV = {"PATH": "/usr/bin:/bin", "BROKERSCHED_ADMIN_TOKEN": TOKEN}
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +41,7 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, subp
     cwd = tmp_path_factory.mktemp("examples")  # the default /tmp/*.db files are not used
     processes = {
         name: subprocess.Popen(
-            [sys.executable, str(EXAMPLES / argv[0]), *argv[1:]],
+            [sys.executable, *map(str, argv)],
             cwd=cwd,
             env=ENV,
             stdout=subprocess.PIPE,
@@ -103,27 +108,32 @@ def test_the_migration_runs_once_on_three_processes(
     assert len({runs for _, runs in histories}) == 1 and "completed" in histories[0][1]
 
 
-def test_the_dashboard_example_serves_the_page_and_the_jobs(
+def test_the_dashboard_example_serves_the_page_the_jobs_and_a_trigger(
     started: dict[str, subprocess.Popen[str]],
 ) -> None:
     process = started["dashboard"]
     assert process.stdout is not None
-    lines = [process.stdout.readline(), process.stdout.readline()]
-    assert lines[0].startswith("admin token for the buttons: "), lines
-    url = lines[1].removeprefix("dashboard: ").strip()
+    while "serving the admin API and dashboard on" not in (line := process.stdout.readline()):
+        assert line, "the example ended before serving"
+    url = line.rsplit(" ", 1)[1].strip()
     with httpx.Client(base_url=url, timeout=10) as http:
-        page = http.get("/")
-        jobs = http.get("/jobs").json()
+        page = http.get("")
+        jobs = http.get("jobs").json()
+        trigger = http.post(
+            "jobs/report.daily/trigger", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
         deadline = time.monotonic() + 10
-        while not (records := http.get("/jobs/outbox.flush/history").json()["records"]):
-            assert time.monotonic() < deadline, "outbox.flush (every 2 s) never ran"
-            time.sleep(0.2)
+        while not (records := http.get("jobs/report.daily/history").json()["records"]):
+            assert time.monotonic() < deadline, "the manual run was never recorded"
+            time.sleep(0.1)
     assert page.status_code == 200 and "<title>brokersched</title>" in page.text
     names = [job["name"] for job in jobs["jobs"]]
     assert names == ["outbox.flush", "payments.sync", "export.slow", "report.daily"]
-    assert jobs["changes_enabled"] is True
+    assert jobs["instance_id"] == "instance-1" and jobs["changes_enabled"] is True
     assert "s3cret" not in str(jobs) and jobs["jobs"][3]["options"]["data"] == "***"
-    assert records[0]["instance_id"] in {"instance-1", "instance-2"}
-    process.send_signal(signal.SIGINT)  # Ctrl-C: the server and both instances stop cleanly
+    assert trigger.status_code == 202
+    assert (records[0]["reason"], records[0]["outcome"]) == ("manual", "completed")
+    process.send_signal(signal.SIGTERM)  # the server, then both instances stop and drain
     out = output_of(started, "dashboard")
-    assert "Traceback" not in out
+    assert "Traceback" not in out and TOKEN not in out
+    assert out.rstrip().endswith("stopped")

@@ -1,31 +1,24 @@
-"""The admin dashboard on the embedded backend: two instances of one application in this
-process (no server), a few jobs, one of which sometimes fails, one slower than its interval.
+"""The admin dashboard on the embedded backend, with one command (no server):
 
-    python examples/dashboard/app.py                  # then open http://127.0.0.1:8080/
+    brokersched run examples/dashboard/app.py:scheduler --http 127.0.0.1:8080
 
-Each instance claims slots from the same store, so the timelines show two lanes. The buttons
-need the admin token: set ``BROKERSCHED_ADMIN_TOKEN``, or use the one printed at start. One
-instance alone, through the CLI: ``brokersched run examples/dashboard/app.py:scheduler --http
-127.0.0.1:8080``.
+then open http://127.0.0.1:8080/. Two instances of one application share the embedded store
+(the second one runs in the first one's lifespan), so the timelines show two lanes; a few jobs,
+one of which fails now and then, one slower than its interval. The trigger, pause and resume
+buttons need an admin token: start it with ``BROKERSCHED_ADMIN_TOKEN=<16+ characters>`` and
+enter the same in the page.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import os
 import random
-import secrets
-import signal
-import socket
-from collections.abc import Iterator
-
-import uvicorn
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 from brokersched import JobContext, MemoryBackend, Scheduler
 from brokersched.backends.memory import MemoryStore
-from brokersched.web import TOKEN_ENV, create_app
 
 
 async def flush_outbox(ctx: JobContext) -> None:
@@ -43,8 +36,8 @@ async def export(ctx: JobContext) -> None:
     await ctx.wait_aborted(timeout=7)
 
 
-def build(instance_id: str, store: MemoryStore) -> Scheduler[MemoryBackend]:
-    scheduler = Scheduler(MemoryBackend(store=store), instance_id=instance_id)
+def build(instance_id: str, store: MemoryStore, **options: Any) -> Scheduler[MemoryBackend]:
+    scheduler = Scheduler(MemoryBackend(store=store), instance_id=instance_id, **options)
     scheduler.every("outbox.flush", "2s", flush_outbox, timeout="1s")
     scheduler.every("payments.sync", "3s", sync_payments, max_attempts=1)
     scheduler.every("export.slow", "5s", export, timeout="30s")
@@ -54,37 +47,13 @@ def build(instance_id: str, store: MemoryStore) -> Scheduler[MemoryBackend]:
 
 
 store = MemoryStore()  # what a shared database would be to several processes
-scheduler = build("instance-1", store)  # the one `brokersched run ...:scheduler` serves
 
 
-class Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield  # main() handles Ctrl-C and SIGTERM: the server stops, then the schedulers drain
+@asynccontextmanager
+async def second_instance(first: Scheduler[Any]) -> AsyncIterator[None]:
+    """Another instance of the application, sharing the store: its runs get a lane."""
+    async with build("instance-2", store):
+        yield
 
 
-async def main(host: str, port: int, seconds: float | None) -> None:
-    if not os.environ.get(TOKEN_ENV):  # a token for this run, so that the buttons work
-        os.environ[TOKEN_ENV] = secrets.token_urlsafe(24)
-        print(f"admin token for the buttons: {os.environ[TOKEN_ENV]}")
-    second = build("instance-2", store)  # another instance: its runs get a lane of their own
-    config = uvicorn.Config(create_app(scheduler), lifespan="off", timeout_graceful_shutdown=1)
-    server = Server(config)
-    sock = socket.create_server((host, port))  # port 0: any free port
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, setattr, server, "should_exit", True)
-    if seconds is not None:  # a short run
-        loop.call_later(seconds, setattr, server, "should_exit", True)
-    async with scheduler, second:
-        print(f"dashboard: http://{host}:{sock.getsockname()[1]}/", flush=True)
-        await server.serve([sock])  # until Ctrl-C
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1", help="loopback: reading is open to all")
-    parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument("--seconds", type=float, help="stop after this long (default: Ctrl-C)")
-    args = parser.parse_args()
-    asyncio.run(main(args.host, args.port, args.seconds))
+scheduler = build("instance-1", store, lifespan=second_instance)  # the dashboard's instance
