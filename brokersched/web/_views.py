@@ -15,20 +15,10 @@ from .._timezones import timezone_name
 from ..abc import Backend, RunRecord
 from ..triggers.cron import CronTrigger
 
-__all__ = [
-    "backend_text",
-    "job_json",
-    "job_state",
-    "record_json",
-    "shown_error",
-    "timeline_slots",
-]
+__all__ = ["backend_text", "job_json", "job_state", "record_json", "shown_error", "timeline_slots"]
 
 JobState = Literal["armed", "paused", "running", "idle"]
 MAX_TIMELINE_SLOTS = 500
-# Shorter strings of a job's data are not masked in errors: they would blank out common words
-# ("eu", "yes") and are no secret worth the name.
-MIN_DATA_SECRET = 4
 
 
 def iso(value: datetime) -> str:
@@ -50,6 +40,11 @@ def job_state(scheduler: Scheduler[Any], job: Job) -> JobState:
     if job.paused:
         return "paused"
     return "armed" if scheduler.running and job.next_run is not None else "idle"
+
+
+# Shorter strings of a job's data are not masked in errors: they would blank out common words
+# ("eu", "yes") and are no secret worth the name.
+MIN_DATA_SECRET = 4
 
 
 def _strings(value: Any) -> list[str]:
