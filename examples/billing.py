@@ -70,8 +70,8 @@ async def instance(args: argparse.Namespace) -> None:
             )
 
 
-def demo() -> int:
-    db = str(Path(tempfile.mkdtemp()) / "billing.db")
+def demo(directory: str) -> int:
+    db = str(Path(directory) / "billing.db")
 
     def start(name: str, seconds: float) -> subprocess.Popen[str]:
         argv = [sys.argv[0], "--instance-id", name, "--db", db, "--seconds", str(seconds)]
@@ -104,4 +104,7 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=3600.0, help="how long to run")
     parser.add_argument("--crash-once", help="the first run to create this file dies")
     args = parser.parse_args()
-    raise SystemExit(demo() if args.id is None else asyncio.run(instance(args)))
+    if args.id is not None:
+        raise SystemExit(asyncio.run(instance(args)))
+    with tempfile.TemporaryDirectory() as directory:
+        raise SystemExit(demo(directory))

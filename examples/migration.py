@@ -54,11 +54,11 @@ async def instance(instance_id: str, db: str, when: datetime, seconds: float) ->
     print(f"{instance_id}: the history of {JOB}: {', '.join(runs) or 'no run'}", flush=True)
 
 
-def demo() -> int:
+def demo(directory: str) -> int:
     """Two instances started at the same moment, and a third started after the migration's time
     (the next deploy): the migration runs once."""
     when = datetime.now(UTC) + timedelta(seconds=4)  # time enough for both to start
-    db = str(Path(tempfile.mkdtemp()) / "migration.db")
+    db = str(Path(directory) / "migration.db")
     print(f"the migration is due at {when:%H:%M:%S.%f}; instances a and b start now")
 
     def start(name: str, seconds: float) -> subprocess.Popen[str]:
@@ -85,7 +85,8 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=60.0, help="how long an instance runs")
     args = parser.parse_args()
     if args.instance_id is None:
-        raise SystemExit(demo())
+        with tempfile.TemporaryDirectory() as directory:
+            raise SystemExit(demo(directory))
     if args.at is None or args.at.tzinfo is None:
         parser.error("--at needs a time with its zone, e.g. 2027-01-01T02:00Z")
     asyncio.run(instance(args.instance_id, args.db, args.at, args.seconds))
