@@ -26,6 +26,7 @@ __all__ = ["TOKEN_ENV", "create_app"]
 
 TOKEN_ENV = "BROKERSCHED_ADMIN_TOKEN"
 MAX_HISTORY = 1000
+MAX_NAME = 128  # the longest job name (see check_name)
 logger = logging.getLogger("brokersched.web")
 
 _STATIC = files(__package__).joinpath("static")
@@ -37,6 +38,7 @@ _PAGE_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+_STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 
 def create_app(
@@ -70,7 +72,8 @@ def create_app(
         Route("/jobs/{name}/pause", api.pause, methods=["POST"]),
         Route("/jobs/{name}/resume", api.resume, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    handlers = {HTTPException: _http_error, Exception: _internal_error}
+    app = Starlette(routes=routes, exception_handlers=handlers)
     app.state.events = api.hub
     return app
 
@@ -83,6 +86,26 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     elif exc.status_code == 405:
         message = f"{request.method} is not allowed on {request.url.path}"
     return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    # The server logs the exception (its traceback may name secrets): the client learns nothing.
+    return _error(500, "internal error (the server's log has the details)")
+
+
+def _limit(raw: str) -> int | JSONResponse:
+    # ASCII digits only ("²".isdigit() too), and few of them (int() refuses 4300 and more)
+    if raw.isascii() and raw.isdigit() and len(raw) <= 4 and 1 <= int(raw) <= MAX_HISTORY:
+        return int(raw)
+    shown = repr(raw) if len(raw) < 10 else f"{raw[:10]!r}..."
+    return _error(400, f"limit {shown} is invalid: use a whole number from 1 to {MAX_HISTORY}")
+
+
+def _shown_name(name: str) -> str:
+    """A name from the path, quoted; not echoed whole when no job could have it."""
+    if len(name) <= MAX_NAME:
+        return repr(name)
+    return f"{name[:MAX_NAME]!r}... ({len(name)} characters; job names have at most {MAX_NAME})"
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -103,7 +126,7 @@ class _AdminAPI:
         job = self.scheduler.get(name)
         if job is None:
             known = ", ".join(j.name for j in self.scheduler.jobs()) or "none"
-            return _error(404, f"no job named {name!r} (jobs: {known})")
+            return _error(404, f"no job named {_shown_name(name)} (jobs: {known})")
         return job
 
     async def _last(self, job: Job) -> tuple[RunRecord | None, str | None]:
@@ -144,18 +167,18 @@ class _AdminAPI:
         job = self._job(request)
         if isinstance(job, Response):
             return job
-        raw = request.query_params.get("limit", "50")
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_HISTORY:
-            return _error(400, f"limit {raw!r} is invalid: use a whole number from 1 to 1000")
+        limit = _limit(request.query_params.get("limit", "50"))
+        if isinstance(limit, Response):
+            return limit
         try:
-            records = await job.history(int(raw))
+            records = await job.history(limit)
         except Exception as exc:
             message = redact_text(f"{type(exc).__name__}: {exc}")
             return _error(503, f"cannot read the history of job {job.name!r}: {message}")
         return JSONResponse(
             {
                 "job": job.name,
-                "records": [record_json(record) for record in records],
+                "records": [record_json(record, job) for record in records],
                 "slots": timeline_slots(job, records, self.scheduler.clock.now_ms()),
                 "now_ms": self.scheduler.clock.now_ms(),
             }
@@ -177,10 +200,21 @@ class _AdminAPI:
         )
 
     async def events(self, request: Request) -> Response:
+        if request.method == "HEAD":  # the headers only: a stream would hold the connection
+            return Response(media_type="text/event-stream", headers=_STREAM_HEADERS)
+        if self.hub.full:  # reading is open: nobody may hold every connection and queue
+            return JSONResponse(
+                {
+                    "error": f"too many event-stream clients ({self.hub.clients}); close "
+                    "another dashboard tab or try again later"
+                },
+                status_code=503,
+                headers={"Retry-After": "10"},
+            )
         return StreamingResponse(
             self.hub.stream(),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+            headers=_STREAM_HEADERS,
         )
 
     async def openapi(self, request: Request) -> Response:

@@ -187,7 +187,10 @@ def openapi_schema() -> dict[str, Any]:
             "/events": {
                 "get": {
                     "summary": "Server-Sent Events: skip, start, complete, fail (JSON data)",
-                    "responses": {"200": {"description": "text/event-stream"}},
+                    "responses": {
+                        "200": {"description": "text/event-stream"},
+                        "503": _json(_ref("Error"), "Too many event-stream clients"),
+                    },
                 }
             },
         },

@@ -4,19 +4,23 @@ application's own check), and only from a same-origin page or a client that is n
 from __future__ import annotations
 
 import inspect
+import ipaddress
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from urllib.parse import urlsplit
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._exceptions import ConfigurationError
 
-__all__ = ["MIN_TOKEN_LENGTH", "Authorize", "Guard"]
+__all__ = ["HOSTS_ENV", "MIN_TOKEN_LENGTH", "Authorize", "Guard", "LoopbackHostsOnly"]
 
 Authorize = Callable[[Request], bool | Awaitable[bool]]
 MIN_TOKEN_LENGTH = 16
+HOSTS_ENV = "BROKERSCHED_ADMIN_HOSTS"  # more Host names a loopback server answers to
 
 # A request from the dashboard itself, or from a client that is not a browser page (curl).
 _SAME_SITE = {"same-origin", "none"}
@@ -26,6 +30,9 @@ class Guard:
     """Checks a mutating request; ``refuse()`` returns the error response, or ``None``."""
 
     def __init__(self, token: str | None, authorize: Authorize | None) -> None:
+        if token is not None:
+            # read from a file or a secret, it often ends with a newline no header can carry
+            token = token.strip()
         if token is not None and len(token) < MIN_TOKEN_LENGTH:
             raise ConfigurationError(
                 f"the admin token is too short ({len(token)} characters); use at least "
@@ -92,3 +99,55 @@ def _cross_site(request: Request) -> str | None:
     if origin == "null" or urlsplit(origin).netloc.lower() != host.lower():
         return f"Origin {origin!r} does not match Host {host!r}"
     return None
+
+
+def _loopback_name(host: str) -> bool:
+    """Whether ``host`` (from a ``Host`` header, without port or brackets) names this machine
+    only: a loopback address, ``localhost`` or a name under ``.localhost``, which browsers
+    never look up in the DNS (RFC 6761)."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class LoopbackHostsOnly:
+    """Refuses a request whose ``Host`` is not a loopback name (nor one of ``extra``), for an
+    app served on a loopback address: a page of ``evil.example`` whose name an attacker's DNS
+    now resolves to 127.0.0.1 is same-origin with itself, and would read every route (DNS
+    rebinding). ``extra``: the names a reverse proxy on this machine passes on."""
+
+    def __init__(self, app: ASGIApp, extra: Iterable[str] = ()) -> None:
+        self.app = app
+        self.extra = {name.strip().lower().rstrip(".") for name in extra if name.strip()}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = Headers(scope=scope).get("host", "")
+            name = _host_name(host)
+            if name is None or not (_loopback_name(name) or name in self.extra):
+                response = JSONResponse(
+                    {
+                        "error": f"Host {host[:100]!r} refused: this admin server listens on a "
+                        "loopback address and answers to loopback names only (127.0.0.1, "
+                        "[::1], localhost); a proxy in front of it must pass one of those as "
+                        f"Host, or its name must be listed in {HOSTS_ENV}"
+                    },
+                    status_code=421,
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _host_name(host: str) -> str | None:
+    """The name in a ``Host`` header (``name``, ``name:port``, ``[::1]:port``), lowercase."""
+    if not host.isascii():
+        return None
+    try:
+        name = urlsplit(f"//{host}").hostname
+    except ValueError:  # "[::1" and the like
+        return None
+    return name.rstrip(".") if name else None

@@ -16,6 +16,7 @@ import uvicorn
 from .._exceptions import ConfigurationError
 from .._scheduler import Scheduler
 from ._app import TOKEN_ENV, create_app
+from ._security import HOSTS_ENV, LoopbackHostsOnly
 from ._stream import EventHub
 
 __all__ = ["HTTPServer", "is_loopback", "parse_address"]
@@ -63,6 +64,9 @@ class HTTPServer:
                 option="http",
             )
         self.app = create_app(scheduler)
+        if is_loopback(host):  # reading is open: only to this machine's pages (DNS rebinding)
+            extra = os.environ.get(HOSTS_ENV, "").split(",")
+            self.app.add_middleware(LoopbackHostsOnly, extra=extra)
         self._host, self._port = host, port
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None

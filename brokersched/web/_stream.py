@@ -10,17 +10,18 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .._events import Event, RunEvent, SkipEvent, StartEvent
-from .._redact import redact_text
-from .._scheduler import Scheduler
+from .._scheduler import Job, Scheduler
+from ._views import shown_error
 
 __all__ = ["EventHub", "event_json"]
 
 QUEUE_SIZE = 256
+MAX_CLIENTS = 100  # streams open at once: each holds a connection and a queue
 KEEPALIVE_S = 15.0  # a comment line now and then: a proxy keeps the stream, a dead peer shows
 RETRY_MS = 2000
 
 
-def event_json(kind: str, event: Event, instance_id: str) -> dict[str, Any]:
+def event_json(kind: str, event: Event, instance_id: str, job: Job | None) -> dict[str, Any]:
     data: dict[str, Any] = {
         "type": kind,
         "job": event.job,
@@ -29,13 +30,13 @@ def event_json(kind: str, event: Event, instance_id: str) -> dict[str, Any]:
     }
     if isinstance(event, SkipEvent):
         data["reason"] = event.reason
-        data["detail"] = redact_text(event.detail) if event.detail else None
+        data["detail"] = shown_error(event.detail, job) if event.detail else None
     elif isinstance(event, StartEvent | RunEvent):
         data.update(run_id=event.run_id, reason=event.reason, attempt=event.attempt)
         if isinstance(event, RunEvent):
             data.update(
                 outcome=event.outcome,
-                error=redact_text(event.error) if event.error else None,
+                error=shown_error(event.error, job) if event.error else None,
                 duration_ms=event.duration_ms,
             )
     return data
@@ -69,6 +70,7 @@ class EventHub:
     out to the connected clients."""
 
     def __init__(self, scheduler: Scheduler[Any]) -> None:
+        self._scheduler = scheduler
         self._instance_id = scheduler.instance_id
         self._clients: set[_Client] = set()
         scheduler.on("skip", lambda event: self._publish("skip", event))
@@ -80,13 +82,18 @@ class EventHub:
     def clients(self) -> int:
         return len(self._clients)
 
+    @property
+    def full(self) -> bool:
+        return len(self._clients) >= MAX_CLIENTS
+
     def close(self) -> None:
         """End every stream (the server is stopping)."""
         for client in self._clients:
             client.end()
 
     def _publish(self, kind: str, event: Event) -> None:
-        data = json.dumps(event_json(kind, event, self._instance_id), separators=(",", ":"))
+        job = self._scheduler.get(event.job)
+        data = json.dumps(event_json(kind, event, self._instance_id, job), separators=(",", ":"))
         message = f"event: {kind}\ndata: {data}\n\n"
         for client in list(self._clients):
             try:

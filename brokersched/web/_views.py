@@ -1,5 +1,6 @@
 """What the admin API shows of a job, a run and a scheduler, as JSON: nothing of a job's
-``data``, and no URL or error message that has not been through ``redact``."""
+``data`` (not even quoted by a handler's error), and no URL or error message that has not been
+through ``redact``."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from typing import Any, Literal
 
 from .._clock import datetime_to_ms, ms_to_datetime
 from .._durations import format_duration
-from .._redact import MASK, redact_text
+from .._redact import MASK, redact_text, scrub
 from .._scheduler import Job, Scheduler
 from .._timezones import timezone_name
 from ..abc import Backend, RunRecord
 from ..triggers.cron import CronTrigger
 
-__all__ = ["backend_text", "job_json", "job_state", "record_json", "timeline_slots"]
+__all__ = ["backend_text", "job_json", "job_state", "record_json", "shown_error", "timeline_slots"]
 
 JobState = Literal["armed", "paused", "running", "idle", "disabled"]
 MAX_TIMELINE_SLOTS = 500
@@ -42,6 +43,32 @@ def job_state(scheduler: Scheduler[Any], job: Job) -> JobState:
     if job.paused:
         return "paused"
     return "armed" if scheduler.running and job.next_run is not None else "idle"
+
+
+# Shorter strings of a job's data are not masked in errors: they would blank out common words
+# ("eu", "yes") and are no secret worth the name.
+MIN_DATA_SECRET = 4
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list | tuple):
+        return [text for item in value for text in _strings(item)]
+    return []
+
+
+def shown_error(text: str, job: Job | None) -> str:
+    """An error message as the API shows it: URLs' passwords and ``password=`` values
+    redacted, and every string of the job's ``data`` masked (a handler's error may quote it:
+    ``KeyError: 'no account for sk-live-...'``)."""
+    text = redact_text(text)
+    if job is None or job.settings.data is None:
+        return text
+    secrets = {s for s in _strings(job.settings.data) if len(s) >= MIN_DATA_SECRET}
+    return scrub(text, sorted(secrets, key=len, reverse=True))
 
 
 def _options(scheduler: Scheduler[Any], job: Job) -> dict[str, Any]:
@@ -77,11 +104,11 @@ def job_json(
         "options": _options(scheduler, job),
         "state": job_state(scheduler, job),
         "next_runs": [iso(when) for when in job.next_runs(runs)],
-        "last": record_json(last) if last is not None else None,
+        "last": record_json(last, job) if last is not None else None,
     }
 
 
-def record_json(record: RunRecord) -> dict[str, Any]:
+def record_json(record: RunRecord, job: Job | None) -> dict[str, Any]:
     return {
         "job": record.job,
         "slot_ms": record.slot_ms,
@@ -94,7 +121,7 @@ def record_json(record: RunRecord) -> dict[str, Any]:
         "finished_at": iso(record.finished_at) if record.finished_at else None,
         "late_ms": datetime_to_ms(record.started_at) - record.slot_ms,
         "outcome": record.outcome,
-        "error": redact_text(record.error) if record.error else None,
+        "error": shown_error(record.error, job) if record.error else None,
     }
 
 
