@@ -933,7 +933,11 @@ class Scheduler(Generic[B]):
         if not (self._enabled and job.enabled):
             return
         now = self.clock.now_ms()
-        slot = job.schedule.next_ms(now if after_ms is None else after_ms)
+        if after_ms is None:
+            # An at() instant that passed less than max_late ago still runs, late (the slot's
+            # life, step 3); the missed slots of a periodic job are catch-up's (lease backends).
+            after_ms = now - job.settings.max_late_ms - 1 if job.kind == "at" else now
+        slot = job.schedule.next_ms(after_ms)
         job.armed_ms = slot
         if slot is None:
             return
@@ -995,6 +999,8 @@ class Scheduler(Generic[B]):
         for job in self._states():
             if not job.settings.claim or job.settings.catch_up_ms <= 0 or job.paused:
                 continue
+            if job.kind == "at":
+                continue  # its one instant is armed (late, within max_late) or was run
             if not job.enabled:
                 continue
             latest = job.schedule.latest_ms(now, job.settings.catch_up_ms)

@@ -9,8 +9,8 @@ or one instance by hand (start it twice, in two terminals, with the same --at an
 
 Every instance must get the *same* time: it names the slot that the instances claim. Computed
 at start (``now() + 1h``) it would differ per process, and each would run its own migration.
-``at()`` runs only while an instance is up at that time: a time that passed before any instance
-started is not run.
+An instance that starts less than ``max_late`` after that time still claims it and runs it
+late, once for the fleet; a time further back is not run.
 """
 
 from __future__ import annotations

@@ -379,6 +379,28 @@ async def test_at_runs_once(scheduler: Scheduler[Any], clock: TestClock) -> None
     assert handler.slots == ["08:02:00"]
 
 
+async def test_an_at_job_started_within_max_late_of_its_time_runs_late_once(
+    clock: TestClock,
+) -> None:
+    store, handler = MemoryStore(), Recorder()
+    when = datetime.fromtimestamp(clock.now_ms() / 1000, UTC) - timedelta(minutes=20)
+    too_old = when - timedelta(minutes=50)
+    fleet = [Scheduler(MemoryBackend(store=store), clock=clock, jitter=0) for _ in range(3)]
+    for sched in fleet:  # a deploy 20 minutes after the migration's time
+        sched.at("migrate", when, handler, max_late="1h")
+        sched.at("too-old", too_old, handler, max_late="1h")
+        await sched.start()
+    await clock.advance("1m")
+    assert [(ctx.job, ctx.reason) for ctx in handler.contexts] == [("migrate", "schedule")]
+    restarted = Scheduler(MemoryBackend(store=store), clock=clock, jitter=0)
+    restarted.at("migrate", when, handler, max_late="1h")
+    await restarted.start()  # the slot is claimed already: no second run
+    await clock.advance("1m")
+    assert len(handler.contexts) == 1
+    for sched in [*fleet, restarted]:
+        await sched.stop()
+
+
 async def test_a_stalled_process_skips_late_slots(clock: TestClock) -> None:
     sched = Scheduler(MemoryBackend(), clock=clock, jitter=0, max_late="10s")
     seen = events(sched)
