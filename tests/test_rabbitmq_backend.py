@@ -53,7 +53,9 @@ from tests.conftest import IN_CI
 from tests.tcp_proxy import TcpProxy
 
 CLOCK = SystemClock()
-SLOT = 1_800_000_000_000  # 2027-01-15T08:00:00Z
+# Slots due long after the test (claimed early): RabbitMQBackend refuses a claim of a slot older
+# than its slot memory, and a fixed date in the past, or soon to be, would be one.
+SLOT = 4_102_444_800_000  # 2100-01-01T00:00:00Z
 JOB_NAME = re.compile(r"[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}")  # DESIGN.md's job names
 QUEUE_NAME = constants.DOMAIN_REGEX["queue-name"]  # what pamqp (and so aio-pika) accepts
 CLAIM_ARGUMENTS: FieldTable = {

@@ -42,8 +42,13 @@ One slot memory per fleet (issue 18)
       loss, an empty one fails closed), and later it does not claim. So two claims of a slot
       never both win, however the instances' starts interleave with the raise. (This holds
       for claims made at or after the slot's instant, as the scheduler makes them, on clocks
-      that agree, as the scheduler already requires; a claim outside the instance's own
-      ``slot_ttl`` after the slot is judged as before.)
+      that agree, as the scheduler already requires.)
+    * No claim of a slot the broker may have forgotten: a claim queue may expire once the slot
+      is the fleet's memory old, and a claim then would win a slot that already ran. So every
+      claim, ``claim()`` called directly included, must be done (its declare and publish) before
+      the slot is the memory minus 250 ms old, else it is refused (``BackendError``: the
+      scheduler skips the slot with ``backend-error``). The scheduler itself never claims that
+      late: ``jitter + max_late`` stay below ``slot_ttl`` and its claims stop 1 s before.
     * Lowering: an instance with a shorter ``slot_ttl`` keeps the fleet's longer memory. To
       lower it, deploy the shorter ``slot_ttl`` everywhere, then delete the record queue
       (``rabbitmqctl delete_queue <prefix>.slot-memory``): every fence goes with it, the
@@ -157,7 +162,7 @@ _LOCK_RETRY_S = (0.01, 0.1)  # another instance holds the slot-memory lock: wait
 _VIEW_ATTEMPTS = 4  # a claim reads the record again at most this often (raises are rare)
 # A slot that fell due before a raise from m is claimed at most m minus this late: the queue a
 # claim under m made lives at least m after the slot, on the broker's timer, not ours.
-_CLAMP_MARGIN_MS = 250
+_MEMORY_MARGIN_MS = 250
 _RECORD_VERSION = 1
 _HOME_NODE = re.compile(r"home node '([^']+)'")  # RabbitMQ's 404 for a queue on a down node
 _PLAIN: FieldTable = {"x-queue-type": "classic"}  # a vhost may default to quorum queues
@@ -769,9 +774,9 @@ class RabbitMQBackend(ClaimBackend):
         """Claim under the current view; read the record again when the view proves stale."""
         for _ in range(_VIEW_ATTEMPTS):
             view = await self._require_view()
-            budget = self._clamp_budget(view, slot)
+            window = asyncio.timeout(self._claim_budget(view, slot))
             try:
-                async with _maybe_timeout(budget), pool.channel() as channel:
+                async with window, pool.channel() as channel:
                     return await self._claim_on(channel, queue, slot, body, attempt, view)
             except _StaleView:
                 await self._refresh(view)
@@ -790,7 +795,7 @@ class RabbitMQBackend(ClaimBackend):
                     " run here"
                 ) from None
             except TimeoutError:
-                if budget is None:
+                if not window.expired():
                     raise
                 raise BackendError(self._too_late(view, slot)) from None
         raise BackendError(
@@ -798,38 +803,53 @@ class RabbitMQBackend(ClaimBackend):
             f" {slot.key}; the slot is not run here"
         )
 
-    def _clamp_budget(self, view: _View, slot: Slot) -> float | None:
-        """Seconds left to claim ``slot`` when a shorter memory than the fleet's may have applied
-        to it (a raise after it fell due, or a record made after it); ``None``: no such limit.
-
-        Only for claims within this instance's own ``slot_ttl`` after the slot, the scheduler's
-        range: a claim long after (or before) a slot is outside what any memory promises.
-        """
-        assert self._clock is not None
-        now = self._clock.now_ms()
-        if not 0 <= now - slot.slot_ms < to_ms(self._slot_ttl):
-            return None
+    def _claim_limit_ms(self, view: _View, slot: Slot) -> int:
+        """How late after its instant ``slot`` may still be claimed: the fleet's slot memory,
+        or the shorter memory that may have applied to it (a raise after it fell due, or 0 for
+        a record made after it)."""
         limit = view.record.claim_limit_ms(slot.slot_ms)
-        if limit is None:
-            return None
-        budget = (slot.slot_ms + limit - _CLAMP_MARGIN_MS - now) / 1000
+        return view.record.memory_ms if limit is None else min(limit, view.record.memory_ms)
+
+    def _claim_budget(self, view: _View, slot: Slot) -> float:
+        """Seconds left to claim ``slot`` safely: until it is the claim limit old, less a margin
+        (the broker expires a claim queue on its own timer, not ours). Past that, the claim
+        queue of an earlier claim may be gone, and this claim could win a slot that already ran:
+        refused. The scheduler never claims that late (``jitter + max_late`` stay below
+        ``slot_ttl``); this guards ``claim()`` called directly, and a claim held up in flight."""
+        assert self._clock is not None
+        left_ms = slot.slot_ms + self._claim_limit_ms(view, slot) - _MEMORY_MARGIN_MS
+        budget = (left_ms - self._clock.now_ms()) / 1000
         if budget <= 0:
             raise BackendError(self._too_late(view, slot))
         return budget
 
     def _too_late(self, view: _View, slot: Slot) -> str:
-        limit = view.record.claim_limit_ms(slot.slot_ms) or 0
+        assert self._clock is not None
+        age = self._shown(max(self._clock.now_ms() - slot.slot_ms, 0))
+        limit = self._claim_limit_ms(view, slot)
+        memory_ms = view.record.memory_ms
+        old = self._clock.now_ms() - slot.slot_ms >= memory_ms - _MEMORY_MARGIN_MS
+        if old or limit == memory_ms:
+            return (
+                f"{self.name}: slot {slot.key} is {age} old, too late to claim safely: the"
+                f" fleet's slot memory is {self._shown(memory_ms)}, and a claim queue may expire"
+                f" from then on (this refuses claims from the memory minus a"
+                f" {_MEMORY_MARGIN_MS}ms margin), after which a claim could win a slot that"
+                " already ran; the slot is not run here. The scheduler never claims this late"
+                " (jitter + max_late stay below slot_ttl): a claim made by hand, or held up"
+                " in flight"
+            )
         if slot.slot_ms < view.record.created_ms:
             why = "the fleet's slot memory record was made after the slot fell due"
         else:
             why = (
                 f"the fleet's slot memory was {self._shown(limit)} when it fell due (raised to"
-                f" {self._shown(view.record.memory_ms)} since)"
+                f" {self._shown(memory_ms)} since)"
             )
         return (
-            f"{self.name}: slot {slot.key} is too late to claim safely: {why}, so an instance may"
-            " have claimed it under a shorter memory that has already forgotten it; the slot is"
-            " not run here"
+            f"{self.name}: slot {slot.key} is {age} old, too late to claim safely: {why}, so an"
+            " instance may have claimed it under a shorter memory that has already forgotten"
+            " it; the slot is not run here"
         )
 
     async def _claim_on(
