@@ -158,6 +158,7 @@ _LONGEST_KIND = ".history."
 _DECLARE_ATTEMPTS = 3  # a claim queue can expire between declare and publish; rarely twice
 _OPERATION_TIMEOUT_S = 10.0  # record(), history() and prepare(): not time-critical, but bounded
 _READER_RETRY_S = 0.05  # another history reader holds the exclusive consumer
+_MAX_PREFETCH = 65535  # AMQP's prefetch count is 16 bits
 _LOCK_RETRY_S = (0.01, 0.1)  # another instance holds the slot-memory lock: wait this long
 _VIEW_ATTEMPTS = 4  # a claim reads the record again at most this often (raises are rare)
 # A slot that fell due before a raise from m is claimed at most m minus this late: the queue a
@@ -1197,21 +1198,43 @@ class RabbitMQBackend(ClaimBackend):
 
         queue = history_queue_name(self._prefix, job.name)
         arguments: FieldTable = {
-            "x-queue-type": "classic",  # quorum queues drop messages requeued too often
+            "x-queue-type": "quorum",  # replicated: history survives the loss of a node
             "x-max-length": job.history_size,
             "x-overflow": "drop-head",
         }
+        if self._server_major() >= 4:
+            # A read returns every message to the queue, and 4.x drops a message returned 20
+            # times unless told otherwise (-1: no limit). 3.x has no default limit, and takes
+            # -1 as a limit that every returned message exceeds: never sent there.
+            arguments["x-delivery-limit"] = -1
         try:
             async with self._side_channel() as channel:
                 await channel.declare_queue(queue, durable=True, arguments=arguments)
         except ChannelPreconditionFailed:
-            # The queue exists with other arguments: history_size changed. Keep using it.
+            # The queue exists with other arguments: history_size changed, or it is the classic
+            # queue of an earlier brokersched. Keep using it.
             _log.warning(
-                "history queue %r exists with another length (history_size changed?); records"
-                " keep the old length until the queue is deleted",
+                "history queue %r exists with other arguments (history_size changed, or a"
+                " classic queue made by an earlier brokersched, which a cluster cannot read or"
+                " write while its node is down); records go to it as it is. To have it made"
+                " again (a quorum queue of history_size): rabbitmqctl delete_queue %s (its"
+                " records go with it)",
+                queue,
                 queue,
             )
         self._history_ready.add(job.name)
+
+    def _server_major(self) -> int:
+        """The major version of the RabbitMQ node this connection is on; 0 when unknown."""
+        connection = self._connection
+        transport = connection.transport if connection is not None else None
+        underlay = transport.connection if transport is not None else None
+        properties = getattr(underlay, "server_properties", None) or {}
+        version = properties.get("version")
+        if isinstance(version, bytes):
+            version = version.decode(errors="replace")
+        found = re.match(r"(\d+)\.", version) if isinstance(version, str) else None
+        return int(found[1]) if found else 0
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         # The queue may be longer than history_size: it keeps the length it was declared with
@@ -1270,6 +1293,13 @@ class RabbitMQBackend(ClaimBackend):
             expected = counts.message_count or 0
             if expected == 0:
                 return []
+            if expected > _MAX_PREFETCH:
+                raise BackendError(
+                    f"{self.name}: history queue {queue!r} holds {expected} records, more than"
+                    f" one read takes ({_MAX_PREFETCH}): lower history_size"
+                )
+            # Explicit: a quorum queue gives an unlimited consumer 2000 messages at most.
+            await channel.set_qos(prefetch_count=expected)
 
             async def collect(message: AbstractIncomingMessage) -> None:
                 bodies.append(message.body)
