@@ -51,6 +51,8 @@ async def queue_type(raw: aio_pika.abc.AbstractConnection, queue: str, length: i
     for kind in ("quorum", "classic"):
         channel = await raw.channel()
         arguments = {"x-queue-type": kind, "x-max-length": length, "x-overflow": "drop-head"}
+        if kind == "quorum":
+            arguments["x-single-active-consumer"] = True
         try:
             await channel.declare_queue(queue, durable=True, arguments=arguments)
         except aiormq.exceptions.ChannelPreconditionFailed:

@@ -85,10 +85,15 @@ Failures
     itself and claims resume.
 
 History
-    A durable classic queue ``<prefix>.history.<job>`` per job with ``x-max-length=history_size``
-    (drop-head). It is read by an exclusive consumer that takes every message without acking
-    them and then closes its channel, which puts them back in their original order. Records are
-    trimmed by count only, so ``history_ttl`` is refused.
+    A quorum queue ``<prefix>.history.<job>`` per job with ``x-max-length=history_size``
+    (drop-head): replicated, so a cluster keeps recording and reading it while a node is down.
+    It is read by a consumer that takes every message without acking them and then closes its
+    channel, which puts them back (``x-single-active-consumer``: readers take turns, a quorum
+    queue ignores an exclusive consumer; ``x-delivery-limit=-1`` on RabbitMQ 4, whose default
+    would drop a record read 20 times). Readers racing can reorder the queue, so a read is
+    sorted by finish time. Records are trimmed by count only, so ``history_ttl`` is refused. A
+    classic history queue made by an earlier brokersched is kept and used as it is (a warning
+    says how to replace it).
 
 Broker cost
     One live queue per job per slot claimed within the fleet's slot memory: a job running every
@@ -1201,6 +1206,8 @@ class RabbitMQBackend(ClaimBackend):
             "x-queue-type": "quorum",  # replicated: history survives the loss of a node
             "x-max-length": job.history_size,
             "x-overflow": "drop-head",
+            # Readers take turns: a quorum queue does not enforce an exclusive consumer.
+            "x-single-active-consumer": True,
         }
         if self._server_major() >= 4:
             # A read returns every message to the queue, and 4.x drops a message returned 20
@@ -1253,9 +1260,10 @@ class RabbitMQBackend(ClaimBackend):
                 records.append(RunRecord.from_json(body))
             except (ValueError, TypeError, KeyError):  # not written by brokersched: skip it
                 _log.warning("history queue %r holds a message that is not a run record", queue)
-            if len(records) == limit:
-                break
-        return records
+        # Newest first by the queue's order, kept for equal times (a stable sort). Readers
+        # that race for a quorum queue can reorder it: the times still order what is read.
+        records.sort(key=lambda record: record.finished_at or record.started_at, reverse=True)
+        return records[:limit]
 
     async def _read_history(self, queue: str) -> list[bytes]:
         """Every message of ``queue``, oldest first, left in the queue."""
