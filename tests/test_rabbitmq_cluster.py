@@ -14,12 +14,17 @@ claims again (RabbitMQBackend took one URL and reconnected only there).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
 
+from brokersched._clock import SystemClock
+from brokersched.abc import JobPolicy
+from brokersched.backends.rabbitmq import RabbitMQBackend
 from tests.cluster_helpers_rabbitmq import (
     PROCESSES,
     ClusterUnavailable,
@@ -30,6 +35,7 @@ from tests.cluster_helpers_rabbitmq import (
     running_fleet,
     wait_for,
 )
+from tests.test_rabbitmq_backend import SLOT, run_record
 
 pytestmark = pytest.mark.slow
 
@@ -127,3 +133,37 @@ def test_node_partitioned_then_healed(cluster: RabbitCluster) -> None:
     assert figures(fleet, (began, ended)).twice == []
     assert resumed <= PARTITION_RESUME_BOUND_S
     assert during.resume_s <= PARTITION_RESUME_BOUND_S
+
+
+async def test_history_is_recorded_and_read_through_a_node_kill(cluster: RabbitCluster) -> None:
+    """History queues are quorum queues: killing the node the history queue was made on (and
+    the backend is connected to) loses at most the records in flight at the kill, and history
+    reads on. Fails with classic history queues: every record fails until the node is back."""
+    urls = [f"{url}?heartbeat=5" for url in cluster.urls]
+    backend = RabbitMQBackend(urls, prefix=f"hist-{uuid.uuid4().hex[:8]}", slot_ttl="1m")
+    policy = JobPolicy("hist", history_size=100)
+    await backend.start(SystemClock())
+    try:
+        for n in range(5):
+            await backend.record(policy, run_record("hist", SLOT + n, n))
+        killed = time.time()
+        await asyncio.to_thread(cluster.kill, 1)  # the history queue's first leader
+        recorded: list[tuple[int, float]] = []
+        for n in range(5, 45):
+            try:
+                await backend.record(policy, run_record("hist", SLOT + n, n))
+            except Exception:
+                pass
+            else:
+                recorded.append((n, time.time() - killed))
+            await asyncio.sleep(0.25)
+        assert recorded, "no record made it after the kill"
+        (resumed, after_s), kept = recorded[0], [n for n, _ in recorded]
+        print(f"\nrecording again {after_s:.1f} s after the kill ({resumed - 5} records lost)")
+        assert kept == list(range(resumed, 45))  # once back, every record is kept
+        assert after_s <= KILL_RESUME_BOUND_S
+        runs = [record.run_id for record in await backend.history(policy, 100)]
+        assert runs == [f"run-{n}" for n in [*reversed(kept), 4, 3, 2, 1, 0]]
+    finally:
+        await backend.stop()
+        await asyncio.to_thread(cluster.start, 1)
