@@ -44,6 +44,7 @@ EXPIRED_S = 2.5  # a claim queue made under SHORT is gone by then (the broker's 
 JOB = JobPolicy("job", history_size=5)
 
 Claimed = bool | BaseException
+QUORUM = {"x-queue-type": "quorum"}
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -681,3 +682,22 @@ async def test_a_claim_still_waiting_at_the_limit_gives_up(fleet: Callable[..., 
     assert isinstance(refused, BackendError), refused
     assert "too late to claim safely" in str(refused)
     assert await claim(backend, Slot("job", clock.now_ms())) is True  # the channel still works
+
+
+# -- queues of the scheme made beforehand with other settings ---------------------------------
+
+
+@pytest.mark.parametrize("queue", ["slot-memory", "slot-memory.lock"])
+async def test_a_record_or_lock_queue_made_with_other_settings_is_refused_with_the_fix(
+    fleet: Callable[..., Any], raw: aio_pika.abc.AbstractConnection, prefix: str, queue: str
+) -> None:
+    """Made by hand as a quorum queue, say: start() fails closed, naming the queue, the
+    argument and how to repair it."""
+    channel = await raw.channel()
+    await channel.declare_queue(f"{prefix}.{queue}", durable=True, arguments=QUORUM)
+    backend = await fleet(SHORT, started_now=False)
+    with pytest.raises(BackendError) as refused:
+        await backend.start(CLOCK)
+    message = str(refused.value)
+    assert f"'{prefix}.{queue}'" in message and "x-queue-type" in message
+    assert "exists with other arguments" in message and "rabbitmqctl delete_queue" in message

@@ -967,9 +967,20 @@ class RabbitMQBackend(ClaimBackend):
             f"reading the fleet's slot memory (queue {self._record_name!r}, under the lock"
             f" {lock_queue_name(self._prefix)!r} that instances take in turn)"
         )
+        from aio_pika.exceptions import ChannelPreconditionFailed
+
         with self._client_errors(action):
-            async with asyncio.timeout(_OPERATION_TIMEOUT_S):
-                view = await self._settle(write=write)
+            try:
+                async with asyncio.timeout(_OPERATION_TIMEOUT_S):
+                    view = await self._settle(write=write)
+            except ChannelPreconditionFailed as exc:
+                raise BackendError(
+                    f"{self.name}: {action} failed: a queue of it exists with other arguments"
+                    f" ({self._describe(exc)}), made by something other than brokersched (a"
+                    " policy does not do this). Delete it (rabbitmqctl delete_queue NAME):"
+                    " brokersched makes it again, and the fleet's slot memory from the"
+                    " instances' slot_ttl"
+                ) from self._chainable(exc)
         if view is None:
             return None
         if view == self._view:
