@@ -148,10 +148,12 @@ def via(url: str, port: int, scheme: str | None = None) -> str:
 
 
 class AckSpotter:
-    """Parses the server's AMQP frames; true at the chunk holding a publisher-confirm ack."""
+    """Parses the server's AMQP frames; true at the chunk holding the ``nth`` publisher-confirm
+    ack from now."""
 
-    def __init__(self) -> None:
+    def __init__(self, nth: int = 1) -> None:
         self.buffer = b""
+        self.left = nth
 
     def __call__(self, data: bytes) -> bool:
         self.buffer += data
@@ -162,7 +164,9 @@ class AckSpotter:
                 return False
             self.buffer = self.buffer[consumed:]
             if isinstance(parsed, commands.Basic.Ack):
-                return True
+                self.left -= 1
+                if not self.left:
+                    return True
         return False
 
 
@@ -760,7 +764,10 @@ async def test_a_lost_confirm_is_ambiguous_and_the_slot_never_runs(
     direct, cut_off = await fleet(), await fleet(via(amqp_url, proxy.port), channels=1)
     assert await claim(cut_off, Slot("warm-up", SLOT)) is True  # link idle at a frame boundary
     slot = Slot("job", SLOT)
-    proxy.cut_when_downstream(AckSpotter())  # the broker takes the claim; its ack is lost
+    # A claim publishes first; the slot's queue does not exist yet, so that publish comes back
+    # unrouted (ack 1), and the claim declares the queue and publishes again (ack 2): the
+    # broker takes the claim and its ack is lost.
+    proxy.cut_when_downstream(AckSpotter(nth=2))
     with (
         caplog.at_level(logging.WARNING, logger="brokersched.backends.rabbitmq"),
         pytest.raises(BackendError, match="ambiguous"),

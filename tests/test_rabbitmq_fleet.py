@@ -427,7 +427,8 @@ async def test_a_record_lost_while_instances_run_is_made_again_and_wins_nothing_
     after = now_slot("after")
     assert await claim(long, after) is True
     assert long.fleet_slot_memory == long.slot_ttl
-    assert await claim(short, after) is False  # follows the raise
+    assert await claim(short, after) is False  # taken: a loser needs no view
+    assert await claim(short, now_slot("next")) is True  # finds its fence gone, follows
     assert short.fleet_slot_memory == long.slot_ttl
     await asyncio.sleep(EXPIRED_S)
     for slot in (before, after):
@@ -701,3 +702,22 @@ async def test_a_record_or_lock_queue_made_with_other_settings_is_refused_with_t
     message = str(refused.value)
     assert f"'{prefix}.{queue}'" in message and "x-queue-type" in message
     assert "exists with other arguments" in message and "rabbitmqctl delete_queue" in message
+
+
+# -- a losing claim costs the broker one publish ------------------------------------------------
+
+
+async def test_a_losing_claim_is_one_publish_without_the_fence_or_a_declare(
+    fleet: Callable[..., Any],
+) -> None:
+    """Issue 13: a loser need not make what the winner made. Its publish is refused by the
+    winner's queue, and that is the whole claim: an instance whose view of the fleet's memory
+    is outdated loses without finding its fence gone (which a declare would need first)."""
+    short = await fleet(SHORT)
+    long = await fleet(LONG)  # raises the fleet's memory: short's fence is gone
+    slot = now_slot()
+    assert await claim(long, slot) is True
+    assert await claim(short, slot) is False
+    assert short.fleet_slot_memory == short.slot_ttl  # it never looked at the fence
+    assert await claim(short, now_slot("next")) is True  # a first claim does, and follows
+    assert short.fleet_slot_memory == long.slot_ttl

@@ -135,6 +135,7 @@ if TYPE_CHECKING:
     from aio_pika.abc import (
         AbstractChannel,
         AbstractIncomingMessage,
+        AbstractMessage,
         AbstractQueue,
         AbstractRobustConnection,
     )
@@ -868,12 +869,7 @@ class RabbitMQBackend(ClaimBackend):
         view: _View,
     ) -> bool:
         from aio_pika import DeliveryMode, Message
-        from aio_pika.exceptions import (
-            ChannelNotFoundEntity,
-            ChannelPreconditionFailed,
-            DeliveryError,
-            PublishError,
-        )
+        from aio_pika.exceptions import ChannelNotFoundEntity
 
         message = Message(
             body,
@@ -881,31 +877,97 @@ class RabbitMQBackend(ClaimBackend):
             delivery_mode=DeliveryMode.PERSISTENT,
             message_id=slot.key,
         )
+        # Publish first: a claim queue that exists answers by itself, so a losing claim costs
+        # the broker one publish, not the declare of a durable queue (a metadata transaction
+        # across the cluster). Only a claim finding no queue declares it.
+        first = await self._publish(channel, queue, message, attempt)
+        if first is False:
+            return await self._lost(channel, queue, slot)
         try:  # after the slot's instant: this view's memory was the fleet's when it fell due
             await channel.declare_exchange(view.fence, passive=True)
         except ChannelNotFoundEntity as exc:
-            raise _StaleView from exc
-        for _ in range(_DECLARE_ATTEMPTS):
-            try:
-                await channel.declare_queue(queue, durable=True, arguments=view.claim_arguments)
-            except ChannelPreconditionFailed as exc:
-                raise _OtherMemory(self._describe(exc)) from exc
-            except ChannelNotFoundEntity as exc:
-                raise BackendError(self._home_down(queue, slot, exc)) from exc
-            attempt.unconfirmed = True
-            try:
-                await channel.default_exchange.publish(message, queue, mandatory=True)
-            except PublishError:  # returned unrouted: the queue expired after our declare
-                attempt.unconfirmed = False
-                continue
-            except DeliveryError:  # nacked: the queue already holds another claim
-                attempt.unconfirmed = False
-                return False
-            attempt.unconfirmed = False
+            if first is None:
+                raise _StaleView from exc
+            raise BackendError(self._changed_after_win(queue, slot)) from exc
+        if first is True:  # an empty queue took it: one made under this view's memory?
+            await self._declare_claim_queue(channel, queue, slot, view, won=True)
             return True
+        for _ in range(_DECLARE_ATTEMPTS):  # no queue yet: the first claim of the slot
+            await self._declare_claim_queue(channel, queue, slot, view, won=False)
+            won = await self._publish(channel, queue, message, attempt)
+            if won is not None:
+                return won
         raise BackendError(
             f"{self.name}: claim queue {queue!r} vanished {_DECLARE_ATTEMPTS} times between"
             " declare and publish"
+        )
+
+    async def _publish(
+        self,
+        channel: AbstractChannel,
+        queue: str,
+        message: AbstractMessage,
+        attempt: _ClaimAttempt,
+    ) -> bool | None:
+        """Publish a claim: ``True`` acked (in the queue), ``False`` nacked (the queue holds
+        another claim, or is down), ``None`` returned unrouted (no such queue)."""
+        from aio_pika.exceptions import DeliveryError, PublishError
+
+        attempt.unconfirmed = True
+        try:
+            await channel.default_exchange.publish(message, queue, mandatory=True)
+        except PublishError:  # returned unrouted (a subclass of DeliveryError: first)
+            attempt.unconfirmed = False
+            return None
+        except DeliveryError:  # nacked
+            attempt.unconfirmed = False
+            return False
+        attempt.unconfirmed = False
+        return True
+
+    async def _declare_claim_queue(
+        self, channel: AbstractChannel, queue: str, slot: Slot, view: _View, *, won: bool
+    ) -> None:
+        """Declare (or check) the claim queue with this view's arguments. ``won``: this claim's
+        message is in it already; if the queue was made under another memory that claim
+        cannot stand, and nobody else's can either: fail closed."""
+        from aio_pika.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
+
+        try:
+            await channel.declare_queue(queue, durable=True, arguments=view.claim_arguments)
+        except ChannelPreconditionFailed as exc:
+            if not won:
+                raise _OtherMemory(self._describe(exc)) from exc
+            raise BackendError(
+                f"{self.name}: claim queue {queue!r} was declared with another slot memory"
+                f" ({self._describe(exc)}); this instance uses the fleet's"
+                f" {self._shown(view.record.memory_ms)} (its own slot_ttl is"
+                f" {format_duration(self._slot_ttl)}). This claim is in it, so no other claim"
+                " of the slot wins, and the slot is not run here. An instance with an outdated"
+                " view switches at its next claim; one of a brokersched version without the"
+                " fleet record must be upgraded before slot_ttl changes"
+            ) from exc
+        except ChannelNotFoundEntity as exc:
+            raise BackendError(self._home_down(queue, slot, exc)) from exc
+
+    async def _lost(self, channel: AbstractChannel, queue: str, slot: Slot) -> bool:
+        """After a nack: the queue holds a claim (``False``), unless it is on a node that is
+        down, which nacks every publish: then fail closed, naming the node."""
+        from aio_pika.exceptions import ChannelNotFoundEntity
+
+        try:
+            await channel.declare_queue(queue, passive=True)
+        except ChannelNotFoundEntity as exc:
+            if _HOME_NODE.search(str(exc)):
+                raise BackendError(self._home_down(queue, slot, exc)) from exc
+            return False  # expired since it refused this claim: it held one
+        return False
+
+    def _changed_after_win(self, queue: str, slot: Slot) -> str:
+        return (
+            f"{self.name}: the fleet's slot memory changed while this instance claimed slot"
+            f" {slot.key}: its claim is in queue {queue!r}, so nobody else's wins, and the"
+            " slot is not run here"
         )
 
     def _home_down(self, queue: str, slot: Slot, exc: BaseException) -> str:
