@@ -880,9 +880,11 @@ class RabbitMQBackend(ClaimBackend):
         # Publish first: a claim queue that exists answers by itself, so a losing claim costs
         # the broker one publish, not the declare of a durable queue (a metadata transaction
         # across the cluster). Only a claim finding no queue declares it.
+        # A queue on a cluster node that is down returns the publish (NO_ROUTE, measured on
+        # 3.10) like a missing one: the declare below then fails closed, naming the node.
         first = await self._publish(channel, queue, message, attempt)
         if first is False:
-            return await self._lost(channel, queue, slot)
+            return False  # refused by the queue (reject-publish): it holds another claim
         try:  # after the slot's instant: this view's memory was the fleet's when it fell due
             await channel.declare_exchange(view.fence, passive=True)
         except ChannelNotFoundEntity as exc:
@@ -910,7 +912,7 @@ class RabbitMQBackend(ClaimBackend):
         attempt: _ClaimAttempt,
     ) -> bool | None:
         """Publish a claim: ``True`` acked (in the queue), ``False`` nacked (the queue holds
-        another claim, or is down), ``None`` returned unrouted (no such queue)."""
+        another claim), ``None`` returned unrouted (no such queue, or its node is down)."""
         from aio_pika.exceptions import DeliveryError, PublishError
 
         attempt.unconfirmed = True
@@ -949,19 +951,6 @@ class RabbitMQBackend(ClaimBackend):
             ) from exc
         except ChannelNotFoundEntity as exc:
             raise BackendError(self._home_down(queue, slot, exc)) from exc
-
-    async def _lost(self, channel: AbstractChannel, queue: str, slot: Slot) -> bool:
-        """After a nack: the queue holds a claim (``False``), unless it is on a node that is
-        down, which nacks every publish: then fail closed, naming the node."""
-        from aio_pika.exceptions import ChannelNotFoundEntity
-
-        try:
-            await channel.declare_queue(queue, passive=True)
-        except ChannelNotFoundEntity as exc:
-            if _HOME_NODE.search(str(exc)):
-                raise BackendError(self._home_down(queue, slot, exc)) from exc
-            return False  # expired since it refused this claim: it held one
-        return False
 
     def _changed_after_win(self, queue: str, slot: Slot) -> str:
         return (
