@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_rabbitmq.py [--url URL] [--claims 300] [--rounds 4]
                                              [--channels 8] [--memory 2000]
                                              [--cpu 2000] [--beam-pid PID]
+                                             [--burst 600 --instances 3 --claim-timeout 2s]
 
 "raw" is what a claim costs at the protocol level: declare a durable classic queue
 (x-max-length=1, reject-publish, x-expires), publish one persistent message to it with
@@ -15,6 +16,10 @@ i.e. root on the broker host). ``--cpu N`` measures the broker's own CPU (its Er
 utime + stime in /proc/<pid>/stat, before and after) for N winning claims (fresh slots) and
 then N losing claims (the same slots, from a second instance), ``--channels`` in flight: the
 broker must run on this host (``--beam-pid``, else ``rabbitmqctl eval 'os:getpid().'``).
+``--burst N``: ``--instances`` backends (one connection each, as processes of a fleet) each
+claim N slots falling due at the same instant, all at once (jitter 0): how many are won, lost
+and skipped as overloaded (no free channel within a quarter of ``--claim-timeout``), and when
+the won claims were answered, after the slots' instant (what a run would start late by).
 Every queue made here is deleted before the script ends.
 """
 
@@ -36,6 +41,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.common import FieldTable
 
 from brokersched._clock import SystemClock
+from brokersched._exceptions import BackendError
 from brokersched._redact import redact_url
 from brokersched.abc import Slot
 from brokersched.backends.rabbitmq import RabbitMQBackend, claim_queue_name
@@ -251,20 +257,69 @@ async def broker_cpu(url: str, count: int, channels: int, pid: int) -> tuple[flo
         await loser.stop()
         connection = await aio_pika.connect(url)
         async with connection:
-            await delete_all(connection, [claim_queue_name(prefix, s) for s in slots], 16)
+            before = cpu_seconds(pid)
+            await delete_all(connection, [claim_queue_name(prefix, s) for s in slots], channels)
+            expiry_ms = (cpu_seconds(pid) - before) * 1000 / count
     (win_ms, win_rate), (lose_ms, lose_rate) = figures
     print(
         f"broker CPU per claim ({count} each, {channels} in flight): winning {win_ms:.2f} ms"
-        f" ({win_rate:.0f}/s), losing {lose_ms:.2f} ms ({lose_rate:.0f}/s)"
+        f" ({win_rate:.0f}/s), losing {lose_ms:.2f} ms ({lose_rate:.0f}/s); the claim queue's"
+        f" expiry later (measured as a delete): {expiry_ms:.2f} ms"
     )
-    for instances in (2, 3, 5):
-        per_slot = win_ms + (instances - 1) * lose_ms
+    for instances in (1, 3, 5):
+        per_slot = win_ms + expiry_ms + (instances - 1) * lose_ms
         print(
             f"  {instances} instances claiming each slot: {per_slot:.2f} ms of broker CPU per"
             f" slot, a ceiling of {1000 / per_slot:.0f} slots/s"
             f" ({instances * 1000 / per_slot:.0f} claims/s) per broker core"
         )
     return win_ms, lose_ms
+
+
+async def burst(url: str, count: int, instances: int, channels: int, claim_timeout: str) -> None:
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    clock = SystemClock()
+    backends = [
+        RabbitMQBackend(url, prefix=prefix, channels=channels, claim_timeout=claim_timeout)
+        for _ in range(instances)
+    ]
+    for backend in backends:
+        await backend.start(clock)
+    due = clock.now_ms() + 500
+    slots = [Slot(f"burst.{n}", due) for n in range(count)]
+    answered: list[float] = []
+    outcomes: dict[str, int] = {"won": 0, "lost": 0, "overloaded": 0, "other errors": 0}
+
+    async def claim(backend: RabbitMQBackend, slot: Slot) -> None:
+        try:
+            won = await backend.claim(slot, instance_id="b", run_id="r", timeout=30)
+        except BackendError as exc:
+            outcomes["overloaded" if "overloaded" in str(exc) else "other errors"] += 1
+            return
+        outcomes["won" if won else "lost"] += 1
+        if won:
+            answered.append(clock.now_ms() - due)
+
+    try:
+        await asyncio.sleep((due - clock.now_ms()) / 1000)
+        await asyncio.gather(*(claim(b, slot) for slot in slots for b in backends))
+    finally:
+        for backend in backends:
+            await backend.stop()
+        connection = await aio_pika.connect(url)
+        async with connection:
+            await delete_all(connection, [claim_queue_name(prefix, s) for s in slots], 16)
+    shown = ", ".join(f"{key} {value}" for key, value in outcomes.items())
+    print(
+        f"burst: {instances} instances x {count} slots due at once, {channels} channels each,"
+        f" claim_timeout {claim_timeout}: {shown}"
+    )
+    if answered:
+        p50, p99 = (percentile(answered, q) for q in (50, 99))
+        print(
+            f"  won claims answered after the slots' instant: p50 {p50:.0f} ms, p99 {p99:.0f}"
+            f" ms, max {max(answered):.0f} ms"
+        )
 
 
 async def main() -> None:
@@ -276,7 +331,14 @@ async def main() -> None:
     parser.add_argument("--memory", type=int, default=0, help="also measure N live queues")
     parser.add_argument("--cpu", type=int, default=0, help="broker CPU of N claims won/lost")
     parser.add_argument("--beam-pid", type=int, help="the broker's Erlang VM (for --cpu)")
+    parser.add_argument("--burst", type=int, default=0, help="N slots due at once per instance")
+    parser.add_argument("--instances", type=int, default=3, help="instances in --burst")
+    parser.add_argument("--claim-timeout", default="2s", help="claim_timeout in --burst")
     args = parser.parse_args()
+    if args.burst:
+        await burst(args.url, args.burst, args.instances, args.channels, args.claim_timeout)
+        if not args.claims:
+            return
     if args.cpu:
         await broker_cpu(args.url, args.cpu, args.channels, beam_pid(args.beam_pid))
         if not args.claims:

@@ -670,6 +670,28 @@ async def test_history_honours_a_lowered_history_size(
     assert await new.history(JobPolicy("job", history_size=1), 100) == records[:1]
 
 
+# -- overload -----------------------------------------------------------------------------------
+
+
+async def test_a_claim_finding_no_free_channel_in_time_is_skipped_as_overloaded(
+    fleet: Callable[..., Any],
+) -> None:
+    """Issue 13: at a load the broker cannot carry, claims must not pile up behind each other
+    (and their slots run late): one that finds no free channel within a quarter of
+    claim_timeout is skipped at once, saying why."""
+    backend = await fleet(channels=1, claim_timeout="400ms")
+    assert backend._pool is not None
+    async with backend._pool.channel():  # the only channel, busy
+        started = time.monotonic()
+        with pytest.raises(BackendError, match="overloaded") as refused:
+            await claim(backend, Slot("job", SLOT))
+        waited = time.monotonic() - started
+    assert 0.09 <= waited < 0.3, waited
+    message = str(refused.value)
+    assert "none of the 1 channels free within 100 ms" in message and "job:" in message
+    assert await claim(backend, Slot("job", SLOT)) is True  # nothing was claimed meanwhile
+
+
 # -- faults through a proxy --------------------------------------------------------------------
 
 

@@ -364,6 +364,14 @@ class _StaleView(Exception):
     """The view's fence is gone: the record changed since this instance read it."""
 
 
+class _Overloaded(Exception):
+    """No channel of the pool came free in time: claims arrive faster than the broker answers."""
+
+    def __init__(self, size: int, waiting: int) -> None:
+        super().__init__(size, waiting)
+        self.size, self.waiting = size, waiting
+
+
 class _OtherMemory(Exception):
     """The claim queue exists with another ``x-expires`` (``406``); the broker's reply."""
 
@@ -388,14 +396,27 @@ class _ChannelPool:
 
     def __init__(self, connection: AbstractRobustConnection, size: int) -> None:
         self._connection = connection
+        self.size = size
+        self.waiting = 0  # operations waiting for a free channel
         self._idle: asyncio.Queue[AbstractChannel | None] = asyncio.Queue()
         for _ in range(size):
             self._idle.put_nowait(None)  # opened on first use
         self._closing: set[asyncio.Task[None]] = set()
 
     @contextlib.asynccontextmanager
-    async def channel(self) -> AsyncGenerator[AbstractChannel, None]:
-        channel = await self._idle.get()
+    async def channel(self, wait: float | None = None) -> AsyncGenerator[AbstractChannel, None]:
+        """A channel for one operation; ``wait``: give up (``_Overloaded``) if none is free
+        within that many seconds."""
+        self.waiting += 1
+        try:
+            async with _maybe_timeout(wait) as window:
+                channel = await self._idle.get()
+        except TimeoutError:
+            if window is None or not window.expired():
+                raise
+            raise _Overloaded(self.size, self.waiting) from None
+        finally:
+            self.waiting -= 1
         healthy = False
         try:
             if channel is None or channel.is_closed:
@@ -443,12 +464,12 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _maybe_timeout(seconds: float | None) -> AsyncGenerator[None, None]:
+async def _maybe_timeout(seconds: float | None) -> AsyncGenerator[asyncio.Timeout | None, None]:
     if seconds is None:
-        yield
+        yield None
     else:
-        async with asyncio.timeout(seconds):
-            yield
+        async with asyncio.timeout(seconds) as window:
+            yield window
 
 
 async def _close_quietly(channel: AbstractChannel) -> None:
@@ -568,6 +589,9 @@ class RabbitMQBackend(ClaimBackend):
         )
         self._prefix = _check_prefix(prefix, self.name)
         self._channel_count = _check_channels(channels, self.name)
+        # A claim waits this long for a free channel, then is skipped: under a load the broker
+        # cannot carry, slots are skipped (backend-error, "overloaded") instead of piling up.
+        self._channel_wait = self._claim_timeout.total_seconds() / 4
         in_url = parse_qs(urlsplit(self._url).query)  # the URL may carry its own timeout etc.
         defaults = {key: value for key, value in _CONNECT_DEFAULTS.items() if key not in in_url}
         self._connect_options = {**defaults, **connect_options}
@@ -783,8 +807,10 @@ class RabbitMQBackend(ClaimBackend):
             view = await self._require_view()
             window = asyncio.timeout(self._claim_budget(view, slot))
             try:
-                async with window, pool.channel() as channel:
+                async with window, pool.channel(self._channel_wait) as channel:
                     return await self._claim_on(channel, queue, slot, body, attempt, view)
+            except _Overloaded as busy:
+                raise BackendError(self._overloaded(slot, busy)) from None
             except _StaleView:
                 await self._refresh(view)
             except _OtherMemory as other:
@@ -808,6 +834,15 @@ class RabbitMQBackend(ClaimBackend):
         raise BackendError(
             f"{self.name}: the fleet's slot memory kept changing during the claim of slot"
             f" {slot.key}; the slot is not run here"
+        )
+
+    def _overloaded(self, slot: Slot, busy: _Overloaded) -> str:
+        return (
+            f"{self.name}: overloaded: the claim of slot {slot.key} found none of the"
+            f" {busy.size} channels free within {self._channel_wait * 1000:.0f} ms (a quarter"
+            f" of claim_timeout; {busy.waiting} claims waiting): claims come faster than the"
+            " broker answers, and this one is skipped rather than run late. See the README's"
+            " 'Broker cost and sizing (RabbitMQ)'"
         )
 
     def _claim_limit_ms(self, view: _View, slot: Slot) -> int:
