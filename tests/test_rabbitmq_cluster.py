@@ -8,8 +8,10 @@ node's URL, 20 jobs every second, and asserts: no slot run twice over the whole 
 process claims again (on a surviving node) within a bound measured on this machine; the slots
 lost are counted and printed.
 
-Both tests fail on the backend without multi-URL failover: the process on the lost node never
-claims again (RabbitMQBackend took one URL and reconnected only there).
+Both fleet tests fail on the backend without multi-URL failover: the process on the lost node
+never claims again (RabbitMQBackend took one URL and reconnected only there). Two more run one
+backend in the test: history through a node kill (quorum history queues), and what a node keeps
+across a clean restart.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from collections.abc import Iterator
 import pytest
 
 from brokersched._clock import SystemClock
-from brokersched.abc import JobPolicy
+from brokersched._exceptions import BackendError
+from brokersched.abc import JobPolicy, Slot
 from brokersched.backends.rabbitmq import RabbitMQBackend
 from tests.cluster_helpers_rabbitmq import (
     PROCESSES,
@@ -167,3 +170,32 @@ async def test_history_is_recorded_and_read_through_a_node_kill(cluster: RabbitC
     finally:
         await backend.stop()
         await asyncio.to_thread(cluster.start, 1)
+
+
+async def test_a_node_restart_forgets_no_claim_and_no_history(cluster: RabbitCluster) -> None:
+    """A clean stop and start of the node holding a claim queue and a history queue's first
+    leader: while it is down that slot fails closed naming it; once it is back the claim and
+    the history are still there (durable queue, persistent message; quorum queue)."""
+    urls = [f"{url}?heartbeat=5" for url in cluster.urls]
+    clock = SystemClock()
+    backend = RabbitMQBackend(urls, prefix=f"rst-{uuid.uuid4().hex[:8]}", slot_ttl="5m")
+    other = RabbitMQBackend(urls[1:], prefix=backend.prefix, slot_ttl="5m")
+    policy = JobPolicy("job", history_size=10)
+    await backend.start(clock)  # on node 1: its claim queues are made there
+    await other.start(clock)  # on node 2
+    try:
+        slot = Slot("job", clock.now_ms())
+        assert await backend.claim(slot, instance_id="a", run_id="r1", timeout=5) is True
+        await backend.record(policy, run_record("job", slot.slot_ms, 1))
+        await asyncio.to_thread(cluster.stop, 1)
+        try:
+            with pytest.raises(BackendError, match="lives on node 'bsrmqt1@"):
+                await other.claim(slot, instance_id="b", run_id="r2", timeout=5)
+        finally:
+            await asyncio.to_thread(cluster.start, 1)
+        for member in (backend, other):
+            assert await member.claim(slot, instance_id="c", run_id="r3", timeout=5) is False
+        assert [r.run_id for r in await other.history(policy, 10)] == ["run-1"]
+    finally:
+        await backend.stop()
+        await other.stop()
