@@ -33,6 +33,7 @@ from tests.cluster_helpers_rabbitmq import (
     ClusterUnavailable,
     Fleet,
     RabbitCluster,
+    cluster_name_and_subnet,
     figures,
     members_running,
     running_fleet,
@@ -55,7 +56,8 @@ EVERYONE = set(range(PROCESSES))
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitCluster]:
     directory = tmp_path_factory.mktemp("rabbitmq-cluster") / "cluster"
-    nodes = RabbitCluster("bsrmqt", directory, "10.237.42", net_ticktime=NET_TICKTIME)
+    name, subnet = cluster_name_and_subnet("t")
+    nodes = RabbitCluster(name, directory, subnet, net_ticktime=NET_TICKTIME)
     try:
         nodes.up()
     except ClusterUnavailable as exc:
@@ -104,7 +106,8 @@ def test_node_killed_and_restarted(cluster: RabbitCluster) -> None:
     assert down.resume_s <= KILL_RESUME_BOUND_S
     # A claim queue left on the dead node fails closed, and the skip names the node.
     homeless = [s.data["detail"] for s in fleet.skips() if "home node" in str(s.data["detail"])]
-    assert all("lives on node 'bsrmqt1@" in detail for detail in homeless), homeless[:3]
+    node = f"lives on node '{cluster.name}1@"
+    assert all(node in detail for detail in homeless), homeless[:3]
 
 
 def test_node_partitioned_then_healed(cluster: RabbitCluster) -> None:
@@ -189,7 +192,7 @@ async def test_a_node_restart_forgets_no_claim_and_no_history(cluster: RabbitClu
         await backend.record(policy, run_record("job", slot.slot_ms, 1))
         await asyncio.to_thread(cluster.stop, 1)
         try:
-            with pytest.raises(BackendError, match="lives on node 'bsrmqt1@"):
+            with pytest.raises(BackendError, match=f"lives on node '{cluster.name}1@"):
                 await other.claim(slot, instance_id="b", run_id="r2", timeout=5)
         finally:
             await asyncio.to_thread(cluster.start, 1)
