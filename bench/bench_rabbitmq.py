@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/bench_rabbitmq.py [--url URL] [--claims 300] [--rounds 4]
                                              [--channels 8] [--memory 2000]
+                                             [--cpu 2000] [--beam-pid PID]
+                                             [--burst 600 --instances 3 --claim-timeout 2s]
 
 "raw" is what a claim costs at the protocol level: declare a durable classic queue
 (x-max-length=1, reject-publish, x-expires), publish one persistent message to it with
@@ -10,7 +12,15 @@ connection. "backend" is ``RabbitMQBackend.claim()`` doing the same through its 
 two take turns (and turns at going first) over the rounds, one claim at a time (latency, pooled
 over the rounds) and with ``--channels`` claims in flight (throughput, the median round).
 ``--memory N`` also measures the broker memory of N live claim queues (needs ``rabbitmqctl``,
-i.e. root on the broker host). Every queue made here is deleted before the script ends.
+i.e. root on the broker host). ``--cpu N`` measures the broker's own CPU (its Erlang VM's
+utime + stime in /proc/<pid>/stat, before and after) for N winning claims (fresh slots) and
+then N losing claims (the same slots, from a second instance), ``--channels`` in flight: the
+broker must run on this host (``--beam-pid``, else ``rabbitmqctl eval 'os:getpid().'``).
+``--burst N``: ``--instances`` backends (one connection each, as processes of a fleet) each
+claim N slots falling due at the same instant, all at once (jitter 0): how many are won, lost
+and skipped as overloaded (no free channel within a quarter of ``--claim-timeout``), and when
+the won claims were answered, after the slots' instant (what a run would start late by).
+Every queue made here is deleted before the script ends.
 """
 
 from __future__ import annotations
@@ -24,14 +34,17 @@ import subprocess
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.common import FieldTable
 
 from brokersched._clock import SystemClock
+from brokersched._exceptions import BackendError
+from brokersched._redact import redact_url
 from brokersched.abc import Slot
-from brokersched.backends.rabbitmq import RabbitMQBackend, claim_queue_name, redact_url
+from brokersched.backends.rabbitmq import RabbitMQBackend, claim_queue_name
 
 DEFAULT_URL = os.environ.get("BROKERSCHED_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 ARGUMENTS: FieldTable = {
@@ -131,7 +144,8 @@ async def memory_per_queue(url: str, count: int) -> float:
     """Broker memory per live claim queue (holding its one persistent message), in KB."""
     backend = RabbitMQBackend(url, prefix=f"bench{uuid.uuid4().hex[:6]}", channels=16)
     await backend.start(SystemClock())
-    slots = [Slot("memory", n) for n in range(count)]
+    first = SystemClock().now_ms()  # fresh slots: an old one is refused
+    slots = [Slot("memory", first + n) for n in range(count)]
     try:
         await asyncio.to_thread(
             subprocess.run, ["rabbitmqctl", "eval", "garbage_collect()."], capture_output=True
@@ -176,8 +190,11 @@ async def compare(url: str, claims: int, channels: int, rounds: int) -> tuple[Fi
     backend = RabbitMQBackend(url, prefix=prefix, channels=channels, slot_ttl="2m")
     await backend.start(SystemClock())
 
+    base = SystemClock().now_ms()  # fresh slots: an old one is refused
+
     async def backend_claim(n: int) -> bool:
-        return await backend.claim(Slot("bench", n), instance_id="b", run_id="r", timeout=30)
+        slot = Slot("bench", base + n)
+        return await backend.claim(slot, instance_id="b", run_id="r", timeout=30)
 
     raw_figures, backend_figures = Figures(), Figures()
     numbers = range(2 * claims * rounds)
@@ -190,10 +207,119 @@ async def compare(url: str, claims: int, channels: int, rounds: int) -> tuple[Fi
     finally:
         await backend.stop()
         names = [f"{prefix}.claim.raw.{n}" for n in numbers]
-        names += [claim_queue_name(prefix, Slot("bench", n)) for n in numbers]
+        names += [claim_queue_name(prefix, Slot("bench", base + n)) for n in numbers]
         await delete_all(connection, names, 16)
         await connection.close()
     return raw_figures, backend_figures
+
+
+def beam_pid(given: int | None) -> int:
+    if given is not None:
+        return given
+    output = subprocess.run(
+        ["rabbitmqctl", "eval", "os:getpid()."], check=True, capture_output=True, text=True
+    ).stdout
+    return int(output.strip().strip('"'))
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid``, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def broker_cpu(url: str, count: int, channels: int, pid: int) -> tuple[float, float]:
+    """Broker CPU in ms per winning and per losing claim, and the claims/s of each."""
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    clock = SystemClock()
+    winner = RabbitMQBackend(url, prefix=prefix, channels=channels, slot_ttl="2m")
+    loser = RabbitMQBackend(url, prefix=prefix, channels=channels, slot_ttl="2m")
+    await winner.start(clock)
+    await loser.start(clock)
+    first = clock.now_ms()
+    slots = [Slot("cpu", first + n) for n in range(count)]
+    figures = []
+    try:
+        for backend, expected in ((winner, True), (loser, False)):
+
+            async def claim(
+                n: int, backend: RabbitMQBackend = backend, expected: bool = expected
+            ) -> bool:
+                won = await backend.claim(slots[n], instance_id="b", run_id="r", timeout=30)
+                return won is expected  # parallel() asserts it
+
+            before, started = cpu_seconds(pid), time.perf_counter()
+            await parallel(claim, 0, count, channels)
+            elapsed, used = time.perf_counter() - started, cpu_seconds(pid) - before
+            figures.append((used * 1000 / count, count / elapsed))
+    finally:
+        await winner.stop()
+        await loser.stop()
+        connection = await aio_pika.connect(url)
+        async with connection:
+            before = cpu_seconds(pid)
+            await delete_all(connection, [claim_queue_name(prefix, s) for s in slots], channels)
+            expiry_ms = (cpu_seconds(pid) - before) * 1000 / count
+    (win_ms, win_rate), (lose_ms, lose_rate) = figures
+    print(
+        f"broker CPU per claim ({count} each, {channels} in flight): winning {win_ms:.2f} ms"
+        f" ({win_rate:.0f}/s), losing {lose_ms:.2f} ms ({lose_rate:.0f}/s); the claim queue's"
+        f" expiry later (measured as a delete): {expiry_ms:.2f} ms"
+    )
+    for instances in (1, 3, 5):
+        per_slot = win_ms + expiry_ms + (instances - 1) * lose_ms
+        print(
+            f"  {instances} instances claiming each slot: {per_slot:.2f} ms of broker CPU per"
+            f" slot, a ceiling of {1000 / per_slot:.0f} slots/s"
+            f" ({instances * 1000 / per_slot:.0f} claims/s) per broker core"
+        )
+    return win_ms, lose_ms
+
+
+async def burst(url: str, count: int, instances: int, channels: int, claim_timeout: str) -> None:
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    clock = SystemClock()
+    backends = [
+        RabbitMQBackend(url, prefix=prefix, channels=channels, claim_timeout=claim_timeout)
+        for _ in range(instances)
+    ]
+    for backend in backends:
+        await backend.start(clock)
+    due = clock.now_ms() + 500
+    slots = [Slot(f"burst.{n}", due) for n in range(count)]
+    answered: list[float] = []
+    outcomes: dict[str, int] = {"won": 0, "lost": 0, "overloaded": 0, "other errors": 0}
+
+    async def claim(backend: RabbitMQBackend, slot: Slot) -> None:
+        try:
+            won = await backend.claim(slot, instance_id="b", run_id="r", timeout=30)
+        except BackendError as exc:
+            outcomes["overloaded" if "overloaded" in str(exc) else "other errors"] += 1
+            return
+        outcomes["won" if won else "lost"] += 1
+        if won:
+            answered.append(clock.now_ms() - due)
+
+    try:
+        await asyncio.sleep((due - clock.now_ms()) / 1000)
+        await asyncio.gather(*(claim(b, slot) for slot in slots for b in backends))
+    finally:
+        for backend in backends:
+            await backend.stop()
+        connection = await aio_pika.connect(url)
+        async with connection:
+            await delete_all(connection, [claim_queue_name(prefix, s) for s in slots], 16)
+    shown = ", ".join(f"{key} {value}" for key, value in outcomes.items())
+    print(
+        f"burst: {instances} instances x {count} slots due at once, {channels} channels each,"
+        f" claim_timeout {claim_timeout}: {shown}"
+    )
+    if answered:
+        p50, p99 = (percentile(answered, q) for q in (50, 99))
+        print(
+            f"  won claims answered after the slots' instant: p50 {p50:.0f} ms, p99 {p99:.0f}"
+            f" ms, max {max(answered):.0f} ms"
+        )
 
 
 async def main() -> None:
@@ -203,7 +329,20 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="alternate raw/backend rounds")
     parser.add_argument("--channels", type=int, default=8, help="channels = claims in flight")
     parser.add_argument("--memory", type=int, default=0, help="also measure N live queues")
+    parser.add_argument("--cpu", type=int, default=0, help="broker CPU of N claims won/lost")
+    parser.add_argument("--beam-pid", type=int, help="the broker's Erlang VM (for --cpu)")
+    parser.add_argument("--burst", type=int, default=0, help="N slots due at once per instance")
+    parser.add_argument("--instances", type=int, default=3, help="instances in --burst")
+    parser.add_argument("--claim-timeout", default="2s", help="claim_timeout in --burst")
     args = parser.parse_args()
+    if args.burst:
+        await burst(args.url, args.burst, args.instances, args.channels, args.claim_timeout)
+        if not args.claims:
+            return
+    if args.cpu:
+        await broker_cpu(args.url, args.cpu, args.channels, beam_pid(args.beam_pid))
+        if not args.claims:
+            return
 
     raw, backend = await compare(args.url, args.claims, args.channels, args.rounds)
     print(

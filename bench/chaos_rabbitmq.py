@@ -25,6 +25,7 @@ from tests.cluster_helpers_rabbitmq import (
     PROCESSES,
     Fleet,
     RabbitCluster,
+    cluster_name_and_subnet,
     figures,
     members_running,
     running_fleet,
@@ -102,7 +103,8 @@ def main() -> int:
     for ticktime in [int(t) for t in args.ticktimes.split(",")]:
         print(f"== net_ticktime {ticktime} s")
         with tempfile.TemporaryDirectory(prefix="chaos-rabbitmq-") as directory:
-            cluster = RabbitCluster("bsrmqc", Path(directory) / "c", "10.237.43", ticktime)
+            name, subnet = cluster_name_and_subnet("c")
+            cluster = RabbitCluster(name, Path(directory) / "c", subnet, ticktime)
             try:
                 cluster.up()
                 twice += soak(cluster, args.kills, args.partitions, args.cut_seconds)

@@ -6,6 +6,8 @@
 #   scripts/cluster.sh rabbitmq kill N       kill -9 node N (1-3)
 #   scripts/cluster.sh rabbitmq stop N       stop node N cleanly
 #   scripts/cluster.sh rabbitmq start N      start node N again (after kill or stop)
+#   scripts/cluster.sh rabbitmq forget N     remove stopped node N from the cluster (its data too)
+#   scripts/cluster.sh rabbitmq ctl N ARGS   rabbitmqctl ARGS on node N
 #   scripts/cluster.sh rabbitmq partition N  cut node N off silently (its packets vanish)
 #   scripts/cluster.sh rabbitmq heal         link every node again
 #   scripts/cluster.sh rabbitmq status       which nodes run, which are cut off, the cluster
@@ -346,6 +348,27 @@ cmd_status() {
   [ -z "$first" ] || ctl "$first" -q -t 10 cluster_status || true
 }
 
+cmd_forget() {  # N: remove stopped node N from the cluster, as an operator does for a lost node
+  node_arg "${1:-}"
+  load
+  ! beam_pid "$1" >/dev/null || die "node $1 runs: kill or stop it first"
+  local other
+  for other in $NODES; do
+    [ "$other" != "$1" ] && beam_pid "$other" >/dev/null && break
+  done
+  ctl "$other" -q forget_cluster_node "$(node_name "$1")"
+  rm -rf "$BASE/n$1/mnesia" && mkdir -p "$BASE/n$1/mnesia"  # it can only come back empty
+  say "node $1 ($(node_name "$1")) removed from the cluster; 'start $1' adds it back empty"
+}
+
+cmd_ctl() {  # N rabbitmqctl-args...: rabbitmqctl on node N
+  node_arg "${1:-}"
+  load
+  local n=$1
+  shift
+  ctl "$n" "$@"
+}
+
 cmd_urls() {
   load
   for n in $NODES; do echo "amqp://guest:guest@$(ip_of "$n"):$(amqp_of "$n")/"; done
@@ -354,6 +377,7 @@ cmd_urls() {
 check_args
 case "${1:-}" in
   up | down | heal | status | urls) "cmd_$1" ;;
-  kill | stop | start | partition) "cmd_$1" "${2:-}" ;;
-  *) die "usage: scripts/cluster.sh rabbitmq up|down|kill N|stop N|start N|partition N|heal|status|urls" ;;
+  kill | stop | start | partition | forget) "cmd_$1" "${2:-}" ;;
+  ctl) shift; cmd_ctl "$@" ;;
+  *) die "usage: scripts/cluster.sh rabbitmq up|down|kill N|stop N|start N|forget N|partition N|heal|status|urls|ctl N ARGS..." ;;
 esac

@@ -69,6 +69,14 @@ asyncio.run(main())
 """
 
 
+def cluster_name_and_subnet(kind: str) -> tuple[str, str]:
+    """A name and a subnet of this run's own: two runs at once (two worktrees) would share the
+    network namespaces of a fixed name, and the second would find the subnet in use and fall
+    back to nodes on 127.0.0.1, without partitions."""
+    token = os.getpid() % 10_000
+    return f"bsr{kind}{token}", f"10.237.{100 + token % 150}"
+
+
 class ClusterUnavailable(RuntimeError):
     """The cluster could not be started here (no rabbitmq-server package, say)."""
 
@@ -84,6 +92,7 @@ class RabbitCluster:
             "BROKERSCHED_RMQ_CLUSTER_SUBNET": subnet,
             "BROKERSCHED_RMQ_NET_TICKTIME": str(net_ticktime),
         }
+        self.name = name
         self.directory = directory
         self.urls: list[str] = []
 

@@ -53,7 +53,9 @@ from tests.conftest import IN_CI
 from tests.tcp_proxy import TcpProxy
 
 CLOCK = SystemClock()
-SLOT = 1_800_000_000_000  # 2027-01-15T08:00:00Z
+# Slots due long after the test (claimed early): RabbitMQBackend refuses a claim of a slot older
+# than its slot memory, and a fixed date in the past, or soon to be, would be one.
+SLOT = 4_102_444_800_000  # 2100-01-01T00:00:00Z
 JOB_NAME = re.compile(r"[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}")  # DESIGN.md's job names
 QUEUE_NAME = constants.DOMAIN_REGEX["queue-name"]  # what pamqp (and so aio-pika) accepts
 CLAIM_ARGUMENTS: FieldTable = {
@@ -146,10 +148,12 @@ def via(url: str, port: int, scheme: str | None = None) -> str:
 
 
 class AckSpotter:
-    """Parses the server's AMQP frames; true at the chunk holding a publisher-confirm ack."""
+    """Parses the server's AMQP frames; true at the chunk holding the ``nth`` publisher-confirm
+    ack from now."""
 
-    def __init__(self) -> None:
+    def __init__(self, nth: int = 1) -> None:
         self.buffer = b""
+        self.left = nth
 
     def __call__(self, data: bytes) -> bool:
         self.buffer += data
@@ -160,7 +164,9 @@ class AckSpotter:
                 return False
             self.buffer = self.buffer[consumed:]
             if isinstance(parsed, commands.Basic.Ack):
-                return True
+                self.left -= 1
+                if not self.left:
+                    return True
         return False
 
 
@@ -664,6 +670,28 @@ async def test_history_honours_a_lowered_history_size(
     assert await new.history(JobPolicy("job", history_size=1), 100) == records[:1]
 
 
+# -- overload -----------------------------------------------------------------------------------
+
+
+async def test_a_claim_finding_no_free_channel_in_time_is_skipped_as_overloaded(
+    fleet: Callable[..., Any],
+) -> None:
+    """Issue 13: at a load the broker cannot carry, claims must not pile up behind each other
+    (and their slots run late): one that finds no free channel within a quarter of
+    claim_timeout is skipped at once, saying why."""
+    backend = await fleet(channels=1, claim_timeout="400ms")
+    assert backend._pool is not None
+    async with backend._pool.channel():  # the only channel, busy
+        started = time.monotonic()
+        with pytest.raises(BackendError, match="overloaded") as refused:
+            await claim(backend, Slot("job", SLOT))
+        waited = time.monotonic() - started
+    assert 0.09 <= waited < 0.3, waited
+    message = str(refused.value)
+    assert "none of the 1 channels free within 100 ms" in message and "job:" in message
+    assert await claim(backend, Slot("job", SLOT)) is True  # nothing was claimed meanwhile
+
+
 # -- faults through a proxy --------------------------------------------------------------------
 
 
@@ -758,7 +786,10 @@ async def test_a_lost_confirm_is_ambiguous_and_the_slot_never_runs(
     direct, cut_off = await fleet(), await fleet(via(amqp_url, proxy.port), channels=1)
     assert await claim(cut_off, Slot("warm-up", SLOT)) is True  # link idle at a frame boundary
     slot = Slot("job", SLOT)
-    proxy.cut_when_downstream(AckSpotter())  # the broker takes the claim; its ack is lost
+    # A claim publishes first; the slot's queue does not exist yet, so that publish comes back
+    # unrouted (ack 1), and the claim declares the queue and publishes again (ack 2): the
+    # broker takes the claim and its ack is lost.
+    proxy.cut_when_downstream(AckSpotter(nth=2))
     with (
         caplog.at_level(logging.WARNING, logger="brokersched.backends.rabbitmq"),
         pytest.raises(BackendError, match="ambiguous"),

@@ -8,28 +8,38 @@ node's URL, 20 jobs every second, and asserts: no slot run twice over the whole 
 process claims again (on a surviving node) within a bound measured on this machine; the slots
 lost are counted and printed.
 
-Both tests fail on the backend without multi-URL failover: the process on the lost node never
-claims again (RabbitMQBackend took one URL and reconnected only there).
+Both fleet tests fail on the backend without multi-URL failover: the process on the lost node
+never claims again (RabbitMQBackend took one URL and reconnected only there). Two more run one
+backend in the test: history through a node kill (quorum history queues), and what a node keeps
+across a clean restart.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
 
+from brokersched._clock import SystemClock
+from brokersched._exceptions import BackendError
+from brokersched.abc import JobPolicy, Slot
+from brokersched.backends.rabbitmq import RabbitMQBackend
 from tests.cluster_helpers_rabbitmq import (
     PROCESSES,
     ClusterUnavailable,
     Fleet,
     RabbitCluster,
+    cluster_name_and_subnet,
     figures,
     members_running,
     running_fleet,
     wait_for,
 )
+from tests.test_rabbitmq_backend import SLOT, run_record
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +56,8 @@ EVERYONE = set(range(PROCESSES))
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitCluster]:
     directory = tmp_path_factory.mktemp("rabbitmq-cluster") / "cluster"
-    nodes = RabbitCluster("bsrmqt", directory, "10.237.42", net_ticktime=NET_TICKTIME)
+    name, subnet = cluster_name_and_subnet("t")
+    nodes = RabbitCluster(name, directory, subnet, net_ticktime=NET_TICKTIME)
     try:
         nodes.up()
     except ClusterUnavailable as exc:
@@ -95,7 +106,8 @@ def test_node_killed_and_restarted(cluster: RabbitCluster) -> None:
     assert down.resume_s <= KILL_RESUME_BOUND_S
     # A claim queue left on the dead node fails closed, and the skip names the node.
     homeless = [s.data["detail"] for s in fleet.skips() if "home node" in str(s.data["detail"])]
-    assert all("lives on node 'bsrmqt1@" in detail for detail in homeless), homeless[:3]
+    node = f"lives on node '{cluster.name}1@"
+    assert all(node in detail for detail in homeless), homeless[:3]
 
 
 def test_node_partitioned_then_healed(cluster: RabbitCluster) -> None:
@@ -127,3 +139,66 @@ def test_node_partitioned_then_healed(cluster: RabbitCluster) -> None:
     assert figures(fleet, (began, ended)).twice == []
     assert resumed <= PARTITION_RESUME_BOUND_S
     assert during.resume_s <= PARTITION_RESUME_BOUND_S
+
+
+async def test_history_is_recorded_and_read_through_a_node_kill(cluster: RabbitCluster) -> None:
+    """History queues are quorum queues: killing the node the history queue was made on (and
+    the backend is connected to) loses at most the records in flight at the kill, and history
+    reads on. Fails with classic history queues: every record fails until the node is back."""
+    urls = [f"{url}?heartbeat=5" for url in cluster.urls]
+    backend = RabbitMQBackend(urls, prefix=f"hist-{uuid.uuid4().hex[:8]}", slot_ttl="1m")
+    policy = JobPolicy("hist", history_size=100)
+    await backend.start(SystemClock())
+    try:
+        for n in range(5):
+            await backend.record(policy, run_record("hist", SLOT + n, n))
+        killed = time.time()
+        await asyncio.to_thread(cluster.kill, 1)  # the history queue's first leader
+        recorded: list[tuple[int, float]] = []
+        for n in range(5, 45):
+            try:
+                await backend.record(policy, run_record("hist", SLOT + n, n))
+            except Exception:
+                pass
+            else:
+                recorded.append((n, time.time() - killed))
+            await asyncio.sleep(0.25)
+        assert recorded, "no record made it after the kill"
+        (resumed, after_s), kept = recorded[0], [n for n, _ in recorded]
+        print(f"\nrecording again {after_s:.1f} s after the kill ({resumed - 5} records lost)")
+        assert kept == list(range(resumed, 45))  # once back, every record is kept
+        assert after_s <= KILL_RESUME_BOUND_S
+        runs = [record.run_id for record in await backend.history(policy, 100)]
+        assert runs == [f"run-{n}" for n in [*reversed(kept), 4, 3, 2, 1, 0]]
+    finally:
+        await backend.stop()
+        await asyncio.to_thread(cluster.start, 1)
+
+
+async def test_a_node_restart_forgets_no_claim_and_no_history(cluster: RabbitCluster) -> None:
+    """A clean stop and start of the node holding a claim queue and a history queue's first
+    leader: while it is down that slot fails closed naming it; once it is back the claim and
+    the history are still there (durable queue, persistent message; quorum queue)."""
+    urls = [f"{url}?heartbeat=5" for url in cluster.urls]
+    clock = SystemClock()
+    backend = RabbitMQBackend(urls, prefix=f"rst-{uuid.uuid4().hex[:8]}", slot_ttl="5m")
+    other = RabbitMQBackend(urls[1:], prefix=backend.prefix, slot_ttl="5m")
+    policy = JobPolicy("job", history_size=10)
+    await backend.start(clock)  # on node 1: its claim queues are made there
+    await other.start(clock)  # on node 2
+    try:
+        slot = Slot("job", clock.now_ms())
+        assert await backend.claim(slot, instance_id="a", run_id="r1", timeout=5) is True
+        await backend.record(policy, run_record("job", slot.slot_ms, 1))
+        await asyncio.to_thread(cluster.stop, 1)
+        try:
+            with pytest.raises(BackendError, match=f"lives on node '{cluster.name}1@"):
+                await other.claim(slot, instance_id="b", run_id="r2", timeout=5)
+        finally:
+            await asyncio.to_thread(cluster.start, 1)
+        for member in (backend, other):
+            assert await member.claim(slot, instance_id="c", run_id="r3", timeout=5) is False
+        assert [r.run_id for r in await other.history(policy, 10)] == ["run-1"]
+    finally:
+        await backend.stop()
+        await other.stop()

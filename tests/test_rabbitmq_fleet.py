@@ -12,6 +12,7 @@ but the constructor, ``start`` and ``claim``).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import random
@@ -26,7 +27,15 @@ import pytest
 from brokersched._clock import SystemClock
 from brokersched._exceptions import BackendError
 from brokersched.abc import JobPolicy, Slot
-from brokersched.backends.rabbitmq import RabbitMQBackend, claim_queue_name, history_queue_name
+from brokersched.backends.rabbitmq import (
+    _MEMORY_MARGIN_MS as MARGIN_MS,
+)
+from brokersched.backends.rabbitmq import (
+    RabbitMQBackend,
+    claim_queue_name,
+    history_queue_name,
+)
+from brokersched.testing import TestClock
 
 CLOCK = SystemClock()
 SHORT, LONG = "1s", "20s"  # the old and the new slot_ttl of a rolling deploy
@@ -35,6 +44,7 @@ EXPIRED_S = 2.5  # a claim queue made under SHORT is gone by then (the broker's 
 JOB = JobPolicy("job", history_size=5)
 
 Claimed = bool | BaseException
+QUORUM = {"x-queue-type": "quorum"}
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -291,33 +301,45 @@ async def test_instances_starting_together_with_two_slot_ttls_never_both_win(
     instant (as a scheduler would), while the others are still starting and raising the record.
     No slot is won twice (a slot may be refused while the record is being made), every slot
     falling due once all are up is won once, and late claims once a SHORT queue would have
-    expired win nothing."""
+    expired win nothing. The slots go on until JUDGED of them fell due after the last start,
+    however long the starts take (a loaded machine)."""
+    judged = 8
     ttls = [SHORT, LONG] * 3
     random.shuffle(ttls)
     backends = [await fleet(ttl, started_now=False) for ttl in ttls]
     first = CLOCK.now_ms() + 100
-    slots = [Slot("start", first + n * 25) for n in range(24)]
     barrier = asyncio.Barrier(len(backends))
     up: list[int] = []
+    end: list[int] = []  # the last slot's instant, once every instance is up
+
+    def slot_at(n: int) -> Slot:
+        return Slot("start", first + n * 25)
 
     async def instance(backend: RabbitMQBackend) -> dict[Slot, Claimed]:
         await barrier.wait()
         await backend.start(CLOCK)
         await backend.prepare([JOB])
         up.append(CLOCK.now_ms())
+        if len(up) == len(backends):  # no instance has claimed past now + 25ms yet
+            end.append(max(up) + judged * 25)
         outcomes: dict[Slot, Claimed] = {}
-        for slot in slots:
+        for slot in map(slot_at, itertools.count()):
+            if end and slot.slot_ms > end[0]:
+                return outcomes
             await asyncio.sleep(max(0.0, (slot.slot_ms - CLOCK.now_ms()) / 1000))
             outcomes[slot] = await claim(backend, slot)
-        return outcomes
+        raise AssertionError("unreachable")
 
-    rows = await asyncio.gather(*(instance(backend) for backend in backends))
+    async with asyncio.timeout(60):
+        rows = await asyncio.gather(*(instance(backend) for backend in backends))
+    slots = list(rows[0])
+    assert all(list(row) == slots for row in rows)  # every instance claimed the same slots
     for slot in slots:
         outcomes = [row[slot] for row in rows]
         assert winners(outcomes) <= 1, (slot, outcomes)
         if slot.slot_ms > max(up):
             assert winners(outcomes) == 1, (slot, outcomes)
-    assert any(slot.slot_ms > max(up) for slot in slots), "the starts took too long to judge"
+    assert sum(slot.slot_ms > max(up) for slot in slots) >= judged - 1
     await asyncio.sleep(EXPIRED_S)
     for slot in slots:
         late = await race(backends, slot)
@@ -405,7 +427,8 @@ async def test_a_record_lost_while_instances_run_is_made_again_and_wins_nothing_
     after = now_slot("after")
     assert await claim(long, after) is True
     assert long.fleet_slot_memory == long.slot_ttl
-    assert await claim(short, after) is False  # follows the raise
+    assert await claim(short, after) is False  # taken: a loser needs no view
+    assert await claim(short, now_slot("next")) is True  # finds its fence gone, follows
     assert short.fleet_slot_memory == long.slot_ttl
     await asyncio.sleep(EXPIRED_S)
     for slot in (before, after):
@@ -600,3 +623,101 @@ async def test_schedulers_in_a_rolling_raise_run_no_slot_twice_and_skip_none_for
     window = range((began // 250 + 2) * 250, ended - 1000, 250)
     missing = [ms for ms in window if ms not in runs and ms not in late and ms not in handed]
     assert missing == []
+
+
+# -- defence in depth: no claim of a slot older than the slot memory ---------------------------
+
+
+@pytest.mark.slow
+async def test_a_direct_claim_of_a_slot_the_broker_forgot_is_refused(
+    fleet: Callable[..., Any],
+) -> None:
+    """The runner never claims a slot as old as the slot memory, but ``claim()`` is public: a
+    claim made after the claim queue expired must not win the slot a second time."""
+    backend = await fleet("500ms")
+    slot = now_slot()
+    assert await claim(backend, slot) is True
+    await asyncio.sleep(1.2)  # the point: the broker's expiry of the claim queue
+    again = await claim(backend, slot)
+    assert again is not True, "the slot was won twice"
+    assert isinstance(again, BackendError)
+    message = str(again)
+    assert f"slot {slot.key} is " in message and "too late to claim safely" in message
+    assert "the fleet's slot memory is 500ms" in message
+    assert f"minus a {MARGIN_MS}ms margin" in message
+    assert await claim(backend, now_slot()) is True  # a fresh slot is claimed as before
+
+
+async def test_a_claim_is_refused_from_the_slot_memory_minus_the_margin(
+    fleet: Callable[..., Any],
+) -> None:
+    """The limit to the millisecond, on a virtual clock (the queues are fresh on the broker).
+    The limit bounds the whole claim: one made 500ms before it has that long to finish."""
+    clock = TestClock()
+    backend = await fleet("10s", started_now=False, channels=1)
+    await backend.start(clock)
+    await backend.prepare([JOB])
+    await clock.advance("30s")  # the slots below fell due after the record was made
+    last_ms = 10_000 - MARGIN_MS  # the first age refused
+    assert await claim(backend, Slot("job", clock.now_ms() - last_ms + 500)) is True
+    refused = await claim(backend, Slot("job", clock.now_ms() - last_ms))
+    assert isinstance(refused, BackendError)
+    assert "is 9s750ms old" in str(refused)
+    assert await claim(backend, Slot("job", clock.now_ms() - 60_000)) is not True
+
+
+async def test_a_claim_still_waiting_at_the_limit_gives_up(fleet: Callable[..., Any]) -> None:
+    """The limit bounds the whole claim, not only its start: a claim that waits for a channel
+    (or the broker) until the slot is as old as the memory minus the margin is not made."""
+    clock = TestClock()
+    backend = await fleet("10s", started_now=False, channels=1)
+    await backend.start(clock)
+    await backend.prepare([JOB])
+    await clock.advance("30s")
+    slot = Slot("job", clock.now_ms() - (10_000 - MARGIN_MS) + 200)  # 200ms of claim left
+    async with backend._pool.channel():  # the only channel, busy
+        waiting = asyncio.create_task(claim(backend, slot))
+        await asyncio.sleep(0.5)
+        assert waiting.done(), "the claim outlived its limit"
+    refused = waiting.result()
+    assert isinstance(refused, BackendError), refused
+    assert "too late to claim safely" in str(refused)
+    assert await claim(backend, Slot("job", clock.now_ms())) is True  # the channel still works
+
+
+# -- queues of the scheme made beforehand with other settings ---------------------------------
+
+
+@pytest.mark.parametrize("queue", ["slot-memory", "slot-memory.lock"])
+async def test_a_record_or_lock_queue_made_with_other_settings_is_refused_with_the_fix(
+    fleet: Callable[..., Any], raw: aio_pika.abc.AbstractConnection, prefix: str, queue: str
+) -> None:
+    """Made by hand as a quorum queue, say: start() fails closed, naming the queue, the
+    argument and how to repair it."""
+    channel = await raw.channel()
+    await channel.declare_queue(f"{prefix}.{queue}", durable=True, arguments=QUORUM)
+    backend = await fleet(SHORT, started_now=False)
+    with pytest.raises(BackendError) as refused:
+        await backend.start(CLOCK)
+    message = str(refused.value)
+    assert f"'{prefix}.{queue}'" in message and "x-queue-type" in message
+    assert "exists with other arguments" in message and "rabbitmqctl delete_queue" in message
+
+
+# -- a losing claim costs the broker one publish ------------------------------------------------
+
+
+async def test_a_losing_claim_is_one_publish_without_the_fence_or_a_declare(
+    fleet: Callable[..., Any],
+) -> None:
+    """Issue 13: a loser need not make what the winner made. Its publish is refused by the
+    winner's queue, and that is the whole claim: an instance whose view of the fleet's memory
+    is outdated loses without finding its fence gone (which a declare would need first)."""
+    short = await fleet(SHORT)
+    long = await fleet(LONG)  # raises the fleet's memory: short's fence is gone
+    slot = now_slot()
+    assert await claim(long, slot) is True
+    assert await claim(short, slot) is False
+    assert short.fleet_slot_memory == short.slot_ttl  # it never looked at the fence
+    assert await claim(short, now_slot("next")) is True  # a first claim does, and follows
+    assert short.fleet_slot_memory == long.slot_ttl

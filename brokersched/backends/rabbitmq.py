@@ -3,12 +3,18 @@
 How a claim works
     Every slot gets its own durable classic queue ``<prefix>.claim.<job>.<slot_ms>`` declared
     with ``x-max-length=1``, ``x-overflow=reject-publish`` and ``x-expires`` = the fleet's slot
-    memory (below). A claim checks the fleet's fence exchange, declares that queue and publishes
-    one persistent message to it through the default exchange, ``mandatory=True``, on a channel
-    in publisher-confirm mode. The broker acks the first message (won) and nacks every later one
-    while the queue holds it (lost). The queue expires when nobody has declared it for the slot
-    memory, so the slot is remembered that long after the last claim. Nothing ever consumes a
-    claim queue: a message taken out of it would let the next publish in.
+    memory (below). A claim publishes one persistent message to it through the default
+    exchange, ``mandatory=True``, on a channel in publisher-confirm mode. The broker acks the
+    first message (won) and nacks every later one while the queue holds it (lost). So a claim
+    publishes *first*: a nack is the whole of a losing claim (one publish; no declare, which
+    for a durable queue is a metadata transaction across a cluster). A publish that comes back
+    unrouted (no queue yet, or its node is down) makes the claim check the fleet's fence
+    exchange, declare the queue and publish again; one acked by an existing empty queue (its
+    maker's publish still on the way) is checked with a declare of the queue (``406`` when it
+    was made under another memory: fail closed). The queue expires when nobody has declared
+    it for the slot memory, so the slot is remembered that long after the claim that made it.
+    Nothing ever consumes a claim queue: a message taken out of it would let the next publish
+    in.
 
 One slot memory per fleet (issue 18)
     A claim queue keeps the ``x-expires`` of whoever declared it first. Were that each
@@ -42,8 +48,13 @@ One slot memory per fleet (issue 18)
       loss, an empty one fails closed), and later it does not claim. So two claims of a slot
       never both win, however the instances' starts interleave with the raise. (This holds
       for claims made at or after the slot's instant, as the scheduler makes them, on clocks
-      that agree, as the scheduler already requires; a claim outside the instance's own
-      ``slot_ttl`` after the slot is judged as before.)
+      that agree, as the scheduler already requires.)
+    * No claim of a slot the broker may have forgotten: a claim queue may expire once the slot
+      is the fleet's memory old, and a claim then would win a slot that already ran. So every
+      claim, ``claim()`` called directly included, must be done (its declare and publish) before
+      the slot is the memory minus 250 ms old, else it is refused (``BackendError``: the
+      scheduler skips the slot with ``backend-error``). The scheduler itself never claims that
+      late: ``jitter + max_late`` stay below ``slot_ttl`` and its claims stop 1 s before.
     * Lowering: an instance with a shorter ``slot_ttl`` keeps the fleet's longer memory. To
       lower it, deploy the shorter ``slot_ttl`` everywhere, then delete the record queue
       (``rabbitmqctl delete_queue <prefix>.slot-memory``): every fence goes with it, the
@@ -61,8 +72,9 @@ Why each detail (measured on RabbitMQ 3.10)
       which a late claimer would win a slot that already ran. The record, the lock and the
       fences are durable too; a broker that loses its definitions loses every claim anyway.
     * No ``x-message-ttl``: a late claimer would win once the message expired.
-    * ``mandatory=True``: without it a publish to a queue that expired between the declare and
-      the publish is acked, a false win. A returned message makes the claim declare again.
+    * ``mandatory=True``: without it a publish to a queue that does not exist (or expired
+      between the declare and the publish) is acked, a false win. A returned message makes the
+      claim declare the queue.
     * Plain channels on the robust connection, never robust channels: a robust channel would
       re-declare every slot queue it ever saw after a reconnect (a leak, and a way to
       resurrect a forgotten slot); a plain channel remembers nothing (the ``robust=False``
@@ -80,16 +92,27 @@ Failures
     itself and claims resume.
 
 History
-    A durable classic queue ``<prefix>.history.<job>`` per job with ``x-max-length=history_size``
-    (drop-head). It is read by an exclusive consumer that takes every message without acking
-    them and then closes its channel, which puts them back in their original order. Records are
-    trimmed by count only, so ``history_ttl`` is refused.
+    A quorum queue ``<prefix>.history.<job>`` per job with ``x-max-length=history_size``
+    (drop-head): replicated, so a cluster keeps recording and reading it while a node is down.
+    It is read by a consumer that takes every message without acking them and then closes its
+    channel, which puts them back (``x-single-active-consumer``: readers take turns, a quorum
+    queue ignores an exclusive consumer; ``x-delivery-limit=-1`` on RabbitMQ 4, whose default
+    would drop a record read 20 times). Readers racing can reorder the queue, so a read is
+    sorted by finish time. Records are trimmed by count only, so ``history_ttl`` is refused. A
+    classic history queue made by an earlier brokersched is kept and used as it is (a warning
+    says how to replace it).
 
 Broker cost
     One live queue per job per slot claimed within the fleet's slot memory: a job running every
     ``interval`` keeps about ``memory / interval + 1`` claim queues alive, each costing roughly
     30-37 KB of broker memory (measured on 3.10). Per prefix: the record and lock queues and one
-    fence exchange. Per claim: one more round trip than before (the fence check).
+    fence exchange. Broker CPU (3.10, ``bench/bench_rabbitmq.py --cpu``): 4-5 ms per winning
+    claim and 1.1-1.4 ms for its queue's expiry later, 0.35 ms per losing claim.
+
+Overload
+    A claim waits for one of the pool's ``channels``; one that finds none free within a quarter
+    of ``claim_timeout`` is skipped (``BackendError``, "overloaded"): past what the broker can
+    answer, slots are skipped at once instead of piling up and running late.
 """
 
 from __future__ import annotations
@@ -125,6 +148,7 @@ if TYPE_CHECKING:
     from aio_pika.abc import (
         AbstractChannel,
         AbstractIncomingMessage,
+        AbstractMessage,
         AbstractQueue,
         AbstractRobustConnection,
     )
@@ -153,11 +177,12 @@ _LONGEST_KIND = ".history."
 _DECLARE_ATTEMPTS = 3  # a claim queue can expire between declare and publish; rarely twice
 _OPERATION_TIMEOUT_S = 10.0  # record(), history() and prepare(): not time-critical, but bounded
 _READER_RETRY_S = 0.05  # another history reader holds the exclusive consumer
+_MAX_PREFETCH = 65535  # AMQP's prefetch count is 16 bits
 _LOCK_RETRY_S = (0.01, 0.1)  # another instance holds the slot-memory lock: wait this long
 _VIEW_ATTEMPTS = 4  # a claim reads the record again at most this often (raises are rare)
 # A slot that fell due before a raise from m is claimed at most m minus this late: the queue a
 # claim under m made lives at least m after the slot, on the broker's timer, not ours.
-_CLAMP_MARGIN_MS = 250
+_MEMORY_MARGIN_MS = 250
 _RECORD_VERSION = 1
 _HOME_NODE = re.compile(r"home node '([^']+)'")  # RabbitMQ's 404 for a queue on a down node
 _PLAIN: FieldTable = {"x-queue-type": "classic"}  # a vhost may default to quorum queues
@@ -352,6 +377,14 @@ class _StaleView(Exception):
     """The view's fence is gone: the record changed since this instance read it."""
 
 
+class _Overloaded(Exception):
+    """No channel of the pool came free in time: claims arrive faster than the broker answers."""
+
+    def __init__(self, size: int, waiting: int) -> None:
+        super().__init__(size, waiting)
+        self.size, self.waiting = size, waiting
+
+
 class _OtherMemory(Exception):
     """The claim queue exists with another ``x-expires`` (``406``); the broker's reply."""
 
@@ -376,14 +409,27 @@ class _ChannelPool:
 
     def __init__(self, connection: AbstractRobustConnection, size: int) -> None:
         self._connection = connection
+        self.size = size
+        self.waiting = 0  # operations waiting for a free channel
         self._idle: asyncio.Queue[AbstractChannel | None] = asyncio.Queue()
         for _ in range(size):
             self._idle.put_nowait(None)  # opened on first use
         self._closing: set[asyncio.Task[None]] = set()
 
     @contextlib.asynccontextmanager
-    async def channel(self) -> AsyncGenerator[AbstractChannel, None]:
-        channel = await self._idle.get()
+    async def channel(self, wait: float | None = None) -> AsyncGenerator[AbstractChannel, None]:
+        """A channel for one operation; ``wait``: give up (``_Overloaded``) if none is free
+        within that many seconds."""
+        self.waiting += 1
+        try:
+            async with _maybe_timeout(wait) as window:
+                channel = await self._idle.get()
+        except TimeoutError:
+            if window is None or not window.expired():
+                raise
+            raise _Overloaded(self.size, self.waiting) from None
+        finally:
+            self.waiting -= 1
         healthy = False
         try:
             if channel is None or channel.is_closed:
@@ -431,12 +477,12 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _maybe_timeout(seconds: float | None) -> AsyncGenerator[None, None]:
+async def _maybe_timeout(seconds: float | None) -> AsyncGenerator[asyncio.Timeout | None, None]:
     if seconds is None:
-        yield
+        yield None
     else:
-        async with asyncio.timeout(seconds):
-            yield
+        async with asyncio.timeout(seconds) as window:
+            yield window
 
 
 async def _close_quietly(channel: AbstractChannel) -> None:
@@ -556,6 +602,9 @@ class RabbitMQBackend(ClaimBackend):
         )
         self._prefix = _check_prefix(prefix, self.name)
         self._channel_count = _check_channels(channels, self.name)
+        # A claim waits this long for a free channel, then is skipped: under a load the broker
+        # cannot carry, slots are skipped (backend-error, "overloaded") instead of piling up.
+        self._channel_wait = self._claim_timeout.total_seconds() / 4
         in_url = parse_qs(urlsplit(self._url).query)  # the URL may carry its own timeout etc.
         defaults = {key: value for key, value in _CONNECT_DEFAULTS.items() if key not in in_url}
         self._connect_options = {**defaults, **connect_options}
@@ -769,10 +818,12 @@ class RabbitMQBackend(ClaimBackend):
         """Claim under the current view; read the record again when the view proves stale."""
         for _ in range(_VIEW_ATTEMPTS):
             view = await self._require_view()
-            budget = self._clamp_budget(view, slot)
+            window = asyncio.timeout(self._claim_budget(view, slot))
             try:
-                async with _maybe_timeout(budget), pool.channel() as channel:
+                async with window, pool.channel(self._channel_wait) as channel:
                     return await self._claim_on(channel, queue, slot, body, attempt, view)
+            except _Overloaded as busy:
+                raise BackendError(self._overloaded(slot, busy)) from None
             except _StaleView:
                 await self._refresh(view)
             except _OtherMemory as other:
@@ -790,7 +841,7 @@ class RabbitMQBackend(ClaimBackend):
                     " run here"
                 ) from None
             except TimeoutError:
-                if budget is None:
+                if not window.expired():
                     raise
                 raise BackendError(self._too_late(view, slot)) from None
         raise BackendError(
@@ -798,38 +849,62 @@ class RabbitMQBackend(ClaimBackend):
             f" {slot.key}; the slot is not run here"
         )
 
-    def _clamp_budget(self, view: _View, slot: Slot) -> float | None:
-        """Seconds left to claim ``slot`` when a shorter memory than the fleet's may have applied
-        to it (a raise after it fell due, or a record made after it); ``None``: no such limit.
+    def _overloaded(self, slot: Slot, busy: _Overloaded) -> str:
+        return (
+            f"{self.name}: overloaded: the claim of slot {slot.key} found none of the"
+            f" {busy.size} channels free within {self._channel_wait * 1000:.0f} ms (a quarter"
+            f" of claim_timeout; {busy.waiting} claims waiting): claims come faster than the"
+            " broker answers, and this one is skipped rather than run late. See the README's"
+            " 'Broker cost and sizing (RabbitMQ)'"
+        )
 
-        Only for claims within this instance's own ``slot_ttl`` after the slot, the scheduler's
-        range: a claim long after (or before) a slot is outside what any memory promises.
-        """
-        assert self._clock is not None
-        now = self._clock.now_ms()
-        if not 0 <= now - slot.slot_ms < to_ms(self._slot_ttl):
-            return None
+    def _claim_limit_ms(self, view: _View, slot: Slot) -> int:
+        """How late after its instant ``slot`` may still be claimed: the fleet's slot memory,
+        or the shorter memory that may have applied to it (a raise after it fell due, or 0 for
+        a record made after it)."""
         limit = view.record.claim_limit_ms(slot.slot_ms)
-        if limit is None:
-            return None
-        budget = (slot.slot_ms + limit - _CLAMP_MARGIN_MS - now) / 1000
+        return view.record.memory_ms if limit is None else min(limit, view.record.memory_ms)
+
+    def _claim_budget(self, view: _View, slot: Slot) -> float:
+        """Seconds left to claim ``slot`` safely: until it is the claim limit old, less a margin
+        (the broker expires a claim queue on its own timer, not ours). Past that, the claim
+        queue of an earlier claim may be gone, and this claim could win a slot that already ran:
+        refused. The scheduler never claims that late (``jitter + max_late`` stay below
+        ``slot_ttl``); this guards ``claim()`` called directly, and a claim held up in flight."""
+        assert self._clock is not None
+        left_ms = slot.slot_ms + self._claim_limit_ms(view, slot) - _MEMORY_MARGIN_MS
+        budget = (left_ms - self._clock.now_ms()) / 1000
         if budget <= 0:
             raise BackendError(self._too_late(view, slot))
         return budget
 
     def _too_late(self, view: _View, slot: Slot) -> str:
-        limit = view.record.claim_limit_ms(slot.slot_ms) or 0
+        assert self._clock is not None
+        age = self._shown(max(self._clock.now_ms() - slot.slot_ms, 0))
+        limit = self._claim_limit_ms(view, slot)
+        memory_ms = view.record.memory_ms
+        old = self._clock.now_ms() - slot.slot_ms >= memory_ms - _MEMORY_MARGIN_MS
+        if old or limit == memory_ms:
+            return (
+                f"{self.name}: slot {slot.key} is {age} old, too late to claim safely: the"
+                f" fleet's slot memory is {self._shown(memory_ms)}, and a claim queue may expire"
+                f" from then on (this refuses claims from the memory minus a"
+                f" {_MEMORY_MARGIN_MS}ms margin), after which a claim could win a slot that"
+                " already ran; the slot is not run here. The scheduler never claims this late"
+                " (jitter + max_late stay below slot_ttl): a claim made by hand, or held up"
+                " in flight"
+            )
         if slot.slot_ms < view.record.created_ms:
             why = "the fleet's slot memory record was made after the slot fell due"
         else:
             why = (
                 f"the fleet's slot memory was {self._shown(limit)} when it fell due (raised to"
-                f" {self._shown(view.record.memory_ms)} since)"
+                f" {self._shown(memory_ms)} since)"
             )
         return (
-            f"{self.name}: slot {slot.key} is too late to claim safely: {why}, so an instance may"
-            " have claimed it under a shorter memory that has already forgotten it; the slot is"
-            " not run here"
+            f"{self.name}: slot {slot.key} is {age} old, too late to claim safely: {why}, so an"
+            " instance may have claimed it under a shorter memory that has already forgotten"
+            " it; the slot is not run here"
         )
 
     async def _claim_on(
@@ -842,12 +917,7 @@ class RabbitMQBackend(ClaimBackend):
         view: _View,
     ) -> bool:
         from aio_pika import DeliveryMode, Message
-        from aio_pika.exceptions import (
-            ChannelNotFoundEntity,
-            ChannelPreconditionFailed,
-            DeliveryError,
-            PublishError,
-        )
+        from aio_pika.exceptions import ChannelNotFoundEntity
 
         message = Message(
             body,
@@ -855,31 +925,86 @@ class RabbitMQBackend(ClaimBackend):
             delivery_mode=DeliveryMode.PERSISTENT,
             message_id=slot.key,
         )
+        # Publish first: a claim queue that exists answers by itself, so a losing claim costs
+        # the broker one publish, not the declare of a durable queue (a metadata transaction
+        # across the cluster). Only a claim finding no queue declares it.
+        # A queue on a cluster node that is down returns the publish (NO_ROUTE, measured on
+        # 3.10) like a missing one: the declare below then fails closed, naming the node.
+        first = await self._publish(channel, queue, message, attempt)
+        if first is False:
+            return False  # refused by the queue (reject-publish): it holds another claim
         try:  # after the slot's instant: this view's memory was the fleet's when it fell due
             await channel.declare_exchange(view.fence, passive=True)
         except ChannelNotFoundEntity as exc:
-            raise _StaleView from exc
-        for _ in range(_DECLARE_ATTEMPTS):
-            try:
-                await channel.declare_queue(queue, durable=True, arguments=view.claim_arguments)
-            except ChannelPreconditionFailed as exc:
-                raise _OtherMemory(self._describe(exc)) from exc
-            except ChannelNotFoundEntity as exc:
-                raise BackendError(self._home_down(queue, slot, exc)) from exc
-            attempt.unconfirmed = True
-            try:
-                await channel.default_exchange.publish(message, queue, mandatory=True)
-            except PublishError:  # returned unrouted: the queue expired after our declare
-                attempt.unconfirmed = False
-                continue
-            except DeliveryError:  # nacked: the queue already holds another claim
-                attempt.unconfirmed = False
-                return False
-            attempt.unconfirmed = False
+            if first is None:
+                raise _StaleView from exc
+            raise BackendError(self._changed_after_win(queue, slot)) from exc
+        if first is True:  # an empty queue took it: one made under this view's memory?
+            await self._declare_claim_queue(channel, queue, slot, view, won=True)
             return True
+        for _ in range(_DECLARE_ATTEMPTS):  # no queue yet: the first claim of the slot
+            await self._declare_claim_queue(channel, queue, slot, view, won=False)
+            won = await self._publish(channel, queue, message, attempt)
+            if won is not None:
+                return won
         raise BackendError(
             f"{self.name}: claim queue {queue!r} vanished {_DECLARE_ATTEMPTS} times between"
             " declare and publish"
+        )
+
+    async def _publish(
+        self,
+        channel: AbstractChannel,
+        queue: str,
+        message: AbstractMessage,
+        attempt: _ClaimAttempt,
+    ) -> bool | None:
+        """Publish a claim: ``True`` acked (in the queue), ``False`` nacked (the queue holds
+        another claim), ``None`` returned unrouted (no such queue, or its node is down)."""
+        from aio_pika.exceptions import DeliveryError, PublishError
+
+        attempt.unconfirmed = True
+        try:
+            await channel.default_exchange.publish(message, queue, mandatory=True)
+        except PublishError:  # returned unrouted (a subclass of DeliveryError: first)
+            attempt.unconfirmed = False
+            return None
+        except DeliveryError:  # nacked
+            attempt.unconfirmed = False
+            return False
+        attempt.unconfirmed = False
+        return True
+
+    async def _declare_claim_queue(
+        self, channel: AbstractChannel, queue: str, slot: Slot, view: _View, *, won: bool
+    ) -> None:
+        """Declare (or check) the claim queue with this view's arguments. ``won``: this claim's
+        message is in it already; if the queue was made under another memory that claim
+        cannot stand, and nobody else's can either: fail closed."""
+        from aio_pika.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
+
+        try:
+            await channel.declare_queue(queue, durable=True, arguments=view.claim_arguments)
+        except ChannelPreconditionFailed as exc:
+            if not won:
+                raise _OtherMemory(self._describe(exc)) from exc
+            raise BackendError(
+                f"{self.name}: claim queue {queue!r} was declared with another slot memory"
+                f" ({self._describe(exc)}); this instance uses the fleet's"
+                f" {self._shown(view.record.memory_ms)} (its own slot_ttl is"
+                f" {format_duration(self._slot_ttl)}). This claim is in it, so no other claim"
+                " of the slot wins, and the slot is not run here. An instance with an outdated"
+                " view switches at its next claim; one of a brokersched version without the"
+                " fleet record must be upgraded before slot_ttl changes"
+            ) from exc
+        except ChannelNotFoundEntity as exc:
+            raise BackendError(self._home_down(queue, slot, exc)) from exc
+
+    def _changed_after_win(self, queue: str, slot: Slot) -> str:
+        return (
+            f"{self.name}: the fleet's slot memory changed while this instance claimed slot"
+            f" {slot.key}: its claim is in queue {queue!r}, so nobody else's wins, and the"
+            " slot is not run here"
         )
 
     def _home_down(self, queue: str, slot: Slot, exc: BaseException) -> str:
@@ -941,9 +1066,20 @@ class RabbitMQBackend(ClaimBackend):
             f"reading the fleet's slot memory (queue {self._record_name!r}, under the lock"
             f" {lock_queue_name(self._prefix)!r} that instances take in turn)"
         )
+        from aio_pika.exceptions import ChannelPreconditionFailed
+
         with self._client_errors(action):
-            async with asyncio.timeout(_OPERATION_TIMEOUT_S):
-                view = await self._settle(write=write)
+            try:
+                async with asyncio.timeout(_OPERATION_TIMEOUT_S):
+                    view = await self._settle(write=write)
+            except ChannelPreconditionFailed as exc:
+                raise BackendError(
+                    f"{self.name}: {action} failed: a queue of it exists with other arguments"
+                    f" ({self._describe(exc)}), made by something other than brokersched (a"
+                    " policy does not do this). Delete it (rabbitmqctl delete_queue NAME):"
+                    " brokersched makes it again, and the fleet's slot memory from the"
+                    " instances' slot_ttl"
+                ) from self._chainable(exc)
         if view is None:
             return None
         if view == self._view:
@@ -1177,21 +1313,45 @@ class RabbitMQBackend(ClaimBackend):
 
         queue = history_queue_name(self._prefix, job.name)
         arguments: FieldTable = {
-            "x-queue-type": "classic",  # quorum queues drop messages requeued too often
+            "x-queue-type": "quorum",  # replicated: history survives the loss of a node
             "x-max-length": job.history_size,
             "x-overflow": "drop-head",
+            # Readers take turns: a quorum queue does not enforce an exclusive consumer.
+            "x-single-active-consumer": True,
         }
+        if self._server_major() >= 4:
+            # A read returns every message to the queue, and 4.x drops a message returned 20
+            # times unless told otherwise (-1: no limit). 3.x has no default limit, and takes
+            # -1 as a limit that every returned message exceeds: never sent there.
+            arguments["x-delivery-limit"] = -1
         try:
             async with self._side_channel() as channel:
                 await channel.declare_queue(queue, durable=True, arguments=arguments)
         except ChannelPreconditionFailed:
-            # The queue exists with other arguments: history_size changed. Keep using it.
+            # The queue exists with other arguments: history_size changed, or it is the classic
+            # queue of an earlier brokersched. Keep using it.
             _log.warning(
-                "history queue %r exists with another length (history_size changed?); records"
-                " keep the old length until the queue is deleted",
+                "history queue %r exists with other arguments (history_size changed, or a"
+                " classic queue made by an earlier brokersched, which a cluster cannot read or"
+                " write while its node is down); records go to it as it is. To have it made"
+                " again (a quorum queue of history_size): rabbitmqctl delete_queue %s (its"
+                " records go with it)",
+                queue,
                 queue,
             )
         self._history_ready.add(job.name)
+
+    def _server_major(self) -> int:
+        """The major version of the RabbitMQ node this connection is on; 0 when unknown."""
+        connection = self._connection
+        transport = connection.transport if connection is not None else None
+        underlay = transport.connection if transport is not None else None
+        properties = getattr(underlay, "server_properties", None) or {}
+        version = properties.get("version")
+        if isinstance(version, bytes):
+            version = version.decode(errors="replace")
+        found = re.match(r"(\d+)\.", version) if isinstance(version, str) else None
+        return int(found[1]) if found else 0
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         # The queue may be longer than history_size: it keeps the length it was declared with
@@ -1210,9 +1370,10 @@ class RabbitMQBackend(ClaimBackend):
                 records.append(RunRecord.from_json(body))
             except (ValueError, TypeError, KeyError):  # not written by brokersched: skip it
                 _log.warning("history queue %r holds a message that is not a run record", queue)
-            if len(records) == limit:
-                break
-        return records
+        # Newest first by the queue's order, kept for equal times (a stable sort). Readers
+        # that race for a quorum queue can reorder it: the times still order what is read.
+        records.sort(key=lambda record: record.finished_at or record.started_at, reverse=True)
+        return records[:limit]
 
     async def _read_history(self, queue: str) -> list[bytes]:
         """Every message of ``queue``, oldest first, left in the queue."""
@@ -1250,6 +1411,13 @@ class RabbitMQBackend(ClaimBackend):
             expected = counts.message_count or 0
             if expected == 0:
                 return []
+            if expected > _MAX_PREFETCH:
+                raise BackendError(
+                    f"{self.name}: history queue {queue!r} holds {expected} records, more than"
+                    f" one read takes ({_MAX_PREFETCH}): lower history_size"
+                )
+            # Explicit: a quorum queue gives an unlimited consumer 2000 messages at most.
+            await channel.set_qos(prefetch_count=expected)
 
             async def collect(message: AbstractIncomingMessage) -> None:
                 bodies.append(message.body)
