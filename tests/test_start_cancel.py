@@ -40,7 +40,7 @@ from brokersched.backends.rabbitmq import (
 from tests.nats_helpers import delete_streams
 
 CLOCK = SystemClock()
-SLOT = 1_800_000_000_000  # 2027-01-15T08:00:00Z
+SLOT = 4_102_444_800_000  # 2100-01-01T00:00:00Z: never older than a slot memory
 MAX_TURNS = 3000  # a start takes a few hundred turns; a bound, in case it never finishes
 EVERY_TURN_UNTIL = 200  # cancel at each of the first turns, then at every STRIDE-th one
 STRIDE = 8
