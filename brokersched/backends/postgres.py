@@ -29,6 +29,7 @@ import logging
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, Generic, Literal, Protocol, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 from .. import _redact
 from .._clock import Clock
@@ -409,7 +410,7 @@ class PostgresBackend(SQLLeaseBackend):
                         self._dsn,
                         min_size=self._min_size,
                         max_size=self._max_size,
-                        server_settings={"application_name": "brokersched"},
+                        server_settings=self._server_settings(),
                         reset=_keep_session,
                     )
                     return pool
@@ -420,6 +421,12 @@ class PostgresBackend(SQLLeaseBackend):
                 backend=self.name,
             )
             raise error from self._chainable(exc)
+
+    def _server_settings(self) -> dict[str, str]:
+        """``application_name`` brokersched, unless the DSN names the connections itself."""
+        if "application_name" in parse_qs(urlsplit(self._dsn).query):
+            return {}
+        return {"application_name": "brokersched"}
 
     async def _migrate(self, conn: _Connection) -> None:
         """Create or upgrade the schema, inside the caller's transaction."""
