@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ("sqlite", "postgres", "nats", "rabbitmq", "redis")
 PG_DSN = os.environ.get("BROKERSCHED_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 NATS_URL = os.environ.get("BROKERSCHED_NATS_URL", "nats://127.0.0.1:4222")
-AMQP_URL = os.environ.get("BROKERSCHED_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
+AMQP_URL = os.environ.get("BROKERSCHED_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 REDIS_URL = os.environ.get("BROKERSCHED_REDIS_URL", "redis://127.0.0.1:6379/0")
 # The server process whose CPU is read, by name (pgrep -x) and, optionally, command line.
 SERVER_PROCESS = {"nats": ("nats-server", ""), "rabbitmq": ("beam.smp", ""),
@@ -90,6 +90,7 @@ def backend():
 async def main():
     options = {} if spec["jitter"] == "default" else {"jitter": spec["jitter"]}
     scheduler = Scheduler(backend())
+    scheduler._runner._batches.window_ms = spec["window"]  # an experiment, not an option
     for n in range(spec["jobs"]):
         scheduler.every(f"job.{n}", "1s", handler, **options)
     async with scheduler:
@@ -252,7 +253,7 @@ async def cleanup(backend: str, name: str, where: str) -> None:
 
 
 async def fleet(backend: str, procs: int, jobs: int, seconds: int, jitter: str,
-                python: str = "", aps_dir: str = "") -> Result:  # fmt: skip
+                python: str = "", aps_dir: str = "", window: int = 0) -> Result:  # fmt: skip
     name = f"fleet{uuid.uuid4().hex[:8]}"
     tag = f"brokersched-{name}"
     server: ServerCPU | None = None
@@ -274,7 +275,7 @@ async def fleet(backend: str, procs: int, jobs: int, seconds: int, jitter: str,
         server = ServerCPU(pids)
     spec: dict[str, Any] = {
         "backend": backend, "where": where, "name": name, "tag": tag, "jobs": jobs,
-        "jitter": jitter, "epoch": time.time() // 1 + 1,
+        "jitter": jitter, "epoch": time.time() // 1 + 1, "window": window,
     }  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     members: list[asyncio.subprocess.Process] = []
@@ -317,7 +318,7 @@ async def fleet(backend: str, procs: int, jobs: int, seconds: int, jitter: str,
             except TimeoutError:
                 member.kill()
         await cleanup(backend, name, where)
-    return _result(backend, procs, jobs, jitter, start, stop, reports, server)
+    return _result(backend, procs, jobs, jitter, window, start, stop, reports, server)
 
 
 async def _line(member: asyncio.subprocess.Process, timeout: float) -> bytes:
@@ -332,8 +333,9 @@ async def _ready(member: asyncio.subprocess.Process) -> None:
     assert "ready" in json.loads(await _line(member, 60))
 
 
-def _result(backend: str, procs: int, jobs: int, jitter: str, start: float, stop: float,
-            reports: list[dict[str, Any]], server: ServerCPU | None) -> Result:  # fmt: skip
+def _result(backend: str, procs: int, jobs: int, jitter: str, window: int, start: float,
+            stop: float, reports: list[dict[str, Any]], server: ServerCPU | None,
+            ) -> Result:  # fmt: skip
     start_ms, stop_ms = start * 1000, stop * 1000
     counts: dict[tuple[str, int], int] = {}
     late: list[float] = []
@@ -352,7 +354,7 @@ def _result(backend: str, procs: int, jobs: int, jitter: str, start: float, stop
     quantiles = statistics.quantiles(late, n=100) if len(late) > 1 else [0.0] * 99
     cpu = sum(report["cpu"] for report in reports)
     name = "APScheduler 4 postgres" if backend == "apscheduler" else backend
-    label = f"{name} {procs}x{jobs} jitter {jitter}"
+    label = f"{name} {procs}x{jobs} jitter {jitter}" + (f" window {window}ms" if window else "")
     return Result(
         label, runs, twice, missed, quantiles[49], quantiles[98],
         1000 * cpu / max(runs, 1),
@@ -369,6 +371,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--jitter", default="0,default", help="comma-separated: 0, default, 1s")
     parser.add_argument("--apscheduler", metavar="PYTHON", help="APScheduler 4's python")
+    parser.add_argument("--batch-window", type=int, default=0, metavar="MS",
+                        help="group the claims made within MS ms (an experiment)")  # fmt: skip
     args = parser.parse_args()
     backends = [b for b in args.backend.split(",") if b]
     for backend in backends:
@@ -377,7 +381,8 @@ def main() -> None:
     print(HEADER, flush=True)
     for backend in backends:
         for jitter in args.jitter.split(","):
-            result = asyncio.run(fleet(backend, args.procs, args.jobs, args.seconds, jitter))
+            shape = (args.procs, args.jobs, args.seconds, jitter)
+            result = asyncio.run(fleet(backend, *shape, window=args.batch_window))
             print(result.line(), flush=True)
     if args.apscheduler:
         with tempfile.TemporaryDirectory(prefix="fleet-aps-") as aps_dir:
