@@ -90,7 +90,8 @@ def backend():
 async def main():
     options = {} if spec["jitter"] == "default" else {"jitter": spec["jitter"]}
     scheduler = Scheduler(backend())
-    scheduler._runner._batches.window_ms = spec["window"]  # an experiment, not an option
+    if spec["window"] is not None:  # an experiment, not an option
+        scheduler._runner._batches.window_ms = spec["window"]
     for n in range(spec["jobs"]):
         scheduler.every(f"job.{n}", "1s", handler, **options)
     async with scheduler:
@@ -252,8 +253,8 @@ async def cleanup(backend: str, name: str, where: str) -> None:
     # rabbitmq: the claim queues expire on their own (slot_ttl, 5 minutes).
 
 
-async def fleet(backend: str, procs: int, jobs: int, seconds: int, jitter: str,
-                python: str = "", aps_dir: str = "", window: int = 0) -> Result:  # fmt: skip
+async def fleet(backend: str, procs: int, jobs: int, seconds: int, jitter: str, python: str = "",
+                aps_dir: str = "", window: int | None = None) -> Result:  # fmt: skip
     name = f"fleet{uuid.uuid4().hex[:8]}"
     tag = f"brokersched-{name}"
     server: ServerCPU | None = None
@@ -333,7 +334,7 @@ async def _ready(member: asyncio.subprocess.Process) -> None:
     assert "ready" in json.loads(await _line(member, 60))
 
 
-def _result(backend: str, procs: int, jobs: int, jitter: str, window: int, start: float,
+def _result(backend: str, procs: int, jobs: int, jitter: str, window: int | None, start: float,
             stop: float, reports: list[dict[str, Any]], server: ServerCPU | None,
             ) -> Result:  # fmt: skip
     start_ms, stop_ms = start * 1000, stop * 1000
@@ -354,7 +355,9 @@ def _result(backend: str, procs: int, jobs: int, jitter: str, window: int, start
     quantiles = statistics.quantiles(late, n=100) if len(late) > 1 else [0.0] * 99
     cpu = sum(report["cpu"] for report in reports)
     name = "APScheduler 4 postgres" if backend == "apscheduler" else backend
-    label = f"{name} {procs}x{jobs} jitter {jitter}" + (f" window {window}ms" if window else "")
+    label = f"{name} {procs}x{jobs} jitter {jitter}"
+    if window is not None:
+        label += f" window {window}ms"
     return Result(
         label, runs, twice, missed, quantiles[49], quantiles[98],
         1000 * cpu / max(runs, 1),
@@ -371,8 +374,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--jitter", default="0,default", help="comma-separated: 0, default, 1s")
     parser.add_argument("--apscheduler", metavar="PYTHON", help="APScheduler 4's python")
-    parser.add_argument("--batch-window", type=int, default=0, metavar="MS",
-                        help="group the claims made within MS ms (an experiment)")  # fmt: skip
+    parser.add_argument("--batch-window", type=int, metavar="MS",
+                        help="a batch waits MS ms (default: jitter/16, <= 20)")  # fmt: skip
     args = parser.parse_args()
     backends = [b for b in args.backend.split(",") if b]
     for backend in backends:

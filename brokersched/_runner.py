@@ -79,6 +79,11 @@ class Runner:
         level = logging.DEBUG if reason == "not-acquired" else logging.INFO
         if reason in ("backend-error", "clock-skew"):
             level = logging.WARNING
+        if reason == "not-acquired":  # another instance has it: the fleet is handling the job
+            job.last_ok_ms = max(job.last_ok_ms or slot_ms, slot_ms)
+        self.events.emit("skip", SkipEvent(job.name, slot_ms, reason, detail))
+        if not logger.isEnabledFor(level):
+            return  # the common case on every instance that lost the claim: nothing to build
         late_ms = self.clock.now_ms() - slot_ms
         logger.log(
             level,
@@ -98,9 +103,6 @@ class Runner:
                 "instance_id": self.instance_id,
             },
         )
-        if reason == "not-acquired":  # another instance has it: the fleet is handling the job
-            job.last_ok_ms = max(job.last_ok_ms or slot_ms, slot_ms)
-        self.events.emit("skip", SkipEvent(job.name, slot_ms, reason, detail))
 
     # -- claim ---------------------------------------------------------------------------
 
@@ -189,7 +191,8 @@ class Runner:
     ) -> Lease | str | None:
         """A lease (lease backends), ``None`` (a won claim), or the skip reason."""
         if reason == "schedule" and self._batches.enabled:  # slots due at one instant: together
-            return await self._batches.claim(Claim(slot, run_id, job.settings.policy), timeout)
+            claim = Claim(slot, run_id, job.settings.policy)
+            return await self._batches.claim(claim, timeout, _batch_wait_ms(job))
         return await self._claim_one(Claim(slot, run_id, job.settings.policy, reason), timeout)
 
     async def _claim_one(self, claim: Claim, timeout: float) -> Lease | str | None:
@@ -387,6 +390,9 @@ class Runner:
     ) -> None:
         """One line per run; a handler's exception adds its traceback to that line (the history
         record keeps only the message)."""
+        level = logging.INFO if record.outcome == "completed" else logging.WARNING
+        if not logger.isEnabledFor(level):
+            return
         fields = {
             "event": "run",
             "job": record.job,
@@ -403,7 +409,6 @@ class Runner:
         if record.error:
             text += f" error={record.error!r}"
         fields["error"] = record.error
-        level = logging.INFO if record.outcome == "completed" else logging.WARNING
         logger.log(level, "run %s", text, extra=fields, exc_info=exception)
 
     # -- drain ---------------------------------------------------------------------------
@@ -448,6 +453,19 @@ class Runner:
                 task.cancel()  # a claim, a record or a listener that did not answer in time
 
 
+#: How long a claim may wait for others to join its batch: a sixteenth of its job's jitter, at
+#: most this. A fleet with jitter spreads the claims of one instant over the jitter; waiting
+#: that little for the claims that follow sends them together (fewer statements, less
+#: contention), at no cost to the fleet: the slot is claimed within its jitter all the same.
+#: Measured on PostgreSQL, 3 processes x 200 jobs every second, 250 ms of jitter: lateness p50
+#: 175 -> 85 ms with a 20 ms wait (see bench/fleet.py).
+_MAX_BATCH_WAIT_MS = 20
+
+
+def _batch_wait_ms(job: JobState) -> int:
+    return min(job.settings.jitter_ms // 16, _MAX_BATCH_WAIT_MS)
+
+
 _Answer = Lease | str | None | Exception
 _Waiting = tuple[Claim, float, "asyncio.Future[Lease | str | None]"]
 
@@ -473,20 +491,24 @@ class _Batches:
         )
         self._waiting: list[_Waiting] = []
         self._sending = False
-        #: Claims made within this many ms are sent together (0: within one loop turn).
-        self.window_ms = 0
+        #: If set, the wait of every batch (see ``claim``), in ms: an experiment of the fleet bench.
+        self.window_ms: int | None = None
 
-    async def claim(self, claim: Claim, timeout: float) -> Lease | str | None:
+    async def claim(self, claim: Claim, timeout: float, wait_ms: int) -> Lease | str | None:
+        """The claim's answer; a batch leaves ``wait_ms`` after its first claim was made (0:
+        within this turn of the loop), with every claim made meanwhile."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Lease | str | None] = loop.create_future()
         self._waiting.append((claim, timeout, future))
         if not self._sending:
             self._sending = True
-            if self.window_ms > 0:
-                self._runner.clock.call_later(self.window_ms, self._send)
+            wait_ms = wait_ms if self.window_ms is None else self.window_ms
+            if wait_ms > 0:
+                self._runner.clock.call_later(wait_ms, self._send)
             else:
                 loop.call_soon(self._send)
-        return await future
+        with self._runner.clock.blocking():  # a virtual clock: the batch's timer wakes it
+            return await future
 
     def _send(self) -> None:
         """Send what waits, one claim per job (a job's later slot goes in the next batch)."""

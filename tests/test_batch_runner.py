@@ -166,3 +166,23 @@ async def test_a_claim_backend_with_a_batch_method_gets_batches(clock: TestClock
         await clock.advance("1m")
     assert one.batches == [list(JOBS)] and two.batches == [list(JOBS)]
     assert sorted(ran.runs) == [(job, "08:01") for job in JOBS]  # each once, fleet-wide
+
+
+async def test_with_jitter_claims_made_within_a_moment_share_a_batch(clock: TestClock) -> None:
+    """50 jobs jittered over 320 ms: each claim waits at most 20 ms (a sixteenth of the jitter)
+    for others to join it, so at most 17 batches go out, and every slot still runs once and
+    within its jitter plus that wait."""
+    backend = BatchingMemory()
+    started: list[tuple[str, int]] = []
+
+    async def handler(ctx: JobContext) -> None:
+        started.append((ctx.job, clock.now_ms() - ctx.slot_ms))
+
+    async with Scheduler(backend, clock=clock, jitter="320ms") as sched:
+        for n in range(50):
+            sched.every(f"j{n}", "1m", handler)
+        await clock.advance("1m")
+    sent = len(backend.batches) + len(backend.singles)
+    assert sent <= 17, (backend.batches, backend.singles)
+    assert sorted(job for job, _ in started) == sorted(f"j{n}" for n in range(50))
+    assert all(0 <= late_ms <= 320 + 20 for _, late_ms in started), started
