@@ -11,7 +11,7 @@ that backend (a unique schema, prefix or file) with the same ``--jobs`` jobs
 same window of ``--seconds`` on the wall clock; what happens inside it is measured:
 
 * ``twice``: slots run more than once (must be 0); ``missed``: slots of the window (but its
-  last second) run nowhere;
+  last second) run nowhere (or more than 3 s after the window's end);
 * ``p50``/``p99``: lateness, handler start minus the slot's time, on the true (wall) clock of
   the one machine all processes share; it includes the jitter (the earliest claimer wins);
 * ``cpu/run``: CPU time (user + system) of all scheduler processes over the window divided by
@@ -65,6 +65,8 @@ import asyncio, json, sys, time
 import brokersched
 from brokersched import Scheduler
 
+LATE_S = 3
+
 spec = json.loads(sys.argv[1])
 runs = []
 
@@ -101,6 +103,7 @@ async def main():
         cpu = time.process_time()
         await asyncio.sleep(max(0.0, stop - time.time()))
         cpu = time.process_time() - cpu
+        await asyncio.sleep(LATE_S)  # the window's last slots may start after its end
         print(json.dumps({"cpu": cpu, "runs": runs}), flush=True)
 
 
@@ -117,6 +120,8 @@ from apscheduler.datastores.sqlalchemy import SQLAlchemyDataStore
 from apscheduler.eventbrokers.asyncpg import AsyncpgEventBroker
 from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy.ext.asyncio import create_async_engine
+
+LATE_S = 3
 
 runs = []
 
@@ -147,6 +152,7 @@ async def main(spec):
         cpu = time.process_time()
         await asyncio.sleep(max(0.0, stop - time.time()))
         cpu = time.process_time() - cpu
+        await asyncio.sleep(LATE_S)  # the window's last slots may start after its end
         print(json.dumps({"cpu": cpu, "runs": runs}), flush=True)
         await scheduler.stop()
 """
@@ -290,7 +296,7 @@ async def fleet(backend: str, procs: int, jobs: int, seconds: int, jitter: str, 
                 argv, member_env = [sys.executable, "-c", MEMBER, json.dumps(spec)], env
             member = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                env=member_env,
+                env=member_env, limit=1 << 26,  # the runs come back in one line
             )  # fmt: skip
             members.append(member)
             if n == 0:  # the first creates the schema or the streams; the others find them
