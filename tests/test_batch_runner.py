@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from brokersched import BackendError, JobContext, MemoryBackend, Scheduler, SkipEvent
-from brokersched.abc import Claim, LeaseOutcome, Slot
+from brokersched.abc import Claim, JobPolicy, LeaseOutcome, Slot
+from brokersched.backends._lease import BATCH_CHUNK, in_chunks
 from brokersched.testing import TestClock
 from tests.helpers import DictClaimBackend
 
@@ -186,3 +187,36 @@ async def test_with_jitter_claims_made_within_a_moment_share_a_batch(clock: Test
     assert sent <= 17, (backend.batches, backend.singles)
     assert sorted(job for job, _ in started) == sorted(f"j{n}" for n in range(50))
     assert all(0 <= late_ms <= 320 + 20 for _, late_ms in started), started
+
+
+async def test_sql_batches_go_in_random_chunks_answered_in_order() -> None:
+    """A batch larger than one statement decides is cut in chunks of random jobs (so that the
+    instances of a fleet share an instant's slots), each chunk in job order; the outcomes come
+    back in the order of the claims, and a chunk that fails gives its error to its own claims."""
+    claims = [Claim(Slot(f"j{n:02}", 0), f"r{n}", JobPolicy(f"j{n:02}")) for n in range(40)]
+    chunks: list[list[str]] = []
+
+    def answer(claim: Claim) -> LeaseOutcome:
+        return "overlap" if claim.slot.job.endswith(("1", "3", "5")) else "not-acquired"
+
+    async def decide(part: list[Claim]) -> list[LeaseOutcome]:
+        chunks.append([claim.slot.job for claim in part])
+        if "j07" in chunks[-1]:
+            raise BackendError("this chunk failed")
+        return [answer(claim) for claim in part]
+
+    outcomes = await in_chunks(claims, decide)
+    assert sorted(len(chunk) for chunk in chunks) == [8, BATCH_CHUNK, BATCH_CHUNK]
+    assert sorted(job for chunk in chunks for job in chunk) == [c.slot.job for c in claims]
+    failed = next(chunk for chunk in chunks if "j07" in chunk)
+    for claim, outcome in zip(claims, outcomes, strict=True):
+        if claim.slot.job in failed:
+            assert isinstance(outcome, BackendError)
+        else:
+            assert outcome == answer(claim)
+    orders = set()
+    for _ in range(5):
+        chunks.clear()
+        await in_chunks(claims, decide)
+        orders.add(tuple(map(tuple, chunks)))
+    assert len(orders) > 1  # drawn at random each time

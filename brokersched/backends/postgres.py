@@ -42,10 +42,12 @@ from .._exceptions import (
 )
 from ..abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
 from ._lease import (
+    BATCH_CHUNK,
     DEFAULT_MAX_CLOCK_SKEW,
     DeadRun,
     JobState,
     check_slot_time,
+    in_chunks,
     interrupted,
     new_token,
     refusal,
@@ -641,6 +643,12 @@ class PostgresBackend(SQLLeaseBackend):
             or any(c.reason != "schedule" for c in claims)
         ):
             return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
+        if len(claims) > BATCH_CHUNK:  # each instance gets its share of the instant's slots
+
+            async def chunk(part: list[Claim]) -> list[LeaseOutcome]:
+                return await self.acquire_many(part, instance_id=instance_id, timeout=timeout)
+
+            return await in_chunks(claims, chunk)
         tokens = [new_token() for _ in claims]
         args = (
             [c.slot.job for c in claims], [c.slot.slot_ms for c in claims], self._ttl_ms,

@@ -38,11 +38,13 @@ from .._exceptions import (
 )
 from ..abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
 from ._lease import (
+    BATCH_CHUNK,
     DEFAULT_MAX_CLOCK_SKEW,
     DeadRun,
     JobState,
     check_lock_wait,
     check_slot_time,
+    in_chunks,
     interrupted,
     is_latest,
     new_run_id,
@@ -496,6 +498,12 @@ class SQLiteBackend(SQLLeaseBackend):
         it was written) claims each slot on its own."""
         if len(claims) < 2:
             return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
+        if len(claims) > BATCH_CHUNK:  # each process gets its share of the instant's slots
+
+            async def chunk(part: list[Claim]) -> list[LeaseOutcome]:
+                return await self.acquire_many(part, instance_id=instance_id, timeout=timeout)
+
+            return await in_chunks(claims, chunk)
         batch = [(claim, self._claim_params(claim, instance_id)) for claim in claims]
 
         async def decide_all(conn: aiosqlite.Connection) -> list[LeaseOutcome]:
