@@ -26,6 +26,11 @@ same window of ``--seconds`` on the wall clock; what happens inside it is measur
 'sqlalchemy[asyncio]' sniffio 'anyio<4.9'`` (4.0.0a6 fails on anyio 4.9 and later); only its
 jitter 0 row is run (it has no jitter), and its event broker's LISTEN connection is not
 counted. Everything made on a server is deleted afterwards. Prints; asserts nothing.
+
+``--claims INSTANTS``: only the claims, in this process, on ``sqlite`` and ``postgres``:
+``--procs`` backend objects claim the same ``--jobs`` slots at each of INSTANTS instants, one
+``acquire()`` per slot, then one ``acquire_many()`` per instant; prints the time per instant and
+the CPU per slot of this process (``cli``) and of the server's connections (``srv``).
 """
 
 from __future__ import annotations
@@ -371,6 +376,65 @@ def _result(backend: str, procs: int, jobs: int, jitter: str, window: int | None
     )  # fmt: skip
 
 
+async def claims_only(backend: str, procs: int, jobs: int, rounds: int, batched: bool) -> str:
+    """``procs`` backend objects (one process) claim the same ``jobs`` slots per instant, one
+    ``acquire`` per slot or one ``acquire_many``, ``rounds`` instants: the claim's own cost."""
+    from brokersched import PostgresBackend, SQLiteBackend
+    from brokersched._clock import SystemClock
+    from brokersched.abc import Claim, JobPolicy, LeaseBackend, Slot
+
+    name = f"fleet{uuid.uuid4().hex[:8]}"
+    tag = f"brokersched-{name}"
+    directory = tempfile.mkdtemp(prefix="fleet-")
+    where = str(Path(directory) / "fleet.db")
+    backends: list[LeaseBackend] = []
+    for _ in range(procs):
+        if backend == "postgres":
+            joiner = "&" if "?" in PG_DSN else "?"
+            dsn = f"{PG_DSN}{joiner}application_name={tag}"
+            backends.append(PostgresBackend(dsn, schema=name))
+        else:
+            backends.append(SQLiteBackend(where))
+    for each in backends:
+        await each.start(SystemClock())
+    policies = [JobPolicy(f"job.{n}", overlap="allow") for n in range(jobs)]
+    base = time.time_ns() // 1_000_000 - 10_000_000
+    server = ServerCPU(lambda: postgres_pids(tag)) if backend == "postgres" else None
+
+    async def instant(each: LeaseBackend, slot_ms: int) -> None:
+        claims = [Claim(Slot(p.name, slot_ms), "run", p) for p in policies]
+        if batched:
+            await each.acquire_many(claims, instance_id="bench", timeout=10)
+            return
+        await asyncio.gather(*(
+            each.acquire(c.slot, policy=c.policy, instance_id="bench", run_id="run",
+                         reason="schedule", timeout=10)
+            for c in claims
+        ))  # fmt: skip
+
+    try:
+        await asyncio.gather(*(instant(each, base - 1000) for each in backends))  # warm up
+        if server is not None:
+            await server.sample(end=False)
+        cpu, began = time.process_time(), time.perf_counter()
+        for n in range(rounds):
+            await asyncio.gather(*(instant(each, base + n * 1000) for each in backends))
+        wall, cpu = time.perf_counter() - began, time.process_time() - cpu
+        if server is not None:
+            await server.sample(end=True)
+    finally:
+        for each in backends:
+            await each.stop()
+        await cleanup(backend, name, where)
+    slots = jobs * rounds
+    srv = "-" if server is None else f"{1000 * server.seconds() / slots:.3f}"
+    how = "acquire_many" if batched else "acquire each"
+    return (
+        f"{backend:<8} {procs}x{jobs:<4} {how:<13} {1000 * wall / rounds:>10.1f} "
+        f"{1000 * cpu / slots:>11.3f} {srv:>10}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default=",".join(BACKENDS),
@@ -382,11 +446,20 @@ def main() -> None:
     parser.add_argument("--apscheduler", metavar="PYTHON", help="APScheduler 4's python")
     parser.add_argument("--batch-window", type=int, metavar="MS",
                         help="a batch waits MS ms (default: jitter/16, <= 20)")  # fmt: skip
+    parser.add_argument("--claims", type=int, metavar="INSTANTS",
+                        help="only the claims: one at a time, then batched")  # fmt: skip
     args = parser.parse_args()
     backends = [b for b in args.backend.split(",") if b]
     for backend in backends:
         if backend not in BACKENDS:
             parser.error(f"--backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    if args.claims:
+        print("backend  shape  claims        ms/instant  cli ms/slot srv ms/slot", flush=True)
+        for backend in (b for b in backends if b in ("sqlite", "postgres")):
+            for batched in (False, True):
+                shape = (backend, args.procs, args.jobs, args.claims, batched)
+                print(asyncio.run(claims_only(*shape)), flush=True)
+        return
     print(HEADER, flush=True)
     for backend in backends:
         for jitter in args.jitter.split(","):
