@@ -426,6 +426,7 @@ async def claims_only(backend: str, procs: int, jobs: int, rounds: int, batched:
         for each in backends:
             await each.stop()
         await cleanup(backend, name, where)
+        shutil.rmtree(directory, ignore_errors=True)
     slots = jobs * rounds
     srv = "-" if server is None else f"{1000 * server.seconds() / slots:.3f}"
     how = "acquire_many" if batched else "acquire each"
