@@ -17,6 +17,7 @@ from ._tasks import TaskSet
 from ._tracing import finish_span, run_span
 from .abc import (
     Backend,
+    Claim,
     ClaimBackend,
     Lease,
     LeaseBackend,
@@ -69,6 +70,7 @@ class Runner:
         self.runs: set[Run] = set()
         self.around_run: AroundRun | None = None  # Scheduler(around_run=...)
         self.stopping = False  # drain() has begun: nothing new runs
+        self._batches = _Batches(self)
 
     def skip(
         self, job: JobState, slot_ms: int, reason: SkipReason, detail: str | None = None
@@ -77,6 +79,11 @@ class Runner:
         level = logging.DEBUG if reason == "not-acquired" else logging.INFO
         if reason in ("backend-error", "clock-skew"):
             level = logging.WARNING
+        if reason == "not-acquired":  # another instance has it: the fleet is handling the job
+            job.last_ok_ms = max(job.last_ok_ms or slot_ms, slot_ms)
+        self.events.emit("skip", SkipEvent(job.name, slot_ms, reason, detail))
+        if not logger.isEnabledFor(level):
+            return  # the common case on every instance that lost the claim: nothing to build
         late_ms = self.clock.now_ms() - slot_ms
         logger.log(
             level,
@@ -96,9 +103,6 @@ class Runner:
                 "instance_id": self.instance_id,
             },
         )
-        if reason == "not-acquired":  # another instance has it: the fleet is handling the job
-            job.last_ok_ms = max(job.last_ok_ms or slot_ms, slot_ms)
-        self.events.emit("skip", SkipEvent(job.name, slot_ms, reason, detail))
 
     # -- claim ---------------------------------------------------------------------------
 
@@ -188,11 +192,18 @@ class Runner:
         self, job: JobState, slot: Slot, run_id: str, reason: RunReason, timeout: float
     ) -> Lease | str | None:
         """A lease (lease backends), ``None`` (a won claim), or the skip reason."""
+        if reason == "schedule" and self._batches.enabled:  # slots due at one instant: together
+            claim = Claim(slot, run_id, job.settings.policy)
+            return await self._batches.claim(claim, timeout, _batch_wait_ms(job))
+        return await self._claim_one(Claim(slot, run_id, job.settings.policy, reason), timeout)
+
+    async def _claim_one(self, claim: Claim, timeout: float) -> Lease | str | None:
         backend, instance_id = self.backend, self.instance_id
+        slot, run_id, reason = claim.slot, claim.run_id, claim.reason
         if isinstance(backend, LeaseBackend):
             return await backend.acquire(
                 slot,
-                policy=job.settings.policy,
+                policy=claim.policy,
                 instance_id=instance_id,
                 run_id=run_id,
                 reason=reason,
@@ -386,6 +397,9 @@ class Runner:
     ) -> None:
         """One line per run; a handler's exception adds its traceback to that line (the history
         record keeps only the message). The job is named by its name (the record has its key)."""
+        level = logging.INFO if record.outcome == "completed" else logging.WARNING
+        if not logger.isEnabledFor(level):
+            return
         fields = {
             "event": "run",
             "job": job.name,
@@ -402,7 +416,6 @@ class Runner:
         if record.error:
             text += f" error={record.error!r}"
         fields["error"] = record.error
-        level = logging.INFO if record.outcome == "completed" else logging.WARNING
         logger.log(level, "run %s", text, extra=fields, exc_info=exception)
 
     # -- drain ---------------------------------------------------------------------------
@@ -445,6 +458,136 @@ class Runner:
         for task in self.tasks.pending():
             if task not in tasks:
                 task.cancel()  # a claim, a record or a listener that did not answer in time
+
+
+#: How long a claim may wait for others to join its batch: a sixteenth of its job's jitter, at
+#: most this. A fleet with jitter spreads the claims of one instant over the jitter; waiting
+#: that little for the claims that follow sends them together (fewer statements, less
+#: contention), at no cost to the fleet: the slot is claimed within its jitter all the same.
+#: Measured on PostgreSQL, 3 processes x 200 jobs every second, 250 ms of jitter: lateness p50
+#: 175 -> 85 ms with a 20 ms wait (see bench/fleet.py).
+_MAX_BATCH_WAIT_MS = 20
+
+
+def _batch_wait_ms(job: JobState) -> int:
+    return min(job.settings.jitter_ms // 16, _MAX_BATCH_WAIT_MS)
+
+
+_Answer = Lease | str | None | Exception
+_Waiting = tuple[Claim, float, "asyncio.Future[Lease | str | None]"]
+
+
+class _Batches:
+    """Scheduled claims made within one turn of the event loop (the slots of several jobs due
+    at one instant) go to the backend together, as one ``acquire_many``/``claim_many``.
+
+    Each claim keeps its own outcome and its own error; a claimer that stopped waiting (its
+    timeout, a stop) is answered nothing, and a lease granted to it is handed over at once.
+    """
+
+    def __init__(self, runner: Runner) -> None:
+        self._runner = runner
+        #: Only a backend that claims a batch in fewer round trips than its claims gets them
+        #: batched; with any other, each slot's task claims its slot (as concurrently).
+        backend = runner.backend
+        self.enabled = (
+            type(backend).acquire_many is not LeaseBackend.acquire_many
+            if isinstance(backend, LeaseBackend)
+            else isinstance(backend, ClaimBackend)
+            and type(backend).claim_many is not ClaimBackend.claim_many
+        )
+        self._waiting: list[_Waiting] = []
+        self._sending = False
+        #: If set, the wait of every batch (see ``claim``), in ms: an experiment of the fleet bench.
+        self.window_ms: int | None = None
+
+    async def claim(self, claim: Claim, timeout: float, wait_ms: int) -> Lease | str | None:
+        """The claim's answer; a batch leaves ``wait_ms`` after its first claim was made (0:
+        within this turn of the loop), with every claim made meanwhile."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Lease | str | None] = loop.create_future()
+        self._waiting.append((claim, timeout, future))
+        if not self._sending:
+            self._sending = True
+            wait_ms = wait_ms if self.window_ms is None else self.window_ms
+            if wait_ms > 0:
+                self._runner.clock.call_later(wait_ms, self._send)
+            else:
+                loop.call_soon(self._send)
+        with self._runner.clock.blocking():  # a virtual clock: the batch's timer wakes it
+            return await future
+
+    def _send(self) -> None:
+        """Send what waits, one claim per job (a job's later slot goes in the next batch)."""
+        self._sending = False
+        batch: dict[str, _Waiting] = {}
+        later = []
+        for waiting in self._waiting:
+            if waiting[2].done():
+                continue  # the claimer stopped waiting before it was sent
+            if waiting[0].slot.job in batch:
+                later.append(waiting)
+            else:
+                batch[waiting[0].slot.job] = waiting
+        self._waiting = later
+        if later:
+            self._sending = True
+            asyncio.get_running_loop().call_soon(self._send)
+        if batch:
+            self._runner.tasks.spawn(self._exchange(list(batch.values())), name="claim-batch")
+
+    async def _exchange(self, batch: list[_Waiting]) -> None:
+        claims = [claim for claim, _, _ in batch]
+        timeout = min(timeout for _, timeout, _ in batch)
+        try:
+            answers = await self._ask(claims, timeout)
+        except BaseException as exc:  # the whole batch failed (or this task was cancelled)
+            for _, _, future in batch:
+                self._answer(future, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, _, future), answer in zip(batch, answers, strict=True):
+            self._answer(future, answer)
+
+    async def _ask(self, claims: list[Claim], timeout: float) -> list[_Answer]:
+        """Per claim: a lease, ``None`` (a won claim), the skip reason, or the claim's error."""
+        runner = self._runner
+        backend, instance_id = runner.backend, runner.instance_id
+        if len(claims) == 1:
+            try:
+                return [await runner._claim_one(claims[0], timeout)]
+            except Exception as exc:
+                return [exc]
+        answers: list[_Answer] = []
+        if isinstance(backend, LeaseBackend):
+            answers.extend(
+                await backend.acquire_many(claims, instance_id=instance_id, timeout=timeout)
+            )
+        else:
+            assert isinstance(backend, ClaimBackend)
+            won = await backend.claim_many(claims, instance_id=instance_id, timeout=timeout)
+            answers.extend(
+                w if isinstance(w, Exception) else None if w else "not-acquired" for w in won
+            )
+        if len(answers) != len(claims):
+            raise BackendError(f"{backend.name} answered {len(answers)} of {len(claims)} claims")
+        return answers
+
+    def _answer(
+        self, future: asyncio.Future[Lease | str | None], answer: _Answer | BaseException
+    ) -> None:
+        if future.done():  # the claimer stopped waiting: a slot leased to it is handed over
+            if isinstance(answer, Lease):
+                name = f"handover:{answer.slot.key}"
+                self._runner.tasks.spawn(self._runner.release(answer, handover=True), name=name)
+            return
+        if isinstance(answer, Exception):
+            future.set_exception(answer)
+        elif isinstance(answer, BaseException):
+            future.cancel()  # the batch was cancelled: so is each claim
+        else:
+            future.set_result(answer)
 
 
 class _Renewer:

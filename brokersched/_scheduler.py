@@ -979,8 +979,9 @@ class Scheduler(Generic[B]):
         self._timer = self.clock.call_at(when_ms, self._on_timer)
 
     def _on_timer(self) -> None:
-        self._timer = self._timer_ms = None
         now = self.clock.now_ms()
+        # While it fires, _arm() sets no timer for a later slot: the timer is set once, below.
+        self._timer, self._timer_ms = None, now
         while self._heap and self._heap[0][0] <= now:
             _, seq, slot_ms, job = heapq.heappop(self._heap)
             if not self._armed(job, seq):
@@ -991,6 +992,8 @@ class Scheduler(Generic[B]):
             self._arm(job, after_ms=max(slot_ms, now - job.settings.max_late_ms))
         if self._heap:
             self._set_timer(self._heap[0][0])
+        else:
+            self._timer_ms = None
 
     # -- lease backends: catch-up and take-over ------------------------------------------
 

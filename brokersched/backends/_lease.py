@@ -18,7 +18,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
 import secrets
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal, cast
@@ -28,9 +31,11 @@ from .._durations import Duration, format_duration, parse_duration, positive_dur
 from .._exceptions import ClockSkewError, ConfigurationError
 from ..abc import (
     Capabilities,
+    Claim,
     JobPolicy,
     Lease,
     LeaseBackend,
+    LeaseOutcome,
     RunReason,
     RunRecord,
     Slot,
@@ -38,6 +43,7 @@ from ..abc import (
 )
 
 __all__ = [
+    "BATCH_CHUNK",
     "CAPABILITIES",
     "DEFAULT_MAX_CLOCK_SKEW",
     "INTERRUPTED_ERROR",
@@ -50,6 +56,7 @@ __all__ = [
     "check_lock_wait",
     "check_max_clock_skew",
     "check_slot_time",
+    "in_chunks",
     "interrupted",
     "is_latest",
     "new_run_id",
@@ -176,6 +183,38 @@ def refusal(
     if fence is not None and fence >= slot_ms:
         return "not-acquired"
     return "overlap" if policy.overlap == "skip" and state.live else "not-acquired"
+
+
+#: The most claims of a batch one statement (PostgreSQL) or transaction (SQLite) decides.
+BATCH_CHUNK = 16
+
+
+async def in_chunks(
+    claims: Sequence[Claim], decide: Callable[[list[Claim]], Awaitable[list[LeaseOutcome]]]
+) -> list[LeaseOutcome]:
+    """``decide`` the claims in chunks of at most ``BATCH_CHUNK``, concurrently, each chunk's
+    jobs drawn at random; the outcomes in the order of ``claims`` (a chunk that failed as a
+    whole gives its error to each of its claims).
+
+    One statement decides its claims one job after the other, holding each job's row until it
+    commits: a whole instant in one statement would go to the instance whose statement locked
+    the first job first, all of it, and its rivals would wait for that one statement. Random
+    chunks, each in the order of job names (so that statements never wait on each other in a
+    circle), spread the jobs of one instant over the instances as single claims do.
+    """
+    order = list(range(len(claims)))
+    random.shuffle(order)
+    parts = [order[n : n + BATCH_CHUNK] for n in range(0, len(order), BATCH_CHUNK)]
+    answers = await asyncio.gather(
+        *(decide([claims[n] for n in part]) for part in parts), return_exceptions=True
+    )
+    outcomes: dict[int, LeaseOutcome] = {}
+    for part, answer in zip(parts, answers, strict=True):
+        if isinstance(answer, BaseException) and not isinstance(answer, Exception):
+            raise answer
+        for k, n in enumerate(part):
+            outcomes[n] = answer if isinstance(answer, Exception) else answer[k]
+    return [outcomes[n] for n in range(len(claims))]
 
 
 def new_token() -> str:

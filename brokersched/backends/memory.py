@@ -15,8 +15,8 @@ from typing import Literal
 
 from .._clock import Clock, ms_to_datetime
 from .._durations import Duration, to_ms
-from .._exceptions import BackendUnavailableError
-from ..abc import JobPolicy, Lease, RunReason, RunRecord, Slot
+from .._exceptions import BackendError, BackendUnavailableError
+from ..abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
 from ._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
     DeadRun,
@@ -108,6 +108,23 @@ class MemoryBackend(LeaseBackendBase):
         timeout: float,
     ) -> Lease | Literal["overlap", "not-acquired"]:
         await asyncio.sleep(0)  # a real backend yields here; so do we, for honest races
+        return self._decide(Claim(slot, run_id, policy, reason), instance_id)
+
+    async def acquire_many(
+        self, claims: Sequence[Claim], *, instance_id: str, timeout: float
+    ) -> list[LeaseOutcome]:
+        """Every claim decided at one moment, as a database decides a batch in one statement."""
+        await asyncio.sleep(0)
+        outcomes: list[LeaseOutcome] = []
+        for claim in claims:
+            try:
+                outcomes.append(self._decide(claim, instance_id))
+            except BackendError as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    def _decide(self, claim: Claim, instance_id: str) -> Lease | Literal["overlap", "not-acquired"]:
+        slot, policy, reason = claim.slot, claim.policy, claim.reason
         now = self._now()
         check_slot_time(slot, now, self._max_clock_skew, backend=self.name, clock="its clock")
         fences = self.store.manual if reason == "manual" else self.store.latest
@@ -124,7 +141,7 @@ class MemoryBackend(LeaseBackendBase):
         fences[slot.job] = slot.slot_ms
         for slot_ms in [ms for ms, run in runs.items() if run.state == "done"]:
             del runs[slot_ms]  # fencing refuses older slots already: no need to remember them
-        return self._grant(slot, run_id, instance_id, 1, reason)
+        return self._grant(slot, claim.run_id, instance_id, 1, reason)
 
     def _current(self, lease: Lease) -> _Run | None:
         run = self.store.runs.get(lease.job, {}).get(lease.slot_ms)

@@ -29,6 +29,7 @@ import logging
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, Generic, Literal, Protocol, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 from .. import _redact
 from .._clock import Clock
@@ -39,12 +40,14 @@ from .._exceptions import (
     BrokerschedError,
     ConfigurationError,
 )
-from ..abc import JobPolicy, Lease, RunReason, RunRecord, Slot
+from ..abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
 from ._lease import (
+    BATCH_CHUNK,
     DEFAULT_MAX_CLOCK_SKEW,
     DeadRun,
     JobState,
     check_slot_time,
+    in_chunks,
     interrupted,
     new_token,
     refusal,
@@ -195,6 +198,40 @@ SELECT EXISTS (SELECT FROM leased) AS granted, j.last_slot_ms, j.manual_slot_ms,
     {live} AS live, {now_ms} AS now_ms
 FROM (VALUES (1)) AS one (x) LEFT JOIN {s}.jobs AS j ON j.job = $1"""
 
+# Several jobs' scheduled slots in one statement, each decided as ``_ACQUIRE`` decides one:
+# $1 jobs (distinct), $2 slots, $3 ttl ms, $4 allow overlap, $5 tokens, $6 run ids, $7 instance
+# id, $8 started_at, $9 max_clock_skew ms. Job rows are locked in the order of their names, so
+# that batches of several instances never wait on each other in a circle.
+_ACQUIRE_MANY = """WITH claim AS (
+    SELECT * FROM unnest($1::text[], $2::bigint[], $4::boolean[], $5::text[], $6::text[])
+        WITH ORDINALITY AS c (job, slot_ms, allow, token, run_id, n)
+), granted AS (
+    INSERT INTO {s}.jobs AS j (job, last_slot_ms, lease_until, grant_slot_ms)
+    SELECT c.job, c.slot_ms, clock_timestamp() + $3::bigint {ms}, c.slot_ms
+    FROM claim AS c WHERE c.slot_ms <= {now_ms} + $9::bigint
+    ORDER BY c.job
+    ON CONFLICT (job) DO UPDATE
+        SET last_slot_ms = excluded.last_slot_ms, lease_until = excluded.lease_until,
+            grant_slot_ms = excluded.grant_slot_ms
+        WHERE j.last_slot_ms < excluded.last_slot_ms
+            AND ((SELECT c.allow FROM claim AS c WHERE c.job = excluded.job) OR NOT {live})
+            AND NOT EXISTS (SELECT FROM {s}.leases AS f
+                WHERE f.job = excluded.job AND f.slot_ms = excluded.last_slot_ms)
+    RETURNING j.job, j.lease_until
+), leased AS (
+    INSERT INTO {s}.leases
+        (job, slot_ms, token, run_id, instance_id, reason, attempt, state, started_at, expires_at)
+    SELECT c.job, c.slot_ms, c.token, c.run_id, $7::text, 'schedule', 1, 'running',
+        $8::timestamptz, g.lease_until
+    FROM granted AS g JOIN claim AS c ON c.job = g.job
+    ON CONFLICT DO NOTHING
+    RETURNING job
+)
+SELECT EXISTS (SELECT FROM leased AS l WHERE l.job = c.job) AS granted, j.last_slot_ms,
+    j.manual_slot_ms, {live} AS live, {now_ms} AS now_ms
+FROM claim AS c LEFT JOIN {s}.jobs AS j ON j.job = c.job
+ORDER BY c.n"""
+
 _RENEW = """UPDATE {s}.leases SET expires_at = clock_timestamp() + $4::bigint {ms}
 WHERE job = $1 AND slot_ms = $2 AND token = $3 AND state = 'running'
     AND expires_at > clock_timestamp()
@@ -321,6 +358,7 @@ class _Statements:
         self.acquire = fill(_ACQUIRE, grant=fill(_UPSERT_JOB))
         self.acquire_catch_up = fill(_ACQUIRE, grant=fill(_UPDATE_JOB))
         self.acquire_manual = fill(_ACQUIRE, grant=fill(_MANUAL_JOB))
+        self.acquire_many = fill(_ACQUIRE_MANY)
         self.renew = fill(_RENEW)
         self.release = fill(_RELEASE)
         self.hand_over = fill(_HAND_OVER)
@@ -409,7 +447,7 @@ class PostgresBackend(SQLLeaseBackend):
                         self._dsn,
                         min_size=self._min_size,
                         max_size=self._max_size,
-                        server_settings={"application_name": "brokersched"},
+                        server_settings=self._server_settings(),
                         reset=_keep_session,
                     )
                     return pool
@@ -420,6 +458,12 @@ class PostgresBackend(SQLLeaseBackend):
                 backend=self.name,
             )
             raise error from self._chainable(exc)
+
+    def _server_settings(self) -> dict[str, str]:
+        """``application_name`` brokersched, unless the DSN names the connections itself."""
+        if "application_name" in parse_qs(urlsplit(self._dsn).query):
+            return {}
+        return {"application_name": "brokersched"}
 
     async def _migrate(self, conn: _Connection) -> None:
         """Create or upgrade the schema, inside the caller's transaction."""
@@ -585,6 +629,63 @@ class PostgresBackend(SQLLeaseBackend):
             return Lease(slot.job, slot.slot_ms, token, run_id, 1, reason)
         check_slot_time(slot, row["now_ms"], self._max_clock_skew, backend=self.name, clock=_CLOCK)
         return refusal(reason, slot.slot_ms, _job_state(row), policy)
+
+    async def acquire_many(
+        self, claims: Sequence[Claim], *, instance_id: str, timeout: float
+    ) -> list[LeaseOutcome]:
+        """Scheduled slots of distinct jobs in one statement (``_ACQUIRE_MANY``); any other
+        batch, or one that PostgreSQL refused as a whole (a deadlock with a take-over, say:
+        nothing of it was done), claims each slot on its own."""
+        jobs = {claim.slot.job for claim in claims}
+        if (
+            len(claims) < 2
+            or len(jobs) < len(claims)
+            or any(c.reason != "schedule" for c in claims)
+        ):
+            return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
+        if len(claims) > BATCH_CHUNK:  # each instance gets its share of the instant's slots
+
+            async def chunk(part: list[Claim]) -> list[LeaseOutcome]:
+                return await self.acquire_many(part, instance_id=instance_id, timeout=timeout)
+
+            return await in_chunks(claims, chunk)
+        tokens = [new_token() for _ in claims]
+        args = (
+            [c.slot.job for c in claims], [c.slot.slot_ms for c in claims], self._ttl_ms,
+            [c.policy.overlap == "allow" for c in claims], tokens, [c.run_id for c in claims],
+            instance_id, self._now(), self._skew_ms,
+        )  # fmt: skip
+
+        async def claim_all(conn: _Connection) -> list[Row]:
+            return await conn.fetch(self._sql.acquire_many, *args)
+
+        try:
+            rows = await self._call(f"claim {len(claims)} slots", claim_all, timeout)
+        except BackendError as exc:
+            if isinstance(exc, BackendUnavailableError) or not self._refused(exc.__cause__):
+                raise
+            logger.warning("a batch of %d claims was refused (%s): claiming each", len(jobs), exc)
+            return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
+        return [
+            self._outcome(claim, token, row)
+            for claim, token, row in zip(claims, tokens, rows, strict=True)
+        ]
+
+    def _refused(self, cause: BaseException | None) -> bool:
+        """Whether the server answered with an error: the statement did nothing."""
+        return self._asyncpg is not None and isinstance(cause, self._asyncpg.PostgresError)
+
+    def _outcome(self, claim: Claim, token: str, row: Row) -> LeaseOutcome:
+        slot = claim.slot
+        if row["granted"]:
+            return Lease(slot.job, slot.slot_ms, token, claim.run_id, 1, claim.reason)
+        try:
+            check_slot_time(
+                slot, row["now_ms"], self._max_clock_skew, backend=self.name, clock=_CLOCK
+            )
+        except BackendError as exc:
+            return exc
+        return refusal(claim.reason, slot.slot_ms, _job_state(row), claim.policy)
 
     async def renew(self, lease: Lease) -> bool:
         """Answers within a third of ``lease_ttl`` (see ``_renew_timeout``)."""

@@ -36,13 +36,15 @@ from .._exceptions import (
     BrokerschedError,
     ConfigurationError,
 )
-from ..abc import JobPolicy, Lease, RunReason, RunRecord, Slot
+from ..abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
 from ._lease import (
+    BATCH_CHUNK,
     DEFAULT_MAX_CLOCK_SKEW,
     DeadRun,
     JobState,
     check_lock_wait,
     check_slot_time,
+    in_chunks,
     interrupted,
     is_latest,
     new_run_id,
@@ -478,34 +480,86 @@ class SQLiteBackend(SQLLeaseBackend):
         reason: RunReason,
         timeout: float,
     ) -> Lease | Literal["overlap", "not-acquired"]:
-        token = new_token()
-        params = {
-            "job": slot.job,
-            "slot_ms": slot.slot_ms,
+        claim = Claim(slot, run_id, policy, reason)
+        params = self._claim_params(claim, instance_id)
+
+        async def decide(conn: aiosqlite.Connection) -> Lease | Literal["overlap", "not-acquired"]:
+            (now_ms,) = next(iter(await conn.execute_fetchall(self._sql.read_now)))
+            check_slot_time(slot, now_ms, self._max_clock_skew, backend=self.name, clock=_CLOCK)
+            return await self._decide(conn, claim, params)
+
+        return await self._run("claim " + slot.key, decide, timeout=timeout, transaction=True)
+
+    async def acquire_many(
+        self, claims: Sequence[Claim], *, instance_id: str, timeout: float
+    ) -> list[LeaseOutcome]:
+        """The claims one after the other in one transaction (one write lock, one commit),
+        each decided as ``acquire()`` decides it; a batch SQLite refused as a whole (nothing of
+        it was written) claims each slot on its own."""
+        if len(claims) < 2:
+            return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
+        if len(claims) > BATCH_CHUNK:  # each process gets its share of the instant's slots
+
+            async def chunk(part: list[Claim]) -> list[LeaseOutcome]:
+                return await self.acquire_many(part, instance_id=instance_id, timeout=timeout)
+
+            return await in_chunks(claims, chunk)
+        batch = [(claim, self._claim_params(claim, instance_id)) for claim in claims]
+
+        async def decide_all(conn: aiosqlite.Connection) -> list[LeaseOutcome]:
+            (now_ms,) = next(iter(await conn.execute_fetchall(self._sql.read_now)))
+            outcomes: list[LeaseOutcome] = []
+            for claim, params in batch:
+                try:
+                    check_slot_time(
+                        claim.slot, now_ms, self._max_clock_skew, backend=self.name, clock=_CLOCK
+                    )
+                except BackendError as exc:
+                    outcomes.append(exc)
+                    continue
+                outcomes.append(await self._decide(conn, claim, params))
+            return outcomes
+
+        action = f"claim {len(claims)} slots"
+        try:
+            return await self._run(action, decide_all, timeout=timeout, transaction=True)
+        except BackendError as exc:
+            if isinstance(exc, BackendUnavailableError) or not isinstance(
+                exc.__cause__, sqlite3.Error
+            ):
+                raise
+        return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
+
+    def _claim_params(self, claim: Claim, instance_id: str) -> dict[str, Any]:
+        return {
+            "job": claim.slot.job,
+            "slot_ms": claim.slot.slot_ms,
             "ttl_ms": self._ttl_ms,
-            "allow": policy.overlap == "allow",
-            "token": token,
-            "run_id": run_id,
+            "allow": claim.policy.overlap == "allow",
+            "token": new_token(),
+            "run_id": claim.run_id,
             "instance_id": instance_id,
-            "reason": reason,
+            "reason": claim.reason,
             "started_us": datetime_to_us(self._now()),
             "no_slot": NO_SLOT,
         }
+
+    async def _decide(
+        self, conn: aiosqlite.Connection, claim: Claim, params: dict[str, Any]
+    ) -> Lease | Literal["overlap", "not-acquired"]:
+        """Grant or refuse one claim, inside the caller's transaction."""
         grant = {"catch-up": self._sql.grant_catch_up, "manual": self._sql.grant_manual}.get(
-            reason, self._sql.grant
+            claim.reason, self._sql.grant
         )
-
-        async def claim(conn: aiosqlite.Connection) -> Lease | Literal["overlap", "not-acquired"]:
-            (now_ms,) = next(iter(await conn.execute_fetchall(self._sql.read_now)))
-            check_slot_time(slot, now_ms, self._max_clock_skew, backend=self.name, clock=_CLOCK)
-            rows = list(await conn.execute_fetchall(grant, params))
-            if rows:
-                await conn.execute(self._sql.insert_lease, {**params, "expires_ms": rows[0][0]})
-                return Lease(slot.job, slot.slot_ms, token, run_id, 1, reason)
-            state = list(await conn.execute_fetchall(self._sql.job_state, params))
-            return refusal(reason, slot.slot_ms, _job_state(state[0]) if state else None, policy)
-
-        return await self._run("claim " + slot.key, claim, timeout=timeout, transaction=True)
+        slot = claim.slot
+        rows = list(await conn.execute_fetchall(grant, params))
+        if rows:
+            await conn.execute(self._sql.insert_lease, {**params, "expires_ms": rows[0][0]})
+            return Lease(slot.job, slot.slot_ms, params["token"], claim.run_id, 1, claim.reason)
+        state = list(await conn.execute_fetchall(self._sql.job_state, params))
+        return refusal(
+            claim.reason, slot.slot_ms, _job_state(state[0]) if state else None, claim.policy
+        )
 
     async def renew(self, lease: Lease) -> bool:
         params = _lease_params(lease) | {"ttl_ms": self._ttl_ms}

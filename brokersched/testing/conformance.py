@@ -26,7 +26,16 @@ import pytest_asyncio
 
 from .._clock import Clock, SystemClock
 from .._exceptions import BackendError
-from ..abc import Backend, ClaimBackend, JobPolicy, Lease, LeaseBackend, RunRecord, Slot
+from ..abc import (
+    Backend,
+    Claim,
+    ClaimBackend,
+    JobPolicy,
+    Lease,
+    LeaseBackend,
+    RunRecord,
+    Slot,
+)
 
 __all__ = ["ClaimBackendSuite", "LeaseBackendSuite"]
 
@@ -188,6 +197,42 @@ class ClaimBackendSuite(_Suite[B]):
             await barrier.wait()
             claims = [self.claim(backends[index], slot, f"i{index}") for slot in slots]
             return list(await asyncio.gather(*claims))
+
+        results = await asyncio.gather(*(racer(i) for i in range(RACERS)))
+        for column, slot in enumerate(slots):
+            winners = [row[column] for row in results].count(True)
+            assert winners == 1, f"{slot.key}: {winners} winners"
+
+    @pytest.mark.asyncio
+    async def test_a_batch_has_the_outcomes_of_single_claims(self, fleet: Factory) -> None:
+        backend = await fleet()
+        assert isinstance(backend, ClaimBackend)
+        assert await self.claim(backend, Slot("b.taken", SLOT))
+        slots = [Slot("b.taken", SLOT), Slot("b.fresh", SLOT), Slot("b.other", SLOT + 1000)]
+        claims = [Claim(slot, f"r{n}", JobPolicy(slot.job)) for n, slot in enumerate(slots)]
+        won = await backend.claim_many(claims, instance_id="i1", timeout=5.0)
+        assert won == [False, True, True]
+        again = await backend.claim_many(claims, instance_id="i2", timeout=5.0)
+        assert again == [False, False, False]
+
+    @pytest.mark.asyncio
+    async def test_batches_racing_single_claims_have_one_winner_per_slot(
+        self, fleet: Factory
+    ) -> None:
+        backends = [await fleet() for _ in range(RACERS)]
+        slots = [Slot(f"batch.{n}", SLOT) for n in range(6)]
+        barrier = asyncio.Barrier(RACERS)
+
+        async def racer(index: int) -> list[bool]:
+            backend = backends[index]
+            assert isinstance(backend, ClaimBackend)
+            await barrier.wait()
+            if index % 2:  # every other instance claims one slot at a time
+                return [await self.claim(backend, slot, f"i{index}") for slot in slots]
+            claims = [Claim(slot, "r", JobPolicy(slot.job)) for slot in slots]
+            won = await backend.claim_many(claims, instance_id=f"i{index}", timeout=5.0)
+            assert all(isinstance(w, bool) for w in won), won
+            return [w is True for w in won]
 
         results = await asyncio.gather(*(racer(i) for i in range(RACERS)))
         for column, slot in enumerate(slots):
@@ -478,3 +523,91 @@ class LeaseBackendSuite(_Suite[B]):
         await backend.record(policy, old)
         await backend.record(policy, make_record("aged", SLOT + 1, 2, now=clock.now()))
         assert [r.run_id for r in await backend.history(policy, 10)] == ["run-2"]
+
+    async def _states(self, backend: LeaseBackend, prefix: str, now: int) -> list[Claim]:
+        """Jobs in each state a claim can meet (named ``prefix`` + state), and a claim of each."""
+        skip, allow = JobPolicy(prefix + "busy"), JobPolicy(prefix + "allow", overlap="allow")
+        fenced = await self.acquire(backend, Slot(prefix + "fenced", SLOT + 1000))
+        assert isinstance(fenced, Lease)
+        await backend.release(fenced)  # its run is over: only the fence refuses older slots
+        assert isinstance(await self.acquire(backend, Slot(skip.name, SLOT), skip), Lease)
+        assert isinstance(await self.acquire(backend, Slot(allow.name, SLOT), allow), Lease)
+        assert isinstance(
+            await self.acquire(backend, Slot(prefix + "manual", now), reason="manual"), Lease
+        )
+        wanted = [
+            (Slot(prefix + "fresh", SLOT), JobPolicy(prefix + "fresh")),
+            (Slot(prefix + "fenced", SLOT), JobPolicy(prefix + "fenced")),
+            (Slot(skip.name, SLOT + 1000), skip),
+            (Slot(allow.name, SLOT + 1000), allow),
+            (Slot(prefix + "ahead", now + 120_000), JobPolicy(prefix + "ahead")),
+            (Slot(prefix + "manual", now), JobPolicy(prefix + "manual")),
+            (Slot(prefix + "later", SLOT + 5000), JobPolicy(prefix + "later")),
+        ]
+        return [Claim(slot, f"run-{n}", policy) for n, (slot, policy) in enumerate(wanted)]
+
+    @pytest.mark.asyncio
+    async def test_a_batch_has_the_outcomes_of_single_claims(
+        self, fleet: Factory, clock: Clock
+    ) -> None:
+        """Fresh, fenced, overlapping, overlap-allowed, too far ahead, taken by a manual run:
+        each claim of a batch is answered as a claim of its own is, and the one that fails
+        (a slot too far ahead) fails alone."""
+        backend = await self.started(fleet)
+        now = clock.now_ms()
+        singles = await self._states(backend, "s.", now)
+        batched = await self._states(backend, "b.", now)
+        alone: list[Any] = []
+        for claim in singles:
+            try:
+                alone.append(await self.acquire(backend, claim.slot, claim.policy))
+            except BackendError as exc:
+                alone.append(exc)
+        together = await backend.acquire_many(batched, instance_id="i1", timeout=5.0)
+
+        def kind(outcome: object) -> str:
+            if isinstance(outcome, Lease):
+                return "lease"
+            return type(outcome).__name__ if isinstance(outcome, Exception) else str(outcome)
+
+        assert [kind(o) for o in together] == [kind(o) for o in alone]
+        assert [kind(o) for o in alone][:4] == ["lease", "not-acquired", "overlap", "lease"]
+        assert isinstance(together[4], BackendError) and "max_clock_skew" in str(together[4])
+        for claim, outcome in zip(batched, together, strict=True):
+            if isinstance(outcome, Lease):
+                assert (outcome.job, outcome.slot_ms, outcome.run_id, outcome.attempt) == (
+                    claim.slot.job,
+                    claim.slot.slot_ms,
+                    claim.run_id,
+                    1,
+                )
+                assert await backend.renew(outcome)
+        again = await backend.acquire_many(batched, instance_id="i2", timeout=5.0)
+        assert not any(isinstance(o, Lease) for o in again), again
+
+    @pytest.mark.asyncio
+    async def test_batches_racing_single_claims_have_one_winner_per_slot(
+        self, fleet: Factory
+    ) -> None:
+        backends = [await self.started(fleet) for _ in range(RACERS)]
+        # More jobs than a backend may decide in one statement (see BATCH_CHUNK of SQL ones).
+        policies = [JobPolicy(f"batch.{n}", overlap="allow") for n in range(20)]
+
+        async def racer(index: int, barrier: asyncio.Barrier, slot_ms: int) -> list[bool]:
+            backend = backends[index]
+            claims = [Claim(Slot(p.name, slot_ms), f"r{index}", p) for p in policies]
+            await barrier.wait()
+            if index % 2:  # every other instance claims one slot at a time
+                single = [await self.acquire(backend, c.slot, c.policy) for c in claims]
+                return [isinstance(o, Lease) for o in single]
+            outcomes = await backend.acquire_many(claims, instance_id=f"i{index}", timeout=5.0)
+            assert not any(isinstance(o, Exception) for o in outcomes), outcomes
+            return [isinstance(o, Lease) for o in outcomes]
+
+        for round_ in range(3):  # the first race also creates the jobs' rows
+            barrier = asyncio.Barrier(RACERS)
+            slot_ms = SLOT + round_ * 1000
+            results = await asyncio.gather(*(racer(i, barrier, slot_ms) for i in range(RACERS)))
+            for column, policy in enumerate(policies):
+                winners = [row[column] for row in results].count(True)
+                assert winners == 1, f"{policy.name}:{slot_ms}: {winners} winners"
