@@ -107,11 +107,6 @@ class JobContext:
                     timer.cancel()
         return self._abort_reason is not None
 
-    def _abort(self, reason: AbortReason) -> None:
-        self._abort_reason = reason
-        for waiter in self._waiters:
-            resolve(waiter)
-
     async def sleep(self, seconds: float) -> None:
         """Sleep on the scheduler's clock (virtual under ``TestClock``)."""
         await self._clock.sleep(seconds)
@@ -127,4 +122,6 @@ def abort(ctx: JobContext, reason: AbortReason) -> None:
     """Tell the handler holding ``ctx`` to stop, as the scheduler would: ``ctx.abort_reason``
     is set and ``ctx.wait_aborted()`` returns (the scheduler also cancels an async handler,
     except on ``shutdown``)."""
-    ctx._abort(reason)
+    ctx._abort_reason = reason
+    for waiter in ctx._waiters:
+        resolve(waiter)

@@ -7,7 +7,7 @@ import logging
 import time
 
 from ._clock import Clock, Timer, ms_to_datetime
-from ._context import AbortReason, JobContext
+from ._context import AbortReason, JobContext, abort
 from ._durations import format_duration, to_ms
 from ._events import ClaimEvent, Events, RunEvent, SkipEvent, SkipReason, StartEvent
 from ._exceptions import BackendError, ClockSkewError
@@ -323,7 +323,7 @@ class Runner:
             return
         if told == "shutdown" and reason == "shutdown":
             return
-        run.ctx._abort(reason)
+        abort(run.ctx, reason)
         if run.job.is_async and reason != "shutdown":
             run.task.cancel()  # a thread cannot be cancelled: sync handlers watch abort_reason
 
