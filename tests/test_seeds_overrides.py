@@ -311,6 +311,8 @@ def jobs_in_process(*args: str, env: dict[str, str] | None = None) -> Result:
         ("purge.cron=0 * * * *", "job 'purge' is a every() job: override 'cron' does not apply"),
         ("purge", "--override 'purge' is not JOB.OPTION=VALUE"),
         ("purge.jitter=1h", "job 'purge': jitter (1h) must be under half the time between runs"),
+        ("purge.timeout=1e300", "job 'purge': timeout 1e+300 is too long; a duration must be at"),
+        ("purge.every=99999999999d", "job 'purge': interval '99999999999d' is too long"),
     ],
 )
 def test_cli_overrides_are_validated(app: str, override: str, message: str) -> None:
