@@ -501,15 +501,25 @@ class Scheduler(Generic[B]):
         return unknown_jobs(self._overrides, self._jobs)
 
     def _check_key(self, name: str, key: str, replacing: JobState | None) -> None:
-        """Two jobs of one scheduler never share a key: they would claim each other's slots."""
+        """Two jobs of one scheduler never share a key (they would claim each other's slots),
+        nor does one take another's boot key (``<key>:start``, see ``_boot``)."""
         for other in self._states():
-            if other is not replacing and other.name != name and other.settings.key == key:
-                raise ConfigurationError(
-                    f"job '{name}': key '{key}' is taken by job '{other.name}'; two jobs of one "
-                    "scheduler need different keys (claims and history are kept under the key)",
-                    option="key",
-                    job=name,
-                )
+            if other is replacing or other.name == name:
+                continue
+            if other.settings.key == key:
+                why = f"is taken by job '{other.name}'"
+            elif key == _boot.boot_key(other.settings.key):
+                why = f"is where job '{other.name}' claims its boot runs ('<key>:start')"
+            elif other.settings.key == _boot.boot_key(key):
+                why = f"would claim its boot runs under the key of job '{other.name}'"
+            else:
+                continue
+            raise ConfigurationError(
+                f"job '{name}': key '{key}' {why}; two jobs of one scheduler need different "
+                "keys (claims and history are kept under the key)",
+                option="key",
+                job=name,
+            )
 
     def _update(self, job: JobState, options: dict[str, Any]) -> None:
         merged = {**job.options.model_dump(exclude_unset=True), **options}
