@@ -477,7 +477,13 @@ class Scheduler(Generic[B]):
     def add_overrides(self, more: Mapping[str, Mapping[str, Any]]) -> None:
         """Overrides given after the jobs registered (the CLI's ``--override``): merged over
         the scheduler's, option by option, validated and applied to the jobs at once. One
-        naming no job is reported by ``check()`` and refused by ``start()``."""
+        naming no job is reported by ``check()`` and refused by ``start()``. Before ``start()``
+        only: a running job changes with ``job.update()``, ``pause()`` and ``resume()``."""
+        if self._started or self._connecting is not None:
+            raise RuntimeError(
+                "add_overrides() is called before start(): armed jobs would keep their old "
+                "schedule for a slot; change a running job with job.update(), pause() or resume()"
+            )
         more = parse_overrides(more)
         for name, override in more.items():
             merged = self._overrides[name] = {**self._overrides.get(name, {}), **override}

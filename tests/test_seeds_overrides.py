@@ -359,3 +359,17 @@ async def test_a_disabled_job_is_never_overdue_even_while_connecting() -> None:
     await clock.advance("30s")
     assert [job.name for job in scheduler.overdue()] == ["on"]
     await scheduler.stop()
+
+
+async def test_overrides_are_added_before_start_only() -> None:
+    """After start() an override would reach a job only after its armed slot (a job switched
+    off ran once more); a running job changes with update(), pause() and resume()."""
+    clock, runs = TestClock(START), Runs()
+    scheduler = Scheduler(MemoryBackend(), clock=clock, jitter=0)
+    purge = scheduler.every("purge", "1m", runs)
+    async with scheduler:
+        with pytest.raises(RuntimeError, match=r"add_overrides\(\) is called before start\(\)"):
+            scheduler.add_overrides({"purge": {"enabled": False, "every": "10s"}})
+        assert purge.enabled and purge.describe() == "every 1m" and purge.overrides == {}
+    scheduler.add_overrides({"purge": {"enabled": False}})  # stopped: allowed again
+    assert not purge.enabled
