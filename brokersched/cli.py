@@ -548,8 +548,8 @@ def jobs(app: str, count: int, overrides: tuple[str, ...]) -> None:
             job.kind,
             job.describe(),
             timezone_name(zone),
-            _options(job),
-            _shown_overrides(job),
+            redact_text(_options(job)),  # data may hold a URL with its password
+            redact_text(_shown_overrides(job)),
             "yes" if enabled else "no",
             runs,
         )

@@ -301,6 +301,15 @@ def jobs_in_process(*args: str, env: dict[str, str] | None = None) -> Result:
     return CliRunner().invoke(cli, ["jobs", *args], env={"COLUMNS": "250", **(env or {})})
 
 
+def test_jobs_shows_no_password_of_a_url_in_data(app: str) -> None:
+    data = '{"dsn": "postgresql://report:s3cret@db/reports"}'
+    result = jobs_in_process(app, "--override", f"purge.data={data}")
+    assert result.exit_code == 0, result.output
+    assert "s3cret" not in result.output
+    assert 'data={"dsn":"postgresql://report:***@db/reports"}' in result.output
+    assert 'data={"dsn": "postgresql://report:***@db/reports"}' in result.output
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
