@@ -95,6 +95,12 @@ class BackendDownError(CLIError):
     exit_code = EXIT_BACKEND
 
 
+class AppFailedError(CLIError):
+    """The application's own code (its lifespan) raised while the command ran: exit code 1."""
+
+    exit_code = EXIT_FAILED
+
+
 class AppConfigurationError(CLIError):
     """The application refused its own configuration while it was being loaded."""
 
@@ -250,6 +256,9 @@ def _run_async(coro: Coroutine[Any, Any, T]) -> T:
         raise BackendDownError(f"backend error: {exc}") from None
     except ConfigurationError as exc:  # e.g. a missing extra, found when the backend starts
         raise CLIError(str(exc)) from None
+    except Exception as exc:  # the application's lifespan raised: its traceback helps there
+        sys.stderr.write(redact_text(traceback.format_exc()))
+        raise AppFailedError(f"the application failed: {type(exc).__name__}: {exc}") from None
 
 
 # -- output helpers ------------------------------------------------------------------------

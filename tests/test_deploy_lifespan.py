@@ -129,6 +129,45 @@ def test_brokersched_trigger_enters_the_lifespan(tmp_path: Path) -> None:
     assert "job 'report' completed" in result.stdout
 
 
+FAILING_LIFESPAN_APP = textwrap.dedent(
+    """
+    import os
+    from contextlib import asynccontextmanager
+    from brokersched import Scheduler
+
+    @asynccontextmanager
+    async def lifespan(scheduler):
+        if os.environ["FAIL"] == "enter":
+            raise RuntimeError("pool: cannot reach postgresql://app:s3cret@db/app")
+        yield
+        raise RuntimeError("pool: closing failed")
+
+    scheduler = Scheduler(lifespan=lifespan, jitter=0)
+    scheduler.every("report", "1h", lambda ctx: print("report ran", flush=True))
+    """
+)
+
+
+def test_a_failing_lifespan_is_one_error_line_and_exit_code_1(tmp_path: Path) -> None:
+    """The application's code: its traceback (redacted), then one line, not an uncaught
+    exception."""
+    app = tmp_path / "failing_lifespan_app.py"
+    app.write_text(FAILING_LIFESPAN_APP)
+    run = brokersched("run", f"{app}:scheduler", env={"FAIL": "enter"})
+    assert run.returncode == 1
+    assert run.stderr.splitlines()[-1] == (
+        "Error: the application failed: RuntimeError: pool: cannot reach "
+        "postgresql://app:***@db/app"
+    )
+    assert "Traceback" in run.stderr and "s3cret" not in run.stderr
+    trigger = brokersched("trigger", f"{app}:scheduler", "report", env={"FAIL": "exit"})
+    assert trigger.returncode == 1
+    assert trigger.stdout.startswith("report ran")
+    assert trigger.stderr.splitlines()[-1] == (
+        "Error: the application failed: RuntimeError: pool: closing failed"
+    )
+
+
 # -- around_run --------------------------------------------------------------------------
 
 
