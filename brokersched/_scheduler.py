@@ -486,19 +486,27 @@ class Scheduler(Generic[B]):
             )
         more = parse_overrides(more)
         for name, override in more.items():
-            merged = self._overrides[name] = {**self._overrides.get(name, {}), **override}
+            before = self._overrides.get(name)
+            merged = self._overrides[name] = {**(before or {}), **override}
             job = self._jobs.get(name)
             if job is None:
                 continue
             state = job._state
             assert state.origin is not None  # set by _register
             origin_trigger, origin_options = state.origin
-            make_trigger, options, enabled = self._overridden(
-                name, state.kind, origin_trigger, origin_options
-            )
-            _, trigger, settings, job_options = self._validate(
-                name, state.kind, make_trigger, options, replacing=state
-            )
+            try:
+                make_trigger, options, enabled = self._overridden(
+                    name, state.kind, origin_trigger, origin_options
+                )
+                _, trigger, settings, job_options = self._validate(
+                    name, state.kind, make_trigger, options, replacing=state
+                )
+            except ConfigurationError:  # refused: the job and its override stay as they were
+                if before is None:
+                    del self._overrides[name]
+                else:
+                    self._overrides[name] = before
+                raise
             state.schedule, state.settings, state.options = trigger, settings, job_options
             state.make_trigger, state.enabled, state.overrides = make_trigger, enabled, merged
 

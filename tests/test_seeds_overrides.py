@@ -382,3 +382,18 @@ async def test_overrides_are_added_before_start_only() -> None:
         assert purge.enabled and purge.describe() == "every 1m" and purge.overrides == {}
     scheduler.add_overrides({"purge": {"enabled": False}})  # stopped: allowed again
     assert not purge.enabled
+
+
+def test_a_refused_override_changes_nothing() -> None:
+    scheduler = Scheduler(overrides={"purge": {"every": "5m"}})
+    purge = scheduler.every("purge", "1m", Runs())
+    sync = scheduler.every("sync", "1m", Runs())
+    for bad in ({"purge": {"jitter": "1h"}}, {"sync": {"key": "purge"}}):
+        with pytest.raises(ConfigurationError):
+            scheduler.add_overrides(bad)
+    assert (purge.overrides, sync.overrides) == ({"every": "5m"}, {})
+    scheduler.add_overrides({"sync": {"jitter": "1s"}})  # the refused ones are not merged in
+    assert sync.overrides == {"jitter": "1s"} and sync.key == "sync"
+    scheduler.add_overrides({"purge": {"enabled": False}})
+    assert purge.overrides == {"every": "5m", "enabled": False}
+    assert purge.settings.jitter_ms == 2000
