@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import threading
-from collections.abc import Awaitable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -20,6 +21,36 @@ __all__ = ["SchedulerThread"]
 
 logger = logging.getLogger("brokersched")
 T = TypeVar("T")
+
+
+class _DaemonExecutor(ThreadPoolExecutor):
+    """A daemon thread per call (a ``ThreadPoolExecutor`` only for asyncio's type check: its
+    pool is not used). The pool's threads are joined as the interpreter exits: a sync handler
+    that the drain abandoned (it ignores ``ctx.abort_reason``) would keep the program alive
+    until it returned. A daemon thread ends with the process instead, as under ``brokersched
+    run``."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(thread_name_prefix=name)
+        self._name = name
+        self._count = itertools.count()
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        name = f"{self._name}_{next(self._count)}"
+        threading.Thread(target=work, name=name, daemon=True).start()
+        return future
 
 
 class SchedulerThread:
@@ -58,16 +89,14 @@ class SchedulerThread:
 
     def _main(self) -> None:
         loop = asyncio.new_event_loop()
-        # An executor of its own: shut down without waiting for a sync handler abandoned by
-        # the drain, so that stop() returns after drain_timeout all the same.
-        executor = ThreadPoolExecutor(thread_name_prefix=f"{self.thread.name}-handler")
-        loop.set_default_executor(executor)
+        # An executor of its own, that never waits for a sync handler abandoned by the drain:
+        # stop() returns after drain_timeout, and the program exits, all the same.
+        loop.set_default_executor(_DaemonExecutor(f"{self.thread.name}-handler"))
         try:
             loop.run_until_complete(self._serve())
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             loop.close()
-            executor.shutdown(wait=False, cancel_futures=True)
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()

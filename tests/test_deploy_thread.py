@@ -107,3 +107,34 @@ def test_a_program_that_forgets_stop_still_exits_after_a_drain() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["main ends", "told shutdown"]
     assert time.monotonic() - began < 10
+
+
+def test_a_sync_handler_abandoned_by_the_drain_does_not_keep_the_program_alive() -> None:
+    """It ignores ``ctx.abort_reason``: recorded ``interrupted`` after ``drain_timeout``, its
+    thread ends with the process (it was joined at exit: the program waited for it)."""
+    script = textwrap.dedent(
+        """
+        import threading, time
+        from brokersched import Scheduler
+
+        scheduler = Scheduler(jitter=0, drain_timeout="200ms")
+        started = threading.Event()
+
+        @scheduler.after("stuck", 0, claim=False)
+        def stuck(ctx):
+            started.set()
+            time.sleep(60)
+
+        scheduler.on("fail", lambda event: print(event.outcome, flush=True))
+        with scheduler.start_in_thread():
+            started.wait(5)
+        print("main ends", flush=True)
+        """
+    )
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["interrupted", "main ends"]
+    assert time.monotonic() - began < 10
