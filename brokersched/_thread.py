@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import queue
 import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,21 +25,27 @@ T = TypeVar("T")
 
 
 class _DaemonExecutor(ThreadPoolExecutor):
-    """A daemon thread per call (a ``ThreadPoolExecutor`` only for asyncio's type check: its
-    pool is not used). The pool's threads are joined as the interpreter exits: a sync handler
-    that the drain abandoned (it ignores ``ctx.abort_reason``) would keep the program alive
-    until it returned. A daemon thread ends with the process instead, as under ``brokersched
-    run``."""
+    """``ThreadPoolExecutor``'s threads are joined as the interpreter exits: a sync handler that
+    the drain abandoned (it ignores ``ctx.abort_reason``) would keep the program alive until it
+    returned. These are daemon threads, ending with the process as under ``brokersched run``;
+    an idle one is reused (a Django connection lives per thread), and none waits for another.
+    A ``ThreadPoolExecutor`` only for asyncio's type check: its own pool is not used."""
 
     def __init__(self, name: str) -> None:
         super().__init__(thread_name_prefix=name)
         self._name = name
         self._count = itertools.count()
+        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)  # one release per thread waiting for work
+        self._spawned = 0
+        self._ended = False
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        if self._ended:
+            raise RuntimeError("cannot schedule new futures after shutdown")
         future: Future[T] = Future()
 
-        def work() -> None:
+        def call() -> None:
             if not future.set_running_or_notify_cancel():
                 return
             try:
@@ -48,9 +55,26 @@ class _DaemonExecutor(ThreadPoolExecutor):
             else:
                 future.set_result(result)
 
-        name = f"{self._name}_{next(self._count)}"
-        threading.Thread(target=work, name=name, daemon=True).start()
+        self._work.put(call)
+        if not self._idle.acquire(blocking=False):  # no thread waits: one more
+            self._spawned += 1
+            name = f"{self._name}_{next(self._count)}"
+            threading.Thread(target=self._worker, name=name, daemon=True).start()
         return future
+
+    def _worker(self) -> None:
+        while (call := self._work.get()) is not None:
+            call()
+            del call  # not kept alive by an idle thread
+            self._idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Idle threads end; a busy one ends after its call (``wait`` is not honoured: a
+        handler abandoned by the drain is not waited for)."""
+        self._ended = True
+        for _ in range(self._spawned):
+            self._work.put(None)
+        super().shutdown(wait=False)
 
 
 class SchedulerThread:

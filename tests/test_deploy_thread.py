@@ -138,3 +138,31 @@ def test_a_sync_handler_abandoned_by_the_drain_does_not_keep_the_program_alive()
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["interrupted", "main ends"]
     assert time.monotonic() - began < 10
+
+
+def test_handler_threads_are_reused_and_never_wait_for_one_another() -> None:
+    """A Django connection lives per thread: runs one after another share a thread (a thread
+    per run opened a connection per run); runs at once each have one."""
+    scheduler = Scheduler(jitter=0)
+    both = threading.Barrier(2, timeout=5)
+    threads: list[str] = []
+
+    def together(ctx: JobContext) -> None:
+        both.wait()  # broken (an error) if the other run waited for this one
+
+    def alone(ctx: JobContext) -> None:
+        threads.append(threading.current_thread().name)
+
+    scheduler.after("a", 0, together, claim=False)
+    scheduler.after("b", 0, together, claim=False)
+    job = scheduler.every("alone", "1h", alone, claim=False)
+    outcomes: list[str] = []
+    scheduler.on("complete", lambda event: outcomes.append(event.job))
+    with scheduler.start_in_thread() as handle:
+        deadline = time.monotonic() + 5
+        while len(outcomes) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for _ in range(3):
+            handle.run(job.trigger())
+    assert sorted(outcomes[:2]) == ["a", "b"]
+    assert len(threads) == 3 and len(set(threads)) == 1
