@@ -477,7 +477,8 @@ class Scheduler(Generic[B]):
     def add_overrides(self, more: Mapping[str, Mapping[str, Any]]) -> None:
         """Overrides given after the jobs registered (the CLI's ``--override``): merged over
         the scheduler's, option by option, validated and applied to the jobs at once. One
-        naming no job is reported by ``check()`` and refused by ``start()``. Before ``start()``
+        naming no job is reported by ``check()`` and refused by ``start()``; under
+        ``collect_errors()`` a refused one is kept for ``check()`` too. Before ``start()``
         only: a running job changes with ``job.update()``, ``pause()`` and ``resume()``."""
         if self._started or self._connecting is not None:
             raise RuntimeError(
@@ -501,12 +502,16 @@ class Scheduler(Generic[B]):
                 _, trigger, settings, job_options = self._validate(
                     name, state.kind, make_trigger, options, replacing=state
                 )
-            except ConfigurationError:  # refused: the job and its override stay as they were
+            except ConfigurationError as exc:  # refused: the job and its override stay
                 if before is None:
                     del self._overrides[name]
                 else:
                     self._overrides[name] = before
-                raise
+                if (collected := _COLLECTING.get()) is None:
+                    raise
+                self._refused.extend(exc.all_errors)  # brokersched check: reported with the rest
+                collected.extend(exc.all_errors)
+                continue
             state.schedule, state.settings, state.options = trigger, settings, job_options
             state.make_trigger, state.enabled, state.overrides = make_trigger, enabled, merged
 

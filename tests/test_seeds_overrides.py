@@ -336,6 +336,24 @@ def test_check_reports_an_override_naming_no_job(app: str) -> None:
     assert "error: overrides: no job 'purg'; did you mean 'purge'?" in check.stderr
 
 
+def test_check_reports_every_refused_cli_override_at_once(app: str) -> None:
+    """As for overrides from the environment: each error listed, exit 1 (not the first one
+    alone with exit 2)."""
+    check = CliRunner().invoke(
+        cli,
+        ["check", app, "--override", "purge.jitter=1h", "--override", "digest.daily.key=purge"],
+    )
+    assert check.exit_code == 1, check.output
+    assert check.stderr.splitlines() == [
+        "error: job 'purge': jitter (1h) must be under half the time between runs (1m), i.e. "
+        "under 30s",
+        "error: job 'purge': max_late (1m) must be greater than jitter (1h)",
+        "error: job 'digest.daily': key 'purge' is taken by job 'purge'; two jobs of one "
+        "scheduler need different keys (claims and history are kept under the key)",
+        "3 configuration errors",
+    ]
+
+
 def test_the_environment_reaches_the_cli(tmp_path: Path) -> None:
     path = tmp_path / f"seeds_plain_{secrets.token_hex(4)}.py"
     path.write_text(APP.replace('overrides={"digest.daily": {"jitter": "5s"}}', ""))
