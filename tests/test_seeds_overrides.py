@@ -341,15 +341,15 @@ def test_check_reports_every_refused_cli_override_at_once(app: str) -> None:
     alone with exit 2)."""
     check = CliRunner().invoke(
         cli,
-        ["check", app, "--override", "purge.jitter=1h", "--override", "digest.daily.key=purge"],
+        ["check", app, "--override", "purge.jitter=1h", "--override", "digest.daily.key=purge-v2"],
     )
     assert check.exit_code == 1, check.output
     assert check.stderr.splitlines() == [
         "error: job 'purge': jitter (1h) must be under half the time between runs (1m), i.e. "
         "under 30s",
         "error: job 'purge': max_late (1m) must be greater than jitter (1h)",
-        "error: job 'digest.daily': key 'purge' is taken by job 'purge'; two jobs of one "
-        "scheduler need different keys (claims and history are kept under the key)",
+        "error: job 'digest.daily': key 'purge-v2' is taken by job 'purge'; two jobs of "
+        "one scheduler need different keys (claims and history are kept under the key)",
         "3 configuration errors",
     ]
 
