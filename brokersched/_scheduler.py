@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import inspect
 import itertools
 import logging
 import os
@@ -125,6 +126,22 @@ def _callable_or_none(value: T, option: str) -> T:
     return value
 
 
+def _context_factory(value: T, option: str, *, sync: bool) -> T:
+    """``around_run`` makes a context manager, ``lifespan`` an async one: a factory of the other
+    kind would fail at every run (or at start) with a TypeError, so it is refused here."""
+    _callable_or_none(value, option)
+    function = inspect.unwrap(value) if callable(value) else None
+    if sync and (inspect.isasyncgenfunction(function) or inspect.iscoroutinefunction(function)):
+        why = "is async; around_run is entered in the handler's own thread: pass a context manager"
+        why += " factory (@contextlib.contextmanager)"
+    elif not sync and inspect.isgeneratorfunction(function):
+        why = "makes a sync context manager; pass an async one (@contextlib.asynccontextmanager)"
+    else:
+        return value
+    name = getattr(value, "__qualname__", repr(value))
+    raise ConfigurationError(f"Scheduler: {option} '{name}' {why}", option=option)
+
+
 def _default_instance_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
 
@@ -226,8 +243,8 @@ class Scheduler(Generic[B]):
         self._runner = _runner.Runner(
             self.clock, self.backend, self.instance_id, self._events, self._tasks, self._recorder
         )
-        self._runner.around_run = _callable_or_none(around_run, "around_run")
-        self._lifespan = _callable_or_none(lifespan, "lifespan")
+        self._runner.around_run = _context_factory(around_run, "around_run", sync=True)
+        self._lifespan = _context_factory(lifespan, "lifespan", sync=False)
         self._lifespan_exit: AsyncExitStack | None = None  # the lifespan entered, until stop()
         self._refused: list[ConfigurationError] = []  # see collect_errors()
         self._started_ms: int | None = None

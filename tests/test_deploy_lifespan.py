@@ -95,6 +95,35 @@ def test_a_lifespan_that_is_not_callable_is_refused() -> None:
         Scheduler(lifespan="pool")  # type: ignore[call-overload]
 
 
+def test_a_context_manager_of_the_wrong_kind_is_refused_at_once() -> None:
+    """Not a TypeError at every run (around_run) or at start (lifespan)."""
+
+    @asynccontextmanager
+    async def async_scope(ctx: JobContext) -> AsyncIterator[None]:
+        yield
+
+    async def coroutine_scope(ctx: JobContext) -> None: ...
+
+    @contextmanager
+    def sync_lifespan(scheduler: Scheduler[Any]) -> Iterator[None]:
+        yield
+
+    for scope in (async_scope, coroutine_scope):
+        with pytest.raises(ConfigurationError) as caught:
+            Scheduler(around_run=scope)  # type: ignore[call-overload]
+        assert str(caught.value).endswith(
+            "is async; around_run is entered in the handler's own thread: pass a context "
+            "manager factory (@contextlib.contextmanager)"
+        )
+    with pytest.raises(ConfigurationError) as caught:
+        Scheduler(lifespan=sync_lifespan)  # type: ignore[call-overload]
+    assert str(caught.value) == (
+        "Scheduler: lifespan 'test_a_context_manager_of_the_wrong_kind_is_refused_at_once."
+        "<locals>.sync_lifespan' makes a sync context manager; pass an async one "
+        "(@contextlib.asynccontextmanager)"
+    )
+
+
 LIFESPAN_APP = textwrap.dedent(
     """
     from contextlib import asynccontextmanager
