@@ -110,13 +110,13 @@ def test_a_context_manager_of_the_wrong_kind_is_refused_at_once() -> None:
 
     for scope in (async_scope, coroutine_scope):
         with pytest.raises(ConfigurationError) as caught:
-            Scheduler(around_run=scope)  # type: ignore[call-overload]
+            Scheduler(around_run=scope)  # type: ignore[arg-type]
         assert str(caught.value).endswith(
             "is async; around_run is entered in the handler's own thread: pass a context "
             "manager factory (@contextlib.contextmanager)"
         )
     with pytest.raises(ConfigurationError) as caught:
-        Scheduler(lifespan=sync_lifespan)  # type: ignore[call-overload]
+        Scheduler(lifespan=sync_lifespan)  # type: ignore[arg-type]
     assert str(caught.value) == (
         "Scheduler: lifespan 'test_a_context_manager_of_the_wrong_kind_is_refused_at_once."
         "<locals>.sync_lifespan' makes a sync context manager; pass an async one "
