@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import queue
@@ -44,29 +45,30 @@ class _DaemonExecutor(ThreadPoolExecutor):
         if self._ended:
             raise RuntimeError("cannot schedule new futures after shutdown")
         future: Future[T] = Future()
-
-        def call() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as exc:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
-
-        self._work.put(call)
+        self._work.put(functools.partial(self._call, future, fn, *args, **kwargs))
         if not self._idle.acquire(blocking=False):  # no thread waits: one more
             self._spawned += 1
             name = f"{self._name}_{next(self._count)}"
             threading.Thread(target=self._worker, name=name, daemon=True).start()
         return future
 
+    def _call(self, future: Future[T], fn: Callable[..., T], /, *args: Any, **kw: Any) -> None:
+        if not future.set_running_or_notify_cancel():
+            self._idle.release()
+            return
+        try:
+            result = fn(*args, **kw)
+        except BaseException as exc:
+            self._idle.release()  # idle before the caller hears: its next call comes here
+            future.set_exception(exc)
+        else:
+            self._idle.release()
+            future.set_result(result)
+
     def _worker(self) -> None:
         while (call := self._work.get()) is not None:
             call()
             del call  # not kept alive by an idle thread
-            self._idle.release()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Idle threads end; a busy one ends after its call (``wait`` is not honoured: a

@@ -3,6 +3,7 @@ plain sync functions, as such applications are (real time, bounded waits: about 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -148,21 +149,21 @@ def test_handler_threads_are_reused_and_never_wait_for_one_another() -> None:
     threads: list[str] = []
 
     def together(ctx: JobContext) -> None:
-        both.wait()  # broken (an error) if the other run waited for this one
+        both.wait()  # broken (an error) if one run waited for the other
 
     def alone(ctx: JobContext) -> None:
         threads.append(threading.current_thread().name)
 
-    scheduler.after("a", 0, together, claim=False)
-    scheduler.after("b", 0, together, claim=False)
+    a = scheduler.every("a", "1h", together, claim=False)
+    b = scheduler.every("b", "1h", together, claim=False)
     job = scheduler.every("alone", "1h", alone, claim=False)
-    outcomes: list[str] = []
-    scheduler.on("complete", lambda event: outcomes.append(event.job))
+
+    async def at_once() -> list[str]:
+        records = await asyncio.gather(a.trigger(), b.trigger())
+        return [record.outcome if record else "skipped" for record in records]
+
     with scheduler.start_in_thread() as handle:
-        deadline = time.monotonic() + 5
-        while len(outcomes) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
         for _ in range(3):
             handle.run(job.trigger())
-    assert sorted(outcomes[:2]) == ["a", "b"]
+        assert handle.run(at_once()) == ["completed", "completed"]
     assert len(threads) == 3 and len(set(threads)) == 1
