@@ -256,6 +256,8 @@ def _run_async(coro: Coroutine[Any, Any, T]) -> T:
         raise BackendDownError(f"backend error: {exc}") from None
     except ConfigurationError as exc:  # e.g. a missing extra, found when the backend starts
         raise CLIError(str(exc)) from None
+    except (BrokerschedError, click.ClickException):
+        raise
     except Exception as exc:  # the application's lifespan raised: its traceback helps there
         sys.stderr.write(redact_text(traceback.format_exc()))
         raise AppFailedError(f"the application failed: {type(exc).__name__}: {exc}") from None
