@@ -142,6 +142,11 @@ def _context_factory(value: T, option: str, *, sync: bool) -> T:
     raise ConfigurationError(f"Scheduler: {option} '{name}' {why}", option=option)
 
 
+def _boots(kind: Kind, options: JobOptions) -> bool:
+    """Whether a job has boot runs claimed once per fleet (under ``<key>:start``)."""
+    return options.claim and (kind == "after" or options.run_on_start)
+
+
 def _default_instance_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
 
@@ -456,7 +461,7 @@ class Scheduler(Generic[B]):
         settings = resolve_job(
             name, kind, trigger.min_gap(), job_options, self.options, caps, backend
         )
-        self._check_key(name, settings.key, replacing)
+        self._check_key(name, settings.key, _boots(kind, job_options), replacing)
         return name, trigger, settings, job_options
 
     def _overridden(
@@ -536,17 +541,18 @@ class Scheduler(Generic[B]):
         """The overrides that name no registered job, each with a suggestion."""
         return unknown_jobs(self._overrides, self._jobs)
 
-    def _check_key(self, name: str, key: str, replacing: JobState | None) -> None:
+    def _check_key(self, name: str, key: str, boots: bool, replacing: JobState | None) -> None:
         """Two jobs of one scheduler never share a key (they would claim each other's slots),
-        nor does one take another's boot key (``<key>:start``, see ``_boot``)."""
+        nor does one take the key of another's fleet boot runs (``<key>:start``, see
+        ``_boot``); ``boots``: the job has such runs."""
         for other in self._states():
             if other is replacing or other.name == name:
                 continue
             if other.settings.key == key:
                 why = f"is taken by job '{other.name}'"
-            elif key == _boot.boot_key(other.settings.key):
+            elif key == _boot.boot_key(other.settings.key) and _boots(other.kind, other.options):
                 why = f"is where job '{other.name}' claims its boot runs ('<key>:start')"
-            elif other.settings.key == _boot.boot_key(key):
+            elif other.settings.key == _boot.boot_key(key) and boots:
                 why = f"would claim its boot runs under the key of job '{other.name}'"
             else:
                 continue

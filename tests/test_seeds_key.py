@@ -82,8 +82,13 @@ def test_a_key_that_is_another_jobs_boot_key_is_refused() -> None:
     ):
         scheduler.after("v2", "1s", Runs(), key="sweep")
     assert [job.name for job in scheduler.jobs()] == ["recover", "sweep:start"]
+    etl = scheduler.every("etl", "1h", Runs())  # no boot runs: "etl:start" is a key like any
+    scheduler.every("etl:start", "1h", Runs())
+    with pytest.raises(ConfigurationError, match="key 'etl' would claim its boot runs under"):
+        etl.update(run_on_start=True)
+    assert not etl.options.run_on_start
     overridden = Scheduler(overrides={"other": {"key": "recover:start"}})
-    overridden.every("recover", "1h", Runs())
+    overridden.every("recover", "1h", Runs(), run_on_start=True)
     with pytest.raises(ConfigurationError, match="key 'recover:start' is where job 'recover'"):
         overridden.every("other", "1m", Runs())
 
