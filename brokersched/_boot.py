@@ -29,12 +29,18 @@ from ._job import JobState
 from ._runner import Runner
 from .abc import ClaimBackend, JobPolicy, Lease, LeaseBackend, RunRecord, Slot, new_run_id
 
-__all__ = ["BOOT_WINDOW_MS", "boot_window_ms", "run_boot"]
+__all__ = ["BOOT_WINDOW_MS", "boot_key", "boot_window_ms", "run_boot"]
 
 logger = logging.getLogger("brokersched")
 
 BOOT_WINDOW_MS = 60_000
 _MIN_CLAIM_TIMEOUT_S = 0.5
+
+
+def boot_key(key: str) -> str:
+    """What a job's fleet boot run is claimed under: no other job of the scheduler may have it
+    as its key (their claims, fencing and take-overs would mix)."""
+    return f"{key}:start"
 
 
 def boot_window_ms(runner: Runner) -> int:
@@ -60,7 +66,7 @@ async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | N
         # A claim-only backend may refuse a slot that fell due before its fleet record was
         # made (a first start): name each window by an instant still to come instead.
         cell += 2 * window
-    key = f"{job.settings.key}:start"
+    key = boot_key(job.settings.key)
     policy = JobPolicy(name=key, overlap="allow", max_attempts=1)
     lease: Lease | None = None
     for slot_ms in (cell - window, cell):

@@ -18,13 +18,30 @@ _WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+")
 _ZERO = re.compile(r"0+(?:\.0*)?")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _ACCEPTED = "a timedelta, a number of seconds, or a string like '250ms', '2s', '35m', '1h30m', '1d'"
+# Longer would put slots and boot runs past the year 9999 (or overflow ``timedelta``).
+_LONGEST = timedelta(days=36_500)
 
 
 def parse_duration(value: Duration, *, name: str = "duration") -> timedelta:
     """Turn ``value`` into a ``timedelta``; ``name`` is used in the error message.
 
-    Negative values are refused; whether zero is acceptable is for the caller to decide.
+    Negative values and values over 100 years are refused; whether zero is acceptable is for
+    the caller to decide.
     """
+    try:
+        result = _parse(value, name)
+    except OverflowError:
+        result = timedelta.min if isinstance(value, int | float) and value < 0 else timedelta.max
+    if result < timedelta(0):
+        raise ConfigurationError(f"{name} {value!r} is negative; a duration must be >= 0")
+    if result > _LONGEST:
+        raise ConfigurationError(
+            f"{name} {value!r} is too long; a duration must be at most 36500d (100 years)"
+        )
+    return result
+
+
+def _parse(value: Duration, name: str) -> timedelta:
     if isinstance(value, timedelta):
         result = value
     elif isinstance(value, bool):
@@ -36,18 +53,17 @@ def parse_duration(value: Duration, *, name: str = "duration") -> timedelta:
     elif isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
         if _ZERO.fullmatch(text):
-            return timedelta(0)  # zero needs no unit
-        if not _WHOLE.fullmatch(text):
+            result = timedelta(0)  # zero needs no unit
+        elif not _WHOLE.fullmatch(text):
             hint = f"add a unit, e.g. '{text}s'; " if _NUMBER.fullmatch(text) else ""
             raise ConfigurationError(f"{name} {value!r} is not a duration; {hint}use {_ACCEPTED}")
-        ms = sum(float(number) * _UNITS_MS[unit] for number, unit in _PART.findall(text))
-        result = timedelta(milliseconds=ms)
+        else:
+            ms = sum(float(number) * _UNITS_MS[unit] for number, unit in _PART.findall(text))
+            result = timedelta(milliseconds=ms)
     else:
         raise ConfigurationError(
             f"{name} {value!r} ({type(value).__name__}) is not a duration; use {_ACCEPTED}"
         )
-    if result < timedelta(0):
-        raise ConfigurationError(f"{name} {value!r} is negative; a duration must be >= 0")
     return result
 
 

@@ -37,6 +37,8 @@ __all__ = [
     "resolve_job",
 ]
 
+# A fleet boot run is claimed under "<key>:start", itself a name (see _boot).
+_BOOT_KEY_MAX = 128 - len(":start")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}")
 _NAME_RULE = (
     "use 1-128 characters, letters, digits and '_' '$' (first), then also '.' ':' '-' "
@@ -281,6 +283,13 @@ def job_errors(
         refuse("timezone", f"option 'timezone' applies to cron() only, not to {kind}()")
     if options.key is not None and not NAME_PATTERN.fullmatch(options.key):
         refuse("key", f"option 'key' {options.key!r} is not valid: {_NAME_RULE}")
+    key = options.key or job
+    if options.claim and (kind == "after" or options.run_on_start) and len(key) > _BOOT_KEY_MAX:
+        refuse(
+            "key",
+            f"key '{key}' is too long for a boot run claimed once per fleet: it is claimed under "
+            f"'<key>:start', at most 128 characters; give it a key of at most {_BOOT_KEY_MAX}",
+        )
     history_ttl = options.history_ttl or defaults.history_ttl
     if history_ttl is not None and not caps.history_ttl:
         refuse(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import inspect
 import itertools
 import logging
 import os
@@ -125,6 +126,27 @@ def _callable_or_none(value: T, option: str) -> T:
     return value
 
 
+def _context_factory(value: T, option: str, *, sync: bool) -> T:
+    """``around_run`` makes a context manager, ``lifespan`` an async one: a factory of the other
+    kind would fail at every run (or at start) with a TypeError, so it is refused here."""
+    _callable_or_none(value, option)
+    function = inspect.unwrap(value) if callable(value) else None
+    if sync and (inspect.isasyncgenfunction(function) or inspect.iscoroutinefunction(function)):
+        why = "is async; around_run is entered in the handler's own thread: pass a context manager"
+        why += " factory (@contextlib.contextmanager)"
+    elif not sync and inspect.isgeneratorfunction(function):
+        why = "makes a sync context manager; pass an async one (@contextlib.asynccontextmanager)"
+    else:
+        return value
+    name = getattr(value, "__qualname__", repr(value))
+    raise ConfigurationError(f"Scheduler: {option} '{name}' {why}", option=option)
+
+
+def _boots(kind: Kind, options: JobOptions) -> bool:
+    """Whether a job has boot runs claimed once per fleet (under ``<key>:start``)."""
+    return options.claim and (kind == "after" or options.run_on_start)
+
+
 def _default_instance_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(2)}"
 
@@ -226,8 +248,8 @@ class Scheduler(Generic[B]):
         self._runner = _runner.Runner(
             self.clock, self.backend, self.instance_id, self._events, self._tasks, self._recorder
         )
-        self._runner.around_run = _callable_or_none(around_run, "around_run")
-        self._lifespan = _callable_or_none(lifespan, "lifespan")
+        self._runner.around_run = _context_factory(around_run, "around_run", sync=True)
+        self._lifespan = _context_factory(lifespan, "lifespan", sync=False)
         self._lifespan_exit: AsyncExitStack | None = None  # the lifespan entered, until stop()
         self._refused: list[ConfigurationError] = []  # see collect_errors()
         self._started_ms: int | None = None
@@ -439,7 +461,7 @@ class Scheduler(Generic[B]):
         settings = resolve_job(
             name, kind, trigger.min_gap(), job_options, self.options, caps, backend
         )
-        self._check_key(name, settings.key, replacing)
+        self._check_key(name, settings.key, _boots(kind, job_options), replacing)
         return name, trigger, settings, job_options
 
     def _overridden(
@@ -477,22 +499,41 @@ class Scheduler(Generic[B]):
     def add_overrides(self, more: Mapping[str, Mapping[str, Any]]) -> None:
         """Overrides given after the jobs registered (the CLI's ``--override``): merged over
         the scheduler's, option by option, validated and applied to the jobs at once. One
-        naming no job is reported by ``check()`` and refused by ``start()``."""
+        naming no job is reported by ``check()`` and refused by ``start()``; under
+        ``collect_errors()`` a refused one is kept for ``check()`` too. Before ``start()``
+        only: a running job changes with ``job.update()``, ``pause()`` and ``resume()``."""
+        if self._started or self._connecting is not None:
+            raise RuntimeError(
+                "add_overrides() is called before start(): armed jobs would keep their old "
+                "schedule for a slot; change a running job with job.update(), pause() or resume()"
+            )
         more = parse_overrides(more)
         for name, override in more.items():
-            merged = self._overrides[name] = {**self._overrides.get(name, {}), **override}
+            before = self._overrides.get(name)
+            merged = self._overrides[name] = {**(before or {}), **override}
             job = self._jobs.get(name)
             if job is None:
                 continue
             state = job._state
             assert state.origin is not None  # set by _register
             origin_trigger, origin_options = state.origin
-            make_trigger, options, enabled = self._overridden(
-                name, state.kind, origin_trigger, origin_options
-            )
-            _, trigger, settings, job_options = self._validate(
-                name, state.kind, make_trigger, options, replacing=state
-            )
+            try:
+                make_trigger, options, enabled = self._overridden(
+                    name, state.kind, origin_trigger, origin_options
+                )
+                _, trigger, settings, job_options = self._validate(
+                    name, state.kind, make_trigger, options, replacing=state
+                )
+            except ConfigurationError as exc:  # refused: the job and its override stay
+                if before is None:
+                    del self._overrides[name]
+                else:
+                    self._overrides[name] = before
+                if (collected := _COLLECTING.get()) is None:
+                    raise
+                self._refused.extend(exc.all_errors)  # brokersched check: reported with the rest
+                collected.extend(exc.all_errors)
+                continue
             state.schedule, state.settings, state.options = trigger, settings, job_options
             state.make_trigger, state.enabled, state.overrides = make_trigger, enabled, merged
 
@@ -500,16 +541,27 @@ class Scheduler(Generic[B]):
         """The overrides that name no registered job, each with a suggestion."""
         return unknown_jobs(self._overrides, self._jobs)
 
-    def _check_key(self, name: str, key: str, replacing: JobState | None) -> None:
-        """Two jobs of one scheduler never share a key: they would claim each other's slots."""
+    def _check_key(self, name: str, key: str, boots: bool, replacing: JobState | None) -> None:
+        """Two jobs of one scheduler never share a key (they would claim each other's slots),
+        nor does one take the key of another's fleet boot runs (``<key>:start``, see
+        ``_boot``); ``boots``: the job has such runs."""
         for other in self._states():
-            if other is not replacing and other.name != name and other.settings.key == key:
-                raise ConfigurationError(
-                    f"job '{name}': key '{key}' is taken by job '{other.name}'; two jobs of one "
-                    "scheduler need different keys (claims and history are kept under the key)",
-                    option="key",
-                    job=name,
-                )
+            if other is replacing or other.name == name:
+                continue
+            if other.settings.key == key:
+                why = f"is taken by job '{other.name}'"
+            elif key == _boot.boot_key(other.settings.key) and _boots(other.kind, other.options):
+                why = f"is where job '{other.name}' claims its boot runs ('<key>:start')"
+            elif other.settings.key == _boot.boot_key(key) and boots:
+                why = f"would claim its boot runs under the key of job '{other.name}'"
+            else:
+                continue
+            raise ConfigurationError(
+                f"job '{name}': key '{key}' {why}; two jobs of one scheduler need different "
+                "keys (claims and history are kept under the key)",
+                option="key",
+                job=name,
+            )
 
     def _update(self, job: JobState, options: dict[str, Any]) -> None:
         merged = {**job.options.model_dump(exclude_unset=True), **options}

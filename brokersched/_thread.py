@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import itertools
 import logging
+import queue
 import threading
-from collections.abc import Awaitable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -20,6 +23,60 @@ __all__ = ["SchedulerThread"]
 
 logger = logging.getLogger("brokersched")
 T = TypeVar("T")
+
+
+class _DaemonExecutor(ThreadPoolExecutor):
+    """``ThreadPoolExecutor``'s threads are joined as the interpreter exits: a sync handler that
+    the drain abandoned (it ignores ``ctx.abort_reason``) would keep the program alive until it
+    returned. These are daemon threads, ending with the process as under ``brokersched run``;
+    an idle one is reused (a Django connection lives per thread), and none waits for another.
+    A ``ThreadPoolExecutor`` only for asyncio's type check: its own pool is not used."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(thread_name_prefix=name)
+        self._name = name
+        self._count = itertools.count()
+        self._work: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)  # one release per thread waiting for work
+        self._spawned = 0
+        self._ended = False
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        if self._ended:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        future: Future[T] = Future()
+        self._work.put(functools.partial(self._call, future, fn, *args, **kwargs))
+        if not self._idle.acquire(blocking=False):  # no thread waits: one more
+            self._spawned += 1
+            name = f"{self._name}_{next(self._count)}"
+            threading.Thread(target=self._worker, name=name, daemon=True).start()
+        return future
+
+    def _call(self, future: Future[T], fn: Callable[..., T], /, *args: Any, **kw: Any) -> None:
+        if not future.set_running_or_notify_cancel():
+            self._idle.release()
+            return
+        try:
+            result = fn(*args, **kw)
+        except BaseException as exc:
+            self._idle.release()  # idle before the caller hears: its next call comes here
+            future.set_exception(exc)
+        else:
+            self._idle.release()
+            future.set_result(result)
+
+    def _worker(self) -> None:
+        while (call := self._work.get()) is not None:
+            call()
+            del call  # not kept alive by an idle thread
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Idle threads end; a busy one ends after its call (``wait`` is not honoured: a
+        handler abandoned by the drain is not waited for)."""
+        self._ended = True
+        for _ in range(self._spawned):
+            self._work.put(None)
+        super().shutdown(wait=False)
 
 
 class SchedulerThread:
@@ -58,16 +115,14 @@ class SchedulerThread:
 
     def _main(self) -> None:
         loop = asyncio.new_event_loop()
-        # An executor of its own: shut down without waiting for a sync handler abandoned by
-        # the drain, so that stop() returns after drain_timeout all the same.
-        executor = ThreadPoolExecutor(thread_name_prefix=f"{self.thread.name}-handler")
-        loop.set_default_executor(executor)
+        # An executor of its own, that never waits for a sync handler abandoned by the drain:
+        # stop() returns after drain_timeout, and the program exits, all the same.
+        loop.set_default_executor(_DaemonExecutor(f"{self.thread.name}-handler"))
         try:
             loop.run_until_complete(self._serve())
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             loop.close()
-            executor.shutdown(wait=False, cancel_futures=True)
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -95,6 +95,12 @@ class BackendDownError(CLIError):
     exit_code = EXIT_BACKEND
 
 
+class AppFailedError(CLIError):
+    """The application's own code (its lifespan) raised while the command ran: exit code 1."""
+
+    exit_code = EXIT_FAILED
+
+
 class AppConfigurationError(CLIError):
     """The application refused its own configuration while it was being loaded."""
 
@@ -250,6 +256,11 @@ def _run_async(coro: Coroutine[Any, Any, T]) -> T:
         raise BackendDownError(f"backend error: {exc}") from None
     except ConfigurationError as exc:  # e.g. a missing extra, found when the backend starts
         raise CLIError(str(exc)) from None
+    except (BrokerschedError, click.ClickException):
+        raise
+    except Exception as exc:  # the application's lifespan raised: its traceback helps there
+        sys.stderr.write(redact_text(traceback.format_exc()))
+        raise AppFailedError(f"the application failed: {type(exc).__name__}: {exc}") from None
 
 
 # -- output helpers ------------------------------------------------------------------------
@@ -548,8 +559,8 @@ def jobs(app: str, count: int, overrides: tuple[str, ...]) -> None:
             job.kind,
             job.describe(),
             timezone_name(zone),
-            _options(job),
-            _shown_overrides(job),
+            redact_text(_options(job)),  # data may hold a URL with its password
+            redact_text(_shown_overrides(job)),
             "yes" if enabled else "no",
             runs,
         )

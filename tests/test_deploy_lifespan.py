@@ -95,6 +95,35 @@ def test_a_lifespan_that_is_not_callable_is_refused() -> None:
         Scheduler(lifespan="pool")  # type: ignore[call-overload]
 
 
+def test_a_context_manager_of_the_wrong_kind_is_refused_at_once() -> None:
+    """Not a TypeError at every run (around_run) or at start (lifespan)."""
+
+    @asynccontextmanager
+    async def async_scope(ctx: JobContext) -> AsyncIterator[None]:
+        yield
+
+    async def coroutine_scope(ctx: JobContext) -> None: ...
+
+    @contextmanager
+    def sync_lifespan(scheduler: Scheduler[Any]) -> Iterator[None]:
+        yield
+
+    for scope in (async_scope, coroutine_scope):
+        with pytest.raises(ConfigurationError) as caught:
+            Scheduler(around_run=scope)  # type: ignore[arg-type]
+        assert str(caught.value).endswith(
+            "is async; around_run is entered in the handler's own thread: pass a context "
+            "manager factory (@contextlib.contextmanager)"
+        )
+    with pytest.raises(ConfigurationError) as caught:
+        Scheduler(lifespan=sync_lifespan)  # type: ignore[arg-type]
+    assert str(caught.value) == (
+        "Scheduler: lifespan 'test_a_context_manager_of_the_wrong_kind_is_refused_at_once."
+        "<locals>.sync_lifespan' makes a sync context manager; pass an async one "
+        "(@contextlib.asynccontextmanager)"
+    )
+
+
 LIFESPAN_APP = textwrap.dedent(
     """
     from contextlib import asynccontextmanager
@@ -127,6 +156,45 @@ def test_brokersched_trigger_enters_the_lifespan(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[:2] == ["rows 3", "pool closed"]
     assert "job 'report' completed" in result.stdout
+
+
+FAILING_LIFESPAN_APP = textwrap.dedent(
+    """
+    import os
+    from contextlib import asynccontextmanager
+    from brokersched import Scheduler
+
+    @asynccontextmanager
+    async def lifespan(scheduler):
+        if os.environ["FAIL"] == "enter":
+            raise RuntimeError("pool: cannot reach postgresql://app:s3cret@db/app")
+        yield
+        raise RuntimeError("pool: closing failed")
+
+    scheduler = Scheduler(lifespan=lifespan, jitter=0)
+    scheduler.every("report", "1h", lambda ctx: print("report ran", flush=True))
+    """
+)
+
+
+def test_a_failing_lifespan_is_one_error_line_and_exit_code_1(tmp_path: Path) -> None:
+    """The application's code: its traceback (redacted), then one line, not an uncaught
+    exception."""
+    app = tmp_path / "failing_lifespan_app.py"
+    app.write_text(FAILING_LIFESPAN_APP)
+    run = brokersched("run", f"{app}:scheduler", env={"FAIL": "enter"})
+    assert run.returncode == 1
+    assert run.stderr.splitlines()[-1] == (
+        "Error: the application failed: RuntimeError: pool: cannot reach "
+        "postgresql://app:***@db/app"
+    )
+    assert "Traceback" in run.stderr and "s3cret" not in run.stderr
+    trigger = brokersched("trigger", f"{app}:scheduler", "report", env={"FAIL": "exit"})
+    assert trigger.returncode == 1
+    assert trigger.stdout.startswith("report ran")
+    assert trigger.stderr.splitlines()[-1] == (
+        "Error: the application failed: RuntimeError: pool: closing failed"
+    )
 
 
 # -- around_run --------------------------------------------------------------------------

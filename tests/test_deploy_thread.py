@@ -3,6 +3,7 @@ plain sync functions, as such applications are (real time, bounded waits: about 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -107,3 +108,62 @@ def test_a_program_that_forgets_stop_still_exits_after_a_drain() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["main ends", "told shutdown"]
     assert time.monotonic() - began < 10
+
+
+def test_a_sync_handler_abandoned_by_the_drain_does_not_keep_the_program_alive() -> None:
+    """It ignores ``ctx.abort_reason``: recorded ``interrupted`` after ``drain_timeout``, its
+    thread ends with the process (it was joined at exit: the program waited for it)."""
+    script = textwrap.dedent(
+        """
+        import threading, time
+        from brokersched import Scheduler
+
+        scheduler = Scheduler(jitter=0, drain_timeout="200ms")
+        started = threading.Event()
+
+        @scheduler.after("stuck", 0, claim=False)
+        def stuck(ctx):
+            started.set()
+            time.sleep(60)
+
+        scheduler.on("fail", lambda event: print(event.outcome, flush=True))
+        with scheduler.start_in_thread():
+            started.wait(5)
+        print("main ends", flush=True)
+        """
+    )
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["interrupted", "main ends"]
+    assert time.monotonic() - began < 10
+
+
+def test_handler_threads_are_reused_and_never_wait_for_one_another() -> None:
+    """A Django connection lives per thread: runs one after another share a thread (a thread
+    per run opened a connection per run); runs at once each have one."""
+    scheduler = Scheduler(jitter=0)
+    both = threading.Barrier(2, timeout=5)
+    threads: list[str] = []
+
+    def together(ctx: JobContext) -> None:
+        both.wait()  # broken (an error) if one run waited for the other
+
+    def alone(ctx: JobContext) -> None:
+        threads.append(threading.current_thread().name)
+
+    a = scheduler.every("a", "1h", together, claim=False)
+    b = scheduler.every("b", "1h", together, claim=False)
+    job = scheduler.every("alone", "1h", alone, claim=False)
+
+    async def at_once() -> list[str]:
+        records = await asyncio.gather(a.trigger(), b.trigger())
+        return [record.outcome if record else "skipped" for record in records]
+
+    with scheduler.start_in_thread() as handle:
+        for _ in range(3):
+            handle.run(job.trigger())
+        assert handle.run(at_once()) == ["completed", "completed"]
+    assert len(threads) == 3 and len(set(threads)) == 1

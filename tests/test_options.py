@@ -235,6 +235,17 @@ def test_parse_duration_errors_show_accepted_forms(value: Any) -> None:
     assert "'250ms', '2s', '35m', '1h30m', '1d'" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "value", [1e300, -1e300, 10**20, "99999999999d", "9" * 400 + "ms", timedelta(days=36_501)]
+)
+def test_a_duration_too_long_is_a_configuration_error(value: Any) -> None:
+    """Not an OverflowError (from ``timedelta``) nor a year past 9999 at the first listing."""
+    with pytest.raises(ConfigurationError, match=r"interval .* (is too long|is negative)"):
+        parse_duration(value, name="interval")
+    assert parse_duration("36500d") == timedelta(days=36_500)
+    assert Scheduler().after("far", "36500d", handler).next_run is None  # listed, not started
+
+
 UNREACHABLE = {
     "RabbitMQBackend": lambda ttl: RabbitMQBackend("amqp://app:s3cret@127.0.0.1:1/", slot_ttl=ttl),
     "NATSBackend": lambda ttl: NATSBackend("nats://127.0.0.1:1", slot_ttl=ttl),

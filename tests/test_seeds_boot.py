@@ -199,6 +199,24 @@ def test_boot_options_are_validated(register: Any, message: str) -> None:
     assert str(caught.value).startswith(message)
 
 
+def test_a_fleet_boot_run_needs_room_for_its_boot_key() -> None:
+    """``<key>:start`` is a name too (at most 128 characters): NATS refused a longer one at
+    every boot claim (``backend-error``), so such a boot run never ran."""
+    scheduler = Scheduler()
+    with pytest.raises(ConfigurationError) as caught:
+        scheduler.after("x" * 123, "1s", Runs())
+    assert str(caught.value).endswith(
+        "is too long for a boot run claimed once per fleet: it is claimed under '<key>:start', "
+        "at most 128 characters; give it a key of at most 122"
+    )
+    with pytest.raises(ConfigurationError, match="too long for a boot run"):
+        scheduler.every("job", "1m", Runs(), key="k" * 123, run_on_start=True)
+    scheduler.after("x" * 122, "1s", Runs())
+    scheduler.after("x" * 123, "1s", Runs(), claim=False)  # per process: no boot key
+    scheduler.every("y" * 128, "1m", Runs(), run_on_start=True, key="short")
+    scheduler.every("z" * 128, "1m", Runs())
+
+
 def test_after_on_a_claim_only_backend() -> None:
     scheduler = Scheduler(RabbitMQBackend("amqp://127.0.0.1/"))
     job = scheduler.after("sweep", timedelta(seconds=1), Runs())

@@ -64,6 +64,35 @@ def test_two_jobs_of_one_scheduler_with_one_key_are_refused() -> None:
     assert [job.name for job in scheduler.jobs()] == ["sync", "plain"]
 
 
+def test_a_key_that_is_another_jobs_boot_key_is_refused() -> None:
+    """A job's fleet boot run is claimed under ``<key>:start``: a job keyed so would take its
+    windows (a later deploy's boot run then never runs) and adopt its leases."""
+    scheduler = Scheduler()
+    scheduler.every("recover", "1h", Runs(), run_on_start=True)
+    with pytest.raises(ConfigurationError) as caught:
+        scheduler.every("recover:start", "1m", Runs())
+    assert str(caught.value) == (
+        "job 'recover:start': key 'recover:start' is where job 'recover' claims its boot runs "
+        "('<key>:start'); two jobs of one scheduler need different keys (claims and history "
+        "are kept under the key)"
+    )
+    scheduler.after("sweep:start", "1s", Runs())
+    with pytest.raises(
+        ConfigurationError, match="'sweep' would claim its boot runs under the key of"
+    ):
+        scheduler.after("v2", "1s", Runs(), key="sweep")
+    assert [job.name for job in scheduler.jobs()] == ["recover", "sweep:start"]
+    etl = scheduler.every("etl", "1h", Runs())  # no boot runs: "etl:start" is a key like any
+    scheduler.every("etl:start", "1h", Runs())
+    with pytest.raises(ConfigurationError, match="key 'etl' would claim its boot runs under"):
+        etl.update(run_on_start=True)
+    assert not etl.options.run_on_start
+    overridden = Scheduler(overrides={"other": {"key": "recover:start"}})
+    overridden.every("recover", "1h", Runs(), run_on_start=True)
+    with pytest.raises(ConfigurationError, match="key 'recover:start' is where job 'recover'"):
+        overridden.every("other", "1m", Runs())
+
+
 def test_a_job_keeps_its_own_key_on_update() -> None:
     scheduler = Scheduler()
     job = scheduler.every("sync", "1m", Runs(), key="sync-v2")

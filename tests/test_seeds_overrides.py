@@ -301,6 +301,15 @@ def jobs_in_process(*args: str, env: dict[str, str] | None = None) -> Result:
     return CliRunner().invoke(cli, ["jobs", *args], env={"COLUMNS": "250", **(env or {})})
 
 
+def test_jobs_shows_no_password_of_a_url_in_data(app: str) -> None:
+    data = '{"dsn": "postgresql://report:s3cret@db/reports"}'
+    result = jobs_in_process(app, "--override", f"purge.data={data}")
+    assert result.exit_code == 0, result.output
+    assert "s3cret" not in result.output
+    assert 'data={"dsn":"postgresql://report:***@db/reports"}' in result.output
+    assert 'data={"dsn": "postgresql://report:***@db/reports"}' in result.output
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -311,6 +320,8 @@ def jobs_in_process(*args: str, env: dict[str, str] | None = None) -> Result:
         ("purge.cron=0 * * * *", "job 'purge' is a every() job: override 'cron' does not apply"),
         ("purge", "--override 'purge' is not JOB.OPTION=VALUE"),
         ("purge.jitter=1h", "job 'purge': jitter (1h) must be under half the time between runs"),
+        ("purge.timeout=1e300", "job 'purge': timeout 1e+300 is too long; a duration must be at"),
+        ("purge.every=99999999999d", "job 'purge': interval '99999999999d' is too long"),
     ],
 )
 def test_cli_overrides_are_validated(app: str, override: str, message: str) -> None:
@@ -323,6 +334,24 @@ def test_check_reports_an_override_naming_no_job(app: str) -> None:
     check = CliRunner().invoke(cli, ["check", app, "--override", "purg.jitter=1"])
     assert check.exit_code == 1
     assert "error: overrides: no job 'purg'; did you mean 'purge'?" in check.stderr
+
+
+def test_check_reports_every_refused_cli_override_at_once(app: str) -> None:
+    """As for overrides from the environment: each error listed, exit 1 (not the first one
+    alone with exit 2)."""
+    check = CliRunner().invoke(
+        cli,
+        ["check", app, "--override", "purge.jitter=1h", "--override", "digest.daily.key=purge-v2"],
+    )
+    assert check.exit_code == 1, check.output
+    assert check.stderr.splitlines() == [
+        "error: job 'purge': jitter (1h) must be under half the time between runs (1m), i.e. "
+        "under 30s",
+        "error: job 'purge': max_late (1m) must be greater than jitter (1h)",
+        "error: job 'digest.daily': key 'purge-v2' is taken by job 'purge'; two jobs of "
+        "one scheduler need different keys (claims and history are kept under the key)",
+        "3 configuration errors",
+    ]
 
 
 def test_the_environment_reaches_the_cli(tmp_path: Path) -> None:
@@ -357,3 +386,32 @@ async def test_a_disabled_job_is_never_overdue_even_while_connecting() -> None:
     await clock.advance("30s")
     assert [job.name for job in scheduler.overdue()] == ["on"]
     await scheduler.stop()
+
+
+async def test_overrides_are_added_before_start_only() -> None:
+    """After start() an override would reach a job only after its armed slot (a job switched
+    off ran once more); a running job changes with update(), pause() and resume()."""
+    clock, runs = TestClock(START), Runs()
+    scheduler = Scheduler(MemoryBackend(), clock=clock, jitter=0)
+    purge = scheduler.every("purge", "1m", runs)
+    async with scheduler:
+        with pytest.raises(RuntimeError, match=r"add_overrides\(\) is called before start\(\)"):
+            scheduler.add_overrides({"purge": {"enabled": False, "every": "10s"}})
+        assert purge.enabled and purge.describe() == "every 1m" and purge.overrides == {}
+    scheduler.add_overrides({"purge": {"enabled": False}})  # stopped: allowed again
+    assert not purge.enabled
+
+
+def test_a_refused_override_changes_nothing() -> None:
+    scheduler = Scheduler(overrides={"purge": {"every": "5m"}})
+    purge = scheduler.every("purge", "1m", Runs())
+    sync = scheduler.every("sync", "1m", Runs())
+    for bad in ({"purge": {"jitter": "1h"}}, {"sync": {"key": "purge"}}):
+        with pytest.raises(ConfigurationError):
+            scheduler.add_overrides(bad)
+    assert (purge.overrides, sync.overrides) == ({"every": "5m"}, {})
+    scheduler.add_overrides({"sync": {"jitter": "1s"}})  # the refused ones are not merged in
+    assert sync.overrides == {"jitter": "1s"} and sync.key == "sync"
+    scheduler.add_overrides({"purge": {"enabled": False}})
+    assert purge.overrides == {"every": "5m", "enabled": False}
+    assert purge.settings.jitter_ms == 2000
