@@ -984,7 +984,9 @@ class RabbitMQBackend(ClaimBackend):
         from aio_pika.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 
         try:
-            await channel.declare_queue(queue, durable=True, arguments=view.claim_arguments)
+            declared = await channel.declare_queue(
+                queue, durable=True, arguments=view.claim_arguments
+            )
         except ChannelPreconditionFailed as exc:
             if not won:
                 raise _OtherMemory(self._describe(exc)) from exc
@@ -999,6 +1001,14 @@ class RabbitMQBackend(ClaimBackend):
             ) from exc
         except ChannelNotFoundEntity as exc:
             raise BackendError(self._home_down(queue, slot, exc)) from exc
+        if won and not declared.declaration_result.message_count:
+            # The queue that took this claim was deleted (by hand, or with a lost node) before
+            # the check, whose declare made a new, empty one: a later claim would win that too.
+            raise BackendError(
+                f"{self.name}: claim queue {queue!r} was gone right after it took the claim of"
+                f" slot {slot.key} (deleted meanwhile): the slot may already be claimed"
+                " elsewhere, so it is not run here"
+            )
 
     def _changed_after_win(self, queue: str, slot: Slot) -> str:
         return (

@@ -1,0 +1,299 @@
+"""Attacks on RabbitMQBackend's claim protocol (publish first), against the real broker.
+
+Each test races claimers at the same moment, or puts the broker in a state a claim can meet
+(a queue made beforehand with other arguments, a queue deleted mid-claim, an instance of the
+previous protocol), and asserts the product's promise: a slot has at most one winner, and the
+winner is the claim whose message the claim queue holds.
+"""
+
+# The fixtures come from test_rabbitmq_backend: pytest finds them by name as parameters.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aio_pika
+import aio_pika.abc
+import pytest
+from pamqp.common import FieldTable
+
+from brokersched._exceptions import BackendError
+from brokersched.abc import Slot
+from brokersched.backends.rabbitmq import (
+    RabbitMQBackend,
+    _ClaimAttempt,
+    _View,
+    claim_queue_name,
+)
+from tests.test_rabbitmq_backend import (  # noqa: F401 (fixtures)
+    CLAIM_ARGUMENTS,
+    CLOCK,
+    SLOT,
+    TrackedBackend,
+    fleet,
+    make,
+    prefix,
+    raw,
+    touched,
+)
+
+RACERS = 16
+_slots = itertools.count()
+
+
+def fresh_slot(job: str = "race") -> Slot:
+    return Slot(job, SLOT + next(_slots) * 1000)
+
+
+async def claim_as(backend: RabbitMQBackend, slot: Slot, run_id: str) -> bool | BackendError:
+    """The claim's outcome; a ``BackendError`` (the slot is skipped) is returned, not raised."""
+    try:
+        return await backend.claim(slot, instance_id="i", run_id=run_id, timeout=5.0)
+    except BackendError as exc:
+        return exc
+
+
+async def race(
+    backends: list[RabbitMQBackend], slot: Slot
+) -> tuple[list[bool | BackendError], list[str]]:
+    """Every backend claims ``slot`` at the same moment: the outcomes and run ids, in order."""
+    run_ids = [uuid.uuid4().hex for _ in backends]
+    barrier = asyncio.Barrier(len(backends))
+
+    async def one(backend: RabbitMQBackend, run_id: str) -> bool | BackendError:
+        await barrier.wait()
+        return await claim_as(backend, slot, run_id)
+
+    outcomes = await asyncio.gather(*map(one, backends, run_ids))
+    return list(outcomes), run_ids
+
+
+async def held_run_ids(raw: aio_pika.abc.AbstractConnection, queue: str) -> list[str]:
+    """The run ids of the claims in ``queue`` (read without ack; closing puts them back)."""
+    channel = await raw.channel()
+    try:
+        declared = await channel.declare_queue(queue, passive=True)
+        found = []
+        while (message := await declared.get(no_ack=False, fail=False)) is not None:
+            found.append(json.loads(message.body)["run_id"])
+        return found
+    finally:
+        await channel.close()
+
+
+def claim_arguments(memory_ms: int) -> FieldTable:
+    return {**CLAIM_ARGUMENTS, "x-expires": memory_ms}
+
+
+@pytest.fixture
+async def racers(fleet: Callable[..., Any]) -> list[RabbitMQBackend]:
+    """RACERS started backends of one fleet (one connection each, 2 channels each)."""
+    return list(await asyncio.gather(*(fleet(channels=2) for _ in range(RACERS))))
+
+
+async def assert_one_rightful_winner(
+    raw: aio_pika.abc.AbstractConnection,
+    backend: RabbitMQBackend,
+    slot: Slot,
+    outcomes: list[bool | BackendError],
+    run_ids: list[str],
+) -> None:
+    winners = [run_id for outcome, run_id in zip(outcomes, run_ids, strict=True) if outcome is True]
+    errors = [outcome for outcome in outcomes if isinstance(outcome, BackendError)]
+    assert not errors, errors
+    assert len(winners) == 1, f"{slot.key}: {len(winners)} winners"
+    assert await held_run_ids(raw, claim_queue_name(backend.prefix, slot)) == winners
+
+
+async def test_sixteen_racers_with_no_queue_yet_have_one_rightful_winner(
+    racers: list[RabbitMQBackend], raw: aio_pika.abc.AbstractConnection
+) -> None:
+    """Every racer's first publish comes back unrouted: all declare, all publish again."""
+    for _ in range(10):
+        slot = fresh_slot()
+        outcomes, run_ids = await race(racers, slot)
+        await assert_one_rightful_winner(raw, racers[0], slot, outcomes, run_ids)
+
+
+async def test_sixteen_racers_on_an_empty_queue_have_one_rightful_winner(
+    racers: list[RabbitMQBackend], raw: aio_pika.abc.AbstractConnection
+) -> None:
+    """The queue exists and is empty (its maker's publish still on the way): the first publish
+    to reach it wins, every other is nacked; the maker arriving last loses too."""
+    channel = await raw.channel()
+    memory_ms = int(racers[0].slot_ttl.total_seconds() * 1000)
+    for _ in range(10):
+        slot = fresh_slot()
+        queue = claim_queue_name(racers[0].prefix, slot)
+        racers[0].touched.add(queue)  # type: ignore[attr-defined]
+        await channel.declare_queue(queue, durable=True, arguments=claim_arguments(memory_ms))
+        outcomes, run_ids = await race(racers, slot)
+        await assert_one_rightful_winner(raw, racers[0], slot, outcomes, run_ids)
+
+
+@pytest.mark.parametrize(
+    ("durable", "arguments"),
+    [
+        pytest.param(True, {"x-queue-type": "classic"}, id="no-cap"),
+        pytest.param(True, {**CLAIM_ARGUMENTS, "x-overflow": "drop-head"}, id="drop-head"),
+        pytest.param(True, {**CLAIM_ARGUMENTS, "x-max-length": 2}, id="max-length-2"),
+        pytest.param(True, CLAIM_ARGUMENTS, id="no-expiry"),
+        pytest.param(True, {**claim_arguments(60_000), "x-message-ttl": 1000}, id="message-ttl"),
+        pytest.param(False, claim_arguments(60_000), id="transient"),
+        pytest.param(True, {**claim_arguments(60_000), "x-queue-type": "quorum"}, id="quorum"),
+    ],
+)
+async def test_a_queue_made_beforehand_with_other_arguments_lets_nobody_win(
+    racers: list[RabbitMQBackend],
+    raw: aio_pika.abc.AbstractConnection,
+    durable: bool,
+    arguments: FieldTable,
+) -> None:
+    """A queue that may not hold exactly one claim, or may forget it: every racer fails closed
+    (loses or is skipped), whichever of them reached it first."""
+    channel = await raw.channel()
+    for _ in range(3):
+        slot = fresh_slot()
+        queue = claim_queue_name(racers[0].prefix, slot)
+        racers[0].touched.add(queue)  # type: ignore[attr-defined]
+        await channel.declare_queue(queue, durable=durable, arguments=arguments)
+        outcomes, _ = await race(racers, slot)
+        assert True not in outcomes, f"{slot.key}: {outcomes.count(True)} winners"
+        assert any(isinstance(outcome, BackendError) for outcome in outcomes)
+
+
+async def test_a_queue_deleted_between_the_ack_and_its_check_fails_closed(
+    fleet: Callable[..., Any],
+    raw: aio_pika.abc.AbstractConnection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An empty queue takes the claim, then is deleted (an operator, a node lost) before the
+    claim's check declares it: that declare makes a new, empty queue. Counting that as a win
+    would let the next claim win too."""
+    one, two = await fleet(), await fleet()
+    slot = fresh_slot()
+    queue = claim_queue_name(one.prefix, slot)
+    channel = await raw.channel()
+    await channel.declare_queue(queue, durable=True, arguments=claim_arguments(60_000))
+    check = RabbitMQBackend._declare_claim_queue
+
+    async def deleted_first(
+        self: RabbitMQBackend, channel: Any, queue: str, slot: Slot, view: _View, *, won: bool
+    ) -> None:
+        if won and self is one:
+            deleter = await raw.channel()
+            await deleter.queue_delete(queue)
+            await deleter.close()
+        await check(self, channel, queue, slot, view, won=won)
+
+    monkeypatch.setattr(RabbitMQBackend, "_declare_claim_queue", deleted_first)
+    outcomes = [await claim_as(one, slot, "one"), await claim_as(two, slot, "two")]
+    assert outcomes.count(True) <= 1, outcomes
+    assert isinstance(outcomes[0], BackendError), outcomes
+    assert "gone" in str(outcomes[0])
+    assert outcomes[1] is True  # the queue holds no claim: the next claim rightly wins
+
+
+class PreviousProtocol(RabbitMQBackend):
+    """The claim step of brokersched before publish-first (25b8610): check the fence, declare
+    the claim queue, then publish. A rolling deploy runs it beside the new one."""
+
+    async def _claim_on(
+        self,
+        channel: aio_pika.abc.AbstractChannel,
+        queue: str,
+        slot: Slot,
+        body: bytes,
+        attempt: _ClaimAttempt,
+        view: _View,
+    ) -> bool:
+        from aio_pika.exceptions import (
+            ChannelNotFoundEntity,
+            ChannelPreconditionFailed,
+            DeliveryError,
+            PublishError,
+        )
+
+        from brokersched.backends.rabbitmq import _OtherMemory, _StaleView
+
+        message = aio_pika.Message(
+            body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, message_id=slot.key
+        )
+        try:
+            await channel.declare_exchange(view.fence, passive=True)
+        except ChannelNotFoundEntity as exc:
+            raise _StaleView from exc
+        for _ in range(3):
+            try:
+                await channel.declare_queue(queue, durable=True, arguments=view.claim_arguments)
+            except ChannelPreconditionFailed as exc:
+                raise _OtherMemory(str(exc)) from exc
+            attempt.unconfirmed = True
+            try:
+                await channel.default_exchange.publish(message, queue, mandatory=True)
+            except PublishError:
+                attempt.unconfirmed = False
+                continue
+            except DeliveryError:
+                attempt.unconfirmed = False
+                return False
+            attempt.unconfirmed = False
+            return True
+        raise BackendError("vanished")
+
+
+class TrackedPrevious(PreviousProtocol, TrackedBackend):
+    pass
+
+
+@pytest.fixture
+async def mixed(
+    make: Callable[..., RabbitMQBackend], amqp_url: str, prefix: str, touched: set[str]
+) -> AsyncIterator[list[RabbitMQBackend]]:
+    """Half the racers on the previous protocol, half on the new one, one fleet."""
+    backends = [
+        TrackedPrevious(amqp_url, touched=touched, prefix=prefix, slot_ttl="1m", channels=2)
+        if n % 2
+        else make(channels=2)
+        for n in range(RACERS)
+    ]
+    await asyncio.gather(*(backend.start(CLOCK) for backend in backends))
+    yield backends
+    await asyncio.gather(*(backend.stop() for backend in backends))
+
+
+async def test_a_rolling_deploy_from_declare_first_has_one_rightful_winner(
+    mixed: list[RabbitMQBackend], raw: aio_pika.abc.AbstractConnection
+) -> None:
+    """Both protocols declare the same queue with the same arguments: they interoperate."""
+    assert any(isinstance(backend, PreviousProtocol) for backend in mixed)
+    for _ in range(10):
+        slot = fresh_slot()
+        mixed[0].touched.add(claim_queue_name(mixed[0].prefix, slot))  # type: ignore[attr-defined]
+        outcomes, run_ids = await race(mixed, slot)
+        await assert_one_rightful_winner(raw, mixed[0], slot, outcomes, run_ids)
+
+
+async def test_a_burst_past_the_pool_skips_claims_that_never_reached_the_broker(
+    fleet: Callable[..., Any], raw: aio_pika.abc.AbstractConnection
+) -> None:
+    """An overloaded claim is skipped before it publishes: the slot stays free for another
+    instance, never won by a claim that was reported as skipped."""
+    busy = await fleet(channels=1, claim_timeout="200ms")
+    other = await fleet()
+    slots = [fresh_slot("burst") for _ in range(60)]
+    outcomes = await asyncio.gather(*(claim_as(busy, slot, "busy") for slot in slots))
+    skipped = [
+        slot
+        for slot, outcome in zip(slots, outcomes, strict=True)
+        if isinstance(outcome, BackendError) and "overloaded" in str(outcome)
+    ]
+    assert skipped, "the burst never overloaded one channel"
+    for slot in skipped:
+        assert await claim_as(other, slot, "other") is True
