@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import random
 import uuid
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from typing import Any
 
 import aio_pika
@@ -212,7 +214,10 @@ class PreviousProtocol(RabbitMQBackend):
         body: bytes,
         attempt: _ClaimAttempt,
         view: _View,
+        *,
+        acked: bool,
     ) -> bool:
+        assert not acked  # only the new protocol's claims come back acked and stale
         from aio_pika.exceptions import (
             ChannelNotFoundEntity,
             ChannelPreconditionFailed,
@@ -297,3 +302,67 @@ async def test_a_burst_past_the_pool_skips_claims_that_never_reached_the_broker(
     assert skipped, "the burst never overloaded one channel"
     for slot in skipped:
         assert await claim_as(other, slot, "other") is True
+
+
+async def test_racers_raising_the_fleets_memory_mid_race_never_both_win(
+    fleet: Callable[..., Any], raw: aio_pika.abc.AbstractConnection
+) -> None:
+    """Each round a new instance with a longer slot_ttl raises the fleet's memory (new fence,
+    old one deleted) while the others claim, spread over the raise, under the old one. Claims
+    may be skipped across the raise; a slot never has two winners, nor a winner not in it."""
+    racers = list(await asyncio.gather(*(fleet(channels=2, slot_ttl="1m") for _ in range(8))))
+    for minutes in range(2, 12):
+        raiser = await fleet(slot_ttl=f"{minutes}m")
+        slot = fresh_slot()
+        run_ids = [uuid.uuid4().hex for _ in racers]
+
+        async def spread(
+            backend: RabbitMQBackend, run_id: str, slot: Slot = slot
+        ) -> bool | BackendError:
+            await asyncio.sleep(random.uniform(0, 0.03))
+            return await claim_as(backend, slot, run_id)
+
+        found = await asyncio.gather(raiser._refresh(None), *map(spread, racers, run_ids))
+        won = [run for outcome, run in zip(found[1:], run_ids, strict=True) if outcome is True]
+        assert len(won) <= 1, f"{slot.key}: {len(won)} winners"
+        held = await held_run_ids(raw, claim_queue_name(racers[0].prefix, slot))
+        assert won == held or not won, (won, held)
+        racers.append(raiser)
+    assert racers[-1].fleet_slot_memory == timedelta(minutes=11)
+
+
+async def test_an_outdated_instance_first_into_a_queue_of_the_new_memory_wins_it(
+    fleet: Callable[..., Any], raw: aio_pika.abc.AbstractConnection
+) -> None:
+    """A rolling deploy raised the memory; an instance still on the old view publishes first
+    into the empty queue a new-view claimer just made. Its claim is in a queue of the fleet's
+    memory, as a claim under the new view would be: it wins (the raise costs no run) rather
+    than leaving the slot to nobody."""
+    outdated = await fleet(slot_ttl="1m")
+    raiser = await fleet(slot_ttl="2m")
+    await raiser._refresh(None)  # the raise: the fence of 1m is gone
+    slot = fresh_slot()
+    queue = claim_queue_name(outdated.prefix, slot)
+    channel = await raw.channel()
+    await channel.declare_queue(queue, durable=True, arguments=claim_arguments(120_000))
+    assert await claim_as(outdated, slot, "outdated") is True
+    assert outdated.fleet_slot_memory == timedelta(minutes=2)
+    assert await claim_as(raiser, slot, "raiser") is False
+    assert await held_run_ids(raw, queue) == ["outdated"]
+
+
+async def test_an_outdated_instance_first_into_a_queue_of_the_old_memory_fails_closed(
+    fleet: Callable[..., Any], raw: aio_pika.abc.AbstractConnection
+) -> None:
+    """The same, into a queue made under the old memory: that claim cannot stand, and the
+    queue holds it, so nobody wins."""
+    outdated = await fleet(slot_ttl="1m")
+    raiser = await fleet(slot_ttl="2m")
+    await raiser._refresh(None)
+    slot = fresh_slot()
+    queue = claim_queue_name(outdated.prefix, slot)
+    channel = await raw.channel()
+    await channel.declare_queue(queue, durable=True, arguments=claim_arguments(60_000))
+    assert isinstance(await claim_as(outdated, slot, "outdated"), BackendError)
+    assert await claim_as(raiser, slot, "raiser") is False
+    assert await held_run_ids(raw, queue) == ["outdated"]
