@@ -19,6 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import aio_pika
 import aio_pika.abc
@@ -26,23 +27,28 @@ import pytest
 from pamqp.common import FieldTable
 
 from brokersched._exceptions import BackendError
-from brokersched.abc import Slot
+from brokersched.abc import JobPolicy, Slot
 from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
     _ClaimAttempt,
     _View,
     claim_queue_name,
+    history_queue_name,
 )
+from tests.tcp_proxy import TcpProxy
 from tests.test_rabbitmq_backend import (  # noqa: F401 (fixtures)
     CLAIM_ARGUMENTS,
     CLOCK,
     SLOT,
+    AckSpotter,
     TrackedBackend,
     fleet,
     make,
     prefix,
     raw,
+    run_record,
     touched,
+    via,
 )
 
 RACERS = 16
@@ -366,3 +372,86 @@ async def test_an_outdated_instance_first_into_a_queue_of_the_old_memory_fails_c
     assert isinstance(await claim_as(outdated, slot, "outdated"), BackendError)
     assert await claim_as(raiser, slot, "raiser") is False
     assert await held_run_ids(raw, queue) == ["outdated"]
+
+
+# -- history -------------------------------------------------------------------------------------
+
+
+async def test_a_record_written_while_a_reader_holds_a_full_history_is_kept(
+    fleet: Callable[..., Any],
+) -> None:
+    """A reader holds every record of a full history (unacked) while a run is recorded: the
+    new record is not the one dropped, and readers racing around it each see a whole history."""
+    writer, *readers = [await fleet() for _ in range(5)]
+    policy = JobPolicy("hist", history_size=5)
+    for n in range(5):
+        await writer.record(policy, run_record("hist", SLOT + n, n))
+    for n in range(5, 15):
+        reads = await asyncio.gather(
+            *(reader.history(policy, 10) for reader in readers),
+            writer.record(policy, run_record("hist", SLOT + n, n)),
+        )
+        for read in reads[:-1]:
+            assert read is not None
+            newest = int(read[0].run_id.removeprefix("run-"))
+            assert newest in (n - 1, n)
+            assert [r.run_id for r in read] == [f"run-{k}" for k in range(newest, newest - 5, -1)]
+    final = await readers[0].history(policy, 10)
+    assert [r.run_id for r in final] == [f"run-{k}" for k in range(14, 9, -1)]
+
+
+async def test_a_record_written_while_a_reader_holds_every_record_survives(
+    fleet: Callable[..., Any], raw: aio_pika.abc.AbstractConnection
+) -> None:
+    backend = await fleet()
+    policy = JobPolicy("held", history_size=5)
+    for n in range(5):
+        await backend.record(policy, run_record("held", SLOT + n, n))
+    channel = await raw.channel()
+    await channel.set_qos(prefetch_count=5)
+    queue = await channel.declare_queue(history_queue_name(backend.prefix, "held"), passive=True)
+    taken: list[bytes] = []
+    all_taken = asyncio.Event()
+
+    async def take(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        taken.append(message.body)
+        if len(taken) == 5:
+            all_taken.set()
+
+    await queue.consume(take)  # a reader holding every record, unacked
+    await asyncio.wait_for(all_taken.wait(), 5)
+    await backend.record(policy, run_record("held", SLOT + 5, 5))
+    await channel.close()  # the reader's records go back
+    read = [r.run_id for r in await backend.history(policy, 10)]
+    assert read == [f"run-{k}" for k in range(5, 0, -1)], read
+
+
+# -- lost confirms --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("queue_exists", [True, False], ids=["empty-queue", "no-queue"])
+async def test_a_confirm_lost_on_either_path_never_makes_two_winners(
+    amqp_url: str,
+    fleet: Callable[..., Any],
+    raw: aio_pika.abc.AbstractConnection,
+    queue_exists: bool,
+) -> None:
+    """The link is cut at the claim's first confirm: into an empty queue (the claim is in it)
+    or for a publish returned unrouted (nothing is). Either way the claim is ambiguous, and
+    the slot is won once at most: by nobody, or by the next claimer when nothing was taken."""
+    parts = urlsplit(amqp_url)
+    async with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672) as proxy:
+        direct = await fleet()
+        cut_off = await fleet(via(amqp_url, proxy.port), channels=1)
+        assert await claim_as(cut_off, fresh_slot("warm-up"), "warm") is True
+        slot = fresh_slot()
+        queue = claim_queue_name(direct.prefix, slot)
+        if queue_exists:
+            channel = await raw.channel()
+            await channel.declare_queue(queue, durable=True, arguments=claim_arguments(60_000))
+        proxy.cut_when_downstream(AckSpotter(nth=1))
+        outcome = await claim_as(cut_off, slot, "cut")
+        assert isinstance(outcome, BackendError)
+        assert "ambiguous" in str(outcome)
+        assert await claim_as(direct, slot, "direct") is (not queue_exists)
+        assert await held_run_ids(raw, queue) == (["cut"] if queue_exists else ["direct"])
