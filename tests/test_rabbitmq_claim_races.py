@@ -35,6 +35,7 @@ from brokersched.backends.rabbitmq import (
     claim_queue_name,
     history_queue_name,
 )
+from tests.stall_proxy import StallProxy
 from tests.tcp_proxy import TcpProxy
 from tests.test_rabbitmq_backend import (  # noqa: F401 (fixtures)
     CLAIM_ARGUMENTS,
@@ -46,9 +47,11 @@ from tests.test_rabbitmq_backend import (  # noqa: F401 (fixtures)
     make,
     prefix,
     raw,
+    resumed,
     run_record,
     touched,
     via,
+    wait_for,
 )
 
 RACERS = 16
@@ -455,3 +458,28 @@ async def test_a_confirm_lost_on_either_path_never_makes_two_winners(
         assert "ambiguous" in str(outcome)
         assert await claim_as(direct, slot, "direct") is (not queue_exists)
         assert await held_run_ids(raw, queue) == (["cut"] if queue_exists else ["direct"])
+
+
+async def test_a_claim_stalled_in_the_network_is_skipped_and_arrives_as_a_loss(
+    amqp_url: str, fleet: Callable[..., Any], raw: aio_pika.abc.AbstractConnection
+) -> None:
+    """A partition (no reset) holds a claim's publish: the claim gives up at claim_timeout
+    (ambiguous, skipped), another instance wins, and the held publish, delivered later, is
+    refused by the queue: one winner."""
+    async with StallProxy(urlsplit(amqp_url).port or 5672) as proxy:
+        direct = await fleet()
+        stalled = await fleet(via(amqp_url, proxy.port), channels=1, claim_timeout="300ms")
+        assert await claim_as(stalled, fresh_slot("warm-up"), "warm") is True
+        slot = fresh_slot()
+        queue = claim_queue_name(direct.prefix, slot)
+        channel = await raw.channel()
+        await channel.declare_queue(queue, durable=True, arguments=claim_arguments(60_000))
+        proxy.stall()
+        outcome = await claim_as(stalled, slot, "stalled")
+        assert isinstance(outcome, BackendError)
+        assert "ambiguous" in str(outcome)
+        assert await claim_as(direct, slot, "direct") is True
+        proxy.resume()
+        # a later claim through the same link comes after the held publish
+        await wait_for(resumed(stalled), timeout=5, what="claims through the link to resume")
+        assert await held_run_ids(raw, queue) == ["direct"]
