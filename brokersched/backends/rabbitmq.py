@@ -11,7 +11,9 @@ How a claim works
     unrouted (no queue yet, or its node is down) makes the claim check the fleet's fence
     exchange, declare the queue and publish again; one acked by an existing empty queue (its
     maker's publish still on the way) is checked with a declare of the queue (``406`` when it
-    was made under another memory: fail closed). The queue expires when nobody has declared
+    was made under another memory, or no message in it when it was deleted since: fail
+    closed; an outdated view is read again and the check made under the new one, so a raise
+    costs no run). The queue expires when nobody has declared
     it for the slot memory, so the slot is remembered that long after the claim that made it.
     Nothing ever consumes a claim queue: a message taken out of it would let the next publish
     in.
@@ -374,7 +376,12 @@ class _View:
 
 
 class _StaleView(Exception):
-    """The view's fence is gone: the record changed since this instance read it."""
+    """The view's fence is gone: the record changed since this instance read it. ``acked``:
+    this claim's message is in the claim queue already (an empty queue took it)."""
+
+    def __init__(self, *, acked: bool = False) -> None:
+        super().__init__(acked)
+        self.acked = acked
 
 
 class _Overloaded(Exception):
@@ -816,15 +823,19 @@ class RabbitMQBackend(ClaimBackend):
         self, pool: _ChannelPool, queue: str, slot: Slot, body: bytes, attempt: _ClaimAttempt
     ) -> bool:
         """Claim under the current view; read the record again when the view proves stale."""
+        acked = False  # this claim is in the queue, taken under a view that proved stale
         for _ in range(_VIEW_ATTEMPTS):
             view = await self._require_view()
             window = asyncio.timeout(self._claim_budget(view, slot))
             try:
                 async with window, pool.channel(self._channel_wait) as channel:
-                    return await self._claim_on(channel, queue, slot, body, attempt, view)
+                    return await self._claim_on(
+                        channel, queue, slot, body, attempt, view, acked=acked
+                    )
             except _Overloaded as busy:
                 raise BackendError(self._overloaded(slot, busy)) from None
-            except _StaleView:
+            except _StaleView as stale:
+                acked = acked or stale.acked
                 await self._refresh(view)
             except _OtherMemory as other:
                 if await self._refresh(view) != view:
@@ -915,7 +926,11 @@ class RabbitMQBackend(ClaimBackend):
         body: bytes,
         attempt: _ClaimAttempt,
         view: _View,
+        *,
+        acked: bool,
     ) -> bool:
+        """``acked``: the claim is in the queue already (taken under a view that proved stale):
+        only its check, under this view, is left."""
         from aio_pika import DeliveryMode, Message
         from aio_pika.exceptions import ChannelNotFoundEntity
 
@@ -930,15 +945,15 @@ class RabbitMQBackend(ClaimBackend):
         # across the cluster). Only a claim finding no queue declares it.
         # A queue on a cluster node that is down returns the publish (NO_ROUTE, measured on
         # 3.10) like a missing one: the declare below then fails closed, naming the node.
-        first = await self._publish(channel, queue, message, attempt)
+        first = True if acked else await self._publish(channel, queue, message, attempt)
         if first is False:
             return False  # refused by the queue (reject-publish): it holds another claim
         try:  # after the slot's instant: this view's memory was the fleet's when it fell due
             await channel.declare_exchange(view.fence, passive=True)
         except ChannelNotFoundEntity as exc:
-            if first is None:
-                raise _StaleView from exc
-            raise BackendError(self._changed_after_win(queue, slot)) from exc
+            # Stale. A claim that an empty queue took is checked again under the new view: a
+            # queue of the new memory holds it as it would hold a claim made under that view.
+            raise _StaleView(acked=first is True) from exc
         if first is True:  # an empty queue took it: one made under this view's memory?
             await self._declare_claim_queue(channel, queue, slot, view, won=True)
             return True
@@ -984,7 +999,9 @@ class RabbitMQBackend(ClaimBackend):
         from aio_pika.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 
         try:
-            await channel.declare_queue(queue, durable=True, arguments=view.claim_arguments)
+            declared = await channel.declare_queue(
+                queue, durable=True, arguments=view.claim_arguments
+            )
         except ChannelPreconditionFailed as exc:
             if not won:
                 raise _OtherMemory(self._describe(exc)) from exc
@@ -999,13 +1016,14 @@ class RabbitMQBackend(ClaimBackend):
             ) from exc
         except ChannelNotFoundEntity as exc:
             raise BackendError(self._home_down(queue, slot, exc)) from exc
-
-    def _changed_after_win(self, queue: str, slot: Slot) -> str:
-        return (
-            f"{self.name}: the fleet's slot memory changed while this instance claimed slot"
-            f" {slot.key}: its claim is in queue {queue!r}, so nobody else's wins, and the"
-            " slot is not run here"
-        )
+        if won and not declared.declaration_result.message_count:
+            # The queue that took this claim was deleted (by hand, or with a lost node) before
+            # the check, whose declare made a new, empty one: a later claim would win that too.
+            raise BackendError(
+                f"{self.name}: claim queue {queue!r} was gone right after it took the claim of"
+                f" slot {slot.key} (deleted meanwhile): the slot may already be claimed"
+                " elsewhere, so it is not run here"
+            )
 
     def _home_down(self, queue: str, slot: Slot, exc: BaseException) -> str:
         """A claim queue on a cluster node that is down: it may hold a claim (fail closed)."""
