@@ -14,7 +14,9 @@ A window is named by its start on a lease backend (whose fencing orders the wind
 refuses slots far ahead of its clock), by its start plus two windows on a claim-only one (which
 may refuse a slot that fell due before the fleet's first start). On a lease backend the
 second claim's lease is held (and renewed) for the run, then released; a
-boot run is never retried on another instance.
+boot run is never retried on another instance. A job with ``overlap="skip"`` holds its own
+lease instead, as a manual run does, so its boot run never overlaps its slots (and, like a
+manual run, is retried elsewhere when its runner dies).
 """
 
 from __future__ import annotations
@@ -27,7 +29,16 @@ from ._events import SkipReason
 from ._exceptions import BackendError, ClockSkewError
 from ._job import JobState
 from ._runner import Runner
-from .abc import ClaimBackend, JobPolicy, Lease, LeaseBackend, RunRecord, Slot, new_run_id
+from .abc import (
+    ClaimBackend,
+    JobPolicy,
+    Lease,
+    LeaseBackend,
+    RunReason,
+    RunRecord,
+    Slot,
+    new_run_id,
+)
 
 __all__ = ["BOOT_WINDOW_MS", "boot_key", "boot_window_ms", "run_boot"]
 
@@ -57,6 +68,9 @@ async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | N
         return None
     if runner.stopping or job.removed:
         return None
+    if job.settings.policy.overlap == "skip" and job.runs:
+        runner.skip(job, boot_ms, "overlap")  # a run of the job is still going here
+        return None
     if not job.settings.claim:
         return await runner.execute(job, boot_ms, None, reason="start")
     run_id = new_run_id()
@@ -81,11 +95,26 @@ async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | N
         if lease is not None:
             await runner.release(lease, handover=False)
         return None
+    if lease is not None and job.settings.policy.overlap == "skip":
+        # The windows' lease is not the job's: hold the job's own, as a manual run does, so the
+        # boot run and the job's slots never overlap anywhere in the fleet.
+        await runner.release(lease, handover=False)
+        slot = Slot(job.settings.key, runner.clock.now_ms())
+        got = await _claim(runner, job, slot, job.settings.policy, run_id, reason="manual")
+        if isinstance(got, str):
+            runner.skip(job, boot_ms, "overlap" if got == "not-acquired" else got)
+            return None
+        lease = got
     return await runner.execute(job, boot_ms, lease, reason="start", run_id=run_id)
 
 
 async def _claim(
-    runner: Runner, job: JobState, slot: Slot, policy: JobPolicy, run_id: str
+    runner: Runner,
+    job: JobState,
+    slot: Slot,
+    policy: JobPolicy,
+    run_id: str,
+    reason: RunReason = "start",
 ) -> Lease | SkipReason | None:
     """A lease (lease backends), ``None`` (a won claim), or why the boot run is skipped."""
     backend, timeout = runner.backend, max(job.settings.max_late_ms / 1000, _MIN_CLAIM_TIMEOUT_S)
@@ -97,7 +126,7 @@ async def _claim(
                     policy=policy,
                     instance_id=runner.instance_id,
                     run_id=run_id,
-                    reason="start",
+                    reason=reason,
                     timeout=timeout,
                 )
                 return "not-acquired" if isinstance(lease, str) else lease

@@ -233,7 +233,7 @@ class Runner:
             job=job.name,
             run_id=lease.run_id if lease else run_id or new_run_id(),
             slot_ms=slot_ms,
-            reason=lease.reason if lease else reason or "schedule",
+            reason=reason or (lease.reason if lease else "schedule"),
             attempt=lease.attempt if lease else 1,
             data=job.settings.data,
             instance_id=self.instance_id,

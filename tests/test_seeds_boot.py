@@ -320,3 +320,40 @@ async def test_a_fleet_boot_run_happens_once_on_sqlite(tmp_path: Path) -> None:
     path = tmp_path / "boot.db"
     runs = await boot_three([SQLiteBackend(path) for _ in range(3)])
     assert len(runs.of("sweep")) == 1
+
+
+class Long:
+    """A handler that takes 30 s, and remembers which reasons ran at once."""
+
+    def __init__(self) -> None:
+        self.running: list[str] = []
+        self.overlaps: list[list[str]] = []
+        self.reasons: list[str] = []
+
+    async def __call__(self, ctx: JobContext) -> None:
+        self.running.append(ctx.reason)
+        self.reasons.append(ctx.reason)
+        if len(self.running) > 1:
+            self.overlaps.append(list(self.running))
+        await ctx.sleep(30)
+        self.running.remove(ctx.reason)
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+async def test_a_boot_run_and_the_jobs_slots_never_overlap_with_overlap_skip(
+    instances: int,
+) -> None:
+    clock, handler = TestClock("2027-01-15T08:00:59+00:00"), Long()
+    schedulers = fleet(clock, instances)
+    skips: list[str] = []
+    for scheduler in schedulers:
+        scheduler.every("sync", "1m", handler, run_on_start=True, catch_up=0)
+        scheduler.on("skip", lambda event: skips.append(event.reason))
+    await asyncio.gather(*(s.start() for s in schedulers))
+    await clock.advance("3m")
+    for scheduler in schedulers:
+        await scheduler.stop()
+    assert handler.overlaps == []
+    assert handler.reasons[0] == "start"  # the boot run, then the slots it did not overlap
+    assert "overlap" in skips  # 08:01:00 fell due while the boot run held the job's lease
+    assert handler.reasons.count("start") == 1
