@@ -602,7 +602,7 @@ class RabbitMQBackend(ClaimBackend):
         super().__init__()
         self._urls = _check_urls(url, self.name)
         self._url = self._urls[0]  # the one named in messages about the login or the vhost
-        self._secrets = _secrets(self._urls, connect_options)
+        self._secrets = _redact.connection_secrets(self._urls, connect_options, ("password",))
         self._slot_ttl = positive_duration(slot_ttl, option="slot_ttl", backend=self.name)
         self._claim_timeout = positive_duration(
             claim_timeout, option="claim_timeout", backend=self.name
@@ -679,13 +679,17 @@ class RabbitMQBackend(ClaimBackend):
             except ValueError as exc:  # aio-pika refused an option (the URL's query, a keyword)
                 raise ConfigurationError(
                     f"{self.name}: {action}: {self._describe(exc)}", backend=self.name
-                ) from self._chainable(exc)
+                ) from _redact.chainable(exc, self._secrets)
             except ProbableAuthenticationError as exc:
-                raise BackendUnavailableError(self._login_refused()) from self._chainable(exc)
+                raise BackendUnavailableError(self._login_refused()) from _redact.chainable(
+                    exc, self._secrets
+                )
             except InvalidFrameError as exc:
                 if not _refused_vhost(exc):
                     raise
-                raise BackendUnavailableError(self._vhost_refused()) from self._chainable(exc)
+                raise BackendUnavailableError(self._vhost_refused()) from _redact.chainable(
+                    exc, self._secrets
+                )
             quiet.active = False
         self._connection = connection
         self._pool = _ChannelPool(connection, self._channel_count)
@@ -1097,7 +1101,7 @@ class RabbitMQBackend(ClaimBackend):
                     " policy does not do this). Delete it (rabbitmqctl delete_queue NAME):"
                     " brokersched makes it again, and the fleet's slot memory from the"
                     " instances' slot_ttl"
-                ) from self._chainable(exc)
+                ) from _redact.chainable(exc, self._secrets)
         if view is None:
             return None
         if view == self._view:
@@ -1473,18 +1477,18 @@ class RabbitMQBackend(ClaimBackend):
         except TimeoutError as exc:
             raise BackendUnavailableError(
                 f"{self.name}: {action}: no answer from the broker in time"
-            ) from self._chainable(exc)
+            ) from _redact.chainable(exc, self._secrets)
         except (ConnectionError, OSError, RuntimeError, StopAsyncIteration) as exc:
             # aio-pika's own CONNECTION_EXCEPTIONS: aiormq raises a bare RuntimeError ("...
             # closed") from channel() when the connection drops during a reconnect, and
             # ChannelInvalidStateError is a RuntimeError too.
             raise BackendUnavailableError(
                 f"{self.name}: {action}: no connection to the broker ({self._describe(exc)})"
-            ) from self._chainable(exc)
+            ) from _redact.chainable(exc, self._secrets)
         except AMQPError as exc:
             raise BackendError(
                 f"{self.name}: {action} failed ({self._describe(exc)})"
-            ) from self._chainable(exc)
+            ) from _redact.chainable(exc, self._secrets)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is None or task.cancelling():
@@ -1493,28 +1497,14 @@ class RabbitMQBackend(ClaimBackend):
             # although nobody cancelled this task: that is a lost connection.
             raise BackendUnavailableError(
                 f"{self.name}: {action}: the connection closed while waiting for the broker"
-            ) from self._chainable(exc)
+            ) from _redact.chainable(exc, self._secrets)
         except Exception as exc:  # the contract: nothing but BackendError leaves a backend call
             raise BackendError(
                 f"{self.name}: {action} failed ({self._describe(exc)})"
-            ) from self._chainable(exc)
+            ) from _redact.chainable(exc, self._secrets)
 
     def _describe(self, exc: BaseException) -> str:
         return f"{type(exc).__name__}: {_redact.scrub(str(exc), self._secrets)}"
-
-    def _chainable(self, exc: BaseException) -> BaseException | None:
-        """``exc``, scrubbed of the password in place (with what is chained to it); ``None``
-        if some text of it still carries the password."""
-        return exc if _redact.scrub_exception(exc, self._secrets) else None
-
-
-def _secrets(urls: Sequence[str], connect_options: Mapping[str, Any]) -> list[str]:
-    """The forms of the URLs' passwords, and of a ``password=`` keyword for aio-pika."""
-    found = [secret for url in urls for secret in _redact.url_secrets(url)]
-    password = connect_options.get("password")
-    if isinstance(password, str) and password:
-        found.append(password)
-    return sorted(set(found), key=len, reverse=True)
 
 
 def _refused_vhost(exc: BaseException) -> bool:
