@@ -52,6 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from brokersched import ConfigurationError, parse_duration
+
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ("sqlite", "postgres", "nats", "rabbitmq", "redis")
 PG_DSN = os.environ.get("BROKERSCHED_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
@@ -454,6 +456,12 @@ def main() -> None:
     for backend in backends:
         if backend not in BACKENDS:
             parser.error(f"--backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    for jitter in args.jitter.split(","):
+        if jitter != "default":
+            try:
+                parse_duration(jitter, name="--jitter")
+            except ConfigurationError as exc:
+                parser.error(f"{exc}, or 'default'")
     if args.claims:
         print("backend  shape  claims        ms/instant  cli ms/slot srv ms/slot", flush=True)
         for backend in (b for b in backends if b in ("sqlite", "postgres")):
