@@ -10,6 +10,7 @@ Exit status 1 when a slot ran twice.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 import tempfile
@@ -81,4 +82,6 @@ async def main(kills: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 10)))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kills", nargs="?", type=int, default=10, help="leader kills (10)")
+    sys.exit(asyncio.run(main(parser.parse_args().kills)))
