@@ -19,6 +19,7 @@ from ._exceptions import ConfigurationError
 __all__ = [
     "SCHEDULE_KEYS",
     "Overrides",
+    "check_override_options",
     "cli_override",
     "overrides_from_env",
     "parse_overrides",
@@ -101,3 +102,22 @@ def unknown_jobs(overrides: Overrides, names: Iterable[str]) -> list[Configurati
             ConfigurationError(f"overrides: no job '{job}'{hint}", option="overrides", job=job)
         )
     return errors
+
+
+def check_override_options(
+    job: str, schedule_key: str, override: Iterable[str], options: Iterable[str]
+) -> None:
+    """Refuse a key of ``job``'s override that is neither its schedule, ``enabled`` nor a job
+    option, naming the closest one and every key an override of that job takes."""
+    valid = [schedule_key, "enabled", *options]
+    for option in override:
+        if option in valid:
+            continue
+        close = difflib.get_close_matches(option, valid, n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigurationError(
+            f"job '{job}': override '{option}' is not an option{hint} (an override of this "
+            f"job takes: {', '.join(valid)})",
+            option=option,
+            job=job,
+        )

@@ -43,6 +43,7 @@ from ._options import (
 from ._overrides import (
     SCHEDULE_KEYS,
     Overrides,
+    check_override_options,
     overrides_from_env,
     parse_overrides,
     unknown_jobs,
@@ -492,6 +493,7 @@ class Scheduler(Generic[B]):
                     option=other,
                     job=name,
                 )
+        check_override_options(name, schedule_key, override, JobOptions.model_fields)
         if schedule_key in override:
             make_trigger = self._maker(kind, override.pop(schedule_key))
         return make_trigger, {**options, **override}, enabled

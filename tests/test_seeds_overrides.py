@@ -106,12 +106,31 @@ def test_the_kind_never_changes(register_job: Any, override: dict[str, Any], mes
 
 
 @pytest.mark.parametrize(
+    ("key", "hint"),
+    [
+        ("enable", "; did you mean 'enabled'?"),
+        ("evry", "; did you mean 'every'?"),
+        ("jiter", "; did you mean 'jitter'?"),
+        ("colour", ""),
+    ],
+)
+def test_an_unknown_override_key_is_named_with_every_key_it_takes(key: str, hint: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Scheduler(overrides={"purge": {key: "5m"}}).every("purge", "1m", Runs())
+    assert str(caught.value) == (
+        f"job 'purge': override '{key}' is not an option{hint} (an override of this job takes: "
+        "every, enabled, jitter, max_late, timeout, overlap, max_attempts, catch_up, "
+        "history_size, history_ttl, offset, timezone, data, claim, key, run_on_start)"
+    )
+    assert (caught.value.option, caught.value.job) == (key, "purge")
+
+
+@pytest.mark.parametrize(
     ("schedule", "options"),
     [
         ("0 25 * * *", {}),
         ("* * 31 2 *", {}),
         ("0 * * * *", {"jitter": "1h"}),
-        ("0 * * * *", {"jiter": "1s"}),
         ("0 * * * *", {"timezone": "Mars/Olympus"}),
     ],
 )
