@@ -68,7 +68,7 @@ APP: MODULE:ATTR (app:scheduler) or FILE.py:ATTR (./app.py:scheduler)
 Exit codes:
   0  success
   1  trigger: the job failed or did not run; check: configuration errors found;
-     run: a second signal cut the drain short
+     run: a second signal cut the drain short; run, trigger: the application's lifespan raised
   2  usage or configuration error (bad APP, unknown job, invalid option)
   3  the backend is unavailable
 """
