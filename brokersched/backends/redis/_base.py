@@ -364,7 +364,8 @@ class RedisConnection:
         )
         if isinstance(exc, unavailable):
             return BackendUnavailableError(f"{where}: {self._describe(exc)}")
-        if isinstance(exc, errors.NoPermissionError):
+        # A script's call refused by the ACL is a plain ResponseError on Redis 7.0.
+        if isinstance(exc, errors.NoPermissionError) or "can't run this command" in str(exc):
             return BackendError(
                 f"{where}: the server's ACL refused it ({self._describe(exc)}); the user needs "
                 f"the keys ~{self.prefix}:* and the commands the backend runs (see the README)"
