@@ -487,9 +487,10 @@ class Scheduler(Generic[B]):
         schedule_key = SCHEDULE_KEYS[kind]
         for other in SCHEDULE_KEYS.values():
             if other in override and other != schedule_key:
+                article = "a" if kind == "cron" else "an"
                 raise ConfigurationError(
-                    f"job '{name}' is a {kind}() job: override '{other}' does not apply (its "
-                    f"schedule is '{schedule_key}'); the kind of a job never changes",
+                    f"job '{name}' is {article} {kind}() job: override '{other}' does not apply "
+                    f"(its schedule is '{schedule_key}'); the kind of a job never changes",
                     option=other,
                     job=name,
                 )

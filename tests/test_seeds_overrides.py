@@ -77,7 +77,7 @@ def test_at_takes_an_iso_instant_from_configuration() -> None:
         (
             lambda s: s.every("purge", "1m", Runs()),
             {"cron": "0 * * * *"},
-            "job 'purge' is a every() job: override 'cron' does not apply (its schedule is "
+            "job 'purge' is an every() job: override 'cron' does not apply (its schedule is "
             "'every'); the kind of a job never changes",
         ),
         (
@@ -89,7 +89,7 @@ def test_at_takes_an_iso_instant_from_configuration() -> None:
         (
             lambda s: s.after("purge", "1s", Runs()),
             {"every": "1h"},
-            "job 'purge' is a after() job: override 'every' does not apply (its schedule is "
+            "job 'purge' is an after() job: override 'every' does not apply (its schedule is "
             "'delay'); the kind of a job never changes",
         ),
         (
@@ -222,7 +222,7 @@ def test_check_collects_override_errors() -> None:
         scheduler.every("purge", "1m")(runs)
         scheduler.every("sync", "1m", jitter="1s")(runs)
     errors = [str(error) for error in scheduler.check()]
-    assert errors[0].startswith("job 'purge' is a every() job: override 'cron' does not apply")
+    assert errors[0].startswith("job 'purge' is an every() job: override 'cron' does not apply")
     assert errors[1].startswith("job 'sync': jitter (1h) must be under half the time")
 
 
@@ -336,7 +336,7 @@ def test_jobs_shows_no_password_of_a_url_in_data(app: str) -> None:
             "digets.daily.cron=0 * * * *",
             "overrides: no job 'digets.daily'; did you mean 'digest.daily'?",
         ),
-        ("purge.cron=0 * * * *", "job 'purge' is a every() job: override 'cron' does not apply"),
+        ("purge.cron=0 * * * *", "job 'purge' is an every() job: override 'cron' does not apply"),
         ("purge", "--override 'purge' is not JOB.OPTION=VALUE"),
         ("purge.jitter=1h", "job 'purge': jitter (1h) must be under half the time between runs"),
         ("purge.timeout=1e300", "job 'purge': timeout 1e+300 is too long; a duration must be at"),
