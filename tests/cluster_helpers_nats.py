@@ -18,15 +18,17 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import nats
 import nats.js.errors
 import pytest
+from nats.js.api import StreamConfig, StreamInfo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = REPO_ROOT / "scripts" / "cluster-nats.sh"
@@ -51,6 +53,7 @@ class NatsCluster:
         self.directory = directory
         self.servers: list[str] = []
         self.mode = ""
+        self.monitors: list[str] = []  # each node's monitoring URL, node 1 first
 
     def _env(self) -> dict[str, str]:
         return {
@@ -75,6 +78,68 @@ class NatsCluster:
         self.servers = out.strip().rpartition("=")[2].split(",")
         env = (self.directory / "env").read_text()
         self.mode = env.split("MODE=", 1)[1].split()[0]
+        hosts, ports = (_env_array(env, name) for name in ("HOSTS", "HTTP_PORTS"))
+        self.monitors = [f"http://{host}:{port}" for host, port in zip(hosts, ports, strict=True)]
+
+    async def wait_whole(self, timeout: float = 60) -> None:
+        """Until the JetStream cluster is whole again: every node healthy (``/healthz``: current
+        with the metadata leader and on each stream it holds), all three agreeing on one
+        metadata leader, which sees both other peers online and current. Before that, NATS may
+        refuse to place a replica ("no suitable peers for placement, peer offline")."""
+        deadline = time.monotonic() + timeout
+        while (problem := await asyncio.to_thread(self._not_whole)) is not None:
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the NATS cluster is not whole after {timeout}s: {problem}")
+            await asyncio.sleep(0.2)
+
+    async def wait_offline(self, node: int, timeout: float = 30) -> None:
+        """Until the metadata leader (another node) counts ``node`` offline: only then does
+        NATS refuse to place a replica on it."""
+        deadline = time.monotonic() + timeout
+        while not await asyncio.to_thread(self._counted_offline, f"n{node}"):
+            if time.monotonic() > deadline:
+                raise ClusterError(f"n{node} not counted offline after {timeout}s")
+            await asyncio.sleep(0.2)
+
+    def _counted_offline(self, name: str) -> bool:
+        for monitor in self.monitors:
+            try:
+                meta = _get_json(f"{monitor}/jsz").get("meta_cluster") or {}
+            except OSError:
+                continue
+            if meta.get("leader") and meta["leader"] != name and "replicas" in meta:
+                return any(p["name"] == name and p.get("offline") for p in meta["replicas"])
+        return False
+
+    async def add_stream(self, config: StreamConfig) -> None:
+        nc = await nats.connect(self.servers, connect_timeout=1)
+        try:
+            await nc.jetstream(timeout=5).add_stream(config)
+        finally:
+            await nc.close()
+
+    async def stream_info(self, stream: str) -> StreamInfo:
+        return cast(StreamInfo, await _stream_info(self.servers, stream))
+
+    def _not_whole(self) -> str | None:
+        """Why the cluster is not whole yet, or ``None``."""
+        leaders: set[str] = set()
+        peers: list[dict[str, Any]] = []
+        for node, monitor in enumerate(self.monitors, start=1):
+            try:
+                _get_json(f"{monitor}/healthz")
+                meta = _get_json(f"{monitor}/jsz").get("meta_cluster") or {}
+            except OSError as exc:  # unhealthy answers 503: an HTTPError, an OSError
+                return f"n{node}: {exc}"
+            leaders.add(meta.get("leader") or "")
+            if meta.get("leader") == f"n{node}":
+                peers = meta.get("replicas") or []
+        if len(leaders) != 1 or "" in leaders:
+            return f"metadata leaders seen: {sorted(leaders)}"
+        lagging = [p["name"] for p in peers if not p.get("current") or p.get("offline")]
+        if len(peers) != len(self.monitors) - 1 or lagging:
+            return f"metadata peers {[p['name'] for p in peers]}, not current: {lagging}"
+        return None
 
     async def delete_streams(self, prefix: str) -> None:
         """Remove a test's streams: each is a Raft group the cluster keeps electing."""
@@ -131,6 +196,16 @@ class NatsCluster:
             if time.monotonic() > deadline:
                 raise ClusterError(f"replicas of {stream} not current after {timeout}s")
             await asyncio.sleep(0.2)
+
+
+def _env_array(env: str, name: str) -> list[str]:
+    """``NAME=(x a b c)`` of cluster-nats.sh's env file as ``[a, b, c]``."""
+    return env.split(f"{name}=(", 1)[1].split(")", 1)[0].split()[1:]
+
+
+def _get_json(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=2) as answer:
+        return cast(dict[str, Any], json.load(answer))
 
 
 async def _stream_info(servers: list[str], stream: str) -> Any:
