@@ -170,16 +170,32 @@ class NatsCluster:
             )
         return out.decode().strip()
 
-    async def leader(self, stream: str) -> int:
-        """The node (1-3) that leads ``stream``, waiting for one to be elected."""
+    async def leader(self, stream: str, other_than: int | None = None) -> int:
+        """The node (1-3) that leads ``stream``, waiting for one (not ``other_than``) to be
+        elected."""
         deadline = time.monotonic() + 30
         while True:
             try:
-                return int((await self.run("leader", stream)).removeprefix("n"))
+                node = int((await self.run("leader", stream)).removeprefix("n"))
+                if node != other_than:
+                    return node
             except ClusterError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
+                pass
+            if time.monotonic() > deadline:
+                raise ClusterError(f"no leader of {stream} (other than {other_than}) after 30s")
+            await asyncio.sleep(0.2)
+
+    async def step_down(self, stream: str) -> int:
+        """Make the leader of ``stream`` step down; the node (1-3) elected instead."""
+        old = await self.leader(stream)
+        nc = await nats.connect(self.servers, connect_timeout=1)
+        try:
+            answer = await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=5)
+        finally:
+            await nc.close()
+        if not json.loads(answer.data).get("success"):
+            raise ClusterError(f"stepping down the leader of {stream}: {answer.data!r}")
+        return await self.leader(stream, other_than=old)
 
     async def wait_current(self, stream: str, timeout: float = 30) -> None:
         """Until every replica of ``stream`` is current (none offline or lagging)."""

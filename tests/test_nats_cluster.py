@@ -16,13 +16,14 @@ import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from nats.js.api import StorageType
 
 from brokersched import BackendUnavailableError, ConfigurationError
 from brokersched._clock import SystemClock
-from brokersched.abc import JobPolicy
+from brokersched.abc import JobPolicy, Slot
 from brokersched.backends.nats import NATSBackend
 from brokersched.backends.nats._streams import Names, claims_config
 from tests.cluster_helpers_nats import (
@@ -34,6 +35,7 @@ from tests.cluster_helpers_nats import (
     now_ms,
     unavailable,
 )
+from tests.nats_helpers import fault_proxy, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -154,6 +156,48 @@ async def test_node_partitioned_then_healed(nats_cluster: NatsCluster, prefix: s
     assert found.lost == [], f"slots run nowhere: {found}"
     assert after_heal.resume_s <= RESUME_AFTER_HEAL_S, str(after_heal)
     await _check_history(cluster, prefix, fleet)
+
+
+async def test_a_leader_change_during_in_flight_claims_is_resolved_by_the_new_leader(
+    nats_cluster: NatsCluster, prefix: str
+) -> None:
+    """Two claims in flight through a proxy that holds every reply: slot A is stored (its ack
+    held), slot B was won by another instance (the "duplicate" answer held). The stream leader
+    then changes, and only then are the connections cut: each claim's retry is answered by the
+    new leader, from the duplicate table it rebuilt and the stored message. A is a win (a naive
+    retry would call it lost: the slot would run nowhere), B a loss (calling it won would run it
+    twice)."""
+    cluster, stream = nats_cluster, f"{prefix}-claims"
+    other = NATSBackend(cluster.servers, prefix=prefix, replicas=3)
+    await other.start(SystemClock())
+    await cluster.wait_current(stream)
+    url = urlsplit(cluster.servers[await cluster.leader(stream) - 1])
+    async with fault_proxy(url.port or 4222, url.hostname or "") as proxy:
+        mine = NATSBackend(proxy.url, prefix=prefix, replicas=3, reconnect_time_wait=0.05)
+        await mine.start(SystemClock())
+        try:
+            slot_a, slot_b = Slot("ambiguous.a", now_ms()), Slot("ambiguous.b", now_ms())
+            assert await other.claim(slot_b, instance_id="other", run_id="o", timeout=10)
+            proxy.hold_replies()
+            claims = [
+                asyncio.create_task(mine.claim(slot, instance_id="me", run_id="m", timeout=30))
+                for slot in (slot_a, slot_b)
+            ]
+
+            async def both_answered() -> bool:
+                stored = (await cluster.stream_info(stream)).state.messages
+                return stored == 2 and await proxy.holding(b'"duplicate"')
+
+            await wait_for(both_answered, timeout=10, what="A stored and B answered duplicate")
+            await cluster.step_down(stream)
+            assert not any(claim.done() for claim in claims), "answered before the change"
+            proxy.cut()  # the held answers die with the connection
+            proxy.release_replies()
+            assert await asyncio.gather(*claims) == [True, False]
+            assert not await other.claim(slot_a, instance_id="other", run_id="o", timeout=10)
+        finally:
+            await asyncio.gather(mine.stop(), other.stop())
+    await cluster.delete_streams(prefix)
 
 
 async def test_fewer_replicas_and_a_shorter_window_are_raised_once_every_server_is_back(
