@@ -46,6 +46,7 @@ async def soak(cluster: NatsCluster, kills: int) -> bool:
             await asyncio.sleep(3)  # the node stays down a while
             await cluster.run("start", str(node))
             await cluster.wait_current(stream)
+            await cluster.wait_whole()  # the next kill finds every node counted and current
             await _until_runs_after(fleet, now_ms() + 1000)
             faults.append((node, fault))
         await asyncio.sleep(3)

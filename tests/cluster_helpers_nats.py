@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,9 +27,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import nats
+import nats.errors
 import nats.js.errors
 import pytest
-from nats.js.api import StreamConfig, StreamInfo
+from nats.js.api import StorageType, StreamConfig, StreamInfo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = REPO_ROOT / "scripts" / "cluster-nats.sh"
@@ -87,10 +89,39 @@ class NatsCluster:
         metadata leader, which sees both other peers online and current. Before that, NATS may
         refuse to place a replica ("no suitable peers for placement, peer offline")."""
         deadline = time.monotonic() + timeout
-        while (problem := await asyncio.to_thread(self._not_whole)) is not None:
+        while (problem := await self._not_placing()) is not None:
             if time.monotonic() > deadline:
                 raise ClusterError(f"the NATS cluster is not whole after {timeout}s: {problem}")
             await asyncio.sleep(0.2)
+
+    async def _not_placing(self) -> str | None:
+        """Why the cluster cannot place three replicas yet, or ``None``.
+
+        The monitoring endpoints come first (cheap). They are not enough: the metadata leader
+        places a replica only on a peer whose statistics it has received since it came back
+        (sent every few seconds; nothing shows them), and says "no suitable peers for
+        placement, peer offline" until then. So a throwaway R3 stream is placed, then removed.
+        """
+        if (problem := await asyncio.to_thread(self._not_whole)) is not None:
+            return problem
+        name = f"probe{uuid.uuid4().hex[:10]}"
+        nc = await nats.connect(self.servers, connect_timeout=1)
+        try:
+            js = nc.jetstream(timeout=5)
+            try:
+                await js.add_stream(
+                    StreamConfig(
+                        name, subjects=[f"{name}.>"], num_replicas=3, storage=StorageType.MEMORY
+                    )
+                )
+                await js.delete_stream(name)
+            except nats.js.errors.APIError as exc:
+                return f"placing a stream with 3 replicas: {exc.description}"
+            except nats.errors.TimeoutError:
+                return "placing a stream with 3 replicas: no answer within 5 s"
+        finally:
+            await nc.close()
+        return None
 
     async def wait_offline(self, node: int, timeout: float = 30) -> None:
         """Until the metadata leader (another node) counts ``node`` offline: only then does
