@@ -33,6 +33,7 @@ async def _until_runs_after(fleet: Fleet, after_ms: int, timeout: float = 60) ->
 async def soak(cluster: NatsCluster, kills: int) -> bool:
     prefix = f"soak{uuid.uuid4().hex[:8]}"
     stream = f"{prefix}-claims"
+    await cluster.wait_whole()  # a fresh cluster places R3 streams only once every node counts
     fleet = await Fleet.start(cluster.servers, prefix)
     faults: list[tuple[int, int]] = []
     try:

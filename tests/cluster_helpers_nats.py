@@ -88,11 +88,16 @@ class NatsCluster:
         with the metadata leader and on each stream it holds), all three agreeing on one
         metadata leader, which sees both other peers online and current. Before that, NATS may
         refuse to place a replica ("no suitable peers for placement, peer offline")."""
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        seen: list[str] = []  # what was waited for, in order (printed by the tests)
         while (problem := await self._not_placing()) is not None:
-            if time.monotonic() > deadline:
-                raise ClusterError(f"the NATS cluster is not whole after {timeout}s: {problem}")
+            if not seen or seen[-1] != problem:
+                seen.append(problem)
+            if time.monotonic() > started + timeout:
+                raise ClusterError(f"the NATS cluster is not whole after {timeout}s: {seen}")
             await asyncio.sleep(0.2)
+        if seen:
+            print(f"waited {time.monotonic() - started:.1f}s for the cluster: {'; '.join(seen)}")
 
     async def _not_placing(self) -> str | None:
         """Why the cluster cannot place three replicas yet, or ``None``.
