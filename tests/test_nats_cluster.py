@@ -25,7 +25,7 @@ from brokersched import BackendUnavailableError, ConfigurationError
 from brokersched._clock import SystemClock
 from brokersched.abc import JobPolicy, Slot
 from brokersched.backends.nats import NATSBackend
-from brokersched.backends.nats._streams import Names, claims_config
+from brokersched.backends.nats._streams import Names, claims_config, history_config
 from tests.cluster_helpers_nats import (
     JOBS,
     NATS_SERVER,
@@ -168,13 +168,18 @@ async def test_a_leader_change_during_in_flight_claims_is_resolved_by_the_new_le
 async def test_fewer_replicas_and_a_shorter_window_are_raised_once_every_server_is_back(
     nats_cluster: NatsCluster, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An existing claims stream with one replica and a 1 min duplicate window (made by hand,
-    or by an older deploy): ``start()`` raises both. While a server is down NATS cannot place
-    the replicas ("no suitable peers for placement, peer offline"): an outage, which
-    ``start(wait=False)`` retries, not a configuration error."""
-    cluster, stream = nats_cluster, f"{prefix}-claims"
+    """Existing streams with one replica, the claims stream with a 1 min duplicate window (made
+    by hand, or by an older deploy): ``start()`` raises the claims stream's replicas and window,
+    ``prepare()`` the history's replicas; an instance with ``replicas=1`` then leaves them be.
+    While a server is down NATS cannot place the replicas ("no suitable peers for placement,
+    peer offline"): an outage, which ``start(wait=False)`` retries, not a configuration
+    error."""
+    cluster, stream, history = nats_cluster, f"{prefix}-claims", f"{prefix}-history"
     await cluster.add_stream(claims_config(Names(prefix), timedelta(minutes=1), 1))
+    await cluster.add_stream(history_config(Names(prefix), 10, 1))
     down = await cluster.leader(stream) % 3 + 1  # not the one holding the stream
+    if down == await cluster.leader(history):
+        down = down % 3 + 1
     await cluster.run("stop", str(down))
     try:
         await cluster.wait_offline(down)
@@ -189,12 +194,23 @@ async def test_fewer_replicas_and_a_shorter_window_are_raised_once_every_server_
     await cluster.wait_whole()
     backend = NATSBackend(cluster.servers, prefix=prefix, replicas=3)
     await backend.start(SystemClock())
-    await backend.stop()
+    try:
+        await backend.prepare([JobPolicy("job", history_size=20)])  # the history grows here
+    finally:
+        await backend.stop()
     config = (await cluster.stream_info(stream)).config
     assert (config.num_replicas, config.duplicate_window, config.max_age) == (3, 300, 300)
     assert f"raised num_replicas of JetStream stream {stream} from 1 to 3" in caplog.text
     assert f"raised duplicate_window of JetStream stream {stream} from 1m to 5m" in caplog.text
+    config = (await cluster.stream_info(history)).config
+    assert (config.num_replicas, config.max_msgs_per_subject) == (3, 20)
+    # An instance with fewer replicas (an older deploy) uses the stream as it is, never lowers:
+    older = NATSBackend(cluster.servers, prefix=prefix, replicas=1)
+    await older.start(SystemClock())
+    await older.stop()
+    assert (await cluster.stream_info(stream)).config.num_replicas == 3
     await cluster.wait_current(stream)
+    await cluster.wait_current(history)
     await cluster.delete_streams(prefix)
 
 
