@@ -362,6 +362,11 @@ class Fleet:
     def run_lines(self) -> list[dict[str, Any]]:
         return [line for m in self.members for line in m.lines if "run" in line]
 
+    def record_problems(self) -> str:
+        """What the members logged about run records they could not write (after stop())."""
+        lines = b"\n".join(m.stderr for m in self.members).decode(errors="replace").splitlines()
+        return "\n".join(line for line in lines if "record" in line)[-3000:]
+
     def skips(self) -> Counter[str]:
         return Counter(line["reason"] for m in self.members for line in m.lines if "skip" in line)
 
@@ -437,9 +442,18 @@ async def _member(servers: list[str], prefix: str, claim_timeout: str) -> None:
     scheduler.on("skip", skipped)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with scheduler:
+    # As an app that must ride out a slow or unreachable cluster at start: the scheduler
+    # retries start() itself (a loaded machine's stream creation can outlast an API timeout).
+    await scheduler.start(wait=False)
+    try:
+        while not scheduler.ready:
+            if stop.is_set():
+                return
+            await asyncio.sleep(0.05)
         say(ready=now_ms())
         await stop.wait()
+    finally:
+        await scheduler.stop()
     say(stopped=now_ms())
 
 

@@ -99,7 +99,10 @@ async def _check_history(cluster: NatsCluster, prefix: str, fleet: Fleet) -> Non
         for job in JOBS:
             records = await reader.history(JobPolicy(job), 1000)
             recorded = sorted(r.slot_ms for r in records)
-            assert recorded == sorted(slot for name, slot in runs if name == job), job
+            ran = sorted(slot for name, slot in runs if name == job)
+            assert recorded == ran, f"{job}: missing {sorted(set(ran) - set(recorded))}; " + (
+                fleet.record_problems() or "no member logged a record problem"
+            )
     finally:
         await reader.stop()
     await cluster.delete_streams(prefix)
