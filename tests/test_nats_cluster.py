@@ -90,7 +90,7 @@ async def _check_history(cluster: NatsCluster, prefix: str, fleet: Fleet) -> Non
 
     Read once every replica is current: ``history()`` reads through an ephemeral consumer,
     which nats-server 2.9 places on any replica of the stream, a restarted one still catching
-    up included (it then misses the newest records: seen here 1 run in 17)."""
+    up included (it then misses the newest records: once here in 17 runs under load)."""
     await cluster.wait_current(f"{prefix}-history")
     reader = NATSBackend(cluster.servers, prefix=prefix, replicas=3)
     await reader.start(SystemClock())
