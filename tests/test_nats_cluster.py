@@ -88,9 +88,12 @@ async def _runs_resumed(fleet: Fleet, after_ms: int, timeout: float) -> None:
 async def _check_history(cluster: NatsCluster, prefix: str, fleet: Fleet) -> None:
     """Every run is in the shared (R3) history, once.
 
-    Read once every replica is current: ``history()`` reads through an ephemeral consumer,
-    which nats-server 2.9 places on any replica of the stream, a restarted one still catching
-    up included (it then misses the newest records: once here in 17 runs under load)."""
+    Read once the cluster is whole and every replica current: ``history()`` reads through an
+    ephemeral consumer, which the metadata leader creates ("JetStream system temporarily
+    unavailable" while it is elected, also after a heal) and nats-server 2.9 places on any
+    replica of the stream, a restarted one still catching up included (it then misses the
+    newest records: once here in 17 runs under load)."""
+    await cluster.wait_whole()  # after a heal the metadata leader changes too: reads get 503s
     await cluster.wait_current(f"{prefix}-history")
     reader = NATSBackend(cluster.servers, prefix=prefix, replicas=3)
     await reader.start(SystemClock())
