@@ -154,6 +154,18 @@ class NatsCluster:
         finally:
             await nc.close()
 
+    async def stored_on_leader(self, stream: str, job: str) -> int:
+        """How many messages the leader of ``stream`` stores on ``job``'s history subject."""
+        from brokersched.backends.nats._streams import subject_token
+
+        subject = f"{stream.removesuffix('-history')}.history.{subject_token(job)}"
+        nc = await nats.connect(self.servers, connect_timeout=1)
+        try:
+            info = await nc.jetstream(timeout=5).stream_info(stream, subjects_filter=subject)
+        finally:
+            await nc.close()
+        return int((info.state.subjects or {}).get(subject, 0))
+
     async def stream_info(self, stream: str) -> StreamInfo:
         return cast(StreamInfo, await _stream_info(self.servers, stream))
 

@@ -103,9 +103,13 @@ async def _check_history(cluster: NatsCluster, prefix: str, fleet: Fleet) -> Non
             records = await reader.history(JobPolicy(job), 1000)
             recorded = sorted(r.slot_ms for r in records)
             ran = sorted(slot for name, slot in runs if name == job)
-            assert recorded == ran, f"{job}: missing {sorted(set(ran) - set(recorded))}; " + (
-                fleet.record_problems() or "no member logged a record problem"
-            )
+            if recorded != ran:
+                stored = await cluster.stored_on_leader(f"{prefix}-history", job)
+                pytest.fail(
+                    f"{job}: history() read {len(recorded)} runs, {len(ran)} ran, the stream "
+                    f"leader stores {stored}; missing {sorted(set(ran) - set(recorded))}; "
+                    + (fleet.record_problems() or "no member logged a record problem")
+                )
     finally:
         await reader.stop()
     await cluster.delete_streams(prefix)
