@@ -34,6 +34,7 @@ async def _until_runs_after(fleet: Fleet, after_ms: int, timeout: float = 60) ->
 async def soak(cluster: NatsCluster, kills: int) -> bool:
     prefix = f"soak{uuid.uuid4().hex[:8]}"
     stream = f"{prefix}-claims"
+    await cluster.wait_whole()  # a fresh cluster places R3 streams only once every node counts
     fleet = await Fleet.start(cluster.servers, prefix)
     faults: list[tuple[int, int]] = []
     try:
@@ -47,6 +48,7 @@ async def soak(cluster: NatsCluster, kills: int) -> bool:
             await asyncio.sleep(3)  # the node stays down a while
             await cluster.run("start", str(node))
             await cluster.wait_current(stream)
+            await cluster.wait_whole()  # the next kill finds every node counted and current
             await _until_runs_after(fleet, now_ms() + 1000)
             faults.append((node, fault))
         await asyncio.sleep(3)

@@ -61,10 +61,15 @@ node_arg() {
 }
 
 alive() {  # node -> 0 when the process we started for it runs
-  local pidfile=$DIR/n$1.pid pid
+  local pidfile=$DIR/n$1.pid pid cmdline state
   [[ -f $pidfile ]] || return 1
   pid=$(<"$pidfile")
-  [[ -r /proc/$pid/cmdline ]] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF "$DIR/n$1.conf"
+  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+  state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null) || return 1
+  [[ ${state:0:1} != Z ]] || return 1  # dead, not yet reaped
+  # Empty while it execs (setsid, then ip netns exec, then nats-server): the kernel installs
+  # the new program before its arguments; reading then made `start` say "n1 exited".
+  [[ -z $cmdline || $cmdline == *"$DIR/n$1.conf"* ]]
 }
 
 write_config() {  # node

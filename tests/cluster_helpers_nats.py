@@ -18,15 +18,19 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import nats
+import nats.errors
 import nats.js.errors
 import pytest
+from nats.js.api import StorageType, StreamConfig, StreamInfo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = REPO_ROOT / "scripts" / "cluster-nats.sh"
@@ -51,6 +55,7 @@ class NatsCluster:
         self.directory = directory
         self.servers: list[str] = []
         self.mode = ""
+        self.monitors: list[str] = []  # each node's monitoring URL, node 1 first
 
     def _env(self) -> dict[str, str]:
         return {
@@ -75,6 +80,114 @@ class NatsCluster:
         self.servers = out.strip().rpartition("=")[2].split(",")
         env = (self.directory / "env").read_text()
         self.mode = env.split("MODE=", 1)[1].split()[0]
+        hosts, ports = (_env_array(env, name) for name in ("HOSTS", "HTTP_PORTS"))
+        self.monitors = [f"http://{host}:{port}" for host, port in zip(hosts, ports, strict=True)]
+
+    async def wait_whole(self, timeout: float = 60) -> None:
+        """Until the JetStream cluster is whole again: every node healthy (``/healthz``: current
+        with the metadata leader and on each stream it holds), all three agreeing on one
+        metadata leader, which sees both other peers online and current. Before that, NATS may
+        refuse to place a replica ("no suitable peers for placement, peer offline")."""
+        started = time.monotonic()
+        seen: list[str] = []  # what was waited for, in order (printed by the tests)
+        while (problem := await self._not_placing()) is not None:
+            if not seen or seen[-1] != problem:
+                seen.append(problem)
+            if time.monotonic() > started + timeout:
+                raise ClusterError(f"the NATS cluster is not whole after {timeout}s: {seen}")
+            await asyncio.sleep(0.2)
+        if seen:
+            print(f"waited {time.monotonic() - started:.1f}s for the cluster: {'; '.join(seen)}")
+
+    async def _not_placing(self) -> str | None:
+        """Why the cluster cannot place three replicas yet, or ``None``.
+
+        The monitoring endpoints come first (cheap). They are not enough: the metadata leader
+        places a replica only on a peer whose statistics it has received since it came back
+        (sent every few seconds; nothing shows them), and says "no suitable peers for
+        placement, peer offline" until then. So a throwaway R3 stream is placed, then removed.
+        """
+        if (problem := await asyncio.to_thread(self._not_whole)) is not None:
+            return problem
+        name = f"probe{uuid.uuid4().hex[:10]}"
+        nc = await nats.connect(self.servers, connect_timeout=1)
+        try:
+            js = nc.jetstream(timeout=5)
+            try:
+                await js.add_stream(
+                    StreamConfig(
+                        name, subjects=[f"{name}.>"], num_replicas=3, storage=StorageType.MEMORY
+                    )
+                )
+                await js.delete_stream(name)
+            except nats.js.errors.APIError as exc:
+                return f"placing a stream with 3 replicas: {exc.description}"
+            except nats.errors.TimeoutError:
+                return "placing a stream with 3 replicas: no answer within 5 s"
+        finally:
+            await nc.close()
+        return None
+
+    async def wait_offline(self, node: int, timeout: float = 30) -> None:
+        """Until the metadata leader (another node) counts ``node`` offline: only then does
+        NATS refuse to place a replica on it."""
+        deadline = time.monotonic() + timeout
+        while not await asyncio.to_thread(self._counted_offline, f"n{node}"):
+            if time.monotonic() > deadline:
+                raise ClusterError(f"n{node} not counted offline after {timeout}s")
+            await asyncio.sleep(0.2)
+
+    def _counted_offline(self, name: str) -> bool:
+        for monitor in self.monitors:
+            try:
+                meta = _get_json(f"{monitor}/jsz").get("meta_cluster") or {}
+            except OSError:
+                continue
+            if meta.get("leader") and meta["leader"] != name and "replicas" in meta:
+                return any(p["name"] == name and p.get("offline") for p in meta["replicas"])
+        return False
+
+    async def add_stream(self, config: StreamConfig) -> None:
+        nc = await nats.connect(self.servers, connect_timeout=1)
+        try:
+            await nc.jetstream(timeout=5).add_stream(config)
+        finally:
+            await nc.close()
+
+    async def stored_on_leader(self, stream: str, job: str) -> int:
+        """How many messages the leader of ``stream`` stores on ``job``'s history subject."""
+        from brokersched.backends.nats._streams import subject_token
+
+        subject = f"{stream.removesuffix('-history')}.history.{subject_token(job)}"
+        nc = await nats.connect(self.servers, connect_timeout=1)
+        try:
+            info = await nc.jetstream(timeout=5).stream_info(stream, subjects_filter=subject)
+        finally:
+            await nc.close()
+        return int((info.state.subjects or {}).get(subject, 0))
+
+    async def stream_info(self, stream: str) -> StreamInfo:
+        return cast(StreamInfo, await _stream_info(self.servers, stream))
+
+    def _not_whole(self) -> str | None:
+        """Why the cluster is not whole yet, or ``None``."""
+        leaders: set[str] = set()
+        peers: list[dict[str, Any]] = []
+        for node, monitor in enumerate(self.monitors, start=1):
+            try:
+                _get_json(f"{monitor}/healthz")
+                meta = _get_json(f"{monitor}/jsz").get("meta_cluster") or {}
+            except OSError as exc:  # unhealthy answers 503: an HTTPError, an OSError
+                return f"n{node}: {exc}"
+            leaders.add(meta.get("leader") or "")
+            if meta.get("leader") == f"n{node}":
+                peers = meta.get("replicas") or []
+        if len(leaders) != 1 or "" in leaders:
+            return f"metadata leaders seen: {sorted(leaders)}"
+        lagging = [p["name"] for p in peers if not p.get("current") or p.get("offline")]
+        if len(peers) != len(self.monitors) - 1 or lagging:
+            return f"metadata peers {[p['name'] for p in peers]}, not current: {lagging}"
+        return None
 
     async def delete_streams(self, prefix: str) -> None:
         """Remove a test's streams: each is a Raft group the cluster keeps electing."""
@@ -105,16 +218,32 @@ class NatsCluster:
             )
         return out.decode().strip()
 
-    async def leader(self, stream: str) -> int:
-        """The node (1-3) that leads ``stream``, waiting for one to be elected."""
+    async def leader(self, stream: str, other_than: int | None = None) -> int:
+        """The node (1-3) that leads ``stream``, waiting for one (not ``other_than``) to be
+        elected."""
         deadline = time.monotonic() + 30
         while True:
             try:
-                return int((await self.run("leader", stream)).removeprefix("n"))
+                node = int((await self.run("leader", stream)).removeprefix("n"))
+                if node != other_than:
+                    return node
             except ClusterError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
+                pass
+            if time.monotonic() > deadline:
+                raise ClusterError(f"no leader of {stream} (other than {other_than}) after 30s")
+            await asyncio.sleep(0.2)
+
+    async def step_down(self, stream: str) -> int:
+        """Make the leader of ``stream`` step down; the node (1-3) elected instead."""
+        old = await self.leader(stream)
+        nc = await nats.connect(self.servers, connect_timeout=1)
+        try:
+            answer = await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=5)
+        finally:
+            await nc.close()
+        if not json.loads(answer.data).get("success"):
+            raise ClusterError(f"stepping down the leader of {stream}: {answer.data!r}")
+        return await self.leader(stream, other_than=old)
 
     async def wait_current(self, stream: str, timeout: float = 30) -> None:
         """Until every replica of ``stream`` is current (none offline or lagging)."""
@@ -131,6 +260,16 @@ class NatsCluster:
             if time.monotonic() > deadline:
                 raise ClusterError(f"replicas of {stream} not current after {timeout}s")
             await asyncio.sleep(0.2)
+
+
+def _env_array(env: str, name: str) -> list[str]:
+    """``NAME=(x a b c)`` of cluster-nats.sh's env file as ``[a, b, c]``."""
+    return env.split(f"{name}=(", 1)[1].split(")", 1)[0].split()[1:]
+
+
+def _get_json(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=2) as answer:
+        return cast(dict[str, Any], json.load(answer))
 
 
 async def _stream_info(servers: list[str], stream: str) -> Any:
@@ -235,6 +374,11 @@ class Fleet:
     def run_lines(self) -> list[dict[str, Any]]:
         return [line for m in self.members for line in m.lines if "run" in line]
 
+    def record_problems(self) -> str:
+        """What the members logged about run records they could not write (after stop())."""
+        lines = b"\n".join(m.stderr for m in self.members).decode(errors="replace").splitlines()
+        return "\n".join(line for line in lines if "record" in line)[-3000:]
+
     def skips(self) -> Counter[str]:
         return Counter(line["reason"] for m in self.members for line in m.lines if "skip" in line)
 
@@ -310,9 +454,18 @@ async def _member(servers: list[str], prefix: str, claim_timeout: str) -> None:
     scheduler.on("skip", skipped)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with scheduler:
+    # As an app that must ride out a slow or unreachable cluster at start: the scheduler
+    # retries start() itself (a loaded machine's stream creation can outlast an API timeout).
+    await scheduler.start(wait=False)
+    try:
+        while not scheduler.ready:
+            if stop.is_set():
+                return
+            await asyncio.sleep(0.05)
         say(ready=now_ms())
         await stop.wait()
+    finally:
+        await scheduler.stop()
     say(stopped=now_ms())
 
 

@@ -204,10 +204,11 @@ async def nats_server(store: Path, **options: Any) -> AsyncIterator[NatsServer]:
 
 
 class FaultProxy:
-    """A TCP proxy to ``target_port`` that can hold the server's replies or cut connections."""
+    """A TCP proxy to ``target_port`` (on ``target_host``) that can hold the server's replies or
+    cut connections."""
 
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self.target_port, self.target_host = target_port, target_host
         self.port = free_port()
         self.replies_flowing = asyncio.Event()
         self.replies_flowing.set()
@@ -253,7 +254,7 @@ class FaultProxy:
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:
-            server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+            server_r, server_w = await asyncio.open_connection(self.target_host, self.target_port)
         except OSError:
             client_w.transport.abort()
             return
@@ -283,8 +284,10 @@ class FaultProxy:
 
 
 @contextlib.asynccontextmanager
-async def fault_proxy(target_port: int) -> AsyncIterator[FaultProxy]:
-    proxy = FaultProxy(target_port)
+async def fault_proxy(
+    target_port: int, target_host: str = "127.0.0.1"
+) -> AsyncIterator[FaultProxy]:
+    proxy = FaultProxy(target_port, target_host)
     await proxy.start()
     try:
         yield proxy

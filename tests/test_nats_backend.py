@@ -640,6 +640,7 @@ class _RestartRun:
         self.outcomes: dict[Slot, list[bool | None]] = {}
         self.slow_or_failed = 0  # claims the outage delayed (> 100 ms) or failed
         self.tasks: list[asyncio.Task[None]] = []
+        self.answered: list[int] = [0] * len(claimers)  # per claimer: slots answered definitely
 
     async def claim(self, index: int, slot: Slot) -> None:
         started_at = time.monotonic()
@@ -651,7 +652,19 @@ class _RestartRun:
             won = None
         if won is None or time.monotonic() - started_at > 0.1:
             self.slow_or_failed += 1
+        if won is not None:
+            self.answered[index] += 1
         self.outcomes[slot][index] = won
+
+    async def resumed(self) -> None:
+        """Until each claimer got a definite answer again (a reconnect takes longer on a loaded
+        machine than any fixed pause allows)."""
+        before = list(self.answered)
+
+        async def answering() -> bool:
+            return all(now > then for now, then in zip(self.answered, before, strict=True))
+
+        await wait_for(answering, timeout=20, what="every claimer to claim again")
 
     async def tick(self, until: asyncio.Event) -> None:
         slot_ms = 0
@@ -668,13 +681,14 @@ class _RestartRun:
 
 
 @pytest.mark.slow
-async def test_restart_while_claiming_never_runs_a_slot_twice_nor_falsely_loses(
+async def test_restart_while_claiming_never_runs_a_slot_twice_nor_loses_one_unclaimed(
     tmp_path: Path,
 ) -> None:
     """The server is killed (short outage) and later stopped for longer than a claim's budget,
-    while claiming goes on. Per slot: at most one winner; no winner only when every claimer got
-    an error (a skip), never when one was told it lost. Claiming resumes by itself, and the
-    server still remembers every won slot after the restarts."""
+    while claiming goes on. Per slot: at most one winner; a claimer told it lost only when a
+    claim of that slot is stored (its owner may have got no answer in time: a skip, fail
+    closed), never when none is. Claiming resumes by itself, and the server still remembers
+    every won or lost slot after the restarts."""
     async with nats_server(tmp_path) as server:
         claimers = await started(
             *(
@@ -689,7 +703,7 @@ async def test_restart_while_claiming_never_runs_a_slot_twice_nor_falsely_loses(
             await server.restart(signal.SIGKILL, downtime=0.3)
             await asyncio.sleep(0.6)
             await server.restart(signal.SIGTERM, downtime=1.5)
-            await asyncio.sleep(1.0)
+            await run.resumed()
             resumed = len(run.outcomes)
             await asyncio.sleep(0.5)
             done.set()
@@ -699,24 +713,38 @@ async def test_restart_while_claiming_never_runs_a_slot_twice_nor_falsely_loses(
 
         for slot, results in run.outcomes.items():
             assert results.count(True) <= 1, f"{slot.key} ran more than once: {results}"
-            if True not in results:
-                assert False not in results, f"{slot.key} falsely lost: {results}"
         assert run.slow_or_failed > 0, "the restarts did not overlap any claim"
         assert any(True not in results for results in run.outcomes.values()), "no outage seen"
         later = list(run.outcomes.values())[resumed:]
         assert later, "no slot after the restarts"
         assert all(results.count(True) == 1 for results in later), "claiming did not resume"
 
-        checker = NATSBackend(server.url, prefix="rs")
-        await checker.start(CLOCK)
-        try:
-            won = [slot for slot, results in run.outcomes.items() if True in results]
-            again = await asyncio.gather(
-                *(checker.claim(slot, instance_id="x", run_id="x", timeout=2) for slot in won)
-            )
-        finally:
-            await checker.stop()
-        assert not any(again), "a won slot was forgotten across the restarts"
+        # Who the server remembers as each slot's claimer, after the restarts:
+        owners = await _claim_owners(server.url, "rs-claims")
+        for slot, results in run.outcomes.items():
+            owner = owners.get(slot.key)
+            if True in results:
+                assert owner == results.index(True), f"{slot.key}: won {results}, stored {owner}"
+            elif owner is not None:  # the owner got no answer in time (its ack lost): a skip
+                assert results[owner] is None, f"{slot.key} falsely lost: {results}, {owner}"
+            else:
+                assert False not in results, f"{slot.key} lost, none stored: {results}"
+
+
+async def _claim_owners(url: str, stream: str) -> dict[str, int]:
+    """Slot key -> index of the claimer (instance ``i<index>``) whose claim is stored."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        last = (await js.stream_info(stream)).state.last_seq
+        owners: dict[str, int] = {}
+        for seq in range(1, last + 1):
+            msg = await js.get_msg(stream, seq)
+            key = (msg.headers or {})["Nats-Msg-Id"]
+            owners[key] = int(json.loads(msg.data or b"")["instance_id"].removeprefix("i"))
+        return owners
+    finally:
+        await nc.close()
 
 
 @pytest.mark.slow

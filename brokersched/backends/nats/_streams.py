@@ -15,6 +15,7 @@ grow for ever. An existing stream that cannot work fails ``start()`` with a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import re
@@ -28,6 +29,7 @@ from ..._options import NAME_PATTERN
 from ._base import BACKEND, describe, logger
 
 if TYPE_CHECKING:
+    import nats.js.errors
     from nats.js import JetStreamContext
     from nats.js.api import StreamConfig
 
@@ -52,6 +54,9 @@ _ERR_STREAM_NAME_IN_USE = 10058
 _ERR_SUBJECTS_OVERLAP = 10065
 # "replicas > 1 not supported in non-clustered mode", "insufficient resources" (too few servers)
 _ERR_REPLICAS = (10074, 10023)
+# "no suitable peers for placement" (+ why): too few servers, or "peer offline": a server the
+# cluster counts is down, cut off, or not yet current again after a restart or a partition.
+_ERR_NO_PEERS = 10005
 
 
 @functools.lru_cache(maxsize=4096)
@@ -435,6 +440,14 @@ class Streams:
         await self._check_history_stream(js)
 
     async def _ensure_claims_stream(self, js: JetStreamContext) -> None:
+        """The window is raised before the replicas: nats-server 2.9 leaves a stream update
+        unanswered (``nats: timeout``) while the stream is still growing its replicas, so the
+        other order made ``start()`` fail on a stream short of both. It is raised again after,
+        for a stream created or lowered by another instance meanwhile (a no-op otherwise)."""
+        import nats.js.errors
+
+        with contextlib.suppress(nats.js.errors.NotFoundError):  # created below
+            await self._raise_claims_window(js)
         await self._ensure_stream(
             js,
             claims_config(self._names, self._slot_ttl, self._replicas),
@@ -626,10 +639,8 @@ class Streams:
                 try:
                     await js.add_stream(desired)  # pyright: ignore[reportUnknownMemberType]
                 except nats.js.errors.APIError as exc:
-                    if exc.err_code in _ERR_REPLICAS:
-                        raise self._replicas_error(
-                            desired.name, None, f"NATS answered {describe(exc, self._secrets)}"
-                        ) from exc
+                    if exc.err_code in (*_ERR_REPLICAS, _ERR_NO_PEERS):
+                        raise self._replicas_error(desired.name, None, exc) from exc
                     if not isinstance(exc, nats.js.errors.BadRequestError):
                         raise
                     # Instances starting together race to create it; NATS 2.9 may answer the
@@ -644,7 +655,7 @@ class Streams:
             # A server that is not clustered stores any num_replicas it is given, and keeps one.
             have = (info.config.num_replicas or 1) if info.cluster is not None else 1
             if have < self._replicas and (updated or info.cluster is None):
-                raise self._replicas_error(desired.name, have, "the server is not clustered")
+                raise self._replicas_error(desired.name, have, None)
             update = _grown(info.config, replicas=self._replicas, per_subject=per_subject)
             if update is None:
                 return updated
@@ -652,9 +663,7 @@ class Streams:
                 await js.update_stream(update)  # pyright: ignore[reportUnknownMemberType]
             except nats.js.errors.APIError as exc:
                 if have < self._replicas:
-                    raise self._replicas_error(
-                        desired.name, have, f"NATS answered {describe(exc, self._secrets)}"
-                    ) from exc
+                    raise self._replicas_error(desired.name, have, exc) from exc
                 raise
             if have < self._replicas:
                 logger.warning(
@@ -668,9 +677,25 @@ class Streams:
             logger.info("updated JetStream stream %s", desired.name)
         raise BackendError(f"{BACKEND}: stream {desired.name} keeps changing; is it contested?")
 
-    def _replicas_error(self, stream: str, have: int | None, why: str) -> ConfigurationError:
-        """``replicas`` cannot be had: the stream is missing (``have`` None) or has fewer."""
+    def _replicas_error(
+        self, stream: str, have: int | None, refusal: nats.js.errors.APIError | None
+    ) -> ConfigurationError | BackendUnavailableError:
+        """``replicas`` cannot be had: the stream is missing (``have`` None) or has fewer;
+        ``refusal`` is NATS's answer (``None``: the server is not clustered).
+
+        A ``ConfigurationError``, unless NATS counts enough servers but one is offline: then an
+        outage (``BackendUnavailableError``), which ``start(wait=False)`` retries until every
+        server is back and current."""
         want = self._replicas
+        why = "the server is not clustered"
+        if refusal is not None:
+            why = f"NATS answered {describe(refusal, self._secrets)}"
+            if refusal.err_code == _ERR_NO_PEERS and "offline" in (refusal.description or ""):
+                return BackendUnavailableError(
+                    f"{BACKEND}: cannot place {want} replicas of JetStream stream {stream!r} "
+                    f"now ({why}): a server of the cluster is down, cut off, or not yet current "
+                    "again after a restart or a partition; start again once every server is back"
+                )
         if have is None:
             what = f"cannot create JetStream stream {stream!r} with {want} replicas ({why})"
         else:
