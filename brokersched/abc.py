@@ -233,6 +233,17 @@ class Backend(ABC):
         """Append ``record`` to the job's history, trimmed to ``job.history_size`` (and to
         ``job.history_ttl`` where ``capabilities.history_ttl``). Raises ``BackendError``."""
 
+    async def record_many(self, records: Sequence[tuple[JobPolicy, RunRecord]]) -> None:
+        """Append several records, in order, as ``record()`` would one after the other.
+
+        A backend overrides it to write them in one round trip, all or none: when it raises,
+        none of them was written, so the scheduler writes them again (it sends a batch, the
+        records that waited while the previous write was going, only to a backend that
+        overrides it). The default records them one by one.
+        """
+        for policy, record in records:
+            await self.record(policy, record)
+
     @abstractmethod
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         """At most ``limit`` records of the job, newest first, without consuming them."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, Generic, Literal, Protocol, TypeVar
 from urllib.parse import parse_qs, urlsplit
@@ -78,6 +78,7 @@ class _Connection(Protocol):
     async def fetch(self, query: str, *args: object) -> list[Row]: ...
     async def fetchrow(self, query: str, *args: object) -> Row | None: ...
     async def fetchval(self, query: str, *args: object) -> Any: ...
+    async def executemany(self, query: str, args: Iterable[Sequence[object]]) -> None: ...
     def transaction(self) -> AbstractAsyncContextManager[Any]: ...
     def terminate(self) -> None: ...
 
@@ -761,6 +762,19 @@ class PostgresBackend(SQLLeaseBackend):
             await conn.execute(self._sql.record, *args)
 
         await self._call(f"record a run of {job.name}", record_run)
+
+    async def record_many(self, records: Sequence[tuple[JobPolicy, RunRecord]]) -> None:
+        """One pipelined round trip, in one transaction (asyncpg's ``executemany`` is atomic):
+        all the records or none. In the order of job names (each job's records in their own
+        order): a record locks its job's counter until the commit, and two batches taking
+        the same jobs' locks in different orders would wait on each other."""
+        ordered = sorted(records, key=lambda item: item[0].name)
+        args = [self._record_args(policy, record) for policy, record in ordered]
+
+        async def record_runs(conn: _Connection) -> None:
+            await conn.executemany(self._sql.record, args)
+
+        await self._call(f"record {len(args)} runs", record_runs)
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         args = (job.name, history_cutoff(job, self._now()), history_limit(job, limit))

@@ -657,6 +657,15 @@ class SQLiteBackend(SQLLeaseBackend):
 
         await self._run(f"record a run of {job.name}", append, transaction=True)
 
+    async def record_many(self, records: Sequence[tuple[JobPolicy, RunRecord]]) -> None:
+        """One transaction: all the records or none."""
+
+        async def append(conn: aiosqlite.Connection) -> None:
+            for policy, record in records:
+                await self._append(conn, policy, record)
+
+        await self._run(f"record {len(records)} runs", append, transaction=True)
+
     async def _append(self, conn: aiosqlite.Connection, job: JobPolicy, record: RunRecord) -> None:
         finished = record.finished_at
         rows = await conn.execute_fetchall(

@@ -125,6 +125,20 @@ class _Suite(ABC, Generic[B]):
         assert [r.run_id for r in records] == ["run-5", "run-4", "run-3"]
 
     @pytest.mark.asyncio
+    async def test_records_written_together_are_kept_in_order_and_trimmed(
+        self, fleet: Factory
+    ) -> None:
+        backend = await fleet()
+        small, other = JobPolicy("many", history_size=3), JobPolicy("many.other")
+        await backend.prepare([small, other])
+        await backend.record(small, make_record("many", SLOT, 0))
+        batch = [(small, make_record("many", SLOT + n, n)) for n in range(1, 5)]
+        batch.insert(2, (other, make_record("many.other", SLOT, 9)))
+        await backend.record_many(batch)
+        assert [r.run_id for r in await backend.history(small, 10)] == ["run-4", "run-3", "run-2"]
+        assert [r.run_id for r in await backend.history(other, 10)] == ["run-9"]
+
+    @pytest.mark.asyncio
     async def test_history_is_per_job_and_round_trips(self, fleet: Factory) -> None:
         backend = await fleet()
         first, second = JobPolicy("a.job"), JobPolicy("a:job")
