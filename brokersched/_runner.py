@@ -71,6 +71,7 @@ class Runner:
         self.around_run: AroundRun | None = None  # Scheduler(around_run=...)
         self.stopping = False  # drain() has begun: nothing new runs
         self._batches = _Batches(self)
+        self._releases = _Releases(self)
 
     def skip(
         self, job: JobState, slot_ms: int, reason: SkipReason, detail: str | None = None
@@ -338,7 +339,10 @@ class Runner:
         tries = 0
         while True:
             try:
-                await backend.release(lease, handover=handover)
+                if tries == 0 and not handover and self._releases.enabled:
+                    await self._releases.release(lease)  # with the others of this loop turn
+                else:
+                    await backend.release(lease, handover=handover)
                 return
             except Exception as exc:
                 tries += 1
@@ -588,6 +592,65 @@ class _Batches:
             future.cancel()  # the batch was cancelled: so is each claim
         else:
             future.set_result(answer)
+
+
+class _Releases:
+    """Leases ended within one turn of the event loop (the runs of one instant finish
+    together) go to the backend together, as one ``release_many``; each gets its own answer,
+    and ``Runner.release`` retries one that failed on its own."""
+
+    def __init__(self, runner: Runner) -> None:
+        self._runner = runner
+        backend = runner.backend
+        self.enabled = (
+            isinstance(backend, LeaseBackend)
+            and type(backend).release_many is not LeaseBackend.release_many
+        )
+        self._waiting: list[tuple[Lease, asyncio.Future[None]]] = []
+
+    async def release(self, lease: Lease) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        if not self._waiting:
+            loop.call_soon(self._send)
+        self._waiting.append((lease, future))
+        with self._runner.clock.blocking():  # a virtual clock: the backend answers
+            await future
+
+    def _send(self) -> None:
+        batch, self._waiting = self._waiting, []
+        self._runner.tasks.spawn(self._exchange(batch), name="release-batch")
+
+    async def _exchange(self, batch: list[tuple[Lease, asyncio.Future[None]]]) -> None:
+        backend = self._runner.backend
+        assert isinstance(backend, LeaseBackend)
+        try:
+            if len(batch) == 1:
+                await backend.release(batch[0][0])
+                answers: list[Exception | None] = [None]
+            else:
+                answers = await backend.release_many([lease for lease, _ in batch])
+        except BaseException as exc:  # the whole batch failed (or this task was cancelled)
+            for _, future in batch:
+                if future.done():
+                    continue
+                if isinstance(exc, Exception):
+                    future.set_exception(exc)
+                else:
+                    future.cancel()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if len(answers) != len(batch):
+            error = BackendError(f"{backend.name} answered {len(answers)} of {len(batch)}")
+            answers = [error for _ in batch]
+        for (_, future), answer in zip(batch, answers, strict=True):
+            if future.done():
+                continue  # its run was cancelled meanwhile
+            if answer is None:
+                future.set_result(None)
+            else:
+                future.set_exception(answer)
 
 
 class _Renewer:

@@ -356,6 +356,17 @@ class LeaseBackend(Backend):
         short), the slot is offered to ``take_over()`` at once, without counting an attempt.
         A stale lease (another token holds the slot now) is left untouched."""
 
+    async def release_many(self, leases: Sequence[Lease]) -> list[Exception | None]:
+        """End several leases of distinct slots (no hand-over), as ``release()`` would each;
+        per lease, in order, ``None`` or the error its ``release()`` would raise (one lease's
+        error never fails the others; a stale lease is left untouched, as by ``release()``).
+
+        The default releases them concurrently. A backend overrides it to end them in one
+        round trip; the scheduler calls it for the runs that finish within one turn of the
+        event loop (the runs of one instant, on a fleet without jitter).
+        """
+        return await _each([self.release(lease) for lease in leases])
+
     @abstractmethod
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         """Take over slots whose runner died or handed them over, for the jobs in ``policies``.

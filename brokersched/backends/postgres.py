@@ -707,6 +707,21 @@ class PostgresBackend(SQLLeaseBackend):
         # failed while it still holds the lease, never one that landed after it expired.
         await self._call("release " + lease.slot.key, release, self._renew_timeout)
 
+    async def release_many(self, leases: Sequence[Lease]) -> list[Exception | None]:
+        """One pipelined round trip, in one transaction (all or none), in the order of job
+        names: each release locks its job's row until the commit."""
+        args = [(lease.job, lease.slot_ms, lease.token) for lease in leases]
+        args.sort(key=lambda arg: (arg[0], arg[1]))
+
+        async def release(conn: _Connection) -> None:
+            await conn.executemany(self._sql.release, args)
+
+        try:
+            await self._call(f"release {len(args)} leases", release, self._renew_timeout)
+        except BackendError as exc:
+            return [exc for _ in leases]
+        return [None for _ in leases]
+
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         by_job = {policy.name: policy for policy in policies}
         if not by_job:
