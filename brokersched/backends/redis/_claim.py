@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -37,7 +38,7 @@ from typing import Any
 from ..._clock import Clock
 from ..._durations import Duration, format_duration, positive_duration, to_ms
 from ..._exceptions import BackendError
-from ...abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
+from ...abc import Capabilities, Claim, ClaimBackend, JobPolicy, RunRecord, Slot
 from ._base import RedisConnection, claim_key
 
 __all__ = ["RedisBackend", "slot_memory_key"]
@@ -225,6 +226,48 @@ class RedisBackend(ClaimBackend):
         else:
             self._read_sent_ms = max(self._read_sent_ms, sent_ms)
         return won
+
+    async def claim_many(
+        self, claims: Sequence[Claim], *, instance_id: str, timeout: float
+    ) -> list[bool | Exception]:
+        """One pipelined round trip of ``SET NX``, once the fleet's slot memory is known for
+        every slot (as ``claim()`` then sends for each); otherwise the claims one by one."""
+        memory = self._memory
+        known = self._read_sent_ms - _CLOCK_MARGIN_MS
+        if memory is None or any(claim.slot.slot_ms > known for claim in claims):
+            return await super().claim_many(claims, instance_id=instance_id, timeout=timeout)
+        outcomes: list[bool | Exception] = []
+        sent: list[tuple[int, str, str]] = []  # (index, key, value)
+        for n, claim in enumerate(claims):
+            try:
+                self._check_not_too_late(memory, claim.slot)
+            except BackendError as exc:
+                outcomes.append(exc)
+                continue
+            outcomes.append(False)
+            value = json.dumps(
+                {"instance_id": instance_id, "run_id": claim.run_id}, separators=(",", ":")
+            )
+            sent.append((n, claim_key(self.prefix, claim.slot), value))
+
+        async def set_all(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for _, key, value in sent:
+                pipe.set(key, value, nx=True, px=memory.memory_ms)
+            answers: list[Any] = await pipe.execute(raise_on_error=False)
+            return answers
+
+        if not sent:
+            return outcomes
+        try:
+            answers = await self._redis.call(f"claim {len(sent)} slots", set_all, timeout)
+        except BackendError as exc:
+            answers = [exc for _ in sent]
+        for (n, key, _), answer in zip(sent, answers, strict=True):
+            if isinstance(answer, Exception) and not isinstance(answer, BackendError):
+                answer = BackendError(f"{self.name} could not claim {key}: {answer}")
+            outcomes[n] = answer if isinstance(answer, Exception) else answer is True
+        return outcomes
 
     def _check_not_too_late(self, memory: _Memory, slot: Slot) -> None:
         """Only for claims within this instance's own slot_ttl after the slot (the
