@@ -676,11 +676,24 @@ class _Renewer:
         self._margin_ms = max(self._ttl_ms // 10, 5)
         self.lost = False
         self._cancelled = False  # released, or given up by stop()
+        self._deadline: Timer | None = None
+        self._schedule(leased_ms)
+
+    def _schedule(self, valid_from_ms: int) -> None:
+        """The next renewal, for a lease known valid from ``valid_from_ms``. Its deadline is
+        armed only when it would come before that renewal, else when the renewal is sent:
+        most runs end before their first renewal, and a timer per run that never fires costs
+        the event loop."""
+        self._valid_from_ms = valid_from_ms
         self._timer = self._clock.call_later(self._period_ms, self._due)
-        self._deadline = self._lose_at(leased_ms)
+        lose_ms = valid_from_ms + self._ttl_ms - self._margin_ms
+        if lose_ms <= self._clock.monotonic_ms() + self._period_ms:
+            self._deadline = self._lose_at(valid_from_ms)
 
     def _due(self) -> None:
         if not self._cancelled:
+            if self._deadline is None:
+                self._deadline = self._lose_at(self._valid_from_ms)
             name = f"renew:{self._lease.slot.key}"
             self._runner.tasks.spawn(self._renew(), name=name, drained=False)
 
@@ -696,9 +709,13 @@ class _Renewer:
         if not ok:
             self._lose()
             return
-        self._deadline.cancel()
-        self._deadline = self._lose_at(sent_ms)
-        self._timer = self._clock.call_later(self._period_ms, self._due)
+        self._deadline = self._cancel(self._deadline)
+        self._schedule(sent_ms)
+
+    @staticmethod
+    def _cancel(timer: Timer | None) -> None:
+        if timer is not None:
+            timer.cancel()
 
     def _lose_at(self, sent_ms: int) -> Timer:
         """Abort shortly before the lease granted by a request sent at ``sent_ms`` (monotonic)
@@ -711,7 +728,7 @@ class _Renewer:
             return
         self.lost = True
         self._timer.cancel()
-        self._deadline.cancel()
+        self._deadline = self._cancel(self._deadline)
         self._runner.abort(self._run, "lock-lost")
 
     @property
@@ -722,4 +739,4 @@ class _Renewer:
     def cancel(self) -> None:
         self._cancelled = True
         self._timer.cancel()
-        self._deadline.cancel()
+        self._deadline = self._cancel(self._deadline)
