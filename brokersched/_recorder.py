@@ -24,6 +24,8 @@ __all__ = ["Recorder"]
 logger = logging.getLogger("brokersched")
 
 _RETRY_DELAYS_S = (0.5, 1.0, 2.0, 5.0)  # then every 5 s while the backend stays away
+#: The most records one write takes (``Backend.record_many``).
+_BATCH = 64
 
 
 class Recorder:
@@ -35,6 +37,10 @@ class Recorder:
         self.size = size
         self._queue: deque[tuple[JobPolicy, RunRecord]] = deque()
         self._writer: asyncio.Task[None] | None = None
+        # Only a backend that writes a batch in one round trip gets records together.
+        batches = type(backend).record_many is not Backend.record_many
+        self._most = _BATCH if batches else 1
+        self._batch = self._most
         self.dropped = 0  # records never written, since this scheduler was made
         self.on_drop: list[Callable[[RunRecord], None]] = []  # e.g. PrometheusMetrics
 
@@ -77,9 +83,15 @@ class Recorder:
         delays = itertools.chain(_RETRY_DELAYS_S, itertools.repeat(_RETRY_DELAYS_S[-1]))
         failing = False
         while self._queue:
-            policy, record = self._queue[0]
+            # The records that queued while the last write was going, in one write where the
+            # backend can (one statement or transaction: all or none); else one at a time.
+            count = min(len(self._queue), self._batch)
+            batch = [self._queue[n] for n in range(count)]
             try:
-                await self._backend.record(policy, record)
+                if count == 1:
+                    await self._backend.record(*batch[0])
+                else:
+                    await self._backend.record_many(batch)
             except BackendError as exc:
                 if not failing:
                     logger.warning(
@@ -91,14 +103,20 @@ class Recorder:
                 failing = True
                 await self._clock.sleep(next(delays))
                 continue
-            except Exception:  # not an outage: this record would never be written
+            except Exception:  # not an outage: one of these records would never be written
+                if count > 1:
+                    self._batch = 1  # write them one by one: the bad one alone is lost
+                    continue
+                _, record = batch[0]
                 logger.exception("could not record run %s of %s", record.run_id, record.job)
             else:
                 if failing:
                     logger.info("recording runs on %s again", self._backend.name)
                     failing = False
                     delays = itertools.chain(_RETRY_DELAYS_S, itertools.repeat(5.0))
-            self._queue.popleft()
+            for _ in range(count):
+                self._queue.popleft()
+            self._batch = self._most
 
     async def wait_written(self, timeout_s: float) -> None:
         """Wait, at most ``timeout_s`` real seconds, until the records queued so far are

@@ -71,6 +71,7 @@ class Runner:
         self.around_run: AroundRun | None = None  # Scheduler(around_run=...)
         self.stopping = False  # drain() has begun: nothing new runs
         self._batches = _Batches(self)
+        self._releases = _Releases(self)
 
     def skip(
         self, job: JobState, slot_ms: int, reason: SkipReason, detail: str | None = None
@@ -338,7 +339,10 @@ class Runner:
         tries = 0
         while True:
             try:
-                await backend.release(lease, handover=handover)
+                if tries == 0 and not handover and self._releases.enabled:
+                    await self._releases.release(lease)  # with the others of this loop turn
+                else:
+                    await backend.release(lease, handover=handover)
                 return
             except Exception as exc:
                 tries += 1
@@ -590,6 +594,65 @@ class _Batches:
             future.set_result(answer)
 
 
+class _Releases:
+    """Leases ended within one turn of the event loop (the runs of one instant finish
+    together) go to the backend together, as one ``release_many``; each gets its own answer,
+    and ``Runner.release`` retries one that failed on its own."""
+
+    def __init__(self, runner: Runner) -> None:
+        self._runner = runner
+        backend = runner.backend
+        self.enabled = (
+            isinstance(backend, LeaseBackend)
+            and type(backend).release_many is not LeaseBackend.release_many
+        )
+        self._waiting: list[tuple[Lease, asyncio.Future[None]]] = []
+
+    async def release(self, lease: Lease) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        if not self._waiting:
+            loop.call_soon(self._send)
+        self._waiting.append((lease, future))
+        with self._runner.clock.blocking():  # a virtual clock: the backend answers
+            await future
+
+    def _send(self) -> None:
+        batch, self._waiting = self._waiting, []
+        self._runner.tasks.spawn(self._exchange(batch), name="release-batch")
+
+    async def _exchange(self, batch: list[tuple[Lease, asyncio.Future[None]]]) -> None:
+        backend = self._runner.backend
+        assert isinstance(backend, LeaseBackend)
+        try:
+            if len(batch) == 1:
+                await backend.release(batch[0][0])
+                answers: list[Exception | None] = [None]
+            else:
+                answers = await backend.release_many([lease for lease, _ in batch])
+        except BaseException as exc:  # the whole batch failed (or this task was cancelled)
+            for _, future in batch:
+                if future.done():
+                    continue
+                if isinstance(exc, Exception):
+                    future.set_exception(exc)
+                else:
+                    future.cancel()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if len(answers) != len(batch):
+            error = BackendError(f"{backend.name} answered {len(answers)} of {len(batch)}")
+            answers = [error for _ in batch]
+        for (_, future), answer in zip(batch, answers, strict=True):
+            if future.done():
+                continue  # its run was cancelled meanwhile
+            if answer is None:
+                future.set_result(None)
+            else:
+                future.set_exception(answer)
+
+
 class _Renewer:
     """Keeps a run's lease: renews it every ``lease_ttl / 3`` until the run is released.
 
@@ -613,11 +676,24 @@ class _Renewer:
         self._margin_ms = max(self._ttl_ms // 10, 5)
         self.lost = False
         self._cancelled = False  # released, or given up by stop()
+        self._deadline: Timer | None = None
+        self._schedule(leased_ms)
+
+    def _schedule(self, valid_from_ms: int) -> None:
+        """The next renewal, for a lease known valid from ``valid_from_ms``. Its deadline is
+        armed only when it would come before that renewal, else when the renewal is sent:
+        most runs end before their first renewal, and a timer per run that never fires costs
+        the event loop."""
+        self._valid_from_ms = valid_from_ms
         self._timer = self._clock.call_later(self._period_ms, self._due)
-        self._deadline = self._lose_at(leased_ms)
+        lose_ms = valid_from_ms + self._ttl_ms - self._margin_ms
+        if lose_ms <= self._clock.monotonic_ms() + self._period_ms:
+            self._deadline = self._lose_at(valid_from_ms)
 
     def _due(self) -> None:
         if not self._cancelled:
+            if self._deadline is None:
+                self._deadline = self._lose_at(self._valid_from_ms)
             name = f"renew:{self._lease.slot.key}"
             self._runner.tasks.spawn(self._renew(), name=name, drained=False)
 
@@ -633,9 +709,13 @@ class _Renewer:
         if not ok:
             self._lose()
             return
-        self._deadline.cancel()
-        self._deadline = self._lose_at(sent_ms)
-        self._timer = self._clock.call_later(self._period_ms, self._due)
+        self._deadline = self._cancel(self._deadline)
+        self._schedule(sent_ms)
+
+    @staticmethod
+    def _cancel(timer: Timer | None) -> None:
+        if timer is not None:
+            timer.cancel()
 
     def _lose_at(self, sent_ms: int) -> Timer:
         """Abort shortly before the lease granted by a request sent at ``sent_ms`` (monotonic)
@@ -648,7 +728,7 @@ class _Renewer:
             return
         self.lost = True
         self._timer.cancel()
-        self._deadline.cancel()
+        self._deadline = self._cancel(self._deadline)
         self._runner.abort(self._run, "lock-lost")
 
     @property
@@ -659,4 +739,4 @@ class _Renewer:
     def cancel(self) -> None:
         self._cancelled = True
         self._timer.cancel()
-        self._deadline.cancel()
+        self._deadline = self._cancel(self._deadline)

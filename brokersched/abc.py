@@ -233,6 +233,17 @@ class Backend(ABC):
         """Append ``record`` to the job's history, trimmed to ``job.history_size`` (and to
         ``job.history_ttl`` where ``capabilities.history_ttl``). Raises ``BackendError``."""
 
+    async def record_many(self, records: Sequence[tuple[JobPolicy, RunRecord]]) -> None:
+        """Append several records, in order, as ``record()`` would one after the other.
+
+        A backend overrides it to write them in one round trip, all or none: when it raises,
+        none of them was written, so the scheduler writes them again (it sends a batch, the
+        records that waited while the previous write was going, only to a backend that
+        overrides it). The default records them one by one.
+        """
+        for policy, record in records:
+            await self.record(policy, record)
+
     @abstractmethod
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         """At most ``limit`` records of the job, newest first, without consuming them."""
@@ -344,6 +355,17 @@ class LeaseBackend(Backend):
         """End ``lease``; the slot stays claimed. With ``handover`` (a graceful stop cut the run
         short), the slot is offered to ``take_over()`` at once, without counting an attempt.
         A stale lease (another token holds the slot now) is left untouched."""
+
+    async def release_many(self, leases: Sequence[Lease]) -> list[Exception | None]:
+        """End several leases of distinct slots (no hand-over), as ``release()`` would each;
+        per lease, in order, ``None`` or the error its ``release()`` would raise (one lease's
+        error never fails the others; a stale lease is left untouched, as by ``release()``).
+
+        The default releases them concurrently. A backend overrides it to end them in one
+        round trip; the scheduler calls it for the runs that finish within one turn of the
+        event loop (the runs of one instant, on a fleet without jitter).
+        """
+        return await _each([self.release(lease) for lease in leases])
 
     @abstractmethod
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:

@@ -27,7 +27,7 @@ from brokersched import (
     Scheduler,
 )
 from brokersched._clock import SystemClock
-from brokersched.abc import JobPolicy, RunRecord, Slot
+from brokersched.abc import Claim, JobPolicy, RunRecord, Slot
 from brokersched.backends.redis import (
     RedisBackend,
     RedisLeaseBackend,
@@ -231,6 +231,18 @@ async def test_many_racing_claimers_have_one_winner_per_slot(fleet: Callable[...
 
     rows = await asyncio.gather(*(racer(backend) for backend in backends))
     assert [sum(row[n] for row in rows) for n in range(len(slots))] == [1] * len(slots)
+
+
+async def test_a_batch_larger_than_the_pool_is_claimed_in_one_round_trip(
+    fleet: Callable[..., Any],
+) -> None:
+    """The slots of one instant (200 jobs every second) outnumber the pool's connections:
+    claimed one by one, concurrently, the claims beyond it failed (``MaxConnectionsError``)."""
+    backend = await fleet(max_connections=4)
+    now_ms = int(time.time() * 1000)  # on time: the slot memory is read with the claims
+    claims = [Claim(Slot(f"pool.{n}", now_ms), f"r{n}", JobPolicy(f"pool.{n}")) for n in range(40)]
+    assert await backend.claim_many(claims, instance_id="i1", timeout=5.0) == [True] * 40
+    assert await backend.claim_many(claims, instance_id="i2", timeout=5.0) == [False] * 40
 
 
 async def test_history_keeps_its_size_and_age(fleet: Callable[..., Any], redis_url: str) -> None:

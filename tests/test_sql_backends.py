@@ -332,6 +332,29 @@ async def test_prefixes_and_schemas_isolate(tmp_path: Path, postgres_dsn: str) -
             await drop_schema(postgres_dsn, schema)
 
 
+async def test_postgres_names_its_connections_unless_the_dsn_does(postgres_dsn: str) -> None:
+    """Connections show as ``brokersched`` in ``pg_stat_activity``; a DSN's own
+    ``application_name`` is kept (an operator tells fleets apart by it)."""
+    schema, named = "t" + secrets.token_hex(4), "fleet_" + secrets.token_hex(4)
+    sep = "&" if "?" in postgres_dsn else "?"
+    backends = {
+        "brokersched": PostgresBackend(postgres_dsn, schema=schema),
+        named: PostgresBackend(f"{postgres_dsn}{sep}application_name={named}", schema=schema),
+    }
+
+    async def show(conn: Any) -> str:
+        return str(await conn.fetchval("SHOW application_name"))
+
+    try:
+        for expected, backend in backends.items():
+            await backend.start(SystemClock())
+            assert await backend._call("read application_name", show) == expected
+    finally:
+        for backend in backends.values():
+            await backend.stop()
+        await drop_schema(postgres_dsn, schema)
+
+
 # -- history -------------------------------------------------------------------------------
 
 

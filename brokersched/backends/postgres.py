@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from typing import Any, Generic, Literal, Protocol, TypeVar
 from urllib.parse import parse_qs, urlsplit
@@ -78,6 +78,7 @@ class _Connection(Protocol):
     async def fetch(self, query: str, *args: object) -> list[Row]: ...
     async def fetchrow(self, query: str, *args: object) -> Row | None: ...
     async def fetchval(self, query: str, *args: object) -> Any: ...
+    async def executemany(self, query: str, args: Iterable[Sequence[object]]) -> None: ...
     def transaction(self) -> AbstractAsyncContextManager[Any]: ...
     def terminate(self) -> None: ...
 
@@ -706,6 +707,21 @@ class PostgresBackend(SQLLeaseBackend):
         # failed while it still holds the lease, never one that landed after it expired.
         await self._call("release " + lease.slot.key, release, self._renew_timeout)
 
+    async def release_many(self, leases: Sequence[Lease]) -> list[Exception | None]:
+        """One pipelined round trip, in one transaction (all or none), in the order of job
+        names: each release locks its job's row until the commit."""
+        args = [(lease.job, lease.slot_ms, lease.token) for lease in leases]
+        args.sort(key=lambda arg: (arg[0], arg[1]))
+
+        async def release(conn: _Connection) -> None:
+            await conn.executemany(self._sql.release, args)
+
+        try:
+            await self._call(f"release {len(args)} leases", release, self._renew_timeout)
+        except BackendError as exc:
+            return [exc for _ in leases]
+        return [None for _ in leases]
+
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         by_job = {policy.name: policy for policy in policies}
         if not by_job:
@@ -761,6 +777,19 @@ class PostgresBackend(SQLLeaseBackend):
             await conn.execute(self._sql.record, *args)
 
         await self._call(f"record a run of {job.name}", record_run)
+
+    async def record_many(self, records: Sequence[tuple[JobPolicy, RunRecord]]) -> None:
+        """One pipelined round trip, in one transaction (asyncpg's ``executemany`` is atomic):
+        all the records or none. In the order of job names (each job's records in their own
+        order): a record locks its job's counter until the commit, and two batches taking
+        the same jobs' locks in different orders would wait on each other."""
+        ordered = sorted(records, key=lambda item: item[0].name)
+        args = [self._record_args(policy, record) for policy, record in ordered]
+
+        async def record_runs(conn: _Connection) -> None:
+            await conn.executemany(self._sql.record, args)
+
+        await self._call(f"record {len(args)} runs", record_runs)
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         args = (job.name, history_cutoff(job, self._now()), history_limit(job, limit))

@@ -585,6 +585,26 @@ class SQLiteBackend(SQLLeaseBackend):
             "release " + lease.slot.key, release, timeout=self._renew_timeout, transaction=True
         )
 
+    async def release_many(self, leases: Sequence[Lease]) -> list[Exception | None]:
+        """One transaction: all or none."""
+
+        async def release(conn: aiosqlite.Connection) -> None:
+            for lease in leases:
+                params = _lease_params(lease)
+                await conn.execute(self._sql.end_grant, params)
+                await conn.execute(self._sql.delete_lease, params)
+
+        try:
+            await self._run(
+                f"release {len(leases)} leases",
+                release,
+                timeout=self._renew_timeout,
+                transaction=True,
+            )
+        except BackendError as exc:
+            return [exc for _ in leases]
+        return [None for _ in leases]
+
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         by_job = {policy.name: policy for policy in policies}
         params = {"jobs": json.dumps(list(by_job))}
@@ -656,6 +676,15 @@ class SQLiteBackend(SQLLeaseBackend):
             await self._append(conn, job, record)
 
         await self._run(f"record a run of {job.name}", append, transaction=True)
+
+    async def record_many(self, records: Sequence[tuple[JobPolicy, RunRecord]]) -> None:
+        """One transaction: all the records or none."""
+
+        async def append(conn: aiosqlite.Connection) -> None:
+            for policy, record in records:
+                await self._append(conn, policy, record)
+
+        await self._run(f"record {len(records)} runs", append, transaction=True)
 
     async def _append(self, conn: aiosqlite.Connection, job: JobPolicy, record: RunRecord) -> None:
         finished = record.finished_at

@@ -18,8 +18,9 @@ import asyncio
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import pytest
 import pytest_asyncio
@@ -123,6 +124,20 @@ class _Suite(ABC, Generic[B]):
             await backend.record(policy, make_record("small", SLOT + n, n))
         records = await backend.history(policy, 100)
         assert [r.run_id for r in records] == ["run-5", "run-4", "run-3"]
+
+    @pytest.mark.asyncio
+    async def test_records_written_together_are_kept_in_order_and_trimmed(
+        self, fleet: Factory
+    ) -> None:
+        backend = await fleet()
+        small, other = JobPolicy("many", history_size=3), JobPolicy("many.other")
+        await backend.prepare([small, other])
+        await backend.record(small, make_record("many", SLOT, 0))
+        batch = [(small, make_record("many", SLOT + n, n)) for n in range(1, 5)]
+        batch.insert(2, (other, make_record("many.other", SLOT, 9)))
+        await backend.record_many(batch)
+        assert [r.run_id for r in await backend.history(small, 10)] == ["run-4", "run-3", "run-2"]
+        assert [r.run_id for r in await backend.history(other, 10)] == ["run-9"]
 
     @pytest.mark.asyncio
     async def test_history_is_per_job_and_round_trips(self, fleet: Factory) -> None:
@@ -443,6 +458,26 @@ class LeaseBackendSuite(_Suite[B]):
         assert (taken.slot_ms, taken.attempt, taken.reason) == (SLOT, 1, "retry")
         assert await two.take_over([policy], instance_id="i3") == []
         assert await one.history(policy, 10) == []  # a hand-over is not a dead attempt
+
+    @pytest.mark.asyncio
+    async def test_leases_released_together_end_as_released_one_by_one(
+        self, fleet: Factory, clock: Clock
+    ) -> None:
+        one, two = await self.started(fleet), await self.started(fleet)
+        leases = [await self.acquire(one, Slot(job, SLOT)) for job in ("r.c", "r.a", "r.b")]
+        assert all(isinstance(lease, Lease) for lease in leases)
+        kept = await self.acquire(one, Slot("r.kept", SLOT))
+        assert isinstance(kept, Lease)
+        stale = replace(kept, token="not-this-lease")
+        answers = await one.release_many([*cast(list[Lease], leases), stale])
+        assert answers == [None, None, None, None]
+        newer = [await self.acquire(two, Slot(job, SLOT + 1000)) for job in ("r.a", "r.b")]
+        assert all(isinstance(lease, Lease) for lease in newer)  # ended: granted at once
+        assert await self.acquire(two, Slot("r.kept", SLOT + 1000), instance="i2") == "overlap"
+        assert await two.release_many(cast(list[Lease], newer)) == [None, None]
+        await self.expire(clock)
+        (taken,) = await two.take_over([JobPolicy("r.kept"), JobPolicy("r.a")], instance_id="i3")
+        assert taken.job == "r.kept"  # the released slots were not a dead runner's
 
     @pytest.mark.asyncio
     async def test_released_slots_are_not_taken_over(self, fleet: Factory, clock: Clock) -> None:

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -320,6 +320,25 @@ class RedisConnection:
 
         async def run(client: Any) -> Any:
             return await self._scripts[name](keys=keys, args=args, client=client)
+
+        return await self.call(action, run, timeout)
+
+    async def scripts(
+        self,
+        name: str,
+        action: str,
+        calls: Sequence[tuple[list[str], list[str | int]]],
+        timeout: float | None = None,
+    ) -> list[Any]:
+        """The script once per ``(keys, args)``, pipelined: one round trip (after a check
+        that the script is loaded); per call, its answer or its error. Not on a cluster."""
+
+        async def run(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for keys, args in calls:
+                await self._scripts[name](keys=keys, args=args, client=pipe)
+            answers: list[Any] = await pipe.execute(raise_on_error=False)
+            return answers
 
         return await self.call(action, run, timeout)
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -37,7 +38,7 @@ from typing import Any
 from ..._clock import Clock
 from ..._durations import Duration, format_duration, positive_duration, to_ms
 from ..._exceptions import BackendError
-from ...abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
+from ...abc import Capabilities, Claim, ClaimBackend, JobPolicy, RunRecord, Slot
 from ._base import RedisConnection, claim_key
 
 __all__ = ["RedisBackend", "slot_memory_key"]
@@ -225,6 +226,73 @@ class RedisBackend(ClaimBackend):
         else:
             self._read_sent_ms = max(self._read_sent_ms, sent_ms)
         return won
+
+    async def claim_many(
+        self, claims: Sequence[Claim], *, instance_id: str, timeout: float
+    ) -> list[bool | Exception]:
+        """One pipelined round trip: a ``SET NX`` per claim, after a read of the fleet's slot
+        memory unless it is known for every slot (as ``claim()`` does for each)."""
+        memory = self._memory
+        if memory is None:
+            raise BackendError(f"{self.name} is not started")
+        outcomes: list[bool | Exception] = []
+        sent: list[tuple[int, str, str]] = []  # (index, key, value)
+        for n, claim in enumerate(claims):
+            try:
+                self._check_not_too_late(memory, claim.slot)
+            except BackendError as exc:
+                outcomes.append(exc)
+                continue
+            outcomes.append(False)
+            value = json.dumps(
+                {"instance_id": instance_id, "run_id": claim.run_id}, separators=(",", ":")
+            )
+            sent.append((n, claim_key(self.prefix, claim.slot), value))
+        if not sent:
+            return outcomes
+        known = self._read_sent_ms - _CLOCK_MARGIN_MS
+        read = any(claims[n].slot.slot_ms > known for n, _, _ in sent)
+        record = slot_memory_key(self.prefix)
+        sent_ms = self._redis.now_ms()
+
+        async def set_all(client: Any) -> tuple[list[Any], _Memory | None]:
+            pipe = client.pipeline(transaction=False)
+            if read:
+                pipe.hmget(record, "memory_ms", "raises")
+            for _, key, value in sent:
+                pipe.set(key, value, nx=True, px=memory.memory_ms)
+            answers: list[Any] = await pipe.execute(raise_on_error=False)
+            if not read:
+                return answers, memory
+            seen_record = answers.pop(0)
+            if isinstance(seen_record, Exception):
+                raise seen_record  # the claims' answers are not definite without it
+            seen = _Memory.parse(*seen_record)
+            if seen is not None and seen.memory_ms > memory.memory_ms:  # a raise not seen
+                won = [key for (_, key, _), answer in zip(sent, answers, strict=True) if answer]
+                if won:
+                    again = client.pipeline(transaction=False)
+                    for key in won:
+                        again.pexpire(key, seen.memory_ms)
+                    await again.execute()
+            return answers, seen
+
+        try:
+            answers, seen = await self._redis.call(f"claim {len(sent)} slots", set_all, timeout)
+        except BackendError as exc:
+            for n, _, _ in sent:
+                outcomes[n] = exc
+            return outcomes
+        if seen != memory:
+            await self._adopt(memory, seen)
+        elif read:
+            self._read_sent_ms = max(self._read_sent_ms, sent_ms)
+        for (n, key, _), answer in zip(sent, answers, strict=True):
+            if isinstance(answer, Exception):
+                outcomes[n] = BackendError(f"{self.name} could not claim {key}: {answer}")
+            else:
+                outcomes[n] = answer is True
+        return outcomes
 
     def _check_not_too_late(self, memory: _Memory, slot: Slot) -> None:
         """Only for claims within this instance's own slot_ttl after the slot (the

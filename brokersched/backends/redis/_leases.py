@@ -10,7 +10,7 @@ from typing import Any, Literal
 from ..._clock import Clock, datetime_to_ms, ms_to_datetime
 from ..._durations import Duration, to_ms
 from ..._exceptions import BackendError
-from ...abc import JobPolicy, Lease, RunReason, RunRecord, Slot
+from ...abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
 from .._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
     DeadRun,
@@ -92,17 +92,27 @@ class RedisLeaseBackend(LeaseBackendBase):
         reason: RunReason,
         timeout: float,
     ) -> Lease | Literal["overlap", "not-acquired"]:
-        token = new_token()
-        args: list[str | int] = [
-            slot.slot_ms, reason, "1" if policy.overlap == "allow" else "0", self._ttl_ms,
-            to_ms(self._max_clock_skew), token, run_id, instance_id, self._redis.now_ms(),
-        ]  # fmt: skip
+        token, claim = new_token(), Claim(slot, run_id, policy, reason)
+        args = self._acquire_args(claim, token, instance_id)
         status, now = await self._redis.script(
             "ACQUIRE", "claim " + slot.key, self._keys(slot.job), args, timeout
         )
+        return self._granted(claim, token, status, now)
+
+    def _acquire_args(self, claim: Claim, token: str, instance_id: str) -> list[str | int]:
+        return [
+            claim.slot.slot_ms, claim.reason, "1" if claim.policy.overlap == "allow" else "0",
+            self._ttl_ms, to_ms(self._max_clock_skew), token, claim.run_id, instance_id,
+            self._redis.now_ms(),
+        ]  # fmt: skip
+
+    def _granted(
+        self, claim: Claim, token: str, status: bytes, now: bytes
+    ) -> Lease | Literal["overlap", "not-acquired"]:
+        slot = claim.slot
         match status:
             case b"granted":
-                return Lease(slot.job, slot.slot_ms, token, run_id, 1, reason)
+                return Lease(slot.job, slot.slot_ms, token, claim.run_id, 1, claim.reason)
             case b"overlap":
                 return "overlap"
             case b"skew":
@@ -110,6 +120,36 @@ class RedisLeaseBackend(LeaseBackendBase):
                     slot, int(now), self._max_clock_skew, backend=self.name, clock=_CLOCK
                 )
         return "not-acquired"
+
+    async def acquire_many(
+        self, claims: Sequence[Claim], *, instance_id: str, timeout: float
+    ) -> list[LeaseOutcome]:
+        """One pipelined round trip of the claims' scripts (each decides its job alone, as
+        ``acquire()`` does); on a cluster, the claims concurrently."""
+        if self._redis.cluster:
+            return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
+        tokens = [new_token() for _ in claims]
+        calls = [
+            (self._keys(claim.slot.job), self._acquire_args(claim, token, instance_id))
+            for claim, token in zip(claims, tokens, strict=True)
+        ]
+        try:
+            answers = await self._redis.scripts(
+                "ACQUIRE", f"claim {len(claims)} slots", calls, timeout
+            )
+        except BackendError as exc:
+            return [exc for _ in claims]
+        outcomes: list[LeaseOutcome] = []
+        for claim, token, answer in zip(claims, tokens, answers, strict=True):
+            if isinstance(answer, Exception):
+                key = claim.slot.key
+                outcomes.append(BackendError(f"{self.name} could not claim {key}: {answer}"))
+                continue
+            try:
+                outcomes.append(self._granted(claim, token, *answer))
+            except BackendError as exc:  # ClockSkewError
+                outcomes.append(exc)
+        return outcomes
 
     async def renew(self, lease: Lease) -> bool:
         """Answers within a third of ``lease_ttl``."""
