@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ._clock import Clock
 from ._context import JobContext
 from ._durations import parse_duration
-from ._events import ClaimEvent, RunEvent, SkipEvent, StartEvent
+from ._events import ClaimEvent, RecordDroppedEvent, RunEvent, SkipEvent, StartEvent
 from ._exceptions import (
     BackendError,
     BackendUnavailableError,
@@ -48,6 +48,7 @@ __all__ = [
     "PostgresBackend",
     "PrometheusMetrics",
     "RabbitMQBackend",
+    "RecordDroppedEvent",
     "RedisBackend",
     "RedisLeaseBackend",
     "RunEvent",

@@ -21,6 +21,7 @@ __all__ = [
     "EventName",
     "Events",
     "Listener",
+    "RecordDroppedEvent",
     "RunEvent",
     "SkipEvent",
     "SkipReason",
@@ -29,7 +30,7 @@ __all__ = [
 
 logger = logging.getLogger("brokersched")
 
-EventName = Literal["skip", "start", "complete", "fail", "claim"]
+EventName = Literal["skip", "start", "complete", "fail", "claim", "record-dropped"]
 SkipReason = Literal["late", "overlap", "not-acquired", "paused", "backend-error", "clock-skew"]
 
 
@@ -79,7 +80,18 @@ class ClaimEvent(_SlotEvent):
     seconds: float
 
 
-Event = SkipEvent | StartEvent | RunEvent | ClaimEvent
+@dataclass(frozen=True, slots=True)
+class RecordDroppedEvent(_SlotEvent):
+    """A run's record was never written: the backend stayed away while ``record_buffer``
+    records waited, or ``stop()`` could not write it in time. ``job`` is the job's key (its
+    name unless ``key=`` was given); ``dropped`` counts this scheduler's drops so far."""
+
+    run_id: str
+    outcome: Outcome
+    dropped: int
+
+
+Event = SkipEvent | StartEvent | RunEvent | ClaimEvent | RecordDroppedEvent
 Listener = Callable[[Event], Awaitable[None] | None]
 
 

@@ -203,8 +203,9 @@ class PrometheusMetrics:
         scheduler.on("fail", on_finish)
         scheduler.on("skip", on_skip)
         scheduler.on("claim", self._observe_claim)
-        scheduler._recorder.on_drop.append(
-            lambda record: self.records_dropped.labels(self.job_label(record.job)).inc()
+        scheduler.on(
+            "record-dropped",
+            lambda event: self.records_dropped.labels(self.job_label(event.job)).inc(),
         )
         return self
 

@@ -13,9 +13,9 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import Callable
 
 from ._clock import Clock
+from ._events import Events, RecordDroppedEvent
 from ._exceptions import BackendError
 from .abc import Backend, JobPolicy, RunRecord
 
@@ -31,8 +31,9 @@ _BATCH = 64
 class Recorder:
     """The run records of one scheduler on their way to its backend."""
 
-    def __init__(self, clock: Clock, backend: Backend, size: int) -> None:
+    def __init__(self, clock: Clock, backend: Backend, size: int, events: Events) -> None:
         self._clock = clock
+        self._events = events
         self._backend = backend
         self.size = size
         self._queue: deque[tuple[JobPolicy, RunRecord]] = deque()
@@ -42,7 +43,6 @@ class Recorder:
         self._most = _BATCH if batches else 1
         self._batch = self._most
         self.dropped = 0  # records never written, since this scheduler was made
-        self.on_drop: list[Callable[[RunRecord], None]] = []  # e.g. PrometheusMetrics
 
     @property
     def pending(self) -> int:
@@ -73,11 +73,10 @@ class Recorder:
             self.dropped,
             extra={"event": "record-dropped", "job": record.job, "dropped": self.dropped},
         )
-        for listener in self.on_drop:
-            try:
-                listener(record)
-            except Exception:
-                logger.exception("record-dropped listener %r failed", listener)
+        event = RecordDroppedEvent(
+            record.job, record.slot_ms, record.run_id, record.outcome, self.dropped
+        )
+        self._events.emit("record-dropped", event)
 
     async def _write(self) -> None:
         delays = itertools.chain(_RETRY_DELAYS_S, itertools.repeat(_RETRY_DELAYS_S[-1]))

@@ -25,7 +25,15 @@ from typing import Any, Generic, Literal, Self, TypeAlias, TypeVar, Unpack, over
 from . import _boot, _runner
 from ._clock import Clock, SystemClock, Timer, ms_to_datetime
 from ._durations import Duration, parse_duration, to_ms
-from ._events import ClaimEvent, EventName, Events, RunEvent, SkipEvent, StartEvent
+from ._events import (
+    ClaimEvent,
+    EventName,
+    Events,
+    RecordDroppedEvent,
+    RunEvent,
+    SkipEvent,
+    StartEvent,
+)
 from ._exceptions import BackendError, ConfigurationError
 from ._job import AroundRun, Handler, JobState, check_handler
 from ._options import (
@@ -82,6 +90,7 @@ OnSkip = Callable[[SkipEvent], Awaitable[None] | None]
 OnStart = Callable[[StartEvent], Awaitable[None] | None]
 OnRun = Callable[[RunEvent], Awaitable[None] | None]
 OnClaim = Callable[[ClaimEvent], Awaitable[None] | None]
+OnRecordDropped = Callable[[RecordDroppedEvent], Awaitable[None] | None]
 
 logger = logging.getLogger("brokersched")
 
@@ -245,7 +254,9 @@ class Scheduler(Generic[B]):
         self._stopped = asyncio.Event()
         self._lifecycle = asyncio.Lock()
         self._events = Events(self._tasks)
-        self._recorder = Recorder(self.clock, self.backend, self.options.record_buffer)
+        self._recorder = Recorder(
+            self.clock, self.backend, self.options.record_buffer, self._events
+        )
         self._runner = _runner.Runner(
             self.clock, self.backend, self.instance_id, self._events, self._tasks, self._recorder
         )
@@ -624,10 +635,15 @@ class Scheduler(Generic[B]):
     def on(self, event: Literal["complete", "fail"], listener: OnRun) -> OnRun: ...
     @overload
     def on(self, event: Literal["claim"], listener: OnClaim) -> OnClaim: ...
+    @overload
+    def on(
+        self, event: Literal["record-dropped"], listener: OnRecordDropped
+    ) -> OnRecordDropped: ...
     def on(self, event: EventName, listener: Any) -> Any:
         """Call ``listener`` (sync or async) for every ``event``: ``skip`` (a ``SkipEvent``),
         ``start`` (a ``StartEvent``), ``complete`` and ``fail`` (a ``RunEvent``), ``claim`` (a
-        ``ClaimEvent``: how long each claim took)."""
+        ``ClaimEvent``: how long each claim took), ``record-dropped`` (a
+        ``RecordDroppedEvent``: a run's record never reached the backend)."""
         self._events.on(event, listener)
         return listener
 

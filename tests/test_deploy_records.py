@@ -19,6 +19,7 @@ from brokersched import (
     JobContext,
     MemoryBackend,
     PrometheusMetrics,
+    RecordDroppedEvent,
     Scheduler,
 )
 from brokersched.abc import JobPolicy, RunRecord
@@ -60,10 +61,14 @@ async def test_a_claim_false_job_keeps_its_rhythm_while_records_cannot_be_writte
     job = sched.every("refresh", "1s", tick, claim=False)
     skips: list[str] = []
     sched.on("skip", lambda event: skips.append(event.reason))
+    told: list[RecordDroppedEvent] = []
+    sched.on("record-dropped", told.append)
     async with sched:
         backend.away = True
         await clock.advance("30s")
         assert skips == []  # not one slot skipped as overlap: runs do not wait for records
+        assert [event.dropped for event in told] == list(range(1, 26))
+        assert {(event.job, event.outcome) for event in told} == {("refresh", "completed")}
         assert sched._recorder.pending == 5
         dropped = [r for r in caplog.records if getattr(r, "event", None) == "record-dropped"]
         assert len(dropped) == 25

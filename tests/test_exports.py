@@ -11,6 +11,7 @@ def test_all_is_the_public_surface() -> None:
         "BackendUnavailableError",
         "BrokerschedError",
         "ClaimEvent",
+        "RecordDroppedEvent",
         "Clock",
         "ClockSkewError",
         "ConfigurationError",

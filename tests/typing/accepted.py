@@ -8,6 +8,7 @@ from brokersched import (
     NATSBackend,
     PostgresBackend,
     RabbitMQBackend,
+    RecordDroppedEvent,
     RedisBackend,
     RedisLeaseBackend,
     RunEvent,
@@ -70,6 +71,13 @@ rabbit.on("fail", on_run)
 rabbit.on("skip", on_any)
 rabbit.on("fail", lambda event: print(event.outcome, event.exception))
 rabbit.on("claim", lambda event: print(event.backend, event.seconds))
+
+
+def on_dropped(event: RecordDroppedEvent) -> None: ...
+
+
+rabbit.on("record-dropped", on_dropped)
+rabbit.on("record-dropped", lambda event: print(event.run_id, event.dropped))
 
 redis_claims = Scheduler(RedisBackend("redis://127.0.0.1:6379/0", slot_ttl="5m", cluster=False))
 redis_claims.every("r1", "5s", flush, timeout="4s", jitter="1s", history_ttl="1d")
