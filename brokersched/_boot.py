@@ -68,7 +68,10 @@ async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | N
         return None
     if runner.stopping or job.removed:
         return None
-    if job.settings.policy.overlap == "skip" and job.runs:
+    # Overlap is controlled where the job's other runs are (claim=False: this process; a lease
+    # backend: the fleet); a claim-only backend lets runs of one job overlap.
+    overlap_controlled = not job.settings.claim or isinstance(runner.backend, LeaseBackend)
+    if overlap_controlled and job.settings.policy.overlap == "skip" and job.runs:
         runner.skip(job, boot_ms, "overlap")  # a run of the job is still going here
         return None
     if not job.settings.claim:
