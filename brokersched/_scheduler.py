@@ -518,7 +518,7 @@ class Scheduler(Generic[B]):
         only: a running job changes with ``job.update()``, ``pause()`` and ``resume()``."""
         if self._started or self._connecting is not None:
             raise RuntimeError(
-                "add_overrides() is called before start(): armed jobs would keep their old "
+                "add_overrides() must be called before start(): armed jobs would keep their old "
                 "schedule for a slot; change a running job with job.update(), pause() or resume()"
             )
         more = parse_overrides(more)
@@ -952,7 +952,7 @@ class Scheduler(Generic[B]):
     @enabled.setter
     def enabled(self, enabled: bool) -> None:
         if self._started or self._connecting is not None:
-            raise RuntimeError("Scheduler.enabled is set before start()")
+            raise RuntimeError("Scheduler.enabled can only be set before start()")
         self._enabled = enabled
 
     @property
