@@ -160,3 +160,15 @@ def test_run_no_schedule_and_the_environment(tmp_path: Path) -> None:
     result = brokersched("jobs", app, env={**env, "BROKERSCHED_ENABLED": "maybe"})
     assert result.returncode == 2
     assert "BROKERSCHED_ENABLED='maybe' is not a boolean" in result.stderr
+
+
+async def test_enabled_is_set_before_start_only() -> None:
+    clock, seen = TestClock(START), list[str]()
+    scheduler = Scheduler(MemoryBackend(), clock=clock, jitter=0)
+    scheduler.every("tick", "1s", lambda ctx: seen.append(ctx.reason))
+    scheduler.enabled = False  # what `brokersched run --no-schedule` does
+    async with scheduler:
+        await clock.advance("5s")
+        assert seen == [] and not scheduler.enabled
+        with pytest.raises(RuntimeError, match=r"enabled can only be set before start\(\)"):
+            scheduler.enabled = True
