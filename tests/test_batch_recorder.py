@@ -12,8 +12,11 @@ from datetime import UTC, datetime
 import pytest
 
 from brokersched import BackendError, MemoryBackend
+from brokersched._clock import Clock
+from brokersched._events import Events
 from brokersched._recorder import Recorder
-from brokersched.abc import JobPolicy, RunRecord
+from brokersched._tasks import TaskSet
+from brokersched.abc import Backend, JobPolicy, RunRecord
 from brokersched.testing import TestClock
 
 POLICY = JobPolicy("job", history_size=100)
@@ -62,8 +65,12 @@ async def backend() -> BatchingMemory:
     return backend
 
 
+def recorder_on(clock: Clock, backend: Backend) -> Recorder:
+    return Recorder(clock, backend, 100, Events(TaskSet(clock)))
+
+
 async def test_records_queued_during_a_write_go_in_one_write(backend: BatchingMemory) -> None:
-    recorder = Recorder(TestClock(), backend, 100)
+    recorder = recorder_on(TestClock(), backend)
     backend.gate.clear()
     recorder.put(POLICY, run(0))
     await asyncio.sleep(0)  # the first write is going
@@ -77,7 +84,7 @@ async def test_records_queued_during_a_write_go_in_one_write(backend: BatchingMe
 
 async def test_an_outage_retries_the_batch_without_duplicates(backend: BatchingMemory) -> None:
     clock = TestClock()
-    recorder = Recorder(clock, backend, 100)
+    recorder = recorder_on(clock, backend)
     backend.down = True
     for n in range(4):
         recorder.put(POLICY, run(n))
@@ -92,7 +99,7 @@ async def test_an_outage_retries_the_batch_without_duplicates(backend: BatchingM
 async def test_a_record_that_cannot_be_written_costs_only_itself(
     backend: BatchingMemory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    recorder = Recorder(TestClock(), backend, 100)
+    recorder = recorder_on(TestClock(), backend)
     for n in range(4):
         recorder.put(POLICY, run(n, error="bad" if n == 2 else None))
     await recorder.wait_written(5)
@@ -103,7 +110,7 @@ async def test_a_record_that_cannot_be_written_costs_only_itself(
 async def test_a_backend_without_batches_gets_one_record_at_a_time() -> None:
     backend = MemoryBackend()
     await backend.start(TestClock())
-    recorder = Recorder(TestClock(), backend, 100)
+    recorder = recorder_on(TestClock(), backend)
     for n in range(3):
         recorder.put(POLICY, run(n))
     await recorder.wait_written(5)
