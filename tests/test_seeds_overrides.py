@@ -414,7 +414,7 @@ async def test_overrides_are_added_before_start_only() -> None:
     scheduler = Scheduler(MemoryBackend(), clock=clock, jitter=0)
     purge = scheduler.every("purge", "1m", runs)
     async with scheduler:
-        with pytest.raises(RuntimeError, match=r"add_overrides\(\) must be called before start\(\)"):
+        with pytest.raises(RuntimeError, match=r"must be called before start\(\)"):
             scheduler.add_overrides({"purge": {"enabled": False, "every": "10s"}})
         assert purge.enabled and purge.describe() == "every 1m" and purge.overrides == {}
     scheduler.add_overrides({"purge": {"enabled": False}})  # stopped: allowed again
