@@ -63,23 +63,14 @@ CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 
 
 # The label of each backend brokersched ships (both Redis backends are "redis").
-_BACKEND_LABELS = {
-    "RabbitMQBackend": "rabbitmq",
-    "NATSBackend": "nats",
-    "RedisBackend": "redis",
-    "RedisLeaseBackend": "redis",
-    "PostgresBackend": "postgres",
-    "SQLiteBackend": "sqlite",
-    "MemoryBackend": "memory",
-}
+# A backend's label is its class name without "Backend", in lower case; both Redis backends
+# are "redis".
+_BACKEND_LABELS = {"RedisLeaseBackend": "redis"}
 
 
 def backend_label(name: str) -> str:
     """The ``backend`` label of a backend's ``name``: ``"RabbitMQBackend"`` → ``"rabbitmq"``."""
-    label = _BACKEND_LABELS.get(name)
-    if label is None:
-        label = name.removesuffix("Backend").lower() or name.lower()
-    return label
+    return _BACKEND_LABELS.get(name) or name.removesuffix("Backend").lower() or name.lower()
 
 
 def _prometheus() -> Any:

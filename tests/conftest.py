@@ -15,10 +15,11 @@ import os
 import socket
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, contextmanager
 from urllib.parse import quote, urlsplit
 
+import aio_pika
 import asyncpg
 import pytest
 from hypothesis import settings
@@ -206,6 +207,14 @@ def _servers() -> Iterator[ExitStack]:
 @pytest.fixture(scope="session")
 def amqp_url(_servers: ExitStack) -> str:
     return server_url("amqp", _servers)
+
+
+@pytest.fixture
+async def raw(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractConnection]:
+    """A plain aio-pika connection, to look at what the backend left on the broker."""
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        yield connection
 
 
 @pytest.fixture(scope="session")

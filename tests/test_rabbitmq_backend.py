@@ -209,14 +209,6 @@ async def fleet(make: Callable[..., RabbitMQBackend]) -> AsyncIterator[Callable[
     await asyncio.gather(*(backend.stop() for backend in started))
 
 
-@pytest.fixture
-async def raw(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractConnection]:
-    """A plain aio-pika connection, to look at what the backend left on the broker."""
-    connection = await aio_pika.connect(amqp_url)
-    async with connection:
-        yield connection
-
-
 # -- names and configuration (no broker) -------------------------------------------------------
 
 

@@ -107,13 +107,6 @@ def prefix() -> str:
 
 
 @pytest.fixture
-async def raw(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractConnection]:
-    connection = await aio_pika.connect(amqp_url)
-    async with connection:
-        yield connection
-
-
-@pytest.fixture
 async def fleet(amqp_url: str, prefix: str) -> AsyncIterator[Callable[..., Any]]:
     """``await fleet(slot_ttl)``: a started backend of this test's prefix. Afterwards every
     queue of the prefix the test touched is deleted (the record takes its fences with it)."""

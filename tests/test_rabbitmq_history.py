@@ -24,13 +24,6 @@ def prefix() -> str:
 
 
 @pytest.fixture
-async def raw(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractConnection]:
-    connection = await aio_pika.connect(amqp_url)
-    async with connection:
-        yield connection
-
-
-@pytest.fixture
 async def backend(
     amqp_url: str, prefix: str, raw: aio_pika.abc.AbstractConnection
 ) -> AsyncIterator[RabbitMQBackend]:
