@@ -46,7 +46,6 @@ from tests.test_rabbitmq_backend import (  # noqa: F401 (fixtures)
     fleet,
     make,
     prefix,
-    raw,
     resumed,
     run_record,
     touched,
