@@ -99,8 +99,6 @@ def backend():
 async def main():
     options = {} if spec["jitter"] == "default" else {"jitter": spec["jitter"]}
     scheduler = Scheduler(backend())
-    if spec["window"] is not None:  # an experiment, not an option
-        scheduler._runner._batches.window_ms = spec["window"]
     for n in range(spec["jobs"]):
         scheduler.every(f"job.{n}", "1s", handler, **options)
     async with scheduler:
@@ -267,7 +265,7 @@ async def cleanup(backend: str, name: str, where: str) -> None:
 
 
 async def fleet(backend: str, procs: int, jobs: int, seconds: int, jitter: str, python: str = "",
-                aps_dir: str = "", window: int | None = None) -> Result:  # fmt: skip
+                aps_dir: str = "") -> Result:  # fmt: skip
     name = f"fleet{uuid.uuid4().hex[:8]}"
     tag = f"brokersched-{name}"
     server: ServerCPU | None = None
@@ -289,7 +287,7 @@ async def fleet(backend: str, procs: int, jobs: int, seconds: int, jitter: str, 
         server = ServerCPU(pids)
     spec: dict[str, Any] = {
         "backend": backend, "where": where, "name": name, "tag": tag, "jobs": jobs,
-        "jitter": jitter, "epoch": time.time() // 1 + 1, "window": window,
+        "jitter": jitter, "epoch": time.time() // 1 + 1,
     }  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     members: list[asyncio.subprocess.Process] = []
@@ -332,7 +330,7 @@ async def fleet(backend: str, procs: int, jobs: int, seconds: int, jitter: str, 
             except TimeoutError:
                 member.kill()
         await cleanup(backend, name, where)
-    return _result(backend, procs, jobs, jitter, window, start, stop, reports, server)
+    return _result(backend, procs, jobs, jitter, start, stop, reports, server)
 
 
 async def _line(member: asyncio.subprocess.Process, timeout: float) -> bytes:
@@ -347,7 +345,7 @@ async def _ready(member: asyncio.subprocess.Process) -> None:
     assert "ready" in json.loads(await _line(member, 60))
 
 
-def _result(backend: str, procs: int, jobs: int, jitter: str, window: int | None, start: float,
+def _result(backend: str, procs: int, jobs: int, jitter: str, start: float,
             stop: float, reports: list[dict[str, Any]], server: ServerCPU | None,
             ) -> Result:  # fmt: skip
     start_ms, stop_ms = start * 1000, stop * 1000
@@ -369,8 +367,6 @@ def _result(backend: str, procs: int, jobs: int, jitter: str, window: int | None
     cpu = sum(report["cpu"] for report in reports)
     name = "APScheduler 4 postgres" if backend == "apscheduler" else backend
     label = f"{name} {procs}x{jobs} jitter {jitter}"
-    if window is not None:
-        label += f" window {window}ms"
     return Result(
         label, runs, twice, missed, quantiles[49], quantiles[98],
         1000 * cpu / max(runs, 1),
@@ -447,8 +443,6 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--jitter", default="0,default", help="comma-separated: 0, default, 1s")
     parser.add_argument("--apscheduler", metavar="PYTHON", help="APScheduler 4's python")
-    parser.add_argument("--batch-window", type=int, metavar="MS",
-                        help="a batch waits MS ms (default: jitter/16, <= 20)")  # fmt: skip
     parser.add_argument("--claims", type=int, metavar="INSTANTS",
                         help="only the claims: one at a time, then batched")  # fmt: skip
     args = parser.parse_args()
@@ -473,7 +467,7 @@ def main() -> None:
     for backend in backends:
         for jitter in args.jitter.split(","):
             shape = (args.procs, args.jobs, args.seconds, jitter)
-            result = asyncio.run(fleet(backend, *shape, window=args.batch_window))
+            result = asyncio.run(fleet(backend, *shape))
             print(result.line(), flush=True)
     if args.apscheduler:
         with tempfile.TemporaryDirectory(prefix="fleet-aps-") as aps_dir:

@@ -195,7 +195,7 @@ class Runner:
         """A lease (lease backends), ``None`` (a won claim), or the skip reason."""
         if reason == "schedule" and self._batches.enabled:  # slots due at one instant: together
             claim = Claim(slot, run_id, job.settings.policy)
-            return await self._batches.claim(claim, timeout, _batch_wait_ms(job))
+            return await self._batches.claim(claim, timeout)
         return await self._claim_one(Claim(slot, run_id, job.settings.policy, reason), timeout)
 
     async def _claim_one(self, claim: Claim, timeout: float) -> Lease | str | None:
@@ -464,19 +464,6 @@ class Runner:
                 task.cancel()  # a claim, a record or a listener that did not answer in time
 
 
-#: How long a claim may wait for others to join its batch: a sixteenth of its job's jitter, at
-#: most this. A fleet with jitter spreads the claims of one instant over the jitter; waiting
-#: that little for the claims that follow sends them together (fewer statements, less
-#: contention), at no cost to the fleet: the slot is claimed within its jitter all the same.
-#: Measured on PostgreSQL, 3 processes x 200 jobs every second, 250 ms of jitter: lateness p50
-#: 175 -> 85 ms with a 20 ms wait (see bench/fleet.py).
-_MAX_BATCH_WAIT_MS = 20
-
-
-def _batch_wait_ms(job: JobState) -> int:
-    return min(job.settings.jitter_ms // 16, _MAX_BATCH_WAIT_MS)
-
-
 _Answer = Lease | str | None | Exception
 _Waiting = tuple[Claim, float, "asyncio.Future[Lease | str | None]"]
 
@@ -502,23 +489,18 @@ class _Batches:
         )
         self._waiting: list[_Waiting] = []
         self._sending = False
-        #: If set, the wait of every batch (see ``claim``), in ms: an experiment of the fleet bench.
-        self.window_ms: int | None = None
 
-    async def claim(self, claim: Claim, timeout: float, wait_ms: int) -> Lease | str | None:
-        """The claim's answer; a batch leaves ``wait_ms`` after its first claim was made (0:
-        within this turn of the loop), with every claim made meanwhile."""
+    async def claim(self, claim: Claim, timeout: float) -> Lease | str | None:
+        """The claim's answer; the batch leaves at the end of this turn of the loop, with every
+        claim made in it (the scheduler fires slots due within a moment of each other in one
+        turn: see ``Scheduler._on_timer``)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Lease | str | None] = loop.create_future()
         self._waiting.append((claim, timeout, future))
         if not self._sending:
             self._sending = True
-            wait_ms = wait_ms if self.window_ms is None else self.window_ms
-            if wait_ms > 0:
-                self._runner.clock.call_later(wait_ms, self._send)
-            else:
-                loop.call_soon(self._send)
-        with self._runner.clock.blocking():  # a virtual clock: the batch's timer wakes it
+            loop.call_soon(self._send)
+        with self._runner.clock.blocking():  # a virtual clock: the batch's answer wakes it
             return await future
 
     def _send(self) -> None:

@@ -101,6 +101,13 @@ _FLUSH_GRACE_S = 2.0
 _CONNECT_RETRIES_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 # job.history() first waits this long at most for the records being written.
 _HISTORY_WAIT_S = 5.0
+# A jittered slot fires up to a sixteenth of its jitter early (never before the slot itself),
+# at most this much, with the slots due just before it: a fleet with jitter spreads the claims
+# of one instant over the jitter, and slots fired in one turn of the loop are claimed in one
+# batch (one statement, one write) for one wake-up, not one each. Moving a random delay a few
+# ms earlier changes nothing for the fleet. Measured with bench/fleet.py, 3 processes x 20
+# jobs every second, default jitter (250 ms): NATS CPU per run ... ms.
+_MAX_FIRE_EARLY_MS = 20
 
 
 # The errors collect_errors() keeps (None: not collecting).
@@ -155,6 +162,10 @@ def _context_factory(value: T, option: str, *, sync: bool) -> T:
 def _boots(kind: Kind, options: JobOptions) -> bool:
     """Whether a job has boot runs claimed once per fleet (under ``<key>:start``)."""
     return options.claim and (kind == "after" or options.run_on_start)
+
+
+def _fire_early_ms(job: JobState) -> int:
+    return min(job.settings.jitter_ms // 16, _MAX_FIRE_EARLY_MS)
 
 
 def _default_instance_id() -> str:
@@ -1053,8 +1064,11 @@ class Scheduler(Generic[B]):
         now = self.clock.now_ms()
         # While it fires, _arm() sets no timer for a later slot: the timer is set once, below.
         self._timer, self._timer_ms = None, now
-        while self._heap and self._heap[0][0] <= now:
-            _, seq, slot_ms, job = heapq.heappop(self._heap)
+        while self._heap:
+            due, seq, slot_ms, job = self._heap[0]
+            if due > now and (slot_ms > now or due - now > _fire_early_ms(job)):
+                break
+            heapq.heappop(self._heap)
             if not self._armed(job, seq):
                 continue  # disarmed (paused, removed, re-armed) since it was pushed
             job.fired_ms = slot_ms

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Coroutine, Sequence
+from typing import Any, TypeVar, cast
 
 from ._clock import Clock
 
-__all__ = ["TaskSet", "cancel_requests", "raise_if_cancelled_since", "to_the_end"]
+__all__ = ["TaskSet", "cancel_requests", "gather_each", "raise_if_cancelled_since", "to_the_end"]
 
 T = TypeVar("T")
 
@@ -72,3 +72,13 @@ async def to_the_end(cleanup: Coroutine[Any, Any, None]) -> None:
             cancelled = True
     if cancelled:
         raise asyncio.CancelledError
+
+
+async def gather_each(calls: Sequence[Awaitable[T]]) -> list[T | Exception]:
+    """The calls run concurrently; each one's answer or error, in order. A cancellation (of
+    this task, or of one call) is raised, never returned."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result
+    return cast(list[T | Exception], results)

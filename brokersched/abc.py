@@ -21,12 +21,13 @@ import asyncio
 import json
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
-from typing import Any, Literal, NamedTuple, TypeVar, cast
+from typing import Any, Literal, NamedTuple
 
 from ._clock import Clock
+from ._tasks import gather_each
 
 __all__ = [
     "Backend",
@@ -44,7 +45,6 @@ __all__ = [
     "new_run_id",
 ]
 
-T = TypeVar("T")
 
 Outcome = Literal["completed", "failed", "timed-out", "interrupted"]
 RunReason = Literal["schedule", "catch-up", "retry", "manual", "start"]
@@ -165,16 +165,6 @@ class Claim(NamedTuple):
 LeaseOutcome = Lease | Literal["overlap", "not-acquired"] | Exception
 
 
-async def _each(calls: Sequence[Awaitable[T]]) -> list[T | Exception]:
-    """The calls run concurrently; each one's answer or error, in order. A cancellation (of
-    this task, or of one call) is raised, never returned."""
-    results = await asyncio.gather(*calls, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException) and not isinstance(result, Exception):
-            raise result
-    return cast(list[T | Exception], results)
-
-
 class Backend(ABC):
     """What every backend does: lifecycle, capabilities, history.
 
@@ -277,7 +267,7 @@ class ClaimBackend(Backend):
         fewer round trips (one pipelined write); the scheduler calls it for the slots of
         several jobs that fall due at one instant.
         """
-        return await _each(
+        return await gather_each(
             [
                 self.claim(c.slot, instance_id=instance_id, run_id=c.run_id, timeout=timeout)
                 for c in claims
@@ -331,7 +321,7 @@ class LeaseBackend(Backend):
         round trip (one statement on PostgreSQL, one transaction on SQLite); the scheduler calls
         it for the slots of several jobs that fall due at one instant.
         """
-        return await _each(
+        return await gather_each(
             [
                 self.acquire(
                     c.slot,
@@ -365,7 +355,7 @@ class LeaseBackend(Backend):
         round trip; the scheduler calls it for the runs that finish within one turn of the
         event loop (the runs of one instant, on a fleet without jitter).
         """
-        return await _each([self.release(lease) for lease in leases])
+        return await gather_each([self.release(lease) for lease in leases])
 
     @abstractmethod
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:

@@ -24,7 +24,7 @@ from nats.js.api import StorageType, StreamConfig
 
 from brokersched import BackendError, BackendUnavailableError, ConfigurationError
 from brokersched._clock import SystemClock
-from brokersched.abc import JobPolicy, RunRecord, Slot
+from brokersched.abc import Claim, JobPolicy, RunRecord, Slot
 from brokersched.backends.nats import NATSBackend, redact, subject_token
 from brokersched.backends.nats._streams import Names
 from tests.nats_helpers import (
@@ -396,6 +396,37 @@ async def test_retry_after_lost_ack_still_loses_to_an_earlier_winner(
             proxy.cut()
             proxy.release_replies()
             assert not await claim
+        finally:
+            await stopped(mine, other)
+
+
+async def test_a_batch_whose_acks_are_lost_resolves_each_claim_like_claim(
+    nats_url: str, prefix: str
+) -> None:
+    """``claim_many`` sends its claims in one write; their acks die with the connection. Each
+    claim's retry then finds its own answer: A (stored by this batch) won, B (won earlier by
+    another instance) lost; a naive retry would call A lost (run nowhere) or B won (twice)."""
+    port = urlsplit(nats_url).port or 4222
+    other = NATSBackend(nats_url, prefix=prefix)
+    async with fault_proxy(port) as proxy:
+        mine = NATSBackend(proxy.url, prefix=prefix, claim_timeout="3s", reconnect_time_wait=0.05)
+        await started(mine, other)
+        try:
+            slot_a, slot_b = Slot("batch.a", now_ms()), Slot("batch.b", now_ms())
+            assert await other.claim(slot_b, instance_id="other", run_id="o", timeout=2)
+            proxy.hold_replies()
+            claims = [Claim(slot, "m", JobPolicy(slot.job)) for slot in (slot_a, slot_b)]
+            batch = asyncio.create_task(mine.claim_many(claims, instance_id="me", timeout=3))
+
+            async def answered() -> bool:
+                stored = await _stored_claims(nats_url, prefix) == 2
+                return stored and await proxy.holding(b'"duplicate"')
+
+            await wait_for(answered, timeout=5, what="A stored and B answered duplicate")
+            proxy.cut()  # both acks die with the connection
+            proxy.release_replies()
+            assert await batch == [True, False]
+            assert not await other.claim(slot_a, instance_id="other", run_id="o", timeout=2)
         finally:
             await stopped(mine, other)
 

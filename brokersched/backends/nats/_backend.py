@@ -21,8 +21,8 @@ from ... import _redact
 from ..._clock import Clock
 from ..._durations import Duration, positive_duration
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
-from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
-from ...abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
+from ..._tasks import cancel_requests, gather_each, raise_if_cancelled_since, to_the_end
+from ...abc import Capabilities, Claim, ClaimBackend, JobPolicy, RunRecord, Slot
 from ._base import (
     BACKEND,
     Translated,
@@ -279,20 +279,10 @@ class NATSBackend(ClaimBackend):
 
     async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
         nc, js = self._client()
-        msg_id = slot.key  # Nats-Msg-Id: <job>:<slot_ms>
-        with Translated("claim", msg_id, secrets=self._secrets):
+        message = self._message(slot, instance_id, run_id)
+        with Translated("claim", message.msg_id, secrets=self._secrets):
             started = time.monotonic()
             budget = min(timeout, self._claim_budget_s)
-            # The token tells a retry of this very call from any other claim, even one by the
-            # same instance with the same run id.
-            token = f"{self._token_base}{next(self._token_seq):x}"
-            subject = self._claim_subjects.get(slot.job) or self._claim_subject(slot.job)
-            message = _Message(
-                subject,
-                msg_id,
-                _claim_body(instance_id, slot.slot_ms, run_id, token),
-                token,
-            )
             if not nc.is_connected or budget <= 0:
                 return await self._retry_claim(nc, js, message, started, budget, None)
             # The first attempt, kept lean: it is nearly always the only one. It relies on
@@ -303,12 +293,67 @@ class NATSBackend(ClaimBackend):
                     message.subject,
                     message.body,
                     timeout=_attempt_seconds(budget),
-                    headers={_MSG_ID: msg_id},
+                    headers={_MSG_ID: message.msg_id},
                 )
             except Exception as exc:
                 return await self._retry_claim(nc, js, message, started, budget, exc)
-            _check_stream(ack, self._names.claims, msg_id)
+            _check_stream(ack, self._names.claims, message.msg_id)
             return not ack.duplicate  # a definite answer: nothing of this call was stored before
+
+    async def claim_many(
+        self, claims: Sequence[Claim], *, instance_id: str, timeout: float
+    ) -> list[bool | Exception]:
+        """The claims' publishes in one write, their acks awaited together; a claim without
+        a definite answer then goes on alone, exactly as its own ``claim()`` would."""
+        nc, js = self._client()
+        budget = min(timeout, self._claim_budget_s)
+        if not nc.is_connected or budget <= 0 or len(claims) < 2:
+            return await super().claim_many(claims, instance_id=instance_id, timeout=timeout)
+        started = time.monotonic()
+        messages = [self._message(c.slot, instance_id, c.run_id) for c in claims]
+        acks: list[asyncio.Future[PubAck] | Exception] = []
+        for message in messages:
+            try:  # buffered: nats-py's flusher sends every publish of the batch together
+                ack = await js.publish_async(
+                    message.subject, message.body, headers={_MSG_ID: message.msg_id}
+                )
+            except Exception as exc:  # not sent (the connection is going): retried alone
+                acks.append(exc)
+            else:
+                acks.append(ack)
+        pending = [ack for ack in acks if isinstance(ack, asyncio.Future)]
+        try:
+            if pending:
+                await asyncio.wait(pending, timeout=_attempt_seconds(budget))
+        finally:
+            for ack in pending:
+                ack.cancel()  # no answer in time: this claim's retry finds out what was stored
+
+        async def outcome(message: _Message, ack: asyncio.Future[PubAck] | Exception) -> bool:
+            with Translated("claim", message.msg_id, secrets=self._secrets):
+                if isinstance(ack, Exception):
+                    first: Exception = ack
+                elif ack.cancelled():
+                    first = TimeoutError("no ack within the attempt")
+                elif (error := ack.exception()) is not None:
+                    first = cast(Exception, error)
+                else:
+                    answer = ack.result()
+                    _check_stream(answer, self._names.claims, message.msg_id)
+                    return not answer.duplicate  # definite: the first attempt of this claim
+                return await self._retry_claim(nc, js, message, started, budget, first)
+
+        return await gather_each(
+            [outcome(message, ack) for message, ack in zip(messages, acks, strict=True)]
+        )
+
+    def _message(self, slot: Slot, instance_id: str, run_id: str) -> _Message:
+        """What every attempt of this claim publishes. Its token tells a retry of this very
+        claim from any other, even one by the same instance with the same run id."""
+        token = f"{self._token_base}{next(self._token_seq):x}"
+        subject = self._claim_subjects.get(slot.job) or self._claim_subject(slot.job)
+        body = _claim_body(instance_id, slot.slot_ms, run_id, token)
+        return _Message(subject, slot.key, body, token)  # Nats-Msg-Id: <job>:<slot_ms>
 
     def _claim_subject(self, job: str) -> str:
         subject = self._claim_subjects[job] = self._names.claim_subject(job)
@@ -334,6 +379,36 @@ class NATSBackend(ClaimBackend):
             await self._streams.ensure_history(js, job.history_size)
             await self._publish_record(nc, js, job, record)
 
+    async def record_many(self, records: Sequence[tuple[JobPolicy, RunRecord]]) -> None:
+        """The records' publishes in one write, their acks awaited together; one without an
+        ack is published again alone (its message id makes a stored one a duplicate)."""
+        nc, js = self._client()
+        with Translated(f"recording {len(records)} runs", secrets=self._secrets):
+            await self._streams.ensure_history(js, max(job.history_size for job, _ in records))
+            acks: list[asyncio.Future[PubAck] | None] = []
+            for job, record in records:
+                if not nc.is_connected:
+                    acks.append(None)
+                    continue
+                subject, body, headers = self._record_message(job, record)
+                acks.append(await js.publish_async(subject, body, headers=headers))
+            sent = [ack for ack in acks if ack is not None]
+            try:
+                if sent:
+                    await asyncio.wait(sent, timeout=_API_TIMEOUT_S)
+            finally:
+                for ack in sent:
+                    ack.cancel()
+            for (job, record), answer in zip(records, acks, strict=True):
+                if answer is None or answer.cancelled() or answer.exception() is not None:
+                    await self._publish_record(nc, js, job, record)  # retried like record()
+
+    def _record_message(
+        self, job: JobPolicy, record: RunRecord
+    ) -> tuple[str, bytes, dict[str, str]]:
+        headers = {_MSG_ID: f"{Slot(record.job, record.slot_ms).key}:{record.run_id}"}
+        return self._names.history_subject(job.name), record.to_json().encode(), headers
+
     async def _publish_record(
         self, nc: NATSClient, js: JetStreamContext, job: JobPolicy, record: RunRecord
     ) -> None:
@@ -342,8 +417,7 @@ class NATSBackend(ClaimBackend):
         (within the history stream's duplicate window, 2 minutes by default)."""
         import nats.js.errors
 
-        subject, body = self._names.history_subject(job.name), record.to_json().encode()
-        headers = {_MSG_ID: f"{Slot(record.job, record.slot_ms).key}:{record.run_id}"}
+        subject, body, headers = self._record_message(job, record)
         deadline = time.monotonic() + max(_API_TIMEOUT_S, self._claim_budget_s)
         while True:
             await self._watch.wait_connected(nc, deadline)
