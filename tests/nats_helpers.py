@@ -13,7 +13,7 @@ import shutil
 import signal
 import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -212,7 +212,7 @@ class FaultProxy:
         self.port = free_port()
         self.replies_flowing = asyncio.Event()
         self.replies_flowing.set()
-        self.held = bytearray()  # what the server sent while replies were held
+        self.held = bytearray()  # everything the server sent while replies were held
         self.writers: set[asyncio.StreamWriter] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.server: asyncio.Server | None = None
@@ -225,15 +225,18 @@ class FaultProxy:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
 
     def hold_replies(self) -> None:
-        """Keep what the server sends (acks included) from reaching the client."""
+        """Keep what the server sends (acks included) from reaching the client. The server's
+        side is still read (into ``held``), so every answer sent while held can be seen."""
         self.replies_flowing.clear()
 
     def release_replies(self) -> None:
+        """Deliver what was held, in order (unless ``cut()`` dropped it), then flow again."""
         self.replies_flowing.set()
         self.held.clear()
 
     async def holding(self, pattern: bytes) -> bool:
-        """Whether a held reply contains ``pattern`` (the server has answered, e.g. an ack)."""
+        """Whether the replies held so far contain ``pattern`` (the server has answered, e.g. an
+        ack), in whichever reads they arrived."""
         return pattern in self.held
 
     def cut(self) -> None:
@@ -252,6 +255,12 @@ class FaultProxy:
         if self.server is not None:
             await self.server.wait_closed()
 
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:
             server_r, server_w = await asyncio.open_connection(self.target_host, self.target_port)
@@ -259,24 +268,54 @@ class FaultProxy:
             client_w.transport.abort()
             return
         self.writers.update((client_w, server_w))
-        for coro in (self._pipe(client_r, server_w, None), self._pipe(server_r, client_w, True)):
-            task = asyncio.create_task(coro)
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+        self._spawn(self._pipe(client_r, server_w))
+        self._spawn(self._pipe_replies(server_r, client_w))
 
-    async def _pipe(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, replies: bool | None
-    ) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Client to server: never held."""
         try:
             while data := await reader.read(65536):
-                if replies and not self.replies_flowing.is_set():
-                    self.held.extend(data)
-                    await self.replies_flowing.wait()
                 if writer.transport.is_closing():
                     break
                 writer.write(data)
                 await writer.drain()
         except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.transport.abort()
+            self.writers.discard(writer)
+
+    async def _pipe_replies(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Server to client. Reading goes on while replies are held (into ``held``): stopping
+        after the first held read would hide every answer that arrives in a later read (two
+        acks sent a moment apart, or after a PING or INFO), and ``holding()`` would wait in
+        vain for an answer the server gave."""
+        chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+        forwarding = self._spawn(self._forward(chunks, writer))
+        try:
+            while data := await reader.read(65536):
+                if not self.replies_flowing.is_set():
+                    self.held.extend(data)
+                chunks.put_nowait(data)
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            chunks.put_nowait(None)  # the forwarder ends the client's side once it is done
+        await forwarding
+
+    async def _forward(
+        self, chunks: asyncio.Queue[bytes | None], writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            while (data := await chunks.get()) is not None:
+                await self.replies_flowing.wait()
+                if writer.transport.is_closing():
+                    break
+                writer.write(data)
+                await writer.drain()
+        except OSError:
             pass
         finally:
             writer.transport.abort()
