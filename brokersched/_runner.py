@@ -41,6 +41,9 @@ _CUT_GRACE_S = 2.0
 # A claim-only backend forgets a slot ``slot_memory`` after its first claim; a claim still in
 # flight this close to that moment is not sent (clocks and networks are not exact).
 _SLOT_MEMORY_MARGIN_MS = 1000
+# The winner of a job's slot prepares the claims of its next slot this long before it (a
+# backend that creates something for a slot's first claim then creates it ahead of the instant).
+_PREPARE_AHEAD_MS = 500
 _ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
     "timeout": "timed-out",
     "lock-lost": "interrupted",
@@ -72,6 +75,7 @@ class Runner:
         self.stopping = False  # drain() has begun: nothing new runs
         self._batches = _Batches(self)
         self._releases = _Releases(self)
+        self._prepares = _Prepares(self)
 
     def skip(
         self, job: JobState, slot_ms: int, reason: SkipReason, detail: str | None = None
@@ -147,6 +151,8 @@ class Runner:
         finally:
             seconds = time.perf_counter() - began
             self.events.emit("claim", ClaimEvent(job.name, slot_ms, self.backend.name, seconds))
+        if lease is None and reason == "schedule" and self._prepares.enabled:
+            self._prepares.after_win(job)
         if isinstance(lease, str):
             if reason == "catch-up":  # nothing was missed after all: not worth an event
                 logger.debug("no catch-up for %s:%d (%s)", job.name, slot_ms, lease)
@@ -574,6 +580,46 @@ class _Batches:
             future.cancel()  # the batch was cancelled: so is each claim
         else:
             future.set_result(answer)
+
+
+class _Prepares:
+    """After a won claim, the claims of the job's next slot are prepared (``prepare_claims``)
+    ``_PREPARE_AHEAD_MS`` before it, those of one moment together, in the background."""
+
+    def __init__(self, runner: Runner) -> None:
+        self._runner = runner
+        backend = runner.backend
+        self.enabled = (
+            isinstance(backend, ClaimBackend)
+            and type(backend).prepare_claims is not ClaimBackend.prepare_claims
+        )
+        self._due: dict[int, list[Slot]] = {}  # the slots to prepare, by when
+
+    def after_win(self, job: JobState) -> None:
+        if job.armed_ms is None:
+            return  # no next slot (an at() job, paused, removed)
+        slot = Slot(job.settings.key, job.armed_ms)
+        when_ms = slot.slot_ms - _PREPARE_AHEAD_MS
+        due = self._due.get(when_ms)
+        if due is None:  # one timer per moment, whatever the number of its slots
+            due = self._due[when_ms] = []
+            delay_ms = when_ms - self._runner.clock.now_ms()
+            self._runner.clock.call_later(max(delay_ms, 0), lambda: self._send(when_ms))
+        due.append(slot)
+
+    def _send(self, when_ms: int) -> None:
+        slots = self._due.pop(when_ms, [])
+        if slots and not self._runner.stopping:
+            name = "prepare-claims"
+            self._runner.tasks.spawn(self._prepare(slots), name=name, drained=False)
+
+    async def _prepare(self, slots: list[Slot]) -> None:
+        backend = self._runner.backend
+        assert isinstance(backend, ClaimBackend)
+        try:
+            await backend.prepare_claims(slots)
+        except Exception as exc:  # only a head start was lost: the claims work without it
+            logger.debug("could not prepare the claims of %d slots: %r", len(slots), exc)
 
 
 class _Releases:

@@ -274,6 +274,14 @@ class ClaimBackend(Backend):
             ]
         )
 
+    async def prepare_claims(self, slots: Sequence[Slot]) -> None:
+        """``slots`` will be claimed in a moment: the scheduler that won a job's slot calls
+        this shortly before the job's next slot. A backend whose first claim of a slot creates
+        something on the server (RabbitMQ's claim queue) may create it now, so that the claims
+        made at the instant, often all at once, only ask who won. It never decides a claim, and
+        a claim works the same without it; its errors are only logged. The default does
+        nothing."""
+
 
 class LeaseBackend(Backend):
     """A backend with leases and occurrence fencing (SQLite, PostgreSQL, memory).

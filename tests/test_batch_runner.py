@@ -220,3 +220,42 @@ async def test_sql_batches_go_in_random_chunks_answered_in_order() -> None:
         await in_chunks(claims, decide)
         orders.add(tuple(map(tuple, chunks)))
     assert len(orders) > 1  # drawn at random each time
+
+
+class PreparingDict(DictClaimBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ahead: list[tuple[int, list[Slot]]] = []  # (when, slots)
+        self.clock: TestClock | None = None
+
+    async def prepare_claims(self, slots: Sequence[Slot]) -> None:
+        assert self.clock is not None
+        self.ahead.append((self.clock.now_ms(), list(slots)))
+
+
+async def test_the_winner_prepares_the_next_slots_claims_together_before_them(
+    clock: TestClock,
+) -> None:
+    """Two instances, three jobs every minute: only the instance that won a job's slot calls
+    ``prepare_claims`` for the job's next slot, 500 ms before it, those of one moment in one
+    call; a backend that does not override it is never called (no timer either)."""
+    one, two = PreparingDict(), PreparingDict()
+    one.clock = two.clock = clock
+    two.claims = one.claims  # one fleet
+    async with (
+        Scheduler(one, clock=clock, jitter=0) as first,
+        Scheduler(two, clock=clock, jitter=0) as second,
+    ):
+        for sched in (first, second):
+            for name in JOBS:
+                sched.every(name, "1m", Ran())
+        await clock.advance("1m")
+        assert one.ahead == two.ahead == []  # not yet: 500 ms before the next slot
+        await clock.advance("1m")
+    prepared = one.ahead + two.ahead
+    next_ms = prepared[0][1][0].slot_ms
+    assert next_ms % 60_000 == 0
+    assert sorted(job for _, slots in prepared for job in (s.job for s in slots)) == sorted(JOBS)
+    assert all(when == next_ms - 500 for when, _ in prepared), prepared
+    assert all(slot.slot_ms == next_ms for _, slots in prepared for slot in slots)
+    assert len(prepared) <= 2  # one call per instance for that moment

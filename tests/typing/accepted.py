@@ -97,5 +97,7 @@ off = Scheduler(enabled=False)
 
 @rabbit.after("warm2", "2s", claim=False)
 async def warm(ctx: JobContext) -> None: ...
+
+
 Scheduler(overrides={"digest.daily": {"cron": "0 * * * *"}, "purge": {"enabled": False}})
 Scheduler(RabbitMQBackend("amqp://127.0.0.1/"), enabled=False, overrides={"a": {"every": 5}})
