@@ -106,7 +106,7 @@ _HISTORY_WAIT_S = 5.0
 # of one instant over the jitter, and slots fired in one turn of the loop are claimed in one
 # batch (one statement, one write) for one wake-up, not one each. Moving a random delay a few
 # ms earlier changes nothing for the fleet. Measured with bench/fleet.py, 3 processes x 20
-# jobs every second, default jitter (250 ms): NATS CPU per run ... ms.
+# jobs every second, default jitter (250 ms), with NATS claim_many: CPU per run 1.85 -> ~1.4 ms.
 _MAX_FIRE_EARLY_MS = 20
 
 
