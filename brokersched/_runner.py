@@ -470,6 +470,12 @@ class Runner:
                 task.cancel()  # a claim, a record or a listener that did not answer in time
 
 
+def _overrides(backend: Backend, base: type, method: str) -> bool:
+    """Whether ``backend`` is a ``base`` whose class has its own ``method`` (a batch method, a
+    hook): the runner uses it only then."""
+    return isinstance(backend, base) and getattr(type(backend), method) is not getattr(base, method)
+
+
 _Answer = Lease | str | None | Exception
 _Waiting = tuple[Claim, float, "asyncio.Future[Lease | str | None]"]
 
@@ -487,11 +493,8 @@ class _Batches:
         #: Only a backend that claims a batch in fewer round trips than its claims gets them
         #: batched; with any other, each slot's task claims its slot (as concurrently).
         backend = runner.backend
-        self.enabled = (
-            type(backend).acquire_many is not LeaseBackend.acquire_many
-            if isinstance(backend, LeaseBackend)
-            else isinstance(backend, ClaimBackend)
-            and type(backend).claim_many is not ClaimBackend.claim_many
+        self.enabled = _overrides(backend, LeaseBackend, "acquire_many") or _overrides(
+            backend, ClaimBackend, "claim_many"
         )
         self._waiting: list[_Waiting] = []
         self._sending = False
@@ -588,11 +591,7 @@ class _Prepares:
 
     def __init__(self, runner: Runner) -> None:
         self._runner = runner
-        backend = runner.backend
-        self.enabled = (
-            isinstance(backend, ClaimBackend)
-            and type(backend).prepare_claims is not ClaimBackend.prepare_claims
-        )
+        self.enabled = _overrides(runner.backend, ClaimBackend, "prepare_claims")
         self._due: dict[int, list[Slot]] = {}  # the slots to prepare, by when
 
     def after_win(self, job: JobState) -> None:
@@ -629,11 +628,7 @@ class _Releases:
 
     def __init__(self, runner: Runner) -> None:
         self._runner = runner
-        backend = runner.backend
-        self.enabled = (
-            isinstance(backend, LeaseBackend)
-            and type(backend).release_many is not LeaseBackend.release_many
-        )
+        self.enabled = _overrides(runner.backend, LeaseBackend, "release_many")
         self._waiting: list[tuple[Lease, asyncio.Future[None]]] = []
 
     async def release(self, lease: Lease) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -29,6 +30,7 @@ from brokersched.backends.nats import NATSBackend, redact, subject_token
 from brokersched.backends.nats._streams import Names
 from tests.nats_helpers import (
     FLEET_JOBS,
+    FaultProxy,
     delete_streams,
     fault_proxy,
     free_port,
@@ -350,54 +352,57 @@ async def _stored_claims(nats_url: str, prefix: str) -> int:
         await nc.close()
 
 
-async def test_lost_ack_of_a_stored_claim_is_still_a_win(nats_url: str, prefix: str) -> None:
-    """The claim is stored but its ack is lost with the connection: the retry must see that the
-    stored message is its own (a naive retry would report a loss and the slot would run
-    nowhere)."""
+@contextlib.asynccontextmanager
+async def through_proxy(
+    nats_url: str, prefix: str
+) -> AsyncIterator[tuple[FaultProxy, NATSBackend, NATSBackend]]:
+    """``(proxy, mine, other)``: ``mine`` claims through a fault proxy (3 s claims, quick
+    reconnects), ``other`` directly; both started, and stopped afterwards."""
     port = urlsplit(nats_url).port or 4222
     other = NATSBackend(nats_url, prefix=prefix)
     async with fault_proxy(port) as proxy:
         mine = NATSBackend(proxy.url, prefix=prefix, claim_timeout="3s", reconnect_time_wait=0.05)
         await started(mine, other)
         try:
-            slot = Slot("ambiguous", now_ms())
-            proxy.hold_replies()
-            claim = asyncio.create_task(mine.claim(slot, instance_id="me", run_id="r", timeout=3))
-
-            async def stored() -> bool:
-                return await _stored_claims(nats_url, prefix) == 1
-
-            await wait_for(stored, timeout=5, what="the claim to be stored")
-            proxy.cut()  # the ack dies with the connection
-            proxy.release_replies()
-            assert await claim
-            assert not await other.claim(slot, instance_id="other", run_id="r2", timeout=2)
+            yield proxy, mine, other
         finally:
             await stopped(mine, other)
+
+
+async def test_lost_ack_of_a_stored_claim_is_still_a_win(nats_url: str, prefix: str) -> None:
+    """The claim is stored but its ack is lost with the connection: the retry must see that the
+    stored message is its own (a naive retry would report a loss and the slot would run
+    nowhere)."""
+    async with through_proxy(nats_url, prefix) as (proxy, mine, other):
+        slot = Slot("ambiguous", now_ms())
+        proxy.hold_replies()
+        claim = asyncio.create_task(mine.claim(slot, instance_id="me", run_id="r", timeout=3))
+
+        async def stored() -> bool:
+            return await _stored_claims(nats_url, prefix) == 1
+
+        await wait_for(stored, timeout=5, what="the claim to be stored")
+        proxy.cut()  # the ack dies with the connection
+        proxy.release_replies()
+        assert await claim
+        assert not await other.claim(slot, instance_id="other", run_id="r2", timeout=2)
 
 
 async def test_retry_after_lost_ack_still_loses_to_an_earlier_winner(
     nats_url: str, prefix: str
 ) -> None:
-    port = urlsplit(nats_url).port or 4222
-    other = NATSBackend(nats_url, prefix=prefix)
-    async with fault_proxy(port) as proxy:
-        mine = NATSBackend(proxy.url, prefix=prefix, claim_timeout="3s", reconnect_time_wait=0.05)
-        await started(mine, other)
-        try:
-            slot = Slot("ambiguous", now_ms())
-            assert await other.claim(slot, instance_id="other", run_id="r1", timeout=2)
-            proxy.hold_replies()
-            claim = asyncio.create_task(mine.claim(slot, instance_id="me", run_id="r2", timeout=3))
-            # The server has answered "duplicate" (our first attempt); the answer is held.
-            await wait_for(
-                lambda: proxy.holding(b'"duplicate"'), timeout=5, what="the held duplicate ack"
-            )
-            proxy.cut()
-            proxy.release_replies()
-            assert not await claim
-        finally:
-            await stopped(mine, other)
+    async with through_proxy(nats_url, prefix) as (proxy, mine, other):
+        slot = Slot("ambiguous", now_ms())
+        assert await other.claim(slot, instance_id="other", run_id="r1", timeout=2)
+        proxy.hold_replies()
+        claim = asyncio.create_task(mine.claim(slot, instance_id="me", run_id="r2", timeout=3))
+        # The server has answered "duplicate" (our first attempt); the answer is held.
+        await wait_for(
+            lambda: proxy.holding(b'"duplicate"'), timeout=5, what="the held duplicate ack"
+        )
+        proxy.cut()
+        proxy.release_replies()
+        assert not await claim
 
 
 async def test_a_batch_whose_acks_are_lost_resolves_each_claim_like_claim(
@@ -406,29 +411,22 @@ async def test_a_batch_whose_acks_are_lost_resolves_each_claim_like_claim(
     """``claim_many`` sends its claims in one write; their acks die with the connection. Each
     claim's retry then finds its own answer: A (stored by this batch) won, B (won earlier by
     another instance) lost; a naive retry would call A lost (run nowhere) or B won (twice)."""
-    port = urlsplit(nats_url).port or 4222
-    other = NATSBackend(nats_url, prefix=prefix)
-    async with fault_proxy(port) as proxy:
-        mine = NATSBackend(proxy.url, prefix=prefix, claim_timeout="3s", reconnect_time_wait=0.05)
-        await started(mine, other)
-        try:
-            slot_a, slot_b = Slot("batch.a", now_ms()), Slot("batch.b", now_ms())
-            assert await other.claim(slot_b, instance_id="other", run_id="o", timeout=2)
-            proxy.hold_replies()
-            claims = [Claim(slot, "m", JobPolicy(slot.job)) for slot in (slot_a, slot_b)]
-            batch = asyncio.create_task(mine.claim_many(claims, instance_id="me", timeout=3))
+    async with through_proxy(nats_url, prefix) as (proxy, mine, other):
+        slot_a, slot_b = Slot("batch.a", now_ms()), Slot("batch.b", now_ms())
+        assert await other.claim(slot_b, instance_id="other", run_id="o", timeout=2)
+        proxy.hold_replies()
+        claims = [Claim(slot, "m", JobPolicy(slot.job)) for slot in (slot_a, slot_b)]
+        batch = asyncio.create_task(mine.claim_many(claims, instance_id="me", timeout=3))
 
-            async def answered() -> bool:
-                stored = await _stored_claims(nats_url, prefix) == 2
-                return stored and await proxy.holding(b'"duplicate"')
+        async def answered() -> bool:
+            stored = await _stored_claims(nats_url, prefix) == 2
+            return stored and await proxy.holding(b'"duplicate"')
 
-            await wait_for(answered, timeout=5, what="A stored and B answered duplicate")
-            proxy.cut()  # both acks die with the connection
-            proxy.release_replies()
-            assert await batch == [True, False]
-            assert not await other.claim(slot_a, instance_id="other", run_id="o", timeout=2)
-        finally:
-            await stopped(mine, other)
+        await wait_for(answered, timeout=5, what="A stored and B answered duplicate")
+        proxy.cut()  # both acks die with the connection
+        proxy.release_replies()
+        assert await batch == [True, False]
+        assert not await other.claim(slot_a, instance_id="other", run_id="o", timeout=2)
 
 
 async def test_held_ack_past_the_deadline_is_a_backend_error(nats_url: str, prefix: str) -> None:
