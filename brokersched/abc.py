@@ -39,6 +39,7 @@ __all__ = [
     "LeaseBackend",
     "LeaseOutcome",
     "Outcome",
+    "Overlap",
     "RunReason",
     "RunRecord",
     "Slot",

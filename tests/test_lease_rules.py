@@ -21,7 +21,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -271,7 +271,10 @@ async def backdate(fleet: LeaseFleet, slot: Slot, ms: int) -> None:
     """Time moves on: the lease of ``slot`` expired (or was handed over) ``ms`` earlier on the
     backend's clock than it did."""
     if fleet.kind == "memory":
-        fleet.store.runs[slot.job][slot.slot_ms].expires_ms -= ms
+        row = fleet.store.jobs[slot.job]
+        lease = row.leases[slot.slot_ms]
+        leases = {**row.leases, slot.slot_ms: replace(lease, expires_ms=lease.expires_ms - ms)}
+        fleet.store.jobs[slot.job] = replace(row, leases=leases)
     elif fleet.kind == "sqlite":
 
         def shift() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -601,7 +602,8 @@ async def test_lost_lease_aborts_the_run(clock: TestClock) -> None:
     await sched.start()
     task = asyncio.ensure_future(job.trigger())
     await clock.advance("5s")
-    store.runs["fragile"].clear()  # the database forgot the lease (e.g. restored backup)
+    row = store.jobs["fragile"]  # the database forgot the lease (e.g. restored backup)
+    store.jobs["fragile"] = replace(row, leases={})
     await clock.advance("10s")
     record = await task
     assert aborts == ["lock-lost"]

@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import random
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal, cast
 
@@ -36,6 +36,7 @@ from ..abc import (
     Lease,
     LeaseBackend,
     LeaseOutcome,
+    Overlap,
     RunReason,
     RunRecord,
     Slot,
@@ -48,14 +49,27 @@ __all__ = [
     "DEFAULT_MAX_CLOCK_SKEW",
     "INTERRUPTED_ERROR",
     "MIN_RENEW_TIMEOUT_S",
+    "Acquire",
+    "AcquireAnswer",
+    "Answer",
     "ClockSkewError",
     "DeadRun",
+    "JobRow",
     "JobState",
     "LeaseBackendBase",
+    "LeaseRow",
+    "Release",
+    "Renew",
+    "Request",
+    "Store",
+    "TakeOver",
+    "TakenOver",
+    "TooFarAhead",
     "check_lease_ttl",
     "check_lock_wait",
     "check_max_clock_skew",
     "check_slot_time",
+    "decide",
     "in_chunks",
     "interrupted",
     "is_latest",
@@ -321,6 +335,216 @@ def interrupted(
         outcome="interrupted",
         error=error,
     )
+
+
+# -- the decision ----------------------------------------------------------------------------
+#
+# The lease protocol as one pure function: ``decide(row, request, now_ms)`` takes what a backend
+# stores for one job and one request, and returns the job's new row and the answer. The memory
+# backend *is* this function; the SQL statements and the Lua scripts implement the same rules
+# and are checked against it by ``brokersched.testing.conformance`` (a stateful property test:
+# random sequences of claims, renewals, releases, expiries, manual runs and take-overs).
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRow:
+    """A slot being run (``running``) or offered to another instance (``handover``)."""
+
+    token: str
+    run_id: str
+    instance_id: str
+    reason: RunReason
+    attempt: int
+    state: Literal["running", "handover"]
+    started_ms: int  # on the claimer's clock (history times are the instances')
+    expires_ms: int  # on the store's clock; a hand-over sets it to the moment of the hand-over
+
+    def live(self, now_ms: int) -> bool:
+        """Held by a runner that renews it: it blocks ``overlap="skip"``."""
+        return self.state == "running" and self.expires_ms > now_ms
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """What a lease backend stores for one job (SQL: a ``jobs`` row and its ``leases`` rows).
+
+    ``fence``: the latest scheduled, catch-up or retried slot claimed; ``manual_fence``: the
+    latest manual one (manual runs never move ``fence``). ``leases``: by slot; a finished run's
+    lease is gone (the fence keeps its slot claimed). Never changed in place: ``decide`` returns
+    a new row.
+    """
+
+    fence: int | None = None
+    manual_fence: int | None = None
+    leases: Mapping[int, LeaseRow] = field(default_factory=dict)
+
+    def live_except(self, slot_ms: int, now_ms: int) -> bool:
+        return any(lease.live(now_ms) for s, lease in self.leases.items() if s != slot_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire:
+    slot_ms: int
+    reason: RunReason
+    overlap: Overlap
+    token: str
+    run_id: str
+    instance_id: str
+    started_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Renew:
+    slot_ms: int
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    slot_ms: int
+    token: str
+    handover: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TakeOver:
+    policy: JobPolicy
+    instance_id: str
+    started_ms: int
+    fresh: Callable[[], tuple[str, str]] = lambda: (new_token(), new_run_id())  # token, run id
+
+
+@dataclass(frozen=True, slots=True)
+class TooFarAhead:
+    """A claim refused because its slot is more than ``max_clock_skew`` ahead of the store."""
+
+    ahead_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TakenOver:
+    leases: list[Lease]
+    records: list[RunRecord]  # the dead attempts, recorded ``interrupted`` by the taker
+
+
+Request = Acquire | Renew | Release | TakeOver
+AcquireAnswer = Lease | Literal["overlap", "not-acquired"] | TooFarAhead
+Answer = AcquireAnswer | bool | None | TakenOver
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    """The store's side of a decision: its clock and the backend's settings."""
+
+    now_ms: int
+    ttl_ms: int
+    max_skew_ms: int
+
+
+def decide(job: str, row: JobRow, request: Request, store: Store) -> tuple[JobRow, Answer]:
+    """The lease protocol: ``row`` after ``request``, and the answer (see each case below)."""
+    match request:
+        case Acquire():
+            return _acquire(job, row, request, store)
+        case Renew():
+            return _renew(row, request, store)
+        case Release():
+            return _release(row, request, store), None
+        case TakeOver():
+            return _take_over(job, row, request, store)
+
+
+def _acquire(job: str, row: JobRow, claim: Acquire, store: Store) -> tuple[JobRow, AcquireAnswer]:
+    """Granted only for a slot later than the job's fence (manual runs: the manual fence), not
+    ahead of the store's clock by more than ``max_clock_skew``, whose lease row is free (a
+    manual run at a scheduled slot's very instant), and, with ``overlap="skip"``, while no lease
+    of the job is live. A catch-up is granted only for a job claimed before."""
+    now, slot = store.now_ms, claim.slot_ms
+    if slot - now > store.max_skew_ms:
+        return row, TooFarAhead(slot - now)
+    manual = claim.reason == "manual"
+    fence = row.manual_fence if manual else row.fence
+    if fence is not None and slot <= fence:
+        return row, "not-acquired"
+    if claim.reason == "catch-up" and row.fence is None:
+        return row, "not-acquired"
+    if slot in row.leases:
+        return row, "not-acquired"
+    if claim.overlap == "skip" and row.live_except(slot, now):
+        return row, "overlap"
+    lease = LeaseRow(
+        claim.token, claim.run_id, claim.instance_id, claim.reason, 1, "running",
+        claim.started_ms, now + store.ttl_ms,
+    )  # fmt: skip
+    leases = {**row.leases, slot: lease}
+    fence, manual_fence = (row.fence, slot) if manual else (slot, row.manual_fence)
+    granted = Lease(job, slot, claim.token, claim.run_id, 1, claim.reason)
+    return JobRow(fence, manual_fence, leases), granted
+
+
+def _renew(row: JobRow, renew: Renew, store: Store) -> tuple[JobRow, bool]:
+    """Extended by ``lease_ttl`` only while live and still this token's."""
+    lease = row.leases.get(renew.slot_ms)
+    if lease is None or lease.token != renew.token or not lease.live(store.now_ms):
+        return row, False
+    renewed = replace(lease, expires_ms=store.now_ms + store.ttl_ms)
+    return JobRow(row.fence, row.manual_fence, {**row.leases, renew.slot_ms: renewed}), True
+
+
+def _release(row: JobRow, release: Release, store: Store) -> JobRow:
+    """Ends the lease if it is still this token's, also after it expired (nobody took the slot
+    over yet: the run finished, and must not look dead). A hand-over offers it to
+    ``take_over`` at once."""
+    lease = row.leases.get(release.slot_ms)
+    if lease is None or lease.token != release.token:
+        return row  # stale: the slot was taken over, or released already
+    leases = dict(row.leases)
+    if release.handover:
+        leases[release.slot_ms] = replace(lease, state="handover", expires_ms=store.now_ms)
+    else:
+        del leases[release.slot_ms]
+    return JobRow(row.fence, row.manual_fence, leases)
+
+
+def _take_over(job: str, row: JobRow, take: TakeOver, store: Store) -> tuple[JobRow, TakenOver]:
+    """Every dead lease (expired while running, or handed over), latest slot first: restarted
+    (``restart_attempt``) or dropped, the dead attempt recorded once (``interrupted``). With
+    ``overlap="skip"`` a restart waits while another run of the job is live (a manual run
+    granted since, or a restart of this sweep): it is left as it is for a later sweep."""
+    now, policy = store.now_ms, take.policy
+    window_ms = retry_window_ms(policy, timedelta(milliseconds=store.ttl_ms))
+    leases = dict(row.leases)
+    taken = TakenOver([], [])
+    for slot in sorted((s for s, lease in row.leases.items() if not lease.live(now)), reverse=True):
+        lease = leases[slot]
+        dead = DeadRun(
+            job, slot, lease.run_id, lease.instance_id, lease.reason, lease.attempt,
+            lease.state, ms_to_datetime(lease.started_ms), now - lease.expires_ms,
+        )  # fmt: skip
+        latest = is_latest(slot, row.fence, row.manual_fence)
+        attempt = restart_attempt(dead, latest=latest, policy=policy, window_ms=window_ms)
+        blocked = JobRow(row.fence, row.manual_fence, leases).live_except(slot, now)
+        if attempt is not None and policy.overlap == "skip" and blocked:
+            continue
+        record = interrupted(
+            dead,
+            ms_to_datetime(now),
+            restarted=attempt is not None,
+            window_ms=window_ms,
+            max_attempts=policy.max_attempts,
+        )
+        if record is not None:
+            taken.records.append(record)
+        if attempt is None:
+            del leases[slot]
+            continue
+        token, run_id = take.fresh()
+        leases[slot] = LeaseRow(
+            token, run_id, take.instance_id, "retry", attempt, "running", take.started_ms,
+            now + store.ttl_ms,
+        )  # fmt: skip
+        taken.leases.append(Lease(job, slot, token, run_id, attempt, "retry"))
+    return JobRow(row.fence, row.manual_fence, leases), taken
 
 
 #: The least time a renewal or a release is given, however short ``lease_ttl`` is.

@@ -1,8 +1,9 @@
 """The lease contract in one process: the embedded default for tests and demos.
 
 Several ``MemoryBackend`` objects given the same ``MemoryStore`` behave like instances sharing one
-database, which is how tests and demos run a "fleet" in one process. Every method is free of
-``await`` between its reads and writes, so each is atomic on the event loop.
+database, which is how tests and demos run a "fleet" in one process. Every decision is the lease
+protocol itself (``_lease.decide``) applied to the store's row of the job, with no ``await``
+between reading the row and writing it back, so each is atomic on the event loop.
 """
 
 from __future__ import annotations
@@ -11,55 +12,50 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
-from .._clock import Clock, ms_to_datetime
+from .._clock import Clock
 from .._durations import Duration, to_ms
 from .._exceptions import BackendError, BackendUnavailableError
 from ..abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
 from ._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
-    DeadRun,
+    Acquire,
+    Answer,
+    JobRow,
     LeaseBackendBase,
+    Release,
+    Renew,
+    Request,
+    Store,
+    TakenOver,
+    TakeOver,
+    TooFarAhead,
     check_slot_time,
-    interrupted,
-    is_latest,
-    new_run_id,
+    decide,
     new_token,
-    restart_attempt,
-    retry_window_ms,
 )
 
 __all__ = ["MemoryBackend", "MemoryStore"]
 
-
-@dataclass(slots=True)
-class _Run:
-    token: str
-    run_id: str
-    instance_id: str
-    attempt: int
-    reason: RunReason
-    started_ms: int
-    expires_ms: int
-    state: Literal["running", "done", "handover"] = "running"
+# What an acquire answers once a slot too far ahead has been raised as ``ClockSkewError``.
+AcquireAnswerGranted = Lease | Literal["overlap", "not-acquired"]
 
 
 @dataclass(slots=True)
 class MemoryStore:
     """What the "database" holds; share one between backends to simulate a fleet."""
 
-    latest: dict[str, int] = field(default_factory=dict)  # job -> latest claimed slot_ms
-    manual: dict[str, int] = field(default_factory=dict)  # job -> latest manual slot_ms
-    runs: dict[str, dict[int, _Run]] = field(default_factory=dict)  # job -> slot_ms -> run
+    jobs: dict[str, JobRow] = field(default_factory=dict)
     history: dict[str, deque[RunRecord]] = field(default_factory=dict)
 
 
 class MemoryBackend(LeaseBackendBase):
     """A lease backend in this process's memory; nothing survives the process.
 
-    ``max_clock_skew``: how far ahead of this backend's clock (the scheduler's it was started
-    with) a claimed slot may be.
+    ``max_clock_skew``: how far ahead of this backend's clock a claimed slot may be. The
+    backend's clock is ``store_clock`` if given (a fleet simulated in one process gives every
+    backend the shared store's clock), else the clock of the scheduler that started it.
     """
 
     def __init__(
@@ -68,9 +64,11 @@ class MemoryBackend(LeaseBackendBase):
         lease_ttl: Duration = "30s",
         store: MemoryStore | None = None,
         max_clock_skew: Duration = DEFAULT_MAX_CLOCK_SKEW,
+        store_clock: Clock | None = None,
     ) -> None:
         super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
         self.store = store if store is not None else MemoryStore()
+        self._store_clock = store_clock
         self._clock: Clock | None = None
 
     async def _open(self, clock: Clock) -> None:
@@ -82,20 +80,24 @@ class MemoryBackend(LeaseBackendBase):
     def _now(self) -> int:
         if self._clock is None:
             raise BackendUnavailableError("MemoryBackend is not started")
+        return (self._store_clock or self._clock).now_ms()
+
+    def _instance_now(self) -> int:
+        """The scheduler's clock, which history times are on (as on every backend)."""
+        if self._clock is None:
+            raise BackendUnavailableError("MemoryBackend is not started")
         return self._clock.now_ms()
 
-    def _live(self, run: _Run, now: int) -> bool:
-        return run.state == "running" and run.expires_ms > now
-
-    def _grant(
-        self, slot: Slot, run_id: str, instance_id: str, attempt: int, reason: RunReason
-    ) -> Lease:
+    def _decide(self, job: str, request: Request) -> Answer:
+        """Apply ``request`` to the job's row, as one atomic step."""
         now = self._now()
-        token = new_token()
-        self.store.runs.setdefault(slot.job, {})[slot.slot_ms] = _Run(
-            token, run_id, instance_id, attempt, reason, now, now + to_ms(self._lease_ttl)
-        )
-        return Lease(slot.job, slot.slot_ms, token, run_id, attempt, reason)
+        store = Store(now, to_ms(self._lease_ttl), self._skew_ms)
+        row, answer = decide(job, self.store.jobs.get(job, JobRow()), request, store)
+        self.store.jobs[job] = row
+        if isinstance(answer, TooFarAhead):
+            slot = Slot(job, now + answer.ahead_ms)
+            check_slot_time(slot, now, self._max_clock_skew, backend=self.name, clock="its clock")
+        return answer
 
     async def acquire(
         self,
@@ -108,7 +110,7 @@ class MemoryBackend(LeaseBackendBase):
         timeout: float,
     ) -> Lease | Literal["overlap", "not-acquired"]:
         await asyncio.sleep(0)  # a real backend yields here; so do we, for honest races
-        return self._decide(Claim(slot, run_id, policy, reason), instance_id)
+        return self._acquire(Claim(slot, run_id, policy, reason), instance_id)
 
     async def acquire_many(
         self, claims: Sequence[Claim], *, instance_id: str, timeout: float
@@ -118,86 +120,42 @@ class MemoryBackend(LeaseBackendBase):
         outcomes: list[LeaseOutcome] = []
         for claim in claims:
             try:
-                outcomes.append(self._decide(claim, instance_id))
+                outcomes.append(self._acquire(claim, instance_id))
             except BackendError as exc:
                 outcomes.append(exc)
         return outcomes
 
-    def _decide(self, claim: Claim, instance_id: str) -> Lease | Literal["overlap", "not-acquired"]:
-        slot, policy, reason = claim.slot, claim.policy, claim.reason
-        now = self._now()
-        check_slot_time(slot, now, self._max_clock_skew, backend=self.name, clock="its clock")
-        fences = self.store.manual if reason == "manual" else self.store.latest
-        fence = fences.get(slot.job)
-        if fence is not None and slot.slot_ms <= fence:
-            return "not-acquired"
-        if reason == "catch-up" and fence is None:
-            return "not-acquired"
-        runs = self.store.runs.get(slot.job, {})
-        if slot.slot_ms in runs and runs[slot.slot_ms].state != "done":
-            return "not-acquired"  # a manual run at a scheduled slot's very instant
-        if policy.overlap == "skip" and any(self._live(run, now) for run in runs.values()):
-            return "overlap"
-        fences[slot.job] = slot.slot_ms
-        for slot_ms in [ms for ms, run in runs.items() if run.state == "done"]:
-            del runs[slot_ms]  # fencing refuses older slots already: no need to remember them
-        return self._grant(slot, claim.run_id, instance_id, 1, reason)
-
-    def _current(self, lease: Lease) -> _Run | None:
-        run = self.store.runs.get(lease.job, {}).get(lease.slot_ms)
-        return run if run is not None and run.token == lease.token else None
+    def _acquire(
+        self, claim: Claim, instance_id: str
+    ) -> Lease | Literal["overlap", "not-acquired"]:
+        started = self._instance_now()
+        request = Acquire(
+            claim.slot.slot_ms, claim.reason, claim.policy.overlap, new_token(), claim.run_id,
+            instance_id, started,
+        )  # fmt: skip
+        return cast(AcquireAnswerGranted, self._decide(claim.slot.job, request))
 
     async def renew(self, lease: Lease) -> bool:
         await asyncio.sleep(0)
-        now = self._now()
-        run = self._current(lease)
-        if run is None or not self._live(run, now):
-            return False
-        run.expires_ms = now + to_ms(self._lease_ttl)
-        return True
+        return self._decide(lease.job, Renew(lease.slot_ms, lease.token)) is True
 
     async def release(self, lease: Lease, *, handover: bool = False) -> None:
         await asyncio.sleep(0)
-        run = self._current(lease)
-        if run is not None:
-            run.state = "handover" if handover else "done"
-            run.expires_ms = self._now()
+        self._decide(lease.job, Release(lease.slot_ms, lease.token, handover))
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         await asyncio.sleep(0)
-        now = self._now()
         leases: list[Lease] = []
         for policy in policies:
-            for slot_ms, run in list(self.store.runs.get(policy.name, {}).items()):
-                if run.state != "done" and not self._live(run, now):
-                    started = ms_to_datetime(run.started_ms)
-                    dead = DeadRun(
-                        policy.name, slot_ms, run.run_id, run.instance_id, run.reason,
-                        run.attempt, run.state, started, now - run.expires_ms,
-                    )  # fmt: skip
-                    leases.extend(self._take(policy, dead, run, instance_id))
+            if policy.name not in self.store.jobs:
+                continue
+            started = self._instance_now()
+            taken = self._decide(policy.name, TakeOver(policy, instance_id, started))
+            assert isinstance(taken, TakenOver)
+            for record in taken.records:
+                self._append(policy, record)
+            leases.extend(taken.leases)
         return leases
-
-    def _take(self, policy: JobPolicy, dead: DeadRun, run: _Run, instance_id: str) -> list[Lease]:
-        fence, manual = self.store.latest.get(dead.job), self.store.manual.get(dead.job)
-        latest = is_latest(dead.slot_ms, fence, manual)
-        window_ms = retry_window_ms(policy, self._lease_ttl)
-        attempt = restart_attempt(dead, latest=latest, policy=policy, window_ms=window_ms)
-        now = ms_to_datetime(self._now())
-        record = interrupted(
-            dead,
-            now,
-            restarted=attempt is not None,
-            window_ms=window_ms,
-            max_attempts=policy.max_attempts,
-        )
-        if record is not None:
-            self._append(policy, record)
-        if attempt is None:
-            run.state = "done"
-            return []
-        slot = Slot(dead.job, dead.slot_ms)
-        return [self._grant(slot, new_run_id(), instance_id, attempt, "retry")]
 
     def _append(self, job: JobPolicy, record: RunRecord) -> None:
         records = self.store.history.setdefault(job.name, deque())
