@@ -411,7 +411,8 @@ class TakeOver:
     policy: JobPolicy
     instance_id: str
     started_ms: int
-    fresh: Callable[[], tuple[str, str]] = lambda: (new_token(), new_run_id())  # token, run id
+    # A restarted slot's lease token and run id (by slot): fresh random ones.
+    fresh: Callable[[int], tuple[str, str]] = lambda _slot_ms: (new_token(), new_run_id())
 
 
 @dataclass(frozen=True, slots=True)
@@ -538,7 +539,7 @@ def _take_over(job: str, row: JobRow, take: TakeOver, store: Store) -> tuple[Job
         if attempt is None:
             del leases[slot]
             continue
-        token, run_id = take.fresh()
+        token, run_id = take.fresh(slot)
         leases[slot] = LeaseRow(
             token, run_id, take.instance_id, "retry", attempt, "running", take.started_ms,
             now + store.ttl_ms,

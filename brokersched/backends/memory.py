@@ -54,8 +54,9 @@ class MemoryBackend(LeaseBackendBase):
     """A lease backend in this process's memory; nothing survives the process.
 
     ``max_clock_skew``: how far ahead of this backend's clock a claimed slot may be. The
-    backend's clock is ``store_clock`` if given (a fleet simulated in one process gives every
-    backend the shared store's clock), else the clock of the scheduler that started it.
+    backend's clock is ``store_clock`` if set (a fleet simulated in one process gives every
+    backend the shared store's clock, which may disagree with the instances'), else the clock
+    of the scheduler that started it.
     """
 
     def __init__(
@@ -68,7 +69,7 @@ class MemoryBackend(LeaseBackendBase):
     ) -> None:
         super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
         self.store = store if store is not None else MemoryStore()
-        self._store_clock = store_clock
+        self.store_clock = store_clock
         self._clock: Clock | None = None
 
     async def _open(self, clock: Clock) -> None:
@@ -80,7 +81,7 @@ class MemoryBackend(LeaseBackendBase):
     def _now(self) -> int:
         if self._clock is None:
             raise BackendUnavailableError("MemoryBackend is not started")
-        return (self._store_clock or self._clock).now_ms()
+        return (self.store_clock or self._clock).now_ms()
 
     def _instance_now(self) -> int:
         """The scheduler's clock, which history times are on (as on every backend)."""

@@ -37,6 +37,7 @@ from ..abc import (
     RunRecord,
     Slot,
 )
+from ._protocol import LeaseProtocolCheck
 
 __all__ = ["ClaimBackendSuite", "LeaseBackendSuite"]
 
@@ -255,7 +256,7 @@ class ClaimBackendSuite(_Suite[B]):
             assert winners == 1, f"{slot.key}: {winners} winners"
 
 
-class LeaseBackendSuite(_Suite[B]):
+class LeaseBackendSuite(LeaseProtocolCheck, _Suite[B]):
     """Lease semantics: fencing, overlap, renewal, take-over of dead runners, catch-up."""
 
     lease_ttl = timedelta(seconds=1)

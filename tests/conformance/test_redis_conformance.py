@@ -3,7 +3,7 @@ of ``redis_url`` and on a 3-master Redis Cluster started for the session."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -51,6 +51,10 @@ class TestRedisLeases(_OnServer, LeaseBackendSuite[RedisLeaseBackend]):
     def make_backend(self, namespace: str, **options: Any) -> RedisLeaseBackend:
         self.prefixes.add(namespace)
         return RedisLeaseBackend(self.url, prefix=namespace, cluster=self.cluster, **options)
+
+    async def set_store_time(self, backends: Sequence[RedisLeaseBackend], now_ms: int) -> None:
+        for backend in backends:
+            backend.store_time = now_ms
 
 
 @pytest.mark.slow

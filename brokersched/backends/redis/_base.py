@@ -180,6 +180,8 @@ class RedisConnection:
         self._options = dict(client_options)
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
+        #: For tests only: scripts judge time as if the server's clock read this (ms).
+        self.store_time: int | None = None
         self.clock: Clock | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -200,7 +202,9 @@ class RedisConnection:
             raise
         self._client = client
         self._scripts = {
-            name: client.register_script(getattr(_scripts, name)) for name in _scripts.__all__
+            name: client.register_script(getattr(_scripts, name))
+            for name in _scripts.__all__
+            if name != "CLOCKED"
         }
         self.clock = clock
         logger.debug("%s connected to %s", self.backend, self.redacted)
@@ -308,6 +312,13 @@ class RedisConnection:
             async with asyncio.timeout(limit):
                 return await exchange(client)
 
+    def _clocked(self, name: str, args: list[str | int]) -> list[str | int]:
+        """A script that reads the clock takes the store time override first (see
+        ``_scripts._NOW``): '' (the server's ``TIME``) unless ``store_time`` is set."""
+        if name not in _scripts.CLOCKED:
+            return args
+        return ["" if self.store_time is None else self.store_time, *args]
+
     async def script(
         self,
         name: str,
@@ -317,6 +328,7 @@ class RedisConnection:
         timeout: float | None = None,
     ) -> Any:
         """One script (EVALSHA; loaded once per node on ``NOSCRIPT``)."""
+        args = self._clocked(name, args)
 
         async def run(client: Any) -> Any:
             return await self._scripts[name](keys=keys, args=args, client=client)
@@ -336,6 +348,7 @@ class RedisConnection:
         async def run(client: Any) -> list[Any]:
             pipe = client.pipeline(transaction=False)
             for keys, args in calls:
+                args = self._clocked(name, args)
                 await self._scripts[name](keys=keys, args=args, client=pipe)
             answers: list[Any] = await pipe.execute(raise_on_error=False)
             return answers

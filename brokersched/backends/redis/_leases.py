@@ -5,23 +5,23 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from ..._clock import Clock, datetime_to_ms, ms_to_datetime
+from ..._clock import Clock
 from ..._durations import Duration, to_ms
 from ..._exceptions import BackendError
 from ...abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
 from .._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
-    DeadRun,
+    JobRow,
     LeaseBackendBase,
+    LeaseRow,
+    Store,
+    TakenOver,
+    TakeOver,
     check_slot_time,
-    interrupted,
-    is_latest,
-    new_run_id,
+    decide,
     new_token,
-    restart_attempt,
-    retry_window_ms,
 )
 from ._base import RedisConnection, history_entry, history_key, job_key, runs_key
 
@@ -69,6 +69,16 @@ class RedisLeaseBackend(LeaseBackendBase):
     @property
     def prefix(self) -> str:
         return self._redis.prefix
+
+    @property
+    def store_time(self) -> int | None:
+        """For tests: the scripts judge time as if the server's clock read this (ms);
+        ``None`` (always, in production): the server's ``TIME``."""
+        return self._redis.store_time
+
+    @store_time.setter
+    def store_time(self, now_ms: int | None) -> None:
+        self._redis.store_time = now_ms
 
     async def _open(self, clock: Clock) -> None:
         await self._redis.open(clock)
@@ -192,46 +202,49 @@ class RedisLeaseBackend(LeaseBackendBase):
         return leases
 
     async def _take_over_job(self, policy: JobPolicy, instance_id: str) -> list[Lease]:
+        """One script reads the job's runs (and the server's clock), the lease protocol
+        decides (``_lease.decide``), one script commits what changed if nothing else did."""
         keys = self._keys(policy.name, history=True)
         scan = await self._redis.script(
-            "SCAN_DEAD", f"look for dead runs of {policy.name}", keys[:2], []
+            "SCAN_RUNS", f"look for dead runs of {policy.name}", keys[:2], []
         )
         now_ms, fence, manual, *pairs = scan
-        if not pairs:
+        row = JobRow(
+            _int_or_none(fence),
+            _int_or_none(manual),
+            {
+                int(slot): _lease_row(json.loads(run))
+                for slot, run in zip(pairs[::2], pairs[1::2], strict=True)
+            },
+        )
+        dead = {slot: lease for slot, lease in row.leases.items() if not lease.live(int(now_ms))}
+        if not dead:
             return []
-        window_ms = retry_window_ms(policy, self._lease_ttl)
-        now = ms_to_datetime(self._redis.now_ms())
-        latest = (_int_or_none(fence), _int_or_none(manual))
+        started = self._redis.now_ms()
+        store = Store(int(now_ms), self._ttl_ms, self._skew_ms)
+        after, taken = decide(policy.name, row, TakeOver(policy, instance_id, started), store)
+        assert isinstance(taken, TakenOver)
+        restarts = {lease.slot_ms: lease for lease in taken.leases}
+        records = {record.slot_ms: record for record in taken.records}
         args: list[str | int] = [
             fence.decode(), manual.decode(), self._ttl_ms, policy.history_size,
-            *self._redis.history_ttl_args(policy),
+            *self._redis.history_ttl_args(policy), "1" if policy.overlap == "skip" else "0",
         ]  # fmt: skip
-        retries: dict[int, Lease] = {}
-        for raw_slot, raw_run in zip(pairs[::2], pairs[1::2], strict=True):
-            slot_ms, run = int(raw_slot), json.loads(raw_run)
-            dead = _dead_run(policy.name, slot_ms, run, int(now_ms))
-            attempt = restart_attempt(
-                dead, latest=is_latest(slot_ms, *latest), policy=policy, window_ms=window_ms
-            )
-            record = interrupted(
-                dead,
-                now,
-                restarted=attempt is not None,
-                window_ms=window_ms,
-                max_attempts=policy.max_attempts,
-            )
-            token = run_id = ""
-            if attempt is not None:
-                token, run_id = new_token(), new_run_id()
-                retries[slot_ms] = dead.retried(token, run_id, attempt)
+        for slot_ms, lease in dead.items():
+            if slot_ms in after.leases and slot_ms not in restarts:
+                continue  # left for a later sweep: a run of the job is live
+            restart = restarts.get(slot_ms)
+            record = records.get(slot_ms)
             args += [
-                slot_ms, run["token"], token, run_id, instance_id, attempt or 0,
-                datetime_to_ms(now), "" if record is None else history_entry(record),
+                slot_ms, lease.token, restart.token if restart else "",
+                restart.run_id if restart else "", instance_id,
+                restart.attempt if restart else 0, started,
+                "" if record is None else history_entry(record),
             ]  # fmt: skip
         committed = await self._redis.script(
             "COMMIT_TAKE_OVER", f"take over the slots of {policy.name}", keys, args
         )
-        return [retries[int(slot)] for slot in committed if int(slot) in retries]
+        return [restarts[int(slot)] for slot in committed if int(slot) in restarts]
 
     # -- history -----------------------------------------------------------------------------
 
@@ -246,15 +259,19 @@ def _int_or_none(value: bytes) -> int | None:
     return int(value) if value else None
 
 
-def _dead_run(job: str, slot_ms: int, run: dict[str, str], now_ms: int) -> DeadRun:
-    return DeadRun(
-        job=job,
-        slot_ms=slot_ms,
+def _pairs(flat: list[bytes]) -> zip[tuple[bytes, bytes]]:
+    return zip(flat[::2], flat[1::2], strict=True)
+
+
+def _lease_row(run: dict[str, str]) -> LeaseRow:
+    state: Literal["running", "handover"] = "handover" if run["state"] == "handover" else "running"
+    return LeaseRow(
+        token=run["token"],
         run_id=run["run_id"],
         instance_id=run["instance_id"],
-        reason=run["reason"],
+        reason=cast(RunReason, run["reason"]),
         attempt=int(run["attempt"]),
-        state=run["state"],
-        started_at=ms_to_datetime(int(run["started"])),
-        waited_ms=now_ms - int(run["expires"]),
+        state=state,
+        started_ms=int(run["started"]),
+        expires_ms=int(run["expires"]),
     )

@@ -17,16 +17,22 @@ from __future__ import annotations
 
 __all__ = [
     "ACQUIRE",
+    "CLOCKED",
     "COMMIT_TAKE_OVER",
     "FLEET_MEMORY",
     "RECORD",
     "RELEASE",
     "RENEW",
-    "SCAN_DEAD",
+    "SCAN_RUNS",
 ]
 
+# Every script that reads the clock takes one more first argument, removed here: a store time
+# in ms that replaces ``TIME`` ('' in production: the conformance suite's protocol check drives
+# the clock virtually through it).
 _NOW = """
+local store_time = table.remove(ARGV, 1)
 local function now_ms()
+  if store_time ~= '' then return tonumber(store_time) end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
@@ -149,36 +155,30 @@ return 1
 )
 
 #: KEYS: job, runs. Returns {now, fence or '', manual fence or '', slot, run, slot, run...}:
-#: the runs whose runner died (lease expired) or handed them over. Read-only: the decisions are
-#: taken by the caller with the shared lease rules and committed by COMMIT_TAKE_OVER.
-SCAN_DEAD = (
+#: every run of the job. Read-only: the take-over is decided by the caller with the lease
+#: protocol (``_lease.decide``) and committed by COMMIT_TAKE_OVER.
+SCAN_RUNS = (
     _NOW
     + """
-local now = now_ms()
-local out = {num(now), redis.call('HGET', KEYS[1], 'fence') or '',
+local out = {num(now_ms()), redis.call('HGET', KEYS[1], 'fence') or '',
   redis.call('HGET', KEYS[1], 'manual') or ''}
 local runs = redis.call('HGETALL', KEYS[2])
-for i = 1, #runs, 2 do
-  local run = cjson.decode(runs[i + 1])
-  if run.state == 'handover' or tonumber(run.expires) <= now then
-    out[#out + 1] = runs[i]
-    out[#out + 1] = runs[i + 1]
-  end
-end
+for i = 1, #runs do out[#out + 1] = runs[i] end
 return out
 """
 )
 
-#: KEYS: job, runs, history. ARGV: the fence and manual fence SCAN_DEAD saw ('' for none),
-#: ttl ms, history_size, cutoff ms or '', history_ttl ms or '', then 8 per dead run: slot, its
-#: token, the new token ('' drops the run), run_id, instance_id, attempt, started ms, the
-#: interrupted record's history entry ('' for none). Returns the slots committed.
+#: KEYS: job, runs, history. ARGV: the fence and manual fence SCAN_RUNS saw ('' for none),
+#: ttl ms, history_size, cutoff ms or '', history_ttl ms or '', overlap skip ('1' or '0'), then
+#: 8 per dead run: slot, its token, the new token ('' drops the run), run_id, instance_id,
+#: attempt, started ms, the interrupted record's history entry ('' for none). Returns the slots
+#: committed.
 #:
 #: Optimistic: nothing is written if a fence moved since the scan (the decision whether a slot
-#: is still the latest may be wrong), and a run is only re-granted or dropped if it still holds
-#: the token seen and is still dead. A re-grant changes the token and a drop deletes the run,
-#: so each dead run is taken over, and its lost attempt recorded, by exactly one caller, in
-#: the same atomic step.
+#: is still the latest may be wrong), or, with overlap skip, if a restart would overlap a run
+#: that is live now; and a run is only re-granted or dropped if it still holds the token seen
+#: and is still dead. A re-grant changes the token and a drop deletes the run, so each dead run
+#: is taken over, and its lost attempt recorded, by exactly one caller, in the same atomic step.
 COMMIT_TAKE_OVER = (
     _NOW
     + _PUSH
@@ -188,8 +188,22 @@ local manual = redis.call('HGET', KEYS[1], 'manual') or ''
 if fence ~= ARGV[1] or manual ~= ARGV[2] then return {} end
 local now = now_ms()
 local ttl = tonumber(ARGV[3])
+if ARGV[7] == '1' then
+  local restarting = {}
+  for i = 8, #ARGV, 8 do
+    if ARGV[i + 2] ~= '' then restarting[ARGV[i]] = true end
+  end
+  local runs = redis.call('HGETALL', KEYS[2])
+  for i = 1, #runs, 2 do
+    local run = cjson.decode(runs[i + 1])
+    if next(restarting) and not restarting[runs[i]] and run.state == 'running'
+        and tonumber(run.expires) > now then
+      return {}
+    end
+  end
+end
 local done = {}
-for i = 7, #ARGV, 8 do
+for i = 8, #ARGV, 8 do
   local slot = ARGV[i]
   local raw = redis.call('HGET', KEYS[2], slot)
   if raw then
@@ -214,6 +228,11 @@ for i = 7, #ARGV, 8 do
 end
 return done
 """
+)
+
+#: The scripts whose first argument is the store time override (see ``_NOW``).
+CLOCKED = frozenset(
+    ("ACQUIRE", "RENEW", "RELEASE", "SCAN_RUNS", "COMMIT_TAKE_OVER", "FLEET_MEMORY")
 )
 
 #: KEYS: the fleet's slot memory record (a hash). ARGV: this instance's slot_ttl ms, what it
