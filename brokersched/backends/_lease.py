@@ -529,7 +529,7 @@ def _take_over(job: str, row: JobRow, take: TakeOver, store: Store) -> tuple[Job
             continue
         record = interrupted(
             dead,
-            ms_to_datetime(now),
+            ms_to_datetime(take.started_ms),  # history times are the instances'
             restarted=attempt is not None,
             window_ms=window_ms,
             max_attempts=policy.max_attempts,

@@ -141,8 +141,16 @@ UPDATE {s}.jobs SET grant_slot_ms = last_slot_ms;
 #: ``_MIGRATIONS[v]`` takes the schema from version ``v`` to ``v + 1``.
 _MIGRATIONS = (_SCHEMA_V1, _SCHEMA_V2)
 
+# The store's clock, read by every statement: the time when a row is examined. A function of
+# the schema, so that a test can make the statements judge time on a clock it drives (the
+# conformance suite's protocol check); PostgreSQL inlines it (a volatile SQL function whose
+# body is volatile), so production statements read clock_timestamp() directly. Made at start
+# when missing: instances of an earlier release neither need nor mind it.
+_STORE_NOW = """CREATE OR REPLACE FUNCTION {s}.store_now() RETURNS timestamptz
+    LANGUAGE sql VOLATILE PARALLEL SAFE AS 'SELECT clock_timestamp()'"""
+
 _CLOCK = "the database's clock (clock_timestamp())"
-_NOW_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+_NOW_MS = "(extract(epoch FROM {now}) * 1000)::bigint"
 _NO_SLOT = f"'{NO_SLOT}'::bigint"
 
 # $10: max_clock_skew in ms.
@@ -151,12 +159,12 @@ _IN_TIME = "$2::bigint <= {now_ms} + $10::bigint"
 # A slot whose lease row is taken (a manual run at a scheduled slot's very instant) is refused.
 _FREE = "NOT EXISTS (SELECT FROM {s}.leases AS f WHERE f.job = $1 AND f.slot_ms = $2)"
 
-_LIVE = """(j.lease_until > clock_timestamp() OR EXISTS (
+_LIVE = """(j.lease_until > {now} OR EXISTS (
     SELECT FROM {s}.leases AS l
-    WHERE l.job = j.job AND l.state = 'running' AND l.expires_at > clock_timestamp()))"""
+    WHERE l.job = j.job AND l.state = 'running' AND l.expires_at > {now}))"""
 
 _UPSERT_JOB = """INSERT INTO {s}.jobs AS j (job, last_slot_ms, lease_until, grant_slot_ms)
-    SELECT $1, $2, clock_timestamp() + $3::bigint {ms}, $2 WHERE {in_time}
+    SELECT $1, $2, {now} + $3::bigint {ms}, $2 WHERE {in_time}
     ON CONFLICT (job) DO UPDATE
         SET last_slot_ms = excluded.last_slot_ms, lease_until = excluded.lease_until,
             grant_slot_ms = excluded.grant_slot_ms
@@ -166,7 +174,7 @@ _UPSERT_JOB = """INSERT INTO {s}.jobs AS j (job, last_slot_ms, lease_until, gran
 # A catch-up never creates the job's row: a job never claimed has missed nothing (nor does a
 # job only ever run manually).
 _UPDATE_JOB = """UPDATE {s}.jobs AS j
-    SET last_slot_ms = $2, lease_until = clock_timestamp() + $3::bigint {ms}, grant_slot_ms = $2
+    SET last_slot_ms = $2, lease_until = {now} + $3::bigint {ms}, grant_slot_ms = $2
     WHERE j.job = $1 AND j.last_slot_ms > {no_slot} AND j.last_slot_ms < $2 AND {in_time}
         AND ($4::boolean OR NOT {live}) AND {free}
     RETURNING j.lease_until"""
@@ -174,7 +182,7 @@ _UPDATE_JOB = """UPDATE {s}.jobs AS j
 # A manual run passes its own fence and leaves the job's fence where it is.
 _MANUAL_JOB = """INSERT INTO {s}.jobs AS j
         (job, last_slot_ms, lease_until, grant_slot_ms, manual_slot_ms)
-    SELECT $1, {no_slot}, clock_timestamp() + $3::bigint {ms}, $2, $2 WHERE {in_time}
+    SELECT $1, {no_slot}, {now} + $3::bigint {ms}, $2, $2 WHERE {in_time}
     ON CONFLICT (job) DO UPDATE
         SET lease_until = excluded.lease_until, grant_slot_ms = excluded.grant_slot_ms,
             manual_slot_ms = excluded.manual_slot_ms
@@ -208,7 +216,7 @@ _ACQUIRE_MANY = """WITH claim AS (
         WITH ORDINALITY AS c (job, slot_ms, allow, token, run_id, n)
 ), granted AS (
     INSERT INTO {s}.jobs AS j (job, last_slot_ms, lease_until, grant_slot_ms)
-    SELECT c.job, c.slot_ms, clock_timestamp() + $3::bigint {ms}, c.slot_ms
+    SELECT c.job, c.slot_ms, {now} + $3::bigint {ms}, c.slot_ms
     FROM claim AS c WHERE c.slot_ms <= {now_ms} + $9::bigint
     ORDER BY c.job
     ON CONFLICT (job) DO UPDATE
@@ -233,64 +241,85 @@ SELECT EXISTS (SELECT FROM leased AS l WHERE l.job = c.job) AS granted, j.last_s
 FROM claim AS c LEFT JOIN {s}.jobs AS j ON j.job = c.job
 ORDER BY c.n"""
 
-_RENEW = """UPDATE {s}.leases SET expires_at = clock_timestamp() + $4::bigint {ms}
+_RENEW = """UPDATE {s}.leases SET expires_at = {now} + $4::bigint {ms}
 WHERE job = $1 AND slot_ms = $2 AND token = $3 AND state = 'running'
-    AND expires_at > clock_timestamp()
+    AND expires_at > {now}
 RETURNING true"""
 
 # Both end the job's latest grant too, so that the next claim does not wait for it to expire.
 _RELEASE = """WITH ended AS (
     DELETE FROM {s}.leases WHERE job = $1 AND slot_ms = $2 AND token = $3 RETURNING slot_ms
 )
-UPDATE {s}.jobs AS j SET lease_until = clock_timestamp()
+UPDATE {s}.jobs AS j SET lease_until = {now}
 FROM ended WHERE j.job = $1 AND j.grant_slot_ms = ended.slot_ms"""
 
 _HAND_OVER = """WITH ended AS (
-    UPDATE {s}.leases SET state = 'handover', expires_at = clock_timestamp()
+    UPDATE {s}.leases SET state = 'handover', expires_at = {now}
     WHERE job = $1 AND slot_ms = $2 AND token = $3 RETURNING slot_ms
 )
-UPDATE {s}.jobs AS j SET lease_until = clock_timestamp()
+UPDATE {s}.jobs AS j SET lease_until = {now}
 FROM ended WHERE j.job = $1 AND j.grant_slot_ms = ended.slot_ms"""
 
+# The jobs of ``$1`` with a dead lease (expired while running, or handed over): most sweeps
+# find none, and lock nothing.
+_DEAD_JOBS = """SELECT DISTINCT job FROM {s}.leases
+WHERE job = ANY($1::text[]) AND (state = 'handover' OR expires_at <= {now})"""
+
+# Taken first, in the order of job names (as claims take them): the take-over then decides on
+# rows nobody changes until it commits.
+_LOCK_JOBS = """SELECT job FROM {s}.jobs WHERE job = ANY($1::text[]) ORDER BY job FOR UPDATE"""
+
 # $1 job names, $2 their max_attempts, $3 instance id, $4 ttl ms, $5 started_at, $6 their retry
-# windows in ms (NULL: none). ``retried`` goes through the job's row: if a newer slot was
-# claimed meanwhile, the row no longer matches and the slot is dropped instead; so is a slot
-# that waited longer than its window or is out of attempts (``is_latest``, ``restart_attempt``
-# in Python). Rows are disjoint between the UPDATE and the DELETE of leases. The dead attempts
-# come back for the history.
+# windows in ms (NULL: none), $7 their overlap='skip'. The lease protocol's take-over
+# (``_lease._take_over``) on rows locked by ``_LOCK_JOBS``: a dead slot restarts while it is
+# its job's latest (``is_latest``), within its window and attempts (``restart_attempt``); with
+# overlap='skip' it waits (untouched, unrecorded) while another run of the job is live, and only
+# the job's latest restartable slot restarts. The others are dropped. The dead attempts come
+# back for the history.
 _TAKE_OVER = """WITH policy AS (
-    SELECT * FROM unnest($1::text[], $2::integer[], $6::bigint[])
-        AS p (job, max_attempts, window_ms)
+    SELECT * FROM unnest($1::text[], $2::integer[], $6::bigint[], $7::boolean[])
+        AS p (job, max_attempts, window_ms, skip)
 ), dead AS (
     SELECT l.job, l.slot_ms, l.run_id, l.instance_id, l.reason, l.attempt, l.state,
-        l.started_at, p.max_attempts, p.window_ms,
-        (extract(epoch FROM clock_timestamp() - l.expires_at) * 1000)::bigint AS waited_ms
-    FROM {s}.leases AS l JOIN policy AS p ON p.job = l.job
-    WHERE l.state = 'handover' OR l.expires_at <= clock_timestamp()
+        l.started_at, p.skip,
+        l.attempt + (l.state = 'running')::integer AS next_attempt,
+        (extract(epoch FROM {now} - l.expires_at) * 1000)::bigint AS waited_ms,
+        (j.last_slot_ms = l.slot_ms
+            OR (j.manual_slot_ms = l.slot_ms AND j.last_slot_ms < l.slot_ms))
+            AND (p.window_ms IS NULL
+                OR (extract(epoch FROM {now} - l.expires_at) * 1000)::bigint <= p.window_ms)
+            AND l.attempt + (l.state = 'running')::integer <= p.max_attempts AS restartable
+    FROM {s}.leases AS l JOIN policy AS p ON p.job = l.job JOIN {s}.jobs AS j ON j.job = l.job
+    WHERE l.state = 'handover' OR l.expires_at <= {now}
     FOR UPDATE OF l SKIP LOCKED
-), retried AS (
-    UPDATE {s}.jobs AS j
-    SET lease_until = clock_timestamp() + $4::bigint {ms}, grant_slot_ms = d.slot_ms
-    FROM dead AS d
-    WHERE j.job = d.job
-        AND (j.last_slot_ms = d.slot_ms
-            OR (j.manual_slot_ms = d.slot_ms AND j.last_slot_ms < d.slot_ms))
-        AND (d.window_ms IS NULL OR d.waited_ms <= d.window_ms)
-        AND d.attempt + (d.state = 'running')::integer <= d.max_attempts
-    RETURNING d.job, d.slot_ms, d.attempt + (d.state = 'running')::integer AS attempt,
-        j.lease_until
+), waiting AS (
+    SELECT d.job, d.slot_ms FROM dead AS d
+    WHERE d.restartable AND d.skip AND (
+        EXISTS (SELECT FROM {s}.leases AS o
+            WHERE o.job = d.job AND o.slot_ms <> d.slot_ms AND o.state = 'running'
+                AND o.expires_at > {now})
+        OR EXISTS (SELECT FROM dead AS n
+            WHERE n.job = d.job AND n.restartable AND n.slot_ms > d.slot_ms))
+), decided AS (
+    SELECT d.*, d.restartable AND w.job IS NULL AS restarted
+    FROM dead AS d LEFT JOIN waiting AS w ON w.job = d.job AND w.slot_ms = d.slot_ms
+    WHERE NOT (d.restartable AND w.job IS NOT NULL)
 ), leased AS (
     UPDATE {s}.leases AS l
     SET token = replace(gen_random_uuid()::text, '-', ''),
         run_id = left(replace(gen_random_uuid()::text, '-', ''), 16),
-        instance_id = $3, reason = 'retry', attempt = r.attempt, state = 'running',
-        started_at = $5, expires_at = r.lease_until
-    FROM retried AS r WHERE l.job = r.job AND l.slot_ms = r.slot_ms
-    RETURNING l.job, l.slot_ms, l.token, l.run_id, l.attempt
+        instance_id = $3, reason = 'retry', attempt = d.next_attempt, state = 'running',
+        started_at = $5, expires_at = {now} + $4::bigint {ms}
+    FROM decided AS d WHERE d.restarted AND l.job = d.job AND l.slot_ms = d.slot_ms
+    RETURNING l.job, l.slot_ms, l.token, l.run_id, l.attempt, l.expires_at
+), granted AS (
+    UPDATE {s}.jobs AS j SET lease_until = g.expires_at, grant_slot_ms = g.slot_ms
+    FROM (SELECT DISTINCT ON (job) job, slot_ms, expires_at FROM leased
+        ORDER BY job, slot_ms DESC) AS g
+    WHERE j.job = g.job
 ), dropped AS (
-    DELETE FROM {s}.leases AS l USING dead AS d
-    WHERE l.job = d.job AND l.slot_ms = d.slot_ms
-        AND NOT EXISTS (SELECT FROM retried AS r WHERE r.job = d.job AND r.slot_ms = d.slot_ms)
+    DELETE FROM {s}.leases AS l USING decided AS d
+    WHERE NOT d.restarted AND l.job = d.job AND l.slot_ms = d.slot_ms
 )
 SELECT true AS leased, job, slot_ms, token, run_id, NULL AS instance_id, NULL AS reason,
     attempt, NULL AS state, NULL::timestamptz AS started_at, NULL::bigint AS waited_ms,
@@ -298,9 +327,8 @@ SELECT true AS leased, job, slot_ms, token, run_id, NULL AS instance_id, NULL AS
 FROM leased
 UNION ALL
 SELECT false, d.job, d.slot_ms, NULL, d.run_id, d.instance_id, d.reason, d.attempt, d.state,
-    d.started_at, d.waited_ms,
-    EXISTS (SELECT FROM retried AS r WHERE r.job = d.job AND r.slot_ms = d.slot_ms)
-FROM dead AS d WHERE d.state = 'running'
+    d.started_at, d.waited_ms, d.restarted
+FROM decided AS d WHERE d.state = 'running'
 ORDER BY leased DESC, job, slot_ms"""
 
 # n counts the job's records, from a counter row whose lock queues concurrent writers of one
@@ -345,7 +373,8 @@ class _Statements:
 
     def __init__(self, schema: str) -> None:
         s = f'"{schema}"'
-        parts = {"s": s, "ms": _MS, "now_ms": _NOW_MS, "no_slot": _NO_SLOT}
+        parts = {"s": s, "ms": _MS, "no_slot": _NO_SLOT, "now": f"{s}.store_now()"}
+        parts["now_ms"] = _NOW_MS.format(**parts)
         parts["live"] = _LIVE.format(**parts)
         parts["in_time"] = _IN_TIME.format(**parts)
         parts["free"] = _FREE.format(**parts)
@@ -363,7 +392,10 @@ class _Statements:
         self.renew = fill(_RENEW)
         self.release = fill(_RELEASE)
         self.hand_over = fill(_HAND_OVER)
+        self.dead_jobs = fill(_DEAD_JOBS)
+        self.lock_jobs = fill(_LOCK_JOBS)
         self.take_over = fill(_TAKE_OVER)
+        self.store_now = fill(_STORE_NOW)
         self.record = fill(_RECORD)
         self.history = fill(_HISTORY)
 
@@ -409,6 +441,11 @@ class PostgresBackend(SQLLeaseBackend):
         return f"PostgresBackend({self._redacted!r}, schema={self._schema!r})"
 
     @property
+    def schema(self) -> str:
+        """Where the tables live."""
+        return self._schema
+
+    @property
     def _op_timeout(self) -> float:
         """The bound on calls that take no timeout (renew has its own, see ``_renew_timeout``)."""
         return max(self._lease_ttl.total_seconds(), 5.0)
@@ -436,9 +473,13 @@ class PostgresBackend(SQLLeaseBackend):
 
     async def _prepare_schema(self, conn: _Connection) -> None:
         # The common case: the tables are there; no lock, no DDL (nor the privileges DDL needs).
-        if await self._version(conn) != SCHEMA_VERSION:
+        if await self._version(conn) != SCHEMA_VERSION or not await self._has_store_now(conn):
             async with conn.transaction():
                 await self._migrate(conn)
+
+    async def _has_store_now(self, conn: _Connection) -> bool:
+        found = await conn.fetchval("SELECT to_regprocedure($1)", f"{self._sql.schema}.store_now()")
+        return found is not None
 
     async def _connect(self) -> _Pool:
         try:
@@ -488,6 +529,8 @@ class PostgresBackend(SQLLeaseBackend):
             await conn.execute(step)
         await conn.execute(f"DELETE FROM {table}")
         await conn.execute(f"INSERT INTO {table} VALUES ($1)", SCHEMA_VERSION)
+        if not await self._has_store_now(conn):
+            await conn.execute(self._sql.store_now)
 
     async def _version(self, conn: _Connection) -> int | None:
         exists = await conn.fetchval("SELECT to_regclass($1)", self._sql.version_table)
@@ -723,31 +766,37 @@ class PostgresBackend(SQLLeaseBackend):
         return [None for _ in leases]
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
+        """One read when no lease is dead (most sweeps); else, in one transaction, the jobs'
+        rows locked (``_LOCK_JOBS``), the decision (``_TAKE_OVER``) and the dead attempts'
+        records: a slot is taken over only together with its record, so it is recorded exactly
+        once, and a record that fails leaves the slot to the next sweep."""
         by_job = {policy.name: policy for policy in policies}
         if not by_job:
             return []
-        attempts = [policy.max_attempts for policy in by_job.values()]
-        windows = {
-            name: retry_window_ms(policy, self._lease_ttl) for name, policy in by_job.items()
-        }
         now = self._now()
-        args = (list(by_job), attempts, instance_id, self._ttl_ms, now, list(windows.values()))
 
         async def take_over(conn: _Connection) -> list[Row]:
-            # The dead attempts are recorded in the same transaction (as on SQLite and in
-            # memory): a slot is taken over only together with its record, so it is recorded
-            # exactly once, and a record that fails leaves the slot to the next sweep.
+            dead = await conn.fetch(self._sql.dead_jobs, list(by_job))
+            if not dead:
+                return []
+            jobs = [by_job[row["job"]] for row in dead]
+            windows = {job.name: retry_window_ms(job, self._lease_ttl) for job in jobs}
+            args = (
+                [job.name for job in jobs], [job.max_attempts for job in jobs], instance_id,
+                self._ttl_ms, now, list(windows.values()), [job.overlap == "skip" for job in jobs],
+            )  # fmt: skip
             async with conn.transaction():
+                await conn.fetch(self._sql.lock_jobs, args[0])
                 rows = await conn.fetch(self._sql.take_over, *args)
                 for row in rows:
                     if row["leased"]:
                         continue
-                    policy, window_ms = by_job[row["job"]], windows[row["job"]]
+                    policy = by_job[row["job"]]
                     record = interrupted(
                         _dead_run(row),
                         now,
                         restarted=row["restarted"],
-                        window_ms=window_ms,
+                        window_ms=windows[row["job"]],
                         max_attempts=policy.max_attempts,
                     )
                     if record is not None:

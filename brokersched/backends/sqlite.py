@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from .._clock import Clock
+from .._clock import Clock, datetime_to_ms
 from .._durations import Duration, to_ms
 from .._exceptions import (
     BackendError,
@@ -40,18 +40,18 @@ from ..abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, S
 from ._lease import (
     BATCH_CHUNK,
     DEFAULT_MAX_CLOCK_SKEW,
-    DeadRun,
+    JobRow,
     JobState,
+    LeaseRow,
+    Store,
+    TakenOver,
+    TakeOver,
     check_lock_wait,
     check_slot_time,
+    decide,
     in_chunks,
-    interrupted,
-    is_latest,
-    new_run_id,
     new_token,
     refusal,
-    restart_attempt,
-    retry_window_ms,
 )
 from ._sql import (
     NO_SLOT,
@@ -180,19 +180,21 @@ _DELETE_LEASE = "DELETE FROM {leases} WHERE job = :job AND slot_ms = :slot_ms AN
 _HAND_OVER = """UPDATE {leases} SET state = 'handover', expires_ms = {now}
 WHERE job = :job AND slot_ms = :slot_ms AND token = :token"""
 
-_FIND_DEAD = """SELECT l.job, l.slot_ms, l.run_id, l.instance_id, l.reason, l.attempt, l.state,
-    l.started_us, {now} - l.expires_ms, j.last_slot_ms, j.manual_slot_ms
-FROM {leases} AS l JOIN {jobs} AS j ON j.job = l.job
-WHERE l.job IN (SELECT value FROM json_each(:jobs))
-    AND (l.state = 'handover' OR l.expires_ms <= {now})
-ORDER BY l.job, l.slot_ms"""
+_DEAD_JOBS = """SELECT DISTINCT job FROM {leases}
+WHERE job IN (SELECT value FROM json_each(:jobs))
+    AND (state = 'handover' OR expires_ms <= {now})
+ORDER BY job"""
+
+_JOB_ROW = "SELECT last_slot_ms, manual_slot_ms, {now} FROM {jobs} WHERE job = :job"
+
+_JOB_LEASES = """SELECT slot_ms, token, run_id, instance_id, reason, attempt, state, started_us,
+    expires_ms
+FROM {leases} WHERE job = :job"""
 
 _RETRY = """UPDATE {leases}
 SET token = :token, run_id = :run_id, instance_id = :instance_id, reason = 'retry',
-    attempt = :attempt, state = 'running', started_us = :started_us,
-    expires_ms = {now} + :ttl_ms
-WHERE job = :job AND slot_ms = :slot_ms
-RETURNING expires_ms"""
+    attempt = :attempt, state = 'running', started_us = :started_us, expires_ms = :expires_ms
+WHERE job = :job AND slot_ms = :slot_ms"""
 
 _RETRY_GRANT = """UPDATE {jobs} SET lease_until_ms = :expires_ms, grant_slot_ms = :slot_ms
 WHERE job = :job"""
@@ -246,7 +248,9 @@ class _Statements:
         self.end_grant = fill(_END_GRANT)
         self.delete_lease = fill(_DELETE_LEASE)
         self.hand_over = fill(_HAND_OVER)
-        self.find_dead = fill(_FIND_DEAD)
+        self.dead_jobs = fill(_DEAD_JOBS)
+        self.job_row = fill(_JOB_ROW)
+        self.job_leases = fill(_JOB_LEASES)
         self.retry = fill(_RETRY)
         self.retry_grant = fill(_RETRY_GRANT)
         self.drop_lease = fill(_DROP_LEASE)
@@ -606,20 +610,19 @@ class SQLiteBackend(SQLLeaseBackend):
         return [None for _ in leases]
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
+        """In one transaction, each job with a dead lease: its row read, the lease protocol's
+        take-over (``_lease.decide``), what changed written back with the dead attempts'
+        records."""
         by_job = {policy.name: policy for policy in policies}
         params = {"jobs": json.dumps(list(by_job))}
 
-        async def find(conn: aiosqlite.Connection) -> bool:
-            return bool(await conn.execute_fetchall(self._sql.find_dead, params))
+        async def find(conn: aiosqlite.Connection) -> list[str]:
+            return [job for (job,) in await conn.execute_fetchall(self._sql.dead_jobs, params)]
 
         async def take(conn: aiosqlite.Connection) -> list[Lease]:
             leases: list[Lease] = []
-            for row in await conn.execute_fetchall(self._sql.find_dead, params):
-                dead = _dead_run(row)
-                fence, manual_fence = row[9:11]
-                latest = is_latest(dead.slot_ms, fence, manual_fence)
-                lease = await self._take(conn, dead, latest, by_job[dead.job], instance_id)
-                leases.extend([lease] if lease else [])
+            for job in await find(conn):
+                leases += await self._take_over_job(conn, by_job[job], instance_id)
             return leases
 
         # Every instance sweeps often and almost always finds nothing: look before taking the
@@ -628,46 +631,42 @@ class SQLiteBackend(SQLLeaseBackend):
             return []
         return await self._run("take over slots", take, transaction=True)
 
-    async def _take(
-        self,
-        conn: aiosqlite.Connection,
-        dead: DeadRun,
-        latest: bool,
-        policy: JobPolicy,
-        instance_id: str,
-    ) -> Lease | None:
-        """Restart or drop one dead (or handed-over) slot, inside the take-over transaction."""
-        key = {"job": dead.job, "slot_ms": dead.slot_ms}
-        window_ms = retry_window_ms(policy, self._lease_ttl)
-        attempt = restart_attempt(dead, latest=latest, policy=policy, window_ms=window_ms)
-        record = interrupted(
-            dead,
-            self._now(),
-            restarted=attempt is not None,
-            window_ms=window_ms,
-            max_attempts=policy.max_attempts,
+    async def _take_over_job(
+        self, conn: aiosqlite.Connection, policy: JobPolicy, instance_id: str
+    ) -> list[Lease]:
+        key = {"job": policy.name}
+        fence, manual_fence, now_ms = next(
+            iter(await conn.execute_fetchall(self._sql.job_row, key))
         )
-        if record is not None:
+        leases = {
+            row[0]: _lease_row(row)
+            for row in await conn.execute_fetchall(self._sql.job_leases, key)
+        }
+        row = JobRow(None if fence == NO_SLOT else fence, manual_fence, leases)
+        started = self._now()
+        request = TakeOver(policy, instance_id, datetime_to_ms(started))
+        after, taken = decide(policy.name, row, request, Store(now_ms, self._ttl_ms, self._skew_ms))
+        assert isinstance(taken, TakenOver)
+        for record in taken.records:
             await self._append(conn, policy, record)
-        if attempt is None:
-            await conn.execute(self._sql.drop_lease, key)
-            return None
-        lease = dead.retried(new_token(), new_run_id(), attempt)
-        rows = await conn.execute_fetchall(
-            self._sql.retry,
-            key
-            | {
-                "token": lease.token,
-                "run_id": lease.run_id,
-                "instance_id": instance_id,
-                "attempt": attempt,
-                "started_us": datetime_to_us(self._now()),
-                "ttl_ms": self._ttl_ms,
-            },
-        )
-        (expires_ms,) = next(iter(rows))
-        await conn.execute(self._sql.retry_grant, key | {"expires_ms": expires_ms})
-        return lease
+        for slot_ms in row.leases.keys() - after.leases.keys():
+            await conn.execute(self._sql.drop_lease, key | {"slot_ms": slot_ms})
+        for lease in taken.leases:
+            expires_ms = after.leases[lease.slot_ms].expires_ms
+            await conn.execute(
+                self._sql.retry,
+                key | {
+                    "slot_ms": lease.slot_ms, "token": lease.token, "run_id": lease.run_id,
+                    "instance_id": instance_id, "attempt": lease.attempt,
+                    "started_us": datetime_to_us(started), "expires_ms": expires_ms,
+                },
+            )  # fmt: skip
+        if taken.leases:
+            latest = max(taken.leases, key=lambda lease: lease.slot_ms)
+            expires_ms = after.leases[latest.slot_ms].expires_ms
+            grant = key | {"slot_ms": latest.slot_ms, "expires_ms": expires_ms}
+            await conn.execute(self._sql.retry_grant, grant)
+        return taken.leases
 
     # -- history ---------------------------------------------------------------------------
 
@@ -730,11 +729,11 @@ class SQLiteBackend(SQLLeaseBackend):
         ]
 
 
-def _dead_run(row: Sequence[Any]) -> DeadRun:
-    """A row of ``_FIND_DEAD``."""
-    job, slot_ms, run_id, instance_id, reason, attempt, state, started_us, waited_ms = row[:9]
-    started = us_to_datetime(started_us)
-    return DeadRun(job, slot_ms, run_id, instance_id, reason, attempt, state, started, waited_ms)
+def _lease_row(row: Sequence[Any]) -> LeaseRow:
+    """A row of ``_JOB_LEASES``."""
+    _, token, run_id, instance_id, reason, attempt, state, started_us, expires_ms = row
+    started_ms = started_us // 1000
+    return LeaseRow(token, run_id, instance_id, reason, attempt, state, started_ms, expires_ms)
 
 
 def _job_state(row: Sequence[Any]) -> JobState:

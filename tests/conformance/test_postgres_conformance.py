@@ -3,7 +3,7 @@ throwaway schema per test."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import asyncpg
@@ -26,6 +26,24 @@ class TestPostgresBackend(LeaseBackendSuite[PostgresBackend]):
         try:
             for schema in self.schemas:
                 await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+    async def set_store_time(self, backends: Sequence[PostgresBackend], now_ms: int) -> None:
+        """The schema's store clock (``store_now()``) reads a table this sets."""
+        schemas = {backend.schema for backend in backends}
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            for schema in schemas:
+                await conn.execute(
+                    f'CREATE TABLE IF NOT EXISTS "{schema}".test_clock (now timestamptz);'
+                    f'CREATE OR REPLACE FUNCTION "{schema}".store_now() RETURNS timestamptz'
+                    f" LANGUAGE sql VOLATILE AS 'SELECT now FROM \"{schema}\".test_clock'"
+                )
+                await conn.execute(
+                    f'DELETE FROM "{schema}".test_clock;'
+                    f'INSERT INTO "{schema}".test_clock VALUES (to_timestamp({now_ms} / 1000.0))'
+                )
         finally:
             await conn.close()
 
