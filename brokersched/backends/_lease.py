@@ -178,12 +178,14 @@ class JobState:
     fence: int | None  # the latest scheduled, catch-up or retried slot claimed
     manual_fence: int | None  # the latest manual slot claimed
     live: bool
+    taken: bool = False  # the claimed slot has a lease row (run or handed over) already
 
 
 def refusal(
     reason: RunReason, slot_ms: int, state: JobState | None, policy: JobPolicy
 ) -> Literal["overlap", "not-acquired"]:
-    """Why a claim was refused, from the job's state as read after the refusal.
+    """Why a claim was refused, from the job's state as read after the refusal, in the order
+    ``_acquire`` decides.
 
     The state may be older than the decision (PostgreSQL reads it with the statement's
     snapshot): a slot that passes its fence on a state with no live lease was then lost to a
@@ -196,6 +198,8 @@ def refusal(
         return "not-acquired"  # only manual runs so far: a catch-up is granted after a claim
     if fence is not None and fence >= slot_ms:
         return "not-acquired"
+    if state.taken:
+        return "not-acquired"  # a manual run at a scheduled slot's very instant (``_acquire``)
     return "overlap" if policy.overlap == "skip" and state.live else "not-acquired"
 
 

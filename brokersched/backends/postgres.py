@@ -204,7 +204,7 @@ _ACQUIRE = """WITH granted AS (
     RETURNING 1
 )
 SELECT EXISTS (SELECT FROM leased) AS granted, j.last_slot_ms, j.manual_slot_ms,
-    {live} AS live, {now_ms} AS now_ms
+    {live} AS live, NOT {free} AS taken, {now_ms} AS now_ms
 FROM (VALUES (1)) AS one (x) LEFT JOIN {s}.jobs AS j ON j.job = $1"""
 
 # Several jobs' scheduled slots in one statement, each decided as ``_ACQUIRE`` decides one:
@@ -237,7 +237,8 @@ _ACQUIRE_MANY = """WITH claim AS (
     RETURNING job
 )
 SELECT EXISTS (SELECT FROM leased AS l WHERE l.job = c.job) AS granted, j.last_slot_ms,
-    j.manual_slot_ms, {live} AS live, {now_ms} AS now_ms
+    j.manual_slot_ms, {live} AS live, {now_ms} AS now_ms,
+    EXISTS (SELECT FROM {s}.leases AS f WHERE f.job = c.job AND f.slot_ms = c.slot_ms) AS taken
 FROM claim AS c LEFT JOIN {s}.jobs AS j ON j.job = c.job
 ORDER BY c.n"""
 
@@ -246,18 +247,19 @@ WHERE job = $1 AND slot_ms = $2 AND token = $3 AND state = 'running'
     AND expires_at > {now}
 RETURNING true"""
 
-# Both end the job's latest grant too, so that the next claim does not wait for it to expire.
+# Both end the job's latest grant too, so that the next claim does not wait for it to expire:
+# at -infinity, not at the database's "now", which a clock stepped back would make live again.
 _RELEASE = """WITH ended AS (
     DELETE FROM {s}.leases WHERE job = $1 AND slot_ms = $2 AND token = $3 RETURNING slot_ms
 )
-UPDATE {s}.jobs AS j SET lease_until = {now}
+UPDATE {s}.jobs AS j SET lease_until = '-infinity'
 FROM ended WHERE j.job = $1 AND j.grant_slot_ms = ended.slot_ms"""
 
 _HAND_OVER = """WITH ended AS (
     UPDATE {s}.leases SET state = 'handover', expires_at = {now}
     WHERE job = $1 AND slot_ms = $2 AND token = $3 RETURNING slot_ms
 )
-UPDATE {s}.jobs AS j SET lease_until = {now}
+UPDATE {s}.jobs AS j SET lease_until = '-infinity'
 FROM ended WHERE j.job = $1 AND j.grant_slot_ms = ended.slot_ms"""
 
 # The jobs of ``$1`` with a dead lease (expired while running, or handed over): most sweeps
@@ -313,10 +315,16 @@ _TAKE_OVER = """WITH policy AS (
     FROM decided AS d WHERE d.restarted AND l.job = d.job AND l.slot_ms = d.slot_ms
     RETURNING l.job, l.slot_ms, l.token, l.run_id, l.attempt, l.expires_at
 ), granted AS (
-    UPDATE {s}.jobs AS j SET lease_until = g.expires_at, grant_slot_ms = g.slot_ms
-    FROM (SELECT DISTINCT ON (job) job, slot_ms, expires_at FROM leased
-        ORDER BY job, slot_ms DESC) AS g
-    WHERE j.job = g.job
+    -- The job's grant: its latest restart, or ended (-infinity) when its slot was dropped.
+    UPDATE {s}.jobs AS j
+    SET lease_until = coalesce(g.expires_at, '-infinity'),
+        grant_slot_ms = coalesce(g.slot_ms, j.grant_slot_ms)
+    FROM (SELECT d.job, r.slot_ms, r.expires_at
+        FROM (SELECT DISTINCT job FROM decided) AS d LEFT JOIN (
+            SELECT DISTINCT ON (job) job, slot_ms, expires_at FROM leased
+            ORDER BY job, slot_ms DESC) AS r ON r.job = d.job) AS g
+    WHERE j.job = g.job AND (g.slot_ms IS NOT NULL OR EXISTS (SELECT FROM decided AS x
+        WHERE x.job = j.job AND NOT x.restarted AND x.slot_ms = j.grant_slot_ms))
 ), dropped AS (
     DELETE FROM {s}.leases AS l USING decided AS d
     WHERE NOT d.restarted AND l.job = d.job AND l.slot_ms = d.slot_ms
@@ -881,7 +889,8 @@ def _job_state(row: Row) -> JobState | None:
     fence = row["last_slot_ms"]
     if fence is None:
         return None
-    return JobState(None if fence == NO_SLOT else fence, row["manual_slot_ms"], bool(row["live"]))
+    fence = None if fence == NO_SLOT else fence
+    return JobState(fence, row["manual_slot_ms"], bool(row["live"]), bool(row["taken"]))
 
 
 class _Call(Generic[T]):

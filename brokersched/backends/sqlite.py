@@ -163,15 +163,17 @@ _INSERT_LEASE = """INSERT INTO {leases}
 VALUES (:job, :slot_ms, :token, :run_id, :instance_id, :reason, 1, 'running', :started_us,
     :expires_ms)"""
 
-_JOB_STATE = "SELECT last_slot_ms, manual_slot_ms, {live} FROM {jobs} WHERE job = :job"
+_JOB_STATE = """SELECT last_slot_ms, manual_slot_ms, {live}, NOT {free}
+FROM {jobs} WHERE job = :job"""
 
 _RENEW = """UPDATE {leases} SET expires_ms = {now} + :ttl_ms
 WHERE job = :job AND slot_ms = :slot_ms AND token = :token AND state = 'running'
     AND expires_ms > {now}
 RETURNING 1"""
 
-# Ends the job's "latest grant" too, so that the next claim does not wait for it to expire.
-_END_GRANT = """UPDATE {jobs} SET lease_until_ms = {now}
+# Ends the job's "latest grant" too, so that the next claim does not wait for it to expire: in
+# the distant past, not at SQLite's "now", which a clock stepped back would make live again.
+_END_GRANT = """UPDATE {jobs} SET lease_until_ms = :no_slot
 WHERE job = :job AND grant_slot_ms = :slot_ms AND EXISTS (
     SELECT 1 FROM {leases} WHERE job = :job AND slot_ms = :slot_ms AND token = :token)"""
 
@@ -198,6 +200,9 @@ WHERE job = :job AND slot_ms = :slot_ms"""
 
 _RETRY_GRANT = """UPDATE {jobs} SET lease_until_ms = :expires_ms, grant_slot_ms = :slot_ms
 WHERE job = :job"""
+
+_DROP_GRANT = """UPDATE {jobs} SET lease_until_ms = :no_slot
+WHERE job = :job AND grant_slot_ms = :slot_ms"""
 
 _DROP_LEASE = "DELETE FROM {leases} WHERE job = :job AND slot_ms = :slot_ms"
 
@@ -253,6 +258,7 @@ class _Statements:
         self.job_leases = fill(_JOB_LEASES)
         self.retry = fill(_RETRY)
         self.retry_grant = fill(_RETRY_GRANT)
+        self.drop_grant = fill(_DROP_GRANT)
         self.drop_lease = fill(_DROP_LEASE)
         self.insert_record = fill(_INSERT_RECORD)
         self.trim_size = fill(_TRIM_SIZE)
@@ -651,6 +657,8 @@ class SQLiteBackend(SQLLeaseBackend):
             await self._append(conn, policy, record)
         for slot_ms in row.leases.keys() - after.leases.keys():
             await conn.execute(self._sql.drop_lease, key | {"slot_ms": slot_ms})
+            ended = key | {"slot_ms": slot_ms, "no_slot": NO_SLOT}
+            await conn.execute(self._sql.drop_grant, ended)
         for lease in taken.leases:
             expires_ms = after.leases[lease.slot_ms].expires_ms
             await conn.execute(
@@ -738,8 +746,8 @@ def _lease_row(row: Sequence[Any]) -> LeaseRow:
 
 def _job_state(row: Sequence[Any]) -> JobState:
     """A row of ``_JOB_STATE``."""
-    fence, manual_fence, live = row
-    return JobState(None if fence == NO_SLOT else fence, manual_fence, bool(live))
+    fence, manual_fence, live, taken = row
+    return JobState(None if fence == NO_SLOT else fence, manual_fence, bool(live), bool(taken))
 
 
 def _check_opens(path: str) -> None:
@@ -747,7 +755,7 @@ def _check_opens(path: str) -> None:
 
 
 def _lease_params(lease: Lease) -> dict[str, Any]:
-    return {"job": lease.job, "slot_ms": lease.slot_ms, "token": lease.token}
+    return {"job": lease.job, "slot_ms": lease.slot_ms, "token": lease.token, "no_slot": NO_SLOT}
 
 
 def _unavailable(exc: BaseException) -> bool:
