@@ -1,5 +1,5 @@
 """What both Redis backends share: key names, the URL, the client, error translation, the
-persistence check at start, history.
+checks of the server at start (persistence, eviction policy), history.
 
 Key layout (``P`` the prefix, ``J`` the escaped job name)::
 
@@ -57,6 +57,12 @@ _PREFIX = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 _NAME_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:$-")
 _OPERATION_TIMEOUT_S = 10.0  # start, record, history, take-over: not time-critical, but bounded
 _CONNECT_TIMEOUT_S = 5.0
+_APPENDONLY = ("CONFIG", "GET", "appendonly")
+_POLICY_CONFIG = ("CONFIG", "GET", "maxmemory-policy")
+# Where CONFIG is disabled (managed Redis: ElastiCache, whose default is volatile-lru), INFO
+# still tells the policy.
+_POLICY_SOURCES = (_POLICY_CONFIG, ("INFO", "memory"))
+_POLICY_RECHECK_MS = 60_000
 
 
 # -- names -------------------------------------------------------------------------------------
@@ -183,12 +189,17 @@ class RedisConnection:
         #: For tests only: scripts judge time as if the server's clock read this (ms).
         self.store_time: int | None = None
         self.clock: Clock | None = None
+        # How the eviction policy was read at start (None: it could not be), when to read it
+        # again, and the evicting policies last seen (an error is logged when they change).
+        self._policy_source: tuple[str, ...] | None = None
+        self._policy_due_ms = 0
+        self._policies_seen: list[tuple[str, str]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def open(self, clock: Clock) -> None:
-        """Connect, check the server (its persistence) and load the scripts; one clear
-        line for every failure."""
+        """Connect, check the server (its persistence, its eviction policy) and load the
+        scripts; one clear line for every failure."""
         client = self._make_client()
         try:
             with self.translate(f"connect to {self.redacted}"):
@@ -197,6 +208,7 @@ class RedisConnection:
                         await client.initialize()
                     await client.ping()
                     await self._check_persistence(client)
+                    await self._check_eviction(client)
         except BaseException:
             await _close_quietly(client)
             raise
@@ -207,6 +219,7 @@ class RedisConnection:
             if name != "CLOCKED"
         }
         self.clock = clock
+        self._policy_due_ms = clock.monotonic_ms() + _POLICY_RECHECK_MS
         logger.debug("%s connected to %s", self.backend, self.redacted)
 
     def _make_client(self) -> Any:
@@ -237,19 +250,23 @@ class RedisConnection:
                 backend=self.backend,
             ) from _redact.chainable(exc, self._secrets)
 
+    async def _on_primaries(self, client: Any, *command: str) -> list[tuple[str, Any]]:
+        """``command``'s answer from the server, or from every primary of a cluster, each with
+        where it came from."""
+        if not self.cluster:
+            return [(self.redacted, await client.execute_command(*command))]
+        return [
+            (node.name, await client.execute_command(*command, target_nodes=node))
+            for node in client.get_primaries()
+        ]
+
     async def _check_persistence(self, client: Any) -> None:
         """A Redis without the append-only file forgets claims and leases when it restarts
         (or keeps only its last snapshot): a late instance could then run a slot again."""
         from redis.exceptions import ResponseError
 
         try:
-            if self.cluster:
-                values = [
-                    await client.execute_command("CONFIG", "GET", "appendonly", target_nodes=node)
-                    for node in client.get_primaries()
-                ]
-            else:
-                values = [await client.config_get("appendonly")]
+            values = [value for _, value in await self._on_primaries(client, *_APPENDONLY)]
         except ResponseError as exc:  # CONFIG renamed or disabled (managed Redis), or an ACL
             detail = self._describe(exc)
             if self.require_persistence:
@@ -282,10 +299,93 @@ class RedisConnection:
             )
         logger.warning(message)
 
+    async def _check_eviction(self, client: Any) -> None:
+        """Refuse a server that may evict keys: under memory pressure an evicting policy drops
+        claims, fences and leases, and a slot runs again (seen: 19-23 of 30-42 slots twice).
+        Sidekiq checks the same INFO field at boot (it warns; a lost claim here is a double
+        run, so brokersched refuses)."""
+        from redis.exceptions import ResponseError
+
+        refusals: list[str] = []
+        for source in _POLICY_SOURCES:
+            try:
+                policies = await self._read_policies(client, source)
+            except ResponseError as exc:  # CONFIG disabled (managed Redis), or an ACL
+                refusals.append(f"{' '.join(source)}: {self._describe(exc)}")
+                continue
+            evicting = _evicting(policies)
+            if evicting:
+                raise ConfigurationError(
+                    self._eviction_message(evicting),
+                    option="maxmemory-policy",
+                    backend=self.backend,
+                )
+            unknown = [where for where, policy in policies if policy is None]
+            if unknown:
+                refusals.append(f"{' '.join(source)} gave no policy for {', '.join(unknown)}")
+                continue
+            self._policy_source = source
+            return
+        logger.warning(
+            "%s could not check the eviction policy of %s (%s): if its maxmemory-policy is not "
+            "noeviction, Redis can evict the claims and leases brokersched writes and a slot "
+            "would run twice; make sure it is noeviction",
+            self.backend, self.redacted, "; ".join(refusals),
+        )  # fmt: skip
+
+    async def _read_policies(
+        self, client: Any, source: tuple[str, ...]
+    ) -> list[tuple[str, str | None]]:
+        """``(where, maxmemory-policy)`` of the server or of every primary; ``None``: not
+        given (Redis Enterprise Cloud answers INFO with an empty one)."""
+        answers = await self._on_primaries(client, *source)
+        if source == _POLICY_CONFIG:
+            return [(where, _setting(answer, "maxmemory-policy")) for where, answer in answers]
+        return [(where, _info_field(answer, "maxmemory_policy")) for where, answer in answers]
+
+    def _eviction_message(self, evicting: Sequence[tuple[str, str]]) -> str:
+        shown = ", ".join(
+            policy if node == self.redacted else f"{policy} on {node}" for node, policy in evicting
+        )
+        return (
+            f"{self.backend}: {self.redacted} may evict keys (maxmemory-policy {shown}): "
+            "under memory pressure Redis could evict the keys brokersched writes (claims, "
+            "fences, leases, the fleet's slot-memory record) and a slot would run twice; set "
+            "maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction, and in "
+            "redis.conf or the managed service's parameter group), or give brokersched a Redis "
+            "server of its own with noeviction (the policy is the whole server's, not a "
+            "database's)"
+        )
+
+    async def recheck_eviction(self) -> None:
+        """The policy can change while the backend runs (CONFIG SET, a managed service's
+        parameter group): read it again at most once a minute, after a record (which is not
+        time-critical), and log an error once per change to an evicting policy. Never
+        raises: the record was written."""
+        clock = self.clock
+        if self._policy_source is None or clock is None or self._client is None:
+            return
+        now = clock.monotonic_ms()
+        if now < self._policy_due_ms:
+            return
+        self._policy_due_ms = now + _POLICY_RECHECK_MS
+        try:
+            with self.translate("read maxmemory-policy"):
+                async with asyncio.timeout(_OPERATION_TIMEOUT_S):
+                    policies = await self._read_policies(self._client, self._policy_source)
+        except BrokerschedError as exc:
+            logger.debug("%s: %s", self.backend, exc)
+            return
+        evicting = _evicting(policies)
+        if evicting and evicting != self._policies_seen:
+            logger.error(self._eviction_message(evicting) + "; it was noeviction at start")
+        self._policies_seen = evicting
+
     async def close(self) -> None:
         client, self._client = self._client, None
         self._scripts = {}
         self.clock = None
+        self._policy_source, self._policies_seen = None, []
         if client is not None:
             await _close_quietly(client)
 
@@ -426,6 +526,7 @@ class RedisConnection:
         await self.script(
             "RECORD", f"record a run of {job.name}", [history_key(self.prefix, job.name)], args
         )
+        await self.recheck_eviction()
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         count = max(0, min(limit, job.history_size))
@@ -462,6 +563,26 @@ def _setting(value: object, name: str) -> str | None:
     else:
         return None
     return found.decode() if isinstance(found, bytes) else None if found is None else str(found)
+
+
+def _info_field(answer: object, name: str) -> str | None:
+    """One field of an INFO answer (parsed to a dict by redis-py; raw text otherwise); ``None``
+    when missing or empty."""
+    if isinstance(answer, bytes | str):
+        text = answer.decode() if isinstance(answer, bytes) else answer
+        lines = (line.partition(":") for line in text.splitlines())
+        answer = {key: value.strip() for key, _, value in lines}
+    if not isinstance(answer, dict):
+        return None
+    found = answer.get(name, answer.get(name.encode()))
+    if isinstance(found, bytes):
+        found = found.decode()
+    return str(found) if found not in (None, "", b"") else None
+
+
+def _evicting(policies: Sequence[tuple[str, str | None]]) -> list[tuple[str, str]]:
+    """The ``(where, policy)`` that may evict a key: any known policy but ``noeviction``."""
+    return [(where, p) for where, p in policies if p is not None and p != "noeviction"]
 
 
 def _says_auth(exc: BaseException) -> bool:
