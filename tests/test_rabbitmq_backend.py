@@ -84,6 +84,10 @@ class TrackedBackend(RabbitMQBackend):
         self.touched.update(history_queue_name(self.prefix, job.name) for job in jobs)
         await super().prepare(jobs)
 
+    async def prepare_claims(self, slots: Any) -> None:  # a scheduler's next slot, declared ahead
+        self.touched.update(claim_queue_name(self.prefix, slot) for slot in slots)
+        await super().prepare_claims(slots)
+
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
         self.touched.add(history_queue_name(self.prefix, job.name))
         await super().record(job, record)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -194,13 +195,13 @@ async def test_a_queue_deleted_between_the_ack_and_its_check_fails_closed(
     check = RabbitMQBackend._declare_claim_queue
 
     async def deleted_first(
-        self: RabbitMQBackend, channel: Any, queue: str, slot: Slot, view: _View, *, won: bool
+        self: RabbitMQBackend, channel: Any, queue: str, slot: Slot, view: _View, *, holds: str
     ) -> None:
-        if won and self is one:
+        if holds == "in-it" and self is one:
             deleter = await raw.channel()
             await deleter.queue_delete(queue)
             await deleter.close()
-        await check(self, channel, queue, slot, view, won=won)
+        await check(self, channel, queue, slot, view, holds=holds)
 
     monkeypatch.setattr(RabbitMQBackend, "_declare_claim_queue", deleted_first)
     outcomes = [await claim_as(one, slot, "one"), await claim_as(two, slot, "two")]
@@ -208,6 +209,252 @@ async def test_a_queue_deleted_between_the_ack_and_its_check_fails_closed(
     assert isinstance(outcomes[0], BackendError), outcomes
     assert "gone" in str(outcomes[0])
     assert outcomes[1] is True  # the queue holds no claim: the next claim rightly wins
+
+
+# -- claim queues made beforehand by something else (issue 24, class 12) ------------------------
+
+# A claim queue as someone makes it from the README's table: capped at one message, refusing
+# the next, but without brokersched's x-expires (the fleet's slot memory).
+AS_THE_TABLE_READS: FieldTable = dict(CLAIM_ARGUMENTS)
+
+
+async def made_beforehand(
+    raw: aio_pika.abc.AbstractConnection,
+    backend: RabbitMQBackend,
+    slot: Slot,
+    arguments: FieldTable,
+    *,
+    durable: bool = True,
+    stray: bytes | None = None,
+) -> str:
+    """Declare ``slot``'s claim queue as another tool would, holding ``stray`` if given; the
+    queue is deleted after the test."""
+    queue = claim_queue_name(backend.prefix, slot)
+    backend.touched.add(queue)  # type: ignore[attr-defined]
+    channel = await raw.channel()
+    await channel.declare_queue(queue, durable=durable, arguments=arguments)
+    if stray is not None:
+        await channel.default_exchange.publish(aio_pika.Message(stray), queue)
+    await channel.close()
+    return queue
+
+
+async def ready_count(raw: aio_pika.abc.AbstractConnection, queue: str) -> int:
+    channel = await raw.channel()
+    declared = await channel.declare_queue(queue, passive=True)
+    await channel.close()
+    return declared.declaration_result.message_count or 0
+
+
+async def test_a_queue_made_beforehand_holding_a_stray_message_fails_closed_naming_it(
+    racers: list[RabbitMQBackend], raw: aio_pika.abc.AbstractConnection
+) -> None:
+    """It refuses every claim, so before the fix every instance lost (not-acquired, a debug
+    line) and nobody ran the slot or said why. Now each instance's refused claim checks the
+    queue and fails closed, naming the queue, what differs and the fix; the stray is left."""
+    slot = fresh_slot("stray")
+    queue = await made_beforehand(raw, racers[0], slot, AS_THE_TABLE_READS, stray=b"hello")
+    outcomes, _ = await race(racers[:4], slot)
+    assert all(isinstance(outcome, BackendError) for outcome in outcomes), outcomes
+    message = str(outcomes[0])
+    assert f"claim queue {queue!r} of slot {slot.key}" in message
+    assert "made with other settings than brokersched's" in message
+    assert "x-expires is not set there, brokersched's is '60000'" in message
+    assert "refuses every claim of the slot" in message and "no instance runs" in message
+    assert f"rabbitmqctl delete_queue {queue}" in message
+    assert f"{racers[0].prefix}.claim.*" in message
+    assert "another slot memory" not in message
+    assert await ready_count(raw, queue) == 1  # nothing taken out of it
+
+
+@pytest.mark.slow
+async def test_a_scheduler_skips_a_slot_whose_queue_holds_a_stray_as_a_backend_error(
+    make: Callable[..., RabbitMQBackend],
+    raw: aio_pika.abc.AbstractConnection,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The whole way: a scheduler's job every second; the queue of one of its slots was made
+    beforehand holding a stray. That slot is skipped as backend-error with a WARNING naming
+    the queue and the fix, not as not-acquired; the next one runs."""
+    from brokersched import Scheduler
+
+    backend = make()
+    stray_ms = (CLOCK.now_ms() // 1000 + 3) * 1000
+    queue = await made_beforehand(
+        raw, backend, Slot("tick", stray_ms), AS_THE_TABLE_READS, stray=b"hello"
+    )
+    ran: list[int] = []
+    skipped: dict[int, tuple[str, str | None]] = {}
+    past = asyncio.Event()
+
+    async def tick(ctx: Any) -> None:
+        ran.append(ctx.slot_ms)
+        if ctx.slot_ms > stray_ms:
+            past.set()
+
+    def on_skip(event: Any) -> None:
+        skipped[event.slot_ms] = (event.reason, event.detail)
+
+    scheduler = Scheduler(backend)
+    scheduler.every("tick", "1s", tick, jitter="10ms", max_late="5s")
+    scheduler.on("skip", on_skip)
+    caplog.set_level(logging.WARNING)
+    async with scheduler:
+        await asyncio.wait_for(past.wait(), timeout=10)
+    assert stray_ms not in ran
+    reason, detail = skipped[stray_ms]
+    assert reason == "backend-error", (reason, detail)
+    assert detail is not None and queue in detail and "x-expires is not set there" in detail
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(queue in w and f"rabbitmqctl delete_queue {queue}" in w for w in warnings)
+    assert stray_ms + 1000 in ran
+
+
+@pytest.mark.parametrize(
+    ("durable", "arguments", "named"),
+    [
+        pytest.param(
+            True,
+            {**claim_arguments(60_000), "x-max-length": 2},
+            "x-max-length is '2' there, brokersched's is '1'",
+            id="max-length-2",
+        ),
+        pytest.param(
+            True,
+            {**claim_arguments(60_000), "x-overflow": "drop-head"},
+            "x-overflow is 'drop-head' there, brokersched's is 'reject-publish'",
+            id="drop-head",
+        ),
+        pytest.param(
+            True,
+            {**claim_arguments(60_000), "x-queue-type": "quorum"},
+            "x-queue-type is 'quorum' there, brokersched's is 'classic'",
+            id="quorum",
+        ),
+        pytest.param(
+            True,
+            CLAIM_ARGUMENTS,
+            "x-expires is not set there, brokersched's is '60000'",
+            id="no-expiry",
+        ),
+        pytest.param(
+            True,
+            {**claim_arguments(60_000), "x-message-ttl": 1000},
+            "x-message-ttl is '1000' there, brokersched does not set it",
+            id="message-ttl",
+        ),
+        pytest.param(
+            False,
+            claim_arguments(60_000),
+            "durable is 'false' there, brokersched's is 'true'",
+            id="transient",
+        ),
+    ],
+)
+@pytest.mark.parametrize("stray", [None, b"hello"], ids=["empty", "holding-a-stray"])
+async def test_a_queue_made_with_other_arguments_is_named_by_the_argument_that_differs(
+    fleet: Callable[..., Any],
+    raw: aio_pika.abc.AbstractConnection,
+    durable: bool,
+    arguments: FieldTable,
+    named: str,
+    stray: bytes | None,
+) -> None:
+    """Before the fix every 406 was reported as "declared with another slot memory ... this
+    claim is in it", whatever differed. Now the warning names the argument and both values,
+    says brokersched did not make the queue, and how to fix it; the claim still fails closed
+    (the queue's cap, if any, decides whether this claim went in or was refused)."""
+    one, two = await fleet(), await fleet()
+    slot = fresh_slot("other-args")
+    queue = await made_beforehand(raw, one, slot, arguments, durable=durable, stray=stray)
+    outcomes = [await claim_as(one, slot, "one"), await claim_as(two, slot, "two")]
+    assert True not in outcomes, outcomes
+    refused = [outcome for outcome in outcomes if isinstance(outcome, BackendError)]
+    assert refused, outcomes
+    for outcome in refused:
+        message = str(outcome)
+        assert named in message, message
+        assert "made with other settings than brokersched's" in message
+        assert "not run" in message or "no instance runs" in message
+        assert f"rabbitmqctl delete_queue {queue}" in message
+        assert "another slot memory" not in message
+
+
+async def test_racers_whose_every_refused_claim_is_checked_still_have_one_rightful_winner(
+    racers: list[RabbitMQBackend],
+    raw: aio_pika.abc.AbstractConnection,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check of a refused claim is a declare with brokersched's arguments: it takes nothing
+    out of the queue, so it lets no other claim in. Checked at every loss, on queues made by
+    the racers and on queues declared ahead, a slot still has exactly its one winner."""
+    monkeypatch.setattr("brokersched.backends.rabbitmq._REFUSAL_CHECK_EVERY_MS", 0)
+    channel = await raw.channel()
+    for round_ in range(10):
+        slot = fresh_slot()
+        queue = claim_queue_name(racers[0].prefix, slot)
+        racers[0].touched.add(queue)  # type: ignore[attr-defined]
+        if round_ % 2:
+            await channel.declare_queue(queue, durable=True, arguments=claim_arguments(60_000))
+        outcomes, run_ids = await race(racers, slot)
+        await assert_one_rightful_winner(raw, racers[0], slot, outcomes, run_ids)
+
+
+async def test_a_refused_claim_is_checked_once_a_minute_per_job(
+    fleet: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loss stays one refused publish: only the first loss of a job, then one a minute, adds
+    the declare that checks the queue (a job running less often has each loss checked)."""
+    from datetime import UTC, datetime
+
+    from brokersched.testing import TestClock
+
+    winner, loser = await fleet(), await fleet()
+    clock = TestClock(datetime.now(UTC))  # the slots fall due after the fleet's record was made
+    for backend in (winner, loser):  # restarted on the virtual clock, to move a minute on
+        await backend.stop()
+        await backend.start(clock)
+    checked: list[str] = []
+    declare = RabbitMQBackend._declare_claim_queue
+
+    async def counted(
+        self: RabbitMQBackend, channel: Any, queue: str, slot: Slot, view: _View, *, holds: str
+    ) -> None:
+        if holds == "refused":
+            checked.append(slot.job)
+        await declare(self, channel, queue, slot, view, holds=holds)
+
+    monkeypatch.setattr(RabbitMQBackend, "_declare_claim_queue", counted)
+
+    async def lose(job: str) -> None:
+        slot = Slot(job, clock.now_ms() + next(_slots))
+        assert await claim_as(winner, slot, "w") is True
+        assert await claim_as(loser, slot, "l") is False
+
+    for _ in range(3):
+        await lose("often")
+    await lose("seldom")
+    assert checked == ["often", "seldom"]
+    await clock.advance("59s")
+    await lose("often")
+    assert checked == ["often", "seldom"]
+    await clock.advance("1s")
+    await lose("often")
+    await lose("often")
+    assert checked == ["often", "seldom", "often"]
+
+
+async def test_a_stray_in_a_queue_made_with_brokersched_s_own_arguments_passes_for_a_claim(
+    fleet: Callable[..., Any], raw: aio_pika.abc.AbstractConnection
+) -> None:
+    """The limit the README states: a queue made beforehand with exactly brokersched's
+    arguments, the fleet's slot memory included, cannot be told from one a claim made, and the
+    message in it is taken for another instance's claim. Reading the message to tell would
+    take it out of the queue for a moment, and a claim arriving then would win a second time."""
+    backend = await fleet()
+    slot = fresh_slot("mimic")
+    await made_beforehand(raw, backend, slot, claim_arguments(60_000), stray=b"hello")
+    assert await claim_as(backend, slot, "one") is False
 
 
 class PreviousProtocol(RabbitMQBackend):

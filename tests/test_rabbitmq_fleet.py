@@ -716,7 +716,9 @@ async def test_a_losing_claim_is_one_publish_without_the_fence_or_a_declare(
 ) -> None:
     """Issue 13: a loser need not make what the winner made. Its publish is refused by the
     winner's queue, and that is the whole claim: an instance whose view of the fleet's memory
-    is outdated loses without finding its fence gone (which a declare would need first)."""
+    is outdated loses without finding its fence gone (which a declare would need first). The
+    check of the job's first refused claim (issue 24) declares the queue, but reads no fence:
+    a queue of another memory is brokersched's, and the loss stands."""
     short = await fleet(SHORT)
     long = await fleet(LONG)  # raises the fleet's memory: short's fence is gone
     slot = now_slot()

@@ -7,7 +7,10 @@ How a claim works
     exchange, ``mandatory=True``, on a channel in publisher-confirm mode. The broker acks the
     first message (won) and nacks every later one while the queue holds it (lost). So a claim
     publishes *first*: a nack is the whole of a losing claim (one publish; no declare, which
-    for a durable queue is a metadata transaction across a cluster). A publish that comes back
+    for a durable queue is a metadata transaction across a cluster), but for the first loss of
+    a job and then one a minute, which declares the queue to check that brokersched made it
+    (``_check_refusal``: a queue made beforehand by something else, holding a message, would
+    refuse every claim of its slot, and nobody would say why). A publish that comes back
     unrouted (no queue yet, or its node is down) makes the claim check the fleet's fence
     exchange, declare the queue and publish again; one acked by an existing empty queue (its
     maker's publish still on the way) is checked with a declare of the queue (``406`` when it
@@ -78,6 +81,14 @@ Why each detail (measured on RabbitMQ 3.10)
       which a late claimer would win a slot that already ran. The record, the lock and the
       fences are durable too; a broker that loses its definitions loses every claim anyway.
     * No ``x-message-ttl``: a late claimer would win once the message expired.
+    * Nothing reads the message in a claim queue, not even to put it back: a queue's cap counts
+      ready messages, so while one is out (a ``basic.get`` before its reject) the next claim's
+      publish is acked, and that claim wins the slot a second time (measured on 3.10).
+      Brokersched tells its own queues from others by their arguments (a declare), never by
+      what they hold.
+    * A ``406`` names the first argument that differs: ``x-expires`` set on both sides is
+      another slot memory (a fleet in a raise, or an older brokersched); anything else means
+      brokersched did not make the queue, and the claim fails closed saying what differs.
     * ``mandatory=True``: without it a publish to a queue that does not exist (or expired
       between the declare and the publish) is acked, a false win. A returned message makes the
       claim declare the queue.
@@ -135,7 +146,7 @@ import shlex
 from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from .. import _redact
@@ -194,6 +205,9 @@ _MEMORY_MARGIN_MS = 250
 # memory) before the slot: the queue then expires at least memory minus that after the slot if
 # its winner dies before its check renews it, so claims stop that much earlier too.
 _PREPARED_AHEAD_MS = 750
+# A claim refused at its first publish checks that the queue refusing it is brokersched's at most
+# this often per job (see _check_refusal): the first loss of a job, then one a minute.
+_REFUSAL_CHECK_EVERY_MS = 60_000
 
 
 def _prepared_ahead_ms(memory_ms: int) -> int:
@@ -415,6 +429,60 @@ class _Overloaded(Exception):
 
 class _OtherMemory(Exception):
     """The claim queue exists with another ``x-expires`` (``406``); the broker's reply."""
+
+
+# What a claim queue holds of the claim that declares it: "in-it" (an empty queue took this
+# claim), "refused" (the queue refused it: it held a message already), "not-yet" (no queue
+# took it: the claim declares the queue before it publishes again).
+_Holds = Literal["in-it", "refused", "not-yet"]
+
+# RabbitMQ's 406 for a declare that does not match the queue (rabbit_misc, 3.x and 4.x). It names
+# the first argument that differs in its own order (durable, then x-expires before the others),
+# quoting each side as 'v', "the value 'v' of type 't'", or none (not set).
+_INEQUIVALENT = re.compile(
+    r"inequivalent arg '(?P<argument>[^']+)' for queue '[^']*' in vhost '.*': received"
+    r" (?P<ours>.+) but current is (?P<theirs>.+?)\s*$"
+)
+_QUOTED = re.compile(r"(?:the value )?'(?P<value>.*?)'(?: of type '[^']*')?")
+
+
+@dataclass(frozen=True, slots=True)
+class _Inequivalent:
+    """The difference a ``406`` names: ``ours`` what brokersched declared, ``theirs`` what the
+    queue has (``None``: not set)."""
+
+    argument: str
+    ours: str | None
+    theirs: str | None
+
+    @classmethod
+    def parse(cls, reply: str) -> _Inequivalent | None:
+        found = _INEQUIVALENT.search(reply)
+        if found is None:
+            return None
+        return cls(found["argument"], _unquoted(found["ours"]), _unquoted(found["theirs"]))
+
+    @property
+    def other_memory(self) -> bool:
+        """Only ``x-expires`` differs so far, and both sides set it: a queue of another slot
+        memory, as an instance with another view (or an older brokersched) declares it."""
+        return self.argument == "x-expires" and None not in (self.ours, self.theirs)
+
+    def __str__(self) -> str:
+        theirs = "not set there" if self.theirs is None else f"{self.theirs!r} there"
+        ours = (
+            "brokersched does not set it"
+            if self.ours is None
+            else f"brokersched's is {self.ours!r}"
+        )
+        return f"{self.argument} is {theirs}, {ours}"
+
+
+def _unquoted(value: str) -> str | None:
+    if value == "none":
+        return None
+    found = _QUOTED.fullmatch(value)
+    return found["value"] if found else value
 
 
 @dataclass(slots=True)
@@ -652,6 +720,8 @@ class RabbitMQBackend(ClaimBackend):
         self._view: _View | None = None  # the fleet's slot memory, as read at start or since
         self._seen_ms: int | None = None  # the record's memory when it could not be adopted
         self._refreshing: asyncio.Task[_View] | None = None
+        # Per job key: when a queue that refused a claim of the job was last found brokersched's.
+        self._refusals_checked: dict[str, int] = {}
 
     def __repr__(self) -> str:
         urls = [_redact.redact_url(url) for url in self._urls]
@@ -765,6 +835,7 @@ class RabbitMQBackend(ClaimBackend):
         pool, connection, refreshing = self._pool, self._connection, self._refreshing
         self._pool = self._connection = self._view = self._refreshing = None
         self._seen_ms = None
+        self._refusals_checked.clear()
         if refreshing is not None and not refreshing.done():
             refreshing.cancel()
             await asyncio.gather(refreshing, return_exceptions=True)
@@ -1000,8 +1071,9 @@ class RabbitMQBackend(ClaimBackend):
         # A queue on a cluster node that is down returns the publish (NO_ROUTE, measured on
         # 3.10) like a missing one: the declare below then fails closed, naming the node.
         first = True if acked else await self._publish(channel, queue, message, attempt)
-        if first is False:
-            return False  # refused by the queue (reject-publish): it holds another claim
+        if first is False:  # refused by the queue (reject-publish): it holds a message
+            await self._check_refusal(channel, queue, slot, view)
+            return False
         try:  # after the slot's instant: this view's memory was the fleet's when it fell due
             await channel.declare_exchange(view.fence, passive=True)
         except ChannelNotFoundEntity as exc:
@@ -1009,10 +1081,10 @@ class RabbitMQBackend(ClaimBackend):
             # queue of the new memory holds it as it would hold a claim made under that view.
             raise _StaleView(acked=first is True) from exc
         if first is True:  # an empty queue took it: one made under this view's memory?
-            await self._declare_claim_queue(channel, queue, slot, view, won=True)
+            await self._declare_claim_queue(channel, queue, slot, view, holds="in-it")
             return True
         for _ in range(_DECLARE_ATTEMPTS):  # no queue yet: the first claim of the slot
-            await self._declare_claim_queue(channel, queue, slot, view, won=False)
+            await self._declare_claim_queue(channel, queue, slot, view, holds="not-yet")
             won = await self._publish(channel, queue, message, attempt)
             if won is not None:
                 return won
@@ -1044,12 +1116,50 @@ class RabbitMQBackend(ClaimBackend):
         attempt.unconfirmed = False
         return True
 
-    async def _declare_claim_queue(
-        self, channel: AbstractChannel, queue: str, slot: Slot, view: _View, *, won: bool
+    async def _check_refusal(
+        self, channel: AbstractChannel, queue: str, slot: Slot, view: _View
     ) -> None:
-        """Declare (or check) the claim queue with this view's arguments. ``won``: this claim's
-        message is in it already; if the queue was made under another memory that claim
-        cannot stand, and nobody else's can either: fail closed."""
+        """The queue refused this claim: it held a message already. Check, for the first such
+        loss of the job and then at most once a minute, that brokersched made the queue.
+
+        Brokersched declares every claim queue with the same arguments (only ``x-expires``, the
+        slot memory, varies), and only a claim is ever published to one. A queue made beforehand
+        by something else (by hand or by another tool, capped by its arguments or by a policy)
+        and holding a message refuses every claim of the slot: unchecked, every instance would
+        lose, and nobody would run the slot or say why. A declare with this view's arguments
+        tells: ``406`` when the queue was made otherwise (``_declare_claim_queue`` fails closed,
+        naming the difference), none when it is brokersched's.
+
+        Why not look at the message instead: a message taken out of a claim queue, even for a
+        moment, lets the next publish in (its count is of ready messages; measured on 3.10), and
+        that claim, made by any instance of the fleet, older versions included, would win the
+        slot a second time. A declare takes nothing and decides nothing; it renews the queue's
+        expiry, which only makes the slot remembered longer.
+
+        Why not at every loss: a loss is one refused publish, and the declare adds two thirds
+        to its cost on the broker (measured on 3.10, 2000 losses: 0.26-0.32 ms of broker CPU
+        each, 0.43-0.54 ms checked) and halves the losses it answers per second. Something that
+        makes claim queues beforehand goes on doing it, so one check a minute per job finds it,
+        and a job running less often than once a minute has each of its losses checked. A queue
+        made with brokersched's very arguments and a foreign message in it passes for a claim
+        (the README's Limits).
+        """
+        assert self._clock is not None
+        now_ms = self._clock.monotonic_ms()
+        last_ms = self._refusals_checked.get(slot.job)
+        if last_ms is not None and now_ms - last_ms < _REFUSAL_CHECK_EVERY_MS:
+            return
+        # _OtherMemory: brokersched's, made under another memory; a loss (the fence is not read)
+        with contextlib.suppress(_OtherMemory):
+            await self._declare_claim_queue(channel, queue, slot, view, holds="refused")
+        self._refusals_checked[slot.job] = now_ms  # a queue found foreign is checked again
+
+    async def _declare_claim_queue(
+        self, channel: AbstractChannel, queue: str, slot: Slot, view: _View, *, holds: _Holds
+    ) -> None:
+        """Declare (or check) the claim queue with this view's arguments. ``holds``: whether
+        this claim is in it already; if so and the queue was made under another memory, that
+        claim cannot stand, and nobody else's can either: fail closed."""
         from aio_pika.exceptions import ChannelNotFoundEntity, ChannelPreconditionFailed
 
         try:
@@ -1057,11 +1167,17 @@ class RabbitMQBackend(ClaimBackend):
                 queue, durable=True, arguments=view.claim_arguments
             )
         except ChannelPreconditionFailed as exc:
-            if not won:
-                raise _OtherMemory(self._describe(exc)) from exc
+            reply = self._describe(exc)
+            found = _Inequivalent.parse(str(exc))
+            # A reply this backend cannot read is taken for another memory, as before: both
+            # fail closed, and that keeps a raise of slot_ttl working on such a server.
+            if found is not None and not found.other_memory:
+                raise BackendError(self._other_settings(queue, slot, found, holds)) from exc
+            if holds != "in-it":
+                raise _OtherMemory(reply) from exc
             raise BackendError(
                 f"{self.name}: claim queue {queue!r} was declared with another slot memory"
-                f" ({self._describe(exc)}); this instance uses the fleet's"
+                f" ({reply}); this instance uses the fleet's"
                 f" {self._shown(view.record.memory_ms)} (its own slot_ttl is"
                 f" {format_duration(self._slot_ttl)}). This claim is in it, so no other claim"
                 " of the slot wins, and the slot is not run here. An instance with an outdated"
@@ -1070,7 +1186,7 @@ class RabbitMQBackend(ClaimBackend):
             ) from exc
         except ChannelNotFoundEntity as exc:
             raise BackendError(self._home_down(queue, slot, exc)) from exc
-        if won and not declared.declaration_result.message_count:
+        if holds == "in-it" and not declared.declaration_result.message_count:
             # The queue that took this claim was deleted (by hand, or with a lost node) before
             # the check, whose declare made a new, empty one: a later claim would win that too.
             raise BackendError(
@@ -1078,6 +1194,29 @@ class RabbitMQBackend(ClaimBackend):
                 f" slot {slot.key} (deleted meanwhile): the slot may already be claimed"
                 " elsewhere, so it is not run here"
             )
+
+    def _other_settings(self, queue: str, slot: Slot, found: _Inequivalent, holds: _Holds) -> str:
+        """A claim queue that brokersched did not make: every version declares the arguments it
+        does now, with only x-expires varying."""
+        if holds == "in-it":
+            held = (
+                "This claim went into it, so no other claim of the slot can stand either, and"
+                " the slot is not run here"
+            )
+        elif holds == "refused":
+            held = (
+                "It holds a message that refuses every claim of the slot (whatever put it"
+                " there): no instance runs the slot"
+            )
+        else:
+            held = "A claim in it could not be trusted, so the slot is not run here"
+        return (
+            f"{self.name}: claim queue {queue!r} of slot {slot.key} was made with other"
+            f" settings than brokersched's ({found}; RabbitMQ names the first difference), so"
+            f" not by brokersched. {held}. To fix: rabbitmqctl delete_queue {queue}, and find"
+            f" what makes queues named {self._prefix}.claim.* beforehand (a script, another"
+            " tool, a definitions import) or publishes into them"
+        )
 
     def _home_down(self, queue: str, slot: Slot, exc: BaseException) -> str:
         """A claim queue on a cluster node that is down: it may hold a claim (fail closed)."""
