@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterator
+from datetime import timedelta
 
 from ._clock import Clock, Timer, ms_to_datetime
 from ._context import AbortReason, JobContext, abort
@@ -34,7 +36,11 @@ logger = logging.getLogger("brokersched")
 
 # A claim gets what is left of max_late, but never less than this (the backend needs a moment).
 _MIN_CLAIM_TIMEOUT_S = 0.5
-_RELEASE_RETRIES_S = (0.2, 1.0)
+# A failed release is retried after _RELEASE_RETRY_S, doubling, up to a tenth of lease_ttl
+# within these bounds (see _release_delays).
+_RELEASE_RETRY_S = 0.2
+_RELEASE_RETRY_MIN_S = 0.01
+_RELEASE_RETRY_MAX_S = 1.0
 _CLAIM_SLACK_S = 0.25
 # After drain_timeout, cancelled async runs get this long to release their lease and record.
 _CUT_GRACE_S = 2.0
@@ -337,28 +343,48 @@ class Runner:
     async def release(
         self, lease: Lease, *, handover: bool, renewer: _Renewer | None = None
     ) -> None:
-        """End a lease. A lease left to expire while marked running looks like a dead runner
-        and another instance would run the slot again, so a failed release is retried for as
-        long as the renewer still holds the lease (a few times when there is none)."""
+        """End a lease, retrying until it lands.
+
+        A lease left marked running looks like a dead runner's once it expires: another
+        instance takes the slot over and runs it again, though this run may have completed. A
+        release that lands after the expiry still ends the run as long as nobody took the
+        slot over first (``LeaseBackend.release``), and the fleet looks for dead runners only
+        every ``lease_ttl / 2``. So a failed release is retried, at short intervals
+        (``_release_delays``), until one ``lease_ttl`` after the lease is known to expire.
+
+        ``renewer``, the run's, stops here: its failures must not end the release, and a
+        renewal would not help it either (it needs the store the release needs, so it lands
+        only where a release would have landed).
+        """
         backend = self.backend
         assert isinstance(backend, LeaseBackend)
-        tries = 0
-        while True:
-            try:
-                if tries == 0 and not handover and self._releases.enabled:
-                    await self._releases.release(lease)  # with the others of this loop turn
-                else:
-                    await backend.release(lease, handover=handover)
-                return
-            except Exception as exc:
-                tries += 1
-                held = renewer is not None and renewer.holding
-                if not held and tries > len(_RELEASE_RETRIES_S):
-                    logger.error("could not release lease of %s: %s", lease.slot.key, exc)
+        ttl_ms = to_ms(backend.lease_ttl)
+        if renewer is not None:
+            renewer.cancel()
+            expires_ms = renewer.expires_ms
+        else:  # granted a moment ago
+            expires_ms = self.clock.monotonic_ms() + ttl_ms
+        retries = _ReleaseRetries(self.clock, lease, handover, ttl_ms, expires_ms)
+        try:
+            while True:
+                try:
+                    await self._release_once(lease, handover=handover, batched=not retries.tries)
+                except Exception as exc:
+                    if await retries.wait_after(exc):
+                        continue
                     return
-                logger.warning("release of %s failed (%s); retrying", lease.slot.key, exc)
-                delay = _RELEASE_RETRIES_S[min(tries, len(_RELEASE_RETRIES_S)) - 1]
-                await self.clock.sleep(delay)
+                retries.landed()
+                return
+        except asyncio.CancelledError:
+            retries.stopped()
+            raise
+
+    async def _release_once(self, lease: Lease, *, handover: bool, batched: bool) -> None:
+        assert isinstance(self.backend, LeaseBackend)
+        if batched and not handover and self._releases.enabled:
+            await self._releases.release(lease)  # with the others of this loop turn
+        else:
+            await self.backend.release(lease, handover=handover)
 
     async def _finish(
         self, job: JobState, run: Run, outcome: Outcome, error: str | None, *, record: bool = True
@@ -468,6 +494,90 @@ class Runner:
         for task in self.tasks.pending():
             if task not in tasks:
                 task.cancel()  # a claim, a record or a listener that did not answer in time
+
+
+class _ReleaseRetries:
+    """The retries of one lease's release: when to try again, when to give up, and the log
+    lines (one warning at the first failure, one error if it never lands)."""
+
+    def __init__(
+        self, clock: Clock, lease: Lease, handover: bool, ttl_ms: int, expires_ms: int
+    ) -> None:
+        self._clock = clock
+        self._lease = lease
+        self._handover = handover
+        self._began_ms = clock.monotonic_ms()
+        self._expires_ms = expires_ms
+        # One lease_ttl past the expiry: the fleet has swept for dead runners twice by then.
+        self._give_up_ms = expires_ms + ttl_ms
+        self._delays = _release_delays(ttl_ms)
+        self._last: Exception | None = None
+        self.tries = 0  # failed so far
+
+    async def wait_after(self, error: Exception) -> bool:
+        """Note a failed try and wait before the next; ``False``: give up now."""
+        self.tries, self._last = self.tries + 1, error
+        key = self._lease.slot.key
+        left_ms = self._give_up_ms - self._clock.monotonic_ms()
+        if left_ms <= 0:
+            self._lost("gave up")
+            return False
+        if self.tries == 1:
+            left = format_duration(timedelta(milliseconds=left_ms))
+            logger.warning("release of %s failed (%s); retrying for up to %s", key, error, left)
+        else:
+            logger.debug("release of %s failed again: %s", key, error)
+        await self._clock.sleep(min(next(self._delays), left_ms / 1000))
+        return True
+
+    def landed(self) -> None:
+        if not self.tries:
+            return
+        key, now_ms = self._lease.slot.key, self._clock.monotonic_ms()
+        took = format_duration(timedelta(milliseconds=now_ms - self._began_ms))
+        if now_ms < self._expires_ms:
+            logger.info("released the lease of %s after %d tries (%s)", key, self.tries, took)
+            return
+        logger.warning(
+            "released the lease of %s after %d tries (%s), after the lease may have expired: "
+            "if another instance took the slot over meanwhile, it runs it again",
+            key,
+            self.tries,
+            took,
+        )
+
+    def stopped(self) -> None:
+        """Cancelled (the stop's grace ran out): said only if a try had failed."""
+        if self._last is not None:
+            self._lost("the scheduler stopped before it landed")
+
+    def _lost(self, why: str) -> None:
+        lease = self._lease
+        then = (
+            "it is taken over once its lease expires, counted as a new attempt"
+            if self._handover
+            else "once its lease expires another instance may take the slot over and run it "
+            f"again (attempt {lease.attempt + 1}), though this run has ended"
+        )
+        logger.error(
+            "could not release the lease of %s (%d tries, %s; last error: %s): %s",
+            lease.slot.key,
+            self.tries,
+            why,
+            self._last,
+            then,
+        )
+
+
+def _release_delays(ttl_ms: int) -> Iterator[float]:
+    """The pauses between a failed release's tries: 0.2 s, then twice as long each time, up
+    to a tenth of ``lease_ttl`` (at most 1 s), so that a release lands within that of the
+    store coming back, well before the fleet's next sweep (every ``lease_ttl / 2``)."""
+    cap = min(_RELEASE_RETRY_MAX_S, max(ttl_ms / 10_000, _RELEASE_RETRY_MIN_S))
+    delay = min(_RELEASE_RETRY_S, cap)
+    while True:
+        yield delay
+        delay = min(delay * 2, cap)
 
 
 def _overrides(backend: Backend, base: type, method: str) -> bool:
@@ -683,6 +793,9 @@ class _Renewer:
     is known to be valid only until ``lease_ttl`` after the last renewal that succeeded was *sent*
     (the database extended it later than that), so the run is aborted shortly before then even if
     the backend never answers, before another instance could take the slot over.
+
+    Once the handler has finished, ``Runner.release`` stops it: from then on the lease only
+    needs to end, and the release is retried on its own terms.
     """
 
     def __init__(self, runner: Runner, run: Run, leased_ms: int) -> None:
@@ -755,9 +868,10 @@ class _Renewer:
         self._runner.abort(self._run, "lock-lost")
 
     @property
-    def holding(self) -> bool:
-        """Still keeping the lease: neither lost nor given up."""
-        return not (self.lost or self._cancelled)
+    def expires_ms(self) -> int:
+        """The earliest the lease can have expired in the store (monotonic): ``lease_ttl``
+        after the request that last extended it was sent."""
+        return self._valid_from_ms + self._ttl_ms
 
     def cancel(self) -> None:
         self._cancelled = True

@@ -353,7 +353,14 @@ class LeaseBackend(Backend):
     async def release(self, lease: Lease, *, handover: bool = False) -> None:
         """End ``lease``; the slot stays claimed. With ``handover`` (a graceful stop cut the run
         short), the slot is offered to ``take_over()`` at once, without counting an attempt.
-        A stale lease (another token holds the slot now) is left untouched."""
+        A stale lease (another token holds the slot now) is left untouched.
+
+        A lease that has expired but that ``take_over()`` has not taken yet still holds its
+        slot (its token is still the slot's): releasing it ends the run as if it had not
+        expired (nothing restarts the slot, no attempt is recorded ``interrupted``), and a
+        hand-over hands it over. The runner retries a release that failed past the lease's
+        expiry (a store that was away as the run ended); it must land whenever no take-over
+        came first."""
 
     async def release_many(self, leases: Sequence[Lease]) -> list[Exception | None]:
         """End several leases of distinct slots (no hand-over), as ``release()`` would each;

@@ -594,8 +594,9 @@ class LeaseBackendBase(LeaseBackend):
         The runner renews every third of the ttl and aborts the run when no renewal succeeded
         in time; a renewal that answers later than that is of no use to it, and one left
         waiting would let the lease expire (and another instance take the slot over) while
-        the runner has not been told. A release answered later than that could land after
-        the lease expired, when the slot has been restarted elsewhere: the runner is told it
-        failed in time, and retries it while it still holds the lease.
+        the runner has not been told. A release is bounded alike so that one stuck on a dead
+        link or behind another client's lock gives way to the runner's next try (it retries
+        a failed release at short intervals until it lands, past the lease's expiry if need
+        be: ``LeaseBackend.release``) rather than hold it until the lease has expired.
         """
         return max(self._lease_ttl.total_seconds() / 3, MIN_RENEW_TIMEOUT_S)

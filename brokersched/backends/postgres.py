@@ -754,8 +754,8 @@ class PostgresBackend(SQLLeaseBackend):
         async def release(conn: _Connection) -> None:
             await conn.execute(sql, lease.job, lease.slot_ms, lease.token)
 
-        # Within a third of the ttl (see _renew_timeout): the runner retries a release that
-        # failed while it still holds the lease, never one that landed after it expired.
+        # Within a third of the ttl (see _renew_timeout): a stuck release gives way to the
+        # runner's next try, in time to land before the lease expires.
         await self._call("release " + lease.slot.key, release, self._renew_timeout)
 
     async def release_many(self, leases: Sequence[Lease]) -> list[Exception | None]:

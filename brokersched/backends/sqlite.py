@@ -589,8 +589,8 @@ class SQLiteBackend(SQLLeaseBackend):
             await conn.execute(self._sql.end_grant, params)
             await conn.execute(end, params)
 
-        # Within a third of the ttl (see _renew_timeout): the runner retries a release that
-        # failed while it still holds the lease, never one that landed after it expired.
+        # Within a third of the ttl (see _renew_timeout): a stuck release gives way to the
+        # runner's next try, in time to land before the lease expires.
         await self._run(
             "release " + lease.slot.key, release, timeout=self._renew_timeout, transaction=True
         )

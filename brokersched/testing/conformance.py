@@ -490,6 +490,27 @@ class LeaseBackendSuite(LeaseProtocolCheck, _Suite[B]):
         assert await backend.take_over([JobPolicy("job")], instance_id="i2") == []
 
     @pytest.mark.asyncio
+    async def test_a_lease_released_after_it_expired_ends_its_run_unless_taken_over(
+        self, fleet: Factory, clock: Clock
+    ) -> None:
+        """A runner cut off from the store as its run ended releases late. While nobody has
+        taken the slot over (its token still holds it) the release still ends the run, alone
+        or in a batch, or hands it over: no sweep then restarts a run that has ended."""
+        one, two = await self.started(fleet), await self.started(fleet)
+        policies = [JobPolicy(job, max_attempts=3) for job in ("single", "batch", "handed")]
+        single, batch, handed = [await self.acquire(one, Slot(p.name, SLOT)) for p in policies]
+        assert isinstance(single, Lease) and isinstance(batch, Lease)
+        assert isinstance(handed, Lease)
+        await self.expire(clock)
+        await one.release(single)
+        assert await one.release_many([batch]) == [None]
+        await one.release(handed, handover=True)
+        (taken,) = await two.take_over(policies, instance_id="i2")
+        assert (taken.job, taken.attempt) == ("handed", 1)  # a hand-over: no attempt counted
+        for policy in policies:
+            assert await two.history(policy, 10) == []  # no attempt was lost
+
+    @pytest.mark.asyncio
     async def test_only_the_latest_slot_is_retried(self, fleet: Factory, clock: Clock) -> None:
         backend = await self.started(fleet)
         allow = JobPolicy("job", overlap="allow")
