@@ -4,19 +4,22 @@ With ``claim=False`` a boot run is *per process*: every instance runs it (a cach
 
 With ``claim=True`` (the default) it is *per fleet*: instances that start together share one run
 (a recovery sweep). They cannot agree on one instant, as they did not start at the same one, so
-the run is claimed on a grid of boot windows (``BOOT_WINDOW_MS``, one minute) under the key
-``<key>:start``: an instance whose boot run falls in window ``k`` claims window ``k - 1``, then
-window ``k``, and runs only if it won both. Two instances whose boot runs are less than a window
-apart always compete for one window, so exactly one of them runs; an instance whose boot run
-comes two windows or more after the last one runs it again (the next deploy).
+the run is claimed on a grid of boot windows (``BOOT_WINDOW_MS``, one minute, on every backend
+and whatever its slot memory, so that instances configured differently still share a grid)
+under the key ``<key>:start``: an instance whose boot run falls in window ``k`` claims window
+``k - 1``, then window ``k``, and runs only if it won both. Two instances whose boot runs are
+less than a window apart always compete for one window, so exactly one of them runs; an
+instance whose boot run comes two windows or more after the last one runs it again (the next
+deploy).
 
 A window is named by its start on a lease backend (whose fencing orders the windows, and which
 refuses slots far ahead of its clock), by its start plus two windows on a claim-only one (which
-may refuse a slot that fell due before the fleet's first start). On a lease backend the
-second claim's lease is held (and renewed) for the run, then released; a
-boot run is never retried on another instance. A job with ``overlap="skip"`` holds its own
-lease instead, as a manual run does, so its boot run never overlaps its slots (and, like a
-manual run, is retried elsewhere when its runner dies).
+may refuse a slot that fell due before the fleet's first start); a claim-only backend remembers
+boot claims for ``BOOT_MEMORY`` (three windows) whatever its ``slot_ttl``
+(``ClaimBackend.claim_boot``). On a lease backend the second claim's lease is held (and
+renewed) for the run, then released; a boot run is never retried on another instance. A job
+with ``overlap="skip"`` holds its own lease instead, as a manual run does, so its boot run never
+overlaps its slots (and, like a manual run, is retried elsewhere when its runner dies).
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ._durations import to_ms
 from ._events import SkipReason
 from ._exceptions import BackendError, ClockSkewError
 from ._job import JobState
@@ -40,11 +42,11 @@ from .abc import (
     new_run_id,
 )
 
-__all__ = ["BOOT_WINDOW_MS", "boot_key", "boot_window_ms", "run_boot"]
+__all__ = ["BOOT_WINDOW_MS", "boot_key", "run_boot"]
 
 logger = logging.getLogger("brokersched")
 
-BOOT_WINDOW_MS = 60_000
+BOOT_WINDOW_MS = 60_000  # BOOT_MEMORY (backends/_claims.py) is three of them
 _MIN_CLAIM_TIMEOUT_S = 0.5
 
 
@@ -52,13 +54,6 @@ def boot_key(key: str) -> str:
     """What a job's fleet boot run is claimed under: no other job of the scheduler may have it
     as its key (their claims, fencing and take-overs would mix)."""
     return f"{key}:start"
-
-
-def boot_window_ms(runner: Runner) -> int:
-    """One minute, or a quarter of a claim-only backend's slot memory when that is shorter:
-    the claim of window ``k - 1`` must still be remembered two windows later."""
-    memory = runner.backend.capabilities.slot_memory
-    return BOOT_WINDOW_MS if memory is None else min(BOOT_WINDOW_MS, to_ms(memory) // 4)
 
 
 async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | None:
@@ -77,7 +72,7 @@ async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | N
     if not job.settings.claim:
         return await runner.execute(job, boot_ms, None, reason="start")
     run_id = new_run_id()
-    window = boot_window_ms(runner)
+    window = BOOT_WINDOW_MS
     cell = boot_ms - boot_ms % window
     if not isinstance(runner.backend, LeaseBackend):
         # A claim-only backend may refuse a slot that fell due before its fleet record was
@@ -134,7 +129,7 @@ async def _claim(
                 )
                 return "not-acquired" if isinstance(lease, str) else lease
             assert isinstance(backend, ClaimBackend)
-            won = await backend.claim(
+            won = await backend.claim_boot(
                 slot, instance_id=runner.instance_id, run_id=run_id, timeout=timeout
             )
             return None if won else "not-acquired"

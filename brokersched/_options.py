@@ -307,7 +307,8 @@ def job_errors(
             json.dumps(options.data)
         except (TypeError, ValueError) as exc:
             refuse("data", f"option 'data' must be JSON-serialisable: {exc}")
-    errors.extend(_timing_errors(job, gap, options, defaults, caps, backend))
+    if kind != "after":  # no slot to be late on; its boot windows are claimed apart
+        errors.extend(_timing_errors(job, gap, options, defaults, caps, backend))
     return errors
 
 

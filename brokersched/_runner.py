@@ -44,9 +44,6 @@ _RELEASE_RETRY_MAX_S = 1.0
 _CLAIM_SLACK_S = 0.25
 # After drain_timeout, cancelled async runs get this long to release their lease and record.
 _CUT_GRACE_S = 2.0
-# A claim-only backend forgets a slot ``slot_memory`` after its first claim; a claim still in
-# flight this close to that moment is not sent (clocks and networks are not exact).
-_SLOT_MEMORY_MARGIN_MS = 1000
 # The winner of a job's slot prepares the claims of its next slot this long before it (a
 # backend that creates something for a slot's first claim then creates it ahead of the instant).
 _PREPARE_AHEAD_MS = 500
@@ -191,14 +188,16 @@ class Runner:
         return bool(self.clock.now_ms() - slot_ms > job.settings.max_late_ms)
 
     def _claim_timeout(self, job: JobState, slot_ms: int) -> float:
-        """What is left of ``max_late``, at least a moment, but never past the end of a
-        claim-only backend's memory of the slot: a claim landing after it could win again."""
+        """What is left of ``max_late``, at least a moment, but never past a claim-only
+        backend's deadline for the slot (``ClaimBackend.claim_deadline_ms``): a claim landing
+        after it could win a slot the backend has forgotten."""
         now = self.clock.now_ms()
         left_s = max((slot_ms + job.settings.max_late_ms - now) / 1000, _MIN_CLAIM_TIMEOUT_S)
-        memory = self.backend.capabilities.slot_memory
-        if memory is not None:
-            forgotten_ms = slot_ms + to_ms(memory) - _SLOT_MEMORY_MARGIN_MS
-            left_s = min(left_s, (forgotten_ms - now) / 1000)
+        backend = self.backend
+        if isinstance(backend, ClaimBackend):
+            deadline = backend.claim_deadline_ms(Slot(job.settings.key, slot_ms))
+            if deadline is not None:
+                left_s = min(left_s, (deadline - now) / 1000)
         return left_s
 
     async def _claim(

@@ -27,7 +27,9 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple
 
 from ._clock import Clock
+from ._exceptions import BackendError
 from ._tasks import gather_each
+from .backends._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, margin_ms
 
 __all__ = [
     "Backend",
@@ -46,6 +48,8 @@ __all__ = [
     "new_run_id",
 ]
 
+
+_DEFAULT_SKEW_MS = round(DEFAULT_CLAIM_SKEW.total_seconds() * 1000)
 
 Outcome = Literal["completed", "failed", "timed-out", "interrupted"]
 RunReason = Literal["schedule", "catch-up", "retry", "manual", "start"]
@@ -274,6 +278,35 @@ class ClaimBackend(Backend):
                 for c in claims
             ]
         )
+
+    def claim_deadline_ms(self, slot: Slot) -> int | None:
+        """The last instant (this instance's wall clock, ms) at which ``slot`` may still be
+        claimed safely: its claims must all land while the backend remembers the first one
+        (``backends._claims.claim_deadline_ms``). The scheduler sends no claim after it (the
+        slot is skipped as ``late``). The default: the slot memory of ``capabilities`` less
+        the margin for clocks one second apart; a backend with a fleet-wide record of its
+        memory answers from that record."""
+        memory = self.capabilities.slot_memory
+        if memory is None:
+            return None
+        limit = round(memory.total_seconds() * 1000)
+        return slot.slot_ms + limit - margin_ms(limit, skew_ms=_DEFAULT_SKEW_MS)
+
+    async def claim_boot(
+        self, slot: Slot, *, instance_id: str, run_id: str, timeout: float
+    ) -> bool:
+        """Claim a fleet boot run's window (see ``brokersched._boot``): as ``claim()``, but
+        remembered for at least ``BOOT_MEMORY`` (three minutes) whatever the slot memory, so
+        that instances whose boot runs fall a minute apart share one run. The default claims
+        with ``claim()`` when the slot memory is that long, and fails closed otherwise."""
+        memory = self.capabilities.slot_memory
+        if memory is not None and memory < BOOT_MEMORY:
+            raise BackendError(
+                f"{self.name} cannot claim a fleet boot run: it remembers claims for "
+                f"{memory}, less than the {BOOT_MEMORY} a boot window needs (implement "
+                "claim_boot, or raise slot_ttl)"
+            )
+        return await self.claim(slot, instance_id=instance_id, run_id=run_id, timeout=timeout)
 
     async def prepare_claims(self, slots: Sequence[Slot]) -> None:
         """``slots`` will be claimed in a moment: the scheduler that won a job's slot calls

@@ -68,7 +68,7 @@ async def test_the_readme_acl_runs_both_redis_backends(acl_url: str) -> None:
     await claims.start(clock)
     try:
         await claims.prepare([policy])
-        slot = Slot("acl.job", now_ms)
+        slot = Slot("acl.job", clock.now_ms())  # after the fleet's record was made
         assert await claims.claim(slot, instance_id="a", run_id="r1", timeout=5)
         assert not await claims.claim(slot, instance_id="b", run_id="r2", timeout=5)
         for n in range(3):

@@ -174,7 +174,7 @@ class _Run:
 
     async def acquire(self, via: int, claims: list[Claim]) -> None:
         backend = self.backends[via]
-        claims = [claim._replace(run_id=secrets.token_hex(8)) for claim in claims]
+        claims = [Claim(c.slot, secrets.token_hex(8), c.policy, c.reason) for c in claims]
         answers: list[object]
         if len(claims) == 1:
             claim = claims[0]

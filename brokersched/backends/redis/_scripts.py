@@ -235,30 +235,38 @@ CLOCKED = frozenset(
     ("ACQUIRE", "RENEW", "RELEASE", "SCAN_RUNS", "COMMIT_TAKE_OVER", "FLEET_MEMORY")
 )
 
-#: KEYS: the fleet's slot memory record (a hash). ARGV: this instance's slot_ttl ms, what it
-#: believes the fleet's memory is ('' for nothing yet). Creates the record, or raises its memory
-#: to the larger of the two, noting each raise as {at, from} in ``raises`` (those older than the
-#: new memory are dropped: no claim is judged by them any more). Returns {memory, raises, the
-#: memory before ('0': no record)}.
+#: KEYS: the fleet's slot memory record (a hash). ARGV: this instance's slot_ttl ms, the
+#: clock skew ms. Makes the record (``created_ms``: now) when there is none, or raises its memory
+#: to this slot_ttl when that is longer, noting the raise as {at, from} in ``raises`` (those
+#: that can no longer limit a claim dropped: see ``_claims.FleetMemory.raised``). Never lowers
+#: it. Returns {memory, raises, created, the memory before ('0': no record)}.
 FLEET_MEMORY = (
     _NOW
     + """
 local now = now_ms()
 local wanted = tonumber(ARGV[1])
-if ARGV[2] ~= '' and tonumber(ARGV[2]) > wanted then wanted = tonumber(ARGV[2]) end
+local skew = tonumber(ARGV[2])
 local memory = tonumber(redis.call('HGET', KEYS[1], 'memory_ms') or '0')
 local before = memory
 local raises = cjson.decode(redis.call('HGET', KEYS[1], 'raises') or '[]')
-if wanted > memory then
+local created = redis.call('HGET', KEYS[1], 'created_ms')
+if memory == 0 then
+  created = num(now)
+  raises = {}
+  memory = wanted
+  redis.call('HSET', KEYS[1], 'memory_ms', num(memory), 'raises', '[]', 'created_ms', created)
+elseif wanted > memory then
   local kept = {}
   for i = 1, #raises do
-    if tonumber(raises[i][1]) >= now - wanted then kept[#kept + 1] = raises[i] end
+    if tonumber(raises[i][1]) + skew + tonumber(raises[i][2]) > now then
+      kept[#kept + 1] = raises[i]
+    end
   end
-  if memory > 0 then kept[#kept + 1] = {num(now), num(memory)} end
+  kept[#kept + 1] = {num(now), num(memory)}
   raises = kept
   memory = wanted
   redis.call('HSET', KEYS[1], 'memory_ms', num(memory), 'raises', cjson.encode(raises))
 end
-return {num(memory), cjson.encode(raises), num(before)}
+return {num(memory), cjson.encode(raises), created or '0', num(before)}
 """
 )
