@@ -523,19 +523,23 @@ async def test_a_start_waits_for_the_instance_holding_the_lock(
 
 
 def test_the_record_says_how_late_a_slot_may_still_be_claimed() -> None:
-    from brokersched.backends.rabbitmq import _FleetRecord
+    from brokersched.backends._claims import FleetMemory
+    from brokersched.backends.rabbitmq import _record_from_json, _record_json
 
-    record = _FleetRecord(2000, created_ms=1_000).raised(20_000, at_ms=5_000)
-    assert record == _FleetRecord(20_000, 1_000, ((5_000, 2000),))
-    assert record.claim_limit_ms(500) == 0  # before the record: nothing is known
-    assert record.claim_limit_ms(4_999) == 2000  # fell due under 2s
-    assert record.claim_limit_ms(5_000) is None  # fell due under 20s
-    again = record.raised(60_000, at_ms=6_000)
-    assert again.claim_limit_ms(4_000) == 2000
-    assert again.claim_limit_ms(5_500) == 20_000
-    assert _FleetRecord.from_json(again.to_json()) == again
-    # a raise older than the memory can no longer judge any claim: dropped
-    assert again.raised(61_000, at_ms=200_000).raises == ((200_000, 60_000),)
+    skew = 1000
+    record = FleetMemory(2000, created_ms=1_000).raised(20_000, at_ms=5_000, skew_ms=skew)
+    assert record == FleetMemory(20_000, 1_000, ((5_000, 2000),))
+    assert record.limit_ms(500, skew) == 0  # before the record: nothing is known
+    assert record.limit_ms(4_999, skew) == 2000  # fell due under 2s
+    assert record.limit_ms(6_000, skew) == 2000  # within the clocks' skew of the raise
+    assert record.limit_ms(6_001, skew) == 20_000  # fell due under 20s
+    again = record.raised(60_000, at_ms=6_000, skew_ms=skew)
+    assert again.limit_ms(4_000, skew) == 2000
+    assert again.limit_ms(6_500, skew) == 20_000
+    assert again.limit_ms(7_001, skew) == 60_000
+    assert _record_from_json(_record_json(again)) == again
+    # a raise older than the memory it replaced can no longer judge any claim: dropped
+    assert again.raised(61_000, at_ms=200_000, skew_ms=skew).raises == ((200_000, 60_000),)
 
 
 @pytest.mark.parametrize(
@@ -545,10 +549,10 @@ def test_the_record_says_how_late_a_slot_may_still_be_claimed() -> None:
      b'{"version": 1, "slot_memory_ms": 1, "created_ms": 1, "raises": [[1]]}'],
 )  # fmt: skip
 def test_what_is_not_a_record_is_refused(body: bytes) -> None:
-    from brokersched.backends.rabbitmq import _FleetRecord
+    from brokersched.backends.rabbitmq import _record_from_json
 
     with pytest.raises((ValueError, TypeError, KeyError)):
-        _FleetRecord.from_json(body)
+        _record_from_json(body)
 
 
 # -- end to end: schedulers in a rolling deploy that raises slot_ttl ---------------------------
@@ -666,7 +670,7 @@ async def test_a_claim_is_refused_from_the_slot_memory_minus_the_margin(
     assert await claim(backend, Slot("job", clock.now_ms() - last_ms + 500)) is True
     refused = await claim(backend, Slot("job", clock.now_ms() - last_ms))
     assert isinstance(refused, BackendError)
-    assert "is 9s old" in str(refused)
+    assert "is 8s old" in str(refused)  # a margin of 2 s: 1 s of skew, 250 ms, 750 ms ahead
     assert await claim(backend, Slot("job", clock.now_ms() - 60_000)) is not True
 
 

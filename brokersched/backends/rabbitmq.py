@@ -160,6 +160,8 @@ from .._exceptions import (
 )
 from .._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
 from ..abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
+from ._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, FleetMemory, margin_ms
+from ._lease import check_max_clock_skew
 
 if TYPE_CHECKING:
     from aio_pika.abc import (
@@ -198,9 +200,14 @@ _READER_RETRY_S = 0.05  # another history reader holds the exclusive consumer
 _MAX_PREFETCH = 65535  # AMQP's prefetch count is 16 bits
 _LOCK_RETRY_S = (0.01, 0.1)  # another instance holds the slot-memory lock: wait this long
 _VIEW_ATTEMPTS = 4  # a claim reads the record again at most this often (raises are rare)
-# A slot that fell due before a raise from m is claimed at most m minus this late: the queue a
-# claim under m made lives at least m after the slot, on the broker's timer, not ours.
-_MEMORY_MARGIN_MS = 250
+_DEFAULT_SKEW_MS = to_ms(DEFAULT_CLAIM_SKEW)
+# A boot window's claim queue (claim_boot): the fleet's memory does not apply to it.
+_BOOT_QUEUE: FieldTable = {
+    "x-queue-type": "classic",
+    "x-max-length": 1,
+    "x-overflow": "reject-publish",
+    "x-expires": to_ms(BOOT_MEMORY),
+}
 # prepare_claims() declares a slot's claim queue at most this long (or a quarter of the slot
 # memory) before the slot: the queue then expires at least memory minus that after the slot if
 # its winner dies before its check renews it, so claims stop that much earlier too.
@@ -214,10 +221,11 @@ def _prepared_ahead_ms(memory_ms: int) -> int:
     return min(_PREPARED_AHEAD_MS, memory_ms // 4)
 
 
-def claim_margin_ms(memory_ms: int) -> int:
+def claim_margin_ms(memory_ms: int, skew_ms: int = _DEFAULT_SKEW_MS) -> int:
     """How long before a slot is ``memory_ms`` (the memory that applies to it) old its claims
-    are refused: 1 s with a memory of 3 s or more."""
-    return _MEMORY_MARGIN_MS + _prepared_ahead_ms(memory_ms)
+    are refused: the clocks' skew, a claim's flight and how long before its slot a claim queue
+    may have been declared (``_claims.margin_ms``); 2 s with a memory of 8 s or more."""
+    return margin_ms(memory_ms, skew_ms=skew_ms, lead_ms=_prepared_ahead_ms(memory_ms))
 
 
 _RECORD_VERSION = 1
@@ -338,63 +346,28 @@ def fence_exchange_name(prefix: str, memory_ms: int) -> str:
     return f"{prefix}.slot-memory.{memory_ms}ms"
 
 
-@dataclass(frozen=True, slots=True)
-class _FleetRecord:
-    """The fleet's slot memory, as kept in the record queue (JSON, never pickled).
-
-    ``raises``: ``(at_ms, from_ms)`` of each raise still relevant, oldest first: until
-    ``at_ms`` a claim could have been made under ``from_ms``.
-    """
-
-    memory_ms: int
-    created_ms: int
-    raises: tuple[tuple[int, int], ...] = ()
-
-    def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "version": _RECORD_VERSION,
-                "slot_memory_ms": self.memory_ms,
-                "created_ms": self.created_ms,
-                "raises": [list(entry) for entry in self.raises],
-            },
-            separators=(",", ":"),
-        ).encode()
-
-    @classmethod
-    def from_json(cls, body: bytes) -> _FleetRecord:
-        """Raises ``ValueError`` (or ``TypeError``/``KeyError``) for what is not a record,
-        ``_NewerRecord`` for a record of a later version."""
-        data = json.loads(body)
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        if data["version"] != _RECORD_VERSION:
-            if isinstance(data["version"], int) and data["version"] > _RECORD_VERSION:
-                raise _NewerRecord(data["version"])
-            raise ValueError(f"unknown version {data['version']!r}")
-        raises = tuple((_int(at), _int(frm)) for at, frm in data["raises"])
-        return cls(_int(data["slot_memory_ms"]), _int(data["created_ms"]), raises)
-
-    def raised(self, memory_ms: int, at_ms: int) -> _FleetRecord:
-        """This record raised to ``memory_ms`` at ``at_ms``; raises too old to matter dropped:
-        no claim of a slot older than the memory is ever judged by them."""
-        recent = tuple(entry for entry in self.raises if entry[0] >= at_ms - memory_ms)
-        return _FleetRecord(memory_ms, self.created_ms, (*recent, (at_ms, self.memory_ms)))
-
-    def claim_limit_ms(self, slot_ms: int) -> int | None:
-        """How late ``slot_ms`` may still be claimed, when a shorter memory may have applied to
-        it: the shortest memory raised after it fell due; 0 when it fell due before this record
-        existed (what applied then is unknown). ``None``: the record's memory applied."""
-        if slot_ms < self.created_ms:
-            return 0
-        shorter = [frm for at, frm in self.raises if at > slot_ms]
-        return min(shorter) if shorter else None
+# The fleet's slot memory record (``backends/_claims.py``), kept as one JSON message.
+_FleetRecord = FleetMemory
 
 
-def _int(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{value!r} is not a count of milliseconds")
-    return value
+def _record_json(record: FleetMemory) -> bytes:
+    return json.dumps(
+        {"version": _RECORD_VERSION, **record.to_dict()}, separators=(",", ":")
+    ).encode()
+
+
+def _record_from_json(body: bytes) -> FleetMemory:
+    """Raises ``ValueError`` for what is not a record, ``_NewerRecord`` for a record of a later
+    version."""
+    data = json.loads(body)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    version = data.get("version")
+    if version != _RECORD_VERSION:
+        if isinstance(version, int) and version > _RECORD_VERSION:
+            raise _NewerRecord(version)
+        raise ValueError(f"unknown version {version!r}")
+    return FleetMemory.from_dict(data)
 
 
 class _NewerRecord(Exception):
@@ -691,9 +664,11 @@ class RabbitMQBackend(ClaimBackend):
         channels: int = 8,
         claim_timeout: Duration = "2s",
         declare_ahead: bool = True,
+        max_clock_skew: Duration = DEFAULT_CLAIM_SKEW,
         **connect_options: Any,
     ) -> None:
         super().__init__()
+        self._skew_ms = to_ms(check_max_clock_skew(max_clock_skew, backend=self.name))
         self._urls = _check_urls(url, self.name)
         self._url = self._urls[0]  # the one named in messages about the login or the vhost
         self._secrets = _redact.connection_secrets(self._urls, connect_options, ("password",))
@@ -921,6 +896,38 @@ class RabbitMQBackend(ClaimBackend):
                 " confirm came back); the slot is not run"
             ) from exc
 
+    async def claim_boot(
+        self, slot: Slot, *, instance_id: str, run_id: str, timeout: float
+    ) -> bool:
+        """A fleet boot window's claim: a claim queue of its own whose ``x-expires`` is
+        ``BOOT_MEMORY`` whatever the fleet's slot memory (every instance declares it alike), so
+        neither the fleet's record nor its fence is involved: the first message the queue takes
+        wins, every later one is nacked."""
+        from aio_pika import DeliveryMode, Message
+
+        pool = self._require_pool()
+        queue = claim_queue_name(self._prefix, slot)
+        body = json.dumps({"instance_id": instance_id, "run_id": run_id}).encode()
+        message = Message(
+            body,
+            content_type="application/json",
+            delivery_mode=DeliveryMode.PERSISTENT,
+            message_id=slot.key,
+        )
+        attempt = _ClaimAttempt()
+        deadline = min(timeout, self._claim_timeout.total_seconds())
+        try:
+            with self._client_errors(f"boot claim of {slot.key}"):
+                async with asyncio.timeout(deadline), pool.channel(self._channel_wait) as channel:
+                    for _ in range(_DECLARE_ATTEMPTS):
+                        won = await self._publish(channel, queue, message, attempt)
+                        if won is not None:
+                            return won
+                        await channel.declare_queue(queue, durable=True, arguments=_BOOT_QUEUE)
+        except _Overloaded as busy:
+            raise BackendError(self._overloaded(slot, busy)) from None
+        raise BackendError(f"{self.name}: boot claim queue {queue!r} kept vanishing")
+
     async def prepare_claims(self, slots: Sequence[Slot]) -> None:
         """Declare the claim queues of ``slots`` due within the next 750 ms (others are left to
         their claims), one after the other on one channel, if one is free: claims come first."""
@@ -994,10 +1001,15 @@ class RabbitMQBackend(ClaimBackend):
 
     def _claim_limit_ms(self, view: _View, slot: Slot) -> int:
         """How late after its instant ``slot`` may still be claimed: the fleet's slot memory,
-        or the shorter memory that may have applied to it (a raise after it fell due, or 0 for
-        a record made after it)."""
-        limit = view.record.claim_limit_ms(slot.slot_ms)
-        return view.record.memory_ms if limit is None else min(limit, view.record.memory_ms)
+        or the shorter memory that may have applied to it (``FleetMemory.limit_ms``)."""
+        return view.record.limit_ms(slot.slot_ms, self._skew_ms)
+
+    def claim_deadline_ms(self, slot: Slot) -> int | None:
+        view = self._view
+        if view is None:
+            return super().claim_deadline_ms(slot)
+        limit = self._claim_limit_ms(view, slot)
+        return slot.slot_ms + limit - claim_margin_ms(limit, self._skew_ms)
 
     def _claim_budget(self, view: _View, slot: Slot) -> float:
         """Seconds left to claim ``slot`` safely: until it is the claim limit old, less a margin
@@ -1007,7 +1019,7 @@ class RabbitMQBackend(ClaimBackend):
         ``slot_ttl``); this guards ``claim()`` called directly, and a claim held up in flight."""
         assert self._clock is not None
         limit_ms = self._claim_limit_ms(view, slot)
-        left_ms = slot.slot_ms + limit_ms - claim_margin_ms(limit_ms)
+        left_ms = slot.slot_ms + limit_ms - claim_margin_ms(limit_ms, self._skew_ms)
         budget = (left_ms - self._clock.now_ms()) / 1000
         if budget <= 0:
             raise BackendError(self._too_late(view, slot))
@@ -1018,14 +1030,14 @@ class RabbitMQBackend(ClaimBackend):
         age = self._shown(max(self._clock.now_ms() - slot.slot_ms, 0))
         limit = self._claim_limit_ms(view, slot)
         memory_ms = view.record.memory_ms
-        margin_ms = claim_margin_ms(memory_ms)
-        old = self._clock.now_ms() - slot.slot_ms >= memory_ms - margin_ms
+        margin = claim_margin_ms(memory_ms, self._skew_ms)
+        old = self._clock.now_ms() - slot.slot_ms >= memory_ms - margin
         if old or limit == memory_ms:
             return (
                 f"{self.name}: slot {slot.key} is {age} old, too late to claim safely: the"
                 f" fleet's slot memory is {self._shown(memory_ms)}, and a claim queue may expire"
                 f" from then on (this refuses claims from the memory minus a"
-                f" {margin_ms}ms margin), after which a claim could win a slot that"
+                f" {margin}ms margin), after which a claim could win a slot that"
                 " already ran; the slot is not run here. The scheduler never claims this late"
                 " (jitter + max_late stay below slot_ttl): a claim made by hand, or held up"
                 " in flight"
@@ -1331,7 +1343,7 @@ class RabbitMQBackend(ClaimBackend):
         assert self._clock is not None
         await channel.queue_delete(self._record_name)
         records = await channel.declare_queue(self._record_name, durable=True, arguments=_PLAIN)
-        record = _FleetRecord(own_ms, self._clock.now_ms())  # after every old fence went
+        record = FleetMemory(own_ms, self._clock.now_ms())  # after every old fence went
         await self._put_fence(channel, records, own_ms)
         await self._write_record(channel, record)
         return record
@@ -1355,7 +1367,7 @@ class RabbitMQBackend(ClaimBackend):
         # From here on no claim under the old memory passes its fence: a slot falling due now
         # or later can only be claimed under the new one. The record keeps when this was.
         await channel.exchange_delete(fence_exchange_name(self._prefix, record.memory_ms))
-        raised = record.raised(own_ms, self._clock.now_ms())
+        raised = record.raised(own_ms, self._clock.now_ms(), self._skew_ms)
         await message.ack()  # a crash before the write leaves no record: the next one resets
         await self._write_record(channel, raised)
         self._log_raised(record.memory_ms)
@@ -1365,7 +1377,7 @@ class RabbitMQBackend(ClaimBackend):
         from aio_pika import DeliveryMode, Message
 
         message = Message(
-            record.to_json(),
+            _record_json(record),
             content_type="application/json",
             delivery_mode=DeliveryMode.PERSISTENT,
         )
@@ -1375,7 +1387,7 @@ class RabbitMQBackend(ClaimBackend):
         if body is None:
             return None
         try:
-            record = _FleetRecord.from_json(body)
+            record = _record_from_json(body)
         except _NewerRecord as exc:
             raise BackendError(
                 f"{self.name}: queue {self._record_name!r} holds a slot memory record of format"

@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from ... import _redact
 from ..._clock import Clock
-from ..._durations import Duration, positive_duration
+from ..._durations import Duration, positive_duration, to_ms
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..._tasks import cancel_requests, gather_each, raise_if_cancelled_since, to_the_end
 from ...abc import Capabilities, Claim, ClaimBackend, JobPolicy, RunRecord, Slot
+from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms
+from .._lease import check_max_clock_skew
 from ._base import (
     BACKEND,
     Translated,
@@ -106,9 +108,13 @@ class NATSBackend(ClaimBackend):
         prefix: str = "brokersched",
         replicas: int = 1,
         claim_timeout: Duration | None = None,
+        max_clock_skew: Duration = DEFAULT_CLAIM_SKEW,
         **connect_options: Any,
     ) -> None:
         super().__init__()
+        self._skew_ms = to_ms(check_max_clock_skew(max_clock_skew, backend=BACKEND))
+        self._clock: Clock | None = None
+        self._raising_window = asyncio.Lock()
         self._servers = check_servers(servers)
         self._slot_ttl = positive_duration(slot_ttl, option="slot_ttl", backend=BACKEND)
         if claim_timeout is None:
@@ -157,6 +163,7 @@ class NATSBackend(ClaimBackend):
             secrets=self._secrets,
             shown_servers=self._shown_servers,
             last_error=lambda: self._last_error,
+            skew_ms=self._skew_ms,
         )
 
     def __repr__(self) -> str:
@@ -181,12 +188,12 @@ class NATSBackend(ClaimBackend):
         try:
             js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
             with Translated("preparing streams", secrets=self._secrets):
-                await self._streams.start(js)
+                await self._streams.start(js, clock.now_ms)
             raise_if_cancelled_since(cancels)
         except BaseException:
             await to_the_end(self._close_client(nc))
             raise
-        self._nc, self._js = nc, js
+        self._nc, self._js, self._clock = nc, js, clock
 
     async def _connect(self, nats: Any, cancels: int) -> NATSClient:
         options: dict[str, Any] = {
@@ -228,7 +235,7 @@ class NATSBackend(ClaimBackend):
 
     async def _close(self) -> None:
         await self._streams.close()
-        nc, self._nc, self._js = self._nc, None, None
+        nc, self._nc, self._js, self._clock = self._nc, None, None, None
         if nc is not None:
             await self._close_client(nc)
 
@@ -277,8 +284,52 @@ class NATSBackend(ClaimBackend):
 
     # -- claims --------------------------------------------------------------------------------
 
+    def claim_deadline_ms(self, slot: Slot) -> int | None:
+        """From the claims stream's window and the raises noted in its record, as read at start
+        (``_claims``): a slot that fell due before a raise is claimed at most the old window
+        late."""
+        if self._js is None:
+            return super().claim_deadline_ms(slot)
+        return claim_deadline_ms(self._streams.fleet, slot.slot_ms, skew_ms=self._skew_ms)
+
+    def _check_deadline(self, slot: Slot) -> None:
+        """Refuse a claim past its deadline, within this instance's slot_ttl after the slot
+        (the scheduler's range: a slot claimed by hand years later is the caller's business)."""
+        if self._clock is None:
+            return
+        now = self._clock.now_ms()
+        if not 0 <= now - slot.slot_ms < to_ms(self._slot_ttl):
+            return
+        deadline = self.claim_deadline_ms(slot)
+        if deadline is None or now <= deadline:
+            return
+        fleet = self._streams.fleet
+        limit = fleet.limit_ms(slot.slot_ms, self._skew_ms)
+        raised = (
+            "" if limit == fleet.memory_ms else f" (the window was {limit} ms when it fell due)"
+        )
+        raise BackendError(
+            f"{BACKEND}: slot {slot.key} is too late to claim safely: the claims stream's "
+            f"duplicate window may have forgotten its first claim{raised}; the slot is not "
+            "run here"
+        )
+
+    async def claim_boot(
+        self, slot: Slot, *, instance_id: str, run_id: str, timeout: float
+    ) -> bool:
+        """A boot window's claim: the claims stream's window is raised to ``BOOT_MEMORY`` first
+        when shorter (once), then the claim is an ordinary one."""
+        _, js = self._client()
+        if self._streams.fleet.memory_ms < to_ms(BOOT_MEMORY):
+            async with self._raising_window:
+                if self._streams.fleet.memory_ms < to_ms(BOOT_MEMORY):
+                    with Translated("raising the claims window", secrets=self._secrets):
+                        await self._streams.raise_window(js, BOOT_MEMORY)
+        return await self.claim(slot, instance_id=instance_id, run_id=run_id, timeout=timeout)
+
     async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
         nc, js = self._client()
+        self._check_deadline(slot)
         message = self._message(slot, instance_id, run_id)
         with Translated("claim", message.msg_id, secrets=self._secrets):
             started = time.monotonic()
@@ -309,6 +360,11 @@ class NATSBackend(ClaimBackend):
         budget = min(timeout, self._claim_budget_s)
         if not nc.is_connected or budget <= 0 or len(claims) < 2:
             return await super().claim_many(claims, instance_id=instance_id, timeout=timeout)
+        for claim in claims:
+            try:
+                self._check_deadline(claim.slot)
+            except BackendError:  # each claim alone: the late one fails, the others go on
+                return await super().claim_many(claims, instance_id=instance_id, timeout=timeout)
         started = time.monotonic()
         messages = [self._message(c.slot, instance_id, c.run_id) for c in claims]
         acks: list[asyncio.Future[PubAck] | Exception] = []

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
 import re
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..._durations import format_duration
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..._options import NAME_PATTERN
+from .._claims import FleetMemory
 from ._base import BACKEND, describe, logger
 
 if TYPE_CHECKING:
@@ -51,6 +53,7 @@ _GUARD_DELAYS_S = (0.2, 1.0, 5.0)  # see Streams._start_history_guard
 _WINDOW_RAISES = 5  # see Streams._raise_claims_window
 _WINDOW_SETTLE_S = 0.25
 _ERR_STREAM_NAME_IN_USE = 10058
+_ERR_WRONG_LAST_SEQUENCE = 10071
 _ERR_SUBJECTS_OVERLAP = 10065
 # "replicas > 1 not supported in non-clustered mode", "insufficient resources" (too few servers)
 _ERR_REPLICAS = (10074, 10023)
@@ -98,6 +101,12 @@ class Names:
 
     def claim_subject(self, job: str) -> str:
         return f"{self.prefix}.claim.{subject_token(job)}"
+
+    @property
+    def fleet_subject(self) -> str:
+        """The fleet's slot memory record, in the claims stream: two tokens after ``claim``,
+        so never a job's subject (a job's token has no ``.``)."""
+        return f"{self.prefix}.claim.fleet.memory"
 
     def history_subject(self, job: str) -> str:
         return f"{self.prefix}.history.{subject_token(job)}"
@@ -408,8 +417,15 @@ class Streams:
         secrets: Sequence[str],
         shown_servers: str,
         last_error: Callable[[], str | None],
+        skew_ms: int,
     ) -> None:
         self._names, self._slot_ttl, self._replicas = names, slot_ttl, replicas
+        self._skew_ms = skew_ms
+        self._now_ms: Callable[[], int] = lambda: 0
+        #: The fleet's slot memory as read at start (the claims stream's duplicate window and
+        #: the raises noted in its record); raised by this instance, never read again: a raise
+        #: by another instance only makes the window longer than this view says.
+        self.fleet = FleetMemory(0, 0)
         self._secrets, self._shown_servers, self._last_error = secrets, shown_servers, last_error
         self._history_capacity = 0  # max_msgs_per_subject known to be in place (0: unknown)
         self._history_lock = asyncio.Lock()
@@ -422,12 +438,15 @@ class Streams:
             guard.cancel()
             await asyncio.gather(guard, return_exceptions=True)
 
-    async def start(self, js: JetStreamContext) -> None:
-        """At start: create, check and grow the claims stream; check the history stream."""
+    async def start(self, js: JetStreamContext, now_ms: Callable[[], int]) -> None:
+        """At start: create, check and grow the claims stream, read the fleet's record; check
+        the history stream. ``now_ms``: the scheduler's clock."""
         import nats.js.errors
 
+        self._now_ms = now_ms
         try:
             await self._ensure_claims_stream(js)
+            self.fleet = await self._read_fleet(js)
         except (
             nats.js.errors.ServiceUnavailableError,
             nats.js.errors.NoStreamResponseError,
@@ -457,7 +476,67 @@ class Streams:
         )
         await self._raise_claims_window(js)
 
-    async def _raise_claims_window(self, js: JetStreamContext) -> None:
+    async def raise_window(self, js: JetStreamContext, memory: timedelta) -> None:
+        """Raise the claims stream's window to ``memory`` (a boot claim needs
+        ``BOOT_MEMORY``), as a start raises it to ``slot_ttl``."""
+        await self._raise_claims_window(js, memory)
+        self.fleet = await self._read_fleet(js)
+
+    async def _read_fleet(self, js: JetStreamContext) -> FleetMemory:
+        """The claims stream's window, with the raises its record notes (see ``_note_raise``)."""
+        import nats.js.errors
+
+        window = (await js.stream_info(self._names.claims)).config.duplicate_window or 0
+        memory = round(window * 1000)
+        try:
+            msg = await js.get_last_msg(self._names.claims, self._names.fleet_subject)
+        except nats.js.errors.NotFoundError:
+            return FleetMemory(memory, 0)
+        try:
+            noted = FleetMemory.from_dict(json.loads(msg.data or b"{}"))
+        except ValueError:
+            logger.warning("%s: %s holds no slot memory record", BACKEND, self._names.fleet_subject)
+            return FleetMemory(memory, 0)
+        return FleetMemory(memory, 0, noted.raises)
+
+    async def _note_raise(
+        self, js: JetStreamContext, before: StreamConfig, after: StreamConfig
+    ) -> None:
+        """Note a raise of the window in the fleet's record (a message in the claims stream,
+        kept as long as the raised window, so as long as the raise can limit a claim): an
+        instance started later then claims a slot that fell due before the raise at most the
+        old window late (an ``at()`` slot, whose time passed before its start). Written with
+        ``Nats-Expected-Last-Subject-Sequence``, so that two raisers never lose each other's
+        raise."""
+        import nats.js.errors
+
+        old_ms = round((before.duplicate_window or 0) * 1000)
+        new_ms = round((after.duplicate_window or 0) * 1000)
+        if new_ms <= old_ms:
+            return
+        subject = self._names.fleet_subject
+        for _ in range(_WINDOW_RAISES):
+            try:
+                last = await js.get_last_msg(self._names.claims, subject)
+                current = FleetMemory.from_dict(json.loads(last.data or b"{}"))
+                seq = last.seq or 0
+            except (nats.js.errors.NotFoundError, ValueError):
+                current, seq = FleetMemory(old_ms, 0), 0
+            record = dataclasses.replace(current, memory_ms=old_ms).raised(
+                new_ms, self._now_ms(), self._skew_ms
+            )
+            headers = {"Nats-Expected-Last-Subject-Sequence": str(seq)}
+            try:
+                await js.publish(subject, record.to_json().encode(), headers=headers)
+                return
+            except nats.js.errors.APIError as exc:
+                if exc.err_code != _ERR_WRONG_LAST_SEQUENCE:
+                    raise
+        logger.warning("%s: the raise of %s could not be noted", BACKEND, self._names.claims)
+
+    async def _raise_claims_window(
+        self, js: JetStreamContext, memory: timedelta | None = None
+    ) -> None:
         """Raise the claims stream's ``duplicate_window`` and ``max_age`` to ``slot_ttl`` when
         shorter (a rolling deploy that raises ``slot_ttl``), or refuse as ``claims_problems``
         says when NATS refuses the update.
@@ -481,7 +560,7 @@ class Streams:
         can overwrite it with its own, smaller raise. So the stream is read again after each
         update, and once more after ``_WINDOW_SETTLE_S``, and raised again while it is short.
         """
-        stream, names, ttl = self._names.claims, self._names, self._slot_ttl
+        stream, names, ttl = self._names.claims, self._names, memory or self._slot_ttl
         raises, settled = 0, False
         while True:
             config = (await js.stream_info(stream)).config
@@ -503,6 +582,7 @@ class Streams:
                     option="slot_ttl",
                 )
             await self._update_claims_window(js, raised, problems)
+            await self._note_raise(js, config, raised)
             raises += 1
             logger.warning(
                 "raised duplicate_window of JetStream stream %s from %s to %s and max_age from %s "
