@@ -567,7 +567,7 @@ async def test_a_longer_slot_ttl_raises_the_claims_window_and_a_shorter_one_keep
         # Claims work; a slot that fell due before the raise is claimed at most the old window
         # late (less the margin): the raise is noted in the stream, so any instance started
         # after it knows (issue 24, class 6: an at() slot ran twice).
-        fresh = Slot("report", now_ms() + 1)
+        fresh = Slot("report", now_ms() + 1100)  # more than max_clock_skew after the raise
         assert await new.claim(fresh, instance_id="new", run_id="r2", timeout=2)
         assert not await new.claim(fresh, instance_id="new", run_id="r3", timeout=2)
         await asyncio.sleep(max(0.0, (ran.slot_ms + 2000 - now_ms()) / 1000))
