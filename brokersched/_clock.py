@@ -9,6 +9,7 @@ tasks.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Coroutine, Iterator
@@ -108,6 +109,11 @@ class Clock(ABC):
         """The current task runs code that may wait on anything (an async handler awaiting an
         event the test sets later): a virtual clock counts it as settled while it is blocked."""
         yield
+
+    def random(self) -> random.Random:
+        """A source of randomness for jitter: fresh from the OS; a simulated fleet's clocks
+        give seeded ones, so that a run can be replayed."""
+        return random.Random()
 
 
 class _WallTimer:

@@ -10,7 +10,6 @@ import inspect
 import itertools
 import logging
 import os
-import random
 import secrets
 import signal
 import socket
@@ -259,7 +258,7 @@ class Scheduler(Generic[B]):
         self._timer_ms: int | None = None
         self._sweep_timer: Timer | None = None
         self._tasks = TaskSet(self.clock)
-        self._random = random.Random()
+        self._random = self.clock.random()
         self._started = False
         self._stopping = False
         self._stopped = asyncio.Event()
@@ -789,7 +788,7 @@ class Scheduler(Generic[B]):
         self._identity_pid = os.getpid()
         if self.options.instance_id is None:
             self.instance_id = self._runner.instance_id = _default_instance_id()
-        self._random = random.Random()  # seeded afresh from os.urandom
+        self._random = self.clock.random()  # seeded afresh from os.urandom
 
     async def _start(self) -> None:
         self._own_identity()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import random
 from collections.abc import Callable, Collection, Coroutine, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -13,7 +14,7 @@ from typing import Any, TypeVar
 from .._clock import Clock, Timer, datetime_to_ms, resolve
 from .._durations import Duration, parse_duration, to_ms
 
-__all__ = ["TestClock"]
+__all__ = ["FleetClock", "InstanceClock", "TestClock"]
 
 T = TypeVar("T")
 
@@ -21,13 +22,20 @@ _DEFAULT_START = "2026-01-01T00:00:00+00:00"
 
 
 class _VirtualTimer:
-    __slots__ = ("callback", "cancelled", "due", "wall_ms")
+    __slots__ = ("callback", "cancelled", "due", "view", "wall_ms")
 
-    def __init__(self, due: int, wall_ms: int | None, callback: Callable[[], object]) -> None:
+    def __init__(
+        self,
+        due: int,
+        wall_ms: int | None,
+        callback: Callable[[], object],
+        view: InstanceClock | None = None,
+    ) -> None:
         self.due = due  # on the monotonic clock
         self.wall_ms = wall_ms  # a wall-clock timer's instant: a step() moves its due time
         self.callback = callback
         self.cancelled = False
+        self.view = view  # the instance clock whose wall clock ``wall_ms`` is on (FleetClock)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -165,7 +173,7 @@ class TestClock(Clock):
         self._offset += -delta if back else delta
         for _, _, timer in self._timers:
             if timer.wall_ms is not None:
-                timer.due = timer.wall_ms - self._offset
+                timer.due = timer.wall_ms - self._offset - _ahead(timer)
         self._timers = [(timer.due, seq, timer) for _, seq, timer in self._timers]
         heapq.heapify(self._timers)
         await self._advance_to(self._mono)
@@ -236,3 +244,105 @@ def _ready(task: asyncio.Task[Any]) -> bool:
     public API for this; anyio's ``wait_all_tasks_blocked`` reads the same attribute."""
     waiter = getattr(task, "_fut_waiter", None)
     return waiter is None or bool(waiter.done())
+
+
+def _ahead(timer: _VirtualTimer) -> int:
+    return 0 if timer.view is None else timer.view.ahead_ms
+
+
+class FleetClock(TestClock):
+    """The virtual time of a fleet simulated in one process (``brokersched.testing.simulate``):
+    one timeline, and an ``InstanceClock`` per instance whose wall clock may be ahead or behind
+    (skew) and may be stepped on its own.
+
+    Unlike a ``TestClock``, waiting (``wait()``, as in a scheduler's drain) never moves time by
+    itself: only the driver's ``advance()`` does, as several instances wait at once.
+    """
+
+    def __init__(self, start: datetime | str = _DEFAULT_START, *, seed: int = 0) -> None:
+        super().__init__(start)
+        self._seed = seed
+        self._rngs = itertools.count()
+
+    def instance(self, ahead_ms: int = 0) -> InstanceClock:
+        """A clock for one instance, its wall clock ``ahead_ms`` ahead (negative: behind)."""
+        return InstanceClock(self, ahead_ms)
+
+    def random(self) -> random.Random:
+        return random.Random(f"{self._seed}:{next(self._rngs)}")
+
+    async def wait(self, tasks: Collection[asyncio.Task[Any]], timeout: float) -> None:
+        pending = {task for task in tasks if not task.done()}
+        if not pending:
+            return
+        loop = asyncio.get_running_loop()
+        expired: asyncio.Future[None] = loop.create_future()
+        timer = self.call_later(round(timeout * 1000), lambda: resolve(expired))
+        current = asyncio.current_task()
+        if current is not None:
+            self._sleeping[current] = expired  # settled while it waits
+        try:
+            while pending and not expired.done():
+                done, _ = await asyncio.wait({*pending, expired}, return_when="FIRST_COMPLETED")
+                pending -= done
+        finally:
+            timer.cancel()
+            if current is not None:
+                self._sleeping.pop(current, None)
+
+    def _push_view(self, timer: _VirtualTimer) -> _VirtualTimer:
+        return self._push(timer)
+
+    def _retime(self, view: InstanceClock) -> None:
+        for _, _, timer in self._timers:
+            if timer.view is view and timer.wall_ms is not None:
+                timer.due = timer.wall_ms - self._offset - view.ahead_ms
+        self._timers = [(timer.due, seq, timer) for _, seq, timer in self._timers]
+        heapq.heapify(self._timers)
+
+
+class InstanceClock(Clock):
+    """One instance's clock in a ``FleetClock``: the fleet's timeline, its own wall clock."""
+
+    def __init__(self, fleet: FleetClock, ahead_ms: int) -> None:
+        self.fleet = fleet
+        self.ahead_ms = ahead_ms
+
+    def now_ms(self) -> int:
+        return self.fleet.now_ms() + self.ahead_ms
+
+    def monotonic_ms(self) -> int:
+        return self.fleet.monotonic_ms()
+
+    def call_at(self, when_ms: int, callback: Callable[[], object]) -> Timer:
+        due = when_ms - self.ahead_ms - (self.fleet.now_ms() - self.fleet.monotonic_ms())
+        return self.fleet._push_view(_VirtualTimer(due, when_ms, callback, self))
+
+    def call_later(self, delay_ms: int, callback: Callable[[], object]) -> Timer:
+        return self.fleet.call_later(delay_ms, callback)
+
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
+        return self.fleet.spawn(coro, name=name)
+
+    @contextmanager
+    def blocking(self) -> Iterator[None]:
+        with self.fleet.blocking():
+            yield
+
+    async def sleep(self, seconds: float) -> None:
+        await self.fleet.sleep(seconds)
+
+    async def sleep_until(self, when_ms: int) -> None:
+        await self.fleet.sleep_until(when_ms - self.ahead_ms)
+
+    async def wait(self, tasks: Collection[asyncio.Task[Any]], timeout: float) -> None:
+        await self.fleet.wait(tasks, timeout)
+
+    def random(self) -> random.Random:
+        return self.fleet.random()
+
+    def step(self, delta_ms: int) -> None:
+        """This instance's wall clock jumps by ``delta_ms`` (negative: back), as NTP may step
+        it; the fleet's timeline and the other instances do not move."""
+        self.ahead_ms += delta_ms
+        self.fleet._retime(self)

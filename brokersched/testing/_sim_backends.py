@@ -1,0 +1,635 @@
+"""Models of each backend's store for the fleet simulator (``brokersched.testing.simulate``).
+
+Each model keeps what its real store keeps, on the store's own clock, and forgets as it
+forgets: leases by the lease protocol itself (``MemoryBackend``), Redis keys by their
+``PX``, NATS message ids by the duplicate window in force when JetStream purges them,
+RabbitMQ claim queues by their ``x-expires`` counted from their last declare. The claim rules
+(``backends/_claims.py``) and the scheduler are the real code; the Redis model runs the real
+``RedisBackend`` over a model of the Redis commands it sends.
+
+Faults apply to every call of a store: down (refused at once), held (answered late, or not at
+all within the caller's timeout: the call may have been applied), a lock held by another
+process (SQLite). A killed instance's backend answers nothing, ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal, TypeVar
+
+from .._clock import Clock
+from .._durations import to_ms
+from .._exceptions import BackendError, BackendUnavailableError
+from ..abc import (
+    Capabilities,
+    Claim,
+    ClaimBackend,
+    JobPolicy,
+    Lease,
+    LeaseOutcome,
+    RunReason,
+    RunRecord,
+    Slot,
+)
+from ..backends._claims import (
+    BOOT_MEMORY,
+    DEFAULT_CLAIM_SKEW,
+    FleetMemory,
+    claim_deadline_ms,
+    margin_ms,
+)
+from ..backends.memory import MemoryBackend, MemoryStore
+from ..backends.redis import RedisBackend
+from ._clock import FleetClock, InstanceClock
+
+__all__ = [
+    "SimLeaseBackend",
+    "SimNATS",
+    "SimRabbitMQ",
+    "SimRedis",
+    "Store",
+    "Wins",
+]
+
+T = TypeVar("T")
+
+#: The slots won by a claim that answered (key, slot_ms) -> instance, for the invariant that
+#: every slot either ran or has a documented skip reason.
+Wins = dict[tuple[str, int], str]
+
+
+@dataclass
+class Store:
+    """What a store shares between the instances' backends: its clock, its faults."""
+
+    fleet: FleetClock
+    clock: InstanceClock  # the store's own wall clock (it may be skewed or stepped)
+    rng: random.Random
+    down_until: int = -1  # monotonic ms: calls refused at once (restarting)
+    held_until: int = -1  # calls held: answered late, or lost (a link that drops or stalls)
+    locked_until: int = -1  # another process holds the write lock (SQLite)
+    busy_timeout_ms: int = 5000
+    wins: Wins = field(default_factory=dict)
+
+    async def call(
+        self, dead: bool, timeout_s: float, apply: Callable[[], Awaitable[T]], *, write: bool
+    ) -> T:
+        """``apply`` as the store would answer it now, for a caller that waits ``timeout_s``."""
+        if dead:
+            await asyncio.get_running_loop().create_future()  # a killed process: never
+        now = self.fleet.monotonic_ms()
+        deadline = now + round(timeout_s * 1000)
+        if now < self.down_until:
+            raise BackendUnavailableError("the store is down (connection refused)")
+        if write and now < self.locked_until:
+            wait = min(self.locked_until, now + self.busy_timeout_ms, deadline) - now
+            await self.fleet.sleep(wait / 1000)
+            if self.fleet.monotonic_ms() < self.locked_until:
+                raise BackendError("database is locked")
+        if now < self.held_until:
+            reaches = self.rng.random() < 0.5  # the request got through; its answer did not
+            if self.held_until <= deadline and self.rng.random() < 0.5:
+                await self.fleet.sleep((self.held_until - now) / 1000)  # a stall: late answer
+                return await apply()
+            if reaches:
+                await apply()
+            await self.fleet.sleep(max(deadline - now, 0) / 1000)
+            raise BackendError("no answer from the store (the link was cut)")
+        return await apply()
+
+
+class SimLeaseBackend(MemoryBackend):
+    """A lease store (PostgreSQL, SQLite, Redis) as the lease protocol itself, on the store's
+    clock, behind the store's faults."""
+
+    def __init__(self, store: Store, rows: MemoryStore, *, lease_ttl: timedelta) -> None:
+        super().__init__(lease_ttl=lease_ttl, store=rows, store_clock=store.clock)
+        self.sim = store
+        self.dead = False
+
+    def _bound(self) -> float:
+        return max(self.lease_ttl.total_seconds() / 3, 0.2)
+
+    async def acquire(
+        self,
+        slot: Slot,
+        *,
+        policy: JobPolicy,
+        instance_id: str,
+        run_id: str,
+        reason: RunReason,
+        timeout: float,
+    ) -> Lease | Literal["overlap", "not-acquired"]:
+        async def apply() -> Lease | Literal["overlap", "not-acquired"]:
+            answer = await MemoryBackend.acquire(
+                self, slot, policy=policy, instance_id=instance_id, run_id=run_id,
+                reason=reason, timeout=timeout,
+            )  # fmt: skip
+            if isinstance(answer, Lease):
+                self.sim.wins[(slot.job, slot.slot_ms)] = instance_id
+            return answer
+
+        return await self.sim.call(self.dead, timeout, apply, write=True)
+
+    async def acquire_many(
+        self, claims: Sequence[Claim], *, instance_id: str, timeout: float
+    ) -> list[LeaseOutcome]:
+        async def apply() -> list[LeaseOutcome]:
+            answers = await MemoryBackend.acquire_many(
+                self, claims, instance_id=instance_id, timeout=timeout
+            )
+            for claim, answer in zip(claims, answers, strict=True):
+                if isinstance(answer, Lease):
+                    self.sim.wins[(claim.slot.job, claim.slot.slot_ms)] = instance_id
+            return answers
+
+        return await self.sim.call(self.dead, timeout, apply, write=True)
+
+    async def renew(self, lease: Lease) -> bool:
+        return await self.sim.call(
+            self.dead, self._bound(), lambda: MemoryBackend.renew(self, lease), write=True
+        )
+
+    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+        await self.sim.call(
+            self.dead,
+            self._bound(),
+            lambda: MemoryBackend.release(self, lease, handover=handover),
+            write=True,
+        )
+
+    async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
+        async def apply() -> list[Lease]:
+            leases = await MemoryBackend.take_over(self, policies, instance_id=instance_id)
+            for lease in leases:
+                self.sim.wins[(lease.job, lease.slot_ms)] = instance_id
+            return leases
+
+        return await self.sim.call(self.dead, 5.0, apply, write=True)
+
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        await self.sim.call(
+            self.dead, 5.0, lambda: MemoryBackend.record(self, job, record), write=True
+        )
+
+
+# -- Redis: the real RedisBackend over a model of its commands ---------------------------------
+
+
+@dataclass
+class _Key:
+    value: Any
+    expires_ms: int | None  # the store's clock
+
+
+class _RedisData:
+    """The keys of one Redis server, expiring on its clock."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.keys: dict[str, _Key] = {}
+
+    def now(self) -> int:
+        return self.store.clock.now_ms()
+
+    def get(self, name: str) -> Any:
+        key = self.keys.get(name)
+        if key is None:
+            return None
+        if key.expires_ms is not None and key.expires_ms <= self.now():
+            del self.keys[name]
+            return None
+        return key.value
+
+    def set_nx(self, name: str, value: Any, px: int) -> bool:
+        if self.get(name) is not None:
+            return False
+        self.keys[name] = _Key(value, self.now() + px)
+        return True
+
+    def pexpire(self, name: str, px: int) -> None:
+        if self.get(name) is not None:
+            self.keys[name].expires_ms = self.now() + px
+
+    def fleet_memory(self, record: str, wanted: int, skew: int) -> list[Any]:
+        """The FLEET_MEMORY script (``redis/_scripts.py``)."""
+        now = self.now()
+        fields = self.get(record) or {}
+        memory = int(fields.get("memory_ms", 0))
+        before = memory
+        raises = json.loads(fields.get("raises", "[]"))
+        created = fields.get("created_ms")
+        if memory == 0:
+            created, raises, memory = str(now), [], wanted
+            fields = {"memory_ms": str(memory), "raises": "[]", "created_ms": created}
+            self.keys[record] = _Key(fields, None)
+        elif wanted > memory:
+            kept = [r for r in raises if int(r[0]) + skew + int(r[1]) > now]
+            raises = [*kept, [str(now), str(memory)]]
+            memory = wanted
+            fields = {**fields, "memory_ms": str(memory), "raises": json.dumps(raises)}
+            self.keys[record] = _Key(fields, None)
+        return [str(memory).encode(), json.dumps(raises).encode(), (created or "0").encode(),
+                str(before).encode()]  # fmt: skip
+
+    def evict(self, rng: random.Random) -> int:
+        """An evicting maxmemory policy at work: some keys with a TTL go."""
+        volatile = [name for name, key in self.keys.items() if key.expires_ms is not None]
+        gone = [name for name in volatile if rng.random() < 0.5]
+        for name in gone:
+            del self.keys[name]
+        return len(gone)
+
+
+class _Pipeline:
+    def __init__(self, data: _RedisData) -> None:
+        self._data = data
+        self._commands: list[Callable[[], Any]] = []
+
+    def hmget(self, name: str, *fields: str) -> None:
+        def run() -> list[Any]:
+            values = self._data.get(name) or {}
+            return [None if f not in values else str(values[f]).encode() for f in fields]
+
+        self._commands.append(run)
+
+    def set(self, name: str, value: str, *, nx: bool, px: int) -> None:
+        assert nx
+        self._commands.append(lambda: self._data.set_nx(name, value, px) or None)
+
+    def pexpire(self, name: str, px: int) -> None:
+        self._commands.append(lambda: self._data.pexpire(name, px))
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        return [command() for command in self._commands]
+
+
+class _Client:
+    def __init__(self, data: _RedisData) -> None:
+        self._data = data
+
+    def pipeline(self, transaction: bool = False) -> _Pipeline:
+        return _Pipeline(self._data)
+
+    async def pexpire(self, name: str, px: int) -> None:
+        self._data.pexpire(name, px)
+
+    async def set(self, name: str, value: str, *, nx: bool, px: int) -> bool | None:
+        return self._data.set_nx(name, value, px) or None
+
+
+class _RedisConnection:
+    """What ``RedisBackend`` uses of its connection, over ``_RedisData``."""
+
+    def __init__(self, store: Store, data: _RedisData, prefix: str, owner: SimRedis) -> None:
+        self.store, self.data, self.prefix, self.owner = store, data, prefix, owner
+        self.cluster = False
+        self.redacted = "redis://sim"
+        self.clock: Clock | None = None
+        self.history: dict[str, list[RunRecord]] = {}
+
+    async def open(self, clock: Clock) -> None:
+        self.clock = clock
+
+    async def close(self) -> None:
+        self.clock = None
+
+    def now_ms(self) -> int:
+        if self.clock is None:
+            raise BackendUnavailableError("not started")
+        return self.clock.now_ms()
+
+    async def call(self, action: str, exchange: Callable[[Any], Awaitable[T]], timeout: Any) -> T:
+        limit = 5.0 if timeout is None else max(0.0, timeout)
+        return await self.store.call(
+            self.owner.dead, limit, lambda: exchange(_Client(self.data)), write=True
+        )
+
+    async def script(
+        self, name: str, action: str, keys: list[str], args: list[Any], timeout: Any = None
+    ) -> Any:
+        assert name == "FLEET_MEMORY", name
+
+        async def run() -> list[Any]:
+            return self.data.fleet_memory(keys[0], int(args[0]), int(args[1]))
+
+        return await self.store.call(self.owner.dead, 5.0, run, write=True)
+
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        self.history.setdefault(job.name, []).insert(0, record)
+
+    async def history_of(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        return self.history.get(job.name, [])[:limit]
+
+
+class SimRedis(RedisBackend):
+    """The real ``RedisBackend`` (its fleet memory, claim deadlines, read shortcut) over a
+    model of the commands it sends to one Redis server."""
+
+    def __init__(self, store: Store, data: _RedisData, *, slot_ttl: timedelta, prefix: str) -> None:
+        super().__init__(slot_ttl=slot_ttl, prefix=prefix)
+        self.sim, self.dead = store, False
+        self._redis = _RedisConnection(store, data, prefix, self)  # type: ignore[assignment]
+
+    @staticmethod
+    def data(store: Store) -> _RedisData:
+        return _RedisData(store)
+
+    async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
+        won = await super().claim(slot, instance_id=instance_id, run_id=run_id, timeout=timeout)
+        if won:
+            self.sim.wins[(slot.job, slot.slot_ms)] = instance_id
+        return won
+
+    async def claim_boot(
+        self, slot: Slot, *, instance_id: str, run_id: str, timeout: float
+    ) -> bool:
+        won = await super().claim_boot(
+            slot, instance_id=instance_id, run_id=run_id, timeout=timeout
+        )
+        if won:
+            self.sim.wins[(slot.job, slot.slot_ms)] = instance_id
+        return won
+
+    async def claim_many(
+        self, claims: Sequence[Claim], *, instance_id: str, timeout: float
+    ) -> list[bool | Exception]:
+        answers = await super().claim_many(claims, instance_id=instance_id, timeout=timeout)
+        for claim, answer in zip(claims, answers, strict=True):
+            if answer is True:
+                self.sim.wins[(claim.slot.job, claim.slot.slot_ms)] = instance_id
+        return answers
+
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        pass  # the simulator keeps its own ledger
+
+    async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        return []
+
+
+# -- NATS: message ids deduplicated within the claims stream's window ---------------------------
+
+
+class _NATSData:
+    """The claims stream: its duplicate window over time, the ids it still remembers, and the
+    fleet's record of raises (``_streams.Streams._note_raise``)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.windows: list[tuple[int, int]] = []  # (since, window ms) on the store's clock
+        self.ids: dict[str, int] = {}  # message id -> when stored
+        self.raises: FleetMemory | None = None
+
+    def window(self) -> int:
+        return self.windows[-1][1] if self.windows else 0
+
+    def remembers(self, msg_id: str) -> bool:
+        """JetStream purges an id once its age passes the window in force at purge time (an
+        update re-runs the purge with the new window): gone if it outlived the window at any
+        moment since it was stored."""
+        stored = self.ids.get(msg_id)
+        if stored is None:
+            return False
+        now = self.store.clock.now_ms()
+        spans = [*self.windows, (now, self.window())]
+        for (since, window), (until, _) in zip(spans, spans[1:], strict=False):
+            if until > stored and until - stored > window:
+                return False
+        return True
+
+    def raise_to(self, memory_ms: int, at_ms: int, skew_ms: int) -> None:
+        before = self.window()
+        if memory_ms <= before:
+            return
+        self.windows.append((self.store.clock.now_ms(), memory_ms))
+        if before:
+            noted = self.raises or FleetMemory(before, 0)
+            self.raises = FleetMemory(before, 0, noted.raises).raised(memory_ms, at_ms, skew_ms)
+
+
+class SimNATS(ClaimBackend):
+    """A model of ``NATSBackend``'s claims: the window raised at start (and for boot claims),
+    the raises read at start, the deadline of ``_claims``."""
+
+    def __init__(self, store: Store, data: _NATSData, *, slot_ttl: timedelta) -> None:
+        super().__init__()
+        self.sim, self.data, self.dead = store, data, False
+        self._slot_ttl = slot_ttl
+        self._skew_ms = to_ms(DEFAULT_CLAIM_SKEW)
+        self._clock: Clock | None = None
+        self._view = FleetMemory(0, 0)
+
+    @staticmethod
+    def stream(store: Store) -> _NATSData:
+        return _NATSData(store)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(False, self._slot_ttl, False, False)
+
+    async def _open(self, clock: Clock) -> None:
+        async def start() -> None:
+            self.data.raise_to(to_ms(self._slot_ttl), clock.now_ms(), self._skew_ms)
+            self._read(self.data)
+
+        self._clock = clock
+        await self.sim.call(self.dead, 5.0, start, write=True)
+
+    def _read(self, data: _NATSData) -> None:
+        raises = data.raises.raises if data.raises is not None else ()
+        self._view = FleetMemory(data.window(), 0, raises)
+
+    async def _close(self) -> None:
+        self._clock = None
+
+    def claim_deadline_ms(self, slot: Slot) -> int | None:
+        return claim_deadline_ms(self._view, slot.slot_ms, skew_ms=self._skew_ms)
+
+    async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
+        assert self._clock is not None
+        now = self._clock.now_ms()
+        deadline = self.claim_deadline_ms(slot)
+        if 0 <= now - slot.slot_ms < to_ms(self._slot_ttl) and deadline is not None:
+            if now > deadline:
+                raise BackendError(f"slot {slot.key} is too late to claim safely")
+
+        async def publish() -> bool:
+            if self.data.remembers(slot.key):
+                return False
+            self.data.ids[slot.key] = self.sim.clock.now_ms()
+            self.sim.wins[(slot.job, slot.slot_ms)] = instance_id
+            return True
+
+        return await self.sim.call(self.dead, timeout, publish, write=True)
+
+    async def claim_boot(
+        self, slot: Slot, *, instance_id: str, run_id: str, timeout: float
+    ) -> bool:
+        assert self._clock is not None
+        clock = self._clock
+        if self._view.memory_ms < to_ms(BOOT_MEMORY):
+
+            async def raise_window() -> None:
+                self.data.raise_to(to_ms(BOOT_MEMORY), clock.now_ms(), self._skew_ms)
+                self._read(self.data)
+
+            await self.sim.call(self.dead, timeout, raise_window, write=True)
+        return await self.claim(slot, instance_id=instance_id, run_id=run_id, timeout=timeout)
+
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        pass
+
+    async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        return []
+
+
+# -- RabbitMQ: a queue per slot, expiring x-expires after its last declare ---------------------
+
+
+@dataclass
+class _Queue:
+    x_expires: int
+    used_ms: int  # the store's clock: its last declare
+    held_by: str | None = None
+
+
+class _RabbitData:
+    """The broker: claim queues and the fleet's record (``<prefix>.slot-memory``)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.queues: dict[str, _Queue] = {}
+        self.record: FleetMemory | None = None
+
+    def queue(self, name: str) -> _Queue | None:
+        queue = self.queues.get(name)
+        if queue is not None and queue.used_ms + queue.x_expires <= self.store.clock.now_ms():
+            del self.queues[name]
+            return None
+        return queue
+
+    def declare(self, name: str, x_expires: int) -> _Queue | None:
+        """The queue, its expiry renewed; ``None``: one exists with another ``x-expires``
+        (``406``)."""
+        queue = self.queue(name)
+        if queue is None:
+            queue = self.queues[name] = _Queue(x_expires, self.store.clock.now_ms())
+        if queue.x_expires != x_expires:
+            return None
+        queue.used_ms = self.store.clock.now_ms()
+        return queue
+
+
+class SimRabbitMQ(ClaimBackend):
+    """A model of ``RabbitMQBackend``'s claims: the fleet record (made, adopted or raised at
+    start), a claim queue per slot declared with the view's memory, publish first, a check
+    after an ack, queues declared ahead by a slot's winner, the deadline of ``_claims``."""
+
+    _LEAD_MS = 750
+
+    def __init__(
+        self, store: Store, data: _RabbitData, *, slot_ttl: timedelta, declare_ahead: bool
+    ) -> None:
+        super().__init__()
+        self.sim, self.data, self.dead = store, data, False
+        self._slot_ttl = slot_ttl
+        self._declare_ahead = declare_ahead
+        self._skew_ms = to_ms(DEFAULT_CLAIM_SKEW)
+        self._clock: Clock | None = None
+        self._view: FleetMemory | None = None
+
+    @staticmethod
+    def broker(store: Store) -> _RabbitData:
+        return _RabbitData(store)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(False, self._slot_ttl, False, True)
+
+    async def _open(self, clock: Clock) -> None:
+        self._clock = clock
+        await self.sim.call(self.dead, 5.0, self._settle, write=True)
+
+    async def _settle(self) -> None:
+        """Under the record's lock (atomic here): make, adopt or raise the record."""
+        assert self._clock is not None
+        own, record = to_ms(self._slot_ttl), self.data.record
+        if record is None:
+            record = self.data.record = FleetMemory(own, self._clock.now_ms())
+        elif record.memory_ms < own:
+            record = record.raised(own, self._clock.now_ms(), self._skew_ms)
+            self.data.record = record
+        self._view = record
+
+    async def _close(self) -> None:
+        self._clock = None
+
+    def _lead(self, memory_ms: int) -> int:
+        return min(self._LEAD_MS, memory_ms // 4)
+
+    def claim_deadline_ms(self, slot: Slot) -> int | None:
+        view = self._view
+        if view is None:
+            return None
+        limit = view.limit_ms(slot.slot_ms, self._skew_ms)
+        lead = self._lead(view.memory_ms)
+        return slot.slot_ms + limit - margin_ms(limit, skew_ms=self._skew_ms, lead_ms=lead)
+
+    async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
+        return await self._claim(slot, instance_id, timeout, boot=False)
+
+    async def claim_boot(
+        self, slot: Slot, *, instance_id: str, run_id: str, timeout: float
+    ) -> bool:
+        return await self._claim(slot, instance_id, timeout, boot=True)
+
+    async def _claim(self, slot: Slot, instance_id: str, timeout: float, *, boot: bool) -> bool:
+        assert self._clock is not None
+        deadline = None if boot else self.claim_deadline_ms(slot)
+        if deadline is not None and self._clock.now_ms() > deadline:
+            raise BackendError(f"slot {slot.key} is too late to claim safely")
+
+        async def claim() -> bool:
+            for _ in range(4):
+                record = self.data.record
+                if record is None or self._view is None or record != self._view:
+                    await self._settle()  # the fence is gone: read the record again
+                    continue
+                memory = to_ms(BOOT_MEMORY) if boot else self._view.memory_ms
+                queue = self.data.queue(slot.key)
+                if queue is not None and queue.held_by is not None:
+                    return False  # nacked
+                declared = self.data.declare(slot.key, memory)
+                if declared is None:
+                    if queue is not None and queue.held_by is not None:
+                        return False
+                    raise BackendError(f"claim queue of {slot.key}: another slot memory")
+                declared.held_by = instance_id
+                self.sim.wins[(slot.job, slot.slot_ms)] = instance_id
+                return True
+            raise BackendError("the fleet's slot memory kept changing")
+
+        return await self.sim.call(self.dead, timeout, claim, write=True)
+
+    async def prepare_claims(self, slots: Sequence[Slot]) -> None:
+        if not self._declare_ahead or self._view is None or self._clock is None:
+            return
+        view, now = self._view, self._clock.now_ms()
+
+        async def declare() -> None:
+            for slot in slots:
+                if 0 < slot.slot_ms - now <= self._lead(view.memory_ms):
+                    self.data.declare(slot.key, view.memory_ms)
+
+        await self.sim.call(self.dead, 5.0, declare, write=True)
+
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        pass
+
+    async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        return []
