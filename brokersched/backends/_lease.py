@@ -214,12 +214,14 @@ def skew_diagnosis(
         )
     if abs(own) <= steady and theirs < -steady:
         gap = agreed.store_ms - agreed.wall_ms
-        was = f"{_about(abs(gap))} {'ahead of' if gap > 0 else 'behind'} it"
+        was = f"~{_about(abs(gap))} {'ahead of' if gap > 0 else 'behind'} it"
+        if abs(gap) < _STEADY_MS:
+            was = "within a second of it"
         return "store", (
             f"{store.name} appears to have stepped back by ~{_about(-theirs)}: this instance's "
             f"clock kept time with its monotonic clock {since}, when {store.name} read {was}; "
             f"fix the time sync (NTP) of {store.host}: every instance is refused the same "
-            "way until it is fixed, or until max_clock_skew is raised above the step"
+            "way until it is fixed (or max_clock_skew is raised above the step)"
         )
     return None, (
         f"this instance's clock is fast, or {store.name} is slow: {since}, this instance's "
