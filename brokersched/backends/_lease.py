@@ -162,7 +162,7 @@ def check_lock_wait(
 class ClockName:
     """How messages name a lease backend's clock, and the machine whose time sync keeps it."""
 
-    name: str  # "PostgreSQL's clock (clock_timestamp())"
+    name: str  # "PostgreSQL's clock_timestamp()"
     host: str  # "the PostgreSQL server"
 
 
