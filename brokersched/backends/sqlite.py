@@ -7,13 +7,12 @@ that ``busy_timeout`` cannot wait out) never happens.
 
 The store's clock is the host's (``_store_now_ms``): the kernel's ``CLOCK_REALTIME``, read by a
 direct system call under the write lock (after ``BEGIN IMMEDIATE``; a lone statement reads it
-just before it runs), and passed to the statements as ``:now``. Every
-process sharing the file runs on this host and reads that one clock, even a process whose C
-library's time is faked (libfaketime): SQLite's own ``julianday('now')`` reads the calling
-process's time, so a process 40 s fast would be judged on its own clock and claim slots 40 s
-ahead for the whole fleet. Lease expiry and the time check of a claimed slot
-(``max_clock_skew``) are judged on it; history times come from the scheduler's clock (as in
-every backend).
+just before it runs), and passed to the statements as ``:now``. Every process sharing the file
+runs on this host and reads that one clock, even a process whose C library's time is faked
+(libfaketime): SQLite's own ``julianday('now')`` reads the calling process's time, so a process
+40 s fast would be judged on its own clock and claim slots 40 s ahead for the whole fleet.
+Lease expiry and the time check of a claimed slot (``max_clock_skew``) are judged on it;
+history times come from the scheduler's clock (as in every backend).
 
 ``busy_timeout`` (how long a statement waits for another process's write lock) must fit in a
 third of ``lease_ttl``: a release or renewal waiting longer could land after the lease expired,
