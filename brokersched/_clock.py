@@ -9,7 +9,10 @@ tasks.
 from __future__ import annotations
 
 import asyncio
+import functools
+import platform
 import random
+import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Coroutine, Iterator
@@ -17,13 +20,71 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["Clock", "SystemClock", "Timer", "datetime_to_ms", "ms_to_datetime", "resolve"]
+__all__ = [
+    "Clock",
+    "SystemClock",
+    "Timer",
+    "datetime_to_ms",
+    "host_time_ms",
+    "ms_to_datetime",
+    "resolve",
+]
 
 T = TypeVar("T")
 
 # A wall clock can be stepped (NTP): a timer never trusts one long monotonic delay, it wakes at
 # least this often and looks at the wall clock again.
 _MAX_DELAY_S = 30.0
+
+
+# clock_gettime's system call number on the 64-bit Linux machines (see host_time_ms).
+_CLOCK_GETTIME = {"x86_64": 228, "amd64": 228, "aarch64": 113, "arm64": 113, "riscv64": 113,
+                  "ppc64le": 246, "ppc64": 246, "s390x": 260}  # fmt: skip
+_CLOCK_REALTIME = 0
+
+
+@functools.cache
+def _kernel_clock() -> Callable[[], int] | None:
+    """Milliseconds of the kernel's ``CLOCK_REALTIME`` by a direct ``syscall()``, or ``None``
+    where that call is unknown (not 64-bit Linux) or fails."""
+    import ctypes  # only a process on SQLite needs it
+
+    number = _CLOCK_GETTIME.get(platform.machine().lower())
+    if not sys.platform.startswith("linux") or number is None or sys.maxsize < 2**32:
+        return None
+    try:
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+    syscall.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
+
+    def read() -> int:
+        timespec = (ctypes.c_int64 * 2)()  # tv_sec, tv_nsec
+        if syscall(number, _CLOCK_REALTIME, timespec) != 0:
+            return time.time_ns() // 1_000_000  # cannot happen once the first call worked
+        return timespec[0] * 1000 + timespec[1] // 1_000_000
+
+    try:  # a sandbox (seccomp) may refuse the call: then the C library's clock
+        works = syscall(number, _CLOCK_REALTIME, (ctypes.c_int64 * 2)()) == 0
+    except ctypes.ArgumentError:
+        works = False
+    return read if works else None
+
+
+def host_time_ms() -> int:
+    """The host's wall clock in milliseconds since the Unix epoch: the kernel's
+    ``CLOCK_REALTIME``, which every process of the host shares.
+
+    Read by a direct system call rather than the C library's ``clock_gettime`` (which
+    ``time.time`` uses): an in-process fake such as libfaketime (``LD_PRELOAD``) replaces the
+    C library's time functions, so one process could read the time 40 s ahead of the others.
+    Only a fake that replaces ``syscall()`` itself (libfaketime built with
+    ``INTERCEPT_SYSCALL``) or traces the process still moves it. Elsewhere than on 64-bit
+    Linux, ``time.time_ns()``. About a microsecond.
+    """
+    read = _kernel_clock()
+    return time.time_ns() // 1_000_000 if read is None else read()
 
 
 def ms_to_datetime(ms: int) -> datetime:

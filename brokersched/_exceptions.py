@@ -12,6 +12,8 @@ backend and chained with ``raise ... from exc``.
 
 from __future__ import annotations
 
+from typing import Literal
+
 __all__ = [
     "BackendError",
     "BackendUnavailableError",
@@ -57,10 +59,25 @@ class BackendUnavailableError(BackendError):
 
 
 class ClockSkewError(BackendError):
-    """A lease backend refused a claim for a slot further ahead of its own clock than
-    ``max_clock_skew``: this instance's clock is fast. The slot is skipped (``clock-skew``)."""
+    """A lease backend refused a claim for a slot further ahead of its own clock (the store's:
+    the database's, Redis's, the host's for SQLite) than ``max_clock_skew``. The slot is
+    skipped (``clock-skew``).
 
-    def __init__(self, message: str, *, slot_ms: int, ahead_ms: int) -> None:
+    ``moved`` says which clock the instance found had moved since its last accepted claim:
+    ``"instance"`` (its own wall clock stepped forward), ``"store"`` (the store's clock stepped
+    back while this instance's kept time), or ``None`` when it cannot tell; the message says
+    the same in words.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        slot_ms: int,
+        ahead_ms: int,
+        moved: Literal["instance", "store"] | None = None,
+    ) -> None:
         super().__init__(message)
         self.slot_ms = slot_ms
         self.ahead_ms = ahead_ms
+        self.moved = moved

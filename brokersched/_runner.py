@@ -141,7 +141,7 @@ class Runner:
                 lease = await self._claim(
                     job, Slot(job.settings.key, slot_ms), run_id, reason, timeout
                 )
-        except ClockSkewError as exc:  # this instance's clock is fast: it claims nothing
+        except ClockSkewError as exc:  # a clock moved; the message says which (issue 24)
             self.skip(job, slot_ms, "clock-skew", detail=str(exc))
             return None
         except (BackendError, TimeoutError) as exc:

@@ -37,6 +37,7 @@ from brokersched import (
     JobContext,
     Scheduler,
 )
+from brokersched._clock import SystemClock
 from brokersched.abc import JobPolicy, Lease, LeaseBackend, Slot
 from brokersched.backends._sql import SCHEMA_VERSION
 from brokersched.backends.memory import MemoryBackend, MemoryStore
@@ -209,6 +210,82 @@ def test_max_clock_skew_is_validated(tmp_path: Path) -> None:
         with pytest.raises(ConfigurationError) as caught:
             make()
         assert caught.value.option == "max_clock_skew"
+
+
+# -- issue 24, class 4: the refusal names the clock that moved --------------------------------
+
+
+class ShiftedClock(SystemClock):
+    """This instance's clocks. ``together(ms)`` moves its wall and monotonic clocks as one,
+    which is what the instance sees when the store's clock steps back by ``ms`` (the shared
+    server's clock cannot be stepped by a test); ``step(ms)`` moves its wall clock alone (this
+    instance's own step, as NTP does it)."""
+
+    def __init__(self) -> None:
+        self.both_ms = 0
+        self.wall_ms = 0
+
+    def together(self, ms: int) -> None:
+        self.both_ms += ms
+
+    def step(self, ms: int) -> None:
+        self.wall_ms += ms
+
+    def now_ms(self) -> int:
+        return super().now_ms() + self.both_ms + self.wall_ms
+
+    def monotonic_ms(self) -> int:
+        return super().monotonic_ms() + self.both_ms
+
+
+async def start_shifted(fleet: LeaseFleet, clock: ShiftedClock) -> LeaseBackend:
+    # MemoryBackend judges on its scheduler's clock unless given the store's own.
+    options = {"store_clock": SystemClock()} if fleet.kind == "memory" else {}
+    return await fleet.start(clock=clock, **options)
+
+
+async def test_a_store_clock_stepped_back_is_named(fleet: LeaseFleet) -> None:
+    """Issue 24 (4): the database's clock stepped back 10 s; every claim was refused and the
+    warning told the operator to fix the instance's clock. It names the store's clock now."""
+    clock = ShiftedClock()
+    backend = await start_shifted(fleet, clock)
+    await backend.release(lease_of(await acquire(backend, Slot("job", clock.now_ms()))))
+    clock.together(10_000)  # = the store's clock 10 s back, this instance's clocks agreeing
+    with pytest.raises(ClockSkewError) as caught:
+        await acquire(backend, Slot("job", clock.now_ms()))
+    error, name = caught.value, backend.clock_name  # type: ignore[attr-defined]
+    message = str(error)
+    assert error.moved == "store", message
+    assert f"{name.name} appears to have stepped back by ~10s" in message
+    assert f"fix the time sync (NTP) of {name.host}" in message
+    assert "this instance's clock kept time with its monotonic clock" in message
+    assert "this instance's clock is fast" not in message
+
+
+async def test_an_instance_clock_stepped_forward_is_named(fleet: LeaseFleet) -> None:
+    clock = ShiftedClock()
+    backend = await start_shifted(fleet, clock)
+    await backend.release(lease_of(await acquire(backend, Slot("job", clock.now_ms()))))
+    clock.step(10_000)
+    with pytest.raises(ClockSkewError) as caught:
+        await acquire(backend, Slot("job", clock.now_ms()))
+    message = str(caught.value)
+    assert caught.value.moved == "instance", message
+    assert "this instance's clock stepped forward by ~10s" in message
+    assert "fix this instance's time sync (NTP)" in message
+
+
+async def test_a_clock_fast_from_the_start_names_both_candidates(fleet: LeaseFleet) -> None:
+    """No claim of this instance ever passed: it cannot tell which clock is wrong."""
+    clock = ShiftedClock()
+    backend = await start_shifted(fleet, clock)
+    clock.step(AHEAD_MS)
+    with pytest.raises(ClockSkewError) as caught:
+        await acquire(backend, Slot("job", clock.now_ms()))
+    message = str(caught.value)
+    assert caught.value.moved is None, message
+    name = backend.clock_name.name  # type: ignore[attr-defined]
+    assert f"this instance's clock is fast, or {name} is slow" in message
 
 
 async def test_a_manual_run_does_not_fence_scheduled_slots(fleet: LeaseFleet) -> None:

@@ -164,6 +164,20 @@ async def test_the_bound_reads_the_servers_clock_not_the_instances(fleet: Fleet)
     assert isinstance(await acquire(fast, Slot("job", now_ms())), Lease)
 
 
+async def test_a_server_clock_stepped_back_is_named(fleet: Fleet) -> None:
+    """Issue 24 (4): the server's clock stepped back 10 s (``store_time``, the scripts' clock
+    override): the refusal names it, not this instance's clock."""
+    backend = await fleet.start()
+    await backend.release(lease_of(await acquire(backend, Slot("job", now_ms()))))
+    backend.store_time = now_ms() - 10_000
+    with pytest.raises(ClockSkewError) as caught:
+        await acquire(backend, Slot("job", now_ms()))
+    message = str(caught.value)
+    assert caught.value.moved == "store", message
+    assert "the Redis server's clock (TIME) appears to have stepped back by ~10s" in message
+    assert "fix the time sync (NTP) of the Redis server" in message
+
+
 async def test_max_clock_skew_is_the_allowance(fleet: Fleet) -> None:
     tolerant = await fleet.start()
     strict = await fleet.start(max_clock_skew=0)

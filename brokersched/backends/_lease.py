@@ -1,10 +1,13 @@
 """The lease rules every lease backend shares (memory, SQLite, PostgreSQL), apart from storage.
 
-* **Time.** A claim is judged on the backend's clock (the database's), never the instance's:
-  a slot further ahead of that clock than ``max_clock_skew`` is refused with
-  ``ClockSkewError``. Instances claim a slot at or after its time (plus jitter), so only a
-  fast clock asks for a future slot, and fencing would then refuse every earlier slot to the
-  whole fleet: one machine 2 minutes fast would silence the job for 2 minutes.
+* **Time.** A claim is judged on the backend's clock (the store's: the database's, Redis's,
+  the host's for SQLite), never the instance's: a slot further ahead of that clock than
+  ``max_clock_skew`` is refused with ``ClockSkewError``. Instances claim a slot at or after its
+  time (plus jitter), so only a fast clock asks for a future slot, and fencing would then
+  refuse every earlier slot to the whole fleet: one machine 2 minutes fast would silence the
+  job for 2 minutes. The refusal says which clock moved (``skew_diagnosis``): the store's
+  clock comes back with every claim's answer, so an instance knows the gap between the two at
+  its last accepted claim.
 * **Manual runs** (``reason="manual"``) are fenced among themselves only: they never move the
   fence that scheduled, catch-up and retried slots must pass.
 * **Take-over.** A dead runner's or handed-over slot restarts only while it is the job's latest
@@ -24,9 +27,9 @@ import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Literal, cast
+from typing import ClassVar, Literal, cast
 
-from .._clock import ms_to_datetime
+from .._clock import Clock, ms_to_datetime
 from .._durations import Duration, format_duration, parse_duration, positive_duration, to_ms
 from .._exceptions import ClockSkewError, ConfigurationError
 from ..abc import (
@@ -52,6 +55,8 @@ __all__ = [
     "Acquire",
     "AcquireAnswer",
     "Answer",
+    "ClockName",
+    "ClockReading",
     "ClockSkewError",
     "DeadRun",
     "JobRow",
@@ -78,6 +83,7 @@ __all__ = [
     "refusal",
     "restart_attempt",
     "retry_window_ms",
+    "skew_diagnosis",
 ]
 
 CAPABILITIES = Capabilities(
@@ -152,22 +158,114 @@ def check_lock_wait(
 # -- claims --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class ClockName:
+    """How messages name a lease backend's clock, and the machine whose time sync keeps it."""
+
+    name: str  # "PostgreSQL's clock_timestamp()"
+    host: str  # "the PostgreSQL server"
+
+
+@dataclass(frozen=True, slots=True)
+class ClockReading:
+    """The store's clock as one claim's answer gave it, with this instance's wall and
+    monotonic clocks when the answer came."""
+
+    store_ms: int
+    wall_ms: int
+    mono_ms: int
+
+
+#: Two gaps between a pair of clocks measured this close count as "neither clock moved": the
+#: store reads its clock somewhere within the claim's round trip. A second more per 2000 s
+#: between the readings: NTP slews a clock by at most 500 ppm.
+_STEADY_MS = 1000
+_SLEW_DIVISOR = 2000
+
+ClockMoved = Literal["instance", "store"] | None
+
+
+def skew_diagnosis(
+    agreed: ClockReading | None, now: ClockReading | None, store: ClockName
+) -> tuple[ClockMoved, str]:
+    """Which clock moved, from the reading of the last claim that passed the time check
+    (``agreed``) and the refused one's (``now``); the sentence that tells the operator.
+
+    This instance's wall clock minus its monotonic clock changes only when the wall clock
+    steps; the store's clock minus this instance's monotonic clock changes when the store's
+    steps. So if the first held still and the second fell, the store's clock went back.
+    """
+    if agreed is None or now is None:
+        return None, (
+            f"this instance's clock is fast, or {store.name} is slow (no claim of this "
+            "instance has passed this check yet, so it cannot tell which): fix the time sync "
+            "(NTP) of the one that is wrong, or raise max_clock_skew"
+        )
+    elapsed = now.mono_ms - agreed.mono_ms
+    own = (now.wall_ms - now.mono_ms) - (agreed.wall_ms - agreed.mono_ms)
+    theirs = (now.store_ms - now.mono_ms) - (agreed.store_ms - agreed.mono_ms)
+    steady = _STEADY_MS + elapsed // _SLEW_DIVISOR
+    since = f"since its last accepted claim {_about(elapsed)} ago"
+    if abs(theirs) <= steady and own > steady:
+        return "instance", (
+            f"this instance's clock stepped forward by ~{_about(own)} {since}, while "
+            f"{store.name} kept time with its monotonic clock: fix this instance's time sync "
+            "(NTP), or raise max_clock_skew"
+        )
+    if abs(own) <= steady and theirs < -steady:
+        gap = agreed.store_ms - agreed.wall_ms
+        was = f"~{_about(abs(gap))} {'ahead of' if gap > 0 else 'behind'} it"
+        if abs(gap) < _STEADY_MS:
+            was = "within a second of it"
+        return "store", (
+            f"{store.name} appears to have stepped back by ~{_about(-theirs)}: this instance's "
+            f"clock kept time with its monotonic clock {since}, when {store.name} read {was}; "
+            f"fix the time sync (NTP) of {store.host}: every instance is refused the same "
+            "way until it is fixed (or max_clock_skew is raised above the step)"
+        )
+    return None, (
+        f"this instance's clock is fast, or {store.name} is slow: {since}, this instance's "
+        f"clock moved {_signed(own)} against its monotonic clock and {store.name} "
+        f"{_signed(theirs)}; fix the time sync (NTP) of the one that is wrong, or raise "
+        "max_clock_skew"
+    )
+
+
+def _about(ms: int) -> str:
+    """A duration rounded for a message: to the second from a second on."""
+    rounded = round(ms, -3) if ms >= 1000 else round(ms, -1)
+    return format_duration(timedelta(milliseconds=rounded))
+
+
+def _signed(ms: int) -> str:
+    return ("+" if ms >= 0 else "-") + _about(abs(ms))
+
+
 def check_slot_time(
-    slot: Slot, now_ms: int, max_skew: timedelta, *, backend: str, clock: str
+    slot: Slot,
+    store_ms: int,
+    max_skew: timedelta,
+    *,
+    backend: str,
+    store: ClockName,
+    now: ClockReading | None = None,
+    agreed: ClockReading | None = None,
 ) -> None:
-    """Raise ``ClockSkewError`` if ``slot`` is more than ``max_skew`` ahead of ``now_ms``, the
-    backend's clock (named ``clock`` in the message)."""
-    ahead_ms = slot.slot_ms - now_ms
+    """Raise ``ClockSkewError`` if ``slot`` is more than ``max_skew`` ahead of ``store_ms``, the
+    backend's clock; the message says which clock moved (``skew_diagnosis`` of ``agreed``, the
+    last accepted claim's reading, and ``now``, this answer's)."""
+    ahead_ms = slot.slot_ms - store_ms
     if ahead_ms <= to_ms(max_skew):
         return
     ahead = format_duration(timedelta(milliseconds=ahead_ms))
+    moved, why = skew_diagnosis(agreed, now, store)
     raise ClockSkewError(
         f"{backend} refused {slot.key}: the slot ({ms_to_datetime(slot.slot_ms).isoformat()}) "
-        f"is {ahead} ahead of {clock} ({ms_to_datetime(now_ms).isoformat()}), more than "
-        f"max_clock_skew ({format_duration(max_skew)}); this instance's clock is fast: fix "
-        "its time sync (NTP), or raise max_clock_skew",
+        f"is {ahead} ahead of {store.name} ({ms_to_datetime(store_ms).isoformat()}), more "
+        f"than max_clock_skew ({format_duration(max_skew)}); {why}",
         slot_ms=slot.slot_ms,
         ahead_ms=ahead_ms,
+        moved=moved,
     )
 
 
@@ -558,12 +656,44 @@ MIN_RENEW_TIMEOUT_S = 0.2
 
 class LeaseBackendBase(LeaseBackend):
     """What every lease backend shares: ``lease_ttl`` and ``max_clock_skew`` (checked once, the
-    same way), the capabilities, and the bound on renewals and releases."""
+    same way), the capabilities, the bound on renewals and releases, and the time check of a
+    claimed slot with what this instance saw of the store's clock."""
+
+    #: The backend's clock, as refusals name it.
+    clock_name: ClassVar[ClockName] = ClockName("the backend's clock", "the backend's host")
 
     def __init__(self, *, lease_ttl: Duration, max_clock_skew: Duration) -> None:
         super().__init__()
         self._lease_ttl = check_lease_ttl(lease_ttl, backend=self.name)
         self._max_clock_skew = check_max_clock_skew(max_clock_skew, backend=self.name)
+        self._agreed: ClockReading | None = None  # the last claim answer that passed the check
+
+    def _check_slot_time(
+        self, slot: Slot, store_ms: int, clock: Clock | None, *, granted: bool = False
+    ) -> None:
+        """``check_slot_time`` of a claim's answer, which carried the store's clock
+        (``store_ms``), with this instance's ``clock`` read now; an answer that passes (or was
+        ``granted``: the store checked it already) is remembered, to tell which clock moved at
+        a later refusal.
+
+        Every claim's answer, granted or not, comes through here: the store's clock comes with
+        it at no cost.
+        """
+        now = None
+        if clock is not None:
+            now = ClockReading(store_ms, clock.now_ms(), clock.monotonic_ms())
+        if not granted:
+            check_slot_time(
+                slot,
+                store_ms,
+                self._max_clock_skew,
+                backend=self.name,
+                store=self.clock_name,
+                now=now,
+                agreed=self._agreed,
+            )
+        if now is not None:
+            self._agreed = now
 
     @property
     def capabilities(self) -> Capabilities:

@@ -22,6 +22,7 @@ from ._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
     Acquire,
     Answer,
+    ClockName,
     JobRow,
     LeaseBackendBase,
     Release,
@@ -30,8 +31,6 @@ from ._lease import (
     Store,
     TakenOver,
     TakeOver,
-    TooFarAhead,
-    check_slot_time,
     decide,
     new_token,
 )
@@ -58,6 +57,8 @@ class MemoryBackend(LeaseBackendBase):
     backend the shared store's clock, which may disagree with the instances'), else the clock
     of the scheduler that started it.
     """
+
+    clock_name = ClockName("MemoryBackend's clock", "the machine it runs on")
 
     def __init__(
         self,
@@ -95,9 +96,8 @@ class MemoryBackend(LeaseBackendBase):
         store = Store(now, to_ms(self._lease_ttl), self._skew_ms)
         row, answer = decide(job, self.store.jobs.get(job, JobRow()), request, store)
         self.store.jobs[job] = row
-        if isinstance(answer, TooFarAhead):
-            slot = Slot(job, now + answer.ahead_ms)
-            check_slot_time(slot, now, self._max_clock_skew, backend=self.name, clock="its clock")
+        if isinstance(request, Acquire):  # raises if the answer was TooFarAhead
+            self._check_slot_time(Slot(job, request.slot_ms), now, self._clock)
         return answer
 
     async def acquire(

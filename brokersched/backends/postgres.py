@@ -44,9 +44,9 @@ from ..abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, S
 from ._lease import (
     BATCH_CHUNK,
     DEFAULT_MAX_CLOCK_SKEW,
+    ClockName,
     DeadRun,
     JobState,
-    check_slot_time,
     in_chunks,
     interrupted,
     new_token,
@@ -149,7 +149,6 @@ _MIGRATIONS = (_SCHEMA_V1, _SCHEMA_V2)
 _STORE_NOW = """CREATE OR REPLACE FUNCTION {s}.store_now() RETURNS timestamptz
     LANGUAGE sql VOLATILE PARALLEL SAFE AS 'SELECT clock_timestamp()'"""
 
-_CLOCK = "the database's clock (clock_timestamp())"
 _NOW_MS = "(extract(epoch FROM {now}) * 1000)::bigint"
 _NO_SLOT = f"'{NO_SLOT}'::bigint"
 
@@ -417,6 +416,8 @@ class PostgresBackend(SQLLeaseBackend):
     clock a claimed slot may be.
     """
 
+    clock_name = ClockName("PostgreSQL's clock_timestamp()", "the PostgreSQL server")
+
     def __init__(
         self,
         dsn: str,
@@ -677,9 +678,9 @@ class PostgresBackend(SQLLeaseBackend):
 
         row = await self._call("claim " + slot.key, claim, timeout)
         assert row is not None  # the SELECT always returns its one row
+        self._check_slot_time(slot, row["now_ms"], self._clock, granted=row["granted"])
         if row["granted"]:
             return Lease(slot.job, slot.slot_ms, token, run_id, 1, reason)
-        check_slot_time(slot, row["now_ms"], self._max_clock_skew, backend=self.name, clock=_CLOCK)
         return refusal(reason, slot.slot_ms, _job_state(row), policy)
 
     async def acquire_many(
@@ -729,14 +730,12 @@ class PostgresBackend(SQLLeaseBackend):
 
     def _outcome(self, claim: Claim, token: str, row: Row) -> LeaseOutcome:
         slot = claim.slot
-        if row["granted"]:
-            return Lease(slot.job, slot.slot_ms, token, claim.run_id, 1, claim.reason)
         try:
-            check_slot_time(
-                slot, row["now_ms"], self._max_clock_skew, backend=self.name, clock=_CLOCK
-            )
+            self._check_slot_time(slot, row["now_ms"], self._clock, granted=row["granted"])
         except BackendError as exc:
             return exc
+        if row["granted"]:
+            return Lease(slot.job, slot.slot_ms, token, claim.run_id, 1, claim.reason)
         return refusal(claim.reason, slot.slot_ms, _job_state(row), claim.policy)
 
     async def renew(self, lease: Lease) -> bool:

@@ -3,10 +3,16 @@
 Every write that decides something runs in a ``BEGIN IMMEDIATE`` transaction, which takes
 SQLite's single write lock before reading: claims, hand-overs and take-overs are serialised
 across processes, and a deferred transaction's "read, then fail to upgrade" (``SQLITE_BUSY``
-that ``busy_timeout`` cannot wait out) never happens. Lease expiry is computed inside each
-statement from SQLite's own ``julianday('now')`` (millisecond resolution), never from an
-instance's clock; a claim for a slot further ahead of it than ``max_clock_skew`` is refused.
-History times come from the scheduler's clock (as in every backend).
+that ``busy_timeout`` cannot wait out) never happens.
+
+The store's clock is the host's (``_store_now_ms``): the kernel's ``CLOCK_REALTIME``, read by a
+direct system call under the write lock (after ``BEGIN IMMEDIATE``; a lone statement reads it
+just before it runs), and passed to the statements as ``:now``. Every process sharing the file
+runs on this host and reads that one clock, even a process whose C library's time is faked
+(libfaketime): SQLite's own ``julianday('now')`` reads the calling process's time, so a process
+40 s fast would be judged on its own clock and claim slots 40 s ahead for the whole fleet.
+Lease expiry and the time check of a claimed slot (``max_clock_skew``) are judged on it;
+history times come from the scheduler's clock (as in every backend).
 
 ``busy_timeout`` (how long a statement waits for another process's write lock) must fit in a
 third of ``lease_ttl``: a release or renewal waiting longer could land after the lease expired,
@@ -28,7 +34,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from .._clock import Clock, datetime_to_ms
+from .._clock import Clock, datetime_to_ms, host_time_ms
 from .._durations import Duration, to_ms
 from .._exceptions import (
     BackendError,
@@ -40,6 +46,7 @@ from ..abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, S
 from ._lease import (
     BATCH_CHUNK,
     DEFAULT_MAX_CLOCK_SKEW,
+    ClockName,
     JobRow,
     JobState,
     LeaseRow,
@@ -47,7 +54,6 @@ from ._lease import (
     TakenOver,
     TakeOver,
     check_lock_wait,
-    check_slot_time,
     decide,
     in_chunks,
     new_token,
@@ -71,9 +77,6 @@ if TYPE_CHECKING:
 __all__ = ["SQLiteBackend"]
 
 T = TypeVar("T")
-
-# SQLite's clock in integer milliseconds; 'now' is the same everywhere within one statement.
-_NOW = "CAST(round((julianday('now') - 2440587.5) * 86400000) AS INTEGER)"
 
 _SCHEMA_V1 = (
     """CREATE TABLE {jobs} (
@@ -120,17 +123,16 @@ _SCHEMA_V2 = (
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_V1, _SCHEMA_V2)
 
 _DEFAULT_BUSY_TIMEOUT = timedelta(seconds=5)
-_CLOCK = "SQLite's clock (julianday('now'))"
-
-_LIVE = """({jobs}.lease_until_ms > {now} OR EXISTS (
+# :now, in every statement below, is the store's clock in milliseconds (_store_now_ms).
+_LIVE = """({jobs}.lease_until_ms > :now OR EXISTS (
     SELECT 1 FROM {leases} AS l
-    WHERE l.job = {jobs}.job AND l.state = 'running' AND l.expires_ms > {now}))"""
+    WHERE l.job = {jobs}.job AND l.state = 'running' AND l.expires_ms > :now))"""
 
 # A slot whose lease row is taken (a manual run at a scheduled slot's very instant) is refused.
 _FREE = "NOT EXISTS (SELECT 1 FROM {leases} WHERE job = :job AND slot_ms = :slot_ms)"
 
 _GRANT = """INSERT INTO {jobs} (job, last_slot_ms, lease_until_ms, grant_slot_ms)
-VALUES (:job, :slot_ms, {now} + :ttl_ms, :slot_ms)
+VALUES (:job, :slot_ms, :now + :ttl_ms, :slot_ms)
 ON CONFLICT (job) DO UPDATE
     SET last_slot_ms = excluded.last_slot_ms, lease_until_ms = excluded.lease_until_ms,
         grant_slot_ms = excluded.grant_slot_ms
@@ -140,7 +142,7 @@ RETURNING lease_until_ms"""
 # A catch-up never creates the job's row: a job never claimed has missed nothing (nor does a
 # job only ever run manually).
 _GRANT_CATCH_UP = """UPDATE {jobs}
-SET last_slot_ms = :slot_ms, lease_until_ms = {now} + :ttl_ms, grant_slot_ms = :slot_ms
+SET last_slot_ms = :slot_ms, lease_until_ms = :now + :ttl_ms, grant_slot_ms = :slot_ms
 WHERE job = :job AND last_slot_ms > :no_slot AND last_slot_ms < :slot_ms
     AND (:allow OR NOT {live}) AND {free}
 RETURNING lease_until_ms"""
@@ -148,15 +150,13 @@ RETURNING lease_until_ms"""
 # A manual run passes its own fence and leaves the job's fence where it is.
 _GRANT_MANUAL = """INSERT INTO {jobs} (job, last_slot_ms, lease_until_ms, grant_slot_ms,
     manual_slot_ms)
-VALUES (:job, :no_slot, {now} + :ttl_ms, :slot_ms, :slot_ms)
+VALUES (:job, :no_slot, :now + :ttl_ms, :slot_ms, :slot_ms)
 ON CONFLICT (job) DO UPDATE
     SET lease_until_ms = excluded.lease_until_ms, grant_slot_ms = excluded.grant_slot_ms,
         manual_slot_ms = excluded.manual_slot_ms
     WHERE coalesce({jobs}.manual_slot_ms < excluded.manual_slot_ms, 1)
         AND (:allow OR NOT {live}) AND {free}
 RETURNING lease_until_ms"""
-
-_READ_NOW = "SELECT {now}"
 
 _INSERT_LEASE = """INSERT INTO {leases}
     (job, slot_ms, token, run_id, instance_id, reason, attempt, state, started_us, expires_ms)
@@ -166,9 +166,9 @@ VALUES (:job, :slot_ms, :token, :run_id, :instance_id, :reason, 1, 'running', :s
 _JOB_STATE = """SELECT last_slot_ms, manual_slot_ms, {live}, NOT {free}
 FROM {jobs} WHERE job = :job"""
 
-_RENEW = """UPDATE {leases} SET expires_ms = {now} + :ttl_ms
+_RENEW = """UPDATE {leases} SET expires_ms = :now + :ttl_ms
 WHERE job = :job AND slot_ms = :slot_ms AND token = :token AND state = 'running'
-    AND expires_ms > {now}
+    AND expires_ms > :now
 RETURNING 1"""
 
 # Ends the job's "latest grant" too, so that the next claim does not wait for it to expire: in
@@ -179,15 +179,15 @@ WHERE job = :job AND grant_slot_ms = :slot_ms AND EXISTS (
 
 _DELETE_LEASE = "DELETE FROM {leases} WHERE job = :job AND slot_ms = :slot_ms AND token = :token"
 
-_HAND_OVER = """UPDATE {leases} SET state = 'handover', expires_ms = {now}
+_HAND_OVER = """UPDATE {leases} SET state = 'handover', expires_ms = :now
 WHERE job = :job AND slot_ms = :slot_ms AND token = :token"""
 
 _DEAD_JOBS = """SELECT DISTINCT job FROM {leases}
 WHERE job IN (SELECT value FROM json_each(:jobs))
-    AND (state = 'handover' OR expires_ms <= {now})
+    AND (state = 'handover' OR expires_ms <= :now)
 ORDER BY job"""
 
-_JOB_ROW = "SELECT last_slot_ms, manual_slot_ms, {now} FROM {jobs} WHERE job = :job"
+_JOB_ROW = "SELECT last_slot_ms, manual_slot_ms FROM {jobs} WHERE job = :job"
 
 _JOB_LEASES = """SELECT slot_ms, token, run_id, instance_id, reason, attempt, state, started_us,
     expires_ms
@@ -233,7 +233,6 @@ class _Statements:
             "leases": f'"{prefix}leases"',
             "history": f'"{prefix}history"',
             "history_started": f'"{prefix}history_started"',
-            "now": _NOW,
         }
         names["live"] = _LIVE.format(**names)
         names["free"] = _FREE.format(**names)
@@ -246,7 +245,6 @@ class _Statements:
         self.grant = fill(_GRANT)
         self.grant_catch_up = fill(_GRANT_CATCH_UP)
         self.grant_manual = fill(_GRANT_MANUAL)
-        self.read_now = fill(_READ_NOW)
         self.insert_lease = fill(_INSERT_LEASE)
         self.job_state = fill(_JOB_STATE)
         self.renew = fill(_RENEW)
@@ -273,9 +271,11 @@ class SQLiteBackend(SQLLeaseBackend):
     unless renewed. ``table_prefix``: prepended to the table names, so several schedulers (or
     an application's own tables) can share a file. ``busy_timeout``: how long a statement waits
     for another process's write lock before failing; at most a third of ``lease_ttl`` (unset:
-    5 s, or a third of ``lease_ttl`` if shorter). ``max_clock_skew``: how far ahead of SQLite's
-    clock a claimed slot may be.
+    5 s, or a third of ``lease_ttl`` if shorter). ``max_clock_skew``: how far ahead of the
+    host's clock a claimed slot may be.
     """
+
+    clock_name = ClockName("SQLite's clock (the host's CLOCK_REALTIME)", "this host")
 
     def __init__(
         self,
@@ -307,6 +307,11 @@ class SQLiteBackend(SQLLeaseBackend):
 
     def __repr__(self) -> str:
         return f"SQLiteBackend({self._path!r}, table_prefix={self._prefix!r})"
+
+    def _store_now_ms(self) -> int:
+        """The store's clock, which every statement is given as ``:now``: the host's, which no
+        in-process fake moves (``host_time_ms``). The one place to move it in a test."""
+        return host_time_ms()
 
     @property
     def busy_timeout(self) -> timedelta:
@@ -494,9 +499,9 @@ class SQLiteBackend(SQLLeaseBackend):
         params = self._claim_params(claim, instance_id)
 
         async def decide(conn: aiosqlite.Connection) -> Lease | Literal["overlap", "not-acquired"]:
-            (now_ms,) = next(iter(await conn.execute_fetchall(self._sql.read_now)))
-            check_slot_time(slot, now_ms, self._max_clock_skew, backend=self.name, clock=_CLOCK)
-            return await self._decide(conn, claim, params)
+            now_ms = self._store_now_ms()  # under the write lock: after any wait for it
+            self._check_slot_time(slot, now_ms, self._clock)
+            return await self._decide(conn, claim, params | {"now": now_ms})
 
         return await self._run("claim " + slot.key, decide, timeout=timeout, transaction=True)
 
@@ -517,17 +522,15 @@ class SQLiteBackend(SQLLeaseBackend):
         batch = [(claim, self._claim_params(claim, instance_id)) for claim in claims]
 
         async def decide_all(conn: aiosqlite.Connection) -> list[LeaseOutcome]:
-            (now_ms,) = next(iter(await conn.execute_fetchall(self._sql.read_now)))
+            now_ms = self._store_now_ms()
             outcomes: list[LeaseOutcome] = []
             for claim, params in batch:
                 try:
-                    check_slot_time(
-                        claim.slot, now_ms, self._max_clock_skew, backend=self.name, clock=_CLOCK
-                    )
+                    self._check_slot_time(claim.slot, now_ms, self._clock)
                 except BackendError as exc:
                     outcomes.append(exc)
                     continue
-                outcomes.append(await self._decide(conn, claim, params))
+                outcomes.append(await self._decide(conn, claim, params | {"now": now_ms}))
             return outcomes
 
         action = f"claim {len(claims)} slots"
@@ -575,7 +578,11 @@ class SQLiteBackend(SQLLeaseBackend):
         params = _lease_params(lease) | {"ttl_ms": self._ttl_ms}
 
         async def renew(conn: aiosqlite.Connection) -> bool:
-            return bool(await conn.execute_fetchall(self._sql.renew, params))
+            # Read before the statement waits for the write lock: the new expiry can only be
+            # earlier than the statement's time, never later than the runner counts on, and a
+            # take-over, under the write lock, reads its own.
+            now = {"now": self._store_now_ms()}
+            return bool(await conn.execute_fetchall(self._sql.renew, params | now))
 
         # Within a third of the ttl, not busy_timeout + 5 s (see _renew_timeout): a renewal
         # waiting that long for another process's write lock would outlive the lease.
@@ -586,8 +593,9 @@ class SQLiteBackend(SQLLeaseBackend):
         end = self._sql.hand_over if handover else self._sql.delete_lease
 
         async def release(conn: aiosqlite.Connection) -> None:
-            await conn.execute(self._sql.end_grant, params)
-            await conn.execute(end, params)
+            now = params | {"now": self._store_now_ms()}
+            await conn.execute(self._sql.end_grant, now)
+            await conn.execute(end, now)
 
         # Within a third of the ttl (see _renew_timeout): a stuck release gives way to the
         # runner's next try, in time to land before the lease expires.
@@ -623,7 +631,9 @@ class SQLiteBackend(SQLLeaseBackend):
         params = {"jobs": json.dumps(list(by_job))}
 
         async def find(conn: aiosqlite.Connection) -> list[str]:
-            return [job for (job,) in await conn.execute_fetchall(self._sql.dead_jobs, params)]
+            now = {"now": self._store_now_ms()}
+            dead = await conn.execute_fetchall(self._sql.dead_jobs, params | now)
+            return [job for (job,) in dead]
 
         async def take(conn: aiosqlite.Connection) -> list[Lease]:
             leases: list[Lease] = []
@@ -641,9 +651,8 @@ class SQLiteBackend(SQLLeaseBackend):
         self, conn: aiosqlite.Connection, policy: JobPolicy, instance_id: str
     ) -> list[Lease]:
         key = {"job": policy.name}
-        fence, manual_fence, now_ms = next(
-            iter(await conn.execute_fetchall(self._sql.job_row, key))
-        )
+        now_ms = self._store_now_ms()
+        fence, manual_fence = next(iter(await conn.execute_fetchall(self._sql.job_row, key)))
         leases = {
             row[0]: _lease_row(row)
             for row in await conn.execute_fetchall(self._sql.job_leases, key)

@@ -15,6 +15,7 @@ process (SQLite). A killed instance's backend answers nothing, ever.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -397,7 +398,7 @@ class _NATSData:
             return False
         now = self.store.clock.now_ms()
         spans = [*self.windows, (now, self.window())]
-        for (since, window), (until, _) in zip(spans, spans[1:], strict=False):
+        for (_, window), (until, _) in itertools.pairwise(spans):
             if until > stored and until - stored > window:
                 return False
         return True
@@ -454,9 +455,9 @@ class SimNATS(ClaimBackend):
         assert self._clock is not None
         now = self._clock.now_ms()
         deadline = self.claim_deadline_ms(slot)
-        if 0 <= now - slot.slot_ms < to_ms(self._slot_ttl) and deadline is not None:
-            if now > deadline:
-                raise BackendError(f"slot {slot.key} is too late to claim safely")
+        in_range = 0 <= now - slot.slot_ms < to_ms(self._slot_ttl)
+        if in_range and deadline is not None and now > deadline:
+            raise BackendError(f"slot {slot.key} is too late to claim safely")
 
         async def publish() -> bool:
             if self.data.remembers(slot.key):

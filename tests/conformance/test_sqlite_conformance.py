@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,15 @@ import pytest
 
 from brokersched.backends.sqlite import SQLiteBackend
 from brokersched.testing.conformance import LeaseBackendSuite
+
+
+class VirtualClockSQLite(SQLiteBackend):
+    """SQLite whose store clock reads ``store_time`` once it is set (its one hook)."""
+
+    store_time: int | None = None
+
+    def _store_now_ms(self) -> int:
+        return super()._store_now_ms() if self.store_time is None else self.store_time
 
 
 class TestSQLiteBackend(LeaseBackendSuite[SQLiteBackend]):
@@ -19,5 +29,10 @@ class TestSQLiteBackend(LeaseBackendSuite[SQLiteBackend]):
         """One file per namespace, in this test's own directory (pytest removes old ones)."""
         self.directory = tmp_path
 
+    async def set_store_time(self, backends: Sequence[SQLiteBackend], now_ms: int) -> None:
+        for backend in backends:
+            assert isinstance(backend, VirtualClockSQLite)
+            backend.store_time = now_ms
+
     def make_backend(self, namespace: str, **options: Any) -> SQLiteBackend:
-        return SQLiteBackend(self.directory / f"{namespace}.db", **options)
+        return VirtualClockSQLite(self.directory / f"{namespace}.db", **options)

@@ -13,13 +13,13 @@ from ..._exceptions import BackendError
 from ...abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
 from .._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
+    ClockName,
     JobRow,
     LeaseBackendBase,
     LeaseRow,
     Store,
     TakenOver,
     TakeOver,
-    check_slot_time,
     decide,
     new_token,
 )
@@ -28,8 +28,6 @@ from ._base import RedisConnection, history_entry, history_key, job_key, runs_ke
 __all__ = ["RedisLeaseBackend"]
 
 logger = logging.getLogger("brokersched.backends.redis")
-
-_CLOCK = "the Redis server's clock (TIME)"
 
 
 class RedisLeaseBackend(LeaseBackendBase):
@@ -40,6 +38,8 @@ class RedisLeaseBackend(LeaseBackendBase):
     for ``RedisBackend``. ``lease_ttl``: how long a lease lives unless renewed.
     ``max_clock_skew``: how far ahead of the server's clock a claimed slot may be.
     """
+
+    clock_name = ClockName("the Redis server's clock (TIME)", "the Redis server")
 
     def __init__(
         self,
@@ -120,16 +120,11 @@ class RedisLeaseBackend(LeaseBackendBase):
         self, claim: Claim, token: str, status: bytes, now: bytes
     ) -> Lease | Literal["overlap", "not-acquired"]:
         slot = claim.slot
-        match status:
-            case b"granted":
-                return Lease(slot.job, slot.slot_ms, token, claim.run_id, 1, claim.reason)
-            case b"overlap":
-                return "overlap"
-            case b"skew":
-                check_slot_time(
-                    slot, int(now), self._max_clock_skew, backend=self.name, clock=_CLOCK
-                )
-        return "not-acquired"
+        granted = status == b"granted"
+        self._check_slot_time(slot, int(now), self._redis.clock, granted=granted)
+        if granted:
+            return Lease(slot.job, slot.slot_ms, token, claim.run_id, 1, claim.reason)
+        return "overlap" if status == b"overlap" else "not-acquired"
 
     async def acquire_many(
         self, claims: Sequence[Claim], *, instance_id: str, timeout: float
