@@ -302,11 +302,23 @@ class FleetClock(TestClock):
 
 
 class InstanceClock(Clock):
-    """One instance's clock in a ``FleetClock``: the fleet's timeline, its own wall clock."""
+    """One instance's clock in a ``FleetClock``: the fleet's timeline, its own wall clock.
+    ``kill()`` is kill -9 for everything the instance runs on it: its tasks are cancelled, its
+    timers never fire."""
 
     def __init__(self, fleet: FleetClock, ahead_ms: int) -> None:
         self.fleet = fleet
         self.ahead_ms = ahead_ms
+        self.dead = False
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def kill(self) -> None:
+        self.dead = True
+        for task in self.tasks:
+            task.cancel()
+
+    def _alive(self, callback: Callable[[], object]) -> Callable[[], object]:
+        return lambda: None if self.dead else callback()
 
     def now_ms(self) -> int:
         return self.fleet.now_ms() + self.ahead_ms
@@ -316,13 +328,18 @@ class InstanceClock(Clock):
 
     def call_at(self, when_ms: int, callback: Callable[[], object]) -> Timer:
         due = when_ms - self.ahead_ms - (self.fleet.now_ms() - self.fleet.monotonic_ms())
-        return self.fleet._push_view(_VirtualTimer(due, when_ms, callback, self))
+        return self.fleet._push_view(_VirtualTimer(due, when_ms, self._alive(callback), self))
 
     def call_later(self, delay_ms: int, callback: Callable[[], object]) -> Timer:
-        return self.fleet.call_later(delay_ms, callback)
+        return self.fleet.call_later(delay_ms, self._alive(callback))
 
     def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
-        return self.fleet.spawn(coro, name=name)
+        task = self.fleet.spawn(coro, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        if self.dead:
+            task.cancel()
+        return task
 
     @contextmanager
     def blocking(self) -> Iterator[None]:

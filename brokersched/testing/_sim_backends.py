@@ -211,6 +211,8 @@ class _RedisData:
         if self.get(name) is not None:
             return False
         self.keys[name] = _Key(value, self.now() + px)
+        job, _, slot = name.partition(":{")[2].rpartition("}:claim:")
+        self.store.wins[(job, int(slot))] = json.loads(value)["instance_id"]
         return True
 
     def pexpire(self, name: str, px: int) -> None:
@@ -340,31 +342,6 @@ class SimRedis(RedisBackend):
     @staticmethod
     def data(store: Store) -> _RedisData:
         return _RedisData(store)
-
-    async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
-        won = await super().claim(slot, instance_id=instance_id, run_id=run_id, timeout=timeout)
-        if won:
-            self.sim.wins[(slot.job, slot.slot_ms)] = instance_id
-        return won
-
-    async def claim_boot(
-        self, slot: Slot, *, instance_id: str, run_id: str, timeout: float
-    ) -> bool:
-        won = await super().claim_boot(
-            slot, instance_id=instance_id, run_id=run_id, timeout=timeout
-        )
-        if won:
-            self.sim.wins[(slot.job, slot.slot_ms)] = instance_id
-        return won
-
-    async def claim_many(
-        self, claims: Sequence[Claim], *, instance_id: str, timeout: float
-    ) -> list[bool | Exception]:
-        answers = await super().claim_many(claims, instance_id=instance_id, timeout=timeout)
-        for claim, answer in zip(claims, answers, strict=True):
-            if answer is True:
-                self.sim.wins[(claim.slot.job, claim.slot.slot_ms)] = instance_id
-        return answers
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
         pass  # the simulator keeps its own ledger

@@ -1,0 +1,472 @@
+"""The fleet simulator: a whole fleet of schedulers in one process, on virtual time, driven by a
+seeded generator of operations and faults, with the invariants checked after every step.
+
+In the spirit of FoundationDB's simulation testing and TigerBeetle's VOPR: the schedulers,
+runners, boot runs and claim rules are the real code; the stores are models of each backend's
+memory (``_sim_backends``); everything that happens is drawn from one seed, so a failure is
+replayed by running its seed again::
+
+    python -m brokersched.testing.simulate --seeds 200        # or: make simulate SEEDS=200
+    python -m brokersched.testing.simulate --seed 1234 -v     # or: make simulate SEED=1234
+
+What a seed draws: the backend (the lease protocol with SQLite's lock and PostgreSQL's restarts,
+Redis claims, NATS claims, RabbitMQ claims), the jobs (``every``, ``cron``, ``at``, ``after``,
+``run_on_start``, overlap, max_attempts), and a sequence of steps: instances started, rolling
+deploys that change ``slot_ttl`` or ``lease_ttl``, jitter, ``max_late``, a job's name behind a
+kept ``key``, ``declare_ahead``; kill -9, graceful stops, manual triggers; clocks skewed or
+stepped on instances and on the store; the store held, cut, restarted, locked, its fleet record
+deleted or its keys evicted.
+
+The invariants, after every step (``Ledger.violations``):
+
+* a slot of a key runs once on a claim-only backend; on a lease backend it runs again only
+  after its run was cut short (killed, its lease lost, a drain's cut), at attempts within
+  ``max_attempts``: a slot whose handler returned never runs again;
+* runs of a key with ``overlap="skip"`` never overlap (on the fleet's true time);
+* at the end, every slot that some instance was refused as ``not-acquired`` was won by a claim
+  (a slot that every instance lost to nobody is lost silently).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import logging
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from .._durations import format_duration
+from .._exceptions import ConfigurationError
+from .._scheduler import Scheduler
+from ..abc import Backend
+from ..backends.memory import MemoryStore
+from ._clock import FleetClock, InstanceClock
+from ._sim_backends import SimLeaseBackend, SimNATS, SimRabbitMQ, SimRedis, Store
+
+__all__ = ["BACKENDS", "Result", "main", "simulate"]
+
+BACKENDS = ("lease", "redis", "nats", "rabbitmq")
+START = "2027-03-01T08:00:00+00:00"
+_MAX_INSTANCES = 4
+
+
+@dataclass(frozen=True)
+class Deploy:
+    """What one instance runs: the application's settings, as a deploy may change them."""
+
+    memory_ms: int  # slot_ttl (claim-only) or lease_ttl (lease)
+    jitter_ms: int
+    max_late_ms: int
+    overlap: str
+    max_attempts: int
+    renamed: bool  # the tick job runs under another name, its key kept
+    declare_ahead: bool
+
+
+@dataclass
+class Run:
+    key: str
+    slot_ms: int
+    reason: str
+    attempt: int
+    instance: str
+    overlap: str
+    max_attempts: int
+    start: int  # the fleet's true time, ms
+    end: int | None = None
+    how: str = ""  # "returned", "cut" (cancelled: lease lost, timeout, drain), "killed"
+
+
+@dataclass
+class Ledger:
+    """What happened, as the handlers and the events tell it; checked after every step."""
+
+    lease: bool
+    runs: list[Run] = field(default_factory=list)
+    refused: dict[tuple[str, int], set[str]] = field(default_factory=dict)  # skip reasons
+    found: list[str] = field(default_factory=list)
+
+    def violations(self, now: int) -> list[str]:
+        found: list[str] = []
+        by_slot: dict[tuple[str, int], list[Run]] = {}
+        for run in self.runs:
+            by_slot.setdefault((run.key, run.slot_ms), []).append(run)
+        for (key, slot), runs in by_slot.items():
+            if len(runs) > 1 and not self.lease:
+                found.append(f"slot {key}:{slot} ran {len(runs)} times: {_show(runs)}")
+            for earlier, later in itertools.pairwise(runs):
+                if earlier.how == "returned":
+                    found.append(f"slot {key}:{slot} ran again after it completed: {_show(runs)}")
+                    break
+                if later.attempt > later.max_attempts:
+                    found.append(f"slot {key}:{slot} started beyond max_attempts: {_show(runs)}")
+        by_key: dict[str, list[Run]] = {}
+        for run in self.runs:
+            if run.overlap == "skip":
+                by_key.setdefault(run.key, []).append(run)
+        for key, runs in by_key.items():
+            runs.sort(key=lambda run: run.start)
+            for earlier, later in itertools.pairwise(runs):
+                if later.start < (earlier.end if earlier.end is not None else now):
+                    found.append(f"runs of {key} overlap: {_show([earlier, later])}")
+        return found
+
+    def lost(
+        self, wins: dict[tuple[str, int], str], scheduled: Callable[[str, int], bool]
+    ) -> list[str]:
+        """The scheduled slots (``scheduled(key, slot)``: not a boot run's or a manual run's
+        instant) that every instance lost to a claim nobody won."""
+        ran = {(run.key, run.slot_ms) for run in self.runs}
+        latest: dict[str, int] = {}
+        for key, slot in wins:
+            latest[key] = max(latest.get(key, slot), slot)
+
+        def fenced(key: str, slot: int) -> bool:
+            """Lease backends: a later slot of the key was won first (an instance whose clock
+            is fast, within max_clock_skew, claims its slots early), which fences this one."""
+            return self.lease and latest.get(key, slot) > slot
+
+        return [
+            f"slot {key}:{slot} was refused to every instance as not-acquired and nobody won it"
+            for (key, slot), reasons in sorted(self.refused.items())
+            if reasons == {"not-acquired"}
+            and scheduled(key, slot)
+            and (key, slot) not in ran
+            and (key, slot) not in wins
+            and not fenced(key, slot)
+        ]
+
+
+def _show(runs: list[Run]) -> str:
+    return "; ".join(
+        f"{run.instance} {run.reason} attempt {run.attempt} at {run.start}..{run.end} ({run.how})"
+        for run in runs
+    )
+
+
+@dataclass
+class Instance:
+    name: str
+    deploy: Deploy
+    clock: InstanceClock
+    backend: Any
+    scheduler: Scheduler[Any]
+    stopping: asyncio.Task[None] | None = None
+    driven: set[asyncio.Task[Any]] = field(default_factory=set)  # started by the driver
+
+    def drive(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        """A call of the driver's (start, stop, trigger): not the scheduler's own work, which
+        the fleet's clock waits for, but killed with the instance."""
+        task = asyncio.get_running_loop().create_task(coro, name=f"{name}:{self.name}")
+        self.driven.add(task)
+        task.add_done_callback(self.driven.discard)
+        return task
+
+    def kill(self) -> None:
+        self.clock.kill()
+        self.backend.dead = True
+        for task in self.driven:
+            task.cancel()
+
+    @property
+    def alive(self) -> bool:
+        return not self.clock.dead and self.stopping is None
+
+
+@dataclass
+class Result:
+    seed: int
+    backend: str
+    steps: int
+    violations: list[str]
+    log: list[str]
+    runs: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+class Simulation:
+    def __init__(self, seed: int, *, backend: str | None = None, steps: int = 120) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.kind = backend or self.rng.choice(BACKENDS)
+        self.steps = steps
+        self.fleet = FleetClock(START, seed=seed)
+        self.store = Store(self.fleet, self.fleet.instance(), random.Random(seed + 1))
+        self.ledger = Ledger(lease=self.kind == "lease")
+        self.instances: list[Instance] = []
+        self.log: list[str] = []
+        self._names = 0
+        self._rows = MemoryStore()
+        makers: dict[str, Callable[[Store], Any]] = {
+            "redis": SimRedis.data, "nats": SimNATS.stream, "rabbitmq": SimRabbitMQ.broker,
+        }  # fmt: skip
+        self._data: Any = makers[self.kind](self.store) if self.kind in makers else None
+        self._jobs = self._draw_jobs()
+
+    # -- drawing -----------------------------------------------------------------------------
+
+    def _draw_jobs(self) -> dict[str, Any]:
+        rng = self.rng
+        return {
+            "tick_s": rng.choice((1, 2, 5)),
+            "work_ms": rng.choice((100, 800, 2500, 6000)),
+            "at_s": rng.randint(-20, 90),
+            "after_s": rng.choice((1, 3)),
+            "run_on_start": rng.random() < 0.5,
+        }
+
+    def _draw_deploy(self, base: Deploy | None = None) -> Deploy:
+        rng, lease = self.rng, self.kind == "lease"
+        memory = rng.choice((3000, 10_000, 30_000) if lease else (3000, 8000, 20_000, 60_000))
+        if base is not None and rng.random() < 0.5:
+            memory = base.memory_ms  # a deploy that changes something else
+        jitter = rng.choice((0, 100, 250))
+        room = 60_000 if lease else memory - jitter - 200
+        max_late = max(
+            jitter + 100, min(60_000, rng.randint(jitter + 100, max(room, jitter + 101)))
+        )
+        return Deploy(
+            memory_ms=memory,
+            jitter_ms=jitter,
+            max_late_ms=max_late,
+            overlap=rng.choice(("skip", "allow")) if lease else "allow",
+            max_attempts=rng.choice((1, 2, 3)),
+            renamed=rng.random() < 0.2,
+            declare_ahead=rng.random() < 0.7,
+        )
+
+    # -- instances ---------------------------------------------------------------------------
+
+    def _backend(self, deploy: Deploy) -> Backend:
+        memory = timedelta(milliseconds=deploy.memory_ms)
+        if self.kind == "lease":
+            return SimLeaseBackend(self.store, self._rows, lease_ttl=memory)
+        if self.kind == "redis":
+            return SimRedis(self.store, self._data, slot_ttl=memory, prefix="sim")
+        if self.kind == "nats":
+            return SimNATS(self.store, self._data, slot_ttl=memory)
+        return SimRabbitMQ(
+            self.store, self._data, slot_ttl=memory, declare_ahead=deploy.declare_ahead
+        )
+
+    async def start_instance(self, deploy: Deploy, ahead_ms: int = 0) -> None:
+        self._names += 1
+        name = f"i{self._names}"
+        clock = self.fleet.instance(ahead_ms)
+        backend = self._backend(deploy)
+        jitter = timedelta(milliseconds=deploy.jitter_ms)
+        max_late = timedelta(milliseconds=deploy.max_late_ms)
+        scheduler: Scheduler[Any] = Scheduler(
+            backend, clock=clock, instance_id=name, jitter=jitter, max_late=max_late,
+            drain_timeout="3s",
+        )  # fmt: skip
+        instance = Instance(name, deploy, clock, backend, scheduler)
+        try:
+            self._register(instance)
+        except ConfigurationError as exc:
+            self.log.append(f"{name} refused its configuration: {exc}")
+            return
+        self.instances.append(instance)
+        self.log.append(f"start {name} {deploy}")
+        instance.drive(self._start(instance), "start")
+        await self.fleet.settle()
+
+    async def _start(self, instance: Instance) -> None:
+        try:
+            await instance.scheduler.start()
+        except Exception as exc:  # the store refused it: the instance is gone
+            self.log.append(f"{instance.name} did not start: {exc!r}")
+            instance.kill()
+
+    def _register(self, instance: Instance) -> None:
+        sched, deploy, jobs = instance.scheduler, instance.deploy, self._jobs
+        lease = self.kind == "lease"
+        options: dict[str, Any] = {}
+        if lease:
+            options = {"overlap": deploy.overlap, "max_attempts": deploy.max_attempts}
+        name = "tick.v2" if deploy.renamed else "tick"
+        sched.every(
+            name, f"{jobs['tick_s']}s", self._handler(instance, "tick", options),
+            key="tick", run_on_start=jobs["run_on_start"], **options,
+        )  # fmt: skip
+        sched.cron("cron", "*/3 * * * * *", self._handler(instance, "cron", options), **options)
+        at = self.fleet.now() + timedelta(seconds=jobs["at_s"])
+        once: dict[str, Any] = {"max_attempts": deploy.max_attempts} if lease else {}
+        sched.at("once", at, self._handler(instance, "once", once), **once)
+        sched.after("boot", f"{jobs['after_s']}s", self._handler(instance, "boot", {}))
+        sched.on("skip", lambda event: self._skipped(event.job, event.slot_ms, event.reason))
+
+    def _scheduled(self, key: str, slot_ms: int) -> bool:
+        every = {"tick": self._jobs["tick_s"] * 1000, "cron": 3000}.get(key)
+        return every is not None and slot_ms % every == 0
+
+    def _skipped(self, job: str, slot_ms: int, reason: str) -> None:
+        key = "tick" if job == "tick.v2" else job
+        self.ledger.refused.setdefault((key, slot_ms), set()).add(reason)
+
+    def _handler(self, instance: Instance, key: str, options: dict[str, Any]) -> Callable[..., Any]:
+        ledger, fleet, work = self.ledger, self.fleet, self._jobs["work_ms"]
+
+        async def handler(ctx: Any) -> None:
+            run = Run(
+                key=f"{key}:start" if ctx.reason == "start" else key,
+                slot_ms=ctx.slot_ms, reason=ctx.reason, attempt=ctx.attempt,
+                instance=instance.name, overlap=options.get("overlap", "allow"),
+                max_attempts=options.get("max_attempts", 1) if ctx.reason != "start" else 99,
+                start=fleet.now_ms(),
+            )  # fmt: skip
+            if ctx.reason == "start" and options.get("overlap") == "skip":
+                run.key = key  # holds the job's own lease: it never overlaps the job's slots
+            ledger.runs.append(run)
+            how = "cut"
+            try:
+                await ctx.wait_aborted(work / 1000)
+                how = "returned"
+            finally:
+                run.end = fleet.now_ms()
+                run.how = "killed" if instance.clock.dead else how
+
+        return handler
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _live(self) -> list[Instance]:
+        return [instance for instance in self.instances if instance.alive]
+
+    async def step(self) -> None:
+        rng, live = self.rng, self._live()
+        roll = rng.random()
+        if not live or (roll < 0.08 and len(live) < _MAX_INSTANCES):
+            await self.start_instance(self._draw_deploy(), self._skew())
+        elif roll < 0.16:
+            old = rng.choice(live)
+            self._stop(old)
+            await self.start_instance(self._draw_deploy(old.deploy), old.clock.ahead_ms)
+        elif roll < 0.21:
+            victim = rng.choice(live)
+            victim.kill()
+            self.log.append(f"kill -9 {victim.name}")
+        elif roll < 0.24:
+            self._stop(rng.choice(live))
+        elif roll < 0.32:
+            instance = rng.choice(live)
+            job = instance.scheduler.jobs()[rng.randrange(2)]
+            if instance.scheduler.running:
+                instance.drive(job.trigger(), "trigger")
+                self.log.append(f"trigger {job.name} on {instance.name}")
+        elif roll < 0.36:
+            instance = rng.choice(live)
+            instance.clock.step(self._skew() - instance.clock.ahead_ms)
+            self.log.append(f"{instance.name} clock now {instance.clock.ahead_ms}ms ahead")
+        elif roll < 0.41:
+            self._fault(rng.random())
+        await self.fleet.advance(timedelta(milliseconds=rng.choice((50, 300, 700, 1500, 3500))))
+
+    def _skew(self) -> int:
+        """An instance's clock, ahead or behind: within the claim backends' bound (1 s between
+        any two); lease backends refuse a clock too fast, so any step may come."""
+        if self.kind == "lease" and self.rng.random() < 0.2:
+            return self.rng.randint(-30_000, 30_000)
+        return self.rng.randint(-450, 450)
+
+    def _stop(self, instance: Instance) -> None:
+        instance.stopping = instance.drive(instance.scheduler.stop(), "stop")
+        self.log.append(f"stop {instance.name}")
+
+    def _fault(self, roll: float) -> None:
+        store, rng, now = self.store, self.rng, self.fleet.monotonic_ms()
+        if roll < 0.35:
+            store.held_until = now + rng.choice((200, 900, 2500, 6000))
+            self.log.append(f"store held until {store.held_until}")
+        elif roll < 0.55:
+            store.down_until = now + rng.choice((500, 2000, 8000))
+            self.log.append(f"store down until {store.down_until}")
+        elif roll < 0.7 and self.kind == "lease":
+            store.locked_until = now + rng.choice((500, 2000, 5000))
+            self.log.append(f"store locked until {store.locked_until}")
+        elif roll < 0.85 and self.kind == "lease":
+            delta = rng.choice((-10_000, -2000, 2000, 10_000))
+            store.clock.step(delta)
+            self.log.append(f"store clock stepped {delta}ms")
+        elif self.kind == "redis":
+            self._data.keys.pop("sim:slot-memory", None)
+            self.log.append("fleet record deleted")
+        elif self.kind == "rabbitmq":
+            self._data.record = None
+            self.log.append("fleet record deleted")
+
+    # -- the whole run -----------------------------------------------------------------------
+
+    async def run(self) -> Result:
+        violations: list[str] = []
+        for n in range(self.steps):
+            await self.step()
+            found = self.ledger.violations(self.fleet.now_ms())
+            if found:
+                violations = [f"after step {n}: {v}" for v in found]
+                break
+        if not violations:
+            for instance in self._live():
+                self._stop(instance)
+            await self.fleet.advance("20s")
+            violations = self.ledger.violations(self.fleet.now_ms())
+            violations += self.ledger.lost(self.store.wins, self._scheduled)
+        for instance in self.instances:
+            instance.kill()
+        await self.fleet.settle()
+        return Result(self.seed, self.kind, self.steps, violations, self.log, len(self.ledger.runs))
+
+
+def simulate(seed: int, *, backend: str | None = None, steps: int = 120) -> Result:
+    """Run one seed; the result lists the invariants it broke (none: ``result.ok``)."""
+    logger = logging.getLogger("brokersched")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        return asyncio.run(Simulation(seed, backend=backend, steps=steps).run())
+    finally:
+        logger.setLevel(level)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m brokersched.testing.simulate")
+    parser.add_argument("--seed", type=int, help="replay one seed")
+    parser.add_argument("--seeds", type=int, default=100, help="run seeds 0..N-1")
+    parser.add_argument("--first", type=int, default=0, help="the first seed of --seeds")
+    parser.add_argument("--backend", choices=BACKENDS, help="only this backend")
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("-v", "--verbose", action="store_true", help="print each step")
+    args = parser.parse_args(argv)
+    seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
+    began, failed = time.monotonic(), 0
+    for seed in seeds:
+        result = simulate(seed, backend=args.backend, steps=args.steps)
+        if args.verbose:
+            print("\n".join(result.log))
+        if not result.ok:
+            failed += 1
+            print(f"seed {seed} ({result.backend}): FAILED")
+            for violation in result.violations:
+                print(f"  {violation}")
+            print(f"  replay: make simulate SEED={seed}" + _flag(args.backend, args.steps))
+    spent = format_duration(timedelta(seconds=round(time.monotonic() - began)))
+    print(f"{len(seeds)} seeds, {failed} failed, in {spent}")
+    return 1 if failed else 0
+
+
+def _flag(backend: str | None, steps: int) -> str:
+    flags = f" BACKEND={backend}" if backend else ""
+    return flags + (f" STEPS={steps}" if steps != 120 else "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
