@@ -59,7 +59,7 @@ def boot_key(key: str) -> str:
 async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | None:
     """The boot run of ``job``, due at ``boot_ms`` (``ctx.reason == "start"``)."""
     if job.paused:
-        runner.skip(job, boot_ms, "paused")
+        runner.skip(job, boot_ms, "paused", run="start")
         return None
     if runner.stopping or job.removed:
         return None
@@ -67,7 +67,7 @@ async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | N
     # backend: the fleet); a claim-only backend lets runs of one job overlap.
     overlap_controlled = not job.settings.claim or isinstance(runner.backend, LeaseBackend)
     if overlap_controlled and job.settings.policy.overlap == "skip" and job.runs:
-        runner.skip(job, boot_ms, "overlap")  # a run of the job is still going here
+        runner.skip(job, boot_ms, "overlap", run="start")  # a run of the job is still going here
         return None
     if not job.settings.claim:
         return await runner.execute(job, boot_ms, None, reason="start")
@@ -86,7 +86,7 @@ async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | N
             await runner.release(lease, handover=False)
         got = await _claim(runner, job, Slot(key, slot_ms), policy, run_id)
         if isinstance(got, str):
-            runner.skip(job, boot_ms, got)
+            runner.skip(job, boot_ms, got, run="start")
             return None
         lease = got
     if runner.stopping or job.removed:
@@ -100,7 +100,7 @@ async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | N
         slot = Slot(job.settings.key, runner.clock.now_ms())
         got = await _claim(runner, job, slot, job.settings.policy, run_id, reason="manual")
         if isinstance(got, str):
-            runner.skip(job, boot_ms, "overlap" if got == "not-acquired" else got)
+            runner.skip(job, boot_ms, "overlap" if got == "not-acquired" else got, run="start")
             return None
         lease = got
     return await runner.execute(job, boot_ms, lease, reason="start", run_id=run_id)

@@ -48,6 +48,7 @@ class _SlotEvent:
 class SkipEvent(_SlotEvent):
     reason: SkipReason
     detail: str | None = None
+    run: RunReason = "schedule"  # what was skipped: a slot, a boot run ("start"), a manual run
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,15 +81,22 @@ class Runner:
         self._prepares = _Prepares(self)
 
     def skip(
-        self, job: JobState, slot_ms: int, reason: SkipReason, detail: str | None = None
+        self,
+        job: JobState,
+        slot_ms: int,
+        reason: SkipReason,
+        detail: str | None = None,
+        *,
+        run: RunReason = "schedule",
     ) -> None:
-        """Log and emit a skip; ``not-acquired`` is at debug level (the fleet has the slot)."""
+        """Log and emit a skip of a run for ``run`` (a slot, a boot run, a manual run...);
+        ``not-acquired`` is at debug level (the fleet has the slot)."""
         level = logging.DEBUG if reason == "not-acquired" else logging.INFO
         if reason in ("backend-error", "clock-skew"):
             level = logging.WARNING
         if reason == "not-acquired":  # another instance has it: the fleet is handling the job
             job.last_ok_ms = max(job.last_ok_ms or slot_ms, slot_ms)
-        self.events.emit("skip", SkipEvent(job.name, slot_ms, reason, detail))
+        self.events.emit("skip", SkipEvent(job.name, slot_ms, reason, detail, run))
         if not logger.isEnabledFor(level):
             return  # the common case on every instance that lost the claim: nothing to build
         late_ms = self.clock.now_ms() - slot_ms
@@ -117,22 +124,24 @@ class Runner:
     async def run_slot(self, job: JobState, slot_ms: int, reason: RunReason) -> RunRecord | None:
         """Steps 3-6 of a slot's life; returns the record of the run, or ``None`` if skipped."""
         if reason == "schedule" and self._late(job, slot_ms):
-            self.skip(job, slot_ms, "late")
+            self.skip(job, slot_ms, "late", run=reason)
             return None
         if job.paused and reason == "schedule":
-            self.skip(job, slot_ms, "paused")
+            self.skip(job, slot_ms, "paused", run=reason)
             return None
         if not job.settings.claim:
             if not self._still_wanted(job, reason):
                 return None  # stop() has begun (or the job is gone): nothing new starts
             if job.settings.policy.overlap == "skip" and job.runs:
-                self.skip(job, slot_ms, "overlap")
+                self.skip(job, slot_ms, "overlap", run=reason)
                 return None
             return await self.execute(job, slot_ms, None, reason=reason)
         run_id = new_run_id()
         timeout = self._claim_timeout(job, slot_ms)
         if timeout <= 0:
-            self.skip(job, slot_ms, "late", detail="the backend's slot memory is ending")
+            self.skip(
+                job, slot_ms, "late", detail="the backend's slot memory is ending", run=reason
+            )
             return None
         began, leased_ms = time.perf_counter(), self.clock.monotonic_ms()
         try:
@@ -142,14 +151,16 @@ class Runner:
                     job, Slot(job.settings.key, slot_ms), run_id, reason, timeout
                 )
         except ClockSkewError as exc:  # a clock moved; the message says which (issue 24)
-            self.skip(job, slot_ms, "clock-skew", detail=str(exc))
+            self.skip(job, slot_ms, "clock-skew", detail=str(exc), run=reason)
             return None
         except (BackendError, TimeoutError) as exc:
-            self.skip(job, slot_ms, "backend-error", detail=str(exc) or type(exc).__name__)
+            self.skip(
+                job, slot_ms, "backend-error", detail=str(exc) or type(exc).__name__, run=reason
+            )
             return None
         except Exception as exc:  # a backend bug must not stop the scheduler either
             logger.exception("claim of %s:%d failed unexpectedly", job.name, slot_ms)
-            self.skip(job, slot_ms, "backend-error", detail=type(exc).__name__)
+            self.skip(job, slot_ms, "backend-error", detail=type(exc).__name__, run=reason)
             return None
         finally:
             seconds = time.perf_counter() - began
@@ -160,7 +171,7 @@ class Runner:
             if reason == "catch-up":  # nothing was missed after all: not worth an event
                 logger.debug("no catch-up for %s:%d (%s)", job.name, slot_ms, lease)
             else:
-                self.skip(job, slot_ms, lease)  # type: ignore[arg-type]
+                self.skip(job, slot_ms, lease, run=reason)  # type: ignore[arg-type]
             return None
         if not self._still_wanted(job, reason):
             # Stopped, removed or paused while the claim was in flight: another instance may
@@ -173,7 +184,7 @@ class Runner:
             # A slow claim: the slot stays claimed, so no other instance runs it late either.
             if lease is not None:
                 await self.release(lease, handover=False)
-            self.skip(job, slot_ms, "late", detail="claim answered too late")
+            self.skip(job, slot_ms, "late", detail="claim answered too late", run=reason)
             return None
         return await self.execute(
             job, slot_ms, lease, reason=reason, run_id=run_id, leased_ms=leased_ms

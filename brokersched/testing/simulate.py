@@ -42,6 +42,7 @@ from datetime import timedelta
 from typing import Any
 
 from .._durations import format_duration
+from .._events import SkipEvent
 from .._exceptions import ConfigurationError
 from .._scheduler import Scheduler
 from ..abc import Backend
@@ -303,15 +304,16 @@ class Simulation:
         once: dict[str, Any] = {"max_attempts": deploy.max_attempts} if lease else {}
         sched.at("once", at, self._handler(instance, "once", once), **once)
         sched.after("boot", f"{jobs['after_s']}s", self._handler(instance, "boot", {}))
-        sched.on("skip", lambda event: self._skipped(event.job, event.slot_ms, event.reason))
+        sched.on("skip", self._skipped)
 
     def _scheduled(self, key: str, slot_ms: int) -> bool:
         every = {"tick": self._jobs["tick_s"] * 1000, "cron": 3000}.get(key)
         return every is not None and slot_ms % every == 0
 
-    def _skipped(self, job: str, slot_ms: int, reason: str) -> None:
-        key = "tick" if job == "tick.v2" else job
-        self.ledger.refused.setdefault((key, slot_ms), set()).add(reason)
+    def _skipped(self, event: SkipEvent) -> None:
+        if event.run == "schedule":  # not a boot run's nor a manual run's instant
+            key = "tick" if event.job == "tick.v2" else event.job
+            self.ledger.refused.setdefault((key, event.slot_ms), set()).add(event.reason)
 
     def _handler(self, instance: Instance, key: str, options: dict[str, Any]) -> Callable[..., Any]:
         ledger, fleet, work = self.ledger, self.fleet, self._jobs["work_ms"]
@@ -343,33 +345,35 @@ class Simulation:
         return [instance for instance in self.instances if instance.alive]
 
     async def step(self) -> None:
+        """One operation (most often none), then time moves on a little."""
         rng, live = self.rng, self._live()
         roll = rng.random()
-        if not live or (roll < 0.08 and len(live) < _MAX_INSTANCES):
+        short = not live or (len(live) < 2 and rng.random() < 0.7)
+        if short or (roll < 0.06 and len(live) < _MAX_INSTANCES):
             await self.start_instance(self._draw_deploy(), self._skew())
-        elif roll < 0.16:
+        elif roll < 0.12:  # a rolling deploy: one instance replaced by one of the next version
             old = rng.choice(live)
             self._stop(old)
             await self.start_instance(self._draw_deploy(old.deploy), old.clock.ahead_ms)
-        elif roll < 0.21:
+        elif roll < 0.16:
             victim = rng.choice(live)
             victim.kill()
             self.log.append(f"kill -9 {victim.name}")
-        elif roll < 0.24:
+        elif roll < 0.18:
             self._stop(rng.choice(live))
-        elif roll < 0.32:
+        elif roll < 0.26:
             instance = rng.choice(live)
             job = instance.scheduler.jobs()[rng.randrange(2)]
             if instance.scheduler.running:
                 instance.drive(job.trigger(), "trigger")
                 self.log.append(f"trigger {job.name} on {instance.name}")
-        elif roll < 0.36:
+        elif roll < 0.31:
             instance = rng.choice(live)
             instance.clock.step(self._skew() - instance.clock.ahead_ms)
             self.log.append(f"{instance.name} clock now {instance.clock.ahead_ms}ms ahead")
-        elif roll < 0.41:
+        elif roll < 0.37:
             self._fault(rng.random())
-        await self.fleet.advance(timedelta(milliseconds=rng.choice((50, 300, 700, 1500, 3500))))
+        await self.fleet.advance(timedelta(milliseconds=rng.choice((47, 310, 730, 1530, 3470))))
 
     def _skew(self) -> int:
         """An instance's clock, ahead or behind: within the claim backends' bound (1 s between
