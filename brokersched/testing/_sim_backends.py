@@ -25,7 +25,7 @@ from typing import Any, Literal, TypeVar
 
 from .._clock import Clock
 from .._durations import to_ms
-from .._exceptions import BackendError, BackendUnavailableError
+from .._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..abc import (
     Capabilities,
     Claim,
@@ -59,9 +59,10 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: The slots won by a claim that answered (key, slot_ms) -> instance, for the invariant that
-#: every slot either ran or has a documented skip reason.
-Wins = dict[tuple[str, int], str]
+#: The slots won by a claim, applied by the store whether or not its answer came back:
+#: (key, slot_ms) -> (instance, the store's clock at the win), for the invariant that every
+#: slot either ran or has a documented skip reason.
+Wins = dict[tuple[str, int], tuple[str, int]]
 
 
 @dataclass
@@ -76,6 +77,11 @@ class Store:
     locked_until: int = -1  # another process holds the write lock (SQLite)
     busy_timeout_ms: int = 5000
     wins: Wins = field(default_factory=dict)
+    evicting: bool = False  # Redis: maxmemory-policy evicts keys with a TTL
+    stray: set[str] = field(default_factory=set)  # RabbitMQ: queues made beforehand
+
+    def won(self, key: str, slot_ms: int, instance: str) -> None:
+        self.wins[(key, slot_ms)] = (instance, self.clock.now_ms())
 
     async def call(
         self, dead: bool, timeout_s: float, apply: Callable[[], Awaitable[T]], *, write: bool
@@ -132,7 +138,7 @@ class SimLeaseBackend(MemoryBackend):
                 reason=reason, timeout=timeout,
             )  # fmt: skip
             if isinstance(answer, Lease):
-                self.sim.wins[(slot.job, slot.slot_ms)] = instance_id
+                self.sim.won(slot.job, slot.slot_ms, instance_id)
             return answer
 
         return await self.sim.call(self.dead, timeout, apply, write=True)
@@ -146,7 +152,7 @@ class SimLeaseBackend(MemoryBackend):
             )
             for claim, answer in zip(claims, answers, strict=True):
                 if isinstance(answer, Lease):
-                    self.sim.wins[(claim.slot.job, claim.slot.slot_ms)] = instance_id
+                    self.sim.won(claim.slot.job, claim.slot.slot_ms, instance_id)
             return answers
 
         return await self.sim.call(self.dead, timeout, apply, write=True)
@@ -168,7 +174,7 @@ class SimLeaseBackend(MemoryBackend):
         async def apply() -> list[Lease]:
             leases = await MemoryBackend.take_over(self, policies, instance_id=instance_id)
             for lease in leases:
-                self.sim.wins[(lease.job, lease.slot_ms)] = instance_id
+                self.sim.won(lease.job, lease.slot_ms, instance_id)
             return leases
 
         return await self.sim.call(self.dead, 5.0, apply, write=True)
@@ -212,7 +218,7 @@ class _RedisData:
             return False
         self.keys[name] = _Key(value, self.now() + px)
         job, _, slot = name.partition(":{")[2].rpartition("}:claim:")
-        self.store.wins[(job, int(slot))] = json.loads(value)["instance_id"]
+        self.store.won(job, int(slot), json.loads(value)["instance_id"])
         return True
 
     def pexpire(self, name: str, px: int) -> None:
@@ -297,6 +303,8 @@ class _RedisConnection:
         self.history: dict[str, list[RunRecord]] = {}
 
     async def open(self, clock: Clock) -> None:
+        if self.store.evicting:  # RedisConnection.open's check of maxmemory-policy
+            raise ConfigurationError("maxmemory-policy evicts keys", option="maxmemory-policy")
         self.clock = clock
 
     async def close(self) -> None:
@@ -440,7 +448,7 @@ class SimNATS(ClaimBackend):
             if self.data.remembers(slot.key):
                 return False
             self.data.ids[slot.key] = self.sim.clock.now_ms()
-            self.sim.wins[(slot.job, slot.slot_ms)] = instance_id
+            self.sim.won(slot.job, slot.slot_ms, instance_id)
             return True
 
         return await self.sim.call(self.dead, timeout, publish, write=True)
@@ -490,6 +498,12 @@ class _RabbitData:
             del self.queues[name]
             return None
         return queue
+
+    def stray(self, name: str) -> None:
+        """A queue made beforehand by something else, holding a message: other arguments
+        (no x-expires, here: a day), and no claim of brokersched's in it."""
+        self.queues[name] = _Queue(86_400_000, self.store.clock.now_ms(), "stray")
+        self.store.stray.add(name)
 
     def declare(self, name: str, x_expires: int) -> _Queue | None:
         """The queue, its expiry renewed; ``None``: one exists with another ``x-expires``
@@ -581,14 +595,18 @@ class SimRabbitMQ(ClaimBackend):
                 memory = to_ms(BOOT_MEMORY) if boot else self._view.memory_ms
                 queue = self.data.queue(slot.key)
                 if queue is not None and queue.held_by is not None:
-                    return False  # nacked
+                    # nacked: the first loss of the job checks the queue is brokersched's
+                    # (_check_refusal): one made with other arguments fails closed
+                    if self.data.declare(slot.key, memory) is None and slot.key in self.sim.stray:
+                        raise BackendError(f"claim queue of {slot.key} is not brokersched's")
+                    return False
                 declared = self.data.declare(slot.key, memory)
                 if declared is None:
                     if queue is not None and queue.held_by is not None:
                         return False
                     raise BackendError(f"claim queue of {slot.key}: another slot memory")
                 declared.held_by = instance_id
-                self.sim.wins[(slot.job, slot.slot_ms)] = instance_id
+                self.sim.won(slot.job, slot.slot_ms, instance_id)
                 return True
             raise BackendError("the fleet's slot memory kept changing")
 

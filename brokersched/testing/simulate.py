@@ -48,13 +48,14 @@ from .._scheduler import Scheduler
 from ..abc import Backend
 from ..backends.memory import MemoryStore
 from ._clock import FleetClock, InstanceClock
-from ._sim_backends import SimLeaseBackend, SimNATS, SimRabbitMQ, SimRedis, Store
+from ._sim_backends import SimLeaseBackend, SimNATS, SimRabbitMQ, SimRedis, Store, Wins
 
 __all__ = ["BACKENDS", "Result", "main", "simulate"]
 
 BACKENDS = ("lease", "redis", "nats", "rabbitmq")
 START = "2027-03-01T08:00:00+00:00"
 _MAX_INSTANCES = 4
+_LEASE_SKEW_MS = 5000  # the lease backends' default max_clock_skew
 
 
 @dataclass(frozen=True)
@@ -118,20 +119,19 @@ class Ledger:
                     found.append(f"runs of {key} overlap: {_show([earlier, later])}")
         return found
 
-    def lost(
-        self, wins: dict[tuple[str, int], str], scheduled: Callable[[str, int], bool]
-    ) -> list[str]:
+    def lost(self, wins: Wins, scheduled: Callable[[str, int], bool]) -> list[str]:
         """The scheduled slots (``scheduled(key, slot)``: not a boot run's or a manual run's
         instant) that every instance lost to a claim nobody won."""
         ran = {(run.key, run.slot_ms) for run in self.runs}
-        latest: dict[str, int] = {}
-        for key, slot in wins:
-            latest[key] = max(latest.get(key, slot), slot)
 
         def fenced(key: str, slot: int) -> bool:
-            """Lease backends: a later slot of the key was won first (an instance whose clock
-            is fast, within max_clock_skew, claims its slots early), which fences this one."""
-            return self.lease and latest.get(key, slot) > slot
+            """Lease backends: a later slot of the key was won, ahead of the store's clock by no
+            more than max_clock_skew (an instance whose clock is that fast claims its slots
+            early), and fences this one."""
+            return self.lease and any(
+                k == key and s > slot and s - at <= _LEASE_SKEW_MS
+                for (k, s), (_, at) in wins.items()
+            )
 
         return [
             f"slot {key}:{slot} was refused to every instance as not-acquired and nobody won it"
@@ -202,6 +202,7 @@ class Simulation:
         self.steps = steps
         self.fleet = FleetClock(START, seed=seed)
         self.store = Store(self.fleet, self.fleet.instance(), random.Random(seed + 1))
+        self.store.evicting = self.kind == "redis" and self.rng.random() < 0.3
         self.ledger = Ledger(lease=self.kind == "lease")
         self.instances: list[Instance] = []
         self.log: list[str] = []
@@ -273,8 +274,8 @@ class Simulation:
         instance = Instance(name, deploy, clock, backend, scheduler)
         try:
             self._register(instance)
-        except ConfigurationError as exc:
-            self.log.append(f"{name} refused its configuration: {exc}")
+        except ConfigurationError as exc:  # the generator draws configurations the README allows
+            self.ledger.found.append(f"{name} refused a valid configuration {deploy}: {exc}")
             return
         self.instances.append(instance)
         self.log.append(f"start {name} {deploy}")
@@ -323,7 +324,7 @@ class Simulation:
                 key=f"{key}:start" if ctx.reason == "start" else key,
                 slot_ms=ctx.slot_ms, reason=ctx.reason, attempt=ctx.attempt,
                 instance=instance.name, overlap=options.get("overlap", "allow"),
-                max_attempts=options.get("max_attempts", 1) if ctx.reason != "start" else 99,
+                max_attempts=options.get("max_attempts", 3) if ctx.reason != "start" else 99,
                 start=fleet.now_ms(),
             )  # fmt: skip
             if ctx.reason == "start" and options.get("overlap") == "skip":
@@ -401,9 +402,16 @@ class Simulation:
             delta = rng.choice((-10_000, -2000, 2000, 10_000))
             store.clock.step(delta)
             self.log.append(f"store clock stepped {delta}ms")
+        elif self.kind == "redis" and self.store.evicting and roll < 0.92:
+            self.log.append(f"{self._data.evict(rng)} keys evicted")
         elif self.kind == "redis":
             self._data.keys.pop("sim:slot-memory", None)
             self.log.append("fleet record deleted")
+        elif self.kind == "rabbitmq" and roll < 0.92:
+            tick = self._jobs["tick_s"] * 1000
+            slot = self.fleet.now_ms() - self.fleet.now_ms() % tick + tick * rng.randint(1, 3)
+            self._data.stray(f"tick:{slot}")
+            self.log.append(f"a queue made beforehand for tick:{slot}")
         elif self.kind == "rabbitmq":
             self._data.record = None
             self.log.append("fleet record deleted")
@@ -414,7 +422,7 @@ class Simulation:
         violations: list[str] = []
         for n in range(self.steps):
             await self.step()
-            found = self.ledger.violations(self.fleet.now_ms())
+            found = self.ledger.found + self.ledger.violations(self.fleet.now_ms())
             if found:
                 violations = [f"after step {n}: {v}" for v in found]
                 break
