@@ -342,6 +342,20 @@ def _timing_errors(
             )
         )
     memory = caps.slot_memory
+    margin = caps.claim_margin
+    if options.claim and memory is not None and jitter + margin >= memory:
+        errors.append(
+            ConfigurationError(
+                f"job '{job}': slot_ttl ({format_duration(memory)}) of {backend} leaves no time "
+                f"to claim a slot: claims stop {format_duration(margin)} before it ends (its "
+                "max_clock_skew, and the flight of a claim), and jitter "
+                f"({format_duration(jitter)}) comes first; raise slot_ttl above "
+                f"{format_duration(jitter + margin)}, or lower max_clock_skew or jitter",
+                option="slot_ttl",
+                backend=backend,
+                job=job,
+            )
+        )
     if options.claim and memory is not None and jitter + max_late >= memory:
         errors.append(
             ConfigurationError(

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from datetime import timedelta
+from typing import Any
 
-from ._clock import Clock, Timer, ms_to_datetime
+from ._clock import Clock, Timer, ms_to_datetime, resolve
 from ._context import AbortReason, JobContext, abort
 from ._durations import format_duration, to_ms
 from ._events import ClaimEvent, Events, RunEvent, SkipEvent, SkipReason, StartEvent
@@ -39,6 +40,7 @@ _MIN_CLAIM_TIMEOUT_S = 0.5
 # A failed release is retried after _RELEASE_RETRY_S, doubling, up to a tenth of lease_ttl
 # within these bounds (see _release_delays).
 _RELEASE_RETRY_S = 0.2
+_RELEASE_ATTEMPT_S = 1.0  # one release attempt is waited for at most this long
 _RELEASE_RETRY_MIN_S = 0.01
 _RELEASE_RETRY_MAX_S = 1.0
 _CLAIM_SLACK_S = 0.25
@@ -378,7 +380,10 @@ class Runner:
         try:
             while True:
                 try:
-                    await self._release_once(lease, handover=handover, batched=not retries.tries)
+                    attempt = self._release_once(
+                        lease, handover=handover, batched=not retries.tries
+                    )
+                    await self._within(attempt, _release_attempt_s(ttl_ms), lease)
                 except Exception as exc:
                     if await retries.wait_after(exc):
                         continue
@@ -388,6 +393,29 @@ class Runner:
         except asyncio.CancelledError:
             retries.stopped()
             raise
+
+    async def _within(
+        self, attempt: Coroutine[Any, Any, None], seconds: float, lease: Lease
+    ) -> None:
+        """``attempt``, given up (``TimeoutError``) after ``seconds`` on this scheduler's
+        clock: a release sent on a link that silently drops it waits for no answer until the
+        backend's own bound (a third of lease_ttl), while a fresh one lands as soon as the
+        link is back. One given up may still land later: harmless, it ends the same lease."""
+        task = self.tasks.spawn(attempt, name=f"release:{lease.slot.key}", drained=False)
+        expired: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        timer = self.clock.call_later(round(seconds * 1000), lambda: resolve(expired))
+        try:
+            with self.clock.blocking():
+                await asyncio.wait({task, expired}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            timer.cancel()
+        if not task.done():
+            task.cancel()
+            raise TimeoutError(f"no answer within {seconds:g}s")
+        task.result()
 
     async def _release_once(self, lease: Lease, *, handover: bool, batched: bool) -> None:
         assert isinstance(self.backend, LeaseBackend)
@@ -577,6 +605,12 @@ class _ReleaseRetries:
             self._last,
             then,
         )
+
+
+def _release_attempt_s(ttl_ms: int) -> float:
+    """How long one release attempt is waited for: a second, or a third of lease_ttl if less
+    (the backends bound a release to that themselves)."""
+    return min(_RELEASE_ATTEMPT_S, max(ttl_ms / 3000, _RELEASE_RETRY_S))
 
 
 def _release_delays(ttl_ms: int) -> Iterator[float]:

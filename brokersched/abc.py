@@ -76,12 +76,16 @@ class Capabilities:
     ``slot_memory``: how long a claimed slot is remembered (``None``: for ever, by fencing).
     ``history_ttl``: history can be trimmed by age.
     ``history_size_per_job``: each job keeps its own history size (NATS keeps one for all).
+    ``claim_margin``: see below.
     """
 
     leases: bool
     slot_memory: timedelta | None
     history_ttl: bool
     history_size_per_job: bool
+    #: Claim-only: how long before a slot is ``slot_memory`` old its claims stop (the clocks'
+    #: skew, a claim's flight, what the backend does ahead of a slot: ``_claims.margin_ms``).
+    claim_margin: timedelta = timedelta(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,13 +288,14 @@ class ClaimBackend(Backend):
         claimed safely: its claims must all land while the backend remembers the first one
         (``backends._claims.claim_deadline_ms``). The scheduler sends no claim after it (the
         slot is skipped as ``late``). The default: the slot memory of ``capabilities`` less
-        the margin for clocks one second apart; a backend with a fleet-wide record of its
-        memory answers from that record."""
-        memory = self.capabilities.slot_memory
-        if memory is None:
+        ``capabilities.claim_margin`` (or a margin for clocks one second apart); a backend with
+        a fleet-wide record of its memory answers from that record."""
+        caps = self.capabilities
+        if caps.slot_memory is None:
             return None
-        limit = round(memory.total_seconds() * 1000)
-        return slot.slot_ms + limit - margin_ms(limit, skew_ms=_DEFAULT_SKEW_MS)
+        limit = round(caps.slot_memory.total_seconds() * 1000)
+        margin = round(caps.claim_margin.total_seconds() * 1000)
+        return slot.slot_ms + limit - (margin or margin_ms(limit, skew_ms=_DEFAULT_SKEW_MS))
 
     async def claim_boot(
         self, slot: Slot, *, instance_id: str, run_id: str, timeout: float

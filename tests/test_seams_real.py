@@ -644,17 +644,21 @@ async def test_10_a_record_deleted_then_a_shorter_member_never_runs_an_at_slot_t
     finally:
         fleet.thaw("LONG")
     await fleet.wait("LONG decides the slot", lambda: fleet.decided("LONG", "report"), 15)
+    ran_at_most_once_or_failed_closed(fleet)
+
+
+def ran_at_most_once_or_failed_closed(fleet: Fleet) -> None:
+    """The slot ran once, or nowhere with a documented reason on every member: it fell due
+    before the record was made again, so no claim of it is known to be remembered (the
+    README's Limits)."""
     ran = [run["instance"] for run in fleet.runs()]
-    assert len(ran) == 1, f"the slot ran on {ran}\n{fleet.diagnostics()}"
+    assert len(ran) <= 1, f"the slot ran on {ran}\n{fleet.diagnostics()}"
+    if not ran:
+        reasons = {event["reason"] for event in fleet.events("skip")}
+        assert reasons <= {"late", "backend-error"}, fleet.diagnostics()
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 24 class 10 not closed on Redis: a member that believes a longer memory sends "
-    "its SET in the same round trip as its read of the record, so it wins a slot the record "
-    "made again (shorter) has let Redis forget; RabbitMQ refuses it (its fence is gone)",
-)
 async def test_10_a_record_deleted_while_a_longer_member_runs_never_runs_an_at_slot_twice(
     fleet: Fleet, redis_url: str
 ) -> None:
@@ -686,7 +690,7 @@ async def test_10_a_record_deleted_while_a_longer_member_runs_never_runs_an_at_s
         fleet.thaw("LONG")
     await fleet.wait("LONG decides the slot", lambda: fleet.decided("LONG", "report"), 15)
     ran = [run["instance"] for run in fleet.runs()]
-    assert len(ran) == 1, f"the slot ran on {ran}\n{fleet.diagnostics()}"
+    assert ran == ["SHORT"], f"the slot ran on {ran}\n{fleet.diagnostics()}"
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ __all__ = [
     "FLIGHT_MS",
     "FleetMemory",
     "claim_deadline_ms",
+    "claim_margin",
     "margin_ms",
 ]
 
@@ -103,16 +104,22 @@ class FleetMemory:
 def claim_deadline_ms(memory: FleetMemory, slot_ms: int, *, skew_ms: int, lead_ms: int = 0) -> int:
     """The last instant (the claimer's clock) at which ``slot_ms`` may be claimed under
     ``memory``: its limit, less the clocks' skew, a claim's flight and ``lead_ms``, how long
-    before a slot the backend may have made what remembers its claim. A memory of under 8 s
-    tolerates an eighth of it as skew, and as flight: a fleet that remembers slots for a
-    second must keep its clocks that close anyway."""
+    before a slot the backend may have made what remembers its claim."""
     limit = memory.limit_ms(slot_ms, skew_ms)
     return slot_ms + limit - margin_ms(limit, skew_ms=skew_ms, lead_ms=lead_ms)
 
 
 def margin_ms(limit_ms: int, *, skew_ms: int, lead_ms: int = 0) -> int:
-    """How long before a slot is ``limit_ms`` old its claims stop (see ``claim_deadline_ms``)."""
-    return min(skew_ms, limit_ms // 8) + min(FLIGHT_MS, limit_ms // 8) + lead_ms
+    """How long before a slot is ``limit_ms`` old its claims stop (see ``claim_deadline_ms``):
+    the clocks' skew, whole; a claim's flight, 250 ms or an eighth of a shorter memory (a
+    fleet that remembers slots for a second has its store close by); the backend's lead."""
+    return skew_ms + min(FLIGHT_MS, limit_ms // 8) + lead_ms
+
+
+def claim_margin(memory: timedelta, skew_ms: int, lead_ms: int = 0) -> timedelta:
+    """``margin_ms`` for a slot memory: what ``Capabilities.claim_margin`` says."""
+    limit = round(memory.total_seconds() * 1000)
+    return timedelta(milliseconds=margin_ms(limit, skew_ms=skew_ms, lead_ms=lead_ms))
 
 
 def _ms(value: object) -> int:

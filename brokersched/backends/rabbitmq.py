@@ -711,6 +711,9 @@ class RabbitMQBackend(ClaimBackend):
             slot_memory=self._slot_ttl,
             history_ttl=False,
             history_size_per_job=True,
+            claim_margin=timedelta(
+                milliseconds=claim_margin_ms(to_ms(self._slot_ttl), self._skew_ms)
+            ),
         )
 
     @property

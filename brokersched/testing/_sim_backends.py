@@ -42,6 +42,7 @@ from ..backends._claims import (
     DEFAULT_CLAIM_SKEW,
     FleetMemory,
     claim_deadline_ms,
+    claim_margin,
     margin_ms,
 )
 from ..backends.memory import MemoryBackend, MemoryStore
@@ -77,6 +78,9 @@ class Store:
     locked_until: int = -1  # another process holds the write lock (SQLite)
     busy_timeout_ms: int = 5000
     wins: Wins = field(default_factory=dict)
+    released: set[tuple[str, int, str]] = field(default_factory=set)  # (key, slot, instance)
+    # (key, slot, instance, attempt) -> when its lease expires on the fleet's true time
+    expiry: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
     evicting: bool = False  # Redis: maxmemory-policy evicts keys with a TTL
     stray: set[str] = field(default_factory=set)  # RabbitMQ: queues made beforehand
 
@@ -114,9 +118,11 @@ class SimLeaseBackend(MemoryBackend):
     """A lease store (PostgreSQL, SQLite, Redis) as the lease protocol itself, on the store's
     clock, behind the store's faults."""
 
-    def __init__(self, store: Store, rows: MemoryStore, *, lease_ttl: timedelta) -> None:
+    def __init__(
+        self, store: Store, rows: MemoryStore, *, lease_ttl: timedelta, instance: str
+    ) -> None:
         super().__init__(lease_ttl=lease_ttl, store=rows, store_clock=store.clock)
-        self.sim = store
+        self.sim, self.instance = store, instance
         self.dead = False
 
     def _bound(self) -> float:
@@ -139,6 +145,7 @@ class SimLeaseBackend(MemoryBackend):
             )  # fmt: skip
             if isinstance(answer, Lease):
                 self.sim.won(slot.job, slot.slot_ms, instance_id)
+                self._expires(answer)
             return answer
 
         return await self.sim.call(self.dead, timeout, apply, write=True)
@@ -153,28 +160,63 @@ class SimLeaseBackend(MemoryBackend):
             for claim, answer in zip(claims, answers, strict=True):
                 if isinstance(answer, Lease):
                     self.sim.won(claim.slot.job, claim.slot.slot_ms, instance_id)
+                    self._expires(answer)
             return answers
 
         return await self.sim.call(self.dead, timeout, apply, write=True)
 
     async def renew(self, lease: Lease) -> bool:
-        return await self.sim.call(
-            self.dead, self._bound(), lambda: MemoryBackend.renew(self, lease), write=True
-        )
+        async def apply() -> bool:
+            renewed = await MemoryBackend.renew(self, lease)
+            if renewed:
+                self._expires(lease)
+            return renewed
+
+        return await self.sim.call(self.dead, self._bound(), apply, write=True)
+
+    def _expires(self, lease: Lease) -> None:
+        """Note when ``lease`` expires, on the fleet's true time (the store's clock may be
+        off): the simulator's invariants judge a release that came too late by it."""
+        row = self.store.jobs.get(lease.job)
+        held = row.leases.get(lease.slot_ms) if row is not None else None
+        if held is not None:
+            off = self.sim.clock.now_ms() - self.sim.fleet.now_ms()
+            key = (lease.job, lease.slot_ms, held.instance_id, held.attempt)
+            self.sim.expiry[key] = held.expires_ms - off
+
+    def _held(self, lease: Lease) -> bool:
+        """Whether ``lease`` still holds its slot in the store (not taken over)."""
+        row = self.store.jobs.get(lease.job)
+        held = row.leases.get(lease.slot_ms) if row is not None else None
+        return held is not None and held.token == lease.token
+
+    def _released(self, lease: Lease) -> None:
+        if self._held(lease):
+            self.sim.released.add((lease.job, lease.slot_ms, self.instance))
 
     async def release(self, lease: Lease, *, handover: bool = False) -> None:
-        await self.sim.call(
-            self.dead,
-            self._bound(),
-            lambda: MemoryBackend.release(self, lease, handover=handover),
-            write=True,
-        )
+        async def apply() -> None:
+            if not handover:
+                self._released(lease)
+            await MemoryBackend.release(self, lease, handover=handover)
+
+        await self.sim.call(self.dead, self._bound(), apply, write=True)
+
+    async def release_many(self, leases: Sequence[Lease]) -> list[Exception | None]:
+        async def apply() -> list[Exception | None]:
+            for lease in leases:  # one transaction: each as release() would end it
+                self._released(lease)
+                await MemoryBackend.release(self, lease)
+            return [None for _ in leases]
+
+        return await self.sim.call(self.dead, self._bound(), apply, write=True)
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         async def apply() -> list[Lease]:
             leases = await MemoryBackend.take_over(self, policies, instance_id=instance_id)
             for lease in leases:
                 self.sim.won(lease.job, lease.slot_ms, instance_id)
+                self._expires(lease)
             return leases
 
         return await self.sim.call(self.dead, 5.0, apply, write=True)
@@ -416,7 +458,8 @@ class SimNATS(ClaimBackend):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(False, self._slot_ttl, False, False)
+        margin = claim_margin(self._slot_ttl, self._skew_ms)
+        return Capabilities(False, self._slot_ttl, False, False, margin)
 
     async def _open(self, clock: Clock) -> None:
         async def start() -> None:
@@ -541,7 +584,9 @@ class SimRabbitMQ(ClaimBackend):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(False, self._slot_ttl, False, True)
+        lead = self._lead(to_ms(self._slot_ttl))
+        margin = claim_margin(self._slot_ttl, self._skew_ms, lead)
+        return Capabilities(False, self._slot_ttl, False, True, margin)
 
     async def _open(self, clock: Clock) -> None:
         self._clock = clock

@@ -81,6 +81,7 @@ class Run:
     overlap: str
     max_attempts: int
     start: int  # the fleet's true time, ms
+    lease_ttl_ms: int = 0
     end: int | None = None
     how: str = ""  # "returned", "cut" (cancelled: lease lost, timeout, drain), "killed"
 
@@ -93,6 +94,25 @@ class Ledger:
     runs: list[Run] = field(default_factory=list)
     refused: dict[tuple[str, int], set[str]] = field(default_factory=dict)  # skip reasons
     found: list[str] = field(default_factory=list)
+    killed: dict[str, int] = field(default_factory=dict)  # instance -> when (true time)
+    released: set[tuple[str, int, str]] = field(default_factory=set)
+    expiry: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
+    outages: list[tuple[int, int]] = field(default_factory=list)  # the store unreachable
+
+    def _unreleased(self, run: Run) -> bool:
+        """Its handler returned, but its release never reached the store, as the README's
+        Limits allow: its runner was killed first, or the store was out of its reach from
+        the run's end until its lease expired, but for less than one attempt's wait (a third
+        of lease_ttl) and the pause before the next (a tenth)."""
+        if (run.key, run.slot_ms, run.instance) in self.released or run.end is None:
+            return False
+        if run.instance in self.killed:
+            return True
+        expiry = self.expiry.get((run.key, run.slot_ms, run.instance, run.attempt))
+        if expiry is None:
+            return True
+        reachable = expiry - run.end - _covered(self.outages, run.end, expiry)
+        return reachable < run.lease_ttl_ms // 3 + run.lease_ttl_ms // 10
 
     def violations(self, now: int) -> list[str]:
         found: list[str] = []
@@ -103,7 +123,7 @@ class Ledger:
             if len(runs) > 1 and not self.lease:
                 found.append(f"slot {key}:{slot} ran {len(runs)} times: {_show(runs)}")
             for earlier, later in itertools.pairwise(runs):
-                if earlier.how == "returned":
+                if earlier.how == "returned" and not self._unreleased(earlier):
                     found.append(f"slot {key}:{slot} ran again after it completed: {_show(runs)}")
                     break
                 if later.attempt > later.max_attempts:
@@ -142,6 +162,17 @@ class Ledger:
             and (key, slot) not in wins
             and not fenced(key, slot)
         ]
+
+
+def _covered(spans: list[tuple[int, int]], start: int, end: int) -> int:
+    """How much of ``start..end`` the union of ``spans`` covers, in ms."""
+    covered, reached = 0, start
+    for since, until in sorted(spans):
+        since, until = max(since, reached), min(until, end)
+        if until > since:
+            covered += until - since
+            reached = until
+    return covered
 
 
 def _show(runs: list[Run]) -> str:
@@ -203,7 +234,9 @@ class Simulation:
         self.fleet = FleetClock(START, seed=seed)
         self.store = Store(self.fleet, self.fleet.instance(), random.Random(seed + 1))
         self.store.evicting = self.kind == "redis" and self.rng.random() < 0.3
-        self.ledger = Ledger(lease=self.kind == "lease")
+        self.ledger = Ledger(
+            lease=self.kind == "lease", released=self.store.released, expiry=self.store.expiry
+        )
         self.instances: list[Instance] = []
         self.log: list[str] = []
         self._names = 0
@@ -248,10 +281,10 @@ class Simulation:
 
     # -- instances ---------------------------------------------------------------------------
 
-    def _backend(self, deploy: Deploy) -> Backend:
+    def _backend(self, deploy: Deploy, name: str) -> Backend:
         memory = timedelta(milliseconds=deploy.memory_ms)
         if self.kind == "lease":
-            return SimLeaseBackend(self.store, self._rows, lease_ttl=memory)
+            return SimLeaseBackend(self.store, self._rows, lease_ttl=memory, instance=name)
         if self.kind == "redis":
             return SimRedis(self.store, self._data, slot_ttl=memory, prefix="sim")
         if self.kind == "nats":
@@ -264,7 +297,7 @@ class Simulation:
         self._names += 1
         name = f"i{self._names}"
         clock = self.fleet.instance(ahead_ms)
-        backend = self._backend(deploy)
+        backend = self._backend(deploy, name)
         jitter = timedelta(milliseconds=deploy.jitter_ms)
         max_late = timedelta(milliseconds=deploy.max_late_ms)
         scheduler: Scheduler[Any] = Scheduler(
@@ -325,7 +358,7 @@ class Simulation:
                 slot_ms=ctx.slot_ms, reason=ctx.reason, attempt=ctx.attempt,
                 instance=instance.name, overlap=options.get("overlap", "allow"),
                 max_attempts=options.get("max_attempts", 3) if ctx.reason != "start" else 99,
-                start=fleet.now_ms(),
+                start=fleet.now_ms(), lease_ttl_ms=instance.deploy.memory_ms,
             )  # fmt: skip
             if ctx.reason == "start" and options.get("overlap") == "skip":
                 run.key = key  # holds the job's own lease: it never overlaps the job's slots
@@ -359,6 +392,7 @@ class Simulation:
         elif roll < 0.16:
             victim = rng.choice(live)
             victim.kill()
+            self.ledger.killed[victim.name] = self.fleet.now_ms()
             self.log.append(f"kill -9 {victim.name}")
         elif roll < 0.18:
             self._stop(rng.choice(live))
@@ -391,15 +425,26 @@ class Simulation:
         store, rng, now = self.store, self.rng, self.fleet.monotonic_ms()
         if roll < 0.35:
             store.held_until = now + rng.choice((200, 900, 2500, 6000))
+            self.ledger.outages.append(
+                (self.fleet.now_ms(), self.fleet.now_ms() + store.held_until - now)
+            )
             self.log.append(f"store held until {store.held_until}")
         elif roll < 0.55:
             store.down_until = now + rng.choice((500, 2000, 8000))
+            self.ledger.outages.append(
+                (self.fleet.now_ms(), self.fleet.now_ms() + store.down_until - now)
+            )
             self.log.append(f"store down until {store.down_until}")
         elif roll < 0.7 and self.kind == "lease":
             store.locked_until = now + rng.choice((500, 2000, 5000))
+            self.ledger.outages.append(
+                (self.fleet.now_ms(), self.fleet.now_ms() + store.locked_until - now)
+            )
             self.log.append(f"store locked until {store.locked_until}")
         elif roll < 0.85 and self.kind == "lease":
-            delta = rng.choice((-10_000, -2000, 2000, 10_000))
+            # Backwards only: a forward step shortens every live lease by the step (the README's
+            # Clocks section: a store's clock is slewed, not stepped forward).
+            delta = rng.choice((-10_000, -2000, -500))
             store.clock.step(delta)
             self.log.append(f"store clock stepped {delta}ms")
         elif self.kind == "redis" and self.store.evicting and roll < 0.92:

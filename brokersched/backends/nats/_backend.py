@@ -23,7 +23,7 @@ from ..._durations import Duration, positive_duration, to_ms
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..._tasks import cancel_requests, gather_each, raise_if_cancelled_since, to_the_end
 from ...abc import Capabilities, Claim, ClaimBackend, JobPolicy, RunRecord, Slot
-from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms
+from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms, claim_margin
 from .._lease import check_max_clock_skew
 from ._base import (
     BACKEND,
@@ -143,7 +143,11 @@ class NATSBackend(ClaimBackend):
         )
         self._shown_servers = ", ".join(_redact.redact_url(s) for s in self._servers)
         self._capabilities = Capabilities(
-            leases=False, slot_memory=self._slot_ttl, history_ttl=False, history_size_per_job=False
+            leases=False,
+            slot_memory=self._slot_ttl,
+            history_ttl=False,
+            history_size_per_job=False,
+            claim_margin=claim_margin(self._slot_ttl, self._skew_ms),
         )
         self._nc: NATSClient | None = None
         self._js: JetStreamContext | None = None

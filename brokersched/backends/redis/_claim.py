@@ -39,7 +39,13 @@ from ..._clock import Clock
 from ..._durations import Duration, format_duration, positive_duration, to_ms
 from ..._exceptions import BackendError
 from ...abc import Capabilities, Claim, ClaimBackend, JobPolicy, RunRecord, Slot
-from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, FleetMemory, claim_deadline_ms
+from .._claims import (
+    BOOT_MEMORY,
+    DEFAULT_CLAIM_SKEW,
+    FleetMemory,
+    claim_deadline_ms,
+    claim_margin,
+)
 from .._lease import check_max_clock_skew
 from ._base import RedisConnection, claim_key
 
@@ -119,7 +125,11 @@ class RedisBackend(ClaimBackend):
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities(
-            leases=False, slot_memory=self._slot_ttl, history_ttl=True, history_size_per_job=True
+            leases=False,
+            slot_memory=self._slot_ttl,
+            history_ttl=True,
+            history_size_per_job=True,
+            claim_margin=claim_margin(self._slot_ttl, self._skew_ms),
         )
 
     @property
@@ -218,10 +228,22 @@ class RedisBackend(ClaimBackend):
         memory_ms: int | None,
     ) -> list[bool | Exception]:
         """Claim each slot (``memory_ms``: the least its key lives, beside the fleet's); one
-        error raised for a single claim, per claim for several."""
-        memory = self._memory
-        if memory is None:
+        error raised for a single claim, per claim for several.
+
+        The record is read first when this instance last read it too early to know what it
+        says of these slots: a claim decided on an outdated view (a record made again with a
+        shorter memory meanwhile) could win a slot whose first claim Redis has forgotten
+        already (issue 24, class 10). The read and the claims are then two round trips; a
+        raise between them only limits these slots to the memory they are claimed with."""
+        if self._memory is None:
             raise BackendError(f"{self.name} is not started")
+        known = self._read_sent_ms - self._skew_ms
+        if memory_ms is None and any(slot.slot_ms > known for slot, _ in claims):
+            began = self._redis.now_ms()
+            await self._read_record(timeout)
+            timeout = max(timeout - (self._redis.now_ms() - began) / 1000, 0.0)
+        memory = self._memory
+        assert memory is not None
         px = max(memory.memory_ms, memory_ms or 0)
         outcomes: list[bool | Exception] = []
         sent: list[tuple[int, str, str]] = []  # (index, key, value)
@@ -235,52 +257,27 @@ class RedisBackend(ClaimBackend):
                 outcomes.append(exc)
                 continue
             outcomes.append(False)
-            value = json.dumps(
-                {"instance_id": instance_id, "run_id": run_id}, separators=(",", ":")
-            )
+            value = json.dumps({"instance_id": instance_id, "run_id": run_id}, separators=_COMPACT)
             sent.append((n, claim_key(self.prefix, slot), value))
         if not sent:
             return outcomes
-        known = self._read_sent_ms - self._skew_ms
-        read = any(claims[n][0].slot_ms > known for n, _, _ in sent)
-        record = slot_memory_key(self.prefix)
-        sent_ms = self._redis.now_ms()
 
-        async def set_all(client: Any) -> tuple[list[Any], FleetMemory | None]:
+        async def set_all(client: Any) -> list[Any]:
             pipe = client.pipeline(transaction=False)
-            if read:
-                pipe.hmget(record, "memory_ms", "raises", "created_ms")
             for _, key, value in sent:
                 pipe.set(key, value, nx=True, px=px)
             answers: list[Any] = await pipe.execute(raise_on_error=False)
-            if not read:
-                return answers, memory
-            seen_record = answers.pop(0)
-            if isinstance(seen_record, Exception):
-                raise seen_record  # the claims' answers are not definite without it
-            seen = _parse(*seen_record)
-            if seen is not None and seen.memory_ms > px:  # a raise not seen
-                won = [key for (_, key, _), answer in zip(sent, answers, strict=True) if answer]
-                if won:
-                    again = client.pipeline(transaction=False)
-                    for key in won:
-                        again.pexpire(key, seen.memory_ms)
-                    await again.execute()
-            return answers, seen
+            return answers
 
         action = f"claim {claims[0][0].key}" if len(claims) == 1 else f"claim {len(sent)} slots"
         try:
-            answers, seen = await self._redis.call(action, set_all, timeout)
+            answers = await self._redis.call(action, set_all, timeout)
         except BackendError as exc:
             if len(claims) == 1:
                 raise
             for n, _, _ in sent:
                 outcomes[n] = exc
             return outcomes
-        if seen != memory:
-            await self._adopt(seen)
-        elif read:
-            self._read_sent_ms = max(self._read_sent_ms, sent_ms)
         for (n, key, _), answer in zip(sent, answers, strict=True):
             if isinstance(answer, Exception):
                 error = BackendError(f"{self.name} could not claim {key}: {answer}")
@@ -290,6 +287,22 @@ class RedisBackend(ClaimBackend):
             else:
                 outcomes[n] = answer is True
         return outcomes
+
+    async def _read_record(self, timeout: float) -> None:
+        """Read the fleet's record; adopt what changed (made again, raised, gone)."""
+        record = slot_memory_key(self.prefix)
+        sent_ms = self._redis.now_ms()
+
+        async def read(client: Any) -> FleetMemory | None:
+            pipe = client.pipeline(transaction=False)
+            pipe.hmget(record, "memory_ms", "raises", "created_ms")
+            (fields,) = await pipe.execute()
+            return _parse(*fields)
+
+        seen = await self._redis.call(f"read {record}", read, timeout)
+        self._read_sent_ms = max(self._read_sent_ms, sent_ms)
+        if seen != self._memory:
+            await self._adopt(seen)
 
     def _check_not_too_late(self, memory: FleetMemory, slot: Slot) -> None:
         """Only for claims within this instance's own slot_ttl after the slot (the
