@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint typecheck services bench chaos clean
+.PHONY: demo test test-fast lint typecheck services bench chaos simulate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,14 @@ bench: $(STAMP) services
 chaos: $(STAMP)
 	$(BIN)/python bench/chaos_rabbitmq.py
 	$(BIN)/python bench/chaos_nats.py 10
+
+# The fleet simulator (brokersched.testing.simulate): SEEDS=N runs seeds 0..N-1 (FIRST=K to
+# start elsewhere), SEED=n replays one (BACKEND=lease|redis|nats|rabbitmq, STEPS=120, VERBOSE=1).
+SEEDS ?= 200
+simulate: $(STAMP)
+	PYTHONHASHSEED=0 $(BIN)/python -m brokersched.testing.simulate \
+		$(if $(SEED),--seed $(SEED),--seeds $(SEEDS) $(if $(FIRST),--first $(FIRST))) \
+		$(if $(BACKEND),--backend $(BACKEND)) $(if $(STEPS),--steps $(STEPS)) $(if $(VERBOSE),-v)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -38,6 +38,7 @@ from brokersched.testing import TestClock
 CLOCK = SystemClock()
 SHORT, LONG = "1s", "20s"  # the old and the new slot_ttl of a rolling deploy
 SHORT_MS, LONG_MS = 1000, 20_000
+SKEW_MS = 100  # the fleet fixture's max_clock_skew
 EXPIRED_S = 2.5  # a claim queue made under SHORT is gone by then (the broker's timer)
 JOB = JobPolicy("job", history_size=5)
 
@@ -121,6 +122,8 @@ async def fleet(amqp_url: str, prefix: str) -> AsyncIterator[Callable[..., Any]]
     async def start(
         slot_ttl: str, *, started_now: bool = True, prepared: bool = True, **options: Any
     ) -> Any:
+        # One host's clocks: a skew of 100 ms leaves room to claim under a 1 s memory
+        options.setdefault("max_clock_skew", f"{SKEW_MS}ms")
         backend = Tracked(amqp_url, prefix=prefix, slot_ttl=slot_ttl, **options)
         started.append(backend)
         if started_now:
@@ -652,7 +655,7 @@ async def test_a_direct_claim_of_a_slot_the_broker_forgot_is_refused(
     message = str(again)
     assert f"slot {slot.key} is " in message and "too late to claim safely" in message
     assert "the fleet's slot memory is 500ms" in message
-    assert f"minus a {claim_margin_ms(500)}ms margin" in message
+    assert f"minus a {claim_margin_ms(500, SKEW_MS)}ms margin" in message
     assert await claim(backend, now_slot()) is True  # a fresh slot is claimed as before
 
 
@@ -666,11 +669,11 @@ async def test_a_claim_is_refused_from_the_slot_memory_minus_the_margin(
     await backend.start(clock)
     await backend.prepare([JOB])
     await clock.advance("30s")  # the slots below fell due after the record was made
-    last_ms = 10_000 - claim_margin_ms(10_000)  # the first age refused
+    last_ms = 10_000 - claim_margin_ms(10_000, SKEW_MS)  # the first age refused
     assert await claim(backend, Slot("job", clock.now_ms() - last_ms + 500)) is True
     refused = await claim(backend, Slot("job", clock.now_ms() - last_ms))
     assert isinstance(refused, BackendError)
-    assert "is 8s old" in str(refused)  # a margin of 2 s: 1 s of skew, 250 ms, 750 ms ahead
+    assert "is 8s900ms old" in str(refused)  # a margin of 1100 ms: skew 100, flight 250, ahead 750
     assert await claim(backend, Slot("job", clock.now_ms() - 60_000)) is not True
 
 
@@ -682,7 +685,8 @@ async def test_a_claim_still_waiting_at_the_limit_gives_up(fleet: Callable[..., 
     await backend.start(clock)
     await backend.prepare([JOB])
     await clock.advance("30s")
-    slot = Slot("job", clock.now_ms() - (10_000 - claim_margin_ms(10_000)) + 200)  # 200ms left
+    left_ms = 10_000 - claim_margin_ms(10_000, SKEW_MS)
+    slot = Slot("job", clock.now_ms() - left_ms + 200)  # 200ms left
     async with backend._pool.channel():  # the only channel, busy
         waiting = asyncio.create_task(claim(backend, slot))
         await asyncio.sleep(0.5)

@@ -23,6 +23,7 @@ from tests.redis_helpers import delete_keys
 
 CLOCK = SystemClock()
 SHORT, LONG = "1s", "20s"
+SKEW = "100ms"
 EXPIRED_S = 2.5  # a key made under SHORT is gone by then (Redis's timer)
 LOGGER = "brokersched.backends.redis"
 
@@ -44,7 +45,8 @@ async def fleet(redis_url: str, prefix: str) -> AsyncIterator[Callable[..., Any]
     started: list[RedisBackend] = []
 
     async def start(slot_ttl: str) -> RedisBackend:
-        backend = RedisBackend(redis_url, prefix=prefix, slot_ttl=slot_ttl)
+        # One host's clocks: a skew of 100 ms leaves room to claim under a 1 s memory
+        backend = RedisBackend(redis_url, prefix=prefix, slot_ttl=slot_ttl, max_clock_skew=SKEW)
         await backend.start(CLOCK)
         started.append(backend)
         return backend
@@ -157,7 +159,9 @@ async def test_instances_starting_together_with_two_slot_ttls_never_both_win(
     once; late claims once a SHORT key would have expired win nothing."""
     ttls = [SHORT, LONG] * 3
     random.shuffle(ttls)
-    backends = [RedisBackend(redis_url, prefix=prefix, slot_ttl=ttl) for ttl in ttls]
+    backends = [
+        RedisBackend(redis_url, prefix=prefix, slot_ttl=ttl, max_clock_skew=SKEW) for ttl in ttls
+    ]
     first = CLOCK.now_ms() + 100
     slots = [Slot("start", first + n * 25) for n in range(24)]
     barrier = asyncio.Barrier(len(backends))

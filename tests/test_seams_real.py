@@ -9,8 +9,7 @@ because the servers' own timers are the point: a claim key's or queue's expiry, 
 window, a lease's expiry and the take-over sweep.
 
 Each test failed on the commit before its fix (the file and ``seam_worker.py`` copied into a
-worktree of that commit, run there with ``PYTHONPATH`` at it). Two are marked ``xfail``: what
-they show still runs slots twice after the fixes (their reasons say how).
+worktree of that commit, run there with ``PYTHONPATH`` at it).
 """
 
 from __future__ import annotations
@@ -570,12 +569,6 @@ async def test_8_a_fast_clock_and_a_raise_just_before_a_slot_never_run_it_twice(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 24 class 8 not closed for a slot_ttl under 8 s: the claim rule tolerates "
-    "only slot_ttl/8 of skew there (375 ms for 3 s), undocumented; the README's bound is "
-    "slot_ttl - (jitter + max_late) and max_clock_skew defaults to 1 s",
-)
 async def test_8_redis_a_skew_of_1s_with_an_old_slot_ttl_of_3s_never_runs_a_slot_twice(
     fleet: Fleet, redis_url: str
 ) -> None:

@@ -56,6 +56,8 @@ BACKENDS = ("lease", "redis", "nats", "rabbitmq")
 START = "2027-03-01T08:00:00+00:00"
 _MAX_INSTANCES = 4
 _LEASE_SKEW_MS = 5000  # the lease backends' default max_clock_skew
+# Boot runs that fall less than a boot window apart (less the clocks' skew) share one run.
+_BOOT_SHARED_MS = 60_000 - 1000
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,15 @@ class Ledger:
                     break
                 if later.attempt > later.max_attempts:
                     found.append(f"slot {key}:{slot} started beyond max_attempts: {_show(runs)}")
+        boots: dict[str, list[Run]] = {}
+        for run in self.runs:
+            if run.reason == "start":
+                boots.setdefault(run.key, []).append(run)
+        for key, runs in boots.items():
+            runs.sort(key=lambda run: run.slot_ms)
+            for earlier, later in itertools.pairwise(runs):
+                if later.slot_ms - earlier.slot_ms < _BOOT_SHARED_MS:
+                    found.append(f"boot runs of {key} a window apart both ran: {_show(runs)}")
         by_key: dict[str, list[Run]] = {}
         for run in self.runs:
             if run.overlap == "skip":
@@ -264,20 +275,29 @@ class Simulation:
         memory = rng.choice((3000, 10_000, 30_000) if lease else (3000, 8000, 20_000, 60_000))
         if base is not None and rng.random() < 0.5:
             memory = base.memory_ms  # a deploy that changes something else
-        jitter = rng.choice((0, 100, 250))
-        room = 60_000 if lease else memory - jitter - 200
-        max_late = max(
-            jitter + 100, min(60_000, rng.randint(jitter + 100, max(room, jitter + 101)))
-        )
         return Deploy(
             memory_ms=memory,
-            jitter_ms=jitter,
-            max_late_ms=max_late,
+            jitter_ms=rng.choice((0, 100, 250, 900, 4000)),
+            max_late_ms=rng.choice((500, 2000, 10_000, 45_000)),
             overlap=rng.choice(("skip", "allow")) if lease else "allow",
             max_attempts=rng.choice((1, 2, 3)),
             renamed=rng.random() < 0.2,
             declare_ahead=rng.random() < 0.7,
         )
+
+    def _timing(self, deploy: Deploy, gap_ms: int | None) -> dict[str, Any]:
+        """A job's jitter and max_late from the deploy's, within the README's rules: jitter
+        under half the gap, max_late above it, and on a claim-only backend both (and the
+        claims' margin) within slot_ttl."""
+        jitter = deploy.jitter_ms if gap_ms is None else min(deploy.jitter_ms, gap_ms // 2 - 1)
+        max_late = deploy.max_late_ms
+        if self.kind != "lease":
+            lead = min(750, deploy.memory_ms // 4) if self.kind == "rabbitmq" else 0
+            margin = 1000 + min(250, deploy.memory_ms // 8) + lead
+            jitter = max(0, min(jitter, deploy.memory_ms - margin - 100, deploy.memory_ms // 3))
+            max_late = min(max_late, deploy.memory_ms - jitter - 100)
+        max_late = max(max_late, jitter + 50)
+        return {"jitter": f"{jitter}ms", "max_late": f"{max_late}ms"}
 
     # -- instances ---------------------------------------------------------------------------
 
@@ -298,12 +318,9 @@ class Simulation:
         name = f"i{self._names}"
         clock = self.fleet.instance(ahead_ms)
         backend = self._backend(deploy, name)
-        jitter = timedelta(milliseconds=deploy.jitter_ms)
-        max_late = timedelta(milliseconds=deploy.max_late_ms)
         scheduler: Scheduler[Any] = Scheduler(
-            backend, clock=clock, instance_id=name, jitter=jitter, max_late=max_late,
-            drain_timeout="3s",
-        )  # fmt: skip
+            backend, clock=clock, instance_id=name, drain_timeout="3s"
+        )
         instance = Instance(name, deploy, clock, backend, scheduler)
         try:
             self._register(instance)
@@ -323,20 +340,25 @@ class Simulation:
             instance.kill()
 
     def _register(self, instance: Instance) -> None:
+        """The application's jobs, the same in every version; the scheduler's own defaults
+        (jitter 2 s, max_late 60 s) apply to the boot job alone."""
         sched, deploy, jobs = instance.scheduler, instance.deploy, self._jobs
         lease = self.kind == "lease"
         options: dict[str, Any] = {}
         if lease:
             options = {"overlap": deploy.overlap, "max_attempts": deploy.max_attempts}
         name = "tick.v2" if deploy.renamed else "tick"
+        tick_ms = jobs["tick_s"] * 1000
         sched.every(
-            name, f"{jobs['tick_s']}s", self._handler(instance, "tick", options),
-            key="tick", run_on_start=jobs["run_on_start"], **options,
+            name, f"{tick_ms}ms", self._handler(instance, "tick", options), key="tick",
+            run_on_start=jobs["run_on_start"], **options, **self._timing(deploy, tick_ms),
         )  # fmt: skip
-        sched.cron("cron", "*/3 * * * * *", self._handler(instance, "cron", options), **options)
+        cron = {**options, **self._timing(deploy, 3000)}
+        sched.cron("cron", "*/3 * * * * *", self._handler(instance, "cron", options), **cron)
         at = self.fleet.now() + timedelta(seconds=jobs["at_s"])
         once: dict[str, Any] = {"max_attempts": deploy.max_attempts} if lease else {}
-        sched.at("once", at, self._handler(instance, "once", once), **once)
+        timing = self._timing(deploy, None)
+        sched.at("once", at, self._handler(instance, "once", once), **once, **timing)
         sched.after("boot", f"{jobs['after_s']}s", self._handler(instance, "boot", {}))
         sched.on("skip", self._skipped)
 
