@@ -2,10 +2,10 @@
 
 A backend decides which instance runs a slot. Two kinds exist:
 
-* ``ClaimBackend`` (RabbitMQ, NATS JetStream): ``claim()`` a slot once; the first claim wins and
+* ``ClaimBackend`` (RabbitMQ, NATS JetStream, Redis): ``claim()`` a slot once; the first claim wins and
   the backend remembers it for ``capabilities.slot_memory``. No leases, so no overlap control,
   no retries of dead runners and no catch-up.
-* ``LeaseBackend`` (SQLite, PostgreSQL, memory): ``acquire()`` a slot with *occurrence fencing*
+* ``LeaseBackend`` (SQLite, PostgreSQL, Redis, memory): ``acquire()`` a slot with *occurrence fencing*
   and a lease the runner renews; dead runners are detected and their slot is taken over.
 
 The scheduler reads only ``capabilities`` to validate options; it never looks at class names, so
@@ -249,7 +249,13 @@ class Backend(ABC):
 
 
 class ClaimBackend(Backend):
-    """A backend that only claims slots (RabbitMQ, NATS JetStream)."""
+    """A backend that only claims slots (RabbitMQ, NATS JetStream, Redis).
+
+    Its claims are remembered for a while, the fleet's slot memory; the rules that keep two
+    claims of a slot from both winning across changes of that memory, lost records and skewed
+    clocks are written once in ``brokersched.backends._claims`` (``FleetMemory``,
+    ``claim_deadline_ms``) and followed by every claim-only backend of brokersched.
+    """
 
     @abstractmethod
     async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
@@ -323,9 +329,13 @@ class ClaimBackend(Backend):
 
 
 class LeaseBackend(Backend):
-    """A backend with leases and occurrence fencing (SQLite, PostgreSQL, memory).
+    """A backend with leases and occurrence fencing (SQLite, PostgreSQL, Redis, memory).
 
     Lease expiry is judged on the backend's own clock (the database's), never the instance's.
+    Every decision below is the lease protocol, written once as a pure function
+    (``brokersched.backends._lease.decide``: a job's row and a request in, the new row and the
+    answer out); ``MemoryBackend`` is that function, and ``LeaseBackendSuite`` checks any other
+    backend against it on random programs of calls (``set_store_time`` drives its clock).
     """
 
     @property
