@@ -2,11 +2,11 @@
 
 A backend decides which instance runs a slot. Two kinds exist:
 
-* ``ClaimBackend`` (RabbitMQ, NATS JetStream, Redis): ``claim()`` a slot once; the first claim wins and
-  the backend remembers it for ``capabilities.slot_memory``. No leases, so no overlap control,
-  no retries of dead runners and no catch-up.
-* ``LeaseBackend`` (SQLite, PostgreSQL, Redis, memory): ``acquire()`` a slot with *occurrence fencing*
-  and a lease the runner renews; dead runners are detected and their slot is taken over.
+* ``ClaimBackend`` (RabbitMQ, NATS JetStream, Redis): ``claim()`` a slot once; the first claim
+  wins and the backend remembers it for ``capabilities.slot_memory``. No leases, so no overlap
+  control, no retries of dead runners and no catch-up.
+* ``LeaseBackend`` (SQLite, PostgreSQL, Redis, memory): ``acquire()`` a slot with *occurrence
+  fencing* and a lease the runner renews; dead runners are detected and their slot is taken over.
 
 The scheduler reads only ``capabilities`` to validate options; it never looks at class names, so
 a third-party backend gets the same checks by declaring its capabilities.
