@@ -78,7 +78,8 @@ class Store:
     locked_until: int = -1  # another process holds the write lock (SQLite)
     busy_timeout_ms: int = 5000
     wins: Wins = field(default_factory=dict)
-    released: set[tuple[str, int, str]] = field(default_factory=set)  # (key, slot, instance)
+    # (key, slot, instance, attempt) of the leases whose release reached the store in time
+    released: set[tuple[str, int, str, int]] = field(default_factory=set)
     # (key, slot, instance, attempt) -> when its lease expires on the fleet's true time
     expiry: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
     evicting: bool = False  # Redis: maxmemory-policy evicts keys with a TTL
@@ -192,7 +193,7 @@ class SimLeaseBackend(MemoryBackend):
 
     def _released(self, lease: Lease) -> None:
         if self._held(lease):
-            self.sim.released.add((lease.job, lease.slot_ms, self.instance))
+            self.sim.released.add((lease.job, lease.slot_ms, self.instance, lease.attempt))
 
     async def release(self, lease: Lease, *, handover: bool = False) -> None:
         async def apply() -> None:

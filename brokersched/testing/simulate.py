@@ -97,7 +97,7 @@ class Ledger:
     refused: dict[tuple[str, int], set[str]] = field(default_factory=dict)  # skip reasons
     found: list[str] = field(default_factory=list)
     killed: dict[str, int] = field(default_factory=dict)  # instance -> when (true time)
-    released: set[tuple[str, int, str]] = field(default_factory=set)
+    released: set[tuple[str, int, str, int]] = field(default_factory=set)
     expiry: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
     outages: list[tuple[int, int]] = field(default_factory=list)  # the store unreachable
 
@@ -106,7 +106,7 @@ class Ledger:
         Limits allow: its runner was killed first, or the store was out of its reach from
         the run's end until its lease expired, but for less than one attempt's wait (a third
         of lease_ttl) and the pause before the next (a tenth)."""
-        if (run.key, run.slot_ms, run.instance) in self.released or run.end is None:
+        if (run.key, run.slot_ms, run.instance, run.attempt) in self.released or run.end is None:
             return False
         if run.instance in self.killed:
             return True
@@ -416,6 +416,9 @@ class Simulation:
             victim.kill()
             self.ledger.killed[victim.name] = self.fleet.now_ms()
             self.log.append(f"kill -9 {victim.name}")
+            others = [instance for instance in live if instance is not victim]
+            if others and rng.random() < 0.5:  # an operator runs the job by hand meanwhile
+                self._trigger_later(rng.choice(others), rng.randrange(2), rng.choice((1, 5, 12)))
         elif roll < 0.18:
             self._stop(rng.choice(live))
         elif roll < 0.26:
@@ -431,6 +434,15 @@ class Simulation:
         elif roll < 0.37:
             self._fault(rng.random())
         await self.fleet.advance(timedelta(milliseconds=rng.choice((47, 310, 730, 1530, 3470))))
+
+    def _trigger_later(self, instance: Instance, job: int, seconds: int) -> None:
+        def trigger() -> None:
+            if instance.alive and instance.scheduler.running:
+                chosen = instance.scheduler.jobs()[job]
+                instance.drive(chosen.trigger(), "trigger")
+                self.log.append(f"trigger {chosen.name} on {instance.name}")
+
+        self.fleet.call_later(seconds * 1000, trigger)
 
     def _skew(self) -> int:
         """An instance's clock, ahead or behind: within the claim backends' bound (1 s between
