@@ -71,6 +71,7 @@ class Deploy:
     max_attempts: int
     renamed: bool  # the tick job runs under another name, its key kept
     declare_ahead: bool
+    drain_s: int = 3
 
 
 @dataclass
@@ -264,7 +265,8 @@ class Simulation:
         rng = self.rng
         return {
             "tick_s": rng.choice((1, 2, 5)),
-            "work_ms": rng.choice((100, 800, 2500, 6000)),
+            "work_ms": rng.choice((100, 800, 2500, 6000)),  # tick, once, boot
+            "cron_work_ms": rng.choice((100, 4000, 9000)),  # often longer than its 3 s
             "at_s": rng.randint(-20, 90),
             "after_s": rng.choice((1, 3)),
             "run_on_start": rng.random() < 0.5,
@@ -283,6 +285,7 @@ class Simulation:
             max_attempts=rng.choice((1, 2, 3)),
             renamed=rng.random() < 0.2,
             declare_ahead=rng.random() < 0.7,
+            drain_s=rng.choice((1, 3)),
         )
 
     def _timing(self, deploy: Deploy, gap_ms: int | None) -> dict[str, Any]:
@@ -319,7 +322,7 @@ class Simulation:
         clock = self.fleet.instance(ahead_ms)
         backend = self._backend(deploy, name)
         scheduler: Scheduler[Any] = Scheduler(
-            backend, clock=clock, instance_id=name, drain_timeout="3s"
+            backend, clock=clock, instance_id=name, drain_timeout=f"{deploy.drain_s}s"
         )
         instance = Instance(name, deploy, clock, backend, scheduler)
         try:
@@ -372,7 +375,8 @@ class Simulation:
             self.ledger.refused.setdefault((key, event.slot_ms), set()).add(event.reason)
 
     def _handler(self, instance: Instance, key: str, options: dict[str, Any]) -> Callable[..., Any]:
-        ledger, fleet, work = self.ledger, self.fleet, self._jobs["work_ms"]
+        ledger, fleet = self.ledger, self.fleet
+        work = self._jobs["cron_work_ms" if key == "cron" else "work_ms"]
 
         async def handler(ctx: Any) -> None:
             run = Run(
@@ -410,6 +414,9 @@ class Simulation:
         elif roll < 0.12:  # a rolling deploy: one instance replaced by one of the next version
             old = rng.choice(live)
             self._stop(old)
+            others = [instance for instance in live if instance is not old]
+            if others and rng.random() < 0.3:  # a job run by hand as the deploy hands over
+                self._trigger_later(rng.choice(others), rng.randrange(2), rng.choice((1, 3, 4)))
             await self.start_instance(self._draw_deploy(old.deploy), old.clock.ahead_ms)
         elif roll < 0.16:
             victim = rng.choice(live)
