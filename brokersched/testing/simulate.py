@@ -275,7 +275,9 @@ class Simulation:
     def _draw_deploy(self, base: Deploy | None = None) -> Deploy:
         rng, lease = self.rng, self.kind == "lease"
         memory = rng.choice((3000, 10_000, 30_000) if lease else (3000, 8000, 20_000, 60_000))
-        if base is not None and rng.random() < 0.5:
+        if base is None and not lease and rng.random() < 0.5:
+            memory = 3000  # a fleet that starts short, for deploys to raise
+        elif base is not None and rng.random() < 0.5:
             memory = base.memory_ms  # a deploy that changes something else
         return Deploy(
             memory_ms=memory,
