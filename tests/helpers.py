@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+import os
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import IO
 
+import pytest
+
 from brokersched._clock import Clock
 from brokersched.abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
+
+
+def faketime() -> str:
+    """libfaketime's ``faketime`` command (``.ci/run`` installs it); missing: a failure in CI,
+    a skip elsewhere."""
+    found = shutil.which("faketime")
+    if found is None:
+        message = "faketime is needed: apt-get install faketime"
+        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
 
 
 class DictClaimBackend(ClaimBackend):

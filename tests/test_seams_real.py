@@ -20,7 +20,6 @@ import itertools
 import json
 import os
 import secrets
-import shutil
 import signal
 import sys
 import time
@@ -39,7 +38,7 @@ from brokersched import PostgresBackend, RedisLeaseBackend, SQLiteBackend
 from brokersched._clock import SystemClock
 from brokersched.abc import JobPolicy, LeaseBackend, Slot
 from brokersched.backends.redis import claim_key
-from tests.conftest import IN_CI
+from tests.helpers import faketime
 from tests.nats_helpers import delete_streams
 from tests.redis_helpers import delete_keys
 from tests.seam_worker import SPEC_ENV
@@ -205,16 +204,6 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
         yield members
     finally:
         await members.close()
-
-
-def faketime() -> str:
-    found = shutil.which("faketime")
-    if found is None:
-        message = "faketime is needed: apt-get install faketime"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
 
 
 async def until_ms(instant_ms: int) -> None:

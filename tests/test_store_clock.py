@@ -21,7 +21,6 @@ import contextlib
 import itertools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,7 +34,7 @@ import pytest
 from brokersched import Scheduler, SQLiteBackend
 from brokersched._events import SkipEvent
 from brokersched.backends._lease import ClockName, ClockReading, skew_diagnosis
-from tests.conftest import IN_CI
+from tests.helpers import faketime
 from tests.test_sql_backends import until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,16 +127,6 @@ async def test_the_skip_names_the_store_clock_that_stepped_back(tmp_path: Path) 
 
 
 # -- 5: a process faked 40 s fast shares the host's clock ------------------------------------
-
-
-def faketime() -> str:
-    found = shutil.which("faketime")
-    if found is None:
-        message = "faketime is needed: apt-get install faketime"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
 
 
 def test_the_host_clock_is_not_faked_by_libfaketime() -> None:
