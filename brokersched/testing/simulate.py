@@ -258,6 +258,7 @@ class Simulation:
         }  # fmt: skip
         self._data: Any = makers[self.kind](self.store) if self.kind in makers else None
         self._jobs = self._draw_jobs()
+        self._began = self.fleet.now()
 
     # -- drawing -----------------------------------------------------------------------------
 
@@ -267,8 +268,8 @@ class Simulation:
             "tick_s": rng.choice((1, 2, 5)),
             "work_ms": rng.choice((100, 800, 2500, 6000)),  # tick, once, boot
             "cron_work_ms": rng.choice((100, 4000, 9000)),  # often longer than its 3 s
-            "at_s": rng.randint(-20, 90),
-            "after_s": rng.choice((1, 3)),
+            "at_s": rng.randint(-10, 40),
+            "after_s": rng.choice((1, 3)) if rng.random() < 0.6 else None,  # a boot job?
             "run_on_start": rng.random() < 0.5,
         }
 
@@ -277,6 +278,8 @@ class Simulation:
         memory = rng.choice((3000, 10_000, 30_000) if lease else (3000, 8000, 20_000, 60_000))
         if base is None and not lease and rng.random() < 0.5:
             memory = 3000  # a fleet that starts short, for deploys to raise
+        elif base is not None and not lease and rng.random() < 0.3:
+            memory = rng.choice((20_000, 60_000))  # the rolling deploy that raises slot_ttl
         elif base is not None and rng.random() < 0.5:
             memory = base.memory_ms  # a deploy that changes something else
         return Deploy(
@@ -360,11 +363,12 @@ class Simulation:
         )  # fmt: skip
         cron = {**options, **self._timing(deploy, 3000)}
         sched.cron("cron", "*/3 * * * * *", self._handler(instance, "cron", options), **cron)
-        at = self.fleet.now() + timedelta(seconds=jobs["at_s"])
+        at = self._began + timedelta(seconds=jobs["at_s"])  # one instant for the whole fleet
         once: dict[str, Any] = {"max_attempts": deploy.max_attempts} if lease else {}
         timing = self._timing(deploy, None)
         sched.at("once", at, self._handler(instance, "once", once), **once, **timing)
-        sched.after("boot", f"{jobs['after_s']}s", self._handler(instance, "boot", {}))
+        if jobs["after_s"] is not None:
+            sched.after("boot", f"{jobs['after_s']}s", self._handler(instance, "boot", {}))
         sched.on("skip", self._skipped)
 
     def _scheduled(self, key: str, slot_ms: int) -> bool:
