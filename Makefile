@@ -27,9 +27,10 @@ typecheck: $(STAMP)
 services:
 	bash scripts/services.sh
 
-# The cluster chaos tests (their own 3-node brokers; mostly waiting on real time) run beside
-# the rest, so the whole suite fits CI's budget on 2 cores; either failing fails the target.
-CLUSTER_TESTS := tests/test_rabbitmq_cluster.py tests/test_nats_cluster.py
+# The cluster chaos tests (their own 3-node brokers) and the seam tests (a process per instance)
+# mostly wait on real time: they run beside the rest, so the whole suite fits CI's budget on 2
+# cores; either failing fails the target.
+CLUSTER_TESTS := tests/test_rabbitmq_cluster.py tests/test_nats_cluster.py tests/test_seams_real.py
 
 test: lint typecheck services
 	@$(BIN)/pytest -q $(CLUSTER_TESTS) > .cluster-tests.log 2>&1 & cluster=$$!; \

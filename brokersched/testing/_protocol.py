@@ -287,7 +287,7 @@ class LeaseProtocolCheck:
 
     @pytest.mark.asyncio
     @settings(
-        max_examples=150,
+        max_examples=100,
         deadline=None,
         # One test, run by each backend's suite (differing executors): a program that failed
         # one backend is replayed on the others, which is as intended.

@@ -445,8 +445,10 @@ class Streams:
 
         self._now_ms = now_ms
         try:
-            await self._ensure_claims_stream(js)
+            # Read before anything changes: nats-server 2.9 leaves requests unanswered while a
+            # stream grows its replicas. This instance's own raises are added as it makes them.
             self.fleet = await self._read_fleet(js)
+            await self._ensure_claims_stream(js)
         except (
             nats.js.errors.ServiceUnavailableError,
             nats.js.errors.NoStreamResponseError,
@@ -480,13 +482,16 @@ class Streams:
         """Raise the claims stream's window to ``memory`` (a boot claim needs
         ``BOOT_MEMORY``), as a start raises it to ``slot_ttl``."""
         await self._raise_claims_window(js, memory)
-        self.fleet = await self._read_fleet(js)
 
     async def _read_fleet(self, js: JetStreamContext) -> FleetMemory:
-        """The claims stream's window, with the raises its record notes (see ``_note_raise``)."""
+        """The claims stream's window, with the raises its record notes (see ``_note_raise``);
+        no stream yet: nothing."""
         import nats.js.errors
 
-        window = (await js.stream_info(self._names.claims)).config.duplicate_window or 0
+        try:
+            window = (await js.stream_info(self._names.claims)).config.duplicate_window or 0
+        except nats.js.errors.NotFoundError:
+            return FleetMemory(0, 0)
         memory = round(window * 1000)
         try:
             msg = await js.get_last_msg(self._names.claims, self._names.fleet_subject)
@@ -528,10 +533,12 @@ class Streams:
             headers = {"Nats-Expected-Last-Subject-Sequence": str(seq)}
             try:
                 await js.publish(subject, record.to_json().encode(), headers=headers)
-                return
             except nats.js.errors.APIError as exc:
                 if exc.err_code != _ERR_WRONG_LAST_SEQUENCE:
                     raise
+                continue
+            self.fleet = FleetMemory(max(self.fleet.memory_ms, new_ms), 0, record.raises)
+            return
         logger.warning("%s: the raise of %s could not be noted", BACKEND, self._names.claims)
 
     async def _raise_claims_window(
@@ -566,6 +573,10 @@ class Streams:
             config = (await js.stream_info(stream)).config
             raised = _raised_window(config, ttl)
             if raised is None:
+                window_ms = round((config.duplicate_window or 0) * 1000)
+                self.fleet = dataclasses.replace(
+                    self.fleet, memory_ms=max(self.fleet.memory_ms, window_ms)
+                )
                 if raises == 0 or settled:
                     return
                 settled = True  # a concurrent stale update lands within milliseconds
