@@ -37,7 +37,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -446,6 +446,11 @@ class Simulation:
             self.log.append(f"{instance.name} clock now {instance.clock.ahead_ms}ms ahead")
         elif roll < 0.37:
             self._fault(rng.random())
+        elif roll < 0.39 and self.kind in ("redis", "rabbitmq"):
+            # The README's way to lower slot_ttl, done early: the record deleted while instances
+            # with the longer slot_ttl still run, and one with the shorter started.
+            self._delete_record()
+            await self.start_instance(replace(self._draw_deploy(), memory_ms=3000), self._skew())
         await self.fleet.advance(timedelta(milliseconds=rng.choice((47, 310, 730, 1530, 3470))))
 
     def _trigger_later(self, instance: Instance, job: int, seconds: int) -> None:
@@ -462,7 +467,14 @@ class Simulation:
         any two); lease backends refuse a clock too fast, so any step may come."""
         if self.kind == "lease" and self.rng.random() < 0.2:
             return self.rng.randint(-30_000, 30_000)
-        return self.rng.randint(-450, 450)
+        return self.rng.randint(-500, 500)
+
+    def _delete_record(self) -> None:
+        if self.kind == "redis":
+            self._data.keys.pop("sim:slot-memory", None)
+        else:
+            self._data.record = None
+        self.log.append("fleet record deleted")
 
     def _stop(self, instance: Instance) -> None:
         instance.stopping = instance.drive(instance.scheduler.stop(), "stop")
@@ -497,16 +509,14 @@ class Simulation:
         elif self.kind == "redis" and self.store.evicting and roll < 0.92:
             self.log.append(f"{self._data.evict(rng)} keys evicted")
         elif self.kind == "redis":
-            self._data.keys.pop("sim:slot-memory", None)
-            self.log.append("fleet record deleted")
+            self._delete_record()
         elif self.kind == "rabbitmq" and roll < 0.92:
             tick = self._jobs["tick_s"] * 1000
             slot = self.fleet.now_ms() - self.fleet.now_ms() % tick + tick * rng.randint(1, 3)
             self._data.stray(f"tick:{slot}")
             self.log.append(f"a queue made beforehand for tick:{slot}")
         elif self.kind == "rabbitmq":
-            self._data.record = None
-            self.log.append("fleet record deleted")
+            self._delete_record()
 
     # -- the whole run -----------------------------------------------------------------------
 
