@@ -673,8 +673,8 @@ class LeaseBackendBase(LeaseBackend):
     ) -> None:
         """``check_slot_time`` of a claim's answer, which carried the store's clock
         (``store_ms``), with this instance's ``clock`` read now; an answer that passes (or was
-        ``granted``: the store checked it already) is remembered, to tell which clock moved at
-        a later refusal.
+        ``granted``: the store checked it already) with both clocks within ``max_clock_skew``
+        of each other is remembered, to tell which clock moved at a later refusal.
 
         Every claim's answer, granted or not, comes through here: the store's clock comes with
         it at no cost.
@@ -692,7 +692,10 @@ class LeaseBackendBase(LeaseBackend):
                 now=now,
                 agreed=self._agreed,
             )
-        if now is not None:
+        if now is not None and abs(now.store_ms - now.wall_ms) <= to_ms(self._max_clock_skew):
+            # Only a reading where both clocks agreed: a claim accepted after the store's clock
+            # stepped back (a slot old enough to pass) must not become the reference, or the
+            # next refusal could no longer tell which clock moved.
             self._agreed = now
 
     @property

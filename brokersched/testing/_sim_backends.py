@@ -82,11 +82,13 @@ class Store:
     released: set[tuple[str, int, str, int]] = field(default_factory=set)
     # (key, slot, instance, attempt) -> when its lease expires on the fleet's true time
     expiry: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
+    accepted: dict[str, int] = field(default_factory=dict)  # instance -> its last claim granted
     evicting: bool = False  # Redis: maxmemory-policy evicts keys with a TTL
     stray: set[str] = field(default_factory=set)  # RabbitMQ: queues made beforehand
 
     def won(self, key: str, slot_ms: int, instance: str) -> None:
         self.wins[(key, slot_ms)] = (instance, self.clock.now_ms())
+        self.accepted[instance] = self.fleet.now_ms()
 
     async def call(
         self, dead: bool, timeout_s: float, apply: Callable[[], Awaitable[T]], *, write: bool

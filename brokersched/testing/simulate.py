@@ -119,10 +119,10 @@ class Ledger:
 
     def violations(self, now: int) -> list[str]:
         found: list[str] = []
-        by_slot: dict[tuple[str, int], list[Run]] = {}
-        for run in self.runs:
-            by_slot.setdefault((run.key, run.slot_ms), []).append(run)
-        for (key, slot), runs in by_slot.items():
+        by_slot: dict[tuple[str, int, bool], list[Run]] = {}
+        for run in self.runs:  # a manual run's instant is its own, even at a slot's instant
+            by_slot.setdefault((run.key, run.slot_ms, run.reason == "manual"), []).append(run)
+        for (key, slot, _), runs in by_slot.items():
             if len(runs) > 1 and not self.lease:
                 found.append(f"slot {key}:{slot} ran {len(runs)} times: {_show(runs)}")
             for earlier, later in itertools.pairwise(runs):
@@ -258,6 +258,8 @@ class Simulation:
         }  # fmt: skip
         self._data: Any = makers[self.kind](self.store) if self.kind in makers else None
         self._jobs = self._draw_jobs()
+        self._store_steps: list[tuple[int, int]] = []
+        self._instance_steps: dict[str, list[int]] = {}
         self._began = self.fleet.now()
 
     # -- drawing -----------------------------------------------------------------------------
@@ -369,13 +371,15 @@ class Simulation:
         sched.at("once", at, self._handler(instance, "once", once), **once, **timing)
         if jobs["after_s"] is not None:
             sched.after("boot", f"{jobs['after_s']}s", self._handler(instance, "boot", {}))
-        sched.on("skip", self._skipped)
+        sched.on("skip", lambda event: self._skipped(event, instance))
 
     def _scheduled(self, key: str, slot_ms: int) -> bool:
         every = {"tick": self._jobs["tick_s"] * 1000, "cron": 3000}.get(key)
         return every is not None and slot_ms % every == 0
 
-    def _skipped(self, event: SkipEvent) -> None:
+    def _skipped(self, event: SkipEvent, instance: Instance) -> None:
+        if event.reason == "clock-skew":
+            self._check_blame(event, instance)
         if event.run == "schedule":  # not a boot run's nor a manual run's instant
             key = "tick" if event.job == "tick.v2" else event.job
             self.ledger.refused.setdefault((key, event.slot_ms), set()).add(event.reason)
@@ -443,6 +447,7 @@ class Simulation:
         elif roll < 0.31:
             instance = rng.choice(live)
             instance.clock.step(self._skew() - instance.clock.ahead_ms)
+            self._instance_steps.setdefault(instance.name, []).append(self.fleet.now_ms())
             self.log.append(f"{instance.name} clock now {instance.clock.ahead_ms}ms ahead")
         elif roll < 0.37:
             self._fault(rng.random())
@@ -468,6 +473,26 @@ class Simulation:
         if self.kind == "lease" and self.rng.random() < 0.2:
             return self.rng.randint(-30_000, 30_000)
         return self.rng.randint(-500, 500)
+
+    def _check_blame(self, event: SkipEvent, instance: Instance) -> None:
+        """A clock-skew refusal after the store's clock stepped back by more than
+        max_clock_skew, while this instance's did not move, never blames this instance's clock
+        alone (issue 24, class 4: the warning told the operator to fix the instance). It names
+        the store's, or says it cannot tell (no reading of this instance's had both clocks
+        agree)."""
+        accepted = self.store.accepted.get(instance.name)
+        if accepted is None:
+            return
+        now = self.fleet.now_ms()
+        stepped = any(accepted < at <= now for at in self._instance_steps.get(instance.name, []))
+        back = sum(delta for at, delta in self._store_steps if accepted < at <= now)
+        detail = event.detail or ""
+        blames = "this instance's clock is fast:" in detail or "instance's clock stepped" in detail
+        if not stepped and back < -_LEASE_SKEW_MS and blames:
+            self.ledger.found.append(
+                f"{instance.name} blamed the wrong clock after the store's stepped back "
+                f"{-back}ms: {event.detail}"
+            )
 
     def _delete_record(self) -> None:
         if self.kind == "redis":
@@ -505,6 +530,7 @@ class Simulation:
             # Clocks section: a store's clock is slewed, not stepped forward).
             delta = rng.choice((-10_000, -2000, -500))
             store.clock.step(delta)
+            self._store_steps.append((self.fleet.now_ms(), delta))
             self.log.append(f"store clock stepped {delta}ms")
         elif self.kind == "redis" and self.store.evicting and roll < 0.92:
             self.log.append(f"{self._data.evict(rng)} keys evicted")
