@@ -12,6 +12,7 @@ from brokersched.testing.simulate import BACKENDS, simulate
 SEEDS = range(12)
 
 
+@pytest.mark.slow  # half a minute: `make test` runs it, `make test-fast` leaves it
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_fleet_keeps_its_invariants(backend: str) -> None:
     failed = []
