@@ -294,9 +294,6 @@ async def test_node_partitioned_then_healed(nats_cluster: NatsCluster, prefix: s
     found = figures(fleet, fault)
     after_heal = figures(fleet, healed)
     print(f"n{node} cut off for {PARTITION_S:g}s: {found}; after the heal: {after_heal}")
-    lost = set(found.lost)
-    print("SKIPS", sorted((l["skip"], l["slot_ms"], l["reason"], l["at"] - l["slot_ms"]) for m in fleet.members for l in m.lines if "skip" in l and (l["skip"], l["slot_ms"]) in lost))
-    print("STDERR", [m.name if hasattr(m, "name") else "?" for m in fleet.members])
     assert found.twice == [], "slots run twice"
     assert found.lost == [], f"slots run nowhere: {found}"
     assert after_heal.resume_s <= RESUME_AFTER_HEAL_S, str(after_heal)
