@@ -484,16 +484,20 @@ class Streams:
         ``BOOT_MEMORY``), as a start raises it to ``slot_ttl``."""
         await self._raise_claims_window(js, memory)
 
-    async def _read_fleet(self, js: JetStreamContext) -> FleetMemory:
-        """The claims stream's window, with the raises its record notes (see ``_note_raise``);
-        no stream yet: nothing."""
+    async def _read_fleet(self, js: JetStreamContext, window_ms: int | None = None) -> FleetMemory:
+        """The claims stream's window (``window_ms`` if known), with the raises its record notes
+        (see ``_note_raise``); no stream yet: nothing. A window longer than the record says was
+        raised without a note (an instance of an earlier release): what it was is unknown, so
+        no slot that fell due before now is claimed late by this instance."""
         import nats.js.errors
 
-        try:
-            window = (await js.stream_info(self._names.claims)).config.duplicate_window or 0
-        except nats.js.errors.NotFoundError:
-            return FleetMemory(0, 0)
-        memory = round(window * 1000)
+        if window_ms is None:
+            try:
+                info = await js.stream_info(self._names.claims)
+            except nats.js.errors.NotFoundError:
+                return FleetMemory(0, 0)
+            window_ms = round((info.config.duplicate_window or 0) * 1000)
+        memory = window_ms
         try:
             async with asyncio.timeout(_FLEET_READ_S):
                 msg = await js.get_last_msg(self._names.claims, self._names.fleet_subject)
@@ -513,15 +517,38 @@ class Streams:
         except ValueError:
             logger.warning("%s: %s holds no slot memory record", BACKEND, self._names.fleet_subject)
             return FleetMemory(memory, 0)
+        if noted.memory_ms < memory:
+            logger.warning(
+                "%s: the duplicate window of %s (%s) was raised without a note in %s: slots that "
+                "fell due before this start are not claimed late by this instance",
+                BACKEND, self._names.claims, _seconds(timedelta(milliseconds=memory)),
+                self._names.fleet_subject,
+            )  # fmt: skip
+            return FleetMemory(memory, self._now_ms(), noted.raises)
         return FleetMemory(memory, 0, noted.raises)
+
+    async def _adopt_window(self, js: JetStreamContext, window_ms: int, ttl: timedelta) -> None:
+        """The window is long enough: if it is longer than this instance's view, another
+        instance raised it (or made the stream) since this one read the record: read it again,
+        with the raise it noted first."""
+        if window_ms <= self.fleet.memory_ms:
+            return
+        if self.fleet.memory_ms == 0 and window_ms == round(ttl.total_seconds() * 1000):
+            self.fleet = FleetMemory(window_ms, 0)  # the stream as this instance made it
+            return
+        self.fleet = await self._read_fleet(js, window_ms)
 
     async def _note_raise(
         self, js: JetStreamContext, before: StreamConfig, after: StreamConfig
     ) -> None:
-        """Note a raise of the window in the fleet's record (a message in the claims stream,
-        kept as long as the raised window, so as long as the raise can limit a claim): an
+        """Note a raise of the window in the fleet's record (a message in the claims stream),
+        *before* the stream is updated: an instance that starts meanwhile reads the note, or
+        finds the window as it was; one that finds the window raised finds the note too. An
         instance started later then claims a slot that fell due before the raise at most the
-        old window late (an ``at()`` slot, whose time passed before its start). Written with
+        old window late (an ``at()`` slot, whose time passed before its start). A raise that
+        does not follow (this instance died) only made a few slots' limits shorter. The update
+        then raises the stream's max_age, and the note is kept as long as the raised window:
+        as long as the raise can limit a claim. Written with
         ``Nats-Expected-Last-Subject-Sequence``, so that two raisers never lose each other's
         raise."""
         import nats.js.errors
@@ -538,9 +565,11 @@ class Streams:
                 seq = last.seq or 0
             except (nats.js.errors.NotFoundError, ValueError):
                 current, seq = FleetMemory(old_ms, 0), 0
-            record = dataclasses.replace(current, memory_ms=old_ms).raised(
+            record = dataclasses.replace(current, memory_ms=max(old_ms, current.memory_ms)).raised(
                 new_ms, self._now_ms(), self._skew_ms
             )
+            if current.memory_ms >= new_ms:  # noted already, by a concurrent raiser
+                record = current
             headers = {"Nats-Expected-Last-Subject-Sequence": str(seq)}
             try:
                 await js.publish(subject, record.to_json().encode(), headers=headers)
@@ -584,10 +613,7 @@ class Streams:
             config = (await js.stream_info(stream)).config
             raised = _raised_window(config, ttl)
             if raised is None:
-                window_ms = round((config.duplicate_window or 0) * 1000)
-                self.fleet = dataclasses.replace(
-                    self.fleet, memory_ms=max(self.fleet.memory_ms, window_ms)
-                )
+                await self._adopt_window(js, round((config.duplicate_window or 0) * 1000), ttl)
                 if raises == 0 or settled:
                     return
                 settled = True  # a concurrent stale update lands within milliseconds
@@ -603,8 +629,8 @@ class Streams:
                     [*problems, f"brokersched raised it {raises} times and it was lowered again"],
                     option="slot_ttl",
                 )
-            await self._update_claims_window(js, raised, problems)
             await self._note_raise(js, config, raised)
+            await self._update_claims_window(js, raised, problems)
             raises += 1
             logger.warning(
                 "raised duplicate_window of JetStream stream %s from %s to %s and max_age from %s "
