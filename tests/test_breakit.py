@@ -22,7 +22,9 @@ from tests.test_seams_real import (
     at,
     nats_store,
     now_ms,
+    postgres_store,
     starts_by_slot,
+    until_ms,
     with_ttl,
 )
 
@@ -165,3 +167,43 @@ async def test_nats_two_new_members_starting_together_run_an_at_slot_twice(
         await fleet.wait("B decides", lambda: fleet.decided("B", "report"), 15)
     twice = {key: n for key, n in starts_by_slot(fleet.runs()).items() if n > 1}
     assert not twice, f"the slot ran twice: {fleet.runs()}\n{fleet.diagnostics()}"
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="README 'Backends' promises it for any store outage shorter than lease_ttl; its "
+    "'Limits' bullet (longer than the lease has left) is the true bound",
+)
+async def test_postgres_a_link_stalled_for_less_than_lease_ttl_as_a_run_completes_reruns_it(
+    fleet: Fleet, postgres_dsn: str
+) -> None:
+    """README, Backends: "a store away for less than lease_ttl as a run completes never makes
+    the slot run again". A (lease_ttl 3 s) runs a slot for 1.9 s; its link to PostgreSQL
+    stalls 0.9 s into the run, just before the first renewal (so the lease still expires 3 s
+    after the claim), for 2.9 s: less than lease_ttl. The run completes inside the stall; its
+    release is held with the renewal. B starts (a rolling deploy) 3.3 s after the claim: its
+    first take-over sweep finds the lease expired and restarts the completed slot (attempt 2).
+    A's release lands 0.5 s later, too late. Without B's start there, B's sweep every
+    lease_ttl / 2 falls in that 0.8 s often: 3 of 4 rounds with B started beforehand."""
+    store = postgres_store(fleet, postgres_dsn, lease_ttl="3s")
+    port = int(postgres_dsn.rsplit("@", 1)[1].split("/")[0].rsplit(":", 1)[1])
+    slot = now_ms() // 1000 * 1000 + 3000
+    proxy = StallProxy(port)
+    async with proxy:
+        via = {**store, "url": postgres_dsn.replace(f":{port}/", f":{proxy.port}/", 1)}
+        await fleet.start(fleet.spec("A", via, [at("report", slot)], hold={"schedule": 1.9}))
+        await fleet.wait("A runs the slot", lambda: fleet.has("start", instance="A"), 15)
+        started = fleet.events("start", instance="A")[0]["host_ms"]
+        # B has the job too (another day's instant): it sweeps the job's dead slots.
+        later = [at("report", slot + 86_400_000, max_late="30s")]
+        await fleet.start(fleet.spec("B", store, later, start_at_ms=started + 3300))
+        await until_ms(started + 900)
+        proxy.stall()
+        await until_ms(started + 900 + 2900)
+        proxy.resume()
+        await fleet.wait("A's run ends", lambda: fleet.has("end", instance="A"), 10)
+        await fleet.wait("B up", lambda: fleet.has("ready", instance="B"), 10)
+        await asyncio.sleep(2)  # B's sweeps: every lease_ttl / 2
+    runs = [(run["instance"], run["reason"], run["attempt"]) for run in fleet.runs()]
+    assert runs == [("A", "schedule", 1)], f"the completed slot ran again: {runs}"
