@@ -1,0 +1,209 @@
+"""Adversarial seams found after issue 24 (real servers, one process per fleet member).
+
+Each test is a way the README's promise "a slot runs at most once on a claim-only backend"
+(or the lease backends' equivalent) still breaks, reproduced the way an operator would meet
+it. The harness is ``tests/test_seams_real.py``'s (``Fleet``, ``tests/seam_worker.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import nats
+import nats.js.errors
+import pytest
+
+from tests.stall_proxy import StallProxy
+from tests.tcp_proxy import TcpProxy
+from tests.test_seams_real import (
+    Fleet,
+    at,
+    nats_store,
+    now_ms,
+    postgres_store,
+    starts_by_slot,
+    until_ms,
+    with_ttl,
+)
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
+    members = Fleet(tmp_path)
+    try:
+        yield members
+    finally:
+        await members.close()
+
+
+# The reply nats-server sends to a stream update ($JS.API.STREAM.UPDATE.<stream>): the update
+# has been applied when it leaves the server.
+_STREAM_UPDATED = b"io.nats.jetstream.api.v1.stream_update_response"
+
+
+class StallAfter(StallProxy):
+    """A ``StallProxy`` that stalls by itself right after delivering a chunk from the server
+    that matches ``predicate``: the client has its answer, and what it sends next is held
+    (a slow link, a paused VM) until ``resume()``. ``stalled`` is set then."""
+
+    def __init__(self, target_port: int, predicate: Callable[[bytes], bool]) -> None:
+        super().__init__(target_port)
+        self.predicate = predicate
+        self.stalled = asyncio.Event()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                await self._running.wait()
+                writer.write(data)
+                await writer.drain()
+                if not self.stalled.is_set() and self.predicate(data):
+                    self.stalled.set()
+                    self.stall()
+        except OSError:
+            pass
+        finally:
+            writer.transport.abort()
+
+
+async def claims_window(nats_url: str, prefix: str) -> tuple[float, bytes | None]:
+    """The claims stream's duplicate window (s), and the fleet's record of its raises (the
+    last message on ``<prefix>.claim.fleet.memory``; ``None``: no raise noted)."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(f"{prefix}-claims")
+        try:
+            note = (await js.get_last_msg(f"{prefix}-claims", f"{prefix}.claim.fleet.memory")).data
+        except nats.js.errors.NotFoundError:
+            note = None
+        return float(info.config.duplicate_window or 0), note
+    finally:
+        await nc.close()
+
+
+RAISE_NOT_ATOMIC = (
+    "NATS notes a window raise after the update, in a second step (Streams._note_raise), and "
+    "an instance reads the note once, before its own raise check (Streams._read_fleet): a "
+    "raise seen without its note makes an at() slot look remembered for the new window"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=RAISE_NOT_ATOMIC)
+async def test_nats_a_window_raise_cut_before_it_is_noted_runs_an_at_slot_twice(
+    fleet: Fleet, nats_url: str
+) -> None:
+    """Issue 24 class 6 with one fault. OLD (slot_ttl 3 s) runs an at() slot. After the 3 s
+    window has forgotten the slot's id, NEW (slot_ttl 60 s, max_late 30 s) starts and raises
+    the claims stream's window to 60 s, but its link to NATS is cut as the update's answer
+    comes back (kill -9 at that moment, an OOM, a network blip do the same): the window is
+    raised, the raise is never noted on ``<prefix>.claim.fleet.memory``. NEW starts again (its
+    supervisor restarts it): ``_read_fleet`` reads a 60 s window with no raise noted, so NEW
+    believes the slot is remembered 60 s and claims it 7 s late: it wins, the slot runs twice.
+    """
+    store = nats_store(fleet, nats_url)
+    prefix = store["options"]["prefix"]
+    slot = now_ms() // 1000 * 1000 + 3000
+    old = fleet.spec("OLD", with_ttl(store, "3s"), [at("report", slot, max_late="1s")])
+    await fleet.start(old)
+    await fleet.wait("OLD runs the slot", lambda: fleet.has("start", instance="OLD"), 15)
+
+    new_jobs = [at("report", slot, max_late="30s")]
+    port = int(nats_url.rsplit(":", 1)[1])
+    async with TcpProxy("127.0.0.1", port) as proxy:
+        proxy.cut_when_downstream(lambda data: _STREAM_UPDATED in data)
+        cut_store = {**with_ttl(store, "60s"), "url": f"nats://127.0.0.1:{proxy.port}"}
+        first = fleet.spec("NEW", cut_store, new_jobs, start_at_ms=slot + 4500)
+        await fleet.start(first)
+        await fleet.wait("NEW's raise is cut", lambda: proxy.links == 0 and proxy.accepted > 0, 20)
+        await fleet.kill("NEW")
+    assert await claims_window(nats_url, prefix) == (60.0, None)  # raised, never noted
+    again = fleet.spec("NEW-again", with_ttl(store, "60s"), new_jobs)
+    await fleet.start(again)
+    await fleet.wait("NEW decides the slot", lambda: fleet.decided("NEW-again", "report"), 15)
+    await fleet.stop("OLD")
+    twice = {key: n for key, n in starts_by_slot(fleet.runs()).items() if n > 1}
+    assert not twice, f"the slot ran twice: {fleet.runs()}\n{fleet.diagnostics()}"
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=RAISE_NOT_ATOMIC)
+async def test_nats_two_new_members_starting_together_run_an_at_slot_twice(
+    fleet: Fleet, nats_url: str
+) -> None:
+    """No fault at all: a rolling deploy starts two new members (slot_ttl 60 s, max_late
+    30 s) a moment apart, after OLD (slot_ttl 3 s) ran an at() slot and the 3 s window forgot
+    it. A raises the window to 60 s; its link is slow for a second right after the update's
+    answer (here: held by a proxy; a paused VM, a GC pause, a busy event loop do the same), so
+    its note of the raise lands a second later. B starts in that second: it reads a 60 s
+    window with no raise noted (``_read_fleet``), has nothing to raise, and never reads the
+    record again. B claims the slot 6 s late, under a memory it believes is 60 s: it wins
+    (NATS forgot OLD's id at 3 s), and the slot runs twice."""
+    store = nats_store(fleet, nats_url)
+    prefix = store["options"]["prefix"]
+    slot = now_ms() // 1000 * 1000 + 3000
+    old = fleet.spec("OLD", with_ttl(store, "3s"), [at("report", slot, max_late="1s")])
+    await fleet.start(old)
+    await fleet.wait("OLD runs the slot", lambda: fleet.has("start", instance="OLD"), 15)
+
+    new_store, new_jobs = with_ttl(store, "60s"), [at("report", slot, max_late="30s")]
+    port = int(nats_url.rsplit(":", 1)[1])
+    proxy = StallAfter(port, lambda data: _STREAM_UPDATED in data)
+    async with proxy:
+        slow = {**new_store, "url": f"nats://127.0.0.1:{proxy.port}"}
+        await fleet.start(fleet.spec("A", slow, new_jobs, start_at_ms=slot + 4500))
+        async with asyncio.timeout(20):
+            await proxy.stalled.wait()
+        assert await claims_window(nats_url, prefix) == (60.0, None)  # raised, not yet noted
+        await fleet.start(fleet.spec("B", new_store, new_jobs))
+        await fleet.wait("B up", lambda: fleet.has("ready", instance="B"), 15)
+        proxy.resume()  # A's link is fast again: A notes its raise
+        await fleet.wait("A up", lambda: fleet.has("ready", instance="A"), 15)
+        await fleet.stop("OLD")
+        await fleet.wait("A decides", lambda: fleet.decided("A", "report"), 15)
+        await fleet.wait("B decides", lambda: fleet.decided("B", "report"), 15)
+    twice = {key: n for key, n in starts_by_slot(fleet.runs()).items() if n > 1}
+    assert not twice, f"the slot ran twice: {fleet.runs()}\n{fleet.diagnostics()}"
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="README 'Backends' promises it for any store outage shorter than lease_ttl; its "
+    "'Limits' bullet (longer than the lease has left) is the true bound",
+)
+async def test_postgres_a_link_stalled_for_less_than_lease_ttl_as_a_run_completes_reruns_it(
+    fleet: Fleet, postgres_dsn: str
+) -> None:
+    """README, Backends: "a store away for less than lease_ttl as a run completes never makes
+    the slot run again". A (lease_ttl 3 s) runs a slot for 1.9 s; its link to PostgreSQL
+    stalls 0.9 s into the run, just before the first renewal (so the lease still expires 3 s
+    after the claim), for 2.9 s: less than lease_ttl. The run completes inside the stall; its
+    release is held with the renewal. B starts (a rolling deploy) 3.3 s after the claim: its
+    first take-over sweep finds the lease expired and restarts the completed slot (attempt 2).
+    A's release lands 0.5 s later, too late. Without B's start there, B's sweep every
+    lease_ttl / 2 falls in that 0.8 s often: 3 of 4 rounds with B started beforehand."""
+    store = postgres_store(fleet, postgres_dsn, lease_ttl="3s")
+    port = int(postgres_dsn.rsplit("@", 1)[1].split("/")[0].rsplit(":", 1)[1])
+    slot = now_ms() // 1000 * 1000 + 3000
+    proxy = StallProxy(port)
+    async with proxy:
+        via = {**store, "url": postgres_dsn.replace(f":{port}/", f":{proxy.port}/", 1)}
+        await fleet.start(fleet.spec("A", via, [at("report", slot)], hold={"schedule": 1.9}))
+        await fleet.wait("A runs the slot", lambda: fleet.has("start", instance="A"), 15)
+        started = fleet.events("start", instance="A")[0]["host_ms"]
+        # B has the job too (another day's instant): it sweeps the job's dead slots.
+        later = [at("report", slot + 86_400_000, max_late="30s")]
+        await fleet.start(fleet.spec("B", store, later, start_at_ms=started + 3300))
+        await until_ms(started + 900)
+        proxy.stall()
+        await until_ms(started + 900 + 2900)
+        proxy.resume()
+        await fleet.wait("A's run ends", lambda: fleet.has("end", instance="A"), 10)
+        await fleet.wait("B up", lambda: fleet.has("ready", instance="B"), 10)
+        await asyncio.sleep(2)  # B's sweeps: every lease_ttl / 2
+    runs = [(run["instance"], run["reason"], run["attempt"]) for run in fleet.runs()]
+    assert runs == [("A", "schedule", 1)], f"the completed slot ran again: {runs}"
