@@ -123,6 +123,48 @@ async def test_nats_a_window_raise_cut_before_it_is_noted_runs_an_at_slot_twice(
 
 
 @pytest.mark.slow
+async def test_nats_a_raise_noted_but_never_made_does_not_let_a_later_raiser_claim_late(
+    fleet: Fleet, nats_url: str
+) -> None:
+    """The seam the note-before-update order opens. NEW (slot_ttl 60 s) notes its raise of the
+    claims window on ``<prefix>.claim.fleet.memory`` and dies before the update reaches NATS
+    (here: its link cut as it sends the update): the note says 60 s, the window stays 3 s.
+    OLD (slot_ttl 3 s) then runs an at() slot, which NATS forgets 3 s later. NEW-again starts
+    4.5 s after the slot and raises the window itself. Had it found the dead raiser's note, it
+    would have taken it for the raise and claimed the slot (due after the note) up to 60 s
+    late, and won. It cannot: the note is a message of the claims stream, whose ``max_age`` is
+    still the old window, so NATS drops it with the claims it might mislead about; a raiser
+    that still finds it comes within the old window of it, while the claims of the slots due
+    since are still remembered, and its update extends them."""
+    store = nats_store(fleet, nats_url)
+    prefix = store["options"]["prefix"]
+    slot = now_ms() // 1000 * 1000 + 8000
+    old = fleet.spec("OLD", with_ttl(store, "3s"), [at("report", slot, max_late="1s")])
+    await fleet.start(old)
+    await fleet.wait("OLD up", lambda: fleet.has("ready", instance="OLD"), 15)
+
+    new_jobs = [at("report", slot, max_late="30s")]
+    port = int(nats_url.rsplit(":", 1)[1])
+    async with TcpProxy("127.0.0.1", port) as proxy:
+        proxy.cut_when_upstream(lambda data: b"$JS.API.STREAM.UPDATE." in data)
+        cut_store = {**with_ttl(store, "60s"), "url": f"nats://127.0.0.1:{proxy.port}"}
+        await fleet.start(fleet.spec("NEW", cut_store, new_jobs))
+        await fleet.wait("NEW's update is cut", lambda: proxy.links == 0 and proxy.accepted > 0, 20)
+        await fleet.kill("NEW")
+    window, noted = await claims_window(nats_url, prefix)
+    assert (window, noted is not None) == (3.0, True)  # noted, never made
+    assert now_ms() < slot - 1000, "the raise came too late to judge: the slot fell due"
+    await fleet.wait("OLD runs the slot", lambda: fleet.has("start", instance="OLD"), 15)
+    again = fleet.spec("NEW-again", with_ttl(store, "60s"), new_jobs, start_at_ms=slot + 4500)
+    await fleet.start(again)
+    await fleet.wait("NEW decides the slot", lambda: fleet.decided("NEW-again", "report"), 20)
+    await fleet.stop("OLD")
+    assert (await claims_window(nats_url, prefix))[0] == 60.0
+    twice = {key: n for key, n in starts_by_slot(fleet.runs()).items() if n > 1}
+    assert not twice, f"the slot ran twice: {fleet.runs()}\n{fleet.diagnostics()}"
+
+
+@pytest.mark.slow
 async def test_nats_two_new_members_starting_together_run_an_at_slot_twice(
     fleet: Fleet, nats_url: str
 ) -> None:
