@@ -52,6 +52,9 @@ from tests.nats_helpers import (
     update_stream,
 )
 
+# Against both NATS servers, 2.9 and the current one (tests/conftest.py).
+pytestmark = pytest.mark.nats_servers
+
 CLOCK = SystemClock()
 SLOT_TTL = timedelta(minutes=5)
 MIB = 1024 * 1024
@@ -463,13 +466,13 @@ def test_settings_of_newer_servers_that_break_claims_are_refused(
 
 @pytest.mark.slow
 async def test_a_claims_stream_with_max_msgs_forgets_claims_on_restart_so_start_refuses_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, nats_server_binary: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With ``max_msgs=1`` JetStream drops a claim as soon as the next one is stored; the
     running server still remembers it, but a restarted one rebuilds its duplicate table from
     the stored messages only, so a late instance wins a slot that already ran. ``start()``
     therefore refuses the stream; once edited as the error says, claims survive a restart."""
-    async with nats_server(tmp_path / "store") as server:
+    async with nats_server(tmp_path / "store", binary=nats_server_binary) as server:
         prefix = "issue18"
         await create_stream(server.url, claims_stream(prefix, max_msgs=1))
         ran = Slot("report", now_ms() - 1000)
@@ -695,11 +698,14 @@ async def test_a_raise_that_nats_refuses_keeps_the_refusal(
 
 
 async def test_a_user_who_may_not_update_streams_gets_the_refusal(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, nats_server_binary: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A denied publish gets no reply, only an -ERR: the update times out (shortened here)."""
     monkeypatch.setattr(_backend, "_API_TIMEOUT_S", 0.5)
-    async with nats_server_denying_stream_updates(tmp_path / "store") as (admin, app):
+    async with nats_server_denying_stream_updates(tmp_path / "store", nats_server_binary) as (
+        admin,
+        app,
+    ):
         prefix = "denied"
         created = NATSBackend(admin, prefix=prefix, slot_ttl="2s")
         await created.start(CLOCK)
