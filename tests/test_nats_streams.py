@@ -438,18 +438,18 @@ async def test_the_streams_brokersched_created_pass_its_checks(nats_url: str, pr
     assert history_problems(history, names) == []  # as start() checks it, before prepare()
 
 
-@pytest.mark.parametrize(
-    ("settings", "fragment"),
-    [
-        ({"persist_mode": PersistMode.ASYNC}, "persist_mode is 'async', not 'default'"),
-        ({"allow_msg_counter": True}, "allow_msg_counter is true (a counter stream refuses"),
-    ],
-)
+NEWER_SETTINGS = [
+    ({"persist_mode": PersistMode.ASYNC}, "persist_mode is 'async', not 'default'"),
+    ({"allow_msg_counter": True}, "allow_msg_counter is true (a counter stream refuses"),
+]
+
+
+@pytest.mark.parametrize(("settings", "fragment"), NEWER_SETTINGS)
 def test_settings_of_newer_servers_that_break_claims_are_refused(
     settings: dict[str, Any], fragment: str
 ) -> None:
-    """NATS 2.12 settings: the 2.9 server of these tests drops them, so the check is tested on
-    the configuration alone."""
+    """NATS 2.12 settings: a 2.9 server drops them, so the check is tested on the configuration
+    here, and on a stream of the current server below."""
     names = Names("p")
     config = claims_stream("p", **settings)
     problems = claims_problems(config, names, SLOT_TTL)
@@ -459,6 +459,27 @@ def test_settings_of_newer_servers_that_break_claims_are_refused(
     assert (
         claims_problems(claims_stream("p", persist_mode=PersistMode.DEFAULT), names, SLOT_TTL) == []
     )
+
+
+@pytest.mark.parametrize(("settings", "fragment"), NEWER_SETTINGS)
+async def test_a_current_server_keeps_those_settings_and_start_refuses_the_stream(
+    current_nats_url: str, settings: dict[str, Any], fragment: str
+) -> None:
+    """The same streams on the current nats-server, which keeps the settings (2.9 drops them):
+    ``start()`` refuses the stream, naming the setting, and leaves it as it is."""
+    prefix = unique_prefix()
+    await create_stream(current_nats_url, claims_stream(prefix, **settings))
+    try:
+        kept = await stream_config(current_nats_url, f"{prefix}-claims")
+        assert {name: getattr(kept, name) for name in settings} == settings
+        backend = NATSBackend(current_nats_url, prefix=prefix)
+        with pytest.raises(ConfigurationError) as caught:
+            await backend.start(CLOCK)
+        assert fragment in str(caught.value)
+        kept = await stream_config(current_nats_url, f"{prefix}-claims")
+        assert {name: getattr(kept, name) for name in settings} == settings
+    finally:
+        await delete_streams(current_nats_url, prefix)
 
 
 # -- issue 18, item 2, end to end --------------------------------------------------------------
