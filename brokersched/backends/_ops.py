@@ -14,7 +14,14 @@ from datetime import timedelta
 from .._durations import format_duration
 from ..abc import Finding
 
-__all__ = ["LIVE_WINDOW", "LIVE_WINDOW_MS", "ago", "server_finding", "slot_memory_finding"]
+__all__ = [
+    "LIVE_WINDOW",
+    "LIVE_WINDOW_MS",
+    "ago",
+    "recent_claims",
+    "server_finding",
+    "slot_memory_finding",
+]
 
 #: Activity this recent (a claim, a lease granted, a run recorded) counts as an instance of the
 #: prefix running: ``purge`` refuses without ``--force``.
@@ -27,6 +34,15 @@ def ago(then_ms: int, now_ms: int) -> str:
     delta = now_ms - then_ms
     shown = format_duration(timedelta(milliseconds=abs(delta) // 1000 * 1000))
     return f"{shown} ago" if delta >= 0 else f"in {shown}"
+
+
+def recent_claims(slots_ms: list[int], now_ms: int, where: str) -> list[str]:
+    """One sign for the claims of slots of the last ``LIVE_WINDOW`` among ``slots_ms``."""
+    recent = sorted(ms for ms in slots_ms if ms > now_ms - LIVE_WINDOW_MS)
+    if not recent:
+        return []
+    newest = ago(recent[-1], now_ms)
+    return [f"{len(recent)} claim(s) of slots of the last minute, the newest {newest} ({where})"]
 
 
 def slot_memory_finding(

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _redact
 from .._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..abc import Finding, Inventory, Slot, StoredObject
-from ._ops import LIVE_WINDOW_MS, ago, server_finding, slot_memory_finding
+from ._ops import recent_claims, server_finding, slot_memory_finding
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel
@@ -164,7 +164,7 @@ class Management:
     async def connections(self, prefix: str) -> int:
         """How many connections are named ``brokersched (<prefix>)`` (the backend's default
         ``connection_name``)."""
-        found = await self.get(f"connections/{self.vhost}?columns=client_properties")
+        found = await self.get(f"vhosts/{self.vhost}/connections?columns=client_properties")
         wanted = f"brokersched ({prefix})"
         return sum(
             (row.get("client_properties") or {}).get("connection_name") == wanted for row in found
@@ -245,20 +245,17 @@ async def inventory(
         ]
         if record is None:
             unknown.append(f"no slot memory record read from {names.record(prefix)}")
-    claim_of = {names.claim(prefix, slot): slot for slot in slots}
-    for item in objects:
-        slot = claim_of.get(item.name) or _claim_slot(names, prefix, item.name)
-        if slot is not None and slot.slot_ms > now_ms - LIVE_WINDOW_MS:
-            live.append(f"slot {slot.slot_ms} claimed ({ago(slot.slot_ms, now_ms)}): {item.name}")
+    claimed = [_claim_slot(prefix, item.name) for item in objects if item.kind == "queue"]
+    live += recent_claims([ms for ms in claimed if ms is not None], now_ms, "claim queues")
     return Inventory(_BACKEND, prefix, tuple(objects), tuple(unknown), tuple(live))
 
 
-def _claim_slot(names: Names, prefix: str, name: str) -> Slot | None:
-    """The slot of a listed claim queue (its last segment); the job part is not decoded."""
+def _claim_slot(prefix: str, name: str) -> int | None:
+    """The slot (ms) of a claim queue: its last segment."""
     head, _, slot = name.rpartition(".")
     if not head.startswith(f"{prefix}.claim.") or not slot.isdigit():
         return None
-    return Slot(head, int(slot))
+    return int(slot)
 
 
 async def _listed(management: Management, names: Names, prefix: str) -> list[StoredObject]:

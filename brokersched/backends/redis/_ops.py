@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from ...abc import Finding, Inventory, StoredObject
-from .._ops import LIVE_WINDOW_MS, ago, server_finding, slot_memory_finding
+from .._ops import LIVE_WINDOW_MS, ago, recent_claims, server_finding, slot_memory_finding
 from ._base import RedisConnection
 
 __all__ = [
@@ -60,7 +60,9 @@ async def inventory(
     keys = await _scan(client, cluster, prefix)
     seconds, micros = await client.execute_command("TIME", **_any_node(cluster))
     now_ms = int(seconds) * 1000 + int(micros) // 1000
-    live: list[str] = []
+    live = recent_claims(
+        [ms for key in keys if (ms := _claim_slot(key)) is not None], now_ms, "claim keys"
+    )
     for key in keys:
         live += await _signs(client, key, now_ms)
     live += await _connections(client, cluster, client_name)
@@ -72,15 +74,16 @@ def _any_node(cluster: bool) -> dict[str, Any]:
     return {"target_nodes": "random"} if cluster else {}
 
 
-async def _signs(client: Any, key: str, now_ms: int) -> list[str]:
-    """What ``key`` tells of an instance running: a claim of a recent slot, a live lease, a run
-    recorded in the last minute."""
+def _claim_slot(key: str) -> int | None:
     kind = key.rsplit(":", 2)
     if len(kind) == 3 and kind[1] == "claim" and kind[2].lstrip("-").isdigit():
-        slot_ms = int(kind[2])
-        if slot_ms > now_ms - LIVE_WINDOW_MS:
-            return [f"slot {slot_ms} claimed ({ago(slot_ms, now_ms)}): {key}"]
-        return []
+        return int(kind[2])
+    return None
+
+
+async def _signs(client: Any, key: str, now_ms: int) -> list[str]:
+    """What ``key`` tells of an instance running: a live lease, a run recorded in the last
+    minute."""
     if key.endswith(":runs"):
         signs = []
         for slot, raw in (await client.hgetall(key)).items():
