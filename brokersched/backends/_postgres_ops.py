@@ -51,6 +51,14 @@ async def inventory(conn: Any, schema: str) -> Inventory:
             "WHERE state = 'running' AND expires_at > clock_timestamp()"
         ):
             live.append(f"job {job!r} slot {slot_ms} is being run by instance {instance!r}")
+    if "history" in tables:
+        newest = await conn.fetchval(
+            f"SELECT max(started_at) FROM {s}.history"
+            " WHERE started_at > clock_timestamp() - $1::interval",
+            LIVE_WINDOW,
+        )
+        if newest is not None:
+            live.append(f"a run started at {newest.isoformat()} was recorded ({schema}.history)")
     return Inventory(_BACKEND, schema, tuple(objects), live=tuple(live))
 
 

@@ -163,7 +163,9 @@ class Management:
 
     async def connections(self, prefix: str) -> int:
         """How many connections are named ``brokersched (<prefix>)`` (the backend's default
-        ``connection_name``)."""
+        ``connection_name``). The API lists a connection once the node has emitted its
+        statistics (``collect_statistics_interval``, 5 s by default): one opened just before
+        is not seen yet."""
         found = await self.get(f"vhosts/{self.vhost}/connections?columns=client_properties")
         wanted = f"brokersched ({prefix})"
         return sum(

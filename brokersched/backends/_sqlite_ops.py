@@ -73,6 +73,11 @@ def _inventory(conn: sqlite3.Connection, prefix: str, now_ms: int) -> Inventory:
                 f"job {job!r} slot {slot_ms} is being run by instance {instance!r} (lease "
                 f"expires {ago(expires, now_ms)})"
             )
+    history = f"{prefix}history"
+    if history in found:
+        (newest,) = conn.execute(f'SELECT max(started_us) FROM "{history}"').fetchone()
+        if newest is not None and newest // 1000 > now_ms - LIVE_WINDOW_MS:
+            live.append(f"a run started {ago(newest // 1000, now_ms)} was recorded ({history})")
     return Inventory(_BACKEND, prefix, objects, live=tuple(live))
 
 
