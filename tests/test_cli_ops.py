@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from brokersched import Scheduler
+from brokersched.abc import Backend
 from brokersched.backends._rabbitmq_ops import (
     Management,
     Names,
@@ -76,7 +77,7 @@ async def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[st
 @contextlib.asynccontextmanager
 async def running(
     kind: str, url: str, prefix: str, management: str | None = None
-) -> AsyncIterator[Scheduler[None]]:
+) -> AsyncIterator[Scheduler[Backend]]:
     """A scheduler of the prefix, once it has run a slot of ``tick``."""
     scheduler = make_scheduler(make_backend(kind, url, prefix, management))
     done = asyncio.Event()

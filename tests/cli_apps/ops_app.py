@@ -37,7 +37,7 @@ def make_backend(kind: str, url: str, prefix: str, management_url: str | None = 
     raise ValueError(f"unknown backend kind {kind!r}")
 
 
-def make_scheduler(backend: Backend) -> Scheduler[None]:
+def make_scheduler(backend: Backend) -> Scheduler[Backend]:
     scheduler = Scheduler(backend, jitter=0, max_late="5s", drain_timeout="2s")
 
     @scheduler.every("tick", "1s")
@@ -47,7 +47,7 @@ def make_scheduler(backend: Backend) -> Scheduler[None]:
     return scheduler
 
 
-def create() -> Scheduler[None]:
+def create() -> Scheduler[Backend]:
     backend = make_backend(
         os.environ["BROKERSCHED_TEST_BACKEND"],
         os.environ["BROKERSCHED_TEST_URL"],
