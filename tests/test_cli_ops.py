@@ -51,7 +51,7 @@ from brokersched.backends.rabbitmq import (
 )
 from tests.cli_apps.ops_app import make_backend, make_scheduler
 from tests.cli_apps.process import brokersched
-from tests.redis_helpers import RedisServer
+from tests.redis_helpers import RedisServer, redis_cluster_url  # noqa: F401 (a fixture)
 
 APP = "tests.cli_apps.ops_app:create"
 RABBITMQ_SBIN = Path("/usr/lib/rabbitmq/bin")
@@ -604,3 +604,65 @@ def test_fd_finding_against_the_quorum_queue_budget() -> None:
     assert fd_finding(node, 300).severity == "error"  # (1024 - 97) / 3 = 309
     assert fd_finding(node, 10).severity == "warning"
     assert fd_finding({**node, "fd_total": 65536}, 300).severity == "ok"
+
+
+async def test_purge_redis_cluster_removes_keys_on_every_node(redis_cluster_url: str) -> None:
+    """Keys of several jobs live on several primaries: inventory scans each of them."""
+    import redis.asyncio.cluster
+
+    from brokersched import RedisBackend
+
+    prefix = unique("redis")
+    backend = RedisBackend(redis_cluster_url, slot_ttl="20s", prefix=prefix, cluster=True)
+    scheduler = Scheduler(backend, jitter=0, max_late="5s")
+    done: set[str] = set()
+    finished = asyncio.Event()
+
+    def complete(event: Any) -> None:
+        done.add(event.job)
+        if len(done) == 6:
+            finished.set()
+
+    for n in range(6):
+        scheduler.every(f"job{n}", "1s", lambda ctx: None)
+    scheduler.on("complete", complete)
+    await scheduler.start()
+    try:
+        await asyncio.wait_for(finished.wait(), 20)
+    finally:
+        await scheduler.stop()
+    client = redis.asyncio.cluster.RedisCluster.from_url(redis_cluster_url)
+    await client.initialize()
+    try:
+
+        async def keys_by_node() -> dict[str, set[str]]:
+            found: dict[str, set[str]] = {}
+            for node in client.get_primaries():
+                cursor, keys = 0, set()
+                while True:
+                    cursor, batch = await client.execute_command(
+                        "SCAN", cursor, "MATCH", f"{prefix}:*", target_nodes=node
+                    )
+                    keys |= {key.decode() for key in batch}
+                    (cursor,) = cursor.values()  # {node: cursor}
+                    if int(cursor) == 0:
+                        break
+                if keys:
+                    found[node.name] = keys
+            return found
+
+        before = await keys_by_node()
+        assert len(before) >= 2, f"the jobs' keys all fell on one node: {before}"
+        found = await backend.inventory()
+        assert {item.name for item in found.objects} == set().union(*before.values())
+        assert found.live  # claims of the last minute
+        left = await backend.purge(found)
+        assert left.objects == ()
+        assert await keys_by_node() == {}
+        checks = {finding.check: finding for finding in await backend.doctor()}
+        assert checks["cluster mode"].severity == "ok"
+        assert checks["server version"].found.startswith("Redis ")
+        assert checks["persistence"].severity == "error"  # the test cluster runs without AOF
+        assert checks["maxmemory-policy"].severity == "ok"
+    finally:
+        await client.aclose()

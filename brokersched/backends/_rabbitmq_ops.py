@@ -57,6 +57,7 @@ __all__ = [
 _BACKEND = "RabbitMQBackend"
 MIN_VERSION = (3, 9)
 _HTTP_TIMEOUT_S = 10.0
+_LOCK_WAIT_S = 5.0  # for the slot memory record's lock, held by an instance only briefly
 # Each quorum queue holds about 3 file handles of RabbitMQ 3.x's handle cache, and the node
 # needs ~97 for itself: past (limit - 97) / 3 quorum queues it stops answering (issue 28).
 _QUORUM_HANDLES = 3
@@ -191,25 +192,57 @@ async def _exists(channels: Channels, item: StoredObject) -> bool:
         return True
 
 
-async def read_memory(channels: Channels, queue: str, parse: Callable[[bytes], int]) -> int | None:
-    """The memory of the slot memory record in ``queue``, looked at and put back (a get
-    without ack, rejected back into the queue); ``None``: no record to read now."""
+async def read_memory(
+    channels: Channels, names: Names, prefix: str, parse: Callable[[bytes], int]
+) -> int | None:
+    """The memory of the fleet's slot memory record, read under the lock instances take in
+    turn (an instance that found the record taken would make it again) and put back; ``None``:
+    no record, or the lock not free within a few seconds."""
+    from aio_pika.exceptions import ChannelNotFoundEntity
+    from aiormq.exceptions import ChannelAccessRefused
+
+    async def ignore(message: Any) -> None:
+        """Nothing is ever published to the lock queue."""
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _LOCK_WAIT_S
+    while loop.time() < deadline:
+        async with channels() as channel:
+            try:
+                lock = await channel.declare_queue(names.lock(prefix), passive=True)
+            except ChannelNotFoundEntity:  # no instance ever made a record
+                return None
+            if not lock.declaration_result.consumer_count:
+                try:
+                    await lock.consume(ignore, exclusive=True)
+                except ChannelAccessRefused:  # another instance got there first
+                    pass
+                else:
+                    return await _read_locked(channel, names.record(prefix), parse)
+        await asyncio.sleep(0.05)
+    return None
+
+
+async def _read_locked(
+    channel: AbstractChannel, queue: str, parse: Callable[[bytes], int]
+) -> int | None:
+    """The record's memory, on the channel that holds the lock (closing it releases the lock,
+    after the record is back in its queue)."""
     from aio_pika.exceptions import ChannelNotFoundEntity
 
-    async with channels() as channel:
-        try:
-            records = await channel.declare_queue(queue, passive=True)
-        except ChannelNotFoundEntity:
-            return None
-        message = await records.get(no_ack=False, fail=False, timeout=5)
-        if message is None:
-            return None
-        try:
-            return parse(message.body)
-        except ValueError:
-            return None
-        finally:
-            await message.reject(requeue=True)
+    try:
+        records = await channel.declare_queue(queue, passive=True)
+    except ChannelNotFoundEntity:
+        return None
+    message = await records.get(no_ack=False, fail=False, timeout=5)
+    if message is None:
+        return None
+    try:
+        return parse(message.body)
+    except ValueError:
+        return None
+    finally:
+        await message.reject(requeue=True)
 
 
 async def inventory(
@@ -225,7 +258,7 @@ async def inventory(
     now_ms: int,
 ) -> Inventory:
     memories = list(memories_ms)
-    record = await read_memory(channels, names.record(prefix), parse)
+    record = await read_memory(channels, names, prefix, parse)
     if record is not None:
         memories.append(record)
     unknown: list[str] = []
@@ -320,7 +353,7 @@ async def doctor(
             findings[-1].consequence,
             findings[-1].fix,
         )
-    memory = await read_memory(channels, names.record(prefix), parse)
+    memory = await read_memory(channels, names, prefix, parse)
     findings.append(slot_memory_finding(_BACKEND, names.record(prefix), memory, slot_ttl))
     if management is None:
         findings.append(

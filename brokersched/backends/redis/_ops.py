@@ -48,6 +48,8 @@ async def _scan(client: Any, cluster: bool, prefix: str) -> list[str]:
             cursor, batch = await client.execute_command(
                 "SCAN", cursor, "MATCH", f"{prefix}:*", "COUNT", _SCAN_COUNT, **where
             )
+            if isinstance(cursor, dict):  # redis-py's cluster client: {node: cursor}
+                (cursor,) = cursor.values()
             keys.update(key.decode() for key in batch)
             if int(cursor) == 0:
                 break
