@@ -51,7 +51,9 @@ from brokersched.backends.rabbitmq import (
 )
 from tests.cli_apps.ops_app import make_backend, make_scheduler
 from tests.cli_apps.process import brokersched
-from tests.redis_helpers import RedisServer, redis_cluster_url  # noqa: F401 (a fixture)
+from tests.redis_helpers import RedisServer, redis_cluster_url
+
+__all__ = ["redis_cluster_url"]  # a fixture
 
 APP = "tests.cli_apps.ops_app:create"
 RABBITMQ_SBIN = Path("/usr/lib/rabbitmq/bin")
