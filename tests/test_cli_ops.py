@@ -314,6 +314,7 @@ async def test_doctor_redis_without_persistence_fails(
     assert "appendonly no" in errors_of(result)["persistence"]
 
 
+@pytest.mark.nats_servers
 async def test_doctor_nats_short_duplicate_window_fails(nats_url: str) -> None:
     import nats
     from nats.js.api import StorageType, StreamConfig
