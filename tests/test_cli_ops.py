@@ -468,11 +468,24 @@ class PrivateRabbitMQ:
         while time.monotonic() < deadline:
             logs = list((b / "log").glob("*.log")) if (b / "log").exists() else []
             if any("Server startup complete" in log.read_text(errors="replace") for log in logs):
+                self._wait_for_statistics(deadline)
                 return
             if self.process.poll() is not None:
                 break
             time.sleep(0.2)
         raise RuntimeError(f"the private RabbitMQ node did not start: {b / 'stdout.log'}")
+
+    def _wait_for_statistics(self, deadline: float) -> None:
+        """Until the management API tells the node's file descriptors (its first statistics
+        come a few seconds after the start)."""
+        management = Management(self.management_url, "/")
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                nodes = asyncio.run(management.get("nodes"))
+                if nodes and all(isinstance(node.get("fd_total"), int) for node in nodes):
+                    return
+            time.sleep(0.2)
+        raise RuntimeError("the private RabbitMQ node's management API tells no fd_total")
 
     def stop(self) -> None:
         process, self.process = self.process, None
@@ -540,6 +553,7 @@ async def test_doctor_rabbitmq_policy_on_claim_queues_fails(
     assert found["policies"]["severity"] == "ok"
     assert "open-files limit 1024" in found["file descriptors"]["found"]
     assert found["file descriptors"]["severity"] == "warning"  # 1024: below 4096
+    assert found["footprint"]["found"].startswith(f"prefix {prefix!r}: 0 claim queue(s)")
     definition = json.dumps({"message-ttl": 1000, "max-length": 5})
     pattern = f"^{prefix}\\.claim\\."
     await asyncio.to_thread(

@@ -370,10 +370,23 @@ async def doctor(
         )
         return findings
     findings += await _node_findings(management)
+    findings.append(_footprint_finding(await _listed(management, names, prefix), prefix))
     policies = await management.get(f"policies/{management.vhost}")
     operator = await management.get(f"operator-policies/{management.vhost}")
     findings += claim_policy_findings(names.claim(prefix, Slot("x", 0)), policies, operator)
     return findings
+
+
+def _footprint_finding(objects: list[StoredObject], prefix: str) -> Finding:
+    """What the prefix holds on the broker now (the file-descriptor check weighs it)."""
+    claims = sum(".claim." in item.name for item in objects if item.kind == "queue")
+    history = sum(".history." in item.name for item in objects if item.kind == "queue")
+    return Finding(
+        "ok",
+        "footprint",
+        f"prefix {prefix!r}: {claims} claim queue(s), {history} history queue(s), "
+        f"{len(objects)} object(s) in all",
+    )
 
 
 def _text(value: object) -> str | None:
