@@ -46,6 +46,7 @@ from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
     claim_queue_name,
     history_queue_name,
+    history_stream_name,
     lock_queue_name,
     record_queue_name,
 )
@@ -74,7 +75,13 @@ class TrackedBackend(RabbitMQBackend):
     def __init__(self, *args: Any, touched: set[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.touched = touched
-        touched.update((record_queue_name(self.prefix), lock_queue_name(self.prefix)))
+        touched.update(
+            (
+                record_queue_name(self.prefix),
+                lock_queue_name(self.prefix),
+                history_stream_name(self.prefix),
+            )
+        )
 
     async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
         self.touched.add(claim_queue_name(self.prefix, slot))
@@ -946,6 +953,7 @@ async def test_three_scheduler_processes_run_every_slot_exactly_once(
         await asyncio.gather(reading, return_exceptions=True)
         for job in jobs:
             touched.add(history_queue_name(prefix, job))
+            touched.add(history_stream_name(prefix))
             first, last = int(started * 1000) // 500 * 500 - 500, int(time.time() * 1000) + 1000
             touched.update(
                 claim_queue_name(prefix, Slot(job, ms)) for ms in range(first, last, 500)

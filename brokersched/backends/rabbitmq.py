@@ -143,6 +143,7 @@ import logging
 import random
 import re
 import shlex
+import uuid
 from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -179,6 +180,7 @@ __all__ = [
     "claim_queue_name",
     "fence_exchange_name",
     "history_queue_name",
+    "history_stream_name",
     "lock_queue_name",
     "record_queue_name",
 ]
@@ -197,6 +199,13 @@ _LONGEST_KIND = ".history."
 _DECLARE_ATTEMPTS = 3  # a claim queue can expire between declare and publish; rarely twice
 _OPERATION_TIMEOUT_S = 10.0  # record(), history() and prepare(): not time-critical, but bounded
 _READER_RETRY_S = 0.05  # another history reader holds the exclusive consumer
+# The history stream (one per prefix): its retention, whole segments dropped oldest first.
+_HISTORY_STREAM_BYTES = 64 * 1024 * 1024
+_HISTORY_SEGMENT_BYTES = 4 * 1024 * 1024
+_HISTORY_PREFETCH = 1000  # stream deliveries in flight to a reader (acked by halves)
+_HISTORY_STEP = 256  # a read steps back at least this many offsets at a time
+_JOB_HEADER = "bs-job"  # a history record's job
+_MARK_HEADER = "bs-mark"  # a reader's end marker (no record): skipped by every reader
 _MAX_PREFETCH = 65535  # AMQP's prefetch count is 16 bits
 _LOCK_RETRY_S = (0.01, 0.1)  # another instance holds the slot-memory lock: wait this long
 _VIEW_ATTEMPTS = 4  # a claim reads the record again at most this often (raises are rare)
@@ -328,8 +337,14 @@ def claim_queue_name(prefix: str, slot: Slot) -> str:
 
 
 def history_queue_name(prefix: str, job: str) -> str:
-    """``<prefix>.history.<escaped job>``, at most 255 bytes."""
+    """``<prefix>.history.<escaped job>``, at most 255 bytes: the per-job quorum history queue
+    of brokersched before the history stream, still read when it exists (migration)."""
     return f"{prefix}.history.{_job_segment(prefix, job)}"
+
+
+def history_stream_name(prefix: str) -> str:
+    """``<prefix>.history``: the stream holding the run history of every job of the prefix."""
+    return f"{prefix}.history"
 
 
 def record_queue_name(prefix: str) -> str:
@@ -690,7 +705,8 @@ class RabbitMQBackend(ClaimBackend):
         )
         self._connection: AbstractRobustConnection | None = None
         self._pool: _ChannelPool | None = None
-        self._history_ready: set[str] = set()  # history queues declared on this connection
+        self._history_ready = False  # the history stream declared on this connection
+        self._old_history_warned: set[str] = set()  # jobs whose pre-stream queue was reported
         self._clock: Clock | None = None
         self._view: _View | None = None  # the fleet's slot memory, as read at start or since
         self._seen_ms: int | None = None  # the record's memory when it could not be adopted
@@ -768,7 +784,7 @@ class RabbitMQBackend(ClaimBackend):
             quiet.active = False
         self._connection = connection
         self._pool = _ChannelPool(connection, self._channel_count)
-        self._history_ready.clear()
+        self._history_ready = False
         self._clock = clock
         _log.debug("%s connected to %s", self.name, connection)
         try:
@@ -1494,78 +1510,73 @@ class RabbitMQBackend(ClaimBackend):
     async def prepare(self, jobs: Sequence[JobPolicy]) -> None:
         """Raise the fleet's slot memory to this ``slot_ttl`` if it is shorter, before the
         scheduler arms anything: no slot of this instance then falls due before its raise. Then
-        declare the history queues now, so a mismatch is reported at start; best effort: a
+        declare the history stream now, so a mismatch is reported at start; best effort: a
         failure is logged and ``record()`` tries again."""
         if self._connection is None:
             return
         if jobs and self._view is None:
             await self._refresh(None)
-        for job in jobs:
-            try:
-                with self._client_errors(f"declaring the history of job {job.name!r}"):
-                    async with asyncio.timeout(_OPERATION_TIMEOUT_S):
-                        await self._declare_history(job)
-            except BackendError as exc:
-                _log.warning("%s", exc)
+        if not jobs:
+            return
+        try:
+            with self._client_errors("declaring the history stream"):
+                async with asyncio.timeout(_OPERATION_TIMEOUT_S):
+                    await self._declare_history()
+        except BackendError as exc:
+            _log.warning("%s", exc)
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
         from aio_pika import DeliveryMode, Message
         from aio_pika.exceptions import PublishError
 
         pool = self._require_pool()
-        queue = history_queue_name(self._prefix, job.name)
+        stream = history_stream_name(self._prefix)
         message = Message(
             record.to_json().encode(),
             content_type="application/json",
             delivery_mode=DeliveryMode.PERSISTENT,
             message_id=record.run_id,
+            headers={_JOB_HEADER: job.name},
         )
         with self._client_errors(f"recording run {record.run_id} of job {job.name!r}"):
             async with asyncio.timeout(_OPERATION_TIMEOUT_S):
                 for _ in range(2):
-                    if job.name not in self._history_ready:
-                        await self._declare_history(job)
+                    if not self._history_ready:
+                        await self._declare_history()
                     try:
                         async with pool.channel() as channel:
-                            await channel.default_exchange.publish(message, queue, mandatory=True)
+                            await channel.default_exchange.publish(message, stream, mandatory=True)
                         return
                     except PublishError:  # deleted since we declared it: declare again
-                        self._history_ready.discard(job.name)
-                raise BackendError(f"{self.name}: history queue {queue!r} keeps disappearing")
+                        self._history_ready = False
+                raise BackendError(f"{self.name}: history stream {stream!r} keeps disappearing")
 
-    async def _declare_history(self, job: JobPolicy) -> None:
-        """Declare on a channel of its own: a 406 closes the channel it happens on."""
+    async def _declare_history(self) -> None:
+        """Declare the prefix's history stream on a channel of its own (a 406 closes the
+        channel it happens on)."""
         from aio_pika.exceptions import ChannelPreconditionFailed
 
-        queue = history_queue_name(self._prefix, job.name)
+        stream = history_stream_name(self._prefix)
         arguments: FieldTable = {
-            "x-queue-type": "quorum",  # replicated: history survives the loss of a node
-            "x-max-length": job.history_size,
-            "x-overflow": "drop-head",
-            # Readers take turns: a quorum queue does not enforce an exclusive consumer.
-            "x-single-active-consumer": True,
+            "x-queue-type": "stream",  # replicated: history survives the loss of a node
+            "x-max-length-bytes": _HISTORY_STREAM_BYTES,
+            "x-stream-max-segment-size-bytes": _HISTORY_SEGMENT_BYTES,
         }
-        if self._server_major() >= 4:
-            # A read returns every message to the queue, and 4.x drops a message returned 20
-            # times unless told otherwise (-1: no limit). 3.x has no default limit, and takes
-            # -1 as a limit that every returned message exceeds: never sent there.
-            arguments["x-delivery-limit"] = -1
         try:
             async with self._side_channel() as channel:
-                await channel.declare_queue(queue, durable=True, arguments=arguments)
-        except ChannelPreconditionFailed:
-            # The queue exists with other arguments: history_size changed, or it is the classic
-            # queue of an earlier brokersched. Keep using it.
+                await channel.declare_queue(stream, durable=True, arguments=arguments)
+        except ChannelPreconditionFailed as exc:
+            # Made with other settings (by hand, or a policy-free declare with other bytes):
+            # it is still a stream of this prefix's records. Keep using it, as it is.
             _log.warning(
-                "history queue %r exists with other arguments (history_size changed, or a"
-                " classic queue made by an earlier brokersched, which a cluster cannot read or"
-                " write while its node is down); records go to it as it is. To have it made"
-                " again (a quorum queue of history_size): rabbitmqctl delete_queue %s (its"
-                " records go with it)",
-                queue,
-                queue,
+                "history stream %r exists with other arguments (%s); records go to it as it"
+                " is. To have it made again with brokersched's retention: rabbitmqctl"
+                " delete_queue %s (every job's records go with it)",
+                stream,
+                self._describe(exc),
+                stream,
             )
-        self._history_ready.add(job.name)
+        self._history_ready = True
 
     def _server_major(self) -> int:
         """The major version of the RabbitMQ node this connection is on; 0 when unknown."""
@@ -1580,26 +1591,138 @@ class RabbitMQBackend(ClaimBackend):
         return int(found[1]) if found else 0
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
-        # The queue may be longer than history_size: it keeps the length it was declared with
-        # (see _declare_history) after history_size was lowered.
         limit = min(limit, job.history_size)
         if limit <= 0:
             return []
         self._require_pool()
-        queue = history_queue_name(self._prefix, job.name)
         with self._client_errors(f"reading the history of job {job.name!r}"):
             async with asyncio.timeout(_OPERATION_TIMEOUT_S):
-                bodies = await self._read_history(queue)
+                bodies = await self._read_stream(job.name, limit)
+                bodies.extend(await self._read_old_queue(job.name))
         records: list[RunRecord] = []
-        for body in reversed(bodies):
+        for body in bodies:
             try:
                 records.append(RunRecord.from_json(body))
             except (ValueError, TypeError, KeyError):  # not written by brokersched: skip it
-                _log.warning("history queue %r holds a message that is not a run record", queue)
-        # Newest first by the queue's order, kept for equal times (a stable sort). Readers
-        # that race for a quorum queue can reorder it: the times still order what is read.
+                _log.warning(
+                    "the history of job %r holds a message that is not a run record", job.name
+                )
+        # Newest first by the stream's order, kept for equal times (a stable sort); records of
+        # an old per-job queue (migration) are merged by their times.
         records.sort(key=lambda record: record.finished_at or record.started_at, reverse=True)
         return records[:limit]
+
+    async def _read_stream(self, job: str, want: int) -> list[bytes]:
+        """The newest ``want`` records of ``job`` in the history stream (fewer when the stream
+        holds fewer), newest first.
+
+        The end: a stream consumer over AMQP 0-9-1 is never told it has caught up, so the
+        reader attaches at the stream's last chunk and then appends a marker (an empty message
+        with a header of its own, skipped by every reader): reaching its own marker is reaching
+        the end as it was when the read began. Then it steps back: it reads the window
+        ``[start - step, start)`` (the step doubling each time) until it has ``want`` records
+        of the job, or the broker starts it past where it asked (the stream's first retained
+        record is within the window: nothing older exists).
+        """
+        if not self._history_ready:
+            await self._declare_history()
+        newest: list[bytes] = []  # newest first
+        window = await self._read_window(job, None, None)
+        if window is None:
+            return []
+        found, start, at_first = window
+        newest.extend(reversed(found))
+        step = max(_HISTORY_STEP, 4 * want)
+        while len(newest) < want and not at_first:
+            window = await self._read_window(job, max(0, start - step), start)
+            if window is None:
+                break
+            found, start, at_first = window
+            newest.extend(reversed(found))
+            step *= 2
+        return newest[:want]
+
+    async def _read_window(
+        self, job: str, begin: int | None, stop: int | None
+    ) -> tuple[list[bytes], int, bool] | None:
+        """``job``'s records (oldest first) at offsets ``[begin, stop)``, where the read
+        began, and whether that is the stream's first retained record. ``begin=None``: from the
+        last chunk to a marker appended now. ``None`` when the stream is empty or gone."""
+        from aio_pika import Message
+        from aio_pika.exceptions import ChannelNotFoundEntity
+
+        stream = history_stream_name(self._prefix)
+        mark = uuid.uuid4().hex
+        found: list[bytes] = []
+        done = asyncio.Event()
+        first: list[int] = []
+        seen = 0
+
+        async with self._side_channel() as channel:
+            await channel.set_qos(prefetch_count=_HISTORY_PREFETCH)
+            try:
+                queue = await channel.declare_queue(stream, passive=True)
+            except ChannelNotFoundEntity:
+                self._history_ready = False
+                return None
+
+            async def collect(message: AbstractIncomingMessage) -> None:
+                # Everything before the first await: deliveries are handled in their order.
+                nonlocal seen
+                if done.is_set():
+                    return
+                headers = message.headers or {}
+                offset = headers.get("x-stream-offset")
+                if not isinstance(offset, int):
+                    return
+                if not first:
+                    first.append(offset)
+                if (stop is not None and offset >= stop) or _text(
+                    headers.get(_MARK_HEADER)
+                ) == mark:
+                    done.set()
+                    return
+                if _text(headers.get(_JOB_HEADER)) == job:
+                    found.append(message.body)
+                seen += 1
+                if seen % (_HISTORY_PREFETCH // 2) == 0:  # streams need acks to deliver more
+                    await message.ack(multiple=True)
+
+            where: int | str = "last" if begin is None else begin
+            await queue.consume(collect, arguments={"x-stream-offset": where})
+            if begin is None:
+                async with self._side_channel(confirms=True) as writer:
+                    await writer.default_exchange.publish(
+                        Message(b"", headers={_MARK_HEADER: mark}),
+                        stream,
+                        mandatory=True,
+                    )
+            await done.wait()
+        if not first:
+            return None
+        # The broker starts a read that asks for an offset it no longer holds at its first one.
+        at_first = first[0] == 0 or (begin is not None and first[0] > begin)
+        return found, first[0], at_first
+
+    async def _read_old_queue(self, job: str) -> list[bytes]:
+        """The records of ``job``'s per-job quorum history queue of brokersched before 0.x
+        (migration): read, left in place, newest first; warned about once."""
+        queue = history_queue_name(self._prefix, job)
+        bodies = await self._read_history(queue)
+        if bodies and job not in self._old_history_warned:
+            self._old_history_warned.add(job)
+            _log.warning(
+                "job %r still has the per-job history queue %r of an earlier brokersched"
+                " (%d records): it is read along with the history stream %r, where new records"
+                " go. It costs the broker a quorum queue (about 3 file handles); once its"
+                " records are no longer wanted: rabbitmqctl delete_queue %s",
+                job,
+                queue,
+                len(bodies),
+                history_stream_name(self._prefix),
+                queue,
+            )
+        return list(reversed(bodies))
 
     async def _read_history(self, queue: str) -> list[bytes]:
         """Every message of ``queue``, oldest first, left in the queue."""
@@ -1629,7 +1752,7 @@ class RabbitMQBackend(ClaimBackend):
         async with self._side_channel() as channel:
             try:
                 declared = await channel.declare_queue(queue, passive=True)
-            except ChannelNotFoundEntity:  # no run recorded yet
+            except ChannelNotFoundEntity:  # no old queue: the common case
                 return []
             counts = declared.declaration_result
             if counts.consumer_count:
@@ -1709,6 +1832,13 @@ class RabbitMQBackend(ClaimBackend):
 
     def _describe(self, exc: BaseException) -> str:
         return f"{type(exc).__name__}: {_redact.scrub(str(exc), self._secrets)}"
+
+
+def _text(value: object) -> str | None:
+    """A header's value as text (aiormq gives long strings as ``bytes`` or ``str``)."""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value if isinstance(value, str) else None
 
 
 def _refused_vhost(exc: BaseException) -> bool:
