@@ -109,22 +109,23 @@ Failures
     itself and claims resume.
 
 History
-    A quorum queue ``<prefix>.history.<job>`` per job with ``x-max-length=history_size``
-    (drop-head): replicated, so a cluster keeps recording and reading it while a node is down.
-    It is read by a consumer that takes every message without acking them and then closes its
-    channel, which puts them back (``x-single-active-consumer``: readers take turns, a quorum
-    queue ignores an exclusive consumer; ``x-delivery-limit=-1`` on RabbitMQ 4, whose default
-    would drop a record read 20 times). Readers racing can reorder the queue, so a read is
-    sorted by finish time. Records are trimmed by count only, so ``history_ttl`` is refused. A
-    classic history queue made by an earlier brokersched is kept and used as it is (a warning
-    says how to replace it).
+    One stream ``<prefix>.history`` per prefix (``x-queue-type: stream``, 16 MiB kept in 1 MiB
+    segments), every job's records in it with the job in a header: replicated, so a cluster
+    keeps recording and reading it while a node is down, and it costs the broker no handle of
+    its file-handle cache (a quorum queue per job held 3, and a 3.x node with the Debian
+    open-files limit of 1024 stopped answering at ~310 of them: issue 28). A read finds the
+    end with a marker it appends and steps back from there until it has the job's newest
+    ``min(limit, history_size)`` records (see ``_read_stream``); records are trimmed by count
+    only, so ``history_ttl`` is refused. The per-job quorum history queue of an earlier
+    brokersched is still read, merged with the stream, and reported once per job.
 
 Broker cost
     One live queue per job per slot claimed within the fleet's slot memory: a job running every
     ``interval`` keeps about ``memory / interval + 1`` claim queues alive, each costing roughly
-    30-37 KB of broker memory (measured on 3.10). Per prefix: the record and lock queues and one
-    fence exchange. Broker CPU (3.10, ``bench/bench_rabbitmq.py --cpu``): 4-5 ms per winning
-    claim and 1.1-1.4 ms for its queue's expiry later, 0.35 ms per losing claim.
+    30-37 KB of broker memory (measured on 3.10). Per prefix: the record and lock queues, one
+    fence exchange and the history stream. Broker CPU (3.10, ``bench/bench_rabbitmq.py
+    --cpu``): 4-5 ms per winning claim and 1.1-1.4 ms for its queue's expiry later, 0.35 ms
+    per losing claim.
 
 Overload
     A claim waits for one of the pool's ``channels``; one that finds none free within a quarter
@@ -199,9 +200,13 @@ _LONGEST_KIND = ".history."
 _DECLARE_ATTEMPTS = 3  # a claim queue can expire between declare and publish; rarely twice
 _OPERATION_TIMEOUT_S = 10.0  # record(), history() and prepare(): not time-critical, but bounded
 _READER_RETRY_S = 0.05  # another history reader holds the exclusive consumer
-# The history stream (one per prefix): its retention, whole segments dropped oldest first.
-_HISTORY_STREAM_BYTES = 64 * 1024 * 1024
-_HISTORY_SEGMENT_BYTES = 4 * 1024 * 1024
+# The history stream (one per prefix): its retention, whole segments dropped oldest first. A
+# record takes ~520 bytes in it (measured on 3.10): 16 MiB hold ~32k records, what a read may
+# step back over (_HISTORY_SCAN_MAX) at ~0.15 ms of broker CPU and ~3k records a second each.
+_HISTORY_STREAM_BYTES = 16 * 1024 * 1024
+_HISTORY_SEGMENT_BYTES = 1024 * 1024
+_HISTORY_SCAN_MAX = 32_000
+_HISTORY_READ_S = 30.0
 _HISTORY_PREFETCH = 1000  # stream deliveries in flight to a reader (acked by halves)
 _HISTORY_STEP = 256  # a read steps back at least this many offsets at a time
 _JOB_HEADER = "bs-job"  # a history record's job
@@ -1688,7 +1693,7 @@ class RabbitMQBackend(ClaimBackend):
             return []
         self._require_pool()
         with self._client_errors(f"reading the history of job {job.name!r}"):
-            async with asyncio.timeout(_OPERATION_TIMEOUT_S):
+            async with asyncio.timeout(_HISTORY_READ_S):
                 bodies = await self._read_stream(job.name, limit)
                 bodies.extend(await self._read_old_queue(job.name))
         records: list[RunRecord] = []
@@ -1714,7 +1719,8 @@ class RabbitMQBackend(ClaimBackend):
         the end as it was when the read began. Then it steps back: it reads the window
         ``[start - step, start)`` (the step doubling each time) until it has ``want`` records
         of the job, or the broker starts it past where it asked (the stream's first retained
-        record is within the window: nothing older exists).
+        record is within the window: nothing older exists), or it has stepped back
+        ``_HISTORY_SCAN_MAX`` offsets (each message read costs the broker ~0.15 ms of CPU).
         """
         if not self._history_ready:
             await self._declare_history()
@@ -1725,8 +1731,9 @@ class RabbitMQBackend(ClaimBackend):
         found, start, at_first = window
         newest.extend(reversed(found))
         step = max(_HISTORY_STEP, 4 * want)
-        while len(newest) < want and not at_first:
-            window = await self._read_window(job, max(0, start - step), start)
+        floor = max(0, start - _HISTORY_SCAN_MAX)  # a read's bound on the broker's work
+        while len(newest) < want and not at_first and start > floor:
+            window = await self._read_window(job, max(floor, start - step), start)
             if window is None:
                 break
             found, start, at_first = window
