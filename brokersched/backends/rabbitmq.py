@@ -214,6 +214,7 @@ _MARK_HEADER = "bs-mark"  # a reader's end marker (no record): skipped by every 
 _MAX_PREFETCH = 65535  # AMQP's prefetch count is 16 bits
 _CHANNEL_OPEN_S = 10.0  # a channel the broker has not opened by then is given up (backing off)
 _BACKOFF_FIRST_S = 0.5
+_CLOSE_STUCK_S = 1.0  # a channel close unanswered this long counts against new opens
 _BACKOFF_MAX_S = 10.0
 _LOCK_RETRY_S = (0.01, 0.1)  # another instance holds the slot-memory lock: wait this long
 _VIEW_ATTEMPTS = 4  # a claim reads the record again at most this often (raises are rare)
@@ -503,9 +504,9 @@ class _ChannelPool:
     So an open runs as a task of its own that outlives the operation waiting for it: a caller
     that times out leaves it in its place in the pool, and the next caller waits for the same
     open instead of starting another. At most ``size`` opens are in flight, and while ``size``
-    closes have not been answered no channel is opened. An open that fails or gets no answer
-    within ``_CHANNEL_OPEN_S`` makes the pool back off (0.5 s, doubling to 10 s) and then open
-    one channel at a time until one opens: operations fail at once meanwhile
+    closes have gone unanswered for a second no channel is opened. An open that fails or gets
+    no answer within ``_CHANNEL_OPEN_S`` makes the pool back off (0.5 s, doubling to 10 s) and
+    then open one channel at a time until one opens: operations fail at once meanwhile
     (``BackendUnavailableError``) instead of adding to the broker's backlog.
     """
 
@@ -517,7 +518,7 @@ class _ChannelPool:
         self._idle: asyncio.Queue[_Place] = asyncio.Queue()
         for _ in range(size):
             self._idle.put_nowait(None)  # opened on first use
-        self._closing: set[asyncio.Task[None]] = set()
+        self._closing: dict[asyncio.Task[None], float] = {}  # close in flight: when it began
         self._backoff_s = 0.0  # > 0: the last open failed
         self._retry_at = 0.0  # loop time: no open before it (after a failed one)
         self._opens = 0  # opens in flight
@@ -588,10 +589,11 @@ class _ChannelPool:
                 f"{self._name}: the broker did not open a channel in time; waiting for the one"
                 " being opened before asking for another"
             )
-        if len(self._closing) >= self.size:
+        stuck = sum(1 for began in self._closing.values() if loop.time() - began > _CLOSE_STUCK_S)
+        if stuck >= self.size:
             raise BackendUnavailableError(
-                f"{self._name}: the broker has not answered the close of {len(self._closing)}"
-                " channels; no new channel until it does"
+                f"{self._name}: the broker has not answered the close of {stuck} channels; no"
+                " new channel until it does"
             )
         task = loop.create_task(self._open())
         task.add_done_callback(_retrieve)
@@ -616,9 +618,13 @@ class _ChannelPool:
         """Close ``channel`` in the background: the caller may be in its cancellation path."""
         if channel is None:
             return
-        task = asyncio.get_running_loop().create_task(_close_quietly(channel))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(_close_quietly(channel))
+        self._closing[task] = loop.time()
+        task.add_done_callback(self._forget_close)
+
+    def _forget_close(self, task: asyncio.Task[None]) -> None:
+        self._closing.pop(task, None)
 
     async def close(self) -> None:
         while not self._idle.empty():
