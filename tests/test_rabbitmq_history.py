@@ -195,3 +195,12 @@ async def test_a_history_longer_than_a_window_is_read_whole(backend: RabbitMQBac
     await asyncio.gather(*(write(n) for n in range(2100)))
     records = await backend.history(policy, 2100)
     assert {record.run_id for record in records} == {f"run-{n}" for n in range(2100)}
+
+
+async def test_a_read_before_any_record_makes_nothing(
+    backend: RabbitMQBackend, raw: aio_pika.abc.AbstractConnection, prefix: str
+) -> None:
+    """A script that only reads history leaves no object on the broker."""
+    assert await backend.history(JobPolicy("job", history_size=5), 5) == []
+    assert not await exists(raw, history_stream_name(prefix))
+    assert not await exists(raw, history_queue_name(prefix, "job"))

@@ -1681,18 +1681,6 @@ class RabbitMQBackend(ClaimBackend):
             )
         self._history_ready = True
 
-    def _server_major(self) -> int:
-        """The major version of the RabbitMQ node this connection is on; 0 when unknown."""
-        connection = self._connection
-        transport = connection.transport if connection is not None else None
-        underlay = transport.connection if transport is not None else None
-        properties = getattr(underlay, "server_properties", None) or {}
-        version = properties.get("version")
-        if isinstance(version, bytes):
-            version = version.decode(errors="replace")
-        found = re.match(r"(\d+)\.", version) if isinstance(version, str) else None
-        return int(found[1]) if found else 0
-
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         limit = min(limit, job.history_size)
         if limit <= 0:
@@ -1728,9 +1716,7 @@ class RabbitMQBackend(ClaimBackend):
         record is within the window: nothing older exists), or it has stepped back
         ``_HISTORY_SCAN_MAX`` offsets (each message read costs the broker ~0.15 ms of CPU).
         """
-        if not self._history_ready:
-            await self._declare_history()
-        newest: list[bytes] = []  # newest first
+        newest: list[bytes] = []  # newest first (a read declares nothing: none yet, none read)
         window = await self._read_window(job, None, None)
         if window is None:
             return []
