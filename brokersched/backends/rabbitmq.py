@@ -1796,7 +1796,7 @@ class RabbitMQBackend(ClaimBackend):
         return found, first[0], at_first
 
     async def _read_old_queue(self, job: str) -> list[bytes]:
-        """The records of ``job``'s per-job quorum history queue of brokersched before 0.x
+        """The records of ``job``'s per-job history queue of an earlier brokersched
         (migration): read, left in place, newest first; warned about once."""
         queue = history_queue_name(self._prefix, job)
         bodies = await self._read_history(queue)
