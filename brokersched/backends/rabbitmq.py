@@ -507,7 +507,8 @@ class _ChannelPool:
     closes have gone unanswered for a second no channel is opened. An open that fails or gets
     no answer within ``_CHANNEL_OPEN_S`` makes the pool back off (0.5 s, doubling to 10 s) and
     then open one channel at a time until one opens: operations fail at once meanwhile
-    (``BackendUnavailableError``) instead of adding to the broker's backlog.
+    (``BackendUnavailableError``) instead of adding to the broker's backlog. A reconnection
+    (the robust connection's next node, or the same one back) ends the back-off.
     """
 
     def __init__(self, connection: AbstractRobustConnection, size: int, name: str) -> None:
@@ -522,6 +523,7 @@ class _ChannelPool:
         self._backoff_s = 0.0  # > 0: the last open failed
         self._retry_at = 0.0  # loop time: no open before it (after a failed one)
         self._opens = 0  # opens in flight
+        self._failed_on: object = None  # the connection's transport when an open last failed
 
     @contextlib.asynccontextmanager
     async def channel(self, wait: float | None = None) -> AsyncGenerator[AbstractChannel, None]:
@@ -579,6 +581,9 @@ class _ChannelPool:
             held = _result(held)
         self._discard(held)  # a closed channel: let it go
         loop = asyncio.get_running_loop()
+        if self._backoff_s and self._connection.transport is not self._failed_on:
+            # Reconnected (another node, or the same one back) since: a fresh start.
+            self._backoff_s, self._retry_at = 0.0, 0.0
         if loop.time() < self._retry_at:
             raise BackendUnavailableError(
                 f"{self._name}: the broker did not open a channel in time; not asking again"
@@ -608,6 +613,7 @@ class _ChannelPool:
         except BaseException:
             self._backoff_s = min(max(2 * self._backoff_s, _BACKOFF_FIRST_S), _BACKOFF_MAX_S)
             self._retry_at = loop.time() + self._backoff_s
+            self._failed_on = self._connection.transport
             raise
         finally:
             self._opens -= 1
