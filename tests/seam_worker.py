@@ -60,7 +60,10 @@ class Log:
 def _rabbitmq(spec: dict[str, Any], options: dict[str, Any]) -> Backend:
     """A RabbitMQ backend that notes every queue it may have made, for the test to delete."""
     from brokersched import RabbitMQBackend
-    from brokersched.backends.rabbitmq import claim_queue_name, history_queue_name
+    from brokersched.backends.rabbitmq import (
+        claim_queue_name,
+        history_stream_name,
+    )
 
     touched = Path(spec["queues"])
 
@@ -88,7 +91,7 @@ def _rabbitmq(spec: dict[str, Any], options: dict[str, Any]) -> Backend:
             )
 
         async def prepare(self, jobs: Any) -> None:
-            note(*(history_queue_name(self.prefix, job.name) for job in jobs))
+            note(history_stream_name(self.prefix))
             await super().prepare(jobs)
 
         async def prepare_claims(self, slots: Any) -> None:
@@ -96,7 +99,7 @@ def _rabbitmq(spec: dict[str, Any], options: dict[str, Any]) -> Backend:
             await super().prepare_claims(slots)
 
         async def record(self, job: JobPolicy, record: RunRecord) -> None:
-            note(history_queue_name(self.prefix, job.name))
+            note(history_stream_name(self.prefix))
             await super().record(job, record)
 
     return Tracked(spec["url"], **options)

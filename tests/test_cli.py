@@ -30,6 +30,7 @@ from brokersched.abc import JobPolicy
 from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
     history_queue_name,
+    history_stream_name,
     lock_queue_name,
     record_queue_name,
 )
@@ -422,7 +423,7 @@ def rabbitmq_env(amqp_url: str) -> Iterator[dict[str, str]]:
     yield {"BROKERSCHED_AMQP_URL": amqp_url, "BROKERSCHED_TEST_PREFIX": prefix}
     # trigger starts the scheduler, which declares the history queue of every job
     histories = [history_queue_name(prefix, job) for job in ("greet", "nightly")]
-    fleet = [record_queue_name(prefix), lock_queue_name(prefix)]  # the fleet's slot memory
+    fleet = [record_queue_name(prefix), lock_queue_name(prefix), history_stream_name(prefix)]
     asyncio.run(_delete_queues(amqp_url, histories + fleet))
 
 

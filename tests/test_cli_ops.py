@@ -46,6 +46,7 @@ from brokersched.backends.rabbitmq import (
     claim_queue_name,
     fence_exchange_name,
     history_queue_name,
+    history_stream_name,
     lock_queue_name,
     record_queue_name,
 )
@@ -574,6 +575,7 @@ NAMES = Names(
     lock=lock_queue_name,
     fence=fence_exchange_name,
     history=history_queue_name,
+    stream=history_stream_name,
     claim=claim_queue_name,
 )
 
@@ -587,6 +589,7 @@ def test_known_names_cover_every_kind_and_kind_of_recognises_them() -> None:
     assert [(item.kind, item.name) for item in found] == [
         ("queue", "app.slot-memory"),
         ("queue", "app.slot-memory.lock"),
+        ("queue", "app.history"),
         ("exchange", "app.slot-memory.20000ms"),
         ("queue", "app.history.sync"),
         ("queue", "app.claim.sync.1000"),

@@ -26,6 +26,7 @@ from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
     claim_queue_name,
     history_queue_name,
+    history_stream_name,
     lock_queue_name,
     record_queue_name,
 )
@@ -103,9 +104,12 @@ async def names(amqp_url: str) -> AsyncIterator[tuple[str, str]]:
     async with connection:
         channel = await connection.channel()
         fleet = [record_queue_name(prefix), lock_queue_name(prefix)]  # the fleet's slot memory
-        for name in [queue, history_queue_name(prefix, JOB), *fleet] + [
-            claim_queue_name(prefix, Slot(JOB, slot)) for slot in slots
-        ]:
+        for name in [
+            queue,
+            history_queue_name(prefix, JOB),
+            history_stream_name(prefix),
+            *fleet,
+        ] + [claim_queue_name(prefix, Slot(JOB, slot)) for slot in slots]:
             await channel.queue_delete(name)
 
 

@@ -46,6 +46,7 @@ from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
     claim_queue_name,
     history_queue_name,
+    history_stream_name,
     lock_queue_name,
     record_queue_name,
 )
@@ -74,7 +75,13 @@ class TrackedBackend(RabbitMQBackend):
     def __init__(self, *args: Any, touched: set[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.touched = touched
-        touched.update((record_queue_name(self.prefix), lock_queue_name(self.prefix)))
+        touched.update(
+            (
+                record_queue_name(self.prefix),
+                lock_queue_name(self.prefix),
+                history_stream_name(self.prefix),
+            )
+        )
 
     async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
         self.touched.add(claim_queue_name(self.prefix, slot))
@@ -635,24 +642,25 @@ async def test_history_survives_concurrent_readers_and_writers(
     assert await read(readers[0]) == snapshots[-1]  # reading took nothing away
 
 
-async def test_a_changed_history_size_keeps_recording(
+async def test_a_raised_history_size_applies_at_once(
     fleet: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The bound is the reader's (one stream per prefix): records kept beyond the old
+    history_size are read under the new one, with nothing to warn about."""
     old, new = await fleet(), await fleet()
     for n in range(4):
         await old.record(JobPolicy("job", history_size=3), run_record("job", SLOT + n, n))
     with caplog.at_level(logging.WARNING, logger="brokersched.backends.rabbitmq"):
         await new.record(JobPolicy("job", history_size=5), run_record("job", SLOT + 4, 4))
-    assert "history_size changed" in caplog.text
+    assert caplog.text == ""
     records = await new.history(JobPolicy("job", history_size=5), 10)
-    assert [record.run_id for record in records] == ["run-4", "run-3", "run-2"]
+    assert [record.run_id for record in records] == [f"run-{n}" for n in range(4, -1, -1)]
 
 
 async def test_history_honours_a_lowered_history_size(
     fleet: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The queue keeps the length it was declared with; history() still returns at most
-    history_size records, newest first (as NATS does)."""
+    """history() returns at most history_size records, newest first (as NATS does)."""
     old, new = await fleet(), await fleet()
     for n in range(8):
         await old.record(JobPolicy("job", history_size=8), run_record("job", SLOT + n, n))
@@ -946,6 +954,7 @@ async def test_three_scheduler_processes_run_every_slot_exactly_once(
         await asyncio.gather(reading, return_exceptions=True)
         for job in jobs:
             touched.add(history_queue_name(prefix, job))
+            touched.add(history_stream_name(prefix))
             first, last = int(started * 1000) // 500 * 500 - 500, int(time.time() * 1000) + 1000
             touched.update(
                 claim_queue_name(prefix, Slot(job, ms)) for ms in range(first, last, 500)

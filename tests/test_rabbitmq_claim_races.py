@@ -34,7 +34,7 @@ from brokersched.backends.rabbitmq import (
     _ClaimAttempt,
     _View,
     claim_queue_name,
-    history_queue_name,
+    history_stream_name,
 )
 from tests.stall_proxy import StallProxy
 from tests.tcp_proxy import TcpProxy
@@ -658,7 +658,7 @@ async def test_a_record_written_while_a_reader_holds_every_record_survives(
         await backend.record(policy, run_record("held", SLOT + n, n))
     channel = await raw.channel()
     await channel.set_qos(prefetch_count=5)
-    queue = await channel.declare_queue(history_queue_name(backend.prefix, "held"), passive=True)
+    queue = await channel.declare_queue(history_stream_name(backend.prefix), passive=True)
     taken: list[bytes] = []
     all_taken = asyncio.Event()
 
@@ -667,7 +667,8 @@ async def test_a_record_written_while_a_reader_holds_every_record_survives(
         if len(taken) == 5:
             all_taken.set()
 
-    await queue.consume(take)  # a reader holding every record, unacked
+    # a reader holding every record, unacked
+    await queue.consume(take, arguments={"x-stream-offset": "first"})
     await asyncio.wait_for(all_taken.wait(), 5)
     await backend.record(policy, run_record("held", SLOT + 5, 5))
     await channel.close()  # the reader's records go back

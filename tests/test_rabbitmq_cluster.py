@@ -142,9 +142,9 @@ def test_node_partitioned_then_healed(cluster: RabbitCluster) -> None:
 
 
 async def test_history_is_recorded_and_read_through_a_node_kill(cluster: RabbitCluster) -> None:
-    """History queues are quorum queues: killing the node the history queue was made on (and
-    the backend is connected to) loses at most the records in flight at the kill, and history
-    reads on. Fails with classic history queues: every record fails until the node is back."""
+    """The history stream is replicated: killing the node it was made on (and the backend is
+    connected to) loses at most the records in flight at the kill, and history reads on. Fails
+    with a classic history queue: every record fails until the node is back."""
     urls = [f"{url}?heartbeat=5" for url in cluster.urls]
     backend = RabbitMQBackend(urls, prefix=f"hist-{uuid.uuid4().hex[:8]}", slot_ttl="1m")
     policy = JobPolicy("hist", history_size=100)

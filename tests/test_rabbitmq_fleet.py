@@ -32,6 +32,7 @@ from brokersched.backends.rabbitmq import (
     claim_margin_ms,
     claim_queue_name,
     history_queue_name,
+    history_stream_name,
 )
 from brokersched.testing import TestClock
 
@@ -138,7 +139,13 @@ async def fleet(amqp_url: str, prefix: str) -> AsyncIterator[Callable[..., Any]]
     async with connection:
         channel = await connection.channel()
         history = history_queue_name(prefix, JOB.name)
-        for name in [*claimed, history, record_name(prefix), f"{record_name(prefix)}.lock"]:
+        for name in [
+            *claimed,
+            history,
+            history_stream_name(prefix),
+            record_name(prefix),
+            f"{record_name(prefix)}.lock",
+        ]:
             await channel.queue_delete(name)
 
 

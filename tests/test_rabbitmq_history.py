@@ -1,6 +1,6 @@
-"""RabbitMQ history queues are quorum queues (issue 16: history that survives a node loss),
-against the real broker on 127.0.0.1:5672. The node loss itself is in
-tests/test_rabbitmq_cluster_history.py."""
+"""RabbitMQ history: one stream per prefix (issue 28: no quorum queue per job, which hung a broker
+with a soft open-files limit of 1024 at ~310 jobs), with the per-job bounds kept by the backend,
+against the real broker on 127.0.0.1:5672. The node loss is in tests/test_rabbitmq_cluster.py."""
 
 from __future__ import annotations
 
@@ -14,8 +14,14 @@ import aiormq.exceptions
 import pytest
 
 from brokersched.abc import JobPolicy
-from brokersched.backends.rabbitmq import RabbitMQBackend, history_queue_name
+from brokersched.backends.rabbitmq import (
+    RabbitMQBackend,
+    history_queue_name,
+    history_stream_name,
+)
 from tests.test_rabbitmq_backend import CLOCK, SLOT, run_record
+
+JOBS = ("job", "big", "busy", "rare", "a", "b", "old", "w0", "w1", "w2")
 
 
 @pytest.fixture
@@ -32,69 +38,153 @@ async def backend(
     yield started
     await started.stop()
     channel = await raw.channel()
-    for job in ("job", "big"):
+    for job in JOBS:
         await channel.queue_delete(history_queue_name(prefix, job))
-    for name in (f"{prefix}.slot-memory", f"{prefix}.slot-memory.lock"):
+    for name in (
+        history_stream_name(prefix),
+        f"{prefix}.slot-memory",
+        f"{prefix}.slot-memory.lock",
+    ):
         await channel.queue_delete(name)
 
 
-async def queue_type(raw: aio_pika.abc.AbstractConnection, queue: str, length: int) -> str:
-    """``quorum`` or ``classic``, for a history queue of ``length``: a declare naming the other
-    type is refused (406)."""
-    for kind in ("quorum", "classic"):
-        channel = await raw.channel()
-        arguments = {"x-queue-type": kind, "x-max-length": length, "x-overflow": "drop-head"}
-        if kind == "quorum":
-            arguments["x-single-active-consumer"] = True
-        try:
-            await channel.declare_queue(queue, durable=True, arguments=arguments)
-        except aiormq.exceptions.ChannelPreconditionFailed:
-            continue
-        await channel.close()
-        return kind
-    raise AssertionError(f"{queue}: neither type")
+async def exists(raw: aio_pika.abc.AbstractConnection, queue: str) -> bool:
+    channel = await raw.channel()
+    try:
+        await channel.declare_queue(queue, passive=True)
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return False
+    await channel.close()
+    return True
 
 
-async def test_history_goes_to_a_quorum_queue_and_reads_leave_it_whole(
+async def is_stream(raw: aio_pika.abc.AbstractConnection, queue: str) -> bool:
+    """A declare naming another type than the queue's is refused naming ``x-queue-type``; one
+    naming its type but not its retention is refused naming the retention."""
+    channel = await raw.channel()
+    try:
+        await channel.declare_queue(queue, durable=True, arguments={"x-queue-type": "stream"})
+    except aiormq.exceptions.ChannelPreconditionFailed as exc:
+        return "'x-max-length-bytes'" in repr(exc.args)
+    await channel.close()
+    return True
+
+
+def ids(records: list[object]) -> list[str]:
+    return [record.run_id for record in records]  # type: ignore[attr-defined]
+
+
+async def test_every_job_records_into_one_stream_read_newest_first_within_each_bound(
     backend: RabbitMQBackend, raw: aio_pika.abc.AbstractConnection, prefix: str
 ) -> None:
-    """Replicated on a cluster; each read puts every record back (a quorum queue counts that as
-    a redelivery, and RabbitMQ 4 drops a message redelivered 20 times unless told not to)."""
-    policy = JobPolicy("job", history_size=5)
-    for n in range(7):
-        await backend.record(policy, run_record("job", SLOT + n, n))
-    assert await queue_type(raw, history_queue_name(prefix, "job"), 5) == "quorum"
-    newest = ["run-6", "run-5", "run-4", "run-3", "run-2"]
-    for _ in range(25):
-        assert [record.run_id for record in await backend.history(policy, 10)] == newest
+    """One broker object for the prefix, however many jobs; each job keeps its own
+    history_size (count trimming by the reader), newest first, and a limit below it."""
+    small, large = JobPolicy("a", history_size=3), JobPolicy("b", history_size=7)
+    for n in range(10):
+        await backend.record(small, run_record("a", SLOT + n, n))
+        await backend.record(large, run_record("b", SLOT + n, 100 + n))
+    assert await is_stream(raw, history_stream_name(prefix))
+    for job in ("a", "b"):
+        assert not await exists(raw, history_queue_name(prefix, job))
+    assert ids(await backend.history(small, 10)) == ["run-9", "run-8", "run-7"]
+    assert ids(await backend.history(large, 10)) == [f"run-{n}" for n in range(109, 102, -1)]
+    assert ids(await backend.history(large, 2)) == ["run-109", "run-108"]
+    assert await backend.history(small, 0) == []
+    assert await backend.history(JobPolicy("job", history_size=5), 5) == []  # none recorded
+    for _ in range(3):  # reads leave everything in place
+        assert ids(await backend.history(small, 10)) == ["run-9", "run-8", "run-7"]
 
 
-async def test_a_classic_history_queue_of_an_earlier_version_keeps_recording(
+async def test_a_busy_job_does_not_hide_a_rare_jobs_records(backend: RabbitMQBackend) -> None:
+    """The rare job's records lie far behind the busy job's: the reader steps back until it
+    has them (the stream's byte retention is far above what the busy job wrote)."""
+    rare, busy = JobPolicy("rare", history_size=10), JobPolicy("busy", history_size=20)
+    for n in range(2):
+        await backend.record(rare, run_record("rare", SLOT + n, n))
+    semaphore = asyncio.Semaphore(32)
+
+    async def write(n: int) -> None:
+        async with semaphore:
+            await backend.record(busy, run_record("busy", SLOT + n, n))
+
+    await asyncio.gather(*(write(n) for n in range(2000)))
+    assert ids(await backend.history(rare, 10)) == ["run-1", "run-0"]
+    assert len(await backend.history(busy, 100)) == 20
+
+
+async def test_concurrent_writers_and_readers_of_several_jobs(
+    backend: RabbitMQBackend, amqp_url: str, prefix: str
+) -> None:
+    """Three writers (one backend each) of three jobs and readers at once: nothing is lost, no
+    reader sees another job's record, each read is newest first."""
+    writers = [RabbitMQBackend(amqp_url, prefix=prefix, slot_ttl="1m") for _ in range(3)]
+    for writer in writers:
+        await writer.start(CLOCK)
+    policies = [JobPolicy(f"w{k}", history_size=50) for k in range(3)]
+    try:
+
+        async def write(k: int) -> None:
+            for n in range(30):
+                await writers[k].record(policies[k], run_record(f"w{k}", SLOT + n, n))
+
+        async def read(k: int) -> None:
+            for _ in range(5):
+                records = await backend.history(policies[k], 50)
+                assert {record.job for record in records} <= {f"w{k}"}
+                slots = [record.slot_ms for record in records]
+                assert slots == sorted(slots, reverse=True)
+
+        await asyncio.gather(*(write(k) for k in range(3)), *(read(k) for k in range(3)))
+        for k in range(3):
+            assert ids(await backend.history(policies[k], 50)) == [
+                f"run-{n}" for n in range(29, -1, -1)
+            ]
+    finally:
+        for writer in writers:
+            await writer.stop()
+
+
+@pytest.mark.parametrize("kind", ["quorum", "classic"])
+async def test_an_old_per_job_history_queue_is_read_with_the_stream_and_reported_once(
     backend: RabbitMQBackend,
     raw: aio_pika.abc.AbstractConnection,
     prefix: str,
     caplog: pytest.LogCaptureFixture,
+    kind: str,
 ) -> None:
-    queue = history_queue_name(prefix, "job")
+    """A fleet upgraded from per-job history queues: the old queue's records are read along with
+    the new ones, the queue is left as it is (no new record goes to it), and a warning says
+    once how to remove it."""
+    queue = history_queue_name(prefix, "old")
     channel = await raw.channel()
-    arguments = {"x-queue-type": "classic", "x-max-length": 5, "x-overflow": "drop-head"}
+    arguments: dict[str, object] = {"x-queue-type": kind, "x-max-length": 5}
+    arguments["x-overflow"] = "drop-head"
+    if kind == "quorum":
+        arguments["x-single-active-consumer"] = True
     await channel.declare_queue(queue, durable=True, arguments=arguments)
-    policy = JobPolicy("job", history_size=5)
+    for n in range(3):
+        body = run_record("old", SLOT + n, n).to_json().encode()
+        await channel.default_exchange.publish(aio_pika.Message(body, delivery_mode=2), queue)
+    policy = JobPolicy("old", history_size=5)
     with caplog.at_level(logging.WARNING, logger="brokersched.backends.rabbitmq"):
-        for n in range(3):
-            await backend.record(policy, run_record("job", SLOT + n, n))
-    assert "a classic queue made by an earlier brokersched" in caplog.text
-    assert f"rabbitmqctl delete_queue {queue}" in caplog.text
-    assert [r.run_id for r in await backend.history(policy, 10)] == ["run-2", "run-1", "run-0"]
-    assert await queue_type(raw, queue, 5) == "classic"
+        for n in range(3, 5):
+            await backend.record(policy, run_record("old", SLOT + n, n))
+        for _ in range(2):
+            assert ids(await backend.history(policy, 10)) == [f"run-{n}" for n in range(4, -1, -1)]
+        assert ids(await backend.history(policy, 2)) == ["run-4", "run-3"]
+    warnings = [r.getMessage() for r in caplog.records if queue in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert f"rabbitmqctl delete_queue {queue}" in warnings[0]
+    # Left whole, nothing new in it: the read's records go back as its channel closes.
+    deadline = asyncio.get_running_loop().time() + 10
+    while (await channel.declare_queue(queue, passive=True)).declaration_result.message_count != 3:
+        assert asyncio.get_running_loop().time() < deadline, "the old queue did not hold 3 again"
+        await asyncio.sleep(0.05)
 
 
 @pytest.mark.slow
-async def test_a_history_longer_than_a_quorum_queues_default_credit_is_read_whole(
-    backend: RabbitMQBackend,
-) -> None:
-    """A quorum queue lends an unlimited consumer 2000 messages at most: the reader asks for
-    exactly what the queue holds."""
+async def test_a_history_longer_than_a_window_is_read_whole(backend: RabbitMQBackend) -> None:
+    """2100 records of one job: the reader steps back over several windows."""
     policy = JobPolicy("big", history_size=2100)
     semaphore = asyncio.Semaphore(32)
 
@@ -102,7 +192,15 @@ async def test_a_history_longer_than_a_quorum_queues_default_credit_is_read_whol
         async with semaphore:
             await backend.record(policy, run_record("big", SLOT + n, n))
 
-    await backend.record(policy, run_record("big", SLOT, 0))  # declares the queue once
-    await asyncio.gather(*(write(n) for n in range(1, 2100)))
+    await asyncio.gather(*(write(n) for n in range(2100)))
     records = await backend.history(policy, 2100)
     assert {record.run_id for record in records} == {f"run-{n}" for n in range(2100)}
+
+
+async def test_a_read_before_any_record_makes_nothing(
+    backend: RabbitMQBackend, raw: aio_pika.abc.AbstractConnection, prefix: str
+) -> None:
+    """A script that only reads history leaves no object on the broker."""
+    assert await backend.history(JobPolicy("job", history_size=5), 5) == []
+    assert not await exists(raw, history_stream_name(prefix))
+    assert not await exists(raw, history_queue_name(prefix, "job"))

@@ -83,7 +83,8 @@ class Names:
     record: Callable[[str], str]
     lock: Callable[[str], str]
     fence: Callable[[str, int], str]
-    history: Callable[[str, str], str]
+    history: Callable[[str, str], str]  # a job's quorum queue, before the history stream
+    stream: Callable[[str], str]  # the prefix's history stream
     claim: Callable[[str, Slot], str]
 
 
@@ -96,7 +97,11 @@ def known_names(
     memories_ms: Sequence[int],
 ) -> list[StoredObject]:
     """Every object of ``prefix`` that can be named without listing the broker's."""
-    found = [StoredObject("queue", names.record(prefix)), StoredObject("queue", names.lock(prefix))]
+    found = [
+        StoredObject("queue", names.record(prefix)),
+        StoredObject("queue", names.lock(prefix)),
+        StoredObject("queue", names.stream(prefix)),
+    ]
     found += [StoredObject("exchange", names.fence(prefix, ms)) for ms in sorted(set(memories_ms))]
     found += [StoredObject("queue", names.history(prefix, job)) for job in jobs]
     found += [StoredObject("queue", names.claim(prefix, slot)) for slot in slots]
@@ -107,9 +112,8 @@ def kind_of(names: Names, prefix: str, name: str, kind: str) -> bool:
     """Whether a listed queue or exchange ``name`` is one the backend makes for ``prefix`` (a
     prefix holds no ``.``, so ``<prefix>.`` never starts another prefix's names)."""
     if kind == "queue":
-        return name in (names.record(prefix), names.lock(prefix)) or name.startswith(
-            (f"{prefix}.claim.", f"{prefix}.history.")
-        )
+        mine = (names.record(prefix), names.lock(prefix), names.stream(prefix))
+        return name in mine or name.startswith((f"{prefix}.claim.", f"{prefix}.history."))
     fence = re.fullmatch(re.escape(f"{prefix}.slot-memory.") + r"(\d+)ms", name)
     return kind == "exchange" and fence is not None and names.fence(prefix, int(fence[1])) == name
 

@@ -109,22 +109,23 @@ Failures
     itself and claims resume.
 
 History
-    A quorum queue ``<prefix>.history.<job>`` per job with ``x-max-length=history_size``
-    (drop-head): replicated, so a cluster keeps recording and reading it while a node is down.
-    It is read by a consumer that takes every message without acking them and then closes its
-    channel, which puts them back (``x-single-active-consumer``: readers take turns, a quorum
-    queue ignores an exclusive consumer; ``x-delivery-limit=-1`` on RabbitMQ 4, whose default
-    would drop a record read 20 times). Readers racing can reorder the queue, so a read is
-    sorted by finish time. Records are trimmed by count only, so ``history_ttl`` is refused. A
-    classic history queue made by an earlier brokersched is kept and used as it is (a warning
-    says how to replace it).
+    One stream ``<prefix>.history`` per prefix (``x-queue-type: stream``, 16 MiB kept in 1 MiB
+    segments), every job's records in it with the job in a header: replicated, so a cluster
+    keeps recording and reading it while a node is down, and it costs the broker no handle of
+    its file-handle cache (a quorum queue per job held 3, and a 3.x node with the Debian
+    open-files limit of 1024 stopped answering at ~310 of them: issue 28). A read finds the
+    end with a marker it appends and steps back from there until it has the job's newest
+    ``min(limit, history_size)`` records (see ``_read_stream``); records are trimmed by count
+    only, so ``history_ttl`` is refused. The per-job quorum history queue of an earlier
+    brokersched is still read, merged with the stream, and reported once per job.
 
 Broker cost
     One live queue per job per slot claimed within the fleet's slot memory: a job running every
     ``interval`` keeps about ``memory / interval + 1`` claim queues alive, each costing roughly
-    30-37 KB of broker memory (measured on 3.10). Per prefix: the record and lock queues and one
-    fence exchange. Broker CPU (3.10, ``bench/bench_rabbitmq.py --cpu``): 4-5 ms per winning
-    claim and 1.1-1.4 ms for its queue's expiry later, 0.35 ms per losing claim.
+    30-37 KB of broker memory (measured on 3.10). Per prefix: the record and lock queues, one
+    fence exchange and the history stream. Broker CPU (3.10, ``bench/bench_rabbitmq.py
+    --cpu``): 4-5 ms per winning claim and 1.1-1.4 ms for its queue's expiry later, 0.35 ms
+    per losing claim.
 
 Overload
     A claim waits for one of the pool's ``channels``; one that finds none free within a quarter
@@ -143,10 +144,11 @@ import logging
 import random
 import re
 import shlex
+import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from .. import _redact
@@ -180,6 +182,7 @@ __all__ = [
     "claim_queue_name",
     "fence_exchange_name",
     "history_queue_name",
+    "history_stream_name",
     "lock_queue_name",
     "record_queue_name",
 ]
@@ -199,7 +202,22 @@ _LONGEST_KIND = ".history."
 _DECLARE_ATTEMPTS = 3  # a claim queue can expire between declare and publish; rarely twice
 _OPERATION_TIMEOUT_S = 10.0  # record(), history() and prepare(): not time-critical, but bounded
 _READER_RETRY_S = 0.05  # another history reader holds the exclusive consumer
+# The history stream (one per prefix): its retention, whole segments dropped oldest first. A
+# record takes ~520 bytes in it (measured on 3.10): 16 MiB hold ~32k records, what a read may
+# step back over (_HISTORY_SCAN_MAX) at ~0.15 ms of broker CPU and ~3k records a second each.
+_HISTORY_STREAM_BYTES = 16 * 1024 * 1024
+_HISTORY_SEGMENT_BYTES = 1024 * 1024
+_HISTORY_SCAN_MAX = 32_000
+_HISTORY_READ_S = 30.0
+_HISTORY_PREFETCH = 1000  # stream deliveries in flight to a reader (acked by halves)
+_HISTORY_STEP = 256  # a read steps back at least this many offsets at a time
+_JOB_HEADER = "bs-job"  # a history record's job
+_MARK_HEADER = "bs-mark"  # a reader's end marker (no record): skipped by every reader
 _MAX_PREFETCH = 65535  # AMQP's prefetch count is 16 bits
+_CHANNEL_OPEN_S = 10.0  # a channel the broker has not opened by then is given up (backing off)
+_BACKOFF_FIRST_S = 0.5
+_CLOSE_STUCK_S = 1.0  # a channel close unanswered this long counts against new opens
+_BACKOFF_MAX_S = 10.0
 _LOCK_RETRY_S = (0.01, 0.1)  # another instance holds the slot-memory lock: wait this long
 _VIEW_ATTEMPTS = 4  # a claim reads the record again at most this often (raises are rare)
 _DEFAULT_SKEW_MS = to_ms(DEFAULT_CLAIM_SKEW)
@@ -330,8 +348,14 @@ def claim_queue_name(prefix: str, slot: Slot) -> str:
 
 
 def history_queue_name(prefix: str, job: str) -> str:
-    """``<prefix>.history.<escaped job>``, at most 255 bytes."""
+    """``<prefix>.history.<escaped job>``, at most 255 bytes: the per-job quorum history queue
+    of brokersched before the history stream, still read when it exists (migration)."""
     return f"{prefix}.history.{_job_segment(prefix, job)}"
+
+
+def history_stream_name(prefix: str) -> str:
+    """``<prefix>.history``: the stream holding the run history of every job of the prefix."""
+    return f"{prefix}.history"
 
 
 def record_queue_name(prefix: str) -> str:
@@ -476,16 +500,32 @@ class _ChannelPool:
     may leave it closed or out of step, so it is closed and a fresh one is opened on next use.
     The channels are plain ones, not robust: a robust channel reopens itself in the background
     after an error, racing with this replacement, and would restore what it declared.
+
+    A broker that hangs (accepts frames, answers none: a node out of file handles) must not
+    get a new channel for every timed-out operation (issue 28: +3.8 channels/s per instance).
+    So an open runs as a task of its own that outlives the operation waiting for it: a caller
+    that times out leaves it in its place in the pool, and the next caller waits for the same
+    open instead of starting another. At most ``size`` opens are in flight, and while ``size``
+    closes have gone unanswered for a second no channel is opened. An open that fails or gets
+    no answer within ``_CHANNEL_OPEN_S`` makes the pool back off (0.5 s, doubling to 10 s) and
+    then open one channel at a time until one opens: operations fail at once meanwhile
+    (``BackendUnavailableError``) instead of adding to the broker's backlog. A reconnection
+    (the robust connection's next node, or the same one back) ends the back-off.
     """
 
-    def __init__(self, connection: AbstractRobustConnection, size: int) -> None:
+    def __init__(self, connection: AbstractRobustConnection, size: int, name: str) -> None:
         self._connection = connection
         self.size = size
+        self._name = name
         self.waiting = 0  # operations waiting for a free channel
-        self._idle: asyncio.Queue[AbstractChannel | None] = asyncio.Queue()
+        self._idle: asyncio.Queue[_Place] = asyncio.Queue()
         for _ in range(size):
             self._idle.put_nowait(None)  # opened on first use
-        self._closing: set[asyncio.Task[None]] = set()
+        self._closing: dict[asyncio.Task[None], float] = {}  # close in flight: when it began
+        self._backoff_s = 0.0  # > 0: the last open failed
+        self._retry_at = 0.0  # loop time: no open before it (after a failed one)
+        self._opens = 0  # opens in flight
+        self._failed_on: object = None  # the connection's transport when an open last failed
 
     @contextlib.asynccontextmanager
     async def channel(self, wait: float | None = None) -> AsyncGenerator[AbstractChannel, None]:
@@ -494,7 +534,7 @@ class _ChannelPool:
         self.waiting += 1
         try:
             async with _maybe_timeout(wait) as window:
-                channel = await self._idle.get()
+                held = await self._idle.get()
         except TimeoutError:
             if window is None or not window.expired():
                 raise
@@ -503,33 +543,117 @@ class _ChannelPool:
             self.waiting -= 1
         healthy = False
         try:
-            if channel is None or channel.is_closed:
-                self._discard(channel)
-                channel = None
-                channel = await self._open()
+            channel = self._usable(held)
+            if channel is None:
+                held = self._opening(held)
+                # Shielded: a caller cancelled (its timeout) leaves the open running, in its
+                # place in the pool, for the next caller.
+                channel = await asyncio.shield(held)
+            held = channel
             yield channel
             healthy = True
         finally:
             if not healthy:
-                self._discard(channel)
-                channel = None
-            self._idle.put_nowait(channel)
+                if isinstance(held, asyncio.Task):
+                    if held.done():
+                        self._discard(_result(held))
+                        held = None
+                    # else: an open still in flight stays in the pool
+                else:
+                    self._discard(held)
+                    held = None
+            self._idle.put_nowait(held)
+
+    def _usable(self, held: _Place) -> AbstractChannel | None:
+        """The open channel ``held`` stands for, if there is one."""
+        if isinstance(held, asyncio.Task):
+            if not held.done():
+                return None
+            held = _result(held)
+        if held is not None and not held.is_closed:
+            return held
+        return None
+
+    def _opening(self, held: _Place) -> asyncio.Task[AbstractChannel]:
+        """The open to wait for: the one in flight in this place, else a new one, if the
+        broker is answering."""
+        if isinstance(held, asyncio.Task) and not held.done():
+            return held
+        if isinstance(held, asyncio.Task):
+            held = _result(held)
+        self._discard(held)  # a closed channel: let it go
+        loop = asyncio.get_running_loop()
+        if self._backoff_s and self._connection.transport is not self._failed_on:
+            # Reconnected (another node, or the same one back) since: a fresh start.
+            self._backoff_s, self._retry_at = 0.0, 0.0
+        if loop.time() < self._retry_at:
+            raise BackendUnavailableError(
+                f"{self._name}: the broker did not open a channel in time; not asking again"
+                f" for {self._retry_at - loop.time():.1f} s (backing off)"
+            )
+        if self._backoff_s and self._opens:
+            raise BackendUnavailableError(
+                f"{self._name}: the broker did not open a channel in time; waiting for the one"
+                " being opened before asking for another"
+            )
+        stuck = sum(1 for began in self._closing.values() if loop.time() - began > _CLOSE_STUCK_S)
+        if stuck >= self.size:
+            raise BackendUnavailableError(
+                f"{self._name}: the broker has not answered the close of {stuck} channels; no"
+                " new channel until it does"
+            )
+        task = loop.create_task(self._open())
+        task.add_done_callback(_retrieve)
+        return task
 
     async def _open(self) -> AbstractChannel:
-        return await _open_channel(self._connection, confirms=True)
+        loop = asyncio.get_running_loop()
+        self._opens += 1
+        try:
+            async with asyncio.timeout(_CHANNEL_OPEN_S):
+                channel = await _open_channel(self._connection, confirms=True)
+        except BaseException:
+            self._backoff_s = min(max(2 * self._backoff_s, _BACKOFF_FIRST_S), _BACKOFF_MAX_S)
+            self._retry_at = loop.time() + self._backoff_s
+            self._failed_on = self._connection.transport
+            raise
+        finally:
+            self._opens -= 1
+        self._backoff_s = 0.0
+        return channel
 
     def _discard(self, channel: AbstractChannel | None) -> None:
         """Close ``channel`` in the background: the caller may be in its cancellation path."""
         if channel is None:
             return
-        task = asyncio.get_running_loop().create_task(_close_quietly(channel))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(_close_quietly(channel))
+        self._closing[task] = loop.time()
+        task.add_done_callback(self._forget_close)
+
+    def _forget_close(self, task: asyncio.Task[None]) -> None:
+        self._closing.pop(task, None)
 
     async def close(self) -> None:
         while not self._idle.empty():
-            self._discard(self._idle.get_nowait())
+            held = self._idle.get_nowait()
+            if isinstance(held, asyncio.Task):
+                held.cancel()
+                await asyncio.gather(held, return_exceptions=True)
+                held = _result(held)
+            self._discard(held)
         await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+# A place in the pool: nothing yet, a channel, or its open in flight.
+_Place: TypeAlias = "AbstractChannel | asyncio.Task[AbstractChannel] | None"
+
+
+def _result(task: asyncio.Task[AbstractChannel]) -> AbstractChannel | None:
+    """The channel a finished open made; ``None`` when it failed or was cancelled."""
+    if task.cancelled() or task.exception() is not None:
+        return None
+    return task.result()
 
 
 async def _open_channel(connection: AbstractRobustConnection, *, confirms: bool) -> AbstractChannel:
@@ -701,7 +825,8 @@ class RabbitMQBackend(ClaimBackend):
         )
         self._connection: AbstractRobustConnection | None = None
         self._pool: _ChannelPool | None = None
-        self._history_ready: set[str] = set()  # history queues declared on this connection
+        self._history_ready = False  # the history stream declared on this connection
+        self._old_history_warned: set[str] = set()  # jobs whose pre-stream queue was reported
         self._clock: Clock | None = None
         self._view: _View | None = None  # the fleet's slot memory, as read at start or since
         self._seen_ms: int | None = None  # the record's memory when it could not be adopted
@@ -778,8 +903,8 @@ class RabbitMQBackend(ClaimBackend):
                 )
             quiet.active = False
         self._connection = connection
-        self._pool = _ChannelPool(connection, self._channel_count)
-        self._history_ready.clear()
+        self._pool = _ChannelPool(connection, self._channel_count, self.name)
+        self._history_ready = False
         self._clock = clock
         _log.debug("%s connected to %s", self.name, connection)
         try:
@@ -1505,112 +1630,207 @@ class RabbitMQBackend(ClaimBackend):
     async def prepare(self, jobs: Sequence[JobPolicy]) -> None:
         """Raise the fleet's slot memory to this ``slot_ttl`` if it is shorter, before the
         scheduler arms anything: no slot of this instance then falls due before its raise. Then
-        declare the history queues now, so a mismatch is reported at start; best effort: a
+        declare the history stream now, so a mismatch is reported at start; best effort: a
         failure is logged and ``record()`` tries again."""
         if self._connection is None:
             return
         if jobs and self._view is None:
             await self._refresh(None)
-        for job in jobs:
-            try:
-                with self._client_errors(f"declaring the history of job {job.name!r}"):
-                    async with asyncio.timeout(_OPERATION_TIMEOUT_S):
-                        await self._declare_history(job)
-            except BackendError as exc:
-                _log.warning("%s", exc)
+        if not jobs:
+            return
+        try:
+            with self._client_errors("declaring the history stream"):
+                async with asyncio.timeout(_OPERATION_TIMEOUT_S):
+                    await self._declare_history()
+        except BackendError as exc:
+            _log.warning("%s", exc)
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
         from aio_pika import DeliveryMode, Message
         from aio_pika.exceptions import PublishError
 
         pool = self._require_pool()
-        queue = history_queue_name(self._prefix, job.name)
+        stream = history_stream_name(self._prefix)
         message = Message(
             record.to_json().encode(),
             content_type="application/json",
             delivery_mode=DeliveryMode.PERSISTENT,
             message_id=record.run_id,
+            headers={_JOB_HEADER: job.name},
         )
         with self._client_errors(f"recording run {record.run_id} of job {job.name!r}"):
             async with asyncio.timeout(_OPERATION_TIMEOUT_S):
                 for _ in range(2):
-                    if job.name not in self._history_ready:
-                        await self._declare_history(job)
+                    if not self._history_ready:
+                        await self._declare_history()
                     try:
                         async with pool.channel() as channel:
-                            await channel.default_exchange.publish(message, queue, mandatory=True)
+                            await channel.default_exchange.publish(message, stream, mandatory=True)
                         return
                     except PublishError:  # deleted since we declared it: declare again
-                        self._history_ready.discard(job.name)
-                raise BackendError(f"{self.name}: history queue {queue!r} keeps disappearing")
+                        self._history_ready = False
+                raise BackendError(f"{self.name}: history stream {stream!r} keeps disappearing")
 
-    async def _declare_history(self, job: JobPolicy) -> None:
-        """Declare on a channel of its own: a 406 closes the channel it happens on."""
+    async def _declare_history(self) -> None:
+        """Declare the prefix's history stream on a channel of its own (a 406 closes the
+        channel it happens on)."""
         from aio_pika.exceptions import ChannelPreconditionFailed
 
-        queue = history_queue_name(self._prefix, job.name)
+        stream = history_stream_name(self._prefix)
         arguments: FieldTable = {
-            "x-queue-type": "quorum",  # replicated: history survives the loss of a node
-            "x-max-length": job.history_size,
-            "x-overflow": "drop-head",
-            # Readers take turns: a quorum queue does not enforce an exclusive consumer.
-            "x-single-active-consumer": True,
+            "x-queue-type": "stream",  # replicated: history survives the loss of a node
+            "x-max-length-bytes": _HISTORY_STREAM_BYTES,
+            "x-stream-max-segment-size-bytes": _HISTORY_SEGMENT_BYTES,
         }
-        if self._server_major() >= 4:
-            # A read returns every message to the queue, and 4.x drops a message returned 20
-            # times unless told otherwise (-1: no limit). 3.x has no default limit, and takes
-            # -1 as a limit that every returned message exceeds: never sent there.
-            arguments["x-delivery-limit"] = -1
         try:
             async with self._side_channel() as channel:
-                await channel.declare_queue(queue, durable=True, arguments=arguments)
-        except ChannelPreconditionFailed:
-            # The queue exists with other arguments: history_size changed, or it is the classic
-            # queue of an earlier brokersched. Keep using it.
+                await channel.declare_queue(stream, durable=True, arguments=arguments)
+        except ChannelPreconditionFailed as exc:
+            # Made with other settings (by hand, or a policy-free declare with other bytes):
+            # it is still a stream of this prefix's records. Keep using it, as it is.
             _log.warning(
-                "history queue %r exists with other arguments (history_size changed, or a"
-                " classic queue made by an earlier brokersched, which a cluster cannot read or"
-                " write while its node is down); records go to it as it is. To have it made"
-                " again (a quorum queue of history_size): rabbitmqctl delete_queue %s (its"
-                " records go with it)",
-                queue,
-                queue,
+                "history stream %r exists with other arguments (%s); records go to it as it"
+                " is. To have it made again with brokersched's retention: rabbitmqctl"
+                " delete_queue %s (every job's records go with it)",
+                stream,
+                self._describe(exc),
+                stream,
             )
-        self._history_ready.add(job.name)
-
-    def _server_major(self) -> int:
-        """The major version of the RabbitMQ node this connection is on; 0 when unknown."""
-        connection = self._connection
-        transport = connection.transport if connection is not None else None
-        underlay = transport.connection if transport is not None else None
-        properties = getattr(underlay, "server_properties", None) or {}
-        version = properties.get("version")
-        if isinstance(version, bytes):
-            version = version.decode(errors="replace")
-        found = re.match(r"(\d+)\.", version) if isinstance(version, str) else None
-        return int(found[1]) if found else 0
+        self._history_ready = True
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
-        # The queue may be longer than history_size: it keeps the length it was declared with
-        # (see _declare_history) after history_size was lowered.
         limit = min(limit, job.history_size)
         if limit <= 0:
             return []
         self._require_pool()
-        queue = history_queue_name(self._prefix, job.name)
         with self._client_errors(f"reading the history of job {job.name!r}"):
-            async with asyncio.timeout(_OPERATION_TIMEOUT_S):
-                bodies = await self._read_history(queue)
+            async with asyncio.timeout(_HISTORY_READ_S):
+                bodies = await self._read_stream(job.name, limit)
+                bodies.extend(await self._read_old_queue(job.name))
         records: list[RunRecord] = []
-        for body in reversed(bodies):
+        for body in bodies:
             try:
                 records.append(RunRecord.from_json(body))
             except (ValueError, TypeError, KeyError):  # not written by brokersched: skip it
-                _log.warning("history queue %r holds a message that is not a run record", queue)
-        # Newest first by the queue's order, kept for equal times (a stable sort). Readers
-        # that race for a quorum queue can reorder it: the times still order what is read.
+                _log.warning(
+                    "the history of job %r holds a message that is not a run record", job.name
+                )
+        # Newest first by the stream's order, kept for equal times (a stable sort); records of
+        # an old per-job queue (migration) are merged by their times.
         records.sort(key=lambda record: record.finished_at or record.started_at, reverse=True)
         return records[:limit]
+
+    async def _read_stream(self, job: str, want: int) -> list[bytes]:
+        """The newest ``want`` records of ``job`` in the history stream (fewer when the stream
+        holds fewer), newest first.
+
+        The end: a stream consumer over AMQP 0-9-1 is never told it has caught up, so the
+        reader attaches at the stream's last chunk and then appends a marker (an empty message
+        with a header of its own, skipped by every reader): reaching its own marker is reaching
+        the end as it was when the read began. Then it steps back: it reads the window
+        ``[start - step, start)`` (the step doubling each time) until it has ``want`` records
+        of the job, or the broker starts it past where it asked (the stream's first retained
+        record is within the window: nothing older exists), or it has stepped back
+        ``_HISTORY_SCAN_MAX`` offsets (each message read costs the broker ~0.15 ms of CPU).
+        """
+        newest: list[bytes] = []  # newest first (a read declares nothing: none yet, none read)
+        window = await self._read_window(job, None, None)
+        if window is None:
+            return []
+        found, start, at_first = window
+        newest.extend(reversed(found))
+        step = max(_HISTORY_STEP, 4 * want)
+        floor = max(0, start - _HISTORY_SCAN_MAX)  # a read's bound on the broker's work
+        while len(newest) < want and not at_first and start > floor:
+            window = await self._read_window(job, max(floor, start - step), start)
+            if window is None:
+                break
+            found, start, at_first = window
+            newest.extend(reversed(found))
+            step *= 2
+        return newest[:want]
+
+    async def _read_window(
+        self, job: str, begin: int | None, stop: int | None
+    ) -> tuple[list[bytes], int, bool] | None:
+        """``job``'s records (oldest first) at offsets ``[begin, stop)``, where the read
+        began, and whether that is the stream's first retained record. ``begin=None``: from the
+        last chunk to a marker appended now. ``None`` when the stream is empty or gone."""
+        from aio_pika import Message
+        from aio_pika.exceptions import ChannelNotFoundEntity
+
+        stream = history_stream_name(self._prefix)
+        mark = uuid.uuid4().hex
+        found: list[bytes] = []
+        done = asyncio.Event()
+        first: list[int] = []
+        seen = 0
+
+        async with self._side_channel() as channel:
+            await channel.set_qos(prefetch_count=_HISTORY_PREFETCH)
+            try:
+                queue = await channel.declare_queue(stream, passive=True)
+            except ChannelNotFoundEntity:
+                self._history_ready = False
+                return None
+
+            async def collect(message: AbstractIncomingMessage) -> None:
+                # Everything before the first await: deliveries are handled in their order.
+                nonlocal seen
+                if done.is_set():
+                    return
+                headers = message.headers or {}
+                offset = headers.get("x-stream-offset")
+                if not isinstance(offset, int):
+                    return
+                if not first:
+                    first.append(offset)
+                if (stop is not None and offset >= stop) or _text(
+                    headers.get(_MARK_HEADER)
+                ) == mark:
+                    done.set()
+                    return
+                if _text(headers.get(_JOB_HEADER)) == job:
+                    found.append(message.body)
+                seen += 1
+                if seen % (_HISTORY_PREFETCH // 2) == 0:  # streams need acks to deliver more
+                    await message.ack(multiple=True)
+
+            where: int | str = "last" if begin is None else begin
+            await queue.consume(collect, arguments={"x-stream-offset": where})
+            if begin is None:
+                async with self._side_channel(confirms=True) as writer:
+                    await writer.default_exchange.publish(
+                        Message(b"", headers={_MARK_HEADER: mark}),
+                        stream,
+                        mandatory=True,
+                    )
+            await done.wait()
+        if not first:
+            return None
+        # The broker starts a read that asks for an offset it no longer holds at its first one.
+        at_first = first[0] == 0 or (begin is not None and first[0] > begin)
+        return found, first[0], at_first
+
+    async def _read_old_queue(self, job: str) -> list[bytes]:
+        """The records of ``job``'s per-job history queue of an earlier brokersched
+        (migration): read, left in place, newest first; warned about once."""
+        queue = history_queue_name(self._prefix, job)
+        bodies = await self._read_history(queue)
+        if bodies and job not in self._old_history_warned:
+            self._old_history_warned.add(job)
+            _log.warning(
+                "job %r still has the per-job history queue %r of an earlier brokersched"
+                " (%d records): it is read along with the history stream %r, where new records"
+                " go. It costs the broker a quorum queue (about 3 file handles); once its"
+                " records are no longer wanted: rabbitmqctl delete_queue %s",
+                job,
+                queue,
+                len(bodies),
+                history_stream_name(self._prefix),
+                queue,
+            )
+        return list(reversed(bodies))
 
     async def _read_history(self, queue: str) -> list[bytes]:
         """Every message of ``queue``, oldest first, left in the queue."""
@@ -1640,7 +1860,7 @@ class RabbitMQBackend(ClaimBackend):
         async with self._side_channel() as channel:
             try:
                 declared = await channel.declare_queue(queue, passive=True)
-            except ChannelNotFoundEntity:  # no run recorded yet
+            except ChannelNotFoundEntity:  # no old queue: the common case
                 return []
             counts = declared.declaration_result
             if counts.consumer_count:
@@ -1685,6 +1905,7 @@ class RabbitMQBackend(ClaimBackend):
         lock=lock_queue_name,
         fence=fence_exchange_name,
         history=history_queue_name,
+        stream=history_stream_name,
         claim=claim_queue_name,
     )
 
@@ -1837,6 +2058,13 @@ def _server_properties(connection: AbstractRobustConnection) -> dict[str, Any]:
     underlay = transport.connection if transport is not None else None
     properties = getattr(underlay, "server_properties", None)
     return dict(properties) if isinstance(properties, dict) else {}
+
+
+def _text(value: object) -> str | None:
+    """A header's value as text (aiormq gives long strings as ``bytes`` or ``str``)."""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value if isinstance(value, str) else None
 
 
 def _refused_vhost(exc: BaseException) -> bool:
