@@ -18,6 +18,7 @@ from .._clock import Clock
 from .._durations import Duration, to_ms
 from .._exceptions import BackendError, BackendUnavailableError
 from ..abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
+from ._keywords import checked_keywords
 from ._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
     Acquire,
@@ -60,6 +61,7 @@ class MemoryBackend(LeaseBackendBase):
 
     clock_name = ClockName("MemoryBackend's clock", "the machine it runs on")
 
+    @checked_keywords
     def __init__(
         self,
         *,

@@ -41,6 +41,7 @@ from .._exceptions import (
     ConfigurationError,
 )
 from ..abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
+from ._keywords import checked_keywords
 from ._lease import (
     BATCH_CHUNK,
     DEFAULT_MAX_CLOCK_SKEW,
@@ -418,6 +419,7 @@ class PostgresBackend(SQLLeaseBackend):
 
     clock_name = ClockName("PostgreSQL's clock_timestamp()", "the PostgreSQL server")
 
+    @checked_keywords
     def __init__(
         self,
         dsn: str,

@@ -43,6 +43,7 @@ from .._exceptions import (
     ConfigurationError,
 )
 from ..abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
+from ._keywords import checked_keywords
 from ._lease import (
     BATCH_CHUNK,
     DEFAULT_MAX_CLOCK_SKEW,
@@ -277,6 +278,7 @@ class SQLiteBackend(SQLLeaseBackend):
 
     clock_name = ClockName("SQLite's clock (the host's CLOCK_REALTIME)", "this host")
 
+    @checked_keywords
     def __init__(
         self,
         path: str | os.PathLike[str],

@@ -35,10 +35,12 @@ from ..._exceptions import (
     ConfigurationError,
 )
 from ...abc import JobPolicy, RunRecord, Slot
+from .._keywords import parameter_names, refuse_unknown
 from . import _scripts
 
 __all__ = [
     "RedisConnection",
+    "check_client_options",
     "claim_key",
     "hash_tag",
     "history_entry",
@@ -63,6 +65,31 @@ _POLICY_CONFIG = ("CONFIG", "GET", "maxmemory-policy")
 # still tells the policy.
 _POLICY_SOURCES = (_POLICY_CONFIG, ("INFO", "memory"))
 _POLICY_RECHECK_MS = 60_000
+
+
+def _client_keywords(cluster: bool) -> Callable[[], set[str]]:
+    def keywords() -> set[str]:
+        """The keywords redis-py's ``from_url`` and the client's constructor accept."""
+        import redis.asyncio
+        from redis.asyncio.cluster import RedisCluster
+
+        client = RedisCluster if cluster else redis.asyncio.Redis
+        return parameter_names(client.__init__, client.from_url) - {"url"}
+
+    return keywords
+
+
+def check_client_options(
+    backend: str, own: Sequence[str], options: Mapping[str, Any], *, cluster: bool
+) -> None:
+    """Refuse, at construction, a keyword that is neither the backend's nor redis-py's."""
+    refuse_unknown(
+        backend,
+        options,
+        own=own,
+        library="redis-py's RedisCluster" if cluster else "redis-py's Redis.from_url",
+        accepted=_client_keywords(bool(cluster)),
+    )
 
 
 # -- names -------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from ..._clock import Clock
 from ..._durations import Duration, to_ms
 from ..._exceptions import BackendError
 from ...abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
+from .._keywords import own_options
 from .._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
     ClockName,
@@ -23,7 +24,14 @@ from .._lease import (
     decide,
     new_token,
 )
-from ._base import RedisConnection, history_entry, history_key, job_key, runs_key
+from ._base import (
+    RedisConnection,
+    check_client_options,
+    history_entry,
+    history_key,
+    job_key,
+    runs_key,
+)
 
 __all__ = ["RedisLeaseBackend"]
 
@@ -53,6 +61,9 @@ class RedisLeaseBackend(LeaseBackendBase):
         **client_options: Any,
     ) -> None:
         super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
+        check_client_options(
+            self.name, own_options(RedisLeaseBackend), client_options, cluster=cluster
+        )
         self._redis = RedisConnection(
             self.name,
             url,
