@@ -41,7 +41,7 @@ from ._events import SkipEvent
 from ._exceptions import BackendError, BackendUnavailableError, BrokerschedError, ConfigurationError
 from ._logging import LogFormat, configure_logging
 from ._overrides import cli_override
-from ._redact import redact_text
+from ._redact import data_secrets, redact_text, scrub
 from ._scheduler import Job, Scheduler, collect_errors
 from ._timezones import parse_timezone, timezone_name
 from .abc import Backend, RunRecord
@@ -662,8 +662,21 @@ def _offset(local: datetime) -> str:
 @click.argument("job_name", metavar="JOB")
 @click.option("-n", "limit", type=click.IntRange(1, 10_000), default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON record per line.")
+@click.option(
+    "--traceback",
+    "tracebacks",
+    is_flag=True,
+    help="After the table, the traceback of each failed or timed-out run.",
+)
 @_override_option
-def history(app: str, job_name: str, limit: int, as_json: bool, overrides: tuple[str, ...]) -> None:
+def history(
+    app: str,
+    job_name: str,
+    limit: int,
+    as_json: bool,
+    tracebacks: bool,
+    overrides: tuple[str, ...],
+) -> None:
     """Show the recorded runs of JOB (kept under its key), newest first."""
     configure_logging("text", "WARNING", quiet_clients=True)
     scheduler = _load(app, overrides)
@@ -692,9 +705,33 @@ def history(app: str, job_name: str, limit: int, as_json: bool, overrides: tuple
             str(record.attempt),
             record.instance_id,
             record.run_id,
-            record.error or "",
+            _shown(record.error, job),
         )
-    _console().print(table)
+    console = _console()
+    console.print(table)
+    if tracebacks:
+        _print_tracebacks(console, records, job)
+
+
+def _shown(text: str | None, job: Job) -> str:
+    """An error or a traceback as the CLI shows it: URLs' passwords, ``password=`` values and
+    the job's data masked (the runner masked them when it wrote the record; an earlier release
+    or another backend may not have)."""
+    if not text:
+        return ""
+    return scrub(redact_text(text), data_secrets(job.settings.data))
+
+
+def _print_tracebacks(console: Console, records: list[RunRecord], job: Job) -> None:
+    failed = [record for record in records if record.traceback]
+    if not failed:
+        console.print("no tracebacks in these runs", markup=False)
+    for record in failed:
+        console.print()
+        heading = f"{record.outcome} run {record.run_id} of {record.job}"
+        console.print(f"{heading}, started {_utc(record.started_at)}:", markup=False)
+        # Printed as is (no markup, no highlighting), folded to the terminal's width.
+        console.print(_shown(record.traceback, job), markup=False, overflow="fold")
 
 
 async def _read_history(scheduler: Scheduler[Any], job: Job, limit: int) -> list[RunRecord]:

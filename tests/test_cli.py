@@ -334,6 +334,27 @@ def test_trigger_and_history_on_sqlite(sqlite_env: dict[str, str]) -> None:
     assert none.stdout.strip() == "no runs recorded for job 'flaky'"
 
 
+@pytest.mark.slow
+def test_history_shows_a_failed_runs_traceback(sqlite_env: dict[str, str]) -> None:
+    assert brokersched("trigger", SQLITE_APP, "boom", env=sqlite_env).returncode == 1
+    shown = brokersched("history", SQLITE_APP, "boom", "--traceback", env=sqlite_env)
+    assert shown.returncode == 0, shown.stderr
+    table, _, tracebacks = shown.stdout.partition("failed run ")
+    assert "ValueError: boom: the handler failed" in table
+    assert "Traceback (most recent call last):" in tracebacks
+    assert 'raise ValueError("boom: the handler failed")' in tracebacks
+    assert tracebacks.rstrip().endswith("ValueError: boom: the handler failed")
+    (record,) = [
+        json.loads(line)
+        for line in brokersched(
+            "history", SQLITE_APP, "boom", "--json", env=sqlite_env
+        ).stdout.splitlines()
+    ]
+    assert record["traceback"].startswith("Traceback (most recent call last):")
+    plain = brokersched("history", SQLITE_APP, "boom", env=sqlite_env).stdout
+    assert "Traceback" not in plain  # only with --traceback
+
+
 def test_unknown_job_is_a_usage_error(sqlite_env: dict[str, str]) -> None:
     result = brokersched("trigger", SQLITE_APP, "nope", env=sqlite_env)
     assert result.returncode == 2
