@@ -3,6 +3,8 @@ cause chain, redacted, and capped so that a record stays small on every backend.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import traceback
 from collections.abc import Iterable
 
@@ -20,8 +22,35 @@ def run_traceback(
     """``exc`` as Python prints it (causes and contexts first, then the exception itself), with
     every URL's password, every ``password=`` value and each of ``secrets`` (the job's data)
     masked, cut to ``limit`` bytes."""
-    text = "".join(traceback.format_exception(exc))
+    formatted = traceback.TracebackException.from_exception(exc)
+    _drop_our_frames(formatted, set())
+    text = "".join(formatted.format())
     return cap_traceback(scrub(redact_text(text), secrets), limit)
+
+
+# The runner's own frames, and the thread pool's that carry a sync handler, come before the
+# handler's in every traceback: left out, so that the 4 KiB hold the application's frames.
+_OURS = (os.path.dirname(__file__) + os.sep, os.path.dirname(asyncio.__file__) + os.sep)
+_THREAD_POOL = os.path.join("concurrent", "futures", "thread.py")
+
+
+def _drop_our_frames(exc: traceback.TracebackException, seen: set[int]) -> None:
+    if id(exc) in seen:
+        return
+    seen.add(id(exc))
+    frames = list(exc.stack)
+    start = 0
+    while start < len(frames) - 1 and _is_ours(frames[start].filename):
+        start += 1
+    if start:
+        exc.stack = traceback.StackSummary.from_list(frames[start:])
+    for chained in (exc.__cause__, exc.__context__):
+        if chained is not None:
+            _drop_our_frames(chained, seen)
+
+
+def _is_ours(filename: str) -> bool:
+    return filename.startswith(_OURS) or filename.endswith(_THREAD_POOL)
 
 
 def cap_traceback(text: str, limit: int = TRACEBACK_LIMIT) -> str:
