@@ -43,7 +43,7 @@ from ._exceptions import BackendError, BackendUnavailableError, BrokerschedError
 from ._logging import LogFormat, configure_logging
 from ._overrides import cli_override
 from ._redact import MASK, data_secrets, redact_text, scrub
-from ._scheduler import Job, Scheduler, collect_errors
+from ._scheduler import Job, Scheduler, collect_errors, past_at
 from ._timezones import parse_timezone, timezone_name
 from .abc import Backend, RunRecord
 from .triggers.base import Trigger
@@ -138,6 +138,12 @@ def load_scheduler(spec: str) -> Scheduler[Any]:
                 raise CLIError(
                     f"{shown} has no attribute '{attribute}'{_schedulers_in(module)}"
                 ) from None
+        if isinstance(found, type) and issubclass(found, Scheduler):
+            # Called as a factory it would make a new, empty scheduler: 0 jobs, silently.
+            raise CLIError(
+                f"'{spec}' is the class {found.__name__}, not the Scheduler object your jobs "
+                f"are registered on{_schedulers_in(module)}; {_HOW}"
+            )
         if not _is_scheduler(found) and callable(found):
             found = _call_factory(found, spec)
     if not _is_scheduler(found):
@@ -407,7 +413,7 @@ def run(
         scheduler.enabled = False
     metrics = (metrics_host, metrics_port) if metrics_port is not None else None
     web = _admin_server(scheduler, http) if http is not None else None
-    _run_async(_serve(scheduler, metrics, web))
+    _run_async(_serve(scheduler, metrics, web, app))
 
 
 def _admin_server(scheduler: Scheduler[Any], address: str) -> HTTPServer:
@@ -431,7 +437,10 @@ async def _start_admin(web: HTTPServer) -> None:
 
 
 async def _serve(
-    scheduler: Scheduler[Any], metrics: tuple[str, int] | None, web: HTTPServer | None = None
+    scheduler: Scheduler[Any],
+    metrics: tuple[str, int] | None,
+    web: HTTPServer | None = None,
+    app: str = "the application",
 ) -> None:
     stop = asyncio.Event()
 
@@ -451,7 +460,7 @@ async def _serve(
         if web is not None:
             await _start_admin(web)
         await scheduler.start()
-        _log_started(scheduler)
+        _log_started(scheduler, app)
         stopped = asyncio.ensure_future(scheduler.wait_stopped())
         requested = asyncio.ensure_future(stop.wait())
         await asyncio.wait({stopped, requested}, return_when=asyncio.FIRST_COMPLETED)
@@ -492,9 +501,16 @@ def _running(scheduler: Scheduler[Any]) -> int:
     return sum(job.is_running for job in scheduler.jobs())
 
 
-def _log_started(scheduler: Scheduler[Any]) -> None:
+def _log_started(scheduler: Scheduler[Any], app: str) -> None:
     backend = _backend(scheduler)
     jobs = scheduler.jobs()
+    if not jobs:
+        logger.warning(
+            "%s registers no jobs: nothing will run (are the jobs registered on another "
+            "Scheduler, or in a module %s does not import?)",
+            app,
+            app.rpartition(":")[0],
+        )
     logger.info(
         "started %d job(s) on %s as instance %s%s",
         len(jobs),
@@ -986,12 +1002,18 @@ async def _trigger(scheduler: Scheduler[Any], job: Job) -> tuple[RunRecord | Non
 def check(app: str, overrides: tuple[str, ...]) -> None:
     """Report every configuration error of the application's jobs and overrides (no
     connection)."""
+    # What registration logs (a past at()) is printed below as a warning, with the others.
+    configure_logging("text", "ERROR", quiet_clients=True)
     try:
         with collect_errors() as collected:
             scheduler = _load(app, overrides, collect=True)
     except AppConfigurationError as exc:
         for error in [*collected, *exc.error.all_errors]:
             click.echo(redact_text(f"error: {error}"), err=True)
+        if exc.error.job is None:  # a backend's or the scheduler's own options, not a job
+            _fail(
+                f"{app} could not be loaded, so its jobs were not checked; fix it and check again"
+            )
         _fail(
             "registration stopped at this job, so the jobs after it were not checked; "
             "fix it and run check again"
@@ -1001,10 +1023,19 @@ def check(app: str, overrides: tuple[str, ...]) -> None:
         click.echo(redact_text(f"error: {error}"), err=True)
     if errors:
         _fail(f"{len(errors)} configuration error{'s' if len(errors) > 1 else ''}")
+    for warning in _warnings(scheduler):
+        click.echo(redact_text(f"warning: {warning}"), err=True)
     count = len(scheduler.jobs())
     if count == 0:
         click.echo(f"warning: {app} registers no jobs", err=True)
     click.echo(f"{count} job{'' if count == 1 else 's'} OK")
+
+
+def _warnings(scheduler: Scheduler[Any]) -> list[str]:
+    """What will not work as the application may think, though it is no error: an ``at()``
+    job whose instant passed more than ``max_late`` ago never runs."""
+    now_ms = scheduler.clock.now_ms()
+    return [text for job in scheduler.jobs() if (text := past_at(job, now_ms)) is not None]
 
 
 def main() -> None:

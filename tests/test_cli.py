@@ -215,6 +215,7 @@ HOW = "write MODULE:ATTR (app:scheduler) or path/to/file.py:ATTR (./app.py:sched
         ("tests.cli_apps.odd:answer", "is of type int, not a brokersched.Scheduler"),
         ("tests.cli_apps.odd:needs_settings", "odd:needs_settings' needs arguments"),
         ("tests.cli_apps.odd:broken_factory", "jitter 'soon' is not a duration"),
+        ("tests.cli_apps.odd:Scheduler", "is the class Scheduler, not the Scheduler object"),
     ],
 )
 def test_loading_mistakes_are_one_line(spec: str, message: str) -> None:
@@ -746,3 +747,40 @@ def test_listings_fit_80_columns(tmp_path: Path, args: tuple[str, ...]) -> None:
         assert word in output
     if args[0] == "history":
         assert "failed" in output and "RuntimeError" in output and "s3cret" not in output
+
+
+# -- the newcomer's messages ------------------------------------------------------------------
+
+
+def test_check_blames_no_job_for_a_backends_error() -> None:
+    result = brokersched("check", "tests.cli_apps.backend_typo:scheduler")
+    assert result.returncode == 1
+    first, last = result.stderr.strip().splitlines()
+    assert first.startswith("error: RabbitMQBackend: unknown keyword 'slot_tll'; did you mean")
+    assert "registration stopped" not in result.stderr and "s3cret" not in result.stderr
+    assert last == (
+        "tests.cli_apps.backend_typo:scheduler could not be loaded, so its jobs were not "
+        "checked; fix it and check again"
+    )
+
+
+def test_check_warns_of_an_at_job_in_the_past() -> None:
+    result = brokersched("check", "tests.cli_apps.past_at:scheduler")
+    assert (result.returncode, result.stdout.strip()) == (0, "1 job OK")
+    assert result.stderr.strip() == (
+        "warning: job 'migrate': at 2020-01-01T00:00:00+00:00 passed "
+        + result.stderr.split("passed ")[1].split(" ago")[0]
+        + " ago, more than its max_late (1m): it will never run (give a later time, or "
+        "trigger it by hand)"
+    )
+    assert re.search(r"passed \d+d ago", result.stderr)
+
+
+def test_run_warns_when_the_application_has_no_jobs() -> None:
+    cli = RunningCLI("run", "tests.cli_apps.odd:make_scheduler")
+    try:
+        line = cli.wait_for_line(lambda line: "registers no jobs" in line)
+        assert "WARNING" in line and "nothing will run" in line
+        assert cli.stop(signal.SIGINT) == 0, cli.output()
+    finally:
+        cli.kill()
