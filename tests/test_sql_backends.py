@@ -471,7 +471,7 @@ async def test_trimming_uses_the_indexes(fleet: Fleet) -> None:
         plan = await conn.fetch(
             "EXPLAIN " + backend._sql.record,
             *("job7", SLOT, "r", "i", "schedule", 1, datetime.now(UTC), None, "completed", None),
-            *(1000, datetime.now(UTC)),
+            *(1000, datetime.now(UTC), None),  # history_size, cutoff, traceback
         )
     finally:
         await conn.close()
