@@ -36,6 +36,8 @@ __all__ = [
     "Capabilities",
     "Claim",
     "ClaimBackend",
+    "Finding",
+    "Inventory",
     "JobPolicy",
     "Lease",
     "LeaseBackend",
@@ -44,7 +46,9 @@ __all__ = [
     "Overlap",
     "RunReason",
     "RunRecord",
+    "Severity",
     "Slot",
+    "StoredObject",
     "new_run_id",
 ]
 
@@ -182,6 +186,53 @@ class Claim(NamedTuple):
     reason: RunReason = "schedule"
 
 
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """One thing a backend made on its server: ``kind`` (``queue``, ``exchange``, ``stream``,
+    ``key``, ``table``, ``function``, ``schema``...) and its ``name`` there."""
+
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """What a prefix (a schema, a table prefix) made on its backend (``Backend.inventory``).
+
+    ``objects``: what was found. ``unknown``: what could not be enumerated, each a sentence
+    (RabbitMQ over AMQP cannot list queues). ``live``: signs that an instance of the prefix
+    runs (a live lease, a recent claim or run, a connection of the prefix), each a sentence:
+    ``purge`` refuses while there are some, unless forced.
+    """
+
+    backend: str
+    namespace: str
+    objects: tuple[StoredObject, ...] = ()
+    unknown: tuple[str, ...] = ()
+    live: tuple[str, ...] = ()
+
+
+Severity = Literal["error", "warning", "ok"]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One check of ``Backend.doctor``: ``error`` (a slot can run twice, or the server can
+    hang), ``warning`` or ``ok``; what was found, its consequence and the fix."""
+
+    severity: Severity
+    check: str
+    found: str
+    consequence: str = ""
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {name: getattr(self, name) for name in _FINDING_FIELDS}
+
+
+_FINDING_FIELDS = ("severity", "check", "found", "consequence", "fix")
+
+
 #: What ``acquire()`` answers for one slot, or the error it raised for that slot alone.
 LeaseOutcome = Lease | Literal["overlap", "not-acquired"] | Exception
 
@@ -258,6 +309,47 @@ class Backend(ABC):
     @abstractmethod
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         """At most ``limit`` records of the job, newest first, without consuming them."""
+
+    # -- operations (``brokersched purge`` and ``doctor``): on a backend that is not started --
+
+    async def inventory(
+        self,
+        *,
+        namespace: str | None = None,
+        jobs: Sequence[str] = (),
+        slots: Sequence[Slot] = (),
+    ) -> Inventory:
+        """Everything this backend's prefix (or ``namespace``: another prefix, schema or table
+        prefix of the same kind) made on the server, and the signs that an instance of it
+        runs. ``jobs`` (the application's job keys) and ``slots`` (its slots of the last slot
+        memory): for a backend that cannot list its objects and names them (RabbitMQ over
+        AMQP). Connects for the call, on a backend that is not started,
+        and creates nothing. The default: not supported (raises ``NotImplementedError``)."""
+        raise NotImplementedError(
+            f"{self.name} does not implement inventory() and purge(): remove what it made on "
+            "its server by hand"
+        )
+
+    async def purge(self, inventory: Inventory) -> Inventory:
+        """Remove the objects of ``inventory`` (from ``inventory()``; the caller checked its
+        ``live`` signs: removing what a running instance uses can run a slot twice). Answers
+        the inventory taken again afterwards: what is left. Connects for the call. The
+        default: not supported (raises ``NotImplementedError``)."""
+        raise NotImplementedError(f"{self.name} does not implement purge()")
+
+    async def doctor(self) -> list[Finding]:
+        """Check the live server against the guarantees; one ``Finding`` per check. Connects
+        for the call, on a backend that is not started, and creates nothing. The default
+        has no check to make."""
+        return [
+            Finding(
+                "warning",
+                "backend",
+                f"{self.name} has no checks of its server",
+                "nothing tells whether its server is set up to keep the guarantees",
+                f"check {self.name}'s documentation, or implement Backend.doctor()",
+            )
+        ]
 
 
 class ClaimBackend(Backend):

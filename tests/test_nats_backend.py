@@ -39,6 +39,9 @@ from tests.nats_helpers import (
     wait_for,
 )
 
+# Against both NATS servers, 2.9 and the current one (tests/conftest.py).
+pytestmark = pytest.mark.nats_servers
+
 CLOCK = SystemClock()
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -260,8 +263,10 @@ async def test_start_fails_fast_when_unreachable_without_leaking_secrets() -> No
 
 
 @pytest.mark.slow
-async def test_server_without_jetstream_fails_at_start_with_a_hint(tmp_path: Path) -> None:
-    async with nats_server(tmp_path, jetstream=False) as server:
+async def test_server_without_jetstream_fails_at_start_with_a_hint(
+    tmp_path: Path, nats_server_binary: str
+) -> None:
+    async with nats_server(tmp_path, jetstream=False, binary=nats_server_binary) as server:
         with pytest.raises(BackendUnavailableError, match=r"is it enabled on the server"):
             await NATSBackend(server.url).start(CLOCK)
 
@@ -457,11 +462,13 @@ async def _create_stream(url: str, config: StreamConfig) -> None:
 
 
 @pytest.mark.slow
-async def test_instances_starting_together_on_a_fresh_server_all_start(tmp_path: Path) -> None:
+async def test_instances_starting_together_on_a_fresh_server_all_start(
+    tmp_path: Path, nats_server_binary: str
+) -> None:
     """They race to create the streams; the losers check the winner's instead of failing (a
     fresh NATS 2.9 may answer them "subjects overlap" rather than "name in use")."""
     for round_ in range(8):
-        async with nats_server(tmp_path / str(round_)) as server:
+        async with nats_server(tmp_path / str(round_), binary=nats_server_binary) as server:
             backends = await started(*(NATSBackend(server.url, prefix="rs") for _ in range(3)))
             await stopped(*backends)
 
@@ -626,8 +633,10 @@ async def test_history_without_prepare(backend: NATSBackend) -> None:
 
 
 @pytest.mark.slow
-async def test_connection_loss_fails_closed_then_claiming_resumes(tmp_path: Path) -> None:
-    async with nats_server(tmp_path) as server:
+async def test_connection_loss_fails_closed_then_claiming_resumes(
+    tmp_path: Path, nats_server_binary: str
+) -> None:
+    async with nats_server(tmp_path, binary=nats_server_binary) as server:
         backend = NATSBackend(server.url, prefix="loss", reconnect_time_wait=0.1)
         await backend.start(CLOCK)
         try:
@@ -712,13 +721,14 @@ class _RestartRun:
 @pytest.mark.slow
 async def test_restart_while_claiming_never_runs_a_slot_twice_nor_loses_one_unclaimed(
     tmp_path: Path,
+    nats_server_binary: str,
 ) -> None:
     """The server is killed (short outage) and later stopped for longer than a claim's budget,
     while claiming goes on. Per slot: at most one winner; a claimer told it lost only when a
     claim of that slot is stored (its owner may have got no answer in time: a skip, fail
     closed), never when none is. Claiming resumes by itself, and the server still remembers
     every won or lost slot after the restarts."""
-    async with nats_server(tmp_path) as server:
+    async with nats_server(tmp_path, binary=nats_server_binary) as server:
         claimers = await started(
             *(
                 NATSBackend(server.url, prefix="rs", claim_timeout="1s", reconnect_time_wait=0.05)
@@ -778,10 +788,12 @@ async def _claim_owners(url: str, stream: str) -> dict[str, int]:
 
 @pytest.mark.slow
 async def test_no_secret_in_logs_or_errors_through_an_outage(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, nats_server_binary: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    async with nats_server(tmp_path, user="svc", password="pa55word") as server:
+    async with nats_server(
+        tmp_path, user="svc", password="pa55word", binary=nats_server_binary
+    ) as server:
         backend = NATSBackend(server.url, prefix="sec", reconnect_time_wait=0.05)
         await backend.start(CLOCK)
         errors: list[str] = []
@@ -814,7 +826,9 @@ async def _claims_ok(backend: NATSBackend) -> bool:
 
 
 @pytest.mark.slow
-async def test_scheduler_skips_through_an_outage_and_resumes_by_itself(tmp_path: Path) -> None:
+async def test_scheduler_skips_through_an_outage_and_resumes_by_itself(
+    tmp_path: Path, nats_server_binary: str
+) -> None:
     """End to end with the Scheduler: slots during an outage are skipped (backend-error), the
     timers keep going, and runs resume when the server is back, with nothing run twice."""
     from brokersched import JobContext, RunEvent, Scheduler, SkipEvent, StartEvent
@@ -832,7 +846,7 @@ async def test_scheduler_skips_through_an_outage_and_resumes_by_itself(tmp_path:
     async def ran_more(than: int) -> bool:
         return len(runs) >= than
 
-    async with nats_server(tmp_path) as server:
+    async with nats_server(tmp_path, binary=nats_server_binary) as server:
         backend = NATSBackend(
             server.url, prefix="sched", claim_timeout="300ms", reconnect_time_wait=0.05
         )

@@ -16,6 +16,9 @@ from brokersched.backends.nats import NATSBackend
 from brokersched.backends.nats._streams import Names, claims_config
 from tests.nats_helpers import create_stream, delete_streams, stream_config, unique_prefix
 
+# Against both NATS servers, 2.9 and the current one (tests/conftest.py).
+pytestmark = pytest.mark.nats_servers
+
 CLOCK = SystemClock()
 
 

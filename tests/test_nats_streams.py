@@ -52,6 +52,9 @@ from tests.nats_helpers import (
     update_stream,
 )
 
+# Against both NATS servers, 2.9 and the current one (tests/conftest.py).
+pytestmark = pytest.mark.nats_servers
+
 CLOCK = SystemClock()
 SLOT_TTL = timedelta(minutes=5)
 MIB = 1024 * 1024
@@ -435,18 +438,18 @@ async def test_the_streams_brokersched_created_pass_its_checks(nats_url: str, pr
     assert history_problems(history, names) == []  # as start() checks it, before prepare()
 
 
-@pytest.mark.parametrize(
-    ("settings", "fragment"),
-    [
-        ({"persist_mode": PersistMode.ASYNC}, "persist_mode is 'async', not 'default'"),
-        ({"allow_msg_counter": True}, "allow_msg_counter is true (a counter stream refuses"),
-    ],
-)
+NEWER_SETTINGS = [
+    ({"persist_mode": PersistMode.ASYNC}, "persist_mode is 'async', not 'default'"),
+    ({"allow_msg_counter": True}, "allow_msg_counter is true (a counter stream refuses"),
+]
+
+
+@pytest.mark.parametrize(("settings", "fragment"), NEWER_SETTINGS)
 def test_settings_of_newer_servers_that_break_claims_are_refused(
     settings: dict[str, Any], fragment: str
 ) -> None:
-    """NATS 2.12 settings: the 2.9 server of these tests drops them, so the check is tested on
-    the configuration alone."""
+    """NATS 2.12 settings: a 2.9 server drops them, so the check is tested on the configuration
+    here, and on a stream of the current server below."""
     names = Names("p")
     config = claims_stream("p", **settings)
     problems = claims_problems(config, names, SLOT_TTL)
@@ -458,18 +461,39 @@ def test_settings_of_newer_servers_that_break_claims_are_refused(
     )
 
 
+@pytest.mark.parametrize(("settings", "fragment"), NEWER_SETTINGS)
+async def test_a_current_server_keeps_those_settings_and_start_refuses_the_stream(
+    current_nats_url: str, settings: dict[str, Any], fragment: str
+) -> None:
+    """The same streams on the current nats-server, which keeps the settings (2.9 drops them):
+    ``start()`` refuses the stream, naming the setting, and leaves it as it is."""
+    prefix = unique_prefix()
+    await create_stream(current_nats_url, claims_stream(prefix, **settings))
+    try:
+        kept = await stream_config(current_nats_url, f"{prefix}-claims")
+        assert {name: getattr(kept, name) for name in settings} == settings
+        backend = NATSBackend(current_nats_url, prefix=prefix)
+        with pytest.raises(ConfigurationError) as caught:
+            await backend.start(CLOCK)
+        assert fragment in str(caught.value)
+        kept = await stream_config(current_nats_url, f"{prefix}-claims")
+        assert {name: getattr(kept, name) for name in settings} == settings
+    finally:
+        await delete_streams(current_nats_url, prefix)
+
+
 # -- issue 18, item 2, end to end --------------------------------------------------------------
 
 
 @pytest.mark.slow
 async def test_a_claims_stream_with_max_msgs_forgets_claims_on_restart_so_start_refuses_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, nats_server_binary: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With ``max_msgs=1`` JetStream drops a claim as soon as the next one is stored; the
     running server still remembers it, but a restarted one rebuilds its duplicate table from
     the stored messages only, so a late instance wins a slot that already ran. ``start()``
     therefore refuses the stream; once edited as the error says, claims survive a restart."""
-    async with nats_server(tmp_path / "store") as server:
+    async with nats_server(tmp_path / "store", binary=nats_server_binary) as server:
         prefix = "issue18"
         await create_stream(server.url, claims_stream(prefix, max_msgs=1))
         ran = Slot("report", now_ms() - 1000)
@@ -695,11 +719,14 @@ async def test_a_raise_that_nats_refuses_keeps_the_refusal(
 
 
 async def test_a_user_who_may_not_update_streams_gets_the_refusal(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, nats_server_binary: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A denied publish gets no reply, only an -ERR: the update times out (shortened here)."""
     monkeypatch.setattr(_backend, "_API_TIMEOUT_S", 0.5)
-    async with nats_server_denying_stream_updates(tmp_path / "store") as (admin, app):
+    async with nats_server_denying_stream_updates(tmp_path / "store", nats_server_binary) as (
+        admin,
+        app,
+    ):
         prefix = "denied"
         created = NATSBackend(admin, prefix=prefix, slot_ttl="2s")
         await created.start(CLOCK)

@@ -17,7 +17,17 @@ from typing import Literal, cast
 from .._clock import Clock
 from .._durations import Duration, to_ms
 from .._exceptions import BackendError, BackendUnavailableError
-from ..abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
+from ..abc import (
+    Claim,
+    Finding,
+    Inventory,
+    JobPolicy,
+    Lease,
+    LeaseOutcome,
+    RunReason,
+    RunRecord,
+    Slot,
+)
 from ._keywords import checked_keywords
 from ._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
@@ -48,6 +58,11 @@ class MemoryStore:
 
     jobs: dict[str, JobRow] = field(default_factory=dict)
     history: dict[str, deque[RunRecord]] = field(default_factory=dict)
+
+
+_IN_PROCESS = (
+    "in this process's memory: nothing outlives the process, and no other process shares it"
+)
 
 
 class MemoryBackend(LeaseBackendBase):
@@ -173,6 +188,22 @@ class MemoryBackend(LeaseBackendBase):
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
         await asyncio.sleep(0)
         self._append(job, record)
+
+    async def inventory(
+        self,
+        *,
+        namespace: str | None = None,
+        jobs: Sequence[str] = (),
+        slots: Sequence[Slot] = (),
+    ) -> Inventory:
+        """Nothing: its state lives in this process and ends with it."""
+        return Inventory(self.name, namespace or "memory", unknown=(_IN_PROCESS,))
+
+    async def purge(self, inventory: Inventory) -> Inventory:
+        return Inventory(self.name, inventory.namespace, unknown=(_IN_PROCESS,))
+
+    async def doctor(self) -> list[Finding]:
+        return [Finding("ok", "backend", f"{self.name}: {_IN_PROCESS}")]
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         await asyncio.sleep(0)

@@ -40,7 +40,18 @@ from .._exceptions import (
     BrokerschedError,
     ConfigurationError,
 )
-from ..abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
+from ..abc import (
+    Claim,
+    Finding,
+    Inventory,
+    JobPolicy,
+    Lease,
+    LeaseOutcome,
+    RunReason,
+    RunRecord,
+    Slot,
+)
+from . import _postgres_ops
 from ._keywords import checked_keywords
 from ._lease import (
     BATCH_CHUNK,
@@ -583,6 +594,49 @@ class PostgresBackend(SQLLeaseBackend):
         for task in list(self._calls):
             task.cancel()
         await asyncio.gather(*self._calls, return_exceptions=True)
+
+    # -- operations (brokersched purge, doctor) ---------------------------------------------
+
+    async def inventory(
+        self,
+        *,
+        namespace: str | None = None,
+        jobs: Sequence[str] = (),
+        slots: Sequence[Slot] = (),
+    ) -> Inventory:
+        """brokersched's tables and function in the schema (or ``namespace``, another
+        schema). Live: a lease live in the last minute, or a run going on."""
+        schema = self._schema
+        if namespace is not None:
+            schema = check_identifier(namespace, option="schema", backend=self.name, max_length=63)
+        return await self._operation("list its tables", _postgres_ops.inventory, schema)
+
+    async def purge(self, inventory: Inventory) -> Inventory:
+        """Drop the tables and the function of ``inventory``, then the schema if it is empty."""
+        return await self._operation("drop its tables", _postgres_ops.purge, inventory)
+
+    async def doctor(self) -> list[Finding]:
+        return await self._operation(
+            "check the database", _postgres_ops.doctor, self._schema, self._max_clock_skew
+        )
+
+    async def _operation(self, action: str, call: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``call(conn, *args)`` on a connection of its own (the backend need not be started)."""
+        try:
+            import asyncpg  # pyright: ignore[reportMissingTypeStubs]
+        except ImportError as exc:
+            raise ConfigurationError(
+                "PostgresBackend needs asyncpg: pip install 'brokersched[postgres]'",
+                backend=self.name,
+            ) from exc
+        self._asyncpg = asyncpg
+        with self._translate(action):
+            async with asyncio.timeout(self._op_timeout + 10):
+                conn = await asyncpg.connect(self._dsn, server_settings=self._server_settings())
+                try:
+                    return await call(conn, *args)
+                finally:
+                    await conn.close()
 
     # -- plumbing --------------------------------------------------------------------------
 

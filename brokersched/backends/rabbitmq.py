@@ -143,14 +143,14 @@ import logging
 import random
 import re
 import shlex
-from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from .. import _redact
-from .._clock import Clock
+from .._clock import Clock, host_time_ms
 from .._durations import Duration, format_duration, positive_duration, to_ms
 from .._exceptions import (
     BackendError,
@@ -159,7 +159,8 @@ from .._exceptions import (
     ConfigurationError,
 )
 from .._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
-from ..abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
+from ..abc import Capabilities, ClaimBackend, Finding, Inventory, JobPolicy, RunRecord, Slot
+from . import _rabbitmq_ops
 from ._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, FleetMemory, margin_ms
 from ._keywords import own_options, parameter_names, refuse_unknown
 from ._lease import check_max_clock_skew
@@ -185,6 +186,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _INSTALL_HINT = "pip install 'brokersched[rabbitmq]'"
 _MAX_QUEUE_NAME = 255  # bytes, an AMQP short string
@@ -680,7 +682,10 @@ class RabbitMQBackend(ClaimBackend):
     winner of a job's slot declares the claim queue of its next slot half a second before it
     (``prepare_claims``): the claims of a busy instant then find their queues (measured:
     3 instances x 20 jobs at one instant, lateness p99 71 -> 38 ms); the slots due within that
-    half second of a ``slot_ttl`` raise then fail closed (skipped, never twice). Other keyword
+    half second of a ``slot_ttl`` raise then fail closed (skipped, never twice).
+    ``management_url``: the management plugin's API (``http://user:password@host:15672/``),
+    read only by ``brokersched purge`` (to list every queue of the prefix and see running
+    instances) and ``brokersched doctor`` (file descriptors, partitions, policies). Other keyword
     arguments go to ``aio_pika.connect_robust`` (``ssl_context``, ``timeout``,
     ``reconnect_interval``, ``client_properties``...) and are never logged; one that it does
     not accept (a misspelt option) is refused at construction.
@@ -696,6 +701,7 @@ class RabbitMQBackend(ClaimBackend):
         claim_timeout: Duration = "2s",
         declare_ahead: bool = True,
         max_clock_skew: Duration = DEFAULT_CLAIM_SKEW,
+        management_url: str | None = None,
         **connect_options: Any,
     ) -> None:
         super().__init__()
@@ -709,6 +715,11 @@ class RabbitMQBackend(ClaimBackend):
         )
         self._skew_ms = to_ms(check_max_clock_skew(max_clock_skew, backend=self.name))
         self._urls = _check_urls(url, self.name)
+        self._management = (
+            None
+            if management_url is None
+            else _rabbitmq_ops.Management(management_url, _url_vhost(self._urls[0]))
+        )
         self._url = self._urls[0]  # the one named in messages about the login or the vhost
         self._secrets = _redact.connection_secrets(self._urls, connect_options, ("password",))
         self._slot_ttl = positive_duration(slot_ttl, option="slot_ttl", backend=self.name)
@@ -1706,6 +1717,107 @@ class RabbitMQBackend(ClaimBackend):
         finally:
             await asyncio.shield(_close_quietly(channel))
 
+    # -- operations (brokersched purge, doctor) ---------------------------------------------
+
+    _NAMES = _rabbitmq_ops.Names(
+        record=record_queue_name,
+        lock=lock_queue_name,
+        fence=fence_exchange_name,
+        history=history_queue_name,
+        claim=claim_queue_name,
+    )
+
+    async def inventory(
+        self,
+        *,
+        namespace: str | None = None,
+        jobs: Sequence[str] = (),
+        slots: Sequence[Slot] = (),
+    ) -> Inventory:
+        """The prefix's queues and exchanges: listed with ``management_url``; otherwise those
+        named from ``jobs`` and ``slots`` and the slot memory record, each checked by a passive
+        declare (the answer says what was not enumerated). Live: a claim of a slot of the last
+        minute; with ``management_url``, a connection named ``brokersched (<prefix>)``."""
+        prefix = self._prefix if namespace is None else _check_prefix(namespace, self.name)
+        memories = [to_ms(self._slot_ttl), to_ms(BOOT_MEMORY)]
+
+        async def call(channels: _rabbitmq_ops.Channels, _: dict[str, Any]) -> Inventory:
+            return await _rabbitmq_ops.inventory(
+                channels,
+                self._NAMES,
+                prefix,
+                jobs=jobs,
+                slots=slots,
+                memories_ms=memories,
+                parse=_memory_of,
+                management=self._management,
+                now_ms=host_time_ms(),
+            )
+
+        return await self._operation("listing its queues", call)
+
+    async def purge(self, inventory: Inventory) -> Inventory:
+        """Delete the queues and exchanges of ``inventory``; what is left of them (listed
+        again with ``management_url``)."""
+
+        async def call(channels: _rabbitmq_ops.Channels, _: dict[str, Any]) -> Inventory:
+            await _rabbitmq_ops.purge(channels, inventory, self._NAMES)
+            return await _rabbitmq_ops.left(channels, inventory, self._NAMES, self._management)
+
+        return await self._operation("deleting its queues", call)
+
+    async def doctor(self) -> list[Finding]:
+        async def call(
+            channels: _rabbitmq_ops.Channels, properties: dict[str, Any]
+        ) -> list[Finding]:
+            return await _rabbitmq_ops.doctor(
+                channels,
+                properties,
+                self._NAMES,
+                self._prefix,
+                slot_ttl=self._slot_ttl,
+                parse=_memory_of,
+                management=self._management,
+            )
+
+        return await self._operation("checking the broker", call)
+
+    async def _operation(
+        self,
+        action: str,
+        call: Callable[[_rabbitmq_ops.Channels, dict[str, Any]], Awaitable[T]],
+    ) -> T:
+        """``call(channels, server properties)`` on a connection of its own, named
+        ``brokersched-ops`` (the backend need not be started; nothing is declared)."""
+        try:
+            import aio_pika  # noqa: F401 (imported here to name the missing extra)
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"{self.name} needs aio-pika: {_INSTALL_HINT}", backend=self.name
+            ) from exc
+        options = {
+            **self._connect_options,
+            "client_properties": {"connection_name": "brokersched-ops"},
+        }
+        shown = ", ".join(_redact.redact_url(url) for url in self._urls)
+        with self._client_errors(f"{action} on {shown}"), _quieted() as quiet:
+            connection = await _connect_robust(self._urls, 0, options)
+            quiet.active = False
+            try:
+
+                @contextlib.asynccontextmanager
+                async def channels() -> AsyncGenerator[AbstractChannel, None]:
+                    channel = await _open_channel(connection, confirms=False)
+                    try:
+                        yield channel
+                    finally:
+                        await asyncio.shield(_close_quietly(channel))
+
+                async with asyncio.timeout(_OPERATION_TIMEOUT_S * 6):
+                    return await call(channels, _server_properties(connection))
+            finally:
+                await to_the_end(_close_for_good(connection))
+
     # -- errors ----------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -1748,6 +1860,22 @@ class RabbitMQBackend(ClaimBackend):
 
     def _describe(self, exc: BaseException) -> str:
         return f"{type(exc).__name__}: {_redact.scrub(str(exc), self._secrets)}"
+
+
+def _memory_of(body: bytes) -> int:
+    """The memory of a slot memory record (``ValueError`` for anything else)."""
+    try:
+        return _record_from_json(body).memory_ms
+    except _NewerRecord as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _server_properties(connection: AbstractRobustConnection) -> dict[str, Any]:
+    """What the broker told of itself in ``Connection.Start`` (version, product...)."""
+    transport = connection.transport
+    underlay = transport.connection if transport is not None else None
+    properties = getattr(underlay, "server_properties", None)
+    return dict(properties) if isinstance(properties, dict) else {}
 
 
 def _refused_vhost(exc: BaseException) -> bool:

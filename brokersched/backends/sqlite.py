@@ -42,7 +42,18 @@ from .._exceptions import (
     BrokerschedError,
     ConfigurationError,
 )
-from ..abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
+from ..abc import (
+    Claim,
+    Finding,
+    Inventory,
+    JobPolicy,
+    Lease,
+    LeaseOutcome,
+    RunReason,
+    RunRecord,
+    Slot,
+)
+from . import _sqlite_ops
 from ._keywords import checked_keywords
 from ._lease import (
     BATCH_CHUNK,
@@ -427,6 +438,39 @@ class SQLiteBackend(SQLLeaseBackend):
             with contextlib.suppress(Exception):  # closing must not raise; nothing is left to do
                 await conn.close()
             await asyncio.gather(*self._rollbacks, return_exceptions=True)
+
+    # -- operations (brokersched purge, doctor) ---------------------------------------------
+
+    async def inventory(
+        self,
+        *,
+        namespace: str | None = None,
+        jobs: Sequence[str] = (),
+        slots: Sequence[Slot] = (),
+    ) -> Inventory:
+        """The tables of this ``table_prefix`` (or ``namespace``) in the file; never creates
+        the file. Live: a lease granted in the last minute, or a run going on."""
+        prefix = self._namespace(namespace)
+        with self._translate("list its tables"):
+            return await asyncio.to_thread(
+                _sqlite_ops.inventory, self._path, prefix, self._store_now_ms()
+            )
+
+    async def purge(self, inventory: Inventory) -> Inventory:
+        """Drop the tables of ``inventory``; the file stays (it may hold other tables)."""
+        with self._translate("drop its tables"):
+            return await asyncio.to_thread(
+                _sqlite_ops.purge, self._path, inventory, self._store_now_ms()
+            )
+
+    async def doctor(self) -> list[Finding]:
+        with self._translate("check the database"):
+            return await asyncio.to_thread(_sqlite_ops.doctor, self._path, self._prefix)
+
+    def _namespace(self, namespace: str | None) -> str:
+        if namespace is None:
+            return self._prefix
+        return check_identifier(namespace, option="table_prefix", backend=self.name, max_length=40)
 
     # -- plumbing --------------------------------------------------------------------------
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import pytest_asyncio
 
 from brokersched.backends.nats import NATSBackend
 from brokersched.testing.conformance import ClaimBackendSuite
 from tests.nats_helpers import delete_streams
+
+# Against both NATS servers, 2.9 and the current one (tests/conftest.py).
+pytestmark = pytest.mark.nats_servers
 
 
 class TestNATSBackend(ClaimBackendSuite[NATSBackend]):

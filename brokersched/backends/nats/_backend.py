@@ -15,17 +15,27 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from ... import _redact
 from ..._clock import Clock
 from ..._durations import Duration, positive_duration, to_ms
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..._tasks import cancel_requests, gather_each, raise_if_cancelled_since, to_the_end
-from ...abc import Capabilities, Claim, ClaimBackend, JobPolicy, RunRecord, Slot
+from ...abc import (
+    Capabilities,
+    Claim,
+    ClaimBackend,
+    Finding,
+    Inventory,
+    JobPolicy,
+    RunRecord,
+    Slot,
+)
 from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms, claim_margin
 from .._keywords import own_options, parameter_names, refuse_unknown
 from .._lease import check_max_clock_skew
+from . import _ops
 from ._base import (
     BACKEND,
     Translated,
@@ -43,6 +53,8 @@ if TYPE_CHECKING:
     from nats.js.api import PubAck
 
 __all__ = ["NATSBackend"]
+
+T = TypeVar("T")
 
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _MSG_ID = "Nats-Msg-Id"
@@ -138,13 +150,7 @@ class NATSBackend(ClaimBackend):
         self._claim_timeout = positive_duration(
             claim_timeout, option="claim_timeout", backend=BACKEND
         )
-        if not _PREFIX_RE.fullmatch(prefix):
-            raise ConfigurationError(
-                f"prefix {prefix!r} must be 1-64 letters, digits, '_' or '-' "
-                "(it names streams and subjects)",
-                option="prefix",
-                backend=BACKEND,
-            )
+        self._check_prefix(prefix)
         if type(replicas) is not int or not 1 <= replicas <= 5:
             raise ConfigurationError(
                 f"replicas {replicas!r} must be an integer from 1 to 5",
@@ -174,6 +180,17 @@ class NATSBackend(ClaimBackend):
         self._token_base = secrets.token_hex(6)
         self._token_seq = itertools.count()
         self._claim_subjects: dict[str, str] = {}  # job -> subject, validated once
+
+    @staticmethod
+    def _check_prefix(prefix: str) -> str:
+        if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
+            raise ConfigurationError(
+                f"prefix {prefix!r} must be 1-64 letters, digits, '_' or '-' "
+                "(it names streams and subjects)",
+                option="prefix",
+                backend=BACKEND,
+            )
+        return prefix
 
     def _new_streams(self) -> Streams:
         return Streams(
@@ -295,6 +312,47 @@ class NATSBackend(ClaimBackend):
         if self._nc is None or self._js is None:
             raise BackendUnavailableError(f"{BACKEND} is not started (call start() first)")
         return self._nc, self._js
+
+    # -- operations (brokersched purge, doctor) ---------------------------------------------
+
+    async def inventory(
+        self,
+        *,
+        namespace: str | None = None,
+        jobs: Sequence[str] = (),
+        slots: Sequence[Slot] = (),
+    ) -> Inventory:
+        """The prefix's streams (claims, history). Live: a message stored in the last
+        minute (a claim, the fleet's record, a run)."""
+        names = self._names if namespace is None else Names(self._check_prefix(namespace))
+        return await self._operation("list its streams", _ops.inventory, names)
+
+    async def purge(self, inventory: Inventory) -> Inventory:
+        return await self._operation("delete its streams", _ops.purge, inventory)
+
+    async def doctor(self) -> list[Finding]:
+        async def check(js: JetStreamContext, nc: NATSClient) -> list[Finding]:
+            version = nc.connected_server_version
+            shown = None if version is None else f"{version.major}.{version.minor}.{version.patch}"
+            return await _ops.doctor(js, shown, self._names, self._slot_ttl, self._replicas)
+
+        return await self._operation("check its streams", check, with_client=True)
+
+    async def _operation(
+        self,
+        action: str,
+        call: Callable[..., Awaitable[T]],
+        *args: Any,
+        with_client: bool = False,
+    ) -> T:
+        """``call(js, *args)`` (``call(js, nc)``) on a connection of its own."""
+        nc = await self._connect(import_nats(), cancel_requests())
+        try:
+            js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
+            with Translated(action, secrets=self._secrets):
+                return await (call(js, nc) if with_client else call(js, *args))
+        finally:
+            await to_the_end(self._close_client(nc))
 
     async def prepare(self, jobs: Sequence[JobPolicy]) -> None:
         if jobs:

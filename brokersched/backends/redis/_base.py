@@ -34,7 +34,7 @@ from ..._exceptions import (
     BrokerschedError,
     ConfigurationError,
 )
-from ...abc import JobPolicy, RunRecord, Slot
+from ...abc import Finding, JobPolicy, RunRecord, Slot
 from .._keywords import parameter_names, refuse_unknown
 from . import _scripts
 
@@ -65,6 +65,11 @@ _POLICY_CONFIG = ("CONFIG", "GET", "maxmemory-policy")
 # still tells the policy.
 _POLICY_SOURCES = (_POLICY_CONFIG, ("INFO", "memory"))
 _POLICY_RECHECK_MS = 60_000
+_NO_AOF_CONSEQUENCE = (
+    "if it restarts it forgets the slots claimed and the leases held, and an instance that is "
+    "late can run a slot that already ran"
+)
+_NO_AOF_FIX = "set appendonly yes (appendfsync always or everysec) on the server"
 
 
 def _client_keywords(cluster: bool) -> Callable[[], set[str]]:
@@ -249,7 +254,98 @@ class RedisConnection:
         self._policy_due_ms = clock.monotonic_ms() + _POLICY_RECHECK_MS
         logger.debug("%s connected to %s", self.backend, self.redacted)
 
-    def _make_client(self) -> Any:
+    def namespace(self, namespace: str | None) -> str:
+        """``namespace`` checked as a prefix (``brokersched purge --prefix``), or this one's."""
+        return self.prefix if namespace is None else _check_prefix(namespace, self.backend)
+
+    @property
+    def client_name(self) -> str:
+        """The name of this backend's connections (``CLIENT LIST``): ``brokersched:<prefix>``,
+        how ``brokersched purge`` sees that an instance of the prefix runs."""
+        return f"brokersched:{self.prefix}"
+
+    async def operate(self, action: str, call: Callable[[Any], Awaitable[T]]) -> T:
+        """``call(client)`` on a client of its own, named ``brokersched-ops`` (``brokersched
+        purge`` and ``doctor``: the backend need not be started, and no check refuses)."""
+        client = self._make_client(name="brokersched-ops")
+        try:
+            with self.translate(action):
+                async with asyncio.timeout(_OPERATION_TIMEOUT_S * 6):
+                    if self.cluster:
+                        await client.initialize()
+                    return await call(client)
+        finally:
+            await _close_quietly(client)
+
+    async def server_findings(self, client: Any) -> list[Finding]:
+        """The checks ``open()`` makes (persistence, eviction policy), as findings."""
+        from redis.exceptions import ResponseError
+
+        findings: list[Finding] = []
+        try:
+            values = [value for _, value in await self._on_primaries(client, *_APPENDONLY)]
+        except ResponseError as exc:
+            findings.append(
+                Finding(
+                    "warning",
+                    "persistence",
+                    f"CONFIG GET appendonly was refused ({self._describe(exc)})",
+                    "if the server keeps no append-only file, a restart forgets the claims "
+                    "and leases and a slot can run twice",
+                    "make sure the server runs with appendonly yes",
+                )
+            )
+        else:
+            if all(_setting(value, "appendonly") == "yes" for value in values):
+                findings.append(Finding("ok", "persistence", "appendonly yes"))
+            else:
+                findings.append(
+                    Finding(
+                        "error",
+                        "persistence",
+                        f"{self.redacted} has no append-only file (appendonly no)",
+                        _NO_AOF_CONSEQUENCE,
+                        _NO_AOF_FIX,
+                    )
+                )
+        findings.append(await self._eviction_finding(client))
+        return findings
+
+    async def _eviction_finding(self, client: Any) -> Finding:
+        from redis.exceptions import ResponseError
+
+        refusals: list[str] = []
+        for source in _POLICY_SOURCES:
+            try:
+                policies = await self._read_policies(client, source)
+            except ResponseError as exc:
+                refusals.append(f"{' '.join(source)}: {self._describe(exc)}")
+                continue
+            evicting = _evicting(policies)
+            if evicting:
+                message = self._eviction_message(evicting)
+                found, _, rest = message.partition("): ")
+                consequence, _, fix = rest.partition("; set ")
+                return Finding("error", "maxmemory-policy", f"{found})", consequence, f"set {fix}")
+            if all(policy is not None for _, policy in policies):
+                return Finding("ok", "maxmemory-policy", "noeviction")
+            refusals.append(f"{' '.join(source)} gave no policy")
+        return Finding(
+            "warning",
+            "maxmemory-policy",
+            f"the eviction policy could not be read ({'; '.join(refusals)})",
+            "with a policy other than noeviction, Redis can evict claims and leases under "
+            "memory pressure and a slot runs twice",
+            "make sure maxmemory-policy is noeviction",
+        )
+
+    def _persistence_message(self) -> str:
+        return (
+            f"{self.backend}: {self.redacted} has no append-only file (appendonly no): "
+            f"{_NO_AOF_CONSEQUENCE}; {_NO_AOF_FIX}"
+        )
+
+    def _make_client(self, name: str | None = None) -> Any:
         try:
             import redis.asyncio
             from redis.asyncio.cluster import RedisCluster
@@ -261,7 +357,7 @@ class RedisConnection:
             ) from exc
         options: dict[str, Any] = {
             "socket_connect_timeout": _CONNECT_TIMEOUT_S,
-            "client_name": "brokersched",
+            "client_name": name or self.client_name,
             **self._options,
             "retry": Retry(NoBackoff(), 0),  # never resend a command: see the class docstring
             "decode_responses": False,  # the scripts' answers and the history are bytes
@@ -312,12 +408,7 @@ class RedisConnection:
             return
         if all(_setting(value, "appendonly") == "yes" for value in values):
             return
-        message = (
-            f"{self.backend}: {self.redacted} has no append-only file (appendonly no): if it "
-            "restarts it forgets the slots claimed and the leases held, and an instance that "
-            "is late can run a slot that already ran; set appendonly yes (appendfsync always "
-            "or everysec) on the server"
-        )
+        message = self._persistence_message()
         if self.require_persistence:
             raise ConfigurationError(
                 message + ", or set require_persistence=False",

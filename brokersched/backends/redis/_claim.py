@@ -38,7 +38,16 @@ from typing import Any
 from ..._clock import Clock
 from ..._durations import Duration, format_duration, positive_duration, to_ms
 from ..._exceptions import BackendError
-from ...abc import Capabilities, Claim, ClaimBackend, JobPolicy, RunRecord, Slot
+from ...abc import (
+    Capabilities,
+    Claim,
+    ClaimBackend,
+    Finding,
+    Inventory,
+    JobPolicy,
+    RunRecord,
+    Slot,
+)
 from .._claims import (
     BOOT_MEMORY,
     DEFAULT_CLAIM_SKEW,
@@ -48,6 +57,7 @@ from .._claims import (
 )
 from .._keywords import own_options
 from .._lease import check_max_clock_skew
+from . import _ops
 from ._base import RedisConnection, check_client_options, claim_key
 
 __all__ = ["RedisBackend", "slot_memory_key"]
@@ -171,6 +181,26 @@ class RedisBackend(ClaimBackend):
         await self._redis.close()
         self._memory = None
         self._read_sent_ms = -(2**63)
+
+    # -- operations (brokersched purge, doctor) ---------------------------------------------
+
+    async def inventory(
+        self,
+        *,
+        namespace: str | None = None,
+        jobs: Sequence[str] = (),
+        slots: Sequence[Slot] = (),
+    ) -> Inventory:
+        """Every key of the prefix (``SCAN``, every primary of a cluster). Live: a claim of a
+        slot of the last minute, a lease live in the last minute, a run recorded in the last
+        minute, a connection named ``brokersched:<prefix>``."""
+        return await _ops.run_inventory(self._redis, namespace)
+
+    async def purge(self, inventory: Inventory) -> Inventory:
+        return await _ops.run_purge(self._redis, inventory)
+
+    async def doctor(self) -> list[Finding]:
+        return await _ops.run_doctor(self._redis, slot_memory_key(self.prefix), self._slot_ttl)
 
     async def _raise_memory(self) -> FleetMemory:
         """Make the record, or raise it to this instance's slot_ttl; the record as it is

@@ -10,7 +10,17 @@ from typing import Any, Literal, cast
 from ..._clock import Clock
 from ..._durations import Duration, to_ms
 from ..._exceptions import BackendError
-from ...abc import Claim, JobPolicy, Lease, LeaseOutcome, RunReason, RunRecord, Slot
+from ...abc import (
+    Claim,
+    Finding,
+    Inventory,
+    JobPolicy,
+    Lease,
+    LeaseOutcome,
+    RunReason,
+    RunRecord,
+    Slot,
+)
 from .._keywords import own_options
 from .._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
@@ -24,6 +34,7 @@ from .._lease import (
     decide,
     new_token,
 )
+from . import _ops
 from ._base import (
     RedisConnection,
     check_client_options,
@@ -96,6 +107,26 @@ class RedisLeaseBackend(LeaseBackendBase):
 
     async def _close(self) -> None:
         await self._redis.close()
+
+    # -- operations (brokersched purge, doctor) ---------------------------------------------
+
+    async def inventory(
+        self,
+        *,
+        namespace: str | None = None,
+        jobs: Sequence[str] = (),
+        slots: Sequence[Slot] = (),
+    ) -> Inventory:
+        """Every key of the prefix (``SCAN``, every primary of a cluster). Live: a claim of a
+        slot of the last minute, a lease live in the last minute, a run recorded in the last
+        minute, a connection named ``brokersched:<prefix>``."""
+        return await _ops.run_inventory(self._redis, namespace)
+
+    async def purge(self, inventory: Inventory) -> Inventory:
+        return await _ops.run_purge(self._redis, inventory)
+
+    async def doctor(self) -> list[Finding]:
+        return await _ops.run_doctor(self._redis, None, None)
 
     def _keys(self, job: str, *, history: bool = False) -> list[str]:
         keys = [job_key(self.prefix, job), runs_key(self.prefix, job)]
