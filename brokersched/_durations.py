@@ -52,6 +52,10 @@ def _parse(value: Duration, name: str) -> timedelta:
         result = timedelta(seconds=value)
     elif isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
+        if text.startswith("-") and _WHOLE.fullmatch(text[1:]):
+            raise ConfigurationError(
+                f"{name} {value!r} is negative; a duration must be >= 0 (write '{text[1:]}')"
+            )
         if _ZERO.fullmatch(text):
             result = timedelta(0)  # zero needs no unit
         elif not _WHOLE.fullmatch(text):

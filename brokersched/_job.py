@@ -85,6 +85,7 @@ class Run:
     cut: bool = False  # cancelled at an await by an abort
     abandoned: bool = False  # stop() stopped waiting for it
     exception: Exception | None = None  # what the handler raised
+    cancelled: BaseException | None = None  # the cancellation that cut it (where it was)
 
 
 @dataclass(slots=True, eq=False)

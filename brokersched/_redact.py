@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
 from urllib.parse import unquote, unquote_plus
 
 __all__ = [
     "MASK",
+    "MIN_DATA_SECRET",
     "chainable",
     "connection_secrets",
+    "data_secrets",
     "leaks",
     "redact_text",
     "redact_url",
@@ -110,6 +113,29 @@ def connection_secrets(
     found = {secret for url in urls for secret in url_secrets(url)}
     found.update(value for key in keywords if isinstance(value := options.get(key), str) and value)
     return sorted(found, key=lambda form: (-len(form), form))
+
+
+# Shorter strings of a job's data are not masked in errors: they would blank out common words
+# ("eu", "yes") and are no secret worth the name.
+MIN_DATA_SECRET = 4
+
+
+def data_secrets(data: Any) -> list[str]:
+    """Every string in a job's ``data`` (in dicts' values, lists and tuples, nested) of at least
+    ``MIN_DATA_SECRET`` characters, longest first: what ``scrub`` masks in a handler's error or
+    traceback, which may quote it (``KeyError: 'no account for sk-live-...'``)."""
+    found = {text for text in _strings(data) if len(text) >= MIN_DATA_SECRET}
+    return sorted(found, key=lambda text: (-len(text), text))
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list | tuple):
+        return [text for item in value for text in _strings(item)]
+    return []
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:

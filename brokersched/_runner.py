@@ -16,7 +16,9 @@ from ._events import ClaimEvent, Events, RunEvent, SkipEvent, SkipReason, StartE
 from ._exceptions import BackendError, ClockSkewError
 from ._job import AroundRun, JobState, Run, call_sync
 from ._recorder import Recorder
+from ._redact import data_secrets
 from ._tasks import TaskSet
+from ._tracebacks import run_traceback
 from ._tracing import finish_span, run_span
 from .abc import (
     Backend,
@@ -322,11 +324,12 @@ class Runner:
                             await job.handler(ctx)  # type: ignore[misc]
             else:
                 await asyncio.to_thread(call_sync, job.handler, ctx, self.around_run)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if ctx.abort_reason is None:
                 raise  # not ours: the task itself is being cancelled
             run.task.uncancel()
             run.cut = True
+            run.cancelled = exc
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             run.exception = exc
@@ -441,6 +444,7 @@ class Runner:
             finished_at=ms_to_datetime(finished_ms),
             outcome=outcome,
             error=error,
+            traceback=_traceback(run, outcome),
         )
         if record:
             self.recorder.put(job.settings.policy, entry)  # written in the background, in order
@@ -470,7 +474,8 @@ class Runner:
         exception: BaseException | None,
     ) -> None:
         """One line per run; a handler's exception adds its traceback to that line (the history
-        record keeps only the message). The job is named by its name (the record has its key)."""
+        record keeps it redacted and capped). The job is named by its name (the record has its
+        key)."""
         level = logging.INFO if record.outcome == "completed" else logging.WARNING
         if not logger.isEnabledFor(level):
             return
@@ -921,3 +926,14 @@ class _Renewer:
         self._cancelled = True
         self._timer.cancel()
         self._deadline = self._cancel(self._deadline)
+
+
+def _traceback(run: Run, outcome: Outcome) -> str | None:
+    """What a failed or timed-out run's record keeps of its exception (a timed-out async
+    handler: the cancellation, which shows where it was waiting), redacted and capped."""
+    if outcome not in ("failed", "timed-out"):
+        return None
+    exc = run.exception or (run.cancelled if outcome == "timed-out" else None)
+    if exc is None:
+        return None  # a sync handler that is still running in its thread
+    return run_traceback(exc, data_secrets(run.ctx.data))

@@ -22,8 +22,8 @@ from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeAlias, TypeVar, Unpack, overload
 
 from . import _boot, _runner
-from ._clock import Clock, SystemClock, Timer, ms_to_datetime
-from ._durations import Duration, parse_duration, to_ms
+from ._clock import Clock, SystemClock, Timer, datetime_to_ms, ms_to_datetime
+from ._durations import Duration, format_duration, parse_duration, to_ms
 from ._events import (
     ClaimEvent,
     EventName,
@@ -75,7 +75,7 @@ from .triggers.base import Trigger
 from .triggers.cron import parse_cron
 from .triggers.interval import IntervalTrigger
 
-__all__ = ["Job", "Scheduler", "collect_errors"]
+__all__ = ["Job", "Scheduler", "collect_errors", "past_at"]
 
 B = TypeVar("B", bound=Backend)
 LB = TypeVar("LB", bound=LeaseBackend)
@@ -440,6 +440,8 @@ class Scheduler(Generic[B]):
             state.origin, state.enabled = origin, enabled
             state.overrides = self._overrides.get(name, {})
             job = self._jobs[name] = Job(self, state)
+            if (warning := past_at(job, self.clock.now_ms())) is not None:
+                logger.warning("%s", warning)
             if self._started and not self._stopping:
                 self._spawn(self._prepare_and_arm(state), name=f"brokersched:add:{name}")
             return job
@@ -1273,3 +1275,22 @@ class Job:
 
     def __repr__(self) -> str:
         return f"Job({self.name!r}, {self.describe()})"
+
+
+def past_at(job: Job, now_ms: int) -> str | None:
+    """Why an ``at()`` job will never run: its instant passed more than ``max_late`` ago (a
+    start within ``max_late`` of it still runs it, late). ``None`` for every other job."""
+    schedule = job.schedule
+    if not isinstance(schedule, AtTrigger):
+        return None
+    max_late_ms = job.settings.max_late_ms
+    late_ms = now_ms - datetime_to_ms(schedule.when)
+    if late_ms <= max_late_ms:
+        return None
+    unit_ms = next(ms for ms in (86_400_000, 3_600_000, 60_000, 1000, 1) if late_ms >= ms)
+    ago = format_duration(timedelta(milliseconds=late_ms // unit_ms * unit_ms))
+    late = format_duration(timedelta(milliseconds=max_late_ms))
+    return (
+        f"job '{job.name}': at {schedule.when.isoformat()} passed {ago} ago, more than its "
+        f"max_late ({late}): it will never run (give a later time, or trigger it by hand)"
+    )

@@ -126,23 +126,35 @@ class RunRecord:
     finished_at: datetime | None
     outcome: Outcome
     error: str | None = None
+    #: A failed or timed-out run's exception as Python prints it, with its cause chain (a
+    #: timed-out async handler: where it was cut), passwords, URLs' secrets and the job's
+    #: data masked, at most 4 KiB (its end kept: the innermost frames and the exception line,
+    #: after a line saying what was cut). ``None`` for a run that did not fail, and in records
+    #: written by earlier releases.
+    traceback: str | None = None
 
     def to_json(self) -> str:
-        """The record as JSON (datetimes in ISO 8601); never pickled."""
+        """The record as JSON (datetimes in ISO 8601); never pickled. ``traceback`` only when
+        there is one: the records of runs that did not fail read as before in earlier
+        releases."""
         # Field by field: ``dataclasses.asdict`` deep-copies each value first, which cost more
         # than the rest of recording a run.
         data: dict[str, Any] = {name: getattr(self, name) for name in _RECORD_FIELDS}
         data["started_at"] = self.started_at.isoformat()
         data["finished_at"] = self.finished_at.isoformat() if self.finished_at else None
+        if data["traceback"] is None:
+            del data["traceback"]
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RunRecord:
+        """A record from ``to_json``, of this release or an earlier one (no ``traceback``);
+        keys a later release may add are ignored."""
         data = json.loads(text)
         data["started_at"] = datetime.fromisoformat(data["started_at"])
         if data["finished_at"] is not None:
             data["finished_at"] = datetime.fromisoformat(data["finished_at"])
-        return cls(**data)
+        return cls(**{name: data[name] for name in _RECORD_FIELDS if name in data})
 
 
 _RECORD_FIELDS = tuple(field.name for field in fields(RunRecord))

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard, TypeVar
 
 import click
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -41,8 +42,8 @@ from ._events import SkipEvent
 from ._exceptions import BackendError, BackendUnavailableError, BrokerschedError, ConfigurationError
 from ._logging import LogFormat, configure_logging
 from ._overrides import cli_override
-from ._redact import redact_text
-from ._scheduler import Job, Scheduler, collect_errors
+from ._redact import MASK, data_secrets, redact_text, scrub
+from ._scheduler import Job, Scheduler, collect_errors, past_at
 from ._timezones import parse_timezone, timezone_name
 from .abc import Backend, Finding, Inventory, RunRecord, Slot
 from .triggers.base import Trigger
@@ -138,6 +139,12 @@ def load_scheduler(spec: str) -> Scheduler[Any]:
                 raise CLIError(
                     f"{shown} has no attribute '{attribute}'{_schedulers_in(module)}"
                 ) from None
+        if isinstance(found, type) and issubclass(found, Scheduler):
+            # Called as a factory it would make a new, empty scheduler: 0 jobs, silently.
+            raise CLIError(
+                f"'{spec}' is the class {found.__name__}, not the Scheduler object your jobs "
+                f"are registered on{_schedulers_in(module)}; {_HOW}"
+            )
         if not _is_scheduler(found) and callable(found):
             found = _call_factory(found, spec)
     if not _is_scheduler(found):
@@ -407,7 +414,7 @@ def run(
         scheduler.enabled = False
     metrics = (metrics_host, metrics_port) if metrics_port is not None else None
     web = _admin_server(scheduler, http) if http is not None else None
-    _run_async(_serve(scheduler, metrics, web))
+    _run_async(_serve(scheduler, metrics, web, app))
 
 
 def _admin_server(scheduler: Scheduler[Any], address: str) -> HTTPServer:
@@ -431,7 +438,10 @@ async def _start_admin(web: HTTPServer) -> None:
 
 
 async def _serve(
-    scheduler: Scheduler[Any], metrics: tuple[str, int] | None, web: HTTPServer | None = None
+    scheduler: Scheduler[Any],
+    metrics: tuple[str, int] | None,
+    web: HTTPServer | None = None,
+    app: str = "the application",
 ) -> None:
     stop = asyncio.Event()
 
@@ -451,7 +461,7 @@ async def _serve(
         if web is not None:
             await _start_admin(web)
         await scheduler.start()
-        _log_started(scheduler)
+        _log_started(scheduler, app)
         stopped = asyncio.ensure_future(scheduler.wait_stopped())
         requested = asyncio.ensure_future(stop.wait())
         await asyncio.wait({stopped, requested}, return_when=asyncio.FIRST_COMPLETED)
@@ -492,9 +502,16 @@ def _running(scheduler: Scheduler[Any]) -> int:
     return sum(job.is_running for job in scheduler.jobs())
 
 
-def _log_started(scheduler: Scheduler[Any]) -> None:
+def _log_started(scheduler: Scheduler[Any], app: str) -> None:
     backend = _backend(scheduler)
     jobs = scheduler.jobs()
+    if not jobs:
+        logger.warning(
+            "%s registers no jobs: nothing will run (are the jobs registered on another "
+            "Scheduler, or in a module %s does not import?)",
+            app,
+            app.rpartition(":")[0],
+        )
     logger.info(
         "started %d job(s) on %s as instance %s%s",
         len(jobs),
@@ -537,14 +554,23 @@ def _serve_metrics(scheduler: Scheduler[Any], host: str, port: int) -> WSGIServe
 @cli.command(epilog=EPILOG)
 @click.argument("app", metavar="APP")
 @click.option("-n", "count", type=click.IntRange(0, 100), default=3, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per job and line.")
 @_override_option
-def jobs(app: str, count: int, overrides: tuple[str, ...]) -> None:
+def jobs(app: str, count: int, as_json: bool, overrides: tuple[str, ...]) -> None:
     """List the jobs, their keys, schedules, non-default options, overrides, whether they are
     enabled, and their next runs (no connection)."""
     scheduler = _load(app, overrides)
+    if as_json:
+        for job in scheduler.jobs():
+            click.echo(json.dumps(_job_json(scheduler, job, count), separators=(",", ":")))
+        return
     title = f"{app} on {_backend(scheduler)}"
     if not scheduler.enabled:
         title += " (scheduling disabled: jobs run on trigger only)"
+    console = _console()
+    if console.width < _WIDE:
+        console.print(_narrow_jobs(scheduler, title, count))
+        return
     table = Table(title=title, title_justify="left")
     columns = ("name", "key", "kind", "schedule", "zone", "options", "overrides", "enabled")
     for column in (*columns, f"next {count} runs"):
@@ -565,7 +591,77 @@ def jobs(app: str, count: int, overrides: tuple[str, ...]) -> None:
             "yes" if enabled else "no",
             runs,
         )
-    _console().print(table)
+    console.print(table)
+
+
+# Below this many columns (an 80-column terminal), tables drop or merge their less important
+# columns; piped output is 200 wide and keeps them all (see _console).
+_WIDE = 120
+
+
+def _narrow_jobs(scheduler: Scheduler[Any], title: str, count: int) -> Table:
+    """The jobs in four columns: the key under the name when it differs, the zone in the
+    schedule, the overrides with the options, "disabled" instead of the next runs."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("name", overflow="fold", ratio=2)
+    table.add_column("schedule", overflow="fold", ratio=3)
+    table.add_column("options", overflow="fold", ratio=3)
+    table.add_column(f"next {count} runs", no_wrap=True)
+    for job in scheduler.jobs():
+        zone = _zone(job.schedule)
+        name = job.name if job.key == job.name else f"{job.name}\n(key {job.key})"
+        schedule = job.describe()
+        if timezone_name(zone) not in schedule and zone is not UTC:
+            schedule += f"\n{timezone_name(zone)}"
+        options = _options(job)
+        if job.overrides:
+            overridden = [f"override {line}" for line in _shown_overrides(job).splitlines()]
+            options = "\n".join(([] if options == "-" else [options]) + overridden)
+        enabled = job.enabled and scheduler.enabled
+        runs = "\n".join(_when(when, zone) for when in job.next_runs(count)) if enabled else ""
+        table.add_row(
+            name, schedule, redact_text(options), runs or ("-" if enabled else "disabled")
+        )
+    return table
+
+
+def _iso(value: datetime) -> str:
+    """ISO 8601 in UTC with milliseconds and ``Z``, as the admin API writes times."""
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _job_json(scheduler: Scheduler[Any], job: Job, count: int) -> dict[str, Any]:
+    """A job as ``jobs --json`` prints it; every key always there. ``data`` is only said to be
+    there (``"***"``), as in the admin API."""
+    zone = _zone(job.schedule)
+    enabled = job.enabled and scheduler.enabled
+    options: dict[str, Any] = {}
+    for name in sorted(job.options.model_fields_set - {"timezone", "offset", "key"}):
+        value = getattr(job.options, name)
+        if name == "data":
+            value = MASK
+        elif isinstance(value, timedelta):
+            value = format_duration(value)
+        elif isinstance(value, datetime):
+            value = _iso(value)
+        elif not isinstance(value, str | int | float | bool | None):
+            value = str(value)
+        options[name] = value
+    overrides = {
+        name: value if isinstance(value, str | int | float | bool | None) else str(value)
+        for name, value in job.overrides.items()
+    }
+    return {
+        "name": job.name,
+        "key": job.key,
+        "kind": job.kind,
+        "schedule": job.describe(),
+        "zone": timezone_name(zone),
+        "options": json.loads(redact_text(json.dumps(options))),
+        "overrides": json.loads(redact_text(json.dumps(overrides, default=str))),
+        "enabled": enabled,
+        "next_runs": [_iso(when) for when in job.next_runs(count)] if enabled else [],
+    }
 
 
 def _shown_overrides(job: Job) -> str:
@@ -599,6 +695,7 @@ def _options(job: Job) -> str:
 @click.option("--after", help="ISO 8601 instant to start from (default: now); naive = --timezone.")
 @click.option("--every", help="Preview an interval instead of a cron expression, e.g. 6h.")
 @click.option("--offset", help="With --every: shift the grid, e.g. 1m.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per run and line.")
 def next_(
     expression: str | None,
     zone_name: str,
@@ -606,6 +703,7 @@ def next_(
     after: str | None,
     every: str | None,
     offset: str | None,
+    as_json: bool,
 ) -> None:
     """Preview a schedule: a cron EXPRESSION in --timezone, or --every INTERVAL."""
     try:
@@ -614,6 +712,18 @@ def next_(
         start = _parse_after(after, zone)
     except ConfigurationError as exc:
         raise CLIError(str(exc)) from None
+    if as_json:
+        for number, when in enumerate(trigger.next_runs(count, start), 1):
+            local = when.astimezone(zone)
+            row = {
+                "n": number,
+                "local": local.isoformat(timespec="milliseconds"),
+                "zone": timezone_name(zone),
+                "utc_offset": _offset(local),
+                "utc": _iso(when),
+            }
+            click.echo(json.dumps(row, separators=(",", ":")))
+        return
     table = Table(title=trigger.describe(), title_justify="left")
     table.add_column("#", justify="right")
     table.add_column(f"local ({timezone_name(zone)})")
@@ -660,31 +770,70 @@ def _offset(local: datetime) -> str:
 
 @cli.command(epilog=EPILOG)
 @click.argument("app", metavar="APP")
-@click.argument("job_name", metavar="JOB")
-@click.option("-n", "limit", type=click.IntRange(1, 10_000), default=20, show_default=True)
+@click.argument("job_name", metavar="[JOB]", required=False)
+@click.option(
+    "-n", "--limit", "limit", type=click.IntRange(1, 10_000), default=20, show_default=True
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON record per line.")
+@click.option(
+    "--traceback",
+    "tracebacks",
+    is_flag=True,
+    help="After the table, the traceback of each failed or timed-out run.",
+)
 @_override_option
-def history(app: str, job_name: str, limit: int, as_json: bool, overrides: tuple[str, ...]) -> None:
-    """Show the recorded runs of JOB (kept under its key), newest first."""
+def history(
+    app: str,
+    job_name: str | None,
+    limit: int,
+    as_json: bool,
+    tracebacks: bool,
+    overrides: tuple[str, ...],
+) -> None:
+    """Show the recorded runs of JOB (kept under its key), newest first; without JOB, the
+    latest runs of every job, merged."""
     configure_logging("text", "WARNING", quiet_clients=True)
     scheduler = _load(app, overrides)
-    job = _job(scheduler, job_name, app)
-    records = _run_async(_read_history(scheduler, job, limit))
+    chosen = [_job(scheduler, job_name, app)] if job_name is not None else scheduler.jobs()
+    records = _run_async(_read_histories(scheduler, chosen, limit))
+    by_key = {job.key: job for job in chosen}
     if as_json:
         for record in records:
-            click.echo(record.to_json())
+            row = _record_json(record, by_key.get(record.job))
+            click.echo(json.dumps(row, separators=(",", ":")))
         return
     if not records:
-        click.echo(f"no runs recorded for job '{job.name}'")
+        whose = f"job '{chosen[0].name}'" if job_name is not None else f"any job of {app}"
+        click.echo(f"no runs recorded for {whose}")
         return
-    table = Table(title=f"{job.name}: last {len(records)} runs", title_justify="left")
-    for column in ("started (UTC)", "slot (UTC)", "outcome", "duration", "reason", "attempt"):
+    if job_name is not None:
+        title = f"{chosen[0].name}: last {len(records)} runs"
+    else:
+        title = f"{app}: last {len(records)} runs of {len(chosen)} jobs"
+    console = _console()
+    every_job = job_name is None
+    if console.width < _WIDE:
+        console.print(_narrow_history(records, by_key, title, every_job=every_job))
+    else:
+        console.print(_wide_history(records, by_key, title, every_job=every_job))
+    if tracebacks:
+        _print_tracebacks(console, records, by_key)
+
+
+def _wide_history(
+    records: list[RunRecord], by_key: dict[str, Job], title: str, *, every_job: bool
+) -> Table:
+    table = Table(title=title, title_justify="left")
+    columns = ["started (UTC)", "slot (UTC)", "outcome", "duration", "reason", "attempt"]
+    if every_job:
+        columns.insert(1, "job")
+    for column in columns:
         table.add_column(column)
     for column in ("instance", "run id", "error"):
         table.add_column(column, overflow="fold")
     for record in records:
         style = _OUTCOME_STYLE.get(record.outcome, "magenta")
-        table.add_row(
+        cells = [
             _utc(record.started_at),
             _utc(ms_to_datetime(record.slot_ms)),
             f"[{style}]{record.outcome}[/]",
@@ -693,17 +842,112 @@ def history(app: str, job_name: str, limit: int, as_json: bool, overrides: tuple
             str(record.attempt),
             record.instance_id,
             record.run_id,
-            record.error or "",
-        )
-    _console().print(table)
+            _shown(record.error, by_key.get(record.job)),
+        ]
+        if every_job:
+            cells.insert(1, _job_name(record, by_key))
+        table.add_row(*cells)
+    return table
 
 
-async def _read_history(scheduler: Scheduler[Any], job: Job, limit: int) -> list[RunRecord]:
+def _narrow_history(
+    records: list[RunRecord], by_key: dict[str, Job], title: str, *, every_job: bool
+) -> Table:
+    """The runs for an 80-column terminal: the slot, instance and run id are left out (they
+    are in ``--json``, and the run id heads its ``--traceback``), the year too; the reason is
+    said only when it is not the schedule, with the attempt after the first."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("started UTC", no_wrap=True)
+    if every_job:
+        table.add_column("job", overflow="fold", min_width=10, ratio=1)
+    table.add_column("outcome", no_wrap=True)
+    table.add_column("took", no_wrap=True, justify="right")
+    table.add_column("why", no_wrap=True)
+    table.add_column("error", overflow="fold", min_width=20, ratio=2)
+    for record in records:
+        style = _OUTCOME_STYLE.get(record.outcome, "magenta")
+        why: str = "" if record.reason == "schedule" else record.reason
+        if record.attempt > 1:
+            why = f"{why} #{record.attempt}".strip()
+        cells = [
+            record.started_at.astimezone(UTC).strftime("%m-%d %H:%M:%S"),
+            f"[{style}]{record.outcome}[/]",
+            _duration_of(record),
+            why,
+            _shown(record.error, by_key.get(record.job)),
+        ]
+        if every_job:
+            cells.insert(1, _job_name(record, by_key))
+        table.add_row(*cells)
+    return table
+
+
+def _job_name(record: RunRecord, by_key: dict[str, Job]) -> str:
+    job = by_key.get(record.job)
+    return job.name if job is not None else record.job
+
+
+def _record_json(record: RunRecord, job: Job | None) -> dict[str, Any]:
+    """A run as ``history --json`` prints it, with the admin API's keys; every key always
+    there, times in ISO 8601 UTC."""
+    finished = record.finished_at
+    return {
+        "job": record.job,
+        "slot_ms": record.slot_ms,
+        "slot": _iso(ms_to_datetime(record.slot_ms)),
+        "run_id": record.run_id,
+        "instance_id": record.instance_id,
+        "reason": record.reason,
+        "attempt": record.attempt,
+        "started_at": _iso(record.started_at),
+        "finished_at": _iso(finished) if finished is not None else None,
+        "duration_ms": (
+            (finished - record.started_at) // timedelta(milliseconds=1) if finished else None
+        ),
+        "late_ms": (record.started_at - ms_to_datetime(record.slot_ms))
+        // timedelta(milliseconds=1),
+        "outcome": record.outcome,
+        "error": _shown(record.error, job) or None,
+        "traceback": _shown(record.traceback, job) or None,
+    }
+
+
+async def _read_histories(
+    scheduler: Scheduler[Any], chosen: list[Job], limit: int
+) -> list[RunRecord]:
+    """The newest ``limit`` runs of the ``chosen`` jobs, newest first."""
     await scheduler.backend.start(scheduler.clock)
     try:
-        return await job.history(limit)
+        histories = [await job.history(limit) for job in chosen]
     finally:
         await scheduler.backend.stop()
+    if len(histories) == 1:
+        return histories[0]
+    merged = [record for records in histories for record in records]
+    merged.sort(key=lambda record: record.started_at, reverse=True)
+    return merged[:limit]
+
+
+def _shown(text: str | None, job: Job | None) -> str:
+    """An error or a traceback as the CLI shows it: URLs' passwords, ``password=`` values and
+    the job's data masked (the runner masked them when it wrote the record; an earlier release
+    or another backend may not have)."""
+    if not text:
+        return ""
+    return scrub(redact_text(text), data_secrets(job.settings.data if job else None))
+
+
+def _print_tracebacks(console: Console, records: list[RunRecord], by_key: dict[str, Job]) -> None:
+    failed = [record for record in records if record.traceback]
+    if not failed:
+        console.print("no tracebacks in these runs", markup=False)
+    for record in failed:
+        console.print()
+        heading = f"{record.outcome} run {record.run_id} of {record.job}"
+        console.print(f"{heading}, started {_utc(record.started_at)}:", markup=False)
+        # Printed as is (no markup, no highlighting), folded to the terminal's width.
+        text = _shown(record.traceback, by_key.get(record.job))
+        console.print(text, markup=False, overflow="fold")
 
 
 @cli.command(epilog=EPILOG)
@@ -759,12 +1003,18 @@ async def _trigger(scheduler: Scheduler[Any], job: Job) -> tuple[RunRecord | Non
 def check(app: str, overrides: tuple[str, ...]) -> None:
     """Report every configuration error of the application's jobs and overrides (no
     connection)."""
+    # What registration logs (a past at()) is printed below as a warning, with the others.
+    configure_logging("text", "ERROR", quiet_clients=True)
     try:
         with collect_errors() as collected:
             scheduler = _load(app, overrides, collect=True)
     except AppConfigurationError as exc:
         for error in [*collected, *exc.error.all_errors]:
             click.echo(redact_text(f"error: {error}"), err=True)
+        if exc.error.job is None:  # a backend's or the scheduler's own options, not a job
+            _fail(
+                f"{app} could not be loaded, so its jobs were not checked; fix it and check again"
+            )
         _fail(
             "registration stopped at this job, so the jobs after it were not checked; "
             "fix it and run check again"
@@ -774,10 +1024,19 @@ def check(app: str, overrides: tuple[str, ...]) -> None:
         click.echo(redact_text(f"error: {error}"), err=True)
     if errors:
         _fail(f"{len(errors)} configuration error{'s' if len(errors) > 1 else ''}")
+    for warning in _warnings(scheduler):
+        click.echo(redact_text(f"warning: {warning}"), err=True)
     count = len(scheduler.jobs())
     if count == 0:
         click.echo(f"warning: {app} registers no jobs", err=True)
     click.echo(f"{count} job{'' if count == 1 else 's'} OK")
+
+
+def _warnings(scheduler: Scheduler[Any]) -> list[str]:
+    """What will not work as the application may think, though it is no error: an ``at()``
+    job whose instant passed more than ``max_late`` ago never runs."""
+    now_ms = scheduler.clock.now_ms()
+    return [text for job in scheduler.jobs() if (text := past_at(job, now_ms)) is not None]
 
 
 # -- operations: purge and doctor -------------------------------------------------------------

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import signal
 from collections import Counter, defaultdict
 
 from brokersched import JobContext, MemoryBackend, RunEvent, Scheduler
@@ -43,12 +45,22 @@ def build_instance(name: str, store: MemoryStore) -> Scheduler[MemoryBackend]:
 async def main(seconds: float) -> int:
     store = MemoryStore()  # what a shared database would be to three processes
     fleet = [build_instance(f"instance-{n}", store) for n in (1, 2, 3)]
-    print(f"three instances, same jobs, {seconds:g} s of real time:")
-    for scheduler in fleet:
-        await scheduler.start()
-    await asyncio.sleep(seconds)
-    for scheduler in fleet:
-        await scheduler.stop()
+    print(f"three instances, same jobs, {seconds:g} s of real time (Ctrl-C stops it early):")
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # Ctrl-C ends the wait, then the fleet stops as at the end (runs finish, nothing is left
+    # running); a second Ctrl-C during the stop interrupts for good.
+    with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows' loop
+        loop.add_signal_handler(signal.SIGINT, interrupted.set)
+    async with contextlib.AsyncExitStack() as fleet_running:
+        for scheduler in fleet:
+            await fleet_running.enter_async_context(scheduler)  # stopped in reverse at the end
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(interrupted.wait(), seconds)
+        if interrupted.is_set():
+            print("\ninterrupted: stopping the fleet")
+        with contextlib.suppress(NotImplementedError):
+            loop.remove_signal_handler(signal.SIGINT)
 
     claimed = {key: who for key, who in runs.items() if not key.startswith("cache.refresh")}
     twice = {key: who for key, who in claimed.items() if len(who) > 1}

@@ -216,6 +216,7 @@ HOW = "write MODULE:ATTR (app:scheduler) or path/to/file.py:ATTR (./app.py:sched
         ("tests.cli_apps.odd:answer", "is of type int, not a brokersched.Scheduler"),
         ("tests.cli_apps.odd:needs_settings", "odd:needs_settings' needs arguments"),
         ("tests.cli_apps.odd:broken_factory", "jitter 'soon' is not a duration"),
+        ("tests.cli_apps.odd:Scheduler", "is the class Scheduler, not the Scheduler object"),
     ],
 )
 def test_loading_mistakes_are_one_line(spec: str, message: str) -> None:
@@ -333,6 +334,27 @@ def test_trigger_and_history_on_sqlite(sqlite_env: dict[str, str]) -> None:
     # Only the triggered job ran: the others stayed paused while the scheduler was up.
     none = brokersched("history", SQLITE_APP, "flaky", env=sqlite_env)
     assert none.stdout.strip() == "no runs recorded for job 'flaky'"
+
+
+@pytest.mark.slow
+def test_history_shows_a_failed_runs_traceback(sqlite_env: dict[str, str]) -> None:
+    assert brokersched("trigger", SQLITE_APP, "boom", env=sqlite_env).returncode == 1
+    shown = brokersched("history", SQLITE_APP, "boom", "--traceback", env=sqlite_env)
+    assert shown.returncode == 0, shown.stderr
+    table, _, tracebacks = shown.stdout.partition("failed run ")
+    assert "ValueError: boom: the handler failed" in table
+    assert "Traceback (most recent call last):" in tracebacks
+    assert 'raise ValueError("boom: the handler failed")' in tracebacks
+    assert tracebacks.rstrip().endswith("ValueError: boom: the handler failed")
+    (record,) = [
+        json.loads(line)
+        for line in brokersched(
+            "history", SQLITE_APP, "boom", "--json", env=sqlite_env
+        ).stdout.splitlines()
+    ]
+    assert record["traceback"].startswith("Traceback (most recent call last):")
+    plain = brokersched("history", SQLITE_APP, "boom", env=sqlite_env).stdout
+    assert "Traceback" not in plain  # only with --traceback
 
 
 def test_unknown_job_is_a_usage_error(sqlite_env: dict[str, str]) -> None:
@@ -598,3 +620,168 @@ def test_the_text_formatter_redacts_too(root_logger: logging.Logger) -> None:
     configure_logging("text", "INFO", stream)
     logging.getLogger("brokersched.test").warning("lost amqp://u:pw@h/")
     assert stream.getvalue().rstrip().endswith("WARNING brokersched.test: lost amqp://u:***@h/")
+
+
+# -- listings: --json, every job's history, 80 columns ---------------------------------------
+
+LISTED_APP = """
+from brokersched import Scheduler, SQLiteBackend
+
+scheduler = Scheduler(SQLiteBackend({path!r}), jitter=0)
+scheduler.every("sync.orders", "1h", lambda ctx: None, timeout="10m")
+scheduler.every("sync.invoices-for-the-accounting-department", "1h", lambda ctx: None)
+scheduler.cron("report", "0 8 * * MON-FRI", lambda ctx: None, timezone="Europe/Paris",
+               data={{"dsn": "postgresql://report:s3cret@db/reports"}}, key="report-v2")
+"""
+
+
+def listed_app(tmp_path: Path) -> str:
+    """An application on SQLite whose history holds runs of three jobs, interleaved."""
+    from datetime import UTC, datetime, timedelta
+
+    from brokersched.abc import RunRecord
+    from brokersched.backends.sqlite import SQLiteBackend
+
+    db = tmp_path / "listed.db"
+    app = tmp_path / f"listed_{uuid.uuid4().hex[:8]}.py"
+    app.write_text(LISTED_APP.format(path=str(db)))
+    start = datetime(2027, 1, 15, 8, 0, tzinfo=UTC)
+
+    def run(job: str, minute: int, outcome: str = "completed") -> RunRecord:
+        at = start + timedelta(minutes=minute)
+        error = "RuntimeError: cannot reach postgresql://report:s3cret@db/reports"
+        return RunRecord(
+            job, int(at.timestamp() * 1000), f"run-{job[:6]}-{minute}", "host-1:42", "schedule",
+            1 if outcome == "completed" else 2, at, at + timedelta(seconds=2), outcome,  # type: ignore[arg-type]
+            error if outcome == "failed" else None,
+        )  # fmt: skip
+
+    async def write() -> None:
+        backend = SQLiteBackend(db)
+        await backend.start(SystemClock())
+        try:
+            for minute, job in enumerate(["sync.orders", "report-v2", "sync.orders"] * 3):
+                outcome = "failed" if job == "report-v2" else "completed"
+                await backend.record(JobPolicy(job), run(job, minute, outcome))
+        finally:
+            await backend.stop()
+
+    asyncio.run(write())
+    return f"{app}:scheduler"
+
+
+def invoke(*args: str, columns: int | None = None) -> str:
+    env = {"COLUMNS": str(columns)} if columns else {}
+    result = CliRunner().invoke(cli, list(args), env=env)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_history_without_a_job_merges_every_jobs_latest_runs(tmp_path: Path) -> None:
+    app = listed_app(tmp_path)
+    lines = invoke("history", app, "--json", "--limit", "4").splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["run_id"] for r in records] == [
+        "run-sync.o-8", "run-report-7", "run-sync.o-6", "run-sync.o-5",
+    ]  # fmt: skip
+    assert all(list(r) == list(records[0]) for r in records)  # the same keys, always
+    assert list(records[0]) == [
+        "job", "slot_ms", "slot", "run_id", "instance_id", "reason", "attempt", "started_at",
+        "finished_at", "duration_ms", "late_ms", "outcome", "error", "traceback",
+    ]  # fmt: skip
+    failed = records[1]
+    assert failed["started_at"] == "2027-01-15T08:07:00.000Z" and failed["duration_ms"] == 2000
+    assert failed["error"] == "RuntimeError: cannot reach postgresql://report:***@db/reports"
+    assert records[0]["error"] is None and records[0]["traceback"] is None
+    table = invoke("history", app, "-n", "3")
+    assert "last 3 runs of 3 jobs" in table and "report" in table
+    empty = invoke("history", app, "sync.invoices-for-the-accounting-department")
+    assert empty.strip() == "no runs recorded for job 'sync.invoices-for-the-accounting-department'"
+    assert invoke("history", app, "sync.invoices-for-the-accounting-department", "--json") == ""
+
+
+def test_jobs_and_next_print_json(tmp_path: Path) -> None:
+    app = listed_app(tmp_path)
+    jobs = [json.loads(line) for line in invoke("jobs", app, "--json", "-n", "2").splitlines()]
+    report = jobs[2]
+    assert report == {
+        "name": "report",
+        "key": "report-v2",
+        "kind": "cron",
+        "schedule": "cron '0 8 * * MON-FRI' (Europe/Paris)",
+        "zone": "Europe/Paris",
+        "options": {"data": "***"},
+        "overrides": {},
+        "enabled": True,
+        "next_runs": report["next_runs"],
+    }
+    assert len(report["next_runs"]) == 2
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT0[67]:00:00\.000Z", t) for t in report["next_runs"])
+    assert jobs[0]["options"] == {"timeout": "10m"}
+    rows = invoke("next", "0 8 * * *", "-z", "Europe/Paris", "--after", "2027-03-27T12:00",
+                  "-n", "2", "--json")  # fmt: skip
+    assert [json.loads(line) for line in rows.splitlines()] == [
+        {"n": 1, "local": "2027-03-28T08:00:00.000+02:00", "zone": "Europe/Paris",
+         "utc_offset": "+02:00", "utc": "2027-03-28T06:00:00.000Z"},
+        {"n": 2, "local": "2027-03-29T08:00:00.000+02:00", "zone": "Europe/Paris",
+         "utc_offset": "+02:00", "utc": "2027-03-29T06:00:00.000Z"},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("jobs", "{app}"),
+        ("history", "{app}"),
+        ("history", "{app}", "report"),
+        ("next", "0 8 * * MON-FRI", "-z", "Europe/Paris"),
+    ],
+)
+def test_listings_fit_80_columns(tmp_path: Path, args: tuple[str, ...]) -> None:
+    app = listed_app(tmp_path)
+    output = invoke(*(arg.format(app=app) for arg in args), columns=80)
+    assert max(len(line.rstrip()) for line in output.splitlines()) <= 80, output
+    words = {"jobs": ("report", "sync.orders"), "next": ("08:00:00",)}.get(args[0], ("failed",))
+    if args == ("history", "{app}"):
+        words = ("report", "sync.orders")
+    for word in words:
+        assert word in output
+    if args[0] == "history":
+        assert "failed" in output and "RuntimeError" in output and "s3cret" not in output
+
+
+# -- the newcomer's messages ------------------------------------------------------------------
+
+
+def test_check_blames_no_job_for_a_backends_error() -> None:
+    result = brokersched("check", "tests.cli_apps.backend_typo:scheduler")
+    assert result.returncode == 1
+    first, last = result.stderr.strip().splitlines()
+    assert first.startswith("error: RabbitMQBackend: unknown keyword 'slot_tll'; did you mean")
+    assert "registration stopped" not in result.stderr and "s3cret" not in result.stderr
+    assert last == (
+        "tests.cli_apps.backend_typo:scheduler could not be loaded, so its jobs were not "
+        "checked; fix it and check again"
+    )
+
+
+def test_check_warns_of_an_at_job_in_the_past() -> None:
+    result = brokersched("check", "tests.cli_apps.past_at:scheduler")
+    assert (result.returncode, result.stdout.strip()) == (0, "1 job OK")
+    assert result.stderr.strip() == (
+        "warning: job 'migrate': at 2020-01-01T00:00:00+00:00 passed "
+        + result.stderr.split("passed ")[1].split(" ago")[0]
+        + " ago, more than its max_late (1m): it will never run (give a later time, or "
+        "trigger it by hand)"
+    )
+    assert re.search(r"passed \d+d ago", result.stderr)
+
+
+def test_run_warns_when_the_application_has_no_jobs() -> None:
+    cli = RunningCLI("run", "tests.cli_apps.odd:make_scheduler")
+    try:
+        line = cli.wait_for_line(lambda line: "registers no jobs" in line)
+        assert "WARNING" in line and "nothing will run" in line
+        assert cli.stop(signal.SIGINT) == 0, cli.output()
+    finally:
+        cli.kill()

@@ -129,7 +129,7 @@ def test_scheduler_defaults_are_checked_against_each_job() -> None:
     [
         ("timeout", "0s", "timeout (0s) must be greater than 0"),
         ("max_late", 0, "max_late (0s) must be greater than 0"),
-        ("jitter", "-1s", "jitter '-1s' is not a duration"),
+        ("jitter", "-1s", "jitter '-1s' is negative; a duration must be >= 0 (write '1s')"),
         ("history_size", 0, "option 'history_size' = 0 is invalid"),
         ("max_attempts", 0, "option 'max_attempts' = 0 is invalid"),
         ("overlap", "queue", "option 'overlap' = 'queue' is invalid"),
@@ -225,6 +225,17 @@ def test_a_bare_number_string_is_told_to_add_a_unit() -> None:
     expected = r"jitter '5' is not a duration; add a unit, e.g. '5s'"
     with pytest.raises(ConfigurationError, match=expected):
         parse_duration("5", name="jitter")
+
+
+@pytest.mark.parametrize(("value", "positive"), [("-1s", "1s"), (" -1h30m", "1h30m"), (-2, None)])
+def test_a_negative_duration_is_told_so(value: Any, positive: str | None) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        parse_duration(value, name="jitter")
+    message = str(info.value)
+    assert message.startswith(f"jitter {value!r} is negative; a duration must be >= 0")
+    assert "not a duration" not in message
+    if positive is not None:
+        assert message.endswith(f"(write '{positive}')")
 
 
 @pytest.mark.parametrize("value", ["", "5", "5 parsecs", "1h-30m", True, None, float("nan"), [1]])

@@ -705,3 +705,16 @@ async def test_update_is_validated_like_registration() -> None:
     assert job.settings.jitter_ms == 1000  # nothing changed
     with pytest.raises(ConfigurationError, match="unknown option 'jiter'"):
         job.update(jiter="2s")
+
+
+async def test_an_at_job_in_the_past_is_warned_of_at_registration(
+    scheduler: Scheduler[Any], clock: TestClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="brokersched"):
+        scheduler.at("soon", at("2027-01-15T08:00:00+00:00"), Recorder())  # 30 s ago: max_late
+        scheduler.at("gone", at("2027-01-15T07:00:00+00:00"), Recorder())
+        scheduler.at("later", at("2027-01-15T09:00:00+00:00"), Recorder())
+    assert [r.getMessage() for r in caplog.records] == [
+        "job 'gone': at 2027-01-15T07:00:00+00:00 passed 1h ago, more than its max_late (1m): "
+        "it will never run (give a later time, or trigger it by hand)"
+    ]

@@ -186,7 +186,7 @@ def test_after_is_described_and_listed() -> None:
             lambda s: s.at("a", datetime(2030, 1, 1, tzinfo=UTC), Runs(), run_on_start=True),
             "job 'a': option 'run_on_start' applies to every() and cron() only, not to at()",
         ),
-        (lambda s: s.after("a", "-1s", Runs()), "job 'a': delay '-1s' is not a duration"),
+        (lambda s: s.after("a", "-1s", Runs()), "job 'a': delay '-1s' is negative"),
         (
             lambda s: s.every("a", "1m", Runs(), run_on_start="yes"),
             "job 'a': option 'run_on_start' = 'yes' is invalid",

@@ -23,7 +23,7 @@ import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -303,6 +303,38 @@ async def schema_version(fleet: Fleet, set_to: int | None = None) -> int:
         await conn.close()
 
 
+async def run_sql(fleet: Fleet, statement: str) -> None:
+    """``statement`` on the fleet's database; ``{history}`` names its history table."""
+    if fleet.kind == "sqlite":
+        with sqlite3.connect(fleet.path) as conn:
+            conn.execute(statement.format(history="brokersched_history"))
+        return
+    conn = await asyncpg.connect(fleet.dsn)
+    try:
+        await conn.execute(statement.format(history=f'"{fleet.namespace}".history'))
+    finally:
+        await conn.close()
+
+
+async def test_the_traceback_column_is_added_to_an_earlier_releases_tables(
+    fleet: Fleet,
+) -> None:
+    """Tables made by the release before RunRecord.traceback (no such column, rows written
+    without it) get the column at start, with no schema version change."""
+    earlier = await fleet.start()
+    policy = JobPolicy("job")
+    await earlier.record(policy, record("job", 0))
+    await earlier.stop()
+    await run_sql(fleet, "ALTER TABLE {history} DROP COLUMN traceback")
+    backend = await fleet.start()
+    failed = replace(record("job", 1), outcome="failed", error="E: x", traceback="Traceback...")
+    await backend.record(policy, failed)
+    newest, oldest = await backend.history(policy, 10)
+    assert (newest.run_id, newest.traceback) == ("run-1", "Traceback...")
+    assert (oldest.run_id, oldest.traceback) == ("run-0", None)
+    assert await schema_version(fleet) == SCHEMA_VERSION == 2  # earlier releases still start
+
+
 async def test_a_newer_schema_is_refused_at_start(fleet: Fleet) -> None:
     await fleet.start()
     await schema_version(fleet, set_to=99)
@@ -439,7 +471,7 @@ async def test_trimming_uses_the_indexes(fleet: Fleet) -> None:
         plan = await conn.fetch(
             "EXPLAIN " + backend._sql.record,
             *("job7", SLOT, "r", "i", "schedule", 1, datetime.now(UTC), None, "completed", None),
-            *(1000, datetime.now(UTC)),
+            *(1000, datetime.now(UTC), None),  # history_size, cutoff, traceback
         )
     finally:
         await conn.close()

@@ -15,7 +15,9 @@ Both keep the same three tables (plus ``schema_version``):
   run's row is deleted (the fence keeps its slot claimed), so the table stays as small as the
   number of runs in progress.
 * ``history``: runs, keyed by ``(job, n)`` where ``n`` counts the job's records, so trimming to
-  the newest ``history_size`` is one index range (``n <= newest - size``), never a scan.
+  the newest ``history_size`` is one index range (``n <= newest - size``), never a scan. Its
+  nullable ``traceback`` column is added at start when missing, with no schema version change:
+  instances of earlier releases neither write nor read it, and keep starting.
 """
 
 from __future__ import annotations
@@ -93,9 +95,9 @@ def us_to_datetime(value: int) -> datetime:
 
 
 def run_record(row: Sequence[Any], started_at: datetime, finished_at: datetime | None) -> RunRecord:
-    """A history row ``(job, slot_ms, run_id, instance_id, reason, attempt, outcome, error)``;
-    each backend converts its own time columns."""
-    job, slot_ms, run_id, instance_id, reason, attempt, outcome, error = row
+    """A history row ``(job, slot_ms, run_id, instance_id, reason, attempt, outcome, error,
+    traceback)``; each backend converts its own time columns."""
+    job, slot_ms, run_id, instance_id, reason, attempt, outcome, error, traceback = row
     return RunRecord(
         job=job,
         slot_ms=slot_ms,
@@ -107,6 +109,7 @@ def run_record(row: Sequence[Any], started_at: datetime, finished_at: datetime |
         finished_at=finished_at,
         outcome=cast(Outcome, outcome),
         error=error,
+        traceback=traceback,
     )
 
 

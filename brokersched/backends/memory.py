@@ -28,6 +28,7 @@ from ..abc import (
     RunRecord,
     Slot,
 )
+from ._keywords import checked_keywords
 from ._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
     Acquire,
@@ -75,6 +76,7 @@ class MemoryBackend(LeaseBackendBase):
 
     clock_name = ClockName("MemoryBackend's clock", "the machine it runs on")
 
+    @checked_keywords
     def __init__(
         self,
         *,

@@ -52,6 +52,7 @@ from ..abc import (
     Slot,
 )
 from . import _postgres_ops
+from ._keywords import checked_keywords
 from ._lease import (
     BATCH_CHUNK,
     DEFAULT_MAX_CLOCK_SKEW,
@@ -157,6 +158,13 @@ _MIGRATIONS = (_SCHEMA_V1, _SCHEMA_V2)
 # conformance suite's protocol check); PostgreSQL inlines it (a volatile SQL function whose
 # body is volatile), so production statements read clock_timestamp() directly. Made at start
 # when missing: instances of an earlier release neither need nor mind it.
+# A failed run's traceback (RunRecord.traceback): added at start when missing, without a schema
+# version change, like store_now(): instances of an earlier release name their columns, so they
+# neither write nor read it, and keep starting.
+_TRACEBACK_COLUMN = "ALTER TABLE {s}.history ADD COLUMN IF NOT EXISTS traceback text"
+_HAS_TRACEBACK = """SELECT EXISTS (SELECT FROM pg_attribute
+    WHERE attrelid = to_regclass($1) AND attname = 'traceback' AND NOT attisdropped)"""
+
 _STORE_NOW = """CREATE OR REPLACE FUNCTION {s}.store_now() RETURNS timestamptz
     LANGUAGE sql VOLATILE PARALLEL SAFE AS 'SELECT clock_timestamp()'"""
 
@@ -359,15 +367,15 @@ _RECORD = """WITH counted AS (
     RETURNING c.n
 ), inserted AS (
     INSERT INTO {s}.history (job, n, slot_ms, run_id, instance_id, reason, attempt, started_at,
-        finished_at, outcome, error)
-    SELECT $1, n, $2, $3, $4, $5, $6, $7, $8, $9, $10 FROM counted
+        finished_at, outcome, error, traceback)
+    SELECT $1, n, $2, $3, $4, $5, $6, $7, $8, $9, $10, $13 FROM counted
 ), too_many AS (
     DELETE FROM {s}.history WHERE job = $1 AND n <= (SELECT n FROM counted) - $11::bigint
 )
 DELETE FROM {s}.history WHERE job = $1 AND started_at < $12::timestamptz"""
 
 _HISTORY = """SELECT job, slot_ms, run_id, instance_id, reason, attempt, outcome, error,
-    started_at, finished_at
+    traceback, started_at, finished_at
 FROM {s}.history
 WHERE job = $1 AND ($2::timestamptz IS NULL OR started_at >= $2::timestamptz)
 ORDER BY n DESC LIMIT $3"""
@@ -403,6 +411,7 @@ class _Statements:
         self.schema = s
         self.version_table = f"{s}.schema_version"
         self.migrations = tuple(fill(step) for step in _MIGRATIONS)
+        self.traceback_column = fill(_TRACEBACK_COLUMN)
         self.acquire = fill(_ACQUIRE, grant=fill(_UPSERT_JOB))
         self.acquire_catch_up = fill(_ACQUIRE, grant=fill(_UPDATE_JOB))
         self.acquire_manual = fill(_ACQUIRE, grant=fill(_MANUAL_JOB))
@@ -429,6 +438,7 @@ class PostgresBackend(SQLLeaseBackend):
 
     clock_name = ClockName("PostgreSQL's clock_timestamp()", "the PostgreSQL server")
 
+    @checked_keywords
     def __init__(
         self,
         dsn: str,
@@ -493,13 +503,20 @@ class PostgresBackend(SQLLeaseBackend):
 
     async def _prepare_schema(self, conn: _Connection) -> None:
         # The common case: the tables are there; no lock, no DDL (nor the privileges DDL needs).
-        if await self._version(conn) != SCHEMA_VERSION or not await self._has_store_now(conn):
+        if (
+            await self._version(conn) != SCHEMA_VERSION
+            or not await self._has_store_now(conn)
+            or not await self._has_traceback(conn)
+        ):
             async with conn.transaction():
                 await self._migrate(conn)
 
     async def _has_store_now(self, conn: _Connection) -> bool:
         found = await conn.fetchval("SELECT to_regprocedure($1)", f"{self._sql.schema}.store_now()")
         return found is not None
+
+    async def _has_traceback(self, conn: _Connection) -> bool:
+        return bool(await conn.fetchval(_HAS_TRACEBACK, f"{self._sql.schema}.history"))
 
     async def _connect(self) -> _Pool:
         try:
@@ -551,6 +568,7 @@ class PostgresBackend(SQLLeaseBackend):
         await conn.execute(f"INSERT INTO {table} VALUES ($1)", SCHEMA_VERSION)
         if not await self._has_store_now(conn):
             await conn.execute(self._sql.store_now)
+        await conn.execute(self._sql.traceback_column)
 
     async def _version(self, conn: _Connection) -> int | None:
         exists = await conn.fetchval("SELECT to_regclass($1)", self._sql.version_table)
@@ -877,7 +895,7 @@ class PostgresBackend(SQLLeaseBackend):
         return (
             job.name, record.slot_ms, record.run_id, record.instance_id, record.reason,
             record.attempt, record.started_at, record.finished_at, record.outcome, record.error,
-            job.history_size, history_cutoff(job, self._now()),
+            job.history_size, history_cutoff(job, self._now()), record.traceback,
         )  # fmt: skip
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
@@ -919,7 +937,10 @@ async def _keep_session(conn: _Connection) -> None:
 
 
 def _run_record(row: Row) -> RunRecord:
-    fields = ("job", "slot_ms", "run_id", "instance_id", "reason", "attempt", "outcome", "error")
+    fields = (
+        "job", "slot_ms", "run_id", "instance_id", "reason", "attempt", "outcome", "error",
+        "traceback",
+    )  # fmt: skip
     return run_record([row[field] for field in fields], row["started_at"], row["finished_at"])
 
 

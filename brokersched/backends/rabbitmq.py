@@ -164,6 +164,7 @@ from .._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
 from ..abc import Capabilities, ClaimBackend, Finding, Inventory, JobPolicy, RunRecord, Slot
 from . import _rabbitmq_ops
 from ._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, FleetMemory, margin_ms
+from ._keywords import own_options, parameter_names, refuse_unknown
 from ._lease import check_max_clock_skew
 
 if TYPE_CHECKING:
@@ -256,6 +257,35 @@ _CONNECT_DEFAULTS: Mapping[str, Any] = {
     "timeout": 10,  # seconds for one connection attempt
     "reconnect_interval": 1,  # aio-pika waits 5 s by default; claims should resume sooner
 }
+
+
+# The URL query keys aiormq reads (aiormq/connection.py; aio-pika's "URL parameters" docs):
+# aio-pika puts every keyword it does not take itself into the URL's query.
+_AIORMQ_URL_KEYS = (
+    "auth",
+    "cafile",
+    "capath",
+    "cadata",
+    "certfile",
+    "keyfile",
+    "no_verify_ssl",
+    "heartbeat",
+    "name",
+    "timeout",
+)
+_RESERVED_CONNECT = {"connection_class": "RabbitMQBackend connects with its own class"}
+
+
+def _connect_keywords() -> set[str]:
+    """The keywords ``aio_pika.connect_robust`` really accepts: its own, those of the
+    connection classes, their ``PARAMETERS`` and the URL query keys aiormq reads."""
+    import aio_pika
+
+    names = parameter_names(
+        aio_pika.connect_robust, aio_pika.RobustConnection.__init__, aio_pika.Connection.__init__
+    )
+    names |= {parameter.name for parameter in aio_pika.RobustConnection.PARAMETERS}
+    return (names | set(_AIORMQ_URL_KEYS)) - {"url"}
 
 
 class _Quiet:
@@ -781,7 +811,8 @@ class RabbitMQBackend(ClaimBackend):
     read only by ``brokersched purge`` (to list every queue of the prefix and see running
     instances) and ``brokersched doctor`` (file descriptors, partitions, policies). Other keyword
     arguments go to ``aio_pika.connect_robust`` (``ssl_context``, ``timeout``,
-    ``reconnect_interval``, ``client_properties``...) and are never logged.
+    ``reconnect_interval``, ``client_properties``...) and are never logged; one that it does
+    not accept (a misspelt option) is refused at construction.
     """
 
     def __init__(
@@ -798,6 +829,14 @@ class RabbitMQBackend(ClaimBackend):
         **connect_options: Any,
     ) -> None:
         super().__init__()
+        refuse_unknown(
+            self.name,
+            connect_options,
+            own=own_options(RabbitMQBackend),
+            library="aio_pika.connect_robust",
+            accepted=_connect_keywords,
+            reserved=_RESERVED_CONNECT,
+        )
         self._skew_ms = to_ms(check_max_clock_skew(max_clock_skew, backend=self.name))
         self._urls = _check_urls(url, self.name)
         self._management = (

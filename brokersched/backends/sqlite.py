@@ -54,6 +54,7 @@ from ..abc import (
     Slot,
 )
 from . import _sqlite_ops
+from ._keywords import checked_keywords
 from ._lease import (
     BATCH_CHUNK,
     DEFAULT_MAX_CLOCK_SKEW,
@@ -132,6 +133,11 @@ _SCHEMA_V2 = (
 )
 #: ``_MIGRATIONS[v]`` takes the tables from version ``v`` to ``v + 1``.
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_V1, _SCHEMA_V2)
+# A failed run's traceback (RunRecord.traceback): added at start when missing, without a schema
+# version change: instances of an earlier release name their columns, so they neither write nor
+# read it, and keep starting.
+_TRACEBACK_COLUMN = "ALTER TABLE {history} ADD COLUMN traceback TEXT"
+_HISTORY_COLUMNS = "SELECT name FROM pragma_table_info('{history_name}')"
 
 _DEFAULT_BUSY_TIMEOUT = timedelta(seconds=5)
 # :now, in every statement below, is the store's clock in milliseconds (_store_now_ms).
@@ -218,9 +224,9 @@ WHERE job = :job AND grant_slot_ms = :slot_ms"""
 _DROP_LEASE = "DELETE FROM {leases} WHERE job = :job AND slot_ms = :slot_ms"
 
 _INSERT_RECORD = """INSERT INTO {history} (job, n, slot_ms, run_id, instance_id, reason, attempt,
-    started_us, finished_us, outcome, error)
+    started_us, finished_us, outcome, error, traceback)
 SELECT :job, coalesce(max(n), 0) + 1, :slot_ms, :run_id, :instance_id, :reason, :attempt,
-    :started_us, :finished_us, :outcome, :error
+    :started_us, :finished_us, :outcome, :error, :traceback
 FROM {history} WHERE job = :job
 RETURNING n"""
 
@@ -229,7 +235,7 @@ _TRIM_SIZE = "DELETE FROM {history} WHERE job = :job AND n <= :n - :size"
 _TRIM_AGE = "DELETE FROM {history} WHERE job = :job AND started_us < :cutoff_us"
 
 _HISTORY = """SELECT job, slot_ms, run_id, instance_id, reason, attempt, outcome, error,
-    started_us, finished_us
+    traceback, started_us, finished_us
 FROM {history}
 WHERE job = :job AND (:cutoff_us IS NULL OR started_us >= :cutoff_us)
 ORDER BY n DESC LIMIT :limit"""
@@ -243,6 +249,7 @@ class _Statements:
             "jobs": f'"{prefix}jobs"',
             "leases": f'"{prefix}leases"',
             "history": f'"{prefix}history"',
+            "history_name": f"{prefix}history",
             "history_started": f'"{prefix}history_started"',
         }
         names["live"] = _LIVE.format(**names)
@@ -253,6 +260,8 @@ class _Statements:
 
         self.version_table = f'"{prefix}schema_version"'
         self.migrations = tuple(tuple(fill(sql) for sql in step) for step in _MIGRATIONS)
+        self.traceback_column = fill(_TRACEBACK_COLUMN)
+        self.history_columns = fill(_HISTORY_COLUMNS)
         self.grant = fill(_GRANT)
         self.grant_catch_up = fill(_GRANT_CATCH_UP)
         self.grant_manual = fill(_GRANT_MANUAL)
@@ -288,6 +297,7 @@ class SQLiteBackend(SQLLeaseBackend):
 
     clock_name = ClockName("SQLite's clock (the host's CLOCK_REALTIME)", "this host")
 
+    @checked_keywords
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -352,7 +362,7 @@ class SQLiteBackend(SQLLeaseBackend):
             self._conn = await aiosqlite.connect(self._path, isolation_level=None)
         try:
             await self._run("configure the database", self._configure)
-            if await self._run("read the schema version", self._version) != SCHEMA_VERSION:
+            if not await self._run("read the schema version", self._schema_current):
                 await self._run("create the tables", self._migrate, transaction=True)
         except BaseException:
             await self._close()
@@ -396,6 +406,15 @@ class SQLiteBackend(SQLLeaseBackend):
                 await conn.execute(statement)
         await conn.execute(f"DELETE FROM {table}")
         await conn.execute(f"INSERT INTO {table} VALUES (?)", (SCHEMA_VERSION,))
+        if not await self._has_traceback(conn):
+            await conn.execute(self._sql.traceback_column)
+
+    async def _schema_current(self, conn: aiosqlite.Connection) -> bool:
+        return await self._version(conn) == SCHEMA_VERSION and await self._has_traceback(conn)
+
+    async def _has_traceback(self, conn: aiosqlite.Connection) -> bool:
+        rows = await conn.execute_fetchall(self._sql.history_columns)
+        return any(row[0] == "traceback" for row in rows)
 
     async def _version(self, conn: aiosqlite.Connection) -> int | None:
         try:
@@ -761,6 +780,7 @@ class SQLiteBackend(SQLLeaseBackend):
                 "finished_us": None if finished is None else datetime_to_us(finished),
                 "outcome": record.outcome,
                 "error": record.error,
+                "traceback": record.traceback,
             },
         )
         (n,) = next(iter(rows))
@@ -782,12 +802,14 @@ class SQLiteBackend(SQLLeaseBackend):
             return await conn.execute_fetchall(self._sql.history, params)
 
         rows = await self._run(f"read the history of {job.name}", read)
-        return [
-            run_record(
-                row[:8], us_to_datetime(row[8]), None if row[9] is None else us_to_datetime(row[9])
-            )
-            for row in rows
-        ]
+        return [_history_record(row) for row in rows]
+
+
+def _history_record(row: Sequence[Any]) -> RunRecord:
+    """A row of ``_HISTORY``."""
+    finished_us = row[10]
+    finished = None if finished_us is None else us_to_datetime(finished_us)
+    return run_record(row[:9], us_to_datetime(row[9]), finished)
 
 
 def _lease_row(row: Sequence[Any]) -> LeaseRow:

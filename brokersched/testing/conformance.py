@@ -157,11 +157,31 @@ class _Suite(ABC, Generic[B]):
             "attempt",
             "outcome",
             "error",
+            "traceback",
         )
         assert [getattr(read, f) for f in fields] == [getattr(record, f) for f in fields]
         assert read.started_at.tzinfo is not None and read.finished_at is not None
         assert abs(read.started_at - record.started_at) < timedelta(milliseconds=1)
         assert await backend.history(second, 10) == []
+
+    @pytest.mark.asyncio
+    async def test_a_failed_runs_traceback_is_kept_whole(self, fleet: Factory) -> None:
+        """A traceback of the largest size a record carries (4 KiB, multi-byte characters,
+        quotes, new lines) reads back as written; a record without one reads ``None``."""
+        backend = await fleet()
+        policy = JobPolicy("tb")
+        await backend.prepare([policy])
+        line = '  File "/app/jobs.py", line 12, in sync\n    raise RuntimeError("ü \\ ✓")\n'
+        text = (line * 100)[: 4096 // 2] + 'RuntimeError: ü ✓ "quoted"'
+        assert len(text.encode()) <= 4096
+        await backend.record(policy, make_record("tb", SLOT - 1, 0))
+        failed = replace(
+            make_record("tb", SLOT, 1), outcome="failed", error="RuntimeError: ü", traceback=text
+        )
+        await backend.record(policy, failed)
+        newest, oldest = await backend.history(policy, 10)
+        assert (newest.run_id, newest.traceback, newest.error) == ("run-1", text, failed.error)
+        assert (oldest.run_id, oldest.traceback) == ("run-0", None)
 
 
 class ClaimBackendSuite(_Suite[B]):

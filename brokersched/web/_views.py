@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from .._clock import datetime_to_ms, ms_to_datetime
 from .._durations import format_duration
-from .._redact import MASK, redact_text, scrub
+from .._redact import MASK, data_secrets, redact_text, scrub
 from .._scheduler import Job, Scheduler
 from .._timezones import timezone_name
 from ..abc import Backend, RunRecord
@@ -45,21 +45,6 @@ def job_state(scheduler: Scheduler[Any], job: Job) -> JobState:
     return "armed" if scheduler.running and job.next_run is not None else "idle"
 
 
-# Shorter strings of a job's data are not masked in errors: they would blank out common words
-# ("eu", "yes") and are no secret worth the name.
-MIN_DATA_SECRET = 4
-
-
-def _strings(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, list | tuple):
-        return [text for item in value for text in _strings(item)]
-    return []
-
-
 def shown_error(text: str, job: Job | None) -> str:
     """An error message as the API shows it: URLs' passwords and ``password=`` values
     redacted, and every string of the job's ``data`` masked (a handler's error may quote it:
@@ -67,8 +52,7 @@ def shown_error(text: str, job: Job | None) -> str:
     text = redact_text(text)
     if job is None or job.settings.data is None:
         return text
-    secrets = {s for s in _strings(job.settings.data) if len(s) >= MIN_DATA_SECRET}
-    return scrub(text, sorted(secrets, key=len, reverse=True))
+    return scrub(text, data_secrets(job.settings.data))
 
 
 def _options(scheduler: Scheduler[Any], job: Job) -> dict[str, Any]:
@@ -122,6 +106,7 @@ def record_json(record: RunRecord, job: Job | None) -> dict[str, Any]:
         "late_ms": datetime_to_ms(record.started_at) - record.slot_ms,
         "outcome": record.outcome,
         "error": shown_error(record.error, job) if record.error else None,
+        "traceback": shown_error(record.traceback, job) if record.traceback else None,
     }
 
 

@@ -33,6 +33,7 @@ from ...abc import (
     Slot,
 )
 from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms, claim_margin
+from .._keywords import own_options, parameter_names, refuse_unknown
 from .._lease import check_max_clock_skew
 from . import _ops
 from ._base import (
@@ -97,6 +98,13 @@ _CALLBACKS = ("error_cb", "disconnected_cb", "reconnected_cb", "closed_cb")
 _SECRET_OPTIONS = ("password", "token", "nkeys_seed_str")
 
 
+def _connect_keywords() -> set[str]:
+    """The keywords ``nats.connect`` (``Client.connect``) really accepts."""
+    from nats.aio.client import Client
+
+    return parameter_names(Client.connect) - {"servers"}
+
+
 class NATSBackend(ClaimBackend):
     """Claims and history on NATS JetStream (claim-only: no leases).
 
@@ -109,7 +117,8 @@ class NATSBackend(ClaimBackend):
     (the rest of the job's ``max_late``); by default 2 s on one server and 30 s with
     ``replicas`` > 1, where a stream leader's election takes seconds (see ``_CLAIM_TIMEOUT``).
     ``connect_options`` go to ``nats.connect`` (``user_credentials``, ``tls``, ``token``, ...);
-    they are never logged. ``start()`` waits up to twice ``connect_timeout`` (2 s) per server.
+    they are never logged, and one it does not accept is refused at construction. ``start()``
+    waits up to twice ``connect_timeout`` (2 s) per server.
     """
 
     def __init__(
@@ -124,6 +133,13 @@ class NATSBackend(ClaimBackend):
         **connect_options: Any,
     ) -> None:
         super().__init__()
+        refuse_unknown(
+            BACKEND,
+            connect_options,
+            own=own_options(NATSBackend),
+            library="nats.connect",
+            accepted=_connect_keywords,
+        )
         self._skew_ms = to_ms(check_max_clock_skew(max_clock_skew, backend=BACKEND))
         self._clock: Clock | None = None
         self._raising_window = asyncio.Lock()

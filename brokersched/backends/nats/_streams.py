@@ -117,9 +117,10 @@ def _seconds(value: timedelta) -> str:
     return format_duration(value)
 
 
-# A claim is under 2 KiB (a 128-character job name, a 200-character instance id, escaped); a
-# stream whose max_msg_size is smaller refuses some claims (and most run records).
-_MIN_MSG_SIZE = 4096
+# A claim is under 2 KiB (a 128-character job name, a 200-character instance id, escaped), a
+# failed run's record under 8 KiB (its traceback is capped at 4 KiB, JSON-escaped); a stream
+# whose max_msg_size is smaller refuses some claims or run records.
+_MIN_MSG_SIZE = 8192
 _DEFAULT_HISTORY_SIZE = 1000  # the scheduler's default; a fix suggested before prepare() knows
 _LIMIT_FLAGS = {
     "max_msgs": "--max-msgs",

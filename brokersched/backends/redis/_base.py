@@ -35,10 +35,12 @@ from ..._exceptions import (
     ConfigurationError,
 )
 from ...abc import Finding, JobPolicy, RunRecord, Slot
+from .._keywords import parameter_names, refuse_unknown
 from . import _scripts
 
 __all__ = [
     "RedisConnection",
+    "check_client_options",
     "claim_key",
     "hash_tag",
     "history_entry",
@@ -68,6 +70,31 @@ _NO_AOF_CONSEQUENCE = (
     "late can run a slot that already ran"
 )
 _NO_AOF_FIX = "set appendonly yes (appendfsync always or everysec) on the server"
+
+
+def _client_keywords(cluster: bool) -> Callable[[], set[str]]:
+    def keywords() -> set[str]:
+        """The keywords redis-py's ``from_url`` and the client's constructor accept."""
+        import redis.asyncio
+        from redis.asyncio.cluster import RedisCluster
+
+        client = RedisCluster if cluster else redis.asyncio.Redis
+        return parameter_names(client.__init__, client.from_url) - {"url"}
+
+    return keywords
+
+
+def check_client_options(
+    backend: str, own: Sequence[str], options: Mapping[str, Any], *, cluster: bool
+) -> None:
+    """Refuse, at construction, a keyword that is neither the backend's nor redis-py's."""
+    refuse_unknown(
+        backend,
+        options,
+        own=own,
+        library="redis-py's RedisCluster" if cluster else "redis-py's Redis.from_url",
+        accepted=_client_keywords(bool(cluster)),
+    )
 
 
 # -- names -------------------------------------------------------------------------------------

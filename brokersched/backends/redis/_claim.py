@@ -55,9 +55,10 @@ from .._claims import (
     claim_deadline_ms,
     claim_margin,
 )
+from .._keywords import own_options
 from .._lease import check_max_clock_skew
 from . import _ops
-from ._base import RedisConnection, claim_key
+from ._base import RedisConnection, check_client_options, claim_key
 
 __all__ = ["RedisBackend", "slot_memory_key"]
 
@@ -93,8 +94,9 @@ class RedisBackend(ClaimBackend):
     instances (and the server's) may disagree (see ``_claims``). ``require_persistence``:
     refuse to start on a server without an append-only file (by default a warning is logged).
     Other keyword arguments go to redis-py's ``from_url`` (``ssl_ca_certs``,
-    ``max_connections``, ``username``...). History: a list per job, trimmed to ``history_size``
-    (and ``history_ttl``) on each write.
+    ``max_connections``, ``username``...); one it does not accept is refused at construction
+    (``retry`` and ``decode_responses`` are brokersched's own: given ones are ignored).
+    History: a list per job, trimmed to ``history_size`` (and ``history_ttl``) on each write.
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class RedisBackend(ClaimBackend):
         # When (this instance's clock) the record was last read, as sent: a claim of a slot
         # that fell due max_clock_skew before that needs no read of its own.
         self._read_sent_ms = -(2**63)
+        check_client_options(self.name, own_options(RedisBackend), client_options, cluster=cluster)
         self._redis = RedisConnection(
             self.name,
             url,

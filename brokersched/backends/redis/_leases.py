@@ -21,6 +21,7 @@ from ...abc import (
     RunRecord,
     Slot,
 )
+from .._keywords import own_options
 from .._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
     ClockName,
@@ -34,7 +35,14 @@ from .._lease import (
     new_token,
 )
 from . import _ops
-from ._base import RedisConnection, history_entry, history_key, job_key, runs_key
+from ._base import (
+    RedisConnection,
+    check_client_options,
+    history_entry,
+    history_key,
+    job_key,
+    runs_key,
+)
 
 __all__ = ["RedisLeaseBackend"]
 
@@ -64,6 +72,9 @@ class RedisLeaseBackend(LeaseBackendBase):
         **client_options: Any,
     ) -> None:
         super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
+        check_client_options(
+            self.name, own_options(RedisLeaseBackend), client_options, cluster=cluster
+        )
         self._redis = RedisConnection(
             self.name,
             url,
