@@ -21,7 +21,7 @@ from brokersched.backends.rabbitmq import (
 )
 from tests.test_rabbitmq_backend import CLOCK, SLOT, run_record
 
-JOBS = ("job", "big", "busy", "rare", "a", "b", "old", "w0", "w1", "w2")
+JOBS = ("job", "big", "busy", "rare", "a", "b", "old", "w0", "w1", "w2", "n0", "n1", "n2", "n3")
 
 
 @pytest.fixture
@@ -110,6 +110,59 @@ async def test_a_busy_job_does_not_hide_a_rare_jobs_records(backend: RabbitMQBac
     await asyncio.gather(*(write(n) for n in range(2000)))
     assert ids(await backend.history(rare, 10)) == ["run-1", "run-0"]
     assert len(await backend.history(busy, 100)) == 20
+
+
+async def stream_headers(
+    raw: aio_pika.abc.AbstractConnection, stream: str
+) -> list[dict[str, object]]:
+    """The headers of every message of ``stream``, oldest first (read up to a message of our
+    own, appended now)."""
+    end = uuid.uuid4().hex
+    seen: list[dict[str, object]] = []
+    done = asyncio.Event()
+    channel = await raw.channel()
+    await channel.set_qos(prefetch_count=1000)
+    queue = await channel.declare_queue(stream, passive=True)
+
+    async def collect(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        headers = dict(message.headers or {})
+        if headers.get("test-end") == end:
+            done.set()
+        elif not done.is_set():
+            seen.append(headers)
+        await message.ack()
+
+    await queue.consume(collect, arguments={"x-stream-offset": "first"})
+    await channel.default_exchange.publish(aio_pika.Message(b"", headers={"test-end": end}), stream)
+    async with asyncio.timeout(30):
+        await done.wait()
+    await channel.close()
+    return seen
+
+
+async def test_reads_asked_together_share_one_scan(
+    backend: RabbitMQBackend, raw: aio_pika.abc.AbstractConnection, prefix: str
+) -> None:
+    """A page listing every job's last run asks for all of them at once; jobs that never ran
+    make a read step back over the whole stream. The reads asked together are one scan (one
+    end marker appended), each answered with its own job's records."""
+    a, busy = JobPolicy("a", history_size=10), JobPolicy("busy", history_size=10)
+    never = [JobPolicy(f"n{k}", history_size=10) for k in range(4)]
+    await backend.record(a, run_record("a", SLOT, 0))
+    await asyncio.gather(
+        *(backend.record(busy, run_record("busy", SLOT + n, n)) for n in range(300))
+    )
+    stream = history_stream_name(prefix)
+
+    def marks(headers: list[dict[str, object]]) -> int:
+        return sum("bs-mark" in each for each in headers)
+
+    before = marks(await stream_headers(raw, stream))
+    answers = await asyncio.gather(
+        backend.history(a, 1), backend.history(busy, 2), *(backend.history(p, 1) for p in never)
+    )
+    assert [ids(answer) for answer in answers] == [["run-0"], ["run-299", "run-298"]] + [[]] * 4
+    assert marks(await stream_headers(raw, stream)) - before == 1
 
 
 async def test_concurrent_writers_and_readers_of_several_jobs(

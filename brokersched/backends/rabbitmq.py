@@ -145,7 +145,15 @@ import random
 import re
 import shlex
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
@@ -792,6 +800,68 @@ async def _close_for_good(connection: AbstractRobustConnection) -> None:
             await connection.close()
 
 
+class _StreamReads:
+    """History reads of the stream asked for together share one scan (``_read_stream``).
+
+    A page that lists every job's last run reads them all at once, and a job that never ran
+    (or ran long ago) makes its read step back over the whole stream: alone, each read would
+    cost the broker that scan. A read joins the batch that gathers while no scan runs, or the
+    next one while one does; a reader that gives up (its timeout) leaves the scan to the
+    others."""
+
+    def __init__(
+        self, scan: Callable[[Mapping[str, int]], Awaitable[dict[str, list[bytes]]]]
+    ) -> None:
+        self._scan = scan
+        self._waiting: dict[str, list[tuple[int, asyncio.Future[list[bytes]]]]] = {}
+        self._running: asyncio.Task[None] | None = None
+
+    async def read(self, job: str, want: int) -> list[bytes]:
+        """The newest ``want`` records of ``job``, newest first."""
+        future: asyncio.Future[list[bytes]] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(job, []).append((want, future))
+        if self._running is None:
+            self._running = asyncio.create_task(self._drain(), name="brokersched-history-read")
+        return await future
+
+    async def _drain(self) -> None:
+        batch: dict[str, list[tuple[int, asyncio.Future[list[bytes]]]]] = {}
+        try:
+            await asyncio.sleep(0)  # the reads asked for in the same turn join this batch
+            while self._waiting:
+                batch, self._waiting = self._waiting, {}
+                wants = {job: max(want for want, _ in readers) for job, readers in batch.items()}
+                try:
+                    found = await self._scan(wants)
+                except Exception as exc:  # each reader raises it (translated by its caller)
+                    _settle(batch, exc)
+                    continue
+                for job, readers in batch.items():
+                    for want, future in readers:
+                        if not future.done():
+                            future.set_result(found[job][:want])
+        finally:
+            self._running = None
+            closed = BackendError("the history read was cut short: the backend is closing")
+            _settle(batch, closed)  # cancelled (the backend closing): nobody scans for them
+            _settle(self._waiting, closed)
+            self._waiting = {}
+
+    def close(self) -> None:
+        if self._running is not None:
+            self._running.cancel()
+
+
+def _settle(
+    batch: Mapping[str, list[tuple[int, asyncio.Future[list[bytes]]]]], exc: Exception
+) -> None:
+    """End every reader of ``batch`` still waiting with ``exc``."""
+    for readers in batch.values():
+        for _, future in readers:
+            if not future.done():
+                future.set_exception(exc)
+
+
 class RabbitMQBackend(ClaimBackend):
     """Claims slots through RabbitMQ (classic queues, publisher confirms).
 
@@ -866,6 +936,7 @@ class RabbitMQBackend(ClaimBackend):
         self._pool: _ChannelPool | None = None
         self._history_ready = False  # the history stream declared on this connection
         self._old_history_warned: set[str] = set()  # jobs whose pre-stream queue was reported
+        self._stream_reads = _StreamReads(self._read_stream)  # reads asked together, one scan
         self._clock: Clock | None = None
         self._view: _View | None = None  # the fleet's slot memory, as read at start or since
         self._seen_ms: int | None = None  # the record's memory when it could not be adopted
@@ -989,6 +1060,7 @@ class RabbitMQBackend(ClaimBackend):
         self._pool = self._connection = self._view = self._refreshing = None
         self._seen_ms = None
         self._refusals_checked.clear()
+        self._stream_reads.close()
         if refreshing is not None and not refreshing.done():
             refreshing.cancel()
             await asyncio.gather(refreshing, return_exceptions=True)
@@ -1744,7 +1816,7 @@ class RabbitMQBackend(ClaimBackend):
         self._require_pool()
         with self._client_errors(f"reading the history of job {job.name!r}"):
             async with asyncio.timeout(_HISTORY_READ_S):
-                bodies = await self._read_stream(job.name, limit)
+                bodies = await self._stream_reads.read(job.name, limit)
                 bodies.extend(await self._read_old_queue(job.name))
         records: list[RunRecord] = []
         for body in bodies:
@@ -1759,48 +1831,60 @@ class RabbitMQBackend(ClaimBackend):
         records.sort(key=lambda record: record.finished_at or record.started_at, reverse=True)
         return records[:limit]
 
-    async def _read_stream(self, job: str, want: int) -> list[bytes]:
-        """The newest ``want`` records of ``job`` in the history stream (fewer when the stream
-        holds fewer), newest first.
+    async def _read_stream(self, wants: Mapping[str, int]) -> dict[str, list[bytes]]:
+        """The newest ``wants[job]`` records of each job in the history stream (fewer when the
+        stream holds fewer), newest first: one scan for every job of the batch
+        (``_StreamReads``: the reads asked for together, as a page listing every job's last
+        run does, share it).
 
         The end: a stream consumer over AMQP 0-9-1 is never told it has caught up, so the
         reader attaches at the stream's last chunk and then appends a marker (an empty message
         with a header of its own, skipped by every reader): reaching its own marker is reaching
         the end as it was when the read began. Then it steps back: it reads the window
-        ``[start - step, start)`` (the step doubling each time) until it has ``want`` records
-        of the job, or the broker starts it past where it asked (the stream's first retained
+        ``[start - step, start)`` (the step doubling each time) until it has every job's
+        records, or the broker starts it past where it asked (the stream's first retained
         record is within the window: nothing older exists), or it has stepped back
         ``_HISTORY_SCAN_MAX`` offsets (each message read costs the broker ~0.15 ms of CPU).
         """
-        newest: list[bytes] = []  # newest first (a read declares nothing: none yet, none read)
-        window = await self._read_window(job, None, None)
-        if window is None:
-            return []
+        newest: dict[str, list[bytes]] = {job: [] for job in wants}  # newest first
+        window = await self._read_window(newest.keys(), None, None)
+        if window is None:  # a read declares nothing: no stream yet, no record
+            return newest
+
+        def short() -> bool:
+            return any(len(newest[job]) < want for job, want in wants.items())
+
+        def add(found: dict[str, list[bytes]]) -> None:
+            for job, bodies in found.items():
+                newest[job].extend(reversed(bodies))
+
         found, start, at_first = window
-        newest.extend(reversed(found))
-        step = max(_HISTORY_STEP, 4 * want)
+        add(found)
+        step = max(_HISTORY_STEP, 4 * max(wants.values()))
         floor = max(0, start - _HISTORY_SCAN_MAX)  # a read's bound on the broker's work
-        while len(newest) < want and not at_first and start > floor:
-            window = await self._read_window(job, max(floor, start - step), start)
+        while short() and not at_first and start > floor:
+            wanted = [job for job, want in wants.items() if len(newest[job]) < want]
+            window = await self._read_window(wanted, max(floor, start - step), start)
             if window is None:
                 break
             found, start, at_first = window
-            newest.extend(reversed(found))
+            add(found)
             step *= 2
-        return newest[:want]
+        return {job: newest[job][:want] for job, want in wants.items()}
 
     async def _read_window(
-        self, job: str, begin: int | None, stop: int | None
-    ) -> tuple[list[bytes], int, bool] | None:
-        """``job``'s records (oldest first) at offsets ``[begin, stop)``, where the read
-        began, and whether that is the stream's first retained record. ``begin=None``: from the
-        last chunk to a marker appended now. ``None`` when the stream is empty or gone."""
+        self, jobs: Iterable[str], begin: int | None, stop: int | None
+    ) -> tuple[dict[str, list[bytes]], int, bool] | None:
+        """The records of ``jobs`` (by job, oldest first) at offsets ``[begin, stop)``, where
+        the read began, and whether that is the stream's first retained record.
+        ``begin=None``: from the last chunk to a marker appended now. ``None`` when the stream
+        is empty or gone."""
         from aio_pika import Message
         from aio_pika.exceptions import ChannelNotFoundEntity
 
         stream = history_stream_name(self._prefix)
         mark = uuid.uuid4().hex
-        found: list[bytes] = []
+        found: dict[str, list[bytes]] = {job: [] for job in jobs}
         done = asyncio.Event()
         first: list[int] = []
         seen = 0
@@ -1829,8 +1913,9 @@ class RabbitMQBackend(ClaimBackend):
                 ) == mark:
                     done.set()
                     return
-                if _text(headers.get(_JOB_HEADER)) == job:
-                    found.append(message.body)
+                bodies = found.get(_text(headers.get(_JOB_HEADER)) or "")
+                if bodies is not None:
+                    bodies.append(message.body)
                 seen += 1
                 if seen % (_HISTORY_PREFETCH // 2) == 0:  # streams need acks to deliver more
                     await message.ack(multiple=True)
