@@ -4,8 +4,18 @@ that fails here is replayed with ``make simulate SEED=<n>``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from brokersched.backends import _lease
+from brokersched.backends._claims import FleetMemory
+from brokersched.testing._sim_backends import (
+    SimLeaseBackend,
+    SimNATS,
+    SimRabbitMQ,
+    _RedisConnection,
+)
 from brokersched.testing.simulate import BACKENDS, simulate
 
 # About 0.6 s a seed on this repository's idle 2-core machine (several times that under load):
@@ -37,3 +47,72 @@ def test_a_broken_invariant_is_reported_with_the_run() -> None:
         ledger.runs.append(Run("tick", 1000, "schedule", 1, instance, "allow", 1, 5, end=9))
     [found] = ledger.violations(now=10)
     assert found.startswith("slot tick:1000 ran 2 times")
+
+
+# -- the simulator finds the issue 24 classes on the rules before their fixes -------------------
+#
+# Each test puts one rule back as it was before its fix, in a pure function or in a model of a
+# store (never in the code that ships), and runs a seed that found it (CHANGELOG, issue 24): the
+# violation must be seen, so a change to the simulator that blinds it to a class fails here.
+
+
+def _old_skew_diagnosis(*_args: object) -> tuple[None, str]:
+    """Before ee4fdc0: every clock-skew refusal blamed this instance's clock (class 4)."""
+    return None, "this instance's clock is fast: fix its time sync (NTP), or raise max_clock_skew"
+
+
+def _old_nats_read(self: SimNATS, data: Any) -> None:
+    """Before aa6e1dc: NATS kept no note of its window's raises (class 6)."""
+    self._view = FleetMemory(data.window(), 0)
+
+
+def _old_limit_ms(self: FleetMemory, slot_ms: int, skew_ms: int) -> int:
+    """Before b1048b6/aa6e1dc: a raise limited the slots 250 ms after it, whatever the skew
+    (class 8)."""
+    if slot_ms < self.created_ms:
+        return 0
+    return min([self.memory_ms, *(frm for at, frm in self.raises if slot_ms < at + 250)])
+
+
+async def _old_redis_open(self: Any, clock: Any) -> None:
+    """Before 6b6b2ac: Redis started whatever its maxmemory-policy (class 9)."""
+    self.clock = clock
+
+
+def _old_sqlite_now(self: SimLeaseBackend) -> int:
+    """Before ee4fdc0: SQLite judged leases on julianday('now'), the calling process's own
+    clock (class 5)."""
+    assert self._clock is not None
+    return self._clock.now_ms()
+
+
+UNDONE: list[tuple[str, str, int, object, str, object, str]] = [
+    # (class, backend, seed, what is patched, attribute, old rule, the violation)
+    ("4", "lease", 3, _lease, "skew_diagnosis", _old_skew_diagnosis, "blamed the wrong clock"),
+    ("5", "lease", 6, SimLeaseBackend, "_now", _old_sqlite_now, "overlap"),
+    ("6", "nats", 71, SimNATS, "_read", _old_nats_read, "slot once:"),
+    ("9", "redis", 3, _RedisConnection, "open", _old_redis_open, "ran 2 times"),
+    ("12", "rabbitmq", 0, SimRabbitMQ, "_check_refusal", lambda *_: None, "nobody won it"),
+]
+
+
+@pytest.mark.slow  # two runs of a seed each: `make test` runs them
+@pytest.mark.parametrize(
+    ("issue_class", "backend", "seed", "owner", "name", "old", "seen"),
+    UNDONE,
+    ids=[f"class {row[0]}" for row in UNDONE],
+)
+def test_a_class_of_issue_24_is_found_on_the_rule_before_its_fix(
+    monkeypatch: pytest.MonkeyPatch,
+    issue_class: str,
+    backend: str,
+    seed: int,
+    owner: object,
+    name: str,
+    old: object,
+    seen: str,
+) -> None:
+    assert simulate(seed, backend=backend).ok, f"seed {seed} fails on the fixed rule"
+    monkeypatch.setattr(owner, name, old)
+    result = simulate(seed, backend=backend)
+    assert any(seen in violation for violation in result.violations), result.violations
