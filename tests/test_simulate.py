@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from brokersched.backends import _lease
+from brokersched._runner import Runner
+from brokersched.abc import Lease
+from brokersched.backends import _claims, _lease
 from brokersched.backends._claims import FleetMemory
 from brokersched.testing._sim_backends import (
     SimLeaseBackend,
@@ -56,6 +58,22 @@ def test_a_broken_invariant_is_reported_with_the_run() -> None:
 # violation must be seen, so a change to the simulator that blinds it to a class fails here.
 
 
+async def _old_release(self: Runner, lease: Lease, *, handover: bool, renewer: Any = None) -> None:
+    """Before 252f96e: a failed release was tried twice more (0.2 s, then 1 s later) once the
+    run's renewer no longer held the lease, which one failed renewal ends (classes 2 and 3)."""
+    tries = 0
+    while True:
+        try:
+            await self._release_once(lease, handover=handover, batched=not tries)
+            return
+        except Exception:
+            tries += 1
+            held = renewer is not None and not (renewer.lost or renewer._cancelled)
+            if not held and tries > 2:
+                return
+            await self.clock.sleep((0.2, 1.0)[min(tries, 2) - 1])
+
+
 def _old_skew_diagnosis(*_args: object) -> tuple[None, str]:
     """Before ee4fdc0: every clock-skew refusal blamed this instance's clock (class 4)."""
     return None, "this instance's clock is fast: fix its time sync (NTP), or raise max_clock_skew"
@@ -66,12 +84,9 @@ def _old_nats_read(self: SimNATS, data: Any) -> None:
     self._view = FleetMemory(data.window(), 0)
 
 
-def _old_limit_ms(self: FleetMemory, slot_ms: int, skew_ms: int) -> int:
-    """Before b1048b6/aa6e1dc: a raise limited the slots 250 ms after it, whatever the skew
-    (class 8)."""
-    if slot_ms < self.created_ms:
-        return 0
-    return min([self.memory_ms, *(frm for at, frm in self.raises if slot_ms < at + 250)])
+def _old_margin_ms(limit_ms: int, *, skew_ms: int, lead_ms: int = 0) -> int:
+    """Before 19a3a02: a memory under 8 s tolerated only an eighth of it as skew (class 8)."""
+    return min(skew_ms, limit_ms // 8) + min(250, limit_ms // 8) + lead_ms
 
 
 async def _old_redis_open(self: Any, clock: Any) -> None:
@@ -88,9 +103,11 @@ def _old_sqlite_now(self: SimLeaseBackend) -> int:
 
 UNDONE: list[tuple[str, str, int, object, str, object, str]] = [
     # (class, backend, seed, what is patched, attribute, old rule, the violation)
+    ("2, 3", "lease", 116, Runner, "release", _old_release, "ran again after it completed"),
     ("4", "lease", 3, _lease, "skew_diagnosis", _old_skew_diagnosis, "blamed the wrong clock"),
-    ("5", "lease", 6, SimLeaseBackend, "_now", _old_sqlite_now, "overlap"),
+    ("5", "lease", 0, SimLeaseBackend, "_now", _old_sqlite_now, "overlap"),
     ("6", "nats", 71, SimNATS, "_read", _old_nats_read, "slot once:"),
+    ("8", "redis", 20, _claims, "margin_ms", _old_margin_ms, "ran 2 times"),
     ("9", "redis", 3, _RedisConnection, "open", _old_redis_open, "ran 2 times"),
     ("12", "rabbitmq", 0, SimRabbitMQ, "_check_refusal", lambda *_: None, "nobody won it"),
 ]

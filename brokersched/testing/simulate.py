@@ -592,11 +592,11 @@ class Simulation:
         completed slot ran again)."""
         now, works = self.fleet.now_ms(), {"cron": "cron_work_ms", "slow": "slow_work_ms"}
         ends = [
-            run.start + self._jobs[works.get(run.key, "work_ms")]
+            (run.key != "slow", run.start + self._jobs[works.get(run.key, "work_ms")] - now)
             for run in self.ledger.runs
             if run.end is None and run.key in ("tick", "cron", "once", "slow")
         ]
-        ahead = [end - now for end in ends if end - now > 100]
+        ahead = [left for _, left in sorted(ends) if left > 100][:1]  # the slow job's first
         if not ahead:
             return
         span = self.rng.choice((1500, 2400))
@@ -609,7 +609,7 @@ class Simulation:
             self.ledger.outages.append((self.fleet.now_ms(), self.fleet.now_ms() + span))
             self.log.append(f"store {how} for {span}ms as a run completes")
 
-        self.fleet.call_later(min(ahead) - 100, blip)
+        self.fleet.call_later(ahead[0] - 100, blip)
 
     # -- the whole run -----------------------------------------------------------------------
 
