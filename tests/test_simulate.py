@@ -4,6 +4,7 @@ that fails here is replayed with ``make simulate SEED=<n>``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -58,6 +59,16 @@ def test_a_broken_invariant_is_reported_with_the_run() -> None:
 # violation must be seen, so a change to the simulator that blinds it to a class fails here.
 
 
+_take_over = _lease._take_over
+
+
+def _old_take_over(job: str, row: Any, take: Any, store: Any) -> Any:
+    """Before 5b4bb61: a take-over restarted a dead slot whatever other run of the job was live
+    (its only use of ``overlap``), a manual run granted meanwhile included (class 1)."""
+    allow = replace(take, policy=replace(take.policy, overlap="allow"))
+    return _take_over(job, row, allow, store)
+
+
 async def _old_release(self: Runner, lease: Lease, *, handover: bool, renewer: Any = None) -> None:
     """Before 252f96e: a failed release was tried twice more (0.2 s, then 1 s later) once the
     run's renewer no longer held the lease, which one failed renewal ends (classes 2 and 3)."""
@@ -103,6 +114,7 @@ def _old_sqlite_now(self: SimLeaseBackend) -> int:
 
 UNDONE: list[tuple[str, str, int, object, str, object, str]] = [
     # (class, backend, seed, what is patched, attribute, old rule, the violation)
+    ("1", "lease", 131, _lease, "_take_over", _old_take_over, "overlap"),
     ("2, 3", "lease", 116, Runner, "release", _old_release, "ran again after it completed"),
     ("4", "lease", 3, _lease, "skew_diagnosis", _old_skew_diagnosis, "blamed the wrong clock"),
     ("5", "lease", 0, SimLeaseBackend, "_now", _old_sqlite_now, "overlap"),
