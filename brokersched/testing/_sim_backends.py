@@ -643,10 +643,7 @@ class SimRabbitMQ(ClaimBackend):
                 memory = to_ms(BOOT_MEMORY) if boot else self._view.memory_ms
                 queue = self.data.queue(slot.key)
                 if queue is not None and queue.held_by is not None:
-                    # nacked: the first loss of the job checks the queue is brokersched's
-                    # (_check_refusal): one made with other arguments fails closed
-                    if self.data.declare(slot.key, memory) is None and slot.key in self.sim.stray:
-                        raise BackendError(f"claim queue of {slot.key} is not brokersched's")
+                    self._check_refusal(slot, memory)  # nacked
                     return False
                 declared = self.data.declare(slot.key, memory)
                 if declared is None:
@@ -659,6 +656,13 @@ class SimRabbitMQ(ClaimBackend):
             raise BackendError("the fleet's slot memory kept changing")
 
         return await self.sim.call(self.dead, timeout, claim, write=True)
+
+    def _check_refusal(self, slot: Slot, memory_ms: int) -> None:
+        """A claim nacked (``RabbitMQBackend._check_refusal``): the queue is declared to check
+        that brokersched made it; one made with other arguments fails closed (issue 24,
+        class 12: a stray message in it lost the slot silently)."""
+        if self.data.declare(slot.key, memory_ms) is None and slot.key in self.sim.stray:
+            raise BackendError(f"claim queue of {slot.key} is not brokersched's")
 
     async def prepare_claims(self, slots: Sequence[Slot]) -> None:
         if not self._declare_ahead or self._view is None or self._clock is None:

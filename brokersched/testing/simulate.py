@@ -266,7 +266,7 @@ class Simulation:
 
     def _draw_jobs(self) -> dict[str, Any]:
         rng = self.rng
-        return {
+        jobs = {
             "tick_s": rng.choice((1, 2, 5)),
             "work_ms": rng.choice((100, 800, 2500, 6000)),  # tick, once, boot
             "cron_work_ms": rng.choice((100, 4000, 9000)),  # often longer than its 3 s
@@ -274,6 +274,9 @@ class Simulation:
             "after_s": rng.choice((1, 3)) if rng.random() < 0.6 else None,  # a boot job?
             "run_on_start": rng.random() < 0.5,
         }
+        if self.kind == "lease":  # a job slower than the take-over sweep, as most real ones
+            jobs["slow_s"], jobs["slow_work_ms"] = rng.choice((20, 30)), rng.choice((800, 6000))
+        return jobs
 
     def _draw_deploy(self, base: Deploy | None = None) -> Deploy:
         rng, lease = self.rng, self.kind == "lease"
@@ -371,10 +374,17 @@ class Simulation:
         sched.at("once", at, self._handler(instance, "once", once), **once, **timing)
         if jobs["after_s"] is not None:
             sched.after("boot", f"{jobs['after_s']}s", self._handler(instance, "boot", {}))
+        if lease:  # its slot stays the job's latest while a dead runner's lease expires
+            slow = {**options, **self._timing(deploy, jobs["slow_s"] * 1000)}
+            handler = self._handler(instance, "slow", options)
+            sched.every("slow", f"{jobs['slow_s']}s", handler, **slow)
         sched.on("skip", lambda event: self._skipped(event, instance))
 
     def _scheduled(self, key: str, slot_ms: int) -> bool:
-        every = {"tick": self._jobs["tick_s"] * 1000, "cron": 3000}.get(key)
+        every = {
+            "tick": self._jobs["tick_s"] * 1000, "cron": 3000,
+            "slow": self._jobs.get("slow_s", 0) * 1000,
+        }.get(key)  # fmt: skip
         return every is not None and slot_ms % every == 0
 
     def _skipped(self, event: SkipEvent, instance: Instance) -> None:
@@ -386,7 +396,7 @@ class Simulation:
 
     def _handler(self, instance: Instance, key: str, options: dict[str, Any]) -> Callable[..., Any]:
         ledger, fleet = self.ledger, self.fleet
-        work = self._jobs["cron_work_ms" if key == "cron" else "work_ms"]
+        work = self._jobs[{"cron": "cron_work_ms", "slow": "slow_work_ms"}.get(key, "work_ms")]
 
         async def handler(ctx: Any) -> None:
             run = Run(
@@ -426,16 +436,26 @@ class Simulation:
             self._stop(old)
             others = [instance for instance in live if instance is not old]
             if others and rng.random() < 0.3:  # a job run by hand as the deploy hands over
-                self._trigger_later(rng.choice(others), rng.randrange(2), rng.choice((1, 3, 4)))
+                chosen, index, after_s = rng.choice(others), rng.randrange(2), rng.choice((1, 3, 4))
+                self._trigger_later(chosen, ("tick", "cron")[index], after_s * 1000)
             await self.start_instance(self._draw_deploy(old.deploy), old.clock.ahead_ms)
         elif roll < 0.16:
             victim = rng.choice(live)
+            if self.kind == "lease":  # often one that runs a slot: its lease is left to expire
+                running = [instance for instance in live if self._expiring(instance)]
+                if running and rng.random() < 0.5:
+                    victim = rng.choice(running)
             victim.kill()
             self.ledger.killed[victim.name] = self.fleet.now_ms()
             self.log.append(f"kill -9 {victim.name}")
             others = [instance for instance in live if instance is not victim]
             if others and rng.random() < 0.5:  # an operator runs the job by hand meanwhile
-                self._trigger_later(rng.choice(others), rng.randrange(2), rng.choice((1, 5, 12)))
+                chosen, key = rng.choice(others), ("tick", "cron")[rng.randrange(2)]
+                after_ms = rng.choice((1, 5, 12)) * 1000
+                expiring = self._expiring(victim) if self.kind == "lease" else None
+                if expiring is not None and rng.random() < 0.5:
+                    key, after_ms = expiring  # ... as the dead runner's lease expires
+                self._trigger_later(chosen, key, after_ms)
         elif roll < 0.18:
             self._stop(rng.choice(live))
         elif roll < 0.26:
@@ -458,14 +478,32 @@ class Simulation:
             await self.start_instance(replace(self._draw_deploy(), memory_ms=3000), self._skew())
         await self.fleet.advance(timedelta(milliseconds=rng.choice((47, 310, 730, 1530, 3470))))
 
-    def _trigger_later(self, instance: Instance, job: int, seconds: int) -> None:
+    def _expiring(self, victim: Instance) -> tuple[str, int] | None:
+        """The job (its key) of the latest slot a killed instance held a lease of, and how
+        long until that lease expires, plus a moment: a manual run then is granted before the
+        fleet's next sweep finds the slot dead (issue 24, class 1: the sweep restarted it
+        beside the manual run)."""
+        now, held = self.fleet.now_ms(), []
+        for lease, expiry in self.store.expiry.items():
+            key, slot, instance, _ = lease
+            if key not in ("tick", "cron", "once", "slow"):  # a boot window's lease
+                continue
+            if instance == victim.name and expiry > now and lease not in self.store.released:
+                held.append((slot, key, expiry))
+        if not held:
+            return None
+        _, key, expiry = max(held)
+        return key, expiry - now + 10
+
+    def _trigger_later(self, instance: Instance, key: str, after_ms: int) -> None:
         def trigger() -> None:
             if instance.alive and instance.scheduler.running:
-                chosen = instance.scheduler.jobs()[job]
+                names = (key, "tick.v2") if key == "tick" else (key,)  # the renamed tick too
+                [chosen] = [job for job in instance.scheduler.jobs() if job.name in names]
                 instance.drive(chosen.trigger(), "trigger")
                 self.log.append(f"trigger {chosen.name} on {instance.name}")
 
-        self.fleet.call_later(seconds * 1000, trigger)
+        self.fleet.call_later(after_ms, trigger)
 
     def _skew(self) -> int:
         """An instance's clock, ahead or behind: within the claim backends' bound (1 s between
@@ -507,12 +545,14 @@ class Simulation:
 
     def _fault(self, roll: float) -> None:
         store, rng, now = self.store, self.rng, self.fleet.monotonic_ms()
-        if roll < 0.35:
+        if roll < (0.2 if self.kind == "lease" else 0.35):
             store.held_until = now + rng.choice((200, 900, 2500, 6000))
             self.ledger.outages.append(
                 (self.fleet.now_ms(), self.fleet.now_ms() + store.held_until - now)
             )
             self.log.append(f"store held until {store.held_until}")
+        elif roll < 0.35:  # a lease store: the next run's end
+            self._blip_as_a_run_completes(rng.choice(("held", "down", "locked")))
         elif roll < 0.55:
             store.down_until = now + rng.choice((500, 2000, 8000))
             self.ledger.outages.append(
@@ -543,6 +583,33 @@ class Simulation:
             self.log.append(f"a queue made beforehand for tick:{slot}")
         elif self.kind == "rabbitmq":
             self._delete_record()
+        elif self.kind == "lease":
+            self._blip_as_a_run_completes(rng.choice(("held", "down", "locked")))
+
+    def _blip_as_a_run_completes(self, how: str) -> None:
+        """The store away (``how``: held, down or locked) from just before the next run's end
+        for less than lease_ttl (issue 24, classes 2 and 3: the release was given up, and the
+        completed slot ran again)."""
+        now, works = self.fleet.now_ms(), {"cron": "cron_work_ms", "slow": "slow_work_ms"}
+        ends = [
+            (run.key != "slow", run.start + self._jobs[works.get(run.key, "work_ms")] - now)
+            for run in self.ledger.runs
+            if run.end is None and run.key in ("tick", "cron", "once", "slow")
+        ]
+        ahead = [left for _, left in sorted(ends) if left > 100][:1]  # the slow job's first
+        if not ahead:
+            return
+        span = self.rng.choice((1500, 2400))
+
+        def blip() -> None:
+            until = f"{how}_until"
+            setattr(
+                self.store, until, max(getattr(self.store, until), self.fleet.monotonic_ms() + span)
+            )
+            self.ledger.outages.append((self.fleet.now_ms(), self.fleet.now_ms() + span))
+            self.log.append(f"store {how} for {span}ms as a run completes")
+
+        self.fleet.call_later(ahead[0] - 100, blip)
 
     # -- the whole run -----------------------------------------------------------------------
 
