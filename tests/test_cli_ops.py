@@ -27,13 +27,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from brokersched import Scheduler
-from brokersched.abc import Backend
+from brokersched import RabbitMQBackend, RedisBackend, Scheduler
+from brokersched.abc import Backend, ClaimBackend, Slot
+from brokersched.backends._ops import recent_claims
 from brokersched.backends._rabbitmq_ops import (
     Management,
     Names,
@@ -50,6 +52,7 @@ from brokersched.backends.rabbitmq import (
     lock_queue_name,
     record_queue_name,
 )
+from brokersched.testing import TestClock
 from tests.cli_apps.ops_app import make_backend, make_scheduler
 from tests.cli_apps.process import brokersched
 from tests.redis_helpers import RedisServer, redis_cluster_url
@@ -237,6 +240,41 @@ async def test_purge_refuses_while_running_then_removes_everything(server: Serve
         await cli("purge", APP, "--force", env=env)
     if server.kind == "sqlite":
         assert sqlite_objects(server.url, "ops_app_") == {"ops_app_users"}  # not the app's
+
+
+@pytest.mark.parametrize("kind", ["redis", "rabbitmq"])
+async def test_purge_refuses_while_a_claim_is_still_remembered(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """A claim of a slot 70 s ago (slot_ttl 20 s: the fleet's memory raised to 2 minutes by
+    another instance, say) is still what refuses a late claim of that slot: removing it could
+    run the slot twice, however long ago its slot fell due."""
+    url = request.getfixturevalue("redis_url" if kind == "redis" else "amqp_url")
+    prefix = unique(kind)
+    env = env_of(kind, url, prefix)
+    clock = TestClock(datetime.now(UTC) - timedelta(seconds=70))
+    backend: ClaimBackend = (RedisBackend if kind == "redis" else RabbitMQBackend)(
+        url, slot_ttl="2m", prefix=prefix
+    )
+    await backend.start(clock)
+    try:
+        slot = Slot("tick", (clock.now_ms() // 1000 + 1) * 1000)  # after the record is made
+        assert await backend.claim(slot, instance_id="i", run_id="r", timeout=5)
+    finally:
+        await backend.stop()
+    try:
+        refused = await cli("purge", APP, env=env)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "still remembered" in refused.stdout, refused.stdout
+    finally:
+        await cli("purge", APP, "--force", env=env)
+
+
+def test_a_claim_found_is_live_however_old_its_slot() -> None:
+    now = 10_000_000
+    [sign] = recent_claims([now - 180_000, now - 240_000], now, "claim keys")
+    assert sign.startswith("2 claim(s) still remembered, the newest of a slot 3m ago")
+    assert recent_claims([], now, "claim keys") == []
 
 
 async def test_purge_without_anything_says_so(server: Server) -> None:

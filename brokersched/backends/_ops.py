@@ -3,8 +3,8 @@ and ``brokersched doctor``): when activity counts as an instance running, and th
 every backend makes the same way.
 
 No backend can see an instance of its prefix that is idle between two slots of an hourly job:
-each reads the signs it has (a live lease, a claim or a run of the last ``LIVE_WINDOW``, a
-connection named after the prefix), and ``purge`` refuses while there are some.
+each reads the signs it has (a live lease, a run of the last ``LIVE_WINDOW``, a claim still
+remembered, a connection named after the prefix), and ``purge`` refuses while there are some.
 """
 
 from __future__ import annotations
@@ -37,12 +37,16 @@ def ago(then_ms: int, now_ms: int) -> str:
 
 
 def recent_claims(slots_ms: list[int], now_ms: int, where: str) -> list[str]:
-    """One sign for the claims of slots of the last ``LIVE_WINDOW`` among ``slots_ms``."""
-    recent = sorted(ms for ms in slots_ms if ms > now_ms - LIVE_WINDOW_MS)
-    if not recent:
+    """One sign for the claims found of ``slots_ms``: a claim object a claim-only backend still
+    holds is one the fleet still needs (it expires with the slot memory: until then it is what
+    refuses a late claim of its slot), however long ago its slot fell due."""
+    if not slots_ms:
         return []
-    newest = ago(recent[-1], now_ms)
-    return [f"{len(recent)} claim(s) of slots of the last minute, the newest {newest} ({where})"]
+    newest = ago(max(slots_ms), now_ms)
+    return [
+        f"{len(slots_ms)} claim(s) still remembered, the newest of a slot {newest} ({where}): "
+        "removed, a late claim of their slot could win again; they expire with the slot memory"
+    ]
 
 
 def slot_memory_finding(

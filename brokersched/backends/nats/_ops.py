@@ -46,7 +46,10 @@ async def inventory(js: JetStreamContext, names: Names) -> Inventory:
             continue
         objects.append(StoredObject("stream", stream))
         last = await _last_stored(js, stream, info)
-        if last is not None and last > datetime.now(last.tzinfo) - LIVE_WINDOW:
+        window = LIVE_WINDOW
+        if stream == names.claims:  # its messages are the claims: needed while remembered
+            window = max(window, timedelta(seconds=info.config.duplicate_window or 0))
+        if last is not None and last > datetime.now(last.tzinfo) - window:
             seconds = (datetime.now(last.tzinfo) - last).total_seconds()
             live.append(f"stream {stream} stored a message {seconds:.0f}s ago")
     return Inventory(BACKEND, names.prefix, tuple(objects), live=tuple(live))
