@@ -220,6 +220,8 @@ _HISTORY_SCAN_MAX = 32_000
 _HISTORY_READ_S = 30.0
 _HISTORY_PREFETCH = 1000  # stream deliveries in flight to a reader (acked by halves)
 _HISTORY_STEP = 256  # a read steps back at least this many offsets at a time
+_NO_LOCAL_REPLICA = "does not have a replica on the local node"  # a stream's replica starting
+_REPLICA_RETRY_S = 0.05
 _JOB_HEADER = "bs-job"  # a history record's job
 _MARK_HEADER = "bs-mark"  # a reader's end marker (no record): skipped by every reader
 _MAX_PREFETCH = 65535  # AMQP's prefetch count is 16 bits
@@ -1878,7 +1880,27 @@ class RabbitMQBackend(ClaimBackend):
         """The records of ``jobs`` (by job, oldest first) at offsets ``[begin, stop)``, where
         the read began, and whether that is the stream's first retained record.
         ``begin=None``: from the last chunk to a marker appended now. ``None`` when the stream
-        is empty or gone."""
+        is empty or gone.
+
+        A stream just made (by another instance's first record), or whose replica on this node
+        is still starting (a node back in its cluster), refuses consumers for a moment ("does
+        not have a replica on the local node"): the read is tried again, on a new channel (the
+        refusal closes the channel), a little later each time, within the read's timeout."""
+        from aio_pika.exceptions import ChannelPreconditionFailed
+
+        wanted, pause = list(jobs), _REPLICA_RETRY_S
+        while True:
+            try:
+                return await self._read_window_once(wanted, begin, stop)
+            except ChannelPreconditionFailed as exc:
+                if _NO_LOCAL_REPLICA not in str(exc):
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 1.0)
+
+    async def _read_window_once(
+        self, jobs: Iterable[str], begin: int | None, stop: int | None
+    ) -> tuple[dict[str, list[bytes]], int, bool] | None:
         from aio_pika import Message
         from aio_pika.exceptions import ChannelNotFoundEntity
 
