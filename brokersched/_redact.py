@@ -125,6 +125,8 @@ def data_secrets(data: Any) -> list[str]:
     ``MIN_DATA_SECRET`` characters, longest first: what ``scrub`` masks in a handler's error or
     traceback, which may quote it (``KeyError: 'no account for sk-live-...'``)."""
     found = {text for text in _strings(data) if len(text) >= MIN_DATA_SECRET}
+    # As a repr shows it too (a KeyError, a dict in a message): backslashes and quotes escaped.
+    found |= {repr(text)[1:-1] for text in found}
     return sorted(found, key=lambda text: (-len(text), text))
 
 

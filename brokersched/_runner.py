@@ -18,7 +18,7 @@ from ._job import AroundRun, JobState, Run, call_sync
 from ._recorder import Recorder
 from ._redact import data_secrets
 from ._tasks import TaskSet
-from ._tracebacks import run_traceback
+from ._tracebacks import error_text, run_traceback
 from ._tracing import finish_span, run_span
 from .abc import (
     Backend,
@@ -331,7 +331,7 @@ class Runner:
             run.cut = True
             run.cancelled = exc
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = error_text(exc, data_secrets(ctx.data))
             run.exception = exc
         if ctx.abort_reason is not None and not run.cut and run.task.cancelling():
             run.task.uncancel()  # the handler swallowed our cancellation

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from ._redact import redact_text, scrub
 
-__all__ = ["TRACEBACK_LIMIT", "cap_traceback", "run_traceback"]
+__all__ = ["TRACEBACK_LIMIT", "cap_traceback", "error_text", "printable", "run_traceback"]
 
 #: The most a record's traceback holds, in UTF-8 bytes.
 TRACEBACK_LIMIT = 4096
@@ -24,8 +24,24 @@ def run_traceback(
     masked, cut to ``limit`` bytes."""
     formatted = traceback.TracebackException.from_exception(exc)
     _drop_our_frames(formatted, set())
-    text = "".join(formatted.format())
+    text = printable("".join(formatted.format()))
     return cap_traceback(scrub(redact_text(text), secrets), limit)
+
+
+def error_text(exc: BaseException, secrets: Iterable[str] = ()) -> str:
+    """A run record's ``error``: ``Type: message``, redacted as ``run_traceback`` is. An
+    exception whose ``str()`` raises is named as such (it failed the run's outcome before)."""
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<exception str() failed>"
+    return scrub(redact_text(printable(f"{type(exc).__name__}: {message}")), secrets)
+
+
+def printable(text: str) -> str:
+    """``text`` with what UTF-8 cannot hold escaped: lone surrogates, as a file name of bytes
+    that are not UTF-8 decodes to (``os.listdir``), which no backend can store."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 # The runner's own frames, and the thread pool's that carry a sync handler, come before the

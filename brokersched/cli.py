@@ -1080,8 +1080,12 @@ def purge(app: str, namespace: str | None, dry_run: bool, force: bool) -> None:
         click.echo("nothing to remove")
         return
     left = _run_async(_purge(backend, found))
-    removed = len({*found.objects} - {*left.objects})
+    # What the backend kept on purpose says so in a note ("schema app kept: it holds ...").
+    kept = {item for item in found.objects if any(f" {item.name} kept" in n for n in left.unknown)}
+    removed = len({*found.objects} - {*left.objects} - kept)
     click.echo(f"removed {removed} object{'' if removed == 1 else 's'}")
+    for note in left.unknown:
+        click.echo(redact_text(f"not removed: {note}"))
     if left.objects:
         _show_inventory(left, "left")
         _fail(f"{len(left.objects)} object(s) could not be removed")

@@ -114,3 +114,19 @@ def test_without_the_client_library_its_keywords_wait_for_start(
     RabbitMQBackend("amqp://127.0.0.1:9/", heartbeat=5)
     with pytest.raises(ConfigurationError, match="did you mean 'slot_ttl'"):
         RabbitMQBackend("amqp://127.0.0.1:9/", slot_tll="10m")  # its own are still checked
+
+
+@pytest.mark.parametrize(
+    "keyword",
+    ["connection_class", "parser_class", "encoder_class", "socket_type", "path", "timeout"],
+)
+def test_redis_keywords_handed_on_to_its_pool_and_connections_are_accepted(keyword: str) -> None:
+    """``Redis.from_url`` hands keywords it does not name to its connection pool and
+    connection class: they worked before keywords were checked, and must still."""
+    import redis.asyncio
+
+    value: object = redis.asyncio.SSLConnection if keyword == "connection_class" else None
+    from brokersched import RedisBackend, RedisLeaseBackend
+
+    RedisBackend("redis://127.0.0.1", **{keyword: value})
+    RedisLeaseBackend("redis://127.0.0.1", **{keyword: value})

@@ -724,3 +724,31 @@ async def test_purge_redis_cluster_removes_keys_on_every_node(redis_cluster_url:
         assert checks["maxmemory-policy"].severity == "ok"
     finally:
         await client.aclose()
+
+
+async def test_purge_leaves_an_applications_tables_named_like_brokerscheds(
+    postgres_dsn: str,
+) -> None:
+    """A schema of the application's with a Flyway ``schema_version`` and an audit ``history``
+    of its own: purge (``--prefix`` naming it) drops neither, and says the schema was kept."""
+    import asyncpg
+
+    schema = unique("postgres")
+    conn = await asyncpg.connect(postgres_dsn)
+    try:
+        await conn.execute(
+            f'CREATE SCHEMA "{schema}";'
+            f'CREATE TABLE "{schema}".schema_version (installed_rank int, version text);'
+            f'CREATE TABLE "{schema}".history (id int, started_at timestamptz, what text);'
+            f'CREATE TABLE "{schema}".orders (id int)'
+        )
+        env = env_of("postgres", postgres_dsn, unique("postgres"))
+        result = await cli("purge", APP, "--prefix", schema, env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "removed 0 objects" in result.stdout, result.stdout
+        assert f"schema {schema} kept" in result.stdout
+        assert "is not brokersched's" in result.stdout
+        assert await postgres_objects(postgres_dsn, schema) >= {"schema_version", "history"}
+    finally:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.close()

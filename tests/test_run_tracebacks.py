@@ -119,3 +119,73 @@ def test_records_without_a_traceback_read_as_before() -> None:
         json.dumps({**json.loads(text), "traceback": "T", "added_later": 1})
     )
     assert failed.traceback == "T"  # and a key a later release adds is ignored
+
+
+class BadStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str() of this exception fails")
+
+
+async def test_an_exception_whose_str_raises_is_a_failed_run_that_runs_once(
+    clock: TestClock,
+) -> None:
+    """Its ``str()`` raised while the runner wrote the error, so the run looked lost: its slot
+    was handed over and another instance ran it again (attempt 2, a retry nobody asked for)."""
+    backend = MemoryBackend()
+    runs: list[tuple[str, str, int]] = []
+    schedulers = [
+        Scheduler(backend, clock=clock, jitter=0, instance_id=name) for name in ("a", "b")
+    ]
+
+    async def files(ctx: JobContext) -> None:
+        runs.append((ctx.instance_id, ctx.reason, ctx.attempt))
+        raise BadStr()
+
+    jobs = [sched.every("files", "10m", files) for sched in schedulers]
+    for sched in schedulers:
+        await sched.start()
+    try:
+        await clock.advance("10m")
+        await clock.advance("2m")  # time for a take-over, had the run looked lost
+        assert len(runs) == 1, runs
+        (record,) = await jobs[0].history(5)
+        assert (record.outcome, record.error) == ("failed", "BadStr: <exception str() failed>")
+    finally:
+        for sched in schedulers:
+            await sched.stop()
+
+
+async def test_an_undecodable_file_name_in_an_error_is_recorded(
+    scheduler: Scheduler[Any], clock: TestClock
+) -> None:
+    """A file name of bytes that are not UTF-8 decodes to lone surrogates (``os.listdir``),
+    which no backend can store: the record was lost. They are escaped."""
+
+    async def scan(ctx: JobContext) -> None:
+        raise ValueError("cannot read bad\udcffname")
+
+    job = scheduler.every("scan", "1m", scan)
+    await scheduler.start()
+    await clock.advance("1m")
+    (record,) = await job.history(1)
+    assert record.error == "ValueError: cannot read bad\\udcffname"
+    assert record.traceback is not None and "bad\\udcffname" in record.traceback
+
+
+async def test_an_error_is_redacted_like_its_traceback(
+    scheduler: Scheduler[Any], clock: TestClock
+) -> None:
+    """The error beside the traceback showed a URL's password and the job's data (a repr of
+    a data string with a backslash escapes it: masked as shown too)."""
+    secret = "ab\\cd-" + TOKEN
+
+    async def sync(ctx: JobContext) -> None:
+        raise KeyError(f"connect postgresql://app:S3cretPW@db/x for {ctx.data['tok']}")
+
+    job = scheduler.every("sync", "1m", sync, data={"tok": secret})
+    await scheduler.start()
+    await clock.advance("1m")
+    (record,) = await job.history(1)
+    assert record.error is not None and record.traceback is not None
+    for text in (record.error, record.traceback):
+        assert "S3cretPW" not in text and TOKEN not in text, text

@@ -16,22 +16,36 @@ from ._sql import SCHEMA_VERSION
 __all__ = ["MIN_VERSION", "TABLES", "doctor", "inventory", "purge"]
 
 _BACKEND = "PostgresBackend"
-#: Every table the backend makes in its schema.
-TABLES = ("jobs", "leases", "history", "history_counters", "schema_version")
+#: Every table the backend makes in its schema, with columns that only brokersched's has: a
+#: table of that name without them is the application's (Flyway's ``schema_version``, an
+#: audit ``history``) and is never listed nor dropped.
+TABLES = {
+    "jobs": {"job", "last_slot_ms", "lease_until"},
+    "leases": {"job", "slot_ms", "token", "run_id"},
+    "history": {"job", "n", "slot_ms", "run_id"},
+    "history_counters": {"job", "n"},
+    "schema_version": {"version"},
+}
 MIN_VERSION = (12,)
 
 
 async def inventory(conn: Any, schema: str) -> Inventory:
     if not await conn.fetchval("SELECT count(*) FROM pg_namespace WHERE nspname = $1", schema):
         return Inventory(_BACKEND, schema)
-    tables = {
-        row[0]
-        for row in await conn.fetch(
-            "SELECT tablename FROM pg_tables WHERE schemaname = $1 AND tablename = ANY($2)",
-            schema,
-            list(TABLES),
-        )
-    }
+    columns: dict[str, set[str]] = {}
+    for table, column in await conn.fetch(
+        "SELECT table_name, column_name FROM information_schema.columns"
+        " WHERE table_schema = $1 AND table_name = ANY($2)",
+        schema,
+        list(TABLES),
+    ):
+        columns.setdefault(table, set()).add(column)
+    tables = {name for name, wanted in TABLES.items() if _ours(name, columns.get(name, set()))}
+    unknown = tuple(
+        f"table {schema}.{name} is not brokersched's (not its columns): left"
+        for name in TABLES
+        if name in columns and name not in tables
+    )
     objects = [StoredObject("table", f"{schema}.{name}") for name in TABLES if name in tables]
     if await conn.fetchval("SELECT to_regprocedure($1)", f'"{schema}".store_now()') is not None:
         objects.append(StoredObject("function", f"{schema}.store_now()"))
@@ -59,7 +73,14 @@ async def inventory(conn: Any, schema: str) -> Inventory:
         )
         if newest is not None:
             live.append(f"a run started at {newest.isoformat()} was recorded ({schema}.history)")
-    return Inventory(_BACKEND, schema, tuple(objects), live=tuple(live))
+    return Inventory(_BACKEND, schema, tuple(objects), unknown, tuple(live))
+
+
+def _ours(table: str, columns: set[str]) -> bool:
+    """Whether a table of one of brokersched's names has its columns (``schema_version``: only
+    its one column, as Flyway's table of that name has a ``version`` too)."""
+    wanted = TABLES[table]
+    return columns == wanted if table == "schema_version" else wanted <= columns
 
 
 async def purge(conn: Any, found: Inventory) -> Inventory:
@@ -85,9 +106,8 @@ async def purge(conn: Any, found: Inventory) -> Inventory:
             await conn.execute(f"DROP SCHEMA IF EXISTS {s} RESTRICT")
             left = await inventory(conn, schema)
         else:
-            left = Inventory(
-                _BACKEND, schema, unknown=(f"schema {schema} kept: it holds other objects",)
-            )
+            note = f"schema {schema} kept: it holds other objects"
+            left = Inventory(_BACKEND, schema, unknown=(*left.unknown, note))
     return left
 
 

@@ -74,12 +74,25 @@ _NO_AOF_FIX = "set appendonly yes (appendfsync always or everysec) on the server
 
 def _client_keywords(cluster: bool) -> Callable[[], set[str]]:
     def keywords() -> set[str]:
-        """The keywords redis-py's ``from_url`` and the client's constructor accept."""
+        """The keywords redis-py's ``from_url`` and the client's constructor accept; for a
+        single server also its pools' and connections' (``from_url`` hands them on:
+        ``connection_class``, ``path``, the ``ssl_*`` options...)."""
         import redis.asyncio
+        import redis.asyncio.connection as connection
         from redis.asyncio.cluster import RedisCluster
 
-        client = RedisCluster if cluster else redis.asyncio.Redis
-        return parameter_names(client.__init__, client.from_url) - {"url"}
+        if cluster:
+            return parameter_names(RedisCluster.__init__, RedisCluster.from_url) - {"url"}
+        handed_on = (
+            connection.ConnectionPool.__init__,
+            connection.BlockingConnectionPool.__init__,
+            connection.AbstractConnection.__init__,
+            connection.Connection.__init__,
+            connection.SSLConnection.__init__,
+            connection.UnixDomainSocketConnection.__init__,
+        )
+        client = redis.asyncio.Redis
+        return parameter_names(client.__init__, client.from_url, *handed_on) - {"url"}
 
     return keywords
 
