@@ -713,6 +713,9 @@ async def test_a_cut_connection_fails_closed_and_claiming_resumes(
     amqp_url: str, fleet: Callable[..., Any], proxy: TcpProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
+    # Its own level too: the CLI's quiet_clients, run in-process by earlier tests, leaves
+    # aio-pika's logger at WARNING.
+    caplog.set_level(logging.INFO, logger="aio_pika")
     direct, cut_off = await fleet(), await fleet(via(amqp_url, proxy.port))
     before = Slot("job", SLOT)
     assert await claim(cut_off, before) is True
