@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import IO
+from typing import IO, NoReturn
 
 import pytest
 
@@ -17,15 +17,19 @@ from brokersched._clock import Clock
 from brokersched.abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
 
 
+def missing(message: str) -> NoReturn:
+    """Something a test needs is not installed: a failure in CI (it never skips), a skip
+    elsewhere."""
+    if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def faketime() -> str:
-    """libfaketime's ``faketime`` command (``.ci/run`` installs it); missing: a failure in CI,
-    a skip elsewhere."""
+    """libfaketime's ``faketime`` command (``.ci/run`` installs it)."""
     found = shutil.which("faketime")
     if found is None:
-        message = "faketime is needed: apt-get install faketime"
-        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("faketime is needed: apt-get install faketime")
     return found
 
 

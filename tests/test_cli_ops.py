@@ -55,6 +55,7 @@ from brokersched.backends.rabbitmq import (
 from brokersched.testing import TestClock
 from tests.cli_apps.ops_app import make_backend, make_scheduler
 from tests.cli_apps.process import brokersched
+from tests.helpers import missing
 from tests.redis_helpers import RedisServer, redis_cluster_url
 
 __all__ = ["redis_cluster_url"]  # a fixture
@@ -188,7 +189,7 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
     kind: str = request.param
     if kind == "rabbitmq":
         if shutil.which("rabbitmqctl") is None:
-            pytest.skip("needs rabbitmqctl to look at the broker")
+            missing("needs rabbitmqctl to look at the broker")
         return Server(kind, request.getfixturevalue("amqp_url"))
     if kind == "nats":
         return Server(kind, request.getfixturevalue("nats_url"))
@@ -540,7 +541,7 @@ class PrivateRabbitMQ:
 @pytest.fixture(scope="module")
 def private_rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRabbitMQ]:
     if not (RABBITMQ_SBIN / "rabbitmq-server").exists():
-        pytest.skip("needs the rabbitmq-server package")
+        missing("needs the rabbitmq-server package")
     base = tmp_path_factory.mktemp("rmq")
     node = PrivateRabbitMQ(base, f"ops{uuid.uuid4().hex[:6]}@localhost", _free_port(), _free_port())
     try:
