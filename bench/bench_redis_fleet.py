@@ -86,7 +86,7 @@ asyncio.run(main())
 """
 
 
-# -- a throwaway 3-master cluster (as tests/redis_helpers.py, which needs pytest) ---------------
+# -- a throwaway 3-master cluster (as tests/support/redis_helpers.py, which needs pytest) ---
 
 
 def _port_pair_is_free(port: int) -> bool:

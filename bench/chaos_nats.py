@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.cluster_helpers_nats import Fleet, NatsCluster, figures, now_ms
+from tests.support.cluster_nats import Fleet, NatsCluster, figures, now_ms
 
 
 async def _until_runs_after(fleet: Fleet, after_ms: int, timeout: float = 60) -> None:

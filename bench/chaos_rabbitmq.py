@@ -3,7 +3,7 @@
     .venv/bin/python bench/chaos_rabbitmq.py [--kills 10] [--partitions 2] [--ticktimes 60,10]
 
 For each ``net_ticktime`` given, starts a cluster with scripts/cluster.sh rabbitmq, runs the
-fleet of tests/cluster_helpers_rabbitmq.py (3 processes, one per node, every node's URL, 20 jobs
+fleet of tests/support/cluster_rabbitmq.py (3 processes, one per node, every node's URL, 20 jobs
 @1 s), then ``--kills`` rounds of: kill -9 a node (in turn), wait until every process claims
 again, start the node again; then ``--partitions`` rounds of: cut a node off for
 ``--cut-seconds``, heal, wait until every process claims again. Prints one line per round and a
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.cluster_helpers_rabbitmq import (
+from tests.support.cluster_rabbitmq import (
     PROCESSES,
     Fleet,
     RabbitCluster,
@@ -29,14 +29,16 @@ from tests.cluster_helpers_rabbitmq import (
     figures,
     members_running,
     running_fleet,
-    wait_for,
 )
+from tests.support.wait import until_sync
 
 EVERYONE = set(range(PROCESSES))
 
 
 def claiming_again(fleet: Fleet, since: float, timeout: float = 120) -> float:
-    return wait_for(lambda: members_running(fleet, since + 1) == EVERYONE, timeout, "resume")
+    return until_sync(
+        lambda: members_running(fleet, since + 1) == EVERYONE, timeout=timeout, what="resume"
+    )
 
 
 def soak(cluster: RabbitCluster, kills: int, partitions: int, cut_s: float) -> int:

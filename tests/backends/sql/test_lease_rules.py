@@ -1,0 +1,569 @@
+"""The lease rules of issue 18, on every lease backend against the real thing (MemoryBackend, a
+SQLite file, the PostgreSQL server of ``postgres_dsn``):
+
+* a slot far ahead of the backend's clock is refused, so a fast clock cannot fence a job;
+* manual runs never move the fence scheduled slots must pass, and are not restarted;
+* a take-over leaves a slot that waited longer than the job's retry window for a runner;
+* a lock wait must fit in a third of the lease, and a release answers within it;
+* a lost attempt is recorded once, by its taker, together with the take-over.
+
+Slot times are built from the database's clock (the host's: the server runs here), with
+margins of seconds against bounds of seconds; a lease that expired long ago is made so by
+moving its expiry back in the backend's storage (``backdate``); the few remaining lease expiries
+wait for the lease to pass, as the conformance suite does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from brokersched import (
+    BackendError,
+    BackendUnavailableError,
+    ClockSkewError,
+    ConfigurationError,
+    JobContext,
+    Scheduler,
+)
+from brokersched._clock import SystemClock
+from brokersched.abc import JobPolicy, Lease, LeaseBackend, Slot
+from brokersched.backends._sql import SCHEMA_VERSION
+from brokersched.backends.memory import MemoryBackend, MemoryStore
+from brokersched.backends.postgres import PostgresBackend
+from brokersched.backends.postgres import _Statements as PostgresStatements
+from brokersched.backends.sqlite import SQLiteBackend
+from brokersched.backends.sqlite import _Statements as SQLiteStatements
+from tests.support.names import unique
+from tests.support.sql_helpers import (
+    SLOT,
+    TTL,
+    Fleet,
+    SkewedClock,
+    acquire,
+    drop_schema,
+    expire,
+    hold_write_lock,
+    schema_version,
+)
+from tests.support.wait import until
+
+AHEAD_MS = 120_000  # the operator's machine in issue 18 was 2 minutes fast
+OLD_MS = 32_000  # the slot in issue 18 restarted 32 s late...
+WINDOW = timedelta(seconds=5)  # ... with catch_up=0, max_late=5s
+
+
+@dataclass
+class LeaseFleet(Fleet):
+    """``Fleet`` with MemoryBackend members too (sharing one store, on the system clock)."""
+
+    store: MemoryStore = field(default_factory=MemoryStore)
+
+    def build(self, **options: Any) -> LeaseBackend:
+        if self.kind == "memory":
+            return MemoryBackend(store=self.store, **options)
+        return super().build(**options)
+
+
+def now_ms() -> int:
+    """The backends' clock: the database server runs on this host, as does the instance."""
+    return time.time_ns() // 1_000_000
+
+
+@asynccontextmanager
+async def make_fleet(kind: str, request: pytest.FixtureRequest, tmp: Path) -> AsyncIterator[Any]:
+    namespace = unique("t")
+    dsn = request.getfixturevalue("postgres_dsn") if kind == "postgres" else ""
+    fleet = LeaseFleet(kind, namespace, tmp / f"{namespace}.db", dsn)
+    try:
+        yield fleet
+    finally:
+        for backend in reversed(fleet.started):
+            await backend.stop()
+        if kind == "postgres":
+            await drop_schema(dsn, namespace)
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+async def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LeaseFleet]:
+    async with make_fleet(request.param, request, tmp_path) as fleet:
+        yield fleet
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def sql_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[LeaseFleet]:
+    async with make_fleet(request.param, request, tmp_path) as fleet:
+        yield fleet
+
+
+# -- 6: the backend's clock bounds the slot it accepts --------------------------------------
+
+
+@pytest.mark.parametrize("reason", ["schedule", "manual", "catch-up"])
+async def test_a_slot_far_ahead_of_the_backends_clock_is_refused(
+    fleet: LeaseFleet, reason: str
+) -> None:
+    """A machine 2 minutes fast (a fleet member, or ``brokersched trigger``) claims a slot 2
+    minutes ahead: refused, and the fleet's next slot is still free."""
+    backend = await fleet.start()
+    now = now_ms()
+    await backend.release(lease_of(await acquire(backend, Slot("job", now - 60_000))))
+    with pytest.raises(ClockSkewError) as caught:
+        await acquire(backend, Slot("job", now + AHEAD_MS), reason=reason)
+    error = caught.value
+    assert isinstance(error, BackendError)  # the scheduler skips the slot: it fails closed
+    assert error.ahead_ms > AHEAD_MS - 10_000
+    message = str(error)
+    assert f"job:{now + AHEAD_MS}" in message
+    assert "max_clock_skew (5s)" in message and "NTP" in message
+    assert "clock" in message and "ahead of" in message
+    # Nothing was fenced: the slot that falls due now is granted to an honest instance.
+    assert isinstance(await acquire(backend, Slot("job", now), instance="honest"), Lease)
+
+
+def lease_of(result: Lease | str) -> Lease:
+    assert isinstance(result, Lease), result
+    return result
+
+
+async def test_the_bound_reads_the_backends_clock_not_the_instances(
+    sql_fleet: LeaseFleet,
+) -> None:
+    """A fleet member 2 minutes fast (its scheduler's clock): the slots its clock says are due
+    are refused, and an honest slot is granted to it; the database's clock decides."""
+    fast_clock = SkewedClock(timedelta(milliseconds=AHEAD_MS))
+    fast = await sql_fleet.start(clock=fast_clock)
+    with pytest.raises(ClockSkewError):
+        await acquire(fast, Slot("job", fast_clock.now_ms()))
+    assert isinstance(await acquire(fast, Slot("job", now_ms())), Lease)
+
+
+async def test_a_fast_fleet_member_no_longer_silences_the_job(sql_fleet: LeaseFleet) -> None:
+    """Issue 18: a member 2 minutes fast claimed every slot 2 minutes ahead, and the honest
+    members were refused every slot. Now its claims (scheduled, and manual as from
+    ``brokersched trigger``) are skipped with the reason, and the honest member runs the job."""
+    ran: dict[str, list[int]] = {"honest": [], "fast": []}
+    skips: list[tuple[str, str | None]] = []
+    members = {
+        "honest": Scheduler(sql_fleet.build(lease_ttl=TTL), instance_id="honest", jitter=0),
+        "fast": Scheduler(
+            sql_fleet.build(lease_ttl=TTL),
+            instance_id="fast",
+            jitter=0,
+            clock=SkewedClock(timedelta(milliseconds=AHEAD_MS)),
+        ),
+    }
+    for name, member in members.items():
+
+        def tick(ctx: JobContext, name: str = name) -> None:
+            ran[name].append(ctx.slot_ms)
+
+        member.every("tick", "500ms", tick, catch_up=0, max_late="1s")
+    members["fast"].on("skip", lambda event: skips.append((event.reason, event.detail)))
+    for member in members.values():
+        await member.start()
+    try:
+        job = members["fast"].get("tick")
+        assert job is not None
+        assert await job.trigger() is None  # brokersched trigger from the fast machine
+        await until(lambda: len(ran["honest"]) >= 3 and len(skips) >= 2, timeout=20)
+        # the fast member's health check fails (it handles nothing); the honest one's passes
+        await until(lambda: bool(members["fast"].overdue()), timeout=20)
+        assert members["honest"].overdue() == []
+    finally:
+        for member in members.values():
+            await member.stop()
+    assert ran["fast"] == []
+    reason, detail = skips[0]
+    assert reason == "clock-skew" and detail is not None and "max_clock_skew" in detail
+    assert len(ran["honest"]) == len(set(ran["honest"]))
+
+
+async def test_max_clock_skew_is_the_allowance(fleet: LeaseFleet) -> None:
+    tolerant = await fleet.start()
+    strict = await fleet.start(max_clock_skew=0)
+    now = now_ms()
+    policy = JobPolicy("job", overlap="allow")
+    assert isinstance(await acquire(tolerant, Slot("job", now + 2_000), policy), Lease)
+    with pytest.raises(ClockSkewError, match=r"max_clock_skew \(0s\)"):
+        await acquire(strict, Slot("job", now + 60_000), policy)
+    assert tolerant.max_clock_skew == timedelta(seconds=5)  # type: ignore[attr-defined]
+
+
+def test_max_clock_skew_is_validated(tmp_path: Path) -> None:
+    for make in (
+        lambda: MemoryBackend(max_clock_skew="-1s"),
+        lambda: SQLiteBackend(tmp_path / "x.db", max_clock_skew=-1),
+        lambda: PostgresBackend("postgresql://x/y", max_clock_skew=-1),
+    ):
+        with pytest.raises(ConfigurationError) as caught:
+            make()
+        assert caught.value.option == "max_clock_skew"
+
+
+# -- issue 24, class 4: the refusal names the clock that moved --------------------------------
+
+
+class ShiftedClock(SystemClock):
+    """This instance's clocks. ``together(ms)`` moves its wall and monotonic clocks as one,
+    which is what the instance sees when the store's clock steps back by ``ms`` (the shared
+    server's clock cannot be stepped by a test); ``step(ms)`` moves its wall clock alone (this
+    instance's own step, as NTP does it)."""
+
+    def __init__(self) -> None:
+        self.both_ms = 0
+        self.wall_ms = 0
+
+    def together(self, ms: int) -> None:
+        self.both_ms += ms
+
+    def step(self, ms: int) -> None:
+        self.wall_ms += ms
+
+    def now_ms(self) -> int:
+        return super().now_ms() + self.both_ms + self.wall_ms
+
+    def monotonic_ms(self) -> int:
+        return super().monotonic_ms() + self.both_ms
+
+
+async def start_shifted(fleet: LeaseFleet, clock: ShiftedClock) -> LeaseBackend:
+    # MemoryBackend judges on its scheduler's clock unless given the store's own.
+    options = {"store_clock": SystemClock()} if fleet.kind == "memory" else {}
+    return await fleet.start(clock=clock, **options)
+
+
+async def test_a_store_clock_stepped_back_is_named(fleet: LeaseFleet) -> None:
+    """Issue 24 (4): the database's clock stepped back 10 s; every claim was refused and the
+    warning told the operator to fix the instance's clock. It names the store's clock now."""
+    clock = ShiftedClock()
+    backend = await start_shifted(fleet, clock)
+    await backend.release(lease_of(await acquire(backend, Slot("job", clock.now_ms()))))
+    clock.together(10_000)  # = the store's clock 10 s back, this instance's clocks agreeing
+    with pytest.raises(ClockSkewError) as caught:
+        await acquire(backend, Slot("job", clock.now_ms()))
+    error, name = caught.value, backend.clock_name  # type: ignore[attr-defined]
+    message = str(error)
+    assert error.moved == "store", message
+    assert f"{name.name} appears to have stepped back by ~10s" in message
+    assert f"fix the time sync (NTP) of {name.host}" in message
+    assert "this instance's clock kept time with its monotonic clock" in message
+    assert "this instance's clock is fast" not in message
+
+
+async def test_an_instance_clock_stepped_forward_is_named(fleet: LeaseFleet) -> None:
+    clock = ShiftedClock()
+    backend = await start_shifted(fleet, clock)
+    await backend.release(lease_of(await acquire(backend, Slot("job", clock.now_ms()))))
+    clock.step(10_000)
+    with pytest.raises(ClockSkewError) as caught:
+        await acquire(backend, Slot("job", clock.now_ms()))
+    message = str(caught.value)
+    assert caught.value.moved == "instance", message
+    assert "this instance's clock stepped forward by ~10s" in message
+    assert "fix this instance's time sync (NTP)" in message
+
+
+async def test_a_clock_fast_from_the_start_names_both_candidates(fleet: LeaseFleet) -> None:
+    """No claim of this instance ever passed: it cannot tell which clock is wrong."""
+    clock = ShiftedClock()
+    backend = await start_shifted(fleet, clock)
+    clock.step(AHEAD_MS)
+    with pytest.raises(ClockSkewError) as caught:
+        await acquire(backend, Slot("job", clock.now_ms()))
+    message = str(caught.value)
+    assert caught.value.moved is None, message
+    name = backend.clock_name.name  # type: ignore[attr-defined]
+    assert f"this instance's clock is fast, or {name} is slow" in message
+
+
+async def test_a_manual_run_does_not_fence_scheduled_slots(fleet: LeaseFleet) -> None:
+    """A manual run claims the instant it is asked for; a scheduled slot just before it (still
+    in its jitter window) or just after it runs all the same."""
+    backend = await fleet.start()
+    now = now_ms()
+    manual = lease_of(await acquire(backend, Slot("job", now), reason="manual"))
+    assert manual.reason == "manual"
+    await backend.release(manual)  # ends its grant: the next claim need not wait for it
+    earlier = await acquire(backend, Slot("job", now - 1_000), instance="i2")
+    assert isinstance(earlier, Lease)
+    await backend.release(earlier)
+    assert await acquire(backend, Slot("job", now - 1_000)) == "not-acquired"  # ran once
+
+
+async def test_manual_runs_are_fenced_among_themselves_and_respect_overlap(
+    fleet: LeaseFleet,
+) -> None:
+    one, two = await fleet.start(), await fleet.start()
+    now = now_ms()
+    manual = lease_of(await acquire(one, Slot("job", now - 5_000), reason="manual"))
+    # A live manual run blocks the scheduled slots (overlap='skip') and other manual runs.
+    assert await acquire(two, Slot("job", now - 4_000), instance="i2") == "overlap"
+    assert await acquire(two, Slot("job", now - 3_000), reason="manual") == "overlap"
+    await one.release(manual)
+    assert await acquire(two, Slot("job", now - 5_000), reason="manual") == "not-acquired"
+    # Only manual runs so far: the job has missed nothing, no catch-up.
+    assert await acquire(two, Slot("job", now - 2_000), reason="catch-up") == "not-acquired"
+    scheduled = lease_of(await acquire(two, Slot("job", now - 6_000), instance="i2"))
+    assert await acquire(one, Slot("job", now - 1_000), reason="manual") == "overlap"
+    await two.release(scheduled)
+    assert isinstance(await acquire(one, Slot("job", now - 1_000), reason="manual"), Lease)
+
+
+async def test_a_dead_manual_run_is_restarted_while_it_is_the_latest(fleet: LeaseFleet) -> None:
+    """A manual run whose runner died is retried like a scheduled one, unless a scheduled slot
+    was claimed after it (the job has run since); either way its taker records it once."""
+    runner, taker = await fleet.start(), await fleet.start()
+    policy = JobPolicy("job", max_attempts=3)
+    now = now_ms()
+    lease_of(await acquire(runner, Slot("job", now - 10_000), policy, reason="manual"))
+    await expire()
+    (retry,) = await taker.take_over([policy], instance_id="taker")
+    assert (retry.slot_ms, retry.attempt, retry.reason) == (now - 10_000, 2, "retry")
+    await expire()  # the retry dies too, and a scheduled slot is claimed meanwhile
+    lease_of(await acquire(runner, Slot("job", now - 5_000), policy, instance="runner"))
+    assert await taker.take_over([policy], instance_id="taker") == []
+    history = await taker.history(policy, 10)
+    assert [(r.outcome, r.reason, r.attempt, r.error) for r in history] == [
+        ("interrupted", "retry", 2, "runner lost its lease"),
+        ("interrupted", "manual", 1, "runner lost its lease"),
+    ]
+
+
+# -- 7: a take-over respects the job's retry window -----------------------------------------
+
+
+async def backdate(fleet: LeaseFleet, slot: Slot, ms: int) -> None:
+    """Time moves on: the lease of ``slot`` expired (or was handed over) ``ms`` earlier on the
+    backend's clock than it did."""
+    if fleet.kind == "memory":
+        row = fleet.store.jobs[slot.job]
+        lease = row.leases[slot.slot_ms]
+        leases = {**row.leases, slot.slot_ms: replace(lease, expires_ms=lease.expires_ms - ms)}
+        fleet.store.jobs[slot.job] = replace(row, leases=leases)
+    elif fleet.kind == "sqlite":
+
+        def shift() -> None:
+            with sqlite3.connect(fleet.path) as conn:
+                conn.execute(
+                    "UPDATE brokersched_leases SET expires_ms = expires_ms - ? "
+                    "WHERE job = ? AND slot_ms = ?",
+                    (ms, slot.job, slot.slot_ms),
+                )
+
+        await asyncio.to_thread(shift)
+    else:
+        conn = await asyncpg.connect(fleet.dsn)
+        try:
+            await conn.execute(
+                f'UPDATE "{fleet.namespace}".leases '
+                "SET expires_at = expires_at - $3 * interval '1 millisecond' "
+                "WHERE job = $1 AND slot_ms = $2",
+                slot.job,
+                slot.slot_ms,
+                ms,
+            )
+        finally:
+            await conn.close()
+
+
+async def test_a_slot_handed_over_at_a_full_fleet_stop_is_not_rerun_later(
+    fleet: LeaseFleet,
+) -> None:
+    """Issue 18: the whole fleet stopped, handing the slot over; nobody took it; the next start
+    comes 32 s later, with catch_up=0 and max_late=5s: it is not restarted (its runner
+    recorded it interrupted when it stopped)."""
+    stopping, starting = await fleet.start(), await fleet.start()
+    policy = JobPolicy("job", max_attempts=3, retry_window=WINDOW)
+    slot = Slot("job", now_ms() - 1_000)
+    await stopping.release(lease_of(await acquire(stopping, slot, policy)), handover=True)
+    await backdate(fleet, slot, OLD_MS)
+    assert await starting.take_over([policy], instance_id="starting") == []
+    assert await starting.history(policy, 10) == []
+    assert await starting.take_over([policy], instance_id="again") == []  # dropped for good
+
+
+async def test_a_long_run_handed_over_by_a_rolling_restart_is_resumed(fleet: LeaseFleet) -> None:
+    """The window counts from the hand-over, not from the slot: a 20-minute run cut short by a
+    rolling restart is resumed at once by the next instance."""
+    stopping, starting = await fleet.start(), await fleet.start()
+    policy = JobPolicy("job", max_attempts=3, retry_window=WINDOW)
+    slot = Slot("job", now_ms() - 20 * 60_000)
+    await stopping.release(lease_of(await acquire(stopping, slot, policy)), handover=True)
+    (taken,) = await starting.take_over([policy], instance_id="starting")
+    assert (taken.slot_ms, taken.attempt, taken.reason) == (slot.slot_ms, 1, "retry")
+
+
+async def test_a_dead_runners_slot_left_longer_than_the_retry_window_is_recorded_interrupted(
+    fleet: LeaseFleet,
+) -> None:
+    runner, taker = await fleet.start(), await fleet.start()
+    policy = JobPolicy("job", max_attempts=3, retry_window=WINDOW)
+    slot = Slot("job", now_ms() - 1_000)
+    lease_of(await acquire(runner, slot, policy, instance="dead"))
+    await backdate(fleet, slot, OLD_MS)  # its lease expired 31 s ago: the fleet was down
+    assert await taker.take_over([policy], instance_id="taker") == []
+    (record,) = await taker.history(policy, 10)
+    assert (record.slot_ms, record.outcome, record.instance_id) == (
+        slot.slot_ms,
+        "interrupted",
+        "dead",
+    )
+    assert record.error is not None
+    assert record.error.startswith("runner lost its lease; not restarted: it waited 3")
+    assert record.error.endswith("for a runner, longer than its retry window (5s)")
+    assert await taker.take_over([policy], instance_id="taker") == []
+
+
+async def test_a_dead_runners_slot_within_the_retry_window_is_restarted(
+    fleet: LeaseFleet,
+) -> None:
+    runner, taker = await fleet.start(), await fleet.start()
+    policy = JobPolicy("job", max_attempts=3, retry_window=WINDOW)
+    slot = Slot("job", now_ms() - OLD_MS)  # an old slot: only the wait since expiry counts
+    lease_of(await acquire(runner, slot, policy))
+    await backdate(fleet, slot, 3_000)  # its lease expired 2 s ago
+    (retry,) = await taker.take_over([policy], instance_id="taker")
+    assert (retry.slot_ms, retry.attempt) == (slot.slot_ms, 2)
+    ((outcome, error),) = [(r.outcome, r.error) for r in await taker.history(policy, 10)]
+    assert (outcome, error) == ("interrupted", "runner lost its lease")
+
+
+async def test_the_retry_window_is_never_shorter_than_the_lease(fleet: LeaseFleet) -> None:
+    """While the fleet runs it sweeps every lease_ttl/2: a dead runner's slot found by the next
+    sweep is restarted even with a retry window of 0 (catch_up=0 and a tiny max_late)."""
+    runner, taker = await fleet.start(), await fleet.start()
+    policy = JobPolicy("job", max_attempts=3, retry_window=timedelta(0))
+    slot = Slot("job", now_ms() - 1_000)
+    lease_of(await acquire(runner, slot, policy))
+    await backdate(fleet, slot, TTL // timedelta(milliseconds=1) + 500)  # expired 0.5 s ago
+    (retry,) = await taker.take_over([policy], instance_id="taker")
+    assert (retry.slot_ms, retry.attempt) == (slot.slot_ms, 2)
+
+
+# -- 8: a lock wait fits in the lease --------------------------------------------------------
+
+
+def test_a_lock_wait_longer_than_a_third_of_the_lease_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        SQLiteBackend(tmp_path / "x.db", lease_ttl="1s", busy_timeout="5s")
+    error = caught.value
+    assert (error.option, error.backend) == ("busy_timeout", "SQLiteBackend")
+    message = str(error)
+    assert "busy_timeout (5s)" in message and "lease_ttl (1s)" in message
+    assert "raise lease_ttl to 15s or more" in message and "333ms or less" in message
+    # Unset, the lock wait is 5 s, or a third of the lease when that is shorter.
+    assert SQLiteBackend(tmp_path / "x.db").busy_timeout == timedelta(seconds=5)
+    short = SQLiteBackend(tmp_path / "x.db", lease_ttl="1s")
+    assert short.busy_timeout == timedelta(seconds=1) / 3
+    exact = SQLiteBackend(tmp_path / "x.db", lease_ttl="15s", busy_timeout="5s")
+    assert exact.busy_timeout == timedelta(seconds=5)
+
+
+async def test_a_release_answers_within_a_third_of_the_lease(sql_fleet: LeaseFleet) -> None:
+    """Another client holds what a release needs: it fails within ttl/3, while the lease is
+    still held (the runner then retries it), never landing after the lease expired."""
+    backend = await sql_fleet.start()
+    lease = lease_of(await acquire(backend, Slot("job", SLOT)))
+    loop = asyncio.get_running_loop()
+    async with hold_write_lock(sql_fleet):
+        began = loop.time()
+        with pytest.raises(BackendUnavailableError):
+            await backend.release(lease)
+        took = loop.time() - began
+    assert took < TTL.total_seconds() / 3 + 0.3, took
+    await backend.release(lease)  # the lock is free: the runner's retry goes through
+    assert isinstance(await acquire(backend, Slot("job", SLOT + 1_000)), Lease)
+
+
+# -- 9: a lost attempt is recorded once, by its taker ----------------------------------------
+
+
+@asynccontextmanager
+async def history_unwritable(fleet: Fleet) -> AsyncIterator[None]:
+    """The history table is gone for a while (renamed away)."""
+    if fleet.kind == "sqlite":
+
+        def rename(old: str, new: str) -> None:
+            with sqlite3.connect(fleet.path) as conn:
+                conn.execute(f"ALTER TABLE {old} RENAME TO {new}")
+
+        # In a thread: the failed take-over's rollback needs the event loop to let go.
+        await asyncio.to_thread(rename, "brokersched_history", "brokersched_gone")
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(rename, "brokersched_gone", "brokersched_history")
+        return
+    conn = await asyncpg.connect(fleet.dsn)
+    try:
+        await conn.execute(f'ALTER TABLE "{fleet.namespace}".history RENAME TO gone')
+        try:
+            yield
+        finally:
+            await conn.execute(f'ALTER TABLE "{fleet.namespace}".gone RENAME TO history')
+    finally:
+        await conn.close()
+
+
+async def test_a_take_over_and_its_record_are_one(sql_fleet: LeaseFleet) -> None:
+    """The taker records the lost attempt in the take-over's own transaction: if the record
+    cannot be written, nothing is taken over, and the next sweep does both, once."""
+    runner, taker = await sql_fleet.start(), await sql_fleet.start()
+    policy = JobPolicy("job", max_attempts=3)
+    lease_of(await acquire(runner, Slot("job", SLOT), policy, instance="lost"))
+    await expire()
+    async with history_unwritable(sql_fleet):
+        with pytest.raises(BackendError):
+            await taker.take_over([policy], instance_id="taker")
+    (retry,) = await taker.take_over([policy], instance_id="taker")
+    assert (retry.slot_ms, retry.attempt) == (SLOT, 2)
+    assert await runner.take_over([policy], instance_id="runner") == []
+    history = await taker.history(policy, 10)
+    assert [(r.outcome, r.instance_id, r.attempt) for r in history] == [("interrupted", "lost", 1)]
+
+
+# -- the schema: version 1 is upgraded in place ----------------------------------------------
+
+
+async def test_version_1_tables_are_upgraded_in_place(sql_fleet: LeaseFleet) -> None:
+    """A database written by the previous release keeps its fences and its grants."""
+    await create_version_1(sql_fleet)
+    backend = await sql_fleet.start()
+    assert await schema_version(sql_fleet) == SCHEMA_VERSION == 2
+    assert await acquire(backend, Slot("job", SLOT)) == "not-acquired"  # the fence stays
+    lease = lease_of(await acquire(backend, Slot("job", SLOT + 1_000)))
+    await backend.release(lease)
+    assert isinstance(await acquire(backend, Slot("job", SLOT + 2_000)), Lease)
+
+
+async def create_version_1(fleet: Fleet) -> None:
+    if fleet.kind == "sqlite":
+        sql = SQLiteStatements("brokersched_")
+        with sqlite3.connect(fleet.path) as conn:
+            for statement in sql.migrations[0]:
+                conn.execute(statement)
+            conn.execute(f"CREATE TABLE {sql.version_table} (version INTEGER NOT NULL)")
+            conn.execute(f"INSERT INTO {sql.version_table} VALUES (1)")
+            conn.execute("INSERT INTO brokersched_jobs VALUES ('job', ?, 0)", (SLOT,))
+        return
+    pg = PostgresStatements(fleet.namespace)
+    conn = await asyncpg.connect(fleet.dsn)
+    try:
+        await conn.execute(f"CREATE SCHEMA {pg.schema}")
+        await conn.execute(pg.migrations[0])
+        await conn.execute(f"CREATE TABLE {pg.version_table} (version integer NOT NULL)")
+        await conn.execute(f"INSERT INTO {pg.version_table} VALUES (1)")
+        await conn.execute(f"INSERT INTO {pg.schema}.jobs VALUES ('job', $1, now())", SLOT)
+    finally:
+        await conn.close()

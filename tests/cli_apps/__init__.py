@@ -1,4 +1,0 @@
-"""Small applications that ``tests/test_cli.py`` names as ``MODULE:ATTR`` to the CLI.
-
-Each reads where its backend lives from the environment, set by the test that runs it.
-"""

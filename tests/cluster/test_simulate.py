@@ -1,0 +1,145 @@
+"""The fleet simulator in CI: a fixed set of seeds, every backend, the invariants after every
+step (``brokersched.testing.simulate``). ``make simulate SEEDS=N`` runs a longer soak; a seed
+that fails here is replayed with ``make simulate SEED=<n>``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from brokersched._runner import Runner
+from brokersched.abc import Lease
+from brokersched.backends import _claims, _lease
+from brokersched.backends._claims import FleetMemory
+from brokersched.testing._sim_backends import (
+    SimLeaseBackend,
+    SimNATS,
+    SimRabbitMQ,
+    _RedisConnection,
+)
+from brokersched.testing.simulate import BACKENDS, simulate
+
+# About 0.6 s a seed on this repository's idle 2-core machine (several times that under load):
+# 4 x 12 seeds stay within CI's minute. One test a seed, so that a slow machine never runs one
+# test past its timeout, and a failure names its seed.
+SEEDS = range(12)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_fleet_keeps_its_invariants(backend: str, seed: int) -> None:
+    result = simulate(seed, backend=backend)
+    replay = f"replay: make simulate SEED={seed} BACKEND={backend}"
+    assert result.ok, "\n".join([*result.violations[:3], replay])
+
+
+def test_a_seed_replays_the_same_run() -> None:
+    first, again = simulate(7, backend="lease"), simulate(7, backend="lease")
+    assert (first.log, first.runs) == (again.log, again.runs)
+    assert first.runs > 20  # it does run jobs
+
+
+def test_a_broken_invariant_is_reported_with_the_run() -> None:
+    from brokersched.testing.simulate import Ledger, Run
+
+    ledger = Ledger(lease=False)
+    for instance in ("a", "b"):
+        ledger.runs.append(Run("tick", 1000, "schedule", 1, instance, "allow", 1, 5, end=9))
+    [found] = ledger.violations(now=10)
+    assert found.startswith("slot tick:1000 ran 2 times")
+
+
+# -- the simulator finds the issue 24 classes on the rules before their fixes -------------------
+#
+# Each test puts one rule back as it was before its fix, in a pure function or in a model of a
+# store (never in the code that ships), and runs a seed that found it (CHANGELOG, issue 24): the
+# violation must be seen, so a change to the simulator that blinds it to a class fails here.
+
+
+_take_over = _lease._take_over
+
+
+def _old_take_over(job: str, row: Any, take: Any, store: Any) -> Any:
+    """Before 5b4bb61: a take-over restarted a dead slot whatever other run of the job was live
+    (its only use of ``overlap``), a manual run granted meanwhile included (class 1)."""
+    allow = replace(take, policy=replace(take.policy, overlap="allow"))
+    return _take_over(job, row, allow, store)
+
+
+async def _old_release(self: Runner, lease: Lease, *, handover: bool, renewer: Any = None) -> None:
+    """Before 252f96e: a failed release was tried twice more (0.2 s, then 1 s later) once the
+    run's renewer no longer held the lease, which one failed renewal ends (classes 2 and 3)."""
+    tries = 0
+    while True:
+        try:
+            await self._release_once(lease, handover=handover, batched=not tries)
+            return
+        except Exception:
+            tries += 1
+            held = renewer is not None and not (renewer.lost or renewer._cancelled)
+            if not held and tries > 2:
+                return
+            await self.clock.sleep((0.2, 1.0)[min(tries, 2) - 1])
+
+
+def _old_skew_diagnosis(*_args: object) -> tuple[None, str]:
+    """Before ee4fdc0: every clock-skew refusal blamed this instance's clock (class 4)."""
+    return None, "this instance's clock is fast: fix its time sync (NTP), or raise max_clock_skew"
+
+
+def _old_nats_read(self: SimNATS, data: Any) -> None:
+    """Before aa6e1dc: NATS kept no note of its window's raises (class 6)."""
+    self._view = FleetMemory(data.window(), 0)
+
+
+def _old_margin_ms(limit_ms: int, *, skew_ms: int, lead_ms: int = 0) -> int:
+    """Before 19a3a02: a memory under 8 s tolerated only an eighth of it as skew (class 8)."""
+    return min(skew_ms, limit_ms // 8) + min(250, limit_ms // 8) + lead_ms
+
+
+async def _old_redis_open(self: Any, clock: Any) -> None:
+    """Before 6b6b2ac: Redis started whatever its maxmemory-policy (class 9)."""
+    self.clock = clock
+
+
+def _old_sqlite_now(self: SimLeaseBackend) -> int:
+    """Before ee4fdc0: SQLite judged leases on julianday('now'), the calling process's own
+    clock (class 5)."""
+    assert self._clock is not None
+    return self._clock.now_ms()
+
+
+UNDONE: list[tuple[str, str, int, object, str, object, str]] = [
+    # (class, backend, seed, what is patched, attribute, old rule, the violation)
+    ("1", "lease", 131, _lease, "_take_over", _old_take_over, "overlap"),
+    ("2, 3", "lease", 116, Runner, "release", _old_release, "ran again after it completed"),
+    ("4", "lease", 3, _lease, "skew_diagnosis", _old_skew_diagnosis, "blamed the wrong clock"),
+    ("5", "lease", 0, SimLeaseBackend, "_now", _old_sqlite_now, "overlap"),
+    ("6", "nats", 71, SimNATS, "_read", _old_nats_read, "slot once:"),
+    ("8", "redis", 20, _claims, "margin_ms", _old_margin_ms, "ran 2 times"),
+    ("9", "redis", 3, _RedisConnection, "open", _old_redis_open, "ran 2 times"),
+    ("12", "rabbitmq", 0, SimRabbitMQ, "_check_refusal", lambda *_: None, "nobody won it"),
+]
+
+
+@pytest.mark.parametrize(
+    ("issue_class", "backend", "seed", "owner", "name", "old", "seen"),
+    UNDONE,
+    ids=[f"class {row[0]}" for row in UNDONE],
+)
+def test_a_class_of_issue_24_is_found_on_the_rule_before_its_fix(
+    monkeypatch: pytest.MonkeyPatch,
+    issue_class: str,
+    backend: str,
+    seed: int,
+    owner: object,
+    name: str,
+    old: object,
+    seen: str,
+) -> None:
+    assert simulate(seed, backend=backend).ok, f"seed {seed} fails on the fixed rule"
+    monkeypatch.setattr(owner, name, old)
+    result = simulate(seed, backend=backend)
+    assert any(seen in violation for violation in result.violations), result.violations

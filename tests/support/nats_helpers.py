@@ -1,0 +1,381 @@
+"""NATS test helpers: a throwaway nats-server, a fault-injecting TCP proxy, clean-up.
+
+Everything listens on 127.0.0.1 on a free port and is stopped by the test that started it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import shutil
+import signal
+from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import nats
+import nats.errors
+import pytest
+from nats.js.api import StreamConfig
+from nats.js.errors import NotFoundError
+
+from tests.support.helpers import IN_CI
+from tests.support.wait import free_port, until
+
+NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
+
+
+async def delete_streams(url: str, prefix: str) -> None:
+    """Remove the streams a test created under ``prefix``."""
+    nc = await nats.connect(url, allow_reconnect=False, error_cb=_quiet)
+    try:
+        js = nc.jetstream()
+        for suffix in ("claims", "history"):
+            with contextlib.suppress(NotFoundError):
+                await js.delete_stream(f"{prefix}-{suffix}")
+    finally:
+        await nc.close()
+
+
+async def create_stream(url: str, config: StreamConfig, *, seal: bool = False) -> None:
+    """Pre-create a stream as an operator would (``seal``: then seal it, which only an update
+    can do)."""
+    nc = await nats.connect(url, allow_reconnect=False, error_cb=_quiet)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(config)
+        if seal:
+            await js.update_stream(dataclasses.replace(config, sealed=True))
+    finally:
+        await nc.close()
+
+
+async def stream_config(url: str, name: str) -> StreamConfig:
+    """The configuration of stream ``name`` as the server reports it."""
+    nc = await nats.connect(url, allow_reconnect=False, error_cb=_quiet)
+    try:
+        return (await nc.jetstream().stream_info(name)).config
+    finally:
+        await nc.close()
+
+
+async def update_stream(url: str, name: str, **changes: Any) -> None:
+    """Edit stream ``name`` as ``nats stream edit`` would."""
+    nc = await nats.connect(url, allow_reconnect=False, error_cb=_quiet)
+    try:
+        js = nc.jetstream()
+        config = (await js.stream_info(name)).config
+        await js.update_stream(dataclasses.replace(config, **changes))
+    finally:
+        await nc.close()
+
+
+async def delete_named_streams(url: str, *names: str) -> None:
+    """Remove the streams ``names`` that exist (beside ``delete_streams``: a test's own)."""
+    nc = await nats.connect(url, allow_reconnect=False, error_cb=_quiet)
+    try:
+        js = nc.jetstream()
+        for name in names:
+            with contextlib.suppress(NotFoundError):
+                await js.delete_stream(name)
+    finally:
+        await nc.close()
+
+
+async def _quiet(exc: Exception) -> None:
+    """nats-py logs every connection error with a traceback by default; polling expects some."""
+
+
+async def listening(url: str) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", urlsplit(url).port or 4222)
+    except OSError:
+        return False
+    writer.close()
+    return True
+
+
+async def jetstream_ready(url: str) -> bool:
+    # nats-py retries a refused first connect after reconnect_time_wait: probe TCP first
+    if not await listening(url):
+        return False
+    try:
+        nc = await asyncio.wait_for(
+            nats.connect(url, allow_reconnect=False, connect_timeout=1, error_cb=_quiet), 2
+        )
+    except (OSError, nats.errors.Error):
+        return False
+    try:
+        await nc.jetstream().account_info()
+        return True
+    except (OSError, nats.errors.Error):
+        return False
+    finally:
+        await nc.close()
+
+
+class NatsServer:
+    """A nats-server with JetStream and a file store under ``store``; restartable on its port."""
+
+    def __init__(
+        self,
+        store: Path,
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        jetstream: bool = True,
+        binary: str = NATS_SERVER,
+    ) -> None:
+        if not Path(binary).exists():
+            message = f"nats-server not found at {binary}"
+            if IN_CI:
+                pytest.fail(message, pytrace=False)
+            pytest.skip(message)
+        self.binary, self.store = binary, store
+        self.port = free_port()
+        self.auth = ["--user", user, "--pass", password] if user and password else []
+        self.jetstream = jetstream
+        self.process: asyncio.subprocess.Process | None = None
+        credentials = f"{user}:{password}@" if user and password else ""
+        self.url = f"nats://{credentials}127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self.process = await asyncio.create_subprocess_exec(
+            self.binary,
+            *("-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store)),
+            *(["-js"] if self.jetstream else []),
+            *self.auth,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        ready = jetstream_ready if self.jetstream else listening
+        await until(lambda: ready(self.url), timeout=15, what="nats-server to start")
+
+    async def stop(self, sig: int = signal.SIGTERM) -> None:
+        process, self.process = self.process, None
+        if process is None or process.returncode is not None:
+            return
+        process.send_signal(sig)
+        try:
+            await asyncio.wait_for(process.wait(), 10)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+    async def restart(self, sig: int = signal.SIGKILL, *, downtime: float = 0.0) -> None:
+        """Stop with ``sig``, stay down ``downtime`` seconds (an outage), start again."""
+        await self.stop(sig)
+        await asyncio.sleep(downtime)
+        await self.start()
+
+
+@contextlib.asynccontextmanager
+async def nats_server(store: Path, **options: Any) -> AsyncIterator[NatsServer]:
+    server = NatsServer(store, **options)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+class FaultProxy:
+    """A TCP proxy to ``target_port`` (on ``target_host``) that can hold the server's replies or
+    cut connections."""
+
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self.target_port, self.target_host = target_port, target_host
+        self.port = free_port()
+        self.replies_flowing = asyncio.Event()
+        self.replies_flowing.set()
+        self.held = bytearray()  # everything the server sent while replies were held
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+
+    def hold_replies(self) -> None:
+        """Keep what the server sends (acks included) from reaching the client. The server's
+        side is still read (into ``held``), so every answer sent while held can be seen."""
+        self.replies_flowing.clear()
+
+    def release_replies(self) -> None:
+        """Deliver what was held, in order (unless ``cut()`` dropped it), then flow again."""
+        self.replies_flowing.set()
+        self.held.clear()
+
+    async def holding(self, pattern: bytes) -> bool:
+        """Whether the replies held so far contain ``pattern`` (the server has answered, e.g. an
+        ack), in whichever reads they arrived."""
+        return pattern in self.held
+
+    def cut(self) -> None:
+        """Drop every proxied connection at once (held replies are lost)."""
+        for writer in list(self.writers):
+            writer.transport.abort()
+        self.writers.clear()
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        self.cut()
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.server is not None:
+            await self.server.wait_closed()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            server_r, server_w = await asyncio.open_connection(self.target_host, self.target_port)
+        except OSError:
+            client_w.transport.abort()
+            return
+        self.writers.update((client_w, server_w))
+        self._spawn(self._pipe(client_r, server_w))
+        self._spawn(self._pipe_replies(server_r, client_w))
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Client to server: never held."""
+        try:
+            while data := await reader.read(65536):
+                if writer.transport.is_closing():
+                    break
+                writer.write(data)
+                await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.transport.abort()
+            self.writers.discard(writer)
+
+    async def _pipe_replies(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Server to client. Reading goes on while replies are held (into ``held``): stopping
+        after the first held read would hide every answer that arrives in a later read (two
+        acks sent a moment apart, or after a PING or INFO), and ``holding()`` would wait in
+        vain for an answer the server gave."""
+        chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+        forwarding = self._spawn(self._forward(chunks, writer))
+        try:
+            while data := await reader.read(65536):
+                if not self.replies_flowing.is_set():
+                    self.held.extend(data)
+                chunks.put_nowait(data)
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            chunks.put_nowait(None)  # the forwarder ends the client's side once it is done
+        await forwarding
+
+    async def _forward(
+        self, chunks: asyncio.Queue[bytes | None], writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            while (data := await chunks.get()) is not None:
+                await self.replies_flowing.wait()
+                if writer.transport.is_closing():
+                    break
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.transport.abort()
+            self.writers.discard(writer)
+
+
+@contextlib.asynccontextmanager
+async def fault_proxy(
+    target_port: int, target_host: str = "127.0.0.1"
+) -> AsyncIterator[FaultProxy]:
+    proxy = FaultProxy(target_port, target_host)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.close()
+
+
+_DENY_STREAM_UPDATES = """
+authorization {
+  users = [
+    {user: admin, password: adminpw}
+    {user: app, password: apppw, permissions: {
+      publish: {allow: [">"], deny: ["$JS.API.STREAM.UPDATE.>"]}, subscribe: {allow: [">"]}}}
+  ]
+}
+"""
+
+
+@contextlib.asynccontextmanager
+async def nats_server_denying_stream_updates(
+    store: Path, binary: str = NATS_SERVER
+) -> AsyncIterator[tuple[str, str]]:
+    """A nats-server with JetStream where user ``app`` may do everything but update streams
+    (as an account whose streams are managed elsewhere); yields the admin's and app's URLs."""
+    config = store.with_suffix(".conf")
+    config.write_text(_DENY_STREAM_UPDATES)
+    server = NatsServer(store, binary=binary)
+    server.auth = ["-c", str(config)]  # extra arguments of nats-server
+    server.url = f"nats://admin:adminpw@127.0.0.1:{server.port}"
+    await server.start()
+    try:
+        yield server.url, f"nats://app:apppw@127.0.0.1:{server.port}"
+    finally:
+        await server.stop()
+
+
+# -- a fleet member in its own process: python -m tests.support.nats_helpers URL PREFIX ----
+
+FLEET_JOBS = {"fleet.fast": 0.2, "fleet.slow": 0.5}  # job name -> interval in seconds
+
+
+async def _fleet_member(url: str, prefix: str) -> None:
+    """Run a Scheduler on NATSBackend until SIGTERM; print one JSON line per run and skip."""
+    import json
+    import time
+
+    from brokersched import JobContext, NATSBackend, RunEvent, Scheduler, SkipEvent, StartEvent
+
+    def say(**fields: object) -> None:
+        print(json.dumps(fields), flush=True)
+
+    async def handler(ctx: JobContext) -> None:
+        say(run=ctx.job, slot_ms=ctx.slot_ms, instance=ctx.instance_id)
+
+    def skipped(event: SkipEvent | StartEvent | RunEvent) -> None:
+        assert isinstance(event, SkipEvent)
+        say(skip=event.job, slot_ms=event.slot_ms, reason=event.reason)
+
+    scheduler = Scheduler(NATSBackend(url, prefix=prefix, reconnect_time_wait=0.1))
+    for name, seconds in FLEET_JOBS.items():
+        scheduler.every(name, seconds, handler)
+    scheduler.on("skip", skipped)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with scheduler:
+        say(ready=time.time_ns() // 1_000_000)
+        await stop.wait()
+    say(stopped=time.time_ns() // 1_000_000)
+
+
+if __name__ == "__main__":
+    import sys
+
+    asyncio.run(_fleet_member(sys.argv[1], sys.argv[2]))

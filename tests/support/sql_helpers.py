@@ -1,0 +1,133 @@
+"""What the SQLite and PostgreSQL tests share: a fleet of backends of one namespace, a skewed
+instance clock, a claim in one call, the schema's version and the write lock held."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sqlite3
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from brokersched._clock import Clock, SystemClock
+from brokersched.abc import JobPolicy, Lease, LeaseBackend, Slot
+from brokersched.backends.postgres import PostgresBackend
+from brokersched.backends.sqlite import SQLiteBackend
+
+SLOT = 1_700_000_000_000  # in the past, as every slot an instance claims
+
+
+TTL = timedelta(seconds=1)
+
+
+class SkewedClock(SystemClock):
+    """An instance whose clock is wrong by ``offset``."""
+
+    def __init__(self, offset: timedelta) -> None:
+        self.offset_ms = round(offset / timedelta(milliseconds=1))
+
+    def now_ms(self) -> int:
+        return super().now_ms() + self.offset_ms
+
+
+@dataclass
+class Fleet:
+    """Backends of one namespace, each with its own connection, as instances of one fleet."""
+
+    kind: str
+    namespace: str
+    path: Path  # the SQLite file
+    dsn: str  # the PostgreSQL server
+    started: list[LeaseBackend] = field(default_factory=list)
+
+    def build(self, **options: Any) -> LeaseBackend:
+        if self.kind == "sqlite":
+            return SQLiteBackend(self.path, **options)
+        return PostgresBackend(self.dsn, schema=self.namespace, max_size=2, **options)
+
+    async def start(self, clock: Clock | None = None, **options: Any) -> LeaseBackend:
+        options.setdefault("lease_ttl", TTL)
+        backend = self.build(**options)
+        await backend.start(clock or SystemClock())
+        self.started.append(backend)
+        return backend
+
+    async def many(self, count: int, **options: Any) -> list[LeaseBackend]:
+        return list(await asyncio.gather(*(self.start(**options) for _ in range(count))))
+
+
+async def drop_schema(dsn: str, schema: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+async def acquire(
+    backend: LeaseBackend,
+    slot: Slot,
+    policy: JobPolicy | None = None,
+    *,
+    instance: str = "i1",
+    reason: Any = "schedule",
+    timeout: float = 5.0,
+) -> Lease | str:
+    return await backend.acquire(
+        slot,
+        policy=policy or JobPolicy(slot.job),
+        instance_id=instance,
+        run_id=secrets.token_hex(4),
+        reason=reason,
+        timeout=timeout,
+    )
+
+
+async def expire() -> None:
+    await asyncio.sleep(TTL.total_seconds() * 1.5)
+
+
+async def schema_version(fleet: Fleet, set_to: int | None = None) -> int:
+    if fleet.kind == "sqlite":
+        with sqlite3.connect(fleet.path) as conn:
+            if set_to is not None:
+                conn.execute("UPDATE brokersched_schema_version SET version = ?", (set_to,))
+            return int(conn.execute("SELECT version FROM brokersched_schema_version").fetchone()[0])
+    conn = await asyncpg.connect(fleet.dsn)
+    try:
+        table = f'"{fleet.namespace}".schema_version'
+        if set_to is not None:
+            await conn.execute(f"UPDATE {table} SET version = $1", set_to)
+        return int(await conn.fetchval(f"SELECT version FROM {table}"))
+    finally:
+        await conn.close()
+
+
+@asynccontextmanager
+async def hold_write_lock(fleet: Fleet) -> AsyncIterator[None]:
+    """Another client holding what a claim of ``job`` needs: SQLite's write lock, or the job's
+    row in PostgreSQL."""
+    if fleet.kind == "sqlite":
+        lite = sqlite3.connect(fleet.path, isolation_level=None)
+        lite.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            lite.execute("ROLLBACK")
+            lite.close()
+        return
+    conn = await asyncpg.connect(fleet.dsn)
+    try:
+        async with conn.transaction():
+            await conn.execute(
+                f"SELECT * FROM \"{fleet.namespace}\".jobs WHERE job = 'job' FOR UPDATE"
+            )
+            yield
+    finally:
+        await conn.close()
