@@ -9,12 +9,10 @@ kept as a regression test (each failed on the code before its fix). The harness 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 
 import nats
 import nats.js.errors
-import pytest
 
 from tests.support.seams import (
     LEAD_MS,
@@ -29,16 +27,6 @@ from tests.support.seams import (
 )
 from tests.support.stall_proxy import StallProxy
 from tests.support.tcp_proxy import TcpProxy
-
-
-@pytest.fixture
-async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
-    members = Fleet(tmp_path)
-    try:
-        yield members
-    finally:
-        await members.close()
-
 
 # The reply nats-server sends to a stream update ($JS.API.STREAM.UPDATE.<stream>): the update
 # has been applied when it leaves the server.

@@ -20,9 +20,8 @@ import itertools
 import json
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,15 +49,6 @@ from tests.support.seams import (
 )
 
 # -- the fleet: worker processes and their shared log -----------------------------------------
-
-
-@pytest.fixture
-async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
-    members = Fleet(tmp_path)
-    try:
-        yield members
-    finally:
-        await members.close()
 
 
 # -- the stores: a backend spec for the workers, deleted after the test ------------------------

@@ -579,16 +579,6 @@ def test_an_unreachable_database_exits_3_without_secrets() -> None:
 # -- log formatting (in process) -------------------------------------------------------------
 
 
-@pytest.fixture
-def root_logger() -> Iterator[logging.Logger]:
-    """configure_logging() owns the root logger; give pytest's handlers back afterwards."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield root
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
 @pytest.mark.parametrize(
     ("text", "redacted"),
     [

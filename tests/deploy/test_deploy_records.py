@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -120,20 +118,13 @@ async def test_stop_flushes_records_waiting_for_a_slow_backend() -> None:
     assert len(await sched.backend.history(job.settings.policy, 10)) == 3
 
 
-@pytest.fixture
-async def proxy(amqp_url: str) -> AsyncIterator[TcpProxy]:
-    parts = urlsplit(amqp_url)
-    async with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672) as running:
-        yield running
-
-
 async def test_a_claim_false_job_keeps_its_rhythm_through_a_rabbitmq_outage(
-    amqp_url: str, proxy: TcpProxy
+    amqp_url: str, amqp_proxy: TcpProxy
 ) -> None:
     """The broker is cut off for 6 s (real time): the per-instance job runs every second all
     the same, and its records reach the broker once it is back. About 10 s."""
     touched: set[str] = set()
-    backend = TrackedBackend(via(amqp_url, proxy.port), touched=touched, prefix=unique("t"))
+    backend = TrackedBackend(via(amqp_url, amqp_proxy.port), touched=touched, prefix=unique("t"))
     sched = Scheduler(backend, jitter=0)
     job = sched.every("refresh", "1s", tick, claim=False)
     started: list[float] = []
@@ -143,11 +134,11 @@ async def test_a_claim_false_job_keeps_its_rhythm_through_a_rabbitmq_outage(
     try:
         async with sched:
             await until(lambda: len(started) >= 2, timeout=10, what="two runs before the outage")
-            await proxy.cut()
+            await amqp_proxy.cut()
             cut_at = time.monotonic()
             await asyncio.sleep(6)
             during = [at for at in started if at > cut_at]
-            proxy.restore()
+            amqp_proxy.restore()
             assert len(during) >= 5, during  # not 1 or 2 held up by 10 s writes
             assert skips == []
             await until(

@@ -8,7 +8,6 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -99,21 +98,14 @@ async def test_stop_ends_the_attempts_and_the_lifespan() -> None:
         assert sched.ready
 
 
-@pytest.fixture
-async def proxy(amqp_url: str) -> AsyncIterator[TcpProxy]:
-    parts = urlsplit(amqp_url)
-    async with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672) as running:
-        yield running
-
-
 async def test_a_rabbitmq_that_is_down_at_start_is_waited_for(
-    amqp_url: str, proxy: TcpProxy
+    amqp_url: str, amqp_proxy: TcpProxy
 ) -> None:
     """RabbitMQ unreachable at start (the proxy refuses connections), then reachable: the
     scheduler connects by itself and its slots run, claimed. About 3 s."""
-    await proxy.cut()
+    await amqp_proxy.cut()
     touched: set[str] = set()
-    backend = TrackedBackend(via(amqp_url, proxy.port), touched=touched, prefix=unique("t"))
+    backend = TrackedBackend(via(amqp_url, amqp_proxy.port), touched=touched, prefix=unique("t"))
     sched = Scheduler(backend, jitter=0)
     runs: list[str] = []
     sched.every("tick", "500ms", lambda ctx: runs.append(ctx.run_id))
@@ -121,7 +113,7 @@ async def test_a_rabbitmq_that_is_down_at_start_is_waited_for(
         await sched.start(wait=False)
         await asyncio.sleep(1.0)
         assert not sched.ready and runs == []
-        proxy.restore()
+        amqp_proxy.restore()
         deadline = time.monotonic() + 15
         while not (sched.ready and runs):
             assert time.monotonic() < deadline, "not connected and running within 15 s"
@@ -130,4 +122,4 @@ async def test_a_rabbitmq_that_is_down_at_start_is_waited_for(
     finally:
         await sched.stop()
         await delete_queues(amqp_url, touched)
-    assert proxy.accepted >= 1
+    assert amqp_proxy.accepted >= 1

@@ -80,13 +80,13 @@ class Fleet:
     async def start(self, spec: dict[str, Any], *, skew: str | None = None) -> Member:
         """A worker for ``spec`` (``skew``: run under ``faketime -f <skew>``); returns once
         it has loaded (imports done, jobs registered): ``start_at_ms`` is then met."""
+        if spec.get("relative"):
+            spec = {**spec, "go": True}
         name = spec["instance"]
         argv = [sys.executable, "-m", "tests.support.seam_worker", json.dumps(spec)]
         if skew is not None:
             argv = [faketime(), "-f", skew, *argv]
         stderr = self.tmp / f"{name}.stderr"
-        if spec.get("relative"):
-            spec = {**spec, "go": True}
         stdin = asyncio.subprocess.PIPE if spec.get("go") else asyncio.subprocess.DEVNULL
         with stderr.open("wb") as sink:
             process = await asyncio.create_subprocess_exec(

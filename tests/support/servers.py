@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import os
 import socket
 import subprocess
@@ -31,6 +32,7 @@ from hypothesis import settings
 
 from tests.support import leftovers
 from tests.support.helpers import IN_CI
+from tests.support.tcp_proxy import TcpProxy
 
 # In CI, property tests replay the same examples every run: a red build is reproducible, and new
 # examples are explored on developers' machines.
@@ -328,3 +330,21 @@ def postgres_dsn(_servers: ExitStack) -> str:
 @pytest.fixture(scope="session")
 def redis_url(_servers: ExitStack) -> str:
     return server_url("redis", _servers)
+
+
+@pytest.fixture
+async def amqp_proxy(amqp_url: str) -> AsyncIterator[TcpProxy]:
+    """A TCP proxy in front of the broker: a test cuts, stalls or restores its links."""
+    parts = urlsplit(amqp_url)
+    async with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672) as running:
+        yield running
+
+
+@pytest.fixture
+def root_logger() -> Iterator[logging.Logger]:
+    """configure_logging() owns the root logger; give pytest's handlers back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield root
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -25,7 +25,7 @@ from brokersched import (
 from brokersched.abc import LeaseBackend
 from brokersched.backends.postgres import PostgresBackend
 from brokersched.backends.sqlite import SQLiteBackend
-from tests.support.sql_helpers import (
+from tests.support.leases import (
     TTL,
 )
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -145,16 +144,6 @@ def test_scrub_replaces_the_longest_secret_first() -> None:
 def test_redact_text_and_the_log_formatters(text: str, expected: str) -> None:
     assert redact_text(text) == expected
     assert redact_text(text) == expected
-
-
-@pytest.fixture
-def root_logger() -> Iterator[logging.Logger]:
-    """configure_logging() owns the root logger; give pytest's handlers back afterwards."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield root
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])

@@ -10,7 +10,6 @@ import re
 import signal
 import sys
 import time
-from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,17 +27,16 @@ from brokersched._clock import SystemClock
 from brokersched.abc import Claim, JobPolicy, RunRecord, Slot
 from brokersched.backends.nats import NATSBackend, redact, subject_token
 from brokersched.backends.nats._streams import Names
+from tests.support.fleet import run_fleet
 from tests.support.names import unique
 from tests.support.nats_helpers import (
-    FLEET_JOBS,
     FaultProxy,
     delete_streams,
     fault_proxy,
-    free_port,
     nats_server,
 )
 from tests.support.paths import REPO_ROOT
-from tests.support.wait import until
+from tests.support.wait import free_port, until
 
 # Against both NATS servers, 2.9 and the current one (tests/conftest.py).
 pytestmark = pytest.mark.nats_servers
@@ -863,74 +861,18 @@ async def test_scheduler_skips_through_an_outage_and_resumes_by_itself(
 
 # -- a fleet of scheduler processes ------------------------------------------------------------
 
-
-class _Member:
-    """A scheduler process (tests/support/nats_helpers.py) and the JSON lines it printed."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-        self.lines: list[dict[str, Any]] = []
-        self.stderr = b""
-        self.reading = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        assert self.process.stdout is not None and self.process.stderr is not None
-        errors = asyncio.create_task(self.process.stderr.read())
-        async for line in self.process.stdout:
-            self.lines.append(json.loads(line))
-        self.stderr = await errors
-
-    def first(self, key: str) -> int | None:
-        return next((int(line[key]) for line in self.lines if key in line), None)
+FLEET_JOBS = {"fleet.fast": 200, "fleet.slow": 500}  # job name -> interval in ms
 
 
 async def test_three_scheduler_processes_run_every_slot_exactly_once(
     nats_url: str, prefix: str
 ) -> None:
-    members = [
-        _Member(
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                *("-m", "tests.support.nats_helpers", nats_url, prefix),
-                cwd=REPO_ROOT,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-        )
-        for _ in range(3)
-    ]
-    try:
-
-        async def all_ready() -> bool:
-            return all(m.first("ready") is not None or m.reading.done() for m in members)
-
-        await until(all_ready, timeout=60, what="three schedulers to start")
-        await asyncio.sleep(3)  # the fleet runs on real time
-        stop_ms = now_ms()
-        for member in members:
-            member.process.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(asyncio.gather(*(m.reading for m in members)), 30)
-        codes = [await m.process.wait() for m in members]
-    finally:
-        for member in members:
-            if member.process.returncode is None:
-                member.process.kill()
-                await member.process.wait()
-    assert codes == [0, 0, 0], b"\n".join(m.stderr for m in members).decode()[-3000:]
-
-    ran = Counter(
-        (line["run"], line["slot_ms"]) for m in members for line in m.lines if "run" in line
-    )
-    assert [key for key, times in ran.items() if times > 1] == [], "slots that ran twice"
-    started = max(m.first("ready") or 0 for m in members)
-    for job, seconds in FLEET_JOBS.items():
-        period = round(seconds * 1000)
-        first, last = (started // period + 2) * period, (stop_ms - 500) // period * period
-        expected = set(range(first, last + 1, period))
-        assert len(expected) >= 4
-        missing = sorted(expected - {slot for name, slot in ran if name == job})
-        skips = [line for m in members for line in m.lines if line.get("slot_ms") in missing]
-        assert missing == [], f"{job}: slots that ran nowhere: {missing}; {skips}"
+    jobs = {job: f"{ms}ms" for job, ms in FLEET_JOBS.items()}
+    spec = {"backend": "nats", "url": nats_url, "prefix": prefix, "jobs": jobs}
+    spec |= {"options": {"reconnect_time_wait": 0.1}, "scheduler": {}}
+    fleet = await run_fleet(spec, run_s=3)
+    assert fleet.assert_every_slot_ran_once(FLEET_JOBS) >= 8
+    ran = fleet.runs()
     # Each run went into the shared history, readable from any instance.
     reader = NATSBackend(nats_url, prefix=prefix)
     await reader.start(CLOCK)

@@ -11,7 +11,6 @@ import asyncio
 import collections
 import hashlib
 import itertools
-import json
 import logging
 import os
 import random
@@ -23,7 +22,7 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -43,11 +42,10 @@ from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
     claim_queue_name,
     history_queue_name,
-    history_stream_name,
-    lock_queue_name,
-    record_queue_name,
 )
+from tests.support.fleet import run_fleet
 from tests.support.helpers import IN_CI
+from tests.support.leftovers import remove_rabbitmq
 from tests.support.rabbitmq_helpers import (
     CLAIM_ARGUMENTS,
     CLOCK,
@@ -550,32 +548,25 @@ async def test_a_claim_finding_no_free_channel_in_time_is_skipped_as_overloaded(
 # -- faults through a proxy --------------------------------------------------------------------
 
 
-@pytest.fixture
-async def proxy(amqp_url: str) -> AsyncIterator[TcpProxy]:
-    parts = urlsplit(amqp_url)
-    async with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5672) as running:
-        yield running
-
-
 async def test_a_cut_connection_fails_closed_and_claiming_resumes(
-    amqp_url: str, fleet: Callable[..., Any], proxy: TcpProxy, caplog: pytest.LogCaptureFixture
+    amqp_url: str, fleet: Callable[..., Any], amqp_proxy: TcpProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
     # Its own level too: the CLI's quiet_clients, run in-process by earlier tests, leaves
     # aio-pika's logger at WARNING.
     caplog.set_level(logging.INFO, logger="aio_pika")
-    direct, cut_off = await fleet(), await fleet(via(amqp_url, proxy.port))
+    direct, cut_off = await fleet(), await fleet(via(amqp_url, amqp_proxy.port))
     before = Slot("job", SLOT)
     assert await claim(cut_off, before) is True
 
-    await proxy.cut()
+    await amqp_proxy.cut()
     started = time.monotonic()
     with pytest.raises(BackendUnavailableError):
         await claim(cut_off, Slot("job", SLOT + 1000), timeout=0.5)
     assert time.monotonic() - started < 1.5  # the deadline holds, the claim fails closed
     assert await claim(direct, Slot("job", SLOT + 1000)) is True  # nothing was taken
 
-    proxy.restore()
+    amqp_proxy.restore()
     took = await until(resumed(cut_off), timeout=10, what="claims to resume")
     logging.getLogger(__name__).info("claims resumed %.2fs after the link came back", took)
     assert await claim(cut_off, before) is False  # no slot runs twice across the outage
@@ -590,12 +581,12 @@ async def test_a_cut_connection_fails_closed_and_claiming_resumes(
 
 
 async def test_link_cuts_let_only_backend_errors_out_of_every_call(
-    amqp_url: str, make: Callable[..., RabbitMQBackend], proxy: TcpProxy
+    amqp_url: str, make: Callable[..., RabbitMQBackend], amqp_proxy: TcpProxy
 ) -> None:
     """aiormq raised a bare ``RuntimeError("<Connection ...> closed")`` out of claim() when the
     link dropped while a channel was being opened. Calls are started on every turn of the event
     loop across each cut, so some of them meet the connection at every stage of its closing."""
-    backend = make(via(amqp_url, proxy.port), channels=16)
+    backend = make(via(amqp_url, amqp_proxy.port), channels=16)
     await backend.start(CLOCK)
     job = JobPolicy("cut", history_size=5)
     slots = itertools.count(SLOT)
@@ -623,13 +614,13 @@ async def test_link_cuts_let_only_backend_errors_out_of_every_call(
     try:
         for _ in range(5):
             await until(resumed(backend), timeout=15, what="claims to resume")
-            cutting = asyncio.ensure_future(proxy.cut())
+            cutting = asyncio.ensure_future(amqp_proxy.cut())
             calls = []
             for n in range(40):
                 calls.append(asyncio.ensure_future(call(n)))
                 await asyncio.sleep(0)  # one turn of the loop: the cut goes on meanwhile
             await cutting
-            proxy.restore()
+            amqp_proxy.restore()
             await asyncio.gather(*calls)
     finally:
         await backend.stop()
@@ -640,16 +631,16 @@ async def test_link_cuts_let_only_backend_errors_out_of_every_call(
 async def test_a_lost_confirm_is_ambiguous_and_the_slot_never_runs(
     amqp_url: str,
     fleet: Callable[..., Any],
-    proxy: TcpProxy,
+    amqp_proxy: TcpProxy,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    direct, cut_off = await fleet(), await fleet(via(amqp_url, proxy.port), channels=1)
+    direct, cut_off = await fleet(), await fleet(via(amqp_url, amqp_proxy.port), channels=1)
     assert await claim(cut_off, Slot("warm-up", SLOT)) is True  # link idle at a frame boundary
     slot = Slot("job", SLOT)
     # A claim publishes first; the slot's queue does not exist yet, so that publish comes back
     # unrouted (ack 1), and the claim declares the queue and publishes again (ack 2): the
     # broker takes the claim and its ack is lost.
-    proxy.cut_when_downstream(AckSpotter(nth=2))
+    amqp_proxy.cut_when_downstream(AckSpotter(nth=2))
     with (
         caplog.at_level(logging.WARNING, logger="brokersched.backends.rabbitmq"),
         pytest.raises(BackendError, match="ambiguous"),
@@ -658,7 +649,7 @@ async def test_a_lost_confirm_is_ambiguous_and_the_slot_never_runs(
     assert slot.key in caplog.text
     assert await claim(direct, slot) is False  # the broker holds the lost claim: nobody runs it
 
-    proxy.restore()
+    amqp_proxy.restore()
     await until(resumed(cut_off), timeout=10, what="claims to resume")
     assert await claim(cut_off, slot) is False
 
@@ -722,105 +713,17 @@ async def test_a_broker_restart_forgets_no_claim(fleet: Callable[..., Any]) -> N
 
 # -- a fleet of schedulers in separate processes -----------------------------------------------
 
-FLEET_MEMBER = """
-import asyncio, json, sys, time
-from brokersched import RabbitMQBackend, Scheduler
-
-url, prefix, jobs = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
-
-
-def say(**fields):
-    print(json.dumps(fields), flush=True)
-
-
-async def run(ctx):
-    say(ran=[ctx.job, ctx.slot_ms])
-
-
-async def main():
-    scheduler = Scheduler(RabbitMQBackend(url, prefix=prefix, slot_ttl="2m"), max_late="10s")
-    for job in jobs:
-        scheduler.every(job, "500ms", run)
-    scheduler.on("skip", lambda event: say(skip=[event.job, event.slot_ms, event.reason]))
-    async with scheduler:
-        say(ready=True)
-        until = float(await asyncio.to_thread(sys.stdin.readline))  # when the test says
-        await asyncio.sleep(max(0.0, until - time.time()))
-
-
-asyncio.run(main())
-"""
-
-
-class FleetMember:
-    """One scheduler process: its JSON lines; it runs until the instant sent to its stdin."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-        self.lines: list[dict[str, Any]] = []
-        self.ready = asyncio.Event()
-
-    async def read(self) -> None:
-        assert self.process.stdout is not None
-        try:
-            while line := await self.process.stdout.readline():
-                self.lines.append(json.loads(line))
-                if "ready" in self.lines[-1]:
-                    self.ready.set()
-            await self.process.wait()
-        finally:
-            self.ready.set()  # a member that died is "ready" too: its exit code tells
-
-    async def stop_at(self, until: float) -> None:
-        assert self.process.stdin is not None
-        if self.process.returncode is not None:
-            return  # it died: its exit code fails the test
-        self.process.stdin.write(f"{until}\n".encode())
-        await self.process.stdin.drain()
-
 
 async def test_three_scheduler_processes_run_every_slot_exactly_once(
-    amqp_url: str, prefix: str, touched: set[str]
+    amqp_url: str, prefix: str
 ) -> None:
-    jobs = ["fleet.tick", "fleet:tock$"]  # the second needs escaping
-    touched.update((record_queue_name(prefix), lock_queue_name(prefix)))  # the fleet's record
-    started = time.time()
-    members = [
-        FleetMember(await asyncio.create_subprocess_exec(
-            sys.executable, "-c", FLEET_MEMBER, amqp_url, prefix, ",".join(jobs),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        ))
-        for _ in range(3)
-    ]  # fmt: skip
-    reading = asyncio.gather(*(member.read() for member in members))
+    jobs = {"fleet.tick": "500ms", "fleet:tock$": "500ms"}  # the second needs escaping
+    spec = {"backend": "rabbitmq", "url": amqp_url, "prefix": prefix, "jobs": jobs}
+    spec |= {"options": {"slot_ttl": "2m"}, "scheduler": {"max_late": "10s"}}
     try:
-        async with asyncio.timeout(60):  # however slow the start, all three run together
-            await asyncio.gather(*(member.ready.wait() for member in members))
-        go = time.time()
-        until = go + 4
-        await asyncio.gather(*(member.stop_at(until) for member in members))
-        await reading
+        fleet = await run_fleet(spec)
     finally:
-        for member in members:
-            if member.process.returncode is None:
-                member.process.kill()
-        await asyncio.gather(reading, return_exceptions=True)
-        for job in jobs:
-            touched.add(history_queue_name(prefix, job))
-            touched.add(history_stream_name(prefix))
-            first, last = int(started * 1000) // 500 * 500 - 500, int(time.time() * 1000) + 1000
-            touched.update(
-                claim_queue_name(prefix, Slot(job, ms)) for ms in range(first, last, 500)
-            )
-    assert [member.process.returncode for member in members] == [0, 0, 0]
-
-    lines = [line for member in members for line in member.lines]
-    runs = [tuple(line["ran"]) for line in lines if "ran" in line]
-    skips = collections.Counter(line["skip"][2] for line in lines if "skip" in line)
-    twice = [run for run, count in collections.Counter(runs).items() if count > 1]
-    assert twice == [], f"slots run more than once: {twice}"
+        await remove_rabbitmq(amqp_url, prefix)
     # every slot from when all three were up until shortly before they stopped ran once
-    window = range((int(go * 1000) // 500 + 2) * 500, int(until * 1000) - 1000, 500)
-    missing = [(job, ms) for job in jobs for ms in window if (job, ms) not in set(runs)]
-    assert missing == [], f"slots that never ran: {missing} (skips: {dict(skips)})"
-    assert skips["not-acquired"] >= 2 * len(jobs) * len(window)  # the other two did try
+    window = fleet.assert_every_slot_ran_once(dict.fromkeys(jobs, 500))
+    assert fleet.skips()["not-acquired"] >= 2 * window  # the other two did try

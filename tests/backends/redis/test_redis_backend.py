@@ -5,7 +5,6 @@ running every slot exactly once."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
 import sys
@@ -36,8 +35,8 @@ from brokersched.backends.redis import (
     job_key,
     runs_key,
 )
+from tests.support.fleet import run_fleet
 from tests.support.names import unique
-from tests.support.paths import REPO_ROOT
 from tests.support.redis_helpers import RedisServer, delete_keys, redis_cluster_url
 from tests.support.wait import free_port
 
@@ -426,105 +425,23 @@ return 1
 
 # -- a fleet of schedulers in separate processes -----------------------------------------------
 
-FLEET_MEMBER = """
-import asyncio, json, sys, time
-from brokersched import RedisBackend, RedisLeaseBackend, Scheduler
-
-url, prefix, jobs, kind = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4]
-
-
-def say(**fields):
-    print(json.dumps(fields), flush=True)
-
-
-async def run(ctx):
-    say(ran=[ctx.job, ctx.slot_ms])
-
-
-async def main():
-    if kind == "lease":
-        backend = RedisLeaseBackend(url, prefix=prefix, lease_ttl="5s")
-    else:
-        backend = RedisBackend(url, prefix=prefix, slot_ttl="2m")
-    scheduler = Scheduler(backend, max_late="10s")
-    for job in jobs:
-        scheduler.every(job, "250ms", run)
-    scheduler.on("skip", lambda event: say(skip=[event.job, event.slot_ms, event.reason]))
-    async with scheduler:
-        say(ready=True)
-        until = float(await asyncio.to_thread(sys.stdin.readline))  # when the test says
-        await asyncio.sleep(max(0.0, until - time.time()))
-
-
-asyncio.run(main())
-"""
-
-
-class FleetMember:
-    """One scheduler process: its JSON lines; it runs until the instant sent to its stdin."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-        self.lines: list[dict[str, Any]] = []
-        self.ready = asyncio.Event()
-
-    async def read(self) -> None:
-        assert self.process.stdout is not None
-        try:
-            while line := await self.process.stdout.readline():
-                if line.startswith(b"{"):
-                    self.lines.append(json.loads(line))
-                    if "ready" in self.lines[-1]:
-                        self.ready.set()
-            await self.process.wait()
-        finally:
-            self.ready.set()
-
-    async def stop_at(self, until: float) -> None:
-        assert self.process.stdin is not None
-        if self.process.returncode is None:
-            self.process.stdin.write(f"{until}\n".encode())
-            await self.process.stdin.drain()
-
 
 @pytest.mark.parametrize("kind", ["claim", "lease"])
 async def test_three_scheduler_processes_run_every_slot_exactly_once(
     redis_url: str, prefix: str, kind: str
 ) -> None:
-    jobs = ["fleet.tick", "fleet:tock$"]
-    members = [
-        FleetMember(await asyncio.create_subprocess_exec(
-            sys.executable, "-c", FLEET_MEMBER, redis_url, prefix, ",".join(jobs), kind,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            cwd=REPO_ROOT,
-        ))
-        for _ in range(3)
-    ]  # fmt: skip
-    reading = asyncio.gather(*(member.read() for member in members))
+    jobs = {"fleet.tick": "250ms", "fleet:tock$": "250ms"}
+    options = {"lease_ttl": "5s"} if kind == "lease" else {"slot_ttl": "2m"}
+    spec = {"backend": f"redis-{kind}", "url": redis_url, "prefix": prefix, "jobs": jobs}
+    spec |= {"options": options, "scheduler": {"max_late": "10s"}}
     try:
-        async with asyncio.timeout(60):
-            await asyncio.gather(*(member.ready.wait() for member in members))
-        go = time.time()
-        until = go + 4
-        await asyncio.gather(*(member.stop_at(until) for member in members))
-        await reading
+        fleet = await run_fleet(spec)
     finally:
-        for member in members:
-            if member.process.returncode is None:
-                member.process.kill()
-        await asyncio.gather(reading, return_exceptions=True)
         await delete_keys(redis_url, prefix)
-    assert [member.process.returncode for member in members] == [0, 0, 0]
-    lines = [line for member in members for line in member.lines]
-    runs = [tuple(line["ran"]) for line in lines if "ran" in line]
-    skips = collections.Counter(line["skip"][2] for line in lines if "skip" in line)
-    twice = [run for run, count in collections.Counter(runs).items() if count > 1]
-    assert twice == [], f"slots run more than once: {twice}"
-    window = range((int(go * 1000) // 250 + 4) * 250, int(until * 1000) - 1000, 250)
-    missing = [(job, ms) for job in jobs for ms in window if (job, ms) not in set(runs)]
-    assert missing == [], f"slots that never ran: {missing} (skips: {dict(skips)})"
-    assert skips["not-acquired"] + skips["overlap"] >= 2 * len(jobs) * len(window)
-    logging.getLogger(__name__).info("%d runs, skips %s", len(runs), dict(skips))
+    window = fleet.assert_every_slot_ran_once(dict.fromkeys(jobs, 250), settle=4)
+    skips = fleet.skips()
+    assert skips["not-acquired"] + skips["overlap"] >= 2 * window
+    logging.getLogger(__name__).info("%d runs, skips %s", len(fleet.runs()), dict(skips))
 
 
 async def test_jobs_spread_over_the_primaries_of_a_cluster(redis_cluster_url: str) -> None:

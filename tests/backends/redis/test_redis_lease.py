@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
@@ -26,6 +25,7 @@ from brokersched import BackendError, ClockSkewError, ConfigurationError
 from brokersched._clock import Clock, SystemClock
 from brokersched.abc import JobPolicy, Lease, Slot
 from brokersched.backends.redis import RedisLeaseBackend, history_key, runs_key
+from tests.support.leases import SLOT, TTL, SkewedClock, acquire, expire, lease_of, now_ms, race
 from tests.support.names import unique
 from tests.support.paths import REPO_ROOT
 from tests.support.redis_helpers import delete_keys, redis_cluster_url
@@ -33,20 +33,10 @@ from tests.support.stall_proxy import StallProxy
 
 __all__ = ["redis_cluster_url"]
 
-TTL = timedelta(seconds=1)
 RACERS = 8
 AHEAD_MS = 120_000
 OLD_MS = 32_000
 WINDOW = timedelta(seconds=5)
-SLOT = 1_700_000_000_000
-
-
-class SkewedClock(SystemClock):
-    def __init__(self, offset: timedelta) -> None:
-        self.offset_ms = round(offset / timedelta(milliseconds=1))
-
-    def now_ms(self) -> int:
-        return super().now_ms() + self.offset_ms
 
 
 @dataclass
@@ -81,48 +71,6 @@ async def fleet(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator
     for backend in reversed(fleet.started):
         await backend.stop()
     await delete_keys(url, fleet.prefix, cluster=cluster)
-
-
-def now_ms() -> int:
-    """The server's clock: it runs on this host."""
-    return time.time_ns() // 1_000_000
-
-
-async def acquire(
-    backend: RedisLeaseBackend,
-    slot: Slot,
-    policy: JobPolicy | None = None,
-    *,
-    instance: str = "i1",
-    reason: Any = "schedule",
-) -> Lease | str:
-    return await backend.acquire(
-        slot,
-        policy=policy or JobPolicy(slot.job),
-        instance_id=instance,
-        run_id=secrets.token_hex(4),
-        reason=reason,
-        timeout=5.0,
-    )
-
-
-def lease_of(result: Lease | str) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
-
-
-async def expire() -> None:
-    await asyncio.sleep(TTL.total_seconds() * 1.5)
-
-
-async def race(calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
-    barrier = asyncio.Barrier(len(calls))
-
-    async def run(call: Callable[[], Awaitable[Any]]) -> Any:
-        await barrier.wait()
-        return await call()
-
-    return list(await asyncio.gather(*(run(call) for call in calls)))
 
 
 async def backdate(fleet: Fleet, slot: Slot, ms: int) -> None:

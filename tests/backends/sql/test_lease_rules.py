@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -44,8 +43,7 @@ from brokersched.backends.postgres import PostgresBackend
 from brokersched.backends.postgres import _Statements as PostgresStatements
 from brokersched.backends.sqlite import SQLiteBackend
 from brokersched.backends.sqlite import _Statements as SQLiteStatements
-from tests.support.names import unique
-from tests.support.sql_helpers import (
+from tests.support.leases import (
     SLOT,
     TTL,
     Fleet,
@@ -54,8 +52,11 @@ from tests.support.sql_helpers import (
     drop_schema,
     expire,
     hold_write_lock,
+    lease_of,
+    now_ms,
     schema_version,
 )
+from tests.support.names import unique
 from tests.support.wait import until
 
 AHEAD_MS = 120_000  # the operator's machine in issue 18 was 2 minutes fast
@@ -73,11 +74,6 @@ class LeaseFleet(Fleet):
         if self.kind == "memory":
             return MemoryBackend(store=self.store, **options)
         return super().build(**options)
-
-
-def now_ms() -> int:
-    """The backends' clock: the database server runs on this host, as does the instance."""
-    return time.time_ns() // 1_000_000
 
 
 @asynccontextmanager
@@ -129,11 +125,6 @@ async def test_a_slot_far_ahead_of_the_backends_clock_is_refused(
     assert "clock" in message and "ahead of" in message
     # Nothing was fenced: the slot that falls due now is granted to an honest instance.
     assert isinstance(await acquire(backend, Slot("job", now), instance="honest"), Lease)
-
-
-def lease_of(result: Lease | str) -> Lease:
-    assert isinstance(result, Lease), result
-    return result
 
 
 async def test_the_bound_reads_the_backends_clock_not_the_instances(

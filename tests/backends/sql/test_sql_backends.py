@@ -17,7 +17,7 @@ import sqlite3
 import sys
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -42,9 +42,7 @@ from brokersched.abc import JobPolicy, Lease, LeaseBackend, RunRecord, Slot
 from brokersched.backends._sql import SCHEMA_VERSION
 from brokersched.backends.postgres import PostgresBackend
 from brokersched.backends.sqlite import SQLiteBackend
-from tests.support.names import unique
-from tests.support.paths import REPO_ROOT
-from tests.support.sql_helpers import (
+from tests.support.leases import (
     SLOT,
     TTL,
     Fleet,
@@ -53,8 +51,11 @@ from tests.support.sql_helpers import (
     drop_schema,
     expire,
     hold_write_lock,
+    race,
     schema_version,
 )
+from tests.support.names import unique
+from tests.support.paths import REPO_ROOT
 from tests.support.sql_worker import log_start, read_log
 from tests.support.stall_proxy import StallProxy
 from tests.support.tcp_proxy import TcpProxy
@@ -86,17 +87,6 @@ async def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         await backend.stop()
     if kind == "postgres":
         await drop_schema(dsn, namespace)
-
-
-async def race(calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
-    """Run ``calls`` released at the same moment by a barrier."""
-    barrier = asyncio.Barrier(len(calls))
-
-    async def run(call: Callable[[], Awaitable[Any]]) -> Any:
-        await barrier.wait()
-        return await call()
-
-    return list(await asyncio.gather(*(run(call) for call in calls)))
 
 
 # -- races ---------------------------------------------------------------------------------

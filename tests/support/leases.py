@@ -1,12 +1,14 @@
-"""What the SQLite and PostgreSQL tests share: a fleet of backends of one namespace, a skewed
-instance clock, a claim in one call, the schema's version and the write lock held."""
+"""What the lease backends' tests share (Redis, SQLite, PostgreSQL): a claim in one call,
+racers at one barrier, a skewed instance clock; for SQLite and PostgreSQL a fleet of backends of
+one namespace, the schema's version and the write lock held."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
 import sqlite3
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -131,3 +133,24 @@ async def hold_write_lock(fleet: Fleet) -> AsyncIterator[None]:
             yield
     finally:
         await conn.close()
+
+
+async def race(calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
+    """Run ``calls`` released at the same moment by a barrier."""
+    barrier = asyncio.Barrier(len(calls))
+
+    async def run(call: Callable[[], Awaitable[Any]]) -> Any:
+        await barrier.wait()
+        return await call()
+
+    return list(await asyncio.gather(*(run(call) for call in calls)))
+
+
+def now_ms() -> int:
+    """The backends' clock: the database server runs on this host, as does the instance."""
+    return time.time_ns() // 1_000_000
+
+
+def lease_of(result: Lease | str) -> Lease:
+    assert isinstance(result, Lease), result
+    return result
