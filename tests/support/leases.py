@@ -8,7 +8,7 @@ import asyncio
 import secrets
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -50,8 +50,18 @@ class Fleet:
 
     def build(self, **options: Any) -> LeaseBackend:
         if self.kind == "sqlite":
-            return SQLiteBackend(self.path, **options)
+            return VirtualClockSQLite(self.path, **options)
         return PostgresBackend(self.dsn, schema=self.namespace, max_size=2, **options)
+
+    async def set_store_time(self, now_ms: int) -> None:
+        """Stop the store's clock at ``now_ms`` (SQLite's one hook, PostgreSQL's
+        ``store_now()``): time passes for the leases only when the test says so, however long
+        its calls take."""
+        for backend in self.started:
+            if isinstance(backend, VirtualClockSQLite):
+                backend.store_time = now_ms
+        if self.kind == "postgres":
+            await set_postgres_store_time(self.dsn, [self.namespace], now_ms)
 
     async def start(self, clock: Clock | None = None, **options: Any) -> LeaseBackend:
         options.setdefault("lease_ttl", TTL)
@@ -154,3 +164,31 @@ def now_ms() -> int:
 def lease_of(result: Lease | str) -> Lease:
     assert isinstance(result, Lease), result
     return result
+
+
+class VirtualClockSQLite(SQLiteBackend):
+    """SQLite whose store clock reads ``store_time`` once it is set (its one hook)."""
+
+    store_time: int | None = None
+
+    def _store_now_ms(self) -> int:
+        return super()._store_now_ms() if self.store_time is None else self.store_time
+
+
+async def set_postgres_store_time(dsn: str, schemas: Iterable[str], now_ms: int) -> None:
+    """The schemas' store clock (``store_now()``, which every statement reads) reads a table
+    this sets."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        for schema in schemas:
+            await conn.execute(
+                f'CREATE TABLE IF NOT EXISTS "{schema}".test_clock (now timestamptz);'
+                f'CREATE OR REPLACE FUNCTION "{schema}".store_now() RETURNS timestamptz'
+                f" LANGUAGE sql VOLATILE AS 'SELECT now FROM \"{schema}\".test_clock'"
+            )
+            await conn.execute(
+                f'DELETE FROM "{schema}".test_clock;'
+                f'INSERT INTO "{schema}".test_clock VALUES (to_timestamp({now_ms} / 1000.0))'
+            )
+    finally:
+        await conn.close()

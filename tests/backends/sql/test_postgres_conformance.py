@@ -12,6 +12,7 @@ import pytest_asyncio
 from brokersched.backends.postgres import PostgresBackend
 from brokersched.testing.conformance import LeaseBackendSuite
 from tests.support.conformance import StoreClockElapse, in_run
+from tests.support.leases import set_postgres_store_time
 
 
 class TestPostgresBackend(StoreClockElapse, LeaseBackendSuite[PostgresBackend]):
@@ -31,22 +32,7 @@ class TestPostgresBackend(StoreClockElapse, LeaseBackendSuite[PostgresBackend]):
             await conn.close()
 
     async def set_store_time(self, backends: Sequence[PostgresBackend], now_ms: int) -> None:
-        """The schema's store clock (``store_now()``) reads a table this sets."""
-        schemas = {backend.schema for backend in backends}
-        conn = await asyncpg.connect(self.dsn)
-        try:
-            for schema in schemas:
-                await conn.execute(
-                    f'CREATE TABLE IF NOT EXISTS "{schema}".test_clock (now timestamptz);'
-                    f'CREATE OR REPLACE FUNCTION "{schema}".store_now() RETURNS timestamptz'
-                    f" LANGUAGE sql VOLATILE AS 'SELECT now FROM \"{schema}\".test_clock'"
-                )
-                await conn.execute(
-                    f'DELETE FROM "{schema}".test_clock;'
-                    f'INSERT INTO "{schema}".test_clock VALUES (to_timestamp({now_ms} / 1000.0))'
-                )
-        finally:
-            await conn.close()
+        await set_postgres_store_time(self.dsn, {backend.schema for backend in backends}, now_ms)
 
     def make_backend(self, namespace: str, **options: Any) -> PostgresBackend:
         namespace = in_run(namespace)

@@ -11,15 +11,7 @@ import pytest
 from brokersched.backends.sqlite import SQLiteBackend
 from brokersched.testing.conformance import LeaseBackendSuite
 from tests.support.conformance import StoreClockElapse
-
-
-class VirtualClockSQLite(SQLiteBackend):
-    """SQLite whose store clock reads ``store_time`` once it is set (its one hook)."""
-
-    store_time: int | None = None
-
-    def _store_now_ms(self) -> int:
-        return super()._store_now_ms() if self.store_time is None else self.store_time
+from tests.support.leases import VirtualClockSQLite
 
 
 class TestSQLiteBackend(StoreClockElapse, LeaseBackendSuite[SQLiteBackend]):
