@@ -28,13 +28,16 @@ NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
 
 
 async def delete_streams(url: str, prefix: str) -> None:
-    """Remove the streams a test created under ``prefix``."""
+    """Remove the streams a test created under ``prefix``: the backend's (``<prefix>-claims``,
+    ``<prefix>-history``) and any other ``<prefix>-...`` stream it made (a foreign one)."""
     nc = await nats.connect(url, allow_reconnect=False, error_cb=_quiet)
     try:
         js = nc.jetstream()
-        for suffix in ("claims", "history"):
-            with contextlib.suppress(NotFoundError):
-                await js.delete_stream(f"{prefix}-{suffix}")
+        for info in await js.streams_info():
+            name = info.config.name or ""
+            if name.startswith(f"{prefix}-"):
+                with contextlib.suppress(NotFoundError):
+                    await js.delete_stream(name)
     finally:
         await nc.close()
 
