@@ -31,6 +31,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -46,6 +47,9 @@ from brokersched._redact import redact_url
 from brokersched.abc import Slot
 from brokersched.backends.rabbitmq import RabbitMQBackend, claim_queue_name
 
+# The prefix of everything this run makes: removed at its end, whatever happened.
+RUN = f"bench{uuid.uuid4().hex[:6]}"
+ROOT = str(Path(__file__).resolve().parent.parent)
 DEFAULT_URL = os.environ.get("BROKERSCHED_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 ARGUMENTS: FieldTable = {
     "x-queue-type": "classic",
@@ -142,7 +146,7 @@ def broker_memory_bytes() -> int:
 
 async def memory_per_queue(url: str, count: int) -> float:
     """Broker memory per live claim queue (holding its one persistent message), in KB."""
-    backend = RabbitMQBackend(url, prefix=f"bench{uuid.uuid4().hex[:6]}", channels=16)
+    backend = RabbitMQBackend(url, prefix=f"{RUN}{uuid.uuid4().hex[:6]}", channels=16)
     await backend.start(SystemClock())
     first = SystemClock().now_ms()  # fresh slots: an old one is refused
     slots = [Slot("memory", first + n) for n in range(count)]
@@ -183,7 +187,7 @@ class Figures:
 
 async def compare(url: str, claims: int, channels: int, rounds: int) -> tuple[Figures, Figures]:
     """Raw and backend measured alternately, so that both see the same broker weather."""
-    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    prefix = f"{RUN}{uuid.uuid4().hex[:6]}"
     connection = await aio_pika.connect(url)
     raw = Raw(connection, channels, prefix)
     await raw.open()
@@ -230,7 +234,7 @@ def cpu_seconds(pid: int) -> float:
 
 async def broker_cpu(url: str, count: int, channels: int, pid: int) -> tuple[float, float]:
     """Broker CPU in ms per winning and per losing claim, and the claims/s of each."""
-    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    prefix = f"{RUN}{uuid.uuid4().hex[:6]}"
     clock = SystemClock()
     winner = RabbitMQBackend(url, prefix=prefix, channels=channels, slot_ttl="2m")
     loser = RabbitMQBackend(url, prefix=prefix, channels=channels, slot_ttl="2m")
@@ -277,7 +281,7 @@ async def broker_cpu(url: str, count: int, channels: int, pid: int) -> tuple[flo
 
 
 async def burst(url: str, count: int, instances: int, channels: int, claim_timeout: str) -> None:
-    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    prefix = f"{RUN}{uuid.uuid4().hex[:6]}"
     clock = SystemClock()
     backends = [
         RabbitMQBackend(url, prefix=prefix, channels=channels, claim_timeout=claim_timeout)
@@ -360,5 +364,21 @@ async def main() -> None:
         print(f"broker memory: {per_queue:.1f} KB per live claim queue ({args.memory} queues)")
 
 
+async def remove_what_this_run_made(url: str) -> None:
+    """Every queue, stream and exchange of this run's prefixes (the claim queues the measures
+    delete, and the backends' slot memory, its lock and fences, the history stream): by
+    prefix, through tests/support/leftovers.py (rabbitmqctl), also after Ctrl-C."""
+    sys.path.insert(0, ROOT)
+    from tests.support.leftovers import remove_rabbitmq
+
+    await remove_rabbitmq(url, RUN)
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        url = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--url=")), None)
+        if "--url" in sys.argv:
+            url = sys.argv[sys.argv.index("--url") + 1]
+        asyncio.run(remove_what_this_run_made(url or DEFAULT_URL))

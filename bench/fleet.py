@@ -233,35 +233,24 @@ async def postgres_pids(tag: str) -> list[int]:
 
 
 async def cleanup(backend: str, name: str, where: str) -> None:
-    """Delete what the fleet made on the server."""
-    if backend in ("postgres", "apscheduler"):
-        import asyncpg
-
-        conn = await asyncpg.connect(PG_DSN)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        finally:
-            await conn.close()
-    elif backend == "nats":
-        import nats
-
-        nc = await nats.connect(NATS_URL)
-        js = nc.jetstream()
-        for stream in await js.streams_info():
-            if stream.config.name and stream.config.name.startswith(name):
-                await js.delete_stream(stream.config.name)
-        await nc.close()
-    elif backend == "redis":
-        import redis.asyncio as redis
-
-        client = redis.Redis.from_url(REDIS_URL)
-        keys = [key async for key in client.scan_iter(match=f"{name}*")]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
-    elif backend == "sqlite":
+    """Delete everything the fleet made on the server, by its prefix (``brokersched purge``'s
+    ``Backend.inventory()``/``purge()``, then by name: tests/support/leftovers.py); also after
+    Ctrl-C, from ``fleet``'s ``finally``. RabbitMQ's claim queues would expire by themselves,
+    but not the history stream, the slot memory and its fences."""
+    if backend == "sqlite":
         shutil.rmtree(Path(where).parent, ignore_errors=True)
-    # rabbitmq: the claim queues expire on their own (slot_ttl, 5 minutes).
+        return
+    sys.path.insert(0, str(ROOT))
+    from tests.support.leftovers import REMOVE
+
+    kind, url = {
+        "postgres": ("postgres", PG_DSN),
+        "apscheduler": ("postgres", PG_DSN),
+        "nats": ("nats", NATS_URL),
+        "redis": ("redis", REDIS_URL),
+        "rabbitmq": ("amqp", AMQP_URL),
+    }[backend]
+    await REMOVE[kind](url, name)
 
 
 async def fleet(backend: str, procs: int, jobs: int, seconds: int, jitter: str, python: str = "",
