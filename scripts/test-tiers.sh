@@ -57,9 +57,17 @@ for part in $(csplit -s -z -f "$LOGS/lane2-part" "$LOGS/lane2.log" '/^== /' '{*}
 	head -n 1 "$part"
 	summary "$part"
 done
+count() { # the sum of "N <word>" over every pytest closing line of both lanes
+	grep -hE '^=+ .*[0-9]+ (passed|failed|error)' "$LOGS/lane1.log" "$LOGS/lane2.log" |
+		grep -oE "[0-9]+ $1" | awk '{n += $1} END {print n + 0}'
+}
+passed=$(count passed)
+failed=$(($(count failed) + $(count errors?)))
 if [ "$lane1" -eq 0 ] && [ "$lane2" -eq 0 ]; then
-	echo "PASSED: every tier"
+	echo "every tier passed (lane 1 exit 0, lane 2 exit 0)"
+	echo "tests: $passed passed, $failed failed"
 	exit 0
 fi
 echo "FAILED: lane 1 exit $lane1, lane 2 exit $lane2 (the failures are listed above)"
+echo "tests: $passed passed, $((failed > 0 ? failed : 1)) failed"
 exit 1
