@@ -182,10 +182,16 @@ async def test_instances_starting_together_with_two_slot_ttls_never_both_win(
             assert sum(outcome is True for outcome in outcomes) <= 1, (slot, outcomes)
             if slot.slot_ms > max(up) + 250:
                 assert sum(outcome is True for outcome in outcomes) == 1, (slot, outcomes)
-        await asyncio.sleep(EXPIRED_S)
-        for slot in slots:
+        await asyncio.sleep(EXPIRED_S)  # the point: Redis expires a SHORT claim key by itself
+        for slot, *outcomes in zip(slots, *(row.values() for row in rows), strict=True):
             late = await asyncio.gather(*(claim(backend, slot) for backend in backends))
-            assert sum(outcome is True for outcome in late) == 0, late
+            # a slot won before is never won again; one that every claim failed closed on (a
+            # loaded machine's claims can all come too late) may be won once, still within
+            # the raised memory
+            won_before = sum(outcome is True for outcome in outcomes)
+            assert won_before + sum(outcome is True for outcome in late) <= 1, (outcomes, late)
+            if won_before:
+                assert sum(outcome is True for outcome in late) == 0, late
         assert {backend.fleet_slot_memory for backend in backends} == {
             backends[ttls.index(LONG)].slot_ttl
         }
