@@ -6,7 +6,7 @@
 # - BROKERSCHED_POSTGRES_DSN, BROKERSCHED_AMQP_URL, BROKERSCHED_NATS_URL, BROKERSCHED_REDIS_URL:
 #   a server pointed at elsewhere (docker compose, a CI service) is left alone.
 # - BROKERSCHED_TEST_DATABASE: the database to create (default test, the one named by the
-#   default DSN of tests/conftest.py); psql runs as user postgres on 127.0.0.1.
+#   default DSN of tests/support/servers.py); psql runs as user postgres on 127.0.0.1.
 # - A server that is neither up nor installed is not an error when Docker answers: the tests
 #   start a throwaway container instead (testcontainers, in the dev extra). Otherwise the
 #   script names every such server and fails.

@@ -38,7 +38,7 @@ from tests.support.nats_helpers import (
 from tests.support.paths import REPO_ROOT
 from tests.support.wait import free_port, until
 
-# Against both NATS servers, 2.9 and the current one (tests/conftest.py).
+# Against both NATS servers, 2.9 and the current one (tests/support/servers.py).
 pytestmark = pytest.mark.nats_servers
 
 CLOCK = SystemClock()

@@ -17,7 +17,7 @@ from brokersched.backends.nats._streams import Names, claims_config
 from tests.support.names import unique
 from tests.support.nats_helpers import create_stream, delete_streams, stream_config
 
-# Against both NATS servers, 2.9 and the current one (tests/conftest.py).
+# Against both NATS servers, 2.9 and the current one (tests/support/servers.py).
 pytestmark = pytest.mark.nats_servers
 
 CLOCK = SystemClock()

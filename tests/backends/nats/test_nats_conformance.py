@@ -13,7 +13,7 @@ from brokersched.testing.conformance import ClaimBackendSuite
 from tests.support.conformance import in_run
 from tests.support.nats_helpers import delete_streams
 
-# Against both NATS servers, 2.9 and the current one (tests/conftest.py).
+# Against both NATS servers, 2.9 and the current one (tests/support/servers.py).
 pytestmark = pytest.mark.nats_servers
 
 

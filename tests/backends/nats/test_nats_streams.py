@@ -52,7 +52,7 @@ from tests.support.nats_helpers import (
     update_stream,
 )
 
-# Against both NATS servers, 2.9 and the current one (tests/conftest.py).
+# Against both NATS servers, 2.9 and the current one (tests/support/servers.py).
 pytestmark = pytest.mark.nats_servers
 
 CLOCK = SystemClock()
