@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import pytest
 import pytest_asyncio
 
 from brokersched.backends.redis import RedisBackend, RedisLeaseBackend
@@ -65,4 +66,6 @@ class TestRedisClusterClaims(_OnCluster, TestRedisClaims):
 
 
 class TestRedisClusterLeases(_OnCluster, TestRedisLeases):
-    pass
+    # The random programs run a hundred examples on a 3-master cluster: about a minute, over
+    # the suite's 120 s (a bound for hangs) on a machine under CPU stress.
+    pytestmark = pytest.mark.timeout(600)
