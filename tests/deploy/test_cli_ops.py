@@ -547,6 +547,8 @@ def private_rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Priva
         shutil.rmtree(base, ignore_errors=True)
 
 
+# a private node boots in the test's first call: up to 120 s on a machine under stress
+@pytest.mark.timeout(360)
 async def test_purge_rabbitmq_with_management_lists_and_sees_connections(
     private_rabbitmq: PrivateRabbitMQ,
 ) -> None:
@@ -576,6 +578,8 @@ async def test_purge_rabbitmq_with_management_lists_and_sees_connections(
     assert await asyncio.to_thread(rabbitmq_objects, prefix, node) == set()
 
 
+# a private node boots in the test's first call: up to 120 s on a machine under stress
+@pytest.mark.timeout(360)
 async def test_doctor_rabbitmq_policy_on_claim_queues_fails(
     private_rabbitmq: PrivateRabbitMQ,
 ) -> None:

@@ -134,5 +134,8 @@ def test_the_dashboard_example_serves_the_page_the_jobs_and_a_trigger(
     assert (records[0]["reason"], records[0]["outcome"]) == ("manual", "completed")
     process.send_signal(signal.SIGTERM)  # the server, then both instances stop and drain
     out = output_of(started, "dashboard")
-    assert "Traceback" not in out and TOKEN not in out
+    # the only tracebacks are payments.sync's deliberate failures (30% of its runs: how many
+    # ran depends on how fast the machine got here), logged with its failed run
+    assert out.count("Traceback") == out.count("RuntimeError: the payment provider timed out")
+    assert TOKEN not in out
     assert out.rstrip().endswith("stopped")
