@@ -93,6 +93,8 @@ def job_json(
 
 
 def record_json(record: RunRecord, job: Job | None) -> dict[str, Any]:
+    started_ms = datetime_to_ms(record.started_at)
+    finished_ms = datetime_to_ms(record.finished_at) if record.finished_at else None
     return {
         "job": record.job,
         "slot_ms": record.slot_ms,
@@ -103,7 +105,8 @@ def record_json(record: RunRecord, job: Job | None) -> dict[str, Any]:
         "attempt": record.attempt,
         "started_at": iso(record.started_at),
         "finished_at": iso(record.finished_at) if record.finished_at else None,
-        "late_ms": datetime_to_ms(record.started_at) - record.slot_ms,
+        "late_ms": started_ms - record.slot_ms,
+        "duration_ms": finished_ms - started_ms if finished_ms is not None else None,
         "outcome": record.outcome,
         "error": shown_error(record.error, job) if record.error else None,
         "traceback": shown_error(record.traceback, job) if record.traceback else None,
