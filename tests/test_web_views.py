@@ -384,10 +384,18 @@ async def test_the_overview_shows_failures_of_the_hour_next_runs_and_the_instanc
     slots = [r["slot_ms"] for r in failures["runs"]]
     assert slots == sorted(slots, reverse=True)
     assert failures["runs"][0]["error"] == "RuntimeError: payments batch failed"
-    # the next runs of every armed job, soonest first; the paused one has none
+    (group,) = failures["groups"]  # failures alike: one row, the latest run first
+    assert {k: group[k] for k in ("job", "outcome", "error", "count", "instances")} == {
+        "job": "payments",
+        "outcome": "failed",
+        "error": "RuntimeError: payments batch failed",
+        "count": 5,
+        "instances": ["web-a", "web-b"],
+    }
+    assert group["latest"]["run_id"] == failures["runs"][0]["run_id"]
+    # the next run of every armed job, soonest first; the paused one has none
     nexts = [(n["job"], (n["at_ms"] - START_MS) // MINUTE) for n in body["next_runs"]]
-    assert nexts[:4] == [("flush", 11), ("payments", 11), ("flush", 12), ("payments", 12)]
-    assert "report" not in {job for job, _ in nexts}
+    assert nexts == [("flush", 11), ("payments", 11)]
     # instances: this one first, then those seen in the runs
     instances = body["instances"]
     assert [(i["instance_id"], i["here"]) for i in instances] == [("web-a", True), ("web-b", False)]
@@ -409,12 +417,17 @@ async def test_a_job_run_more_often_than_the_overview_reads_says_its_count_is_pa
         raise RuntimeError("always")
 
     scheduler = Scheduler(MemoryBackend(), clock=clock, jitter=0, instance_id="web-a")
-    scheduler.every("busy", "10s", fails)
+    scheduler.every("busy", "2s", fails)
+    scheduler.every("daily", "1d", fails)
     async with scheduler, client(create_app(scheduler)) as api:
-        await clock.advance("40m")  # 240 runs: more than the 200 the overview reads
-        body = (await api.get("/overview")).json()
-    assert (body["failures"]["count"], body["failures"]["complete"]) == (200, False)
+        await clock.advance("40m")  # 1200 runs: more than the 1000 the overview reads at most
+        body = (await api.get("/overview", params={"window": "15m"})).json()
+    assert (body["failures"]["count"], body["failures"]["complete"]) == (1000, False)
     assert len(body["failures"]["runs"]) == 50
+    busy, daily = body["jobs"]
+    assert busy["counts"] == {"failed": 451}  # 12:25:00 ... 12:40:00, both ends
+    assert busy["timeline"]["known_from_ms"] is not None  # older records were not read
+    assert daily["counts"] == {} and daily["timeline"]["known_from_ms"] is None
 
 
 @pytest.mark.parametrize("window", ["0s", "30s", "8d", "soon", "1" * 40])

@@ -365,11 +365,19 @@ def openapi_schema() -> dict[str, Any]:
                                     "failures": {
                                         "type": "object",
                                         "description": "Failed, timed-out and interrupted runs "
-                                        "of the last hour, newest first (50 at most); "
+                                        "of the last hour: `count`, `runs` (newest first, 50 "
+                                        "at most), `groups` (failures alike: one job, outcome "
+                                        "and error; `count`, `instances`, the `latest` run); "
                                         "`complete` is false when a job ran more often than "
-                                        "its 200 newest records cover",
+                                        "the records read cover (as many as its schedule "
+                                        "needs for the window or the hour, at most 1000)",
                                     },
-                                    "next_runs": {"type": "array", "items": {"type": "object"}},
+                                    "next_runs": {
+                                        "type": "array",
+                                        "description": "Each armed job's next slot, soonest "
+                                        "first: `job`, `at_ms`",
+                                        "items": {"type": "object"},
+                                    },
                                     "instances": {
                                         "type": "array",
                                         "description": "This instance, and those seen in the "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from datetime import timedelta
 from typing import Any
 
 from starlette.requests import Request
@@ -26,9 +27,10 @@ from ._watch import BackendUnreachableError, BackendWatch
 __all__ = ["MAX_NAME", "Reads", "error", "shown_name"]
 
 MAX_NAME = 128  # the longest job name (see check_name)
-OVERVIEW_RECORDS = 200  # per job: the overview's strips and its failures of the last hour
+FEWEST_RECORDS = 20  # per job, read for the overview whatever its schedule
 FAILURES_SHOWN = 50
-NEXT_RUNS_SHOWN = 10
+FAILURE_GROUPS_SHOWN = 20
+NEXT_RUNS_SHOWN = 50
 HOUR_MS = 3_600_000
 logger = logging.getLogger("brokersched.web")
 
@@ -232,22 +234,26 @@ class Reads:
         if isinstance(window, Response):
             return window
         jobs = self.scheduler.jobs()
-        reads = await asyncio.gather(*(self._records_or_error(j, OVERVIEW_RECORDS) for j in jobs))
+        span = window.to_ms - window.from_ms
+        limits = [_records_for(job, max(span, HOUR_MS)) for job in jobs]
+        reads = await asyncio.gather(
+            *(self._records_or_error(j, n) for j, n in zip(jobs, limits, strict=True))
+        )
         now = self.scheduler.clock.now_ms()
         hour = now - HOUR_MS
         listed: list[dict[str, Any]] = []
         failures: list[tuple[RunRecord, Job]] = []
         complete = True
-        for job, (records, why) in zip(jobs, reads, strict=True):
+        for job, limit, (records, why) in zip(jobs, limits, reads, strict=True):
             data = job_json(self.scheduler, job, records[0] if records else None, runs=3)
             if why is not None:
                 data["history_error"] = why
-            data["timeline"] = self._timeline(job, records, window, OVERVIEW_RECORDS)
+            data["timeline"] = self._timeline(job, records, window, limit)
             in_window = [r for r in records if window.holds(r.slot_ms)]
             data["counts"] = dict(Counter(r.outcome for r in in_window))
             listed.append(data)
             failures += [(r, job) for r in records if r.outcome in FAILED and _ended(r) >= hour]
-            if len(records) >= OVERVIEW_RECORDS and _ended(records[-1]) >= hour:
+            if len(records) >= limit and _ended(records[-1]) >= hour:
                 complete = False  # older runs of the hour were not read
         failures.sort(key=lambda pair: _ended(pair[0]), reverse=True)
         return JSONResponse(
@@ -260,6 +266,7 @@ class Reads:
                     "count": len(failures),
                     "complete": complete,
                     "runs": [record_json(r, job) for r, job in failures[:FAILURES_SHOWN]],
+                    "groups": _failure_groups(failures),
                 },
                 "next_runs": self._next_runs(jobs),
                 "instances": self._instances([r for records, _ in reads for r in records], window),
@@ -267,11 +274,12 @@ class Reads:
         )
 
     def _next_runs(self, jobs: list[Job]) -> list[dict[str, Any]]:
+        """Each armed job's next slot, soonest first."""
         upcoming = [
             (when, job.name)
             for job in jobs
             if job_state(self.scheduler, job) in ("armed", "running")
-            for when in job.next_runs(3)
+            for when in job.next_runs(1)
         ]
         upcoming.sort()
         return [
@@ -345,6 +353,42 @@ class Reads:
             },
             status_code=503 if status == "unreachable" else 200,
         )
+
+
+def _failure_groups(failures: list[tuple[RunRecord, Job]]) -> list[dict[str, Any]]:
+    """Failures alike (one job, one outcome, one error), newest first: how many, on which
+    instances, the latest run (its record links to the rest)."""
+    groups: dict[tuple[str, str, str | None], dict[str, Any]] = {}
+    for record, job in failures:  # newest first
+        latest = record_json(record, job)
+        key = (job.name, record.outcome, latest["error"])
+        group = groups.get(key)
+        if group is None:
+            if len(groups) == FAILURE_GROUPS_SHOWN:
+                continue
+            group = groups[key] = {
+                "job": job.name,
+                "outcome": record.outcome,
+                "error": latest["error"],
+                "count": 0,
+                "instances": set(),
+                "latest": latest,
+                "first_ms": 0,
+            }
+        group["count"] += 1
+        group["instances"].add(record.instance_id)
+        group["first_ms"] = _ended(record)
+    return [{**group, "instances": sorted(group["instances"])} for group in groups.values()]
+
+
+def _records_for(job: Job, span_ms: int) -> int:
+    """How many of a job's records the overview reads: enough for ``span_ms`` of its schedule
+    (and a few more: retries, manual runs), within 20 and ``MAX_HISTORY``."""
+    gap = job.schedule.min_gap()
+    if gap is None:
+        return FEWEST_RECORDS
+    gap_ms = max(1, gap // timedelta(milliseconds=1))
+    return max(FEWEST_RECORDS, min(MAX_HISTORY, -(-span_ms // gap_ms) * 11 // 10 + 10))
 
 
 def _family(record: RunRecord) -> str:

@@ -6,12 +6,12 @@
 "use strict";
 
 import { ApiError, change, get, session, setToken, token } from "./api.js";
-import { el, relative, setZoneMode, time, zoneMode } from "./format.js";
+import { WINDOWS, el, relative, setZoneMode, time, zoneMode } from "./format.js";
 import { JobPage, OverviewPage, RunPage } from "./pages.js";
 
 const $ = (selector) => document.querySelector(selector);
 const REFRESH_MS = 10000; // other instances' runs arrive through the backend only
-const LIVE_DEBOUNCE_MS = 700;
+const LIVE_DEBOUNCE_MS = 1500; // a busy fleet's events redraw the page at most this often
 
 export const app = {
   about: { instance_id: "", running: true, backend_status: { reachable: null } },
@@ -150,7 +150,7 @@ function parseRoute() {
 }
 
 function renderCrumbs(page) {
-  const items = page.crumbs().map(([label, href]) => el("li", {},
+  const items = page.crumbs().map(([label, href], i) => el("li", { className: i ? "name" : "" },
     href ? el("a", { href }, label) : el("span", { "aria-current": "page" }, label)));
   $("#crumbs").replaceChildren(...items);
   document.title = `${page.crumbs().map(([label]) => label).reverse().join(" · ")} · brokersched`;
@@ -175,15 +175,21 @@ function focusKey(element) {
   return null;
 }
 
+// What has the focus, as focusKey says; kept up to date as it moves, so a redraw that removed
+// the focused element (the browser then puts the focus on the body) can give it back.
+let focused = null;
+
+function restoreFocus() {
+  const lost = !document.activeElement || document.activeElement === document.body;
+  if (!lost || !focused) return;
+  const again = document.querySelector(focused);
+  if (again) again.focus({ preventScroll: true });
+}
+
 async function update(page) {
-  const focused = document.activeElement;
-  const key = focusKey(focused);
   try {
     await page.update();
-    if (key && !document.contains(focused)) {
-      const again = document.querySelector(key);
-      if (again) again.focus({ preventScroll: true });
-    }
+    restoreFocus();
     lastOk = Date.now();
     if (unreachable) {
       unreachable = null;
@@ -205,6 +211,11 @@ async function update(page) {
 
 function route() {
   const info = parseRoute();
+  const picked = info.params.get("window");
+  if (picked && WINDOWS.some(([name]) => name === picked)) {
+    app.prefs.window = picked; // one time scale for every page, until another is picked
+    localStorage.setItem("brokersched-window", picked);
+  }
   const Page = { overview: OverviewPage, job: JobPage, run: RunPage }[info.page];
   const previous = app.page;
   const page = new Page(app, info);
@@ -215,6 +226,7 @@ function route() {
   if (!samePlace) {
     say("");
     window.scrollTo(0, 0);
+    focused = null;
     $("#view").focus({ preventScroll: true });
   }
   update(page);
@@ -350,6 +362,12 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#view").addEventListener("click", (event) => {
     const button = event.target.closest("button[data-action]");
     if (button && button.dataset.job) act(button.dataset.job, button.dataset.action);
+  });
+  document.addEventListener("focusin", (event) => {
+    focused = focusKey(event.target);
+  });
+  document.addEventListener("mousedown", (event) => {
+    if (!event.target.closest("a, button, select, input, [tabindex]")) focused = null;
   });
   window.addEventListener("hashchange", route);
   let resizing = null;

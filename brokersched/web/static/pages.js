@@ -207,29 +207,40 @@ export class OverviewPage {
   }
 
   renderFailures(data) {
-    const { runs, count, complete } = data.failures;
+    const { groups, count, complete } = data.failures;
     this.failures.heading.replaceChildren("Failures in the last hour ",
       el("span", { className: "count" }, `(${complete ? "" : "at least "}${count})`));
-    if (!runs.length) {
+    if (!groups.length) {
       this.failures.body.replaceChildren(el("p", { className: "empty" }, badge("completed", "No failed, timed-out or interrupted run in the last hour")));
       this.failures.body.classList.remove("flush");
       return;
     }
     this.failures.body.classList.add("flush");
-    const labels = ["outcome", "job", "when", "instance", "error"];
-    const rows = runs.map((run) => row(labels, [
-      el("a", { href: runHref(run.job, run.run_id), className: "run-link" }, outcomeBadge(run)),
-      el("a", { href: jobHref(run.job), className: "mono" }, run.job),
-      when(Date.parse(run.finished_at || run.started_at), this.app),
-      el("span", { className: "mono" }, run.instance_id),
-      errorLine(run.error),
-    ], { href: runHref(run.job, run.run_id), dataset: { runId: run.run_id, job: run.job } }));
-    this.failures.body.replaceChildren(table(labels, rows, { className: "failures compact" }));
+    // Failures alike are one row (Sentry-like): the job, the error, how many, the latest run.
+    const labels = ["latest", "job", "error", "~runs", "instances"];
+    const shown = groups.slice(0, 8);
+    const rows = shown.map((group) => {
+      const latest = group.latest;
+      const at = Date.parse(latest.finished_at || latest.started_at);
+      return row(labels, [
+        el("a", { href: runHref(group.job, latest.run_id), className: "run-link", "aria-label": `latest ${group.outcome} run of ${group.job}` },
+          outcomeBadge(latest), el("span", { className: "sub" }, relative(at, this.app.now()))),
+        el("a", { href: jobHref(group.job), className: "mono" }, group.job),
+        errorLine(group.error || KINDS[group.outcome].word),
+        el("a", { href: `${jobHref(group.job)}?outcome=${encodeURIComponent(group.outcome)}`, title: "all of them, in the job's history" },
+          `${group.count}×`),
+        el("span", { className: "mono" }, group.instances.join(", ")),
+      ], { href: runHref(group.job, latest.run_id), dataset: { runId: latest.run_id, job: group.job } });
+    });
+    const more = groups.length > shown.length
+      ? el("p", { className: "note padded" }, `and ${groups.length - shown.length} more kinds of failure: see each job's history.`)
+      : null;
+    this.failures.body.replaceChildren(...present([table(labels, rows, { className: "failures compact" }), more]));
   }
 
   renderJobs(data) {
     const app = this.app;
-    const labels = ["job", "state", "last run", "next run", `runs (${this.window})`, ""];
+    const labels = ["job", "state", "~last run", "~next run", `~runs (${this.window})`, ""];
     const rows = data.jobs.map((job) => {
       const counts = RUN_KINDS.filter((kind) => job.counts[kind])
         .map((kind) => badge(kind, String(job.counts[kind])));
@@ -249,7 +260,7 @@ export class OverviewPage {
         el("span", { className: "actions" }, ...actionButtons(job, app)),
       ], { dataset: { job: job.name } });
     });
-    this.jobs.body.replaceChildren(table(labels, rows, { className: "jobs", empty: "no job is registered" }));
+    this.jobs.body.replaceChildren(table(labels, rows, { className: "jobs compact", empty: "no job is registered" }));
   }
 
   renderChart() {
@@ -294,7 +305,7 @@ export class OverviewPage {
       this.next.body.replaceChildren(el("p", { className: "empty" }, "No job is armed."));
       return;
     }
-    const items = data.next_runs.map((next) => el("li", {},
+    const items = data.next_runs.slice(0, 12).map((next) => el("li", {},
       el("span", { className: "when" }, relative(next.at_ms, this.app.now())),
       el("a", { href: jobHref(next.job), className: "mono" }, next.job),
       el("span", { className: "at mono" }, time(next.at_ms, { date: false }))));

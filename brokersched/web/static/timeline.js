@@ -9,8 +9,10 @@ import { KINDS, SEVERITY, shape, svgNode } from "./shapes.js";
 
 const STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800]
   .map((s) => s * 1000);
-const SLOT_SEVERITY = { missed: 9, "backend-error": 8, double: 8, late: 7, "clock-skew": 6, paused: 4, "not-acquired": 3, overlap: 2, next: 0 };
-const MERGE_PX = 9;
+// A slot nobody ran by design (overlap, claimed elsewhere) ranks below a completed run: it never
+// hides one; a fault ranks above a failure.
+const SLOT_SEVERITY = { missed: 9, "backend-error": 8, double: 8, late: 7, "clock-skew": 6, paused: 0.7, overlap: 0.5, "not-acquired": 0.4, next: 0 };
+const MERGE_PX = 11; // marks closer than this are drawn as one (a mark is 10-12 px wide)
 
 function severity(mark) {
   return SEVERITY[mark.kind] ?? SLOT_SEVERITY[mark.kind] ?? 1;
@@ -130,10 +132,11 @@ export function drawChart(box, { from, to, now, rows, knownFrom = null, ariaLabe
     } else {
       svg.append(label);
     }
-    for (const group of clusters(row.marks, x)) {
+    const shown = row.marks.filter((mark) => mark.ms >= from && mark.ms <= end);
+    for (const group of clusters(shown, x)) {
       const worst = group.marks.reduce((a, b) => (severity(b) > severity(a) ? b : a));
       const cx = group.marks.length === 1 ? group.x0 : x(worst.ms);
-      const node = group.marks.length === 1 ? shape(worst.kind, 6) : shape(worst.kind, 6);
+      const node = shape(worst.kind, 5);
       node.setAttribute("transform", `translate(${cx.toFixed(1)},${y})`);
       const tip = svgNode("title");
       tip.textContent = group.marks.length === 1 ? worst.title : `${describeGroup(group)}\n— shown: ${worst.title}`;
