@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
@@ -19,6 +20,7 @@ from ..._exceptions import BackendUnavailableError, ConfigurationError
 from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
 from ...abc import Capabilities, Finding, Inventory, JobPolicy, RunRecord, Slot
 from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW
+from .._errors import ErrorMap
 from .._keywords import own_options, refuse_unknown
 from .._lease import check_max_clock_skew
 from . import _ops
@@ -40,8 +42,8 @@ from ._errors import (
     check_channels,
     check_parsable,
     check_urls,
-    client_errors,
     describe,
+    error_rows,
     login_refused,
     refused_vhost,
     url_vhost,
@@ -124,6 +126,9 @@ class RabbitMQBackend(ClaimQueues):
         )
         self._url = self._urls[0]  # the one named in messages about the login or the vhost
         self._secrets = _redact.connection_secrets(self._urls, connect_options, ("password",))
+        self._errors = ErrorMap(
+            functools.partial(error_rows, self.name, self._secrets), self._secrets
+        )
         self._slot_ttl = positive_duration(slot_ttl, option="slot_ttl", backend=self.name)
         self._claim_timeout = positive_duration(
             claim_timeout, option="claim_timeout", backend=self.name
@@ -429,7 +434,7 @@ class RabbitMQBackend(ClaimQueues):
 
     def _client_errors(self, action: str) -> AbstractContextManager[None]:
         """aio-pika's and aiormq's errors become ``BackendError``; no secret reaches a message."""
-        return client_errors(self.name, action, self._secrets)
+        return self._errors(action)
 
     def _describe(self, exc: BaseException) -> str:
         return describe(exc, self._secrets)

@@ -4,25 +4,20 @@ login or a virtual host explained, and aio-pika's and aiormq's errors translated
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shlex
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from ... import _redact
-from ..._exceptions import (
-    BackendError,
-    BackendUnavailableError,
-    BrokerschedError,
-    ConfigurationError,
-)
+from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
+from .._errors import ErrorRow
 
 __all__ = [
     "check_channels",
     "check_parsable",
     "check_urls",
-    "client_errors",
     "describe",
+    "error_rows",
     "login_refused",
     "refused_vhost",
     "url_vhost",
@@ -30,43 +25,51 @@ __all__ = [
 ]
 
 
-@contextlib.contextmanager
-def client_errors(backend: str, action: str, secrets: Sequence[str]) -> Generator[None, None, None]:
-    """Translate aio-pika/aiormq errors into ``BackendError``; no secret reaches a message."""
+def error_rows(backend: str, secrets: Sequence[str]) -> list[ErrorRow]:
+    """What aio-pika's and aiormq's exceptions mean (``backends/_errors.py``'s policy: anything
+    else is raised unchanged)."""
     from aiormq.exceptions import AMQPError
 
-    try:
-        yield
-    except BrokerschedError:
-        raise
-    except TimeoutError as exc:
-        raise BackendUnavailableError(
-            f"{backend}: {action}: no answer from the broker in time"
-        ) from _redact.chainable(exc, secrets)
-    except (ConnectionError, OSError, RuntimeError, StopAsyncIteration) as exc:
-        # aio-pika's own CONNECTION_EXCEPTIONS: aiormq raises a bare RuntimeError ("...
-        # closed") from channel() when the connection drops during a reconnect, and
-        # ChannelInvalidStateError is a RuntimeError too.
-        raise BackendUnavailableError(
-            f"{backend}: {action}: no connection to the broker ({describe(exc, secrets)})"
-        ) from _redact.chainable(exc, secrets)
-    except AMQPError as exc:
-        raise BackendError(
-            f"{backend}: {action} failed ({describe(exc, secrets)})"
-        ) from _redact.chainable(exc, secrets)
-    except asyncio.CancelledError as exc:
-        task = asyncio.current_task()
-        if task is None or task.cancelling():
-            raise  # a real cancellation of this task: never swallowed
-        # aiormq fails the waiters of a closing channel or connection with CancelledError
-        # although nobody cancelled this task: that is a lost connection.
-        raise BackendUnavailableError(
-            f"{backend}: {action}: the connection closed while waiting for the broker"
-        ) from _redact.chainable(exc, secrets)
-    except Exception as exc:  # the contract: nothing but BackendError leaves a backend call
-        raise BackendError(
-            f"{backend}: {action} failed ({describe(exc, secrets)})"
-        ) from _redact.chainable(exc, secrets)
+    def shown(exc: BaseException) -> str:
+        return describe(exc, secrets)
+
+    return [
+        (
+            TimeoutError,
+            lambda action, exc: BackendUnavailableError(
+                f"{backend}: {action}: no answer from the broker in time"
+            ),
+        ),
+        (
+            # aio-pika's own CONNECTION_EXCEPTIONS: aiormq raises a bare RuntimeError ("...
+            # closed") from channel() when the connection drops during a reconnect, and
+            # ChannelInvalidStateError is a RuntimeError too.
+            (ConnectionError, OSError, RuntimeError, StopAsyncIteration),
+            lambda action, exc: BackendUnavailableError(
+                f"{backend}: {action}: no connection to the broker ({shown(exc)})"
+            ),
+        ),
+        (
+            AMQPError,
+            lambda action, exc: BackendError(f"{backend}: {action} failed ({shown(exc)})"),
+        ),
+        (
+            # aiormq fails the waiters of a closing channel or connection with CancelledError
+            # although nobody cancelled this task: that is a lost connection. A real
+            # cancellation of this task is never swallowed.
+            _cancelled_by_the_client,
+            lambda action, exc: BackendUnavailableError(
+                f"{backend}: {action}: the connection closed while waiting for the broker"
+            ),
+        ),
+    ]
+
+
+def _cancelled_by_the_client(exc: BaseException) -> bool:
+    if not isinstance(exc, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task()
+    return task is not None and not task.cancelling()
 
 
 def describe(exc: BaseException, secrets: Sequence[str]) -> str:
