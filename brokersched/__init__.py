@@ -18,6 +18,7 @@ from ._exceptions import (
     ConfigurationError,
 )
 from ._scheduler import Job, Scheduler
+from ._scheduler import use_default_backend as _use_default_backend
 from ._thread import SchedulerThread
 from .abc import RunRecord
 from .backends.memory import MemoryBackend
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from .backends.sqlite import SQLiteBackend
 
 __version__ = "0.1.0.dev0"
+
+# The public layer's choice: Scheduler() without a backend runs on the embedded MemoryBackend.
+_use_default_backend(MemoryBackend)
 
 __all__ = [
     "BackendError",
@@ -94,4 +98,4 @@ def __dir__() -> list[str]:
 for _name in __all__:
     if _name not in _LAZY:
         globals()[_name].__module__ = __name__
-del TYPE_CHECKING, _name
+del TYPE_CHECKING, _name, _use_default_backend

@@ -43,7 +43,8 @@ from ._exceptions import BackendError, BackendUnavailableError, BrokerschedError
 from ._logging import LogFormat, configure_logging
 from ._overrides import cli_override
 from ._redact import MASK, data_secrets, redact_text, scrub
-from ._scheduler import Job, Scheduler, collect_errors, past_at
+from ._registry import collect_errors, past_at
+from ._scheduler import Job, Scheduler
 from ._timezones import parse_timezone, timezone_name
 from .abc import Backend, Finding, Inventory, RunRecord, Slot
 from .triggers.base import Trigger
