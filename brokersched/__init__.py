@@ -6,7 +6,7 @@ optional extras (aio-pika, nats-py, asyncpg, aiosqlite).
 
 from typing import TYPE_CHECKING
 
-from ._clock import Clock
+from ._clock import Clock, SystemClock, Timer
 from ._context import JobContext
 from ._durations import parse_duration
 from ._events import ClaimEvent, RecordDroppedEvent, RunEvent, SkipEvent, StartEvent
@@ -17,6 +17,7 @@ from ._exceptions import (
     ClockSkewError,
     ConfigurationError,
 )
+from ._options import JobOptions, JobSettings
 from ._scheduler import Job, Scheduler
 from ._scheduler import use_default_backend as _use_default_backend
 from ._thread import SchedulerThread
@@ -47,6 +48,8 @@ __all__ = [
     "ConfigurationError",
     "Job",
     "JobContext",
+    "JobOptions",
+    "JobSettings",
     "MemoryBackend",
     "NATSBackend",
     "PostgresBackend",
@@ -62,6 +65,8 @@ __all__ = [
     "SchedulerThread",
     "SkipEvent",
     "StartEvent",
+    "SystemClock",
+    "Timer",
     "parse_cron",
     "parse_duration",
 ]

@@ -17,6 +17,8 @@ def test_all_is_the_public_surface() -> None:
         "ConfigurationError",
         "Job",
         "JobContext",
+        "JobOptions",
+        "JobSettings",
         "MemoryBackend",
         "NATSBackend",
         "PostgresBackend",
@@ -31,6 +33,8 @@ def test_all_is_the_public_surface() -> None:
         "SchedulerThread",
         "SkipEvent",
         "StartEvent",
+        "SystemClock",
+        "Timer",
         "parse_cron",
         "parse_duration",
     }
