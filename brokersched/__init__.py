@@ -1,7 +1,7 @@
 """brokersched: scheduled jobs on every instance, each slot run on exactly one.
 
 The network backends are imported on first use, so that ``import brokersched`` needs none of the
-optional extras (aio-pika, nats-py, asyncpg, aiosqlite).
+optional extras (aio-pika, nats-py, redis-py, asyncpg, aiosqlite).
 """
 
 from typing import TYPE_CHECKING

@@ -1,4 +1,4 @@
-"""The public surface is exactly what DESIGN.md names (and a few documented extras)."""
+"""The public surface is exactly the documented one (the README's API)."""
 
 from pathlib import Path
 
