@@ -484,14 +484,7 @@ class PostgresBackend(SQLLeaseBackend):
     # -- lifecycle -------------------------------------------------------------------------
 
     async def _open(self, clock: Clock) -> None:
-        try:
-            import asyncpg  # pyright: ignore[reportMissingTypeStubs]
-        except ImportError as exc:
-            raise ConfigurationError(
-                "PostgresBackend needs asyncpg: pip install 'brokersched[postgres]'",
-                backend=self.name,
-            ) from exc
-        self._asyncpg = asyncpg
+        self._import_asyncpg()
         pool = await self._connect()
         try:
             with self._translate("create its tables"):
@@ -621,8 +614,7 @@ class PostgresBackend(SQLLeaseBackend):
             "check the database", _postgres_ops.doctor, self._schema, self._max_clock_skew
         )
 
-    async def _operation(self, action: str, call: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """``call(conn, *args)`` on a connection of its own (the backend need not be started)."""
+    def _import_asyncpg(self) -> Any:
         try:
             import asyncpg  # pyright: ignore[reportMissingTypeStubs]
         except ImportError as exc:
@@ -631,6 +623,11 @@ class PostgresBackend(SQLLeaseBackend):
                 backend=self.name,
             ) from exc
         self._asyncpg = asyncpg
+        return asyncpg
+
+    async def _operation(self, action: str, call: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``call(conn, *args)`` on a connection of its own (the backend need not be started)."""
+        asyncpg = self._import_asyncpg()
         with self._translate(action):
             async with asyncio.timeout(self._op_timeout + 10):
                 conn = await asyncpg.connect(self._dsn, server_settings=self._server_settings())

@@ -14,13 +14,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .._json import record_json
 from .._redact import redact_text
 from .._scheduler import Job, Scheduler
 from ..abc import RunRecord
 from ._openapi import openapi_schema
 from ._security import Authorize, Guard
 from ._stream import EventHub
-from ._views import backend_text, job_json, job_state, record_json, timeline_slots
+from ._views import backend_text, job_json, job_state, timeline_slots
 
 __all__ = ["TOKEN_ENV", "create_app"]
 

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .._events import Event, RunEvent, SkipEvent, StartEvent
+from .._json import shown_error
 from .._scheduler import Job, Scheduler
-from ._views import shown_error
 
 __all__ = ["EventHub", "event_json"]
 
