@@ -57,7 +57,7 @@ CLOCK = SystemClock()
 # Slots due long after the test (claimed early): RabbitMQBackend refuses a claim of a slot older
 # than its slot memory, and a fixed date in the past, or soon to be, would be one.
 SLOT = 4_102_444_800_000  # 2100-01-01T00:00:00Z
-JOB_NAME = re.compile(r"[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}")  # DESIGN.md's job names
+JOB_NAME = re.compile(r"[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}")  # brokersched._options.NAME_PATTERN
 QUEUE_NAME = constants.DOMAIN_REGEX["queue-name"]  # what pamqp (and so aio-pika) accepts
 CLAIM_ARGUMENTS: FieldTable = {
     "x-queue-type": "classic",

@@ -18,8 +18,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from .._events import Event, RunEvent, SkipEvent, StartEvent
+from .._json import shown_error
 from .._scheduler import Job, Scheduler
-from ._views import shown_error
 
 __all__ = ["EventHub", "EventStreamResponse", "event_json"]
 

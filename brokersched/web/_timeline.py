@@ -18,9 +18,9 @@ from typing import Any
 
 from .._clock import datetime_to_ms
 from .._events import SkipEvent
+from .._json import shown_error
 from .._scheduler import Job
 from ..abc import RunRecord
-from ._views import shown_error
 
 __all__ = ["MAX_SLOTS", "Pauses", "Window", "compact_run", "timeline"]
 
