@@ -445,6 +445,9 @@ async def test_signing_in_with_the_token_and_pausing_a_job(fleet: str, browser: 
         found["signed_in"] = page.text("#signin-button")
         found["stored"] = page.js("return sessionStorage.getItem('brokersched-token')")
         found["schedule"] = page.text("#schedule")
+        page.driver.set_window_size(390, 900)  # the paused job on a phone
+        page.fits_a_phone("#schedule .note", ".page-head button[data-action='resume']")
+        page.driver.set_window_size(1400, 1000)
         page.open(f"{fleet}#/", '#jobs tr[data-job="cache.warm"]')
         page.has_text('#jobs tr[data-job="cache.warm"]', "paused")
         found["row"] = page.text('#jobs tr[data-job="cache.warm"]')
