@@ -283,6 +283,10 @@ def openapi_schema() -> dict[str, Any]:
                                         "that match, of those scanned",
                                     },
                                     "scanned": {"type": "integer"},
+                                    "choices": {
+                                        "type": "object",
+                                        "description": "The values `outcome` and `reason` accept",
+                                    },
                                 },
                             },
                             "The runs",

@@ -18,6 +18,8 @@ __all__ = [
     "FAILED",
     "MAX_HISTORY",
     "MAX_WINDOW_MS",
+    "OUTCOMES",
+    "REASONS",
     "Page",
     "Query",
     "QueryError",

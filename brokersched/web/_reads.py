@@ -17,7 +17,16 @@ from .._clock import datetime_to_ms
 from .._redact import redact_text
 from .._scheduler import Job, Scheduler
 from ..abc import RunRecord
-from ._query import FAILED, MAX_HISTORY, QueryError, cursor_of, parse_query, parse_window
+from ._query import (
+    FAILED,
+    MAX_HISTORY,
+    OUTCOMES,
+    REASONS,
+    QueryError,
+    cursor_of,
+    parse_query,
+    parse_window,
+)
 from ._security import Guard
 from ._stream import EventHub
 from ._timeline import Pauses, Window, timeline
@@ -174,6 +183,7 @@ class Reads:
             shown = records[: query.limit]
             body["next"] = cursor_of(shown[-1]) if len(records) > query.limit else None
         body["records"] = [record_json(record, job) for record in shown]
+        body["choices"] = {"outcome": list(OUTCOMES), "reason": list(REASONS)}
         body["slots"] = timeline_slots(job, shown, now_ms)
         body["now_ms"] = now_ms
         return JSONResponse(body)
@@ -394,7 +404,7 @@ def _records_for(job: Job, span_ms: int) -> int:
 def _family(record: RunRecord) -> str:
     """Runs of one slot that are attempts of each other: a slot of the schedule (its catch-up,
     its retries), a manual run, a boot run."""
-    return "slot" if record.reason in ("schedule", "catch-up", "retry") else record.reason
+    return record.reason if record.reason in ("manual", "start") else "slot"
 
 
 def _ended(record: RunRecord) -> int:

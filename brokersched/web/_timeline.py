@@ -25,7 +25,7 @@ from ..abc import RunRecord
 __all__ = ["MAX_SLOTS", "Pauses", "Window", "compact_run", "timeline"]
 
 MAX_SLOTS = 2000  # slots classified per job and window: the newest ones
-_SLOT_RUNS = ("schedule", "catch-up", "retry")  # runs of a slot of the schedule
+_NOT_SLOTS = ("manual", "start")  # runs that are no slot of the schedule: the rest are
 _ERROR_CHARS = 300
 
 
@@ -164,12 +164,12 @@ def _slot_marks(
     pauses: Pauses,
     overlap_skips: bool,
 ) -> list[dict[str, Any]]:
-    scheduled = [r for r in records if r.reason in _SLOT_RUNS]
+    scheduled = [r for r in records if r.reason not in _NOT_SLOTS]
     ran = {r.slot_ms for r in scheduled}
     runs_of = Counter((r.slot_ms, r.attempt) for r in scheduled)
     doubles = sorted({slot for (slot, _), count in runs_of.items() if count > 1})
     newest = max((r.slot_ms for r in scheduled), default=known_from)
-    skipped = {s.slot_ms: s for s in skips if s.run in _SLOT_RUNS}
+    skipped = {s.slot_ms: s for s in skips if s.run not in _NOT_SLOTS}
     busy = _busy_spans(records, now_ms) if overlap_skips else []
     # A slot that fell during a run is skipped at once; any other is judged once max_late has
     # passed (until then an instance may still run it).

@@ -417,6 +417,19 @@ export class JobPage {
     if (history) this.renderHistory(history);
   }
 
+  // The values the server accepts (a later release may add a reason): each in its select.
+  offerChoices(choices) {
+    if (!choices) return;
+    for (const [name, values] of Object.entries(choices)) {
+      const select = document.getElementById(`filter-${name}`);
+      if (!select) continue;
+      const have = new Set([...select.options].map((option) => option.value));
+      for (const value of values) {
+        if (!have.has(value)) select.append(el("option", { value }, KINDS[value] ? KINDS[value].word : value));
+      }
+    }
+  }
+
   renderStale(message) {
     const note = this.historyBody.querySelector(".stale-note") || el("p", { className: "note padded stale-note" });
     note.textContent = `Not refreshed: ${message}. These are the last runs read.`;
@@ -498,6 +511,7 @@ export class JobPage {
       this.pager.replaceChildren();
       return;
     }
+    this.offerChoices(history.choices);
     const labels = ["outcome", "slot", "instance", "reason", "~late", "~took", "error"];
     const rows = history.records.map((r) => row(labels, [
       el("a", { href: runHref(this.name, r.run_id), "aria-label": `run ${r.run_id}: ${r.outcome}` }, outcomeBadge(r)),
