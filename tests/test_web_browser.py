@@ -560,6 +560,7 @@ async def test_the_page_says_when_the_backend_is_unreachable(browser: Any, redis
             page.until(lambda d: page.find("#banner").is_displayed(), "the outage banner")
             found["banner"] = page.text("#banner")
             found["pill"] = page.text("#backend")
+            page.has_text('#jobs tr[data-job="outbox.flush"]', "backend down")
             found["shot"] = page.shot("outage", 1400)
             loop.call_soon_threadsafe(proxy.resume)
             page.until(lambda d: not page.find("#banner").is_displayed(), "the banner gone")

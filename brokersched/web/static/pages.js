@@ -53,8 +53,13 @@ function row(labels, cells, { href = null, dataset = {} } = {}) {
 }
 
 function stateBadge(job, app) {
-  const label = job.state === "paused" ? "paused here" : job.state;
+  let label = job.state === "paused" ? "paused here" : job.state;
+  const blocked = app.about.backend_status && app.about.backend_status.reachable === false;
+  if (blocked && ["armed", "running"].includes(job.state)) {
+    label = `${job.state}, backend down`; // its slots are skipped until the backend answers
+  }
   const node = badge(job.state, label, { state: true });
+  if (blocked) node.classList.add("blocked");
   node.title = {
     armed: "waiting for its next slot",
     running: "a run is going on this instance",
