@@ -92,7 +92,7 @@ async def test_a_stalled_backend_is_reported_within_seconds_and_reads_fail_fast(
             listed = jobs.json()
             assert listed["backend_status"]["reachable"] is False
             assert listed["jobs"][0]["history_error"].startswith(
-                "the backend (RedisLeaseBackend) is unreachable for "
+                "the backend (RedisLeaseBackend) is unreachable"
             )
             assert history.status_code == 503
             assert history.json()["error"].startswith(

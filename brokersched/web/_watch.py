@@ -82,7 +82,8 @@ class BackendWatch:
     def describe(self) -> str:
         since = ""
         if self._since_ms is not None:
-            since = f" for {max(0, self._scheduler.clock.now_ms() - self._since_ms) // 1000}s"
+            seconds = (self._scheduler.clock.now_ms() - self._since_ms) // 1000
+            since = f" for {seconds}s" if seconds >= 1 else ""
         why = f" ({self._error})" if self._error else ""
         return f"the backend ({self._scheduler.backend.name}) is unreachable{since}{why}"
 

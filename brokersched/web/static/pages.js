@@ -58,7 +58,8 @@ function stateBadge(job, app) {
   if (blocked && ["armed", "running"].includes(job.state)) {
     label = `${job.state}, backend down`; // its slots are skipped until the backend answers
   }
-  const node = badge(job.state, label, { state: true });
+  const node = blocked && ["armed", "running"].includes(job.state)
+    ? badge("backend-error", label) : badge(job.state, label, { state: true });
   if (blocked) node.classList.add("blocked");
   node.title = {
     armed: "waiting for its next slot",
