@@ -437,6 +437,17 @@ async def _start_admin(web: HTTPServer) -> None:
         why = os.strerror(exc.errno) if exc.errno else str(exc)
         raise CLIError(f"cannot serve --http {web.address}: {why}") from None
     logger.info("serving the admin API and dashboard on %s", url, extra={"http_url": url})
+    # How the buttons are used; never the token itself (this line goes to the logs).
+    if web.token_set:
+        logger.info(
+            "dashboard buttons: sign in on the page with the admin token (the value of "
+            "BROKERSCHED_ADMIN_TOKEN)"
+        )
+    else:
+        logger.info(
+            "dashboard read-only: set BROKERSCHED_ADMIN_TOKEN (16+ characters) for its "
+            "trigger, pause and resume buttons"
+        )
 
 
 async def _serve(

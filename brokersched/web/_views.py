@@ -8,14 +8,15 @@ from datetime import UTC, timedelta
 from typing import Any, Literal
 
 from .._durations import format_duration
-from .._json import iso, record_json
+from .._json import iso
+from .._json import record_json as shared_record_json
 from .._redact import MASK, redact_text
 from .._scheduler import Job, Scheduler
 from .._timezones import timezone_name
 from ..abc import Backend, RunRecord
 from ..triggers.cron import CronTrigger
 
-__all__ = ["backend_text", "job_json", "job_state", "timeline_slots"]
+__all__ = ["backend_text", "job_json", "job_state", "record_json", "timeline_slots"]
 
 JobState = Literal["armed", "paused", "running", "idle", "disabled"]
 MAX_TIMELINE_SLOTS = 500
@@ -76,6 +77,11 @@ def job_json(
         "next_runs": [iso(when) for when in job.next_runs(runs)],
         "last": record_json(last, job) if last is not None else None,
     }
+
+
+def record_json(record: RunRecord, job: Job | None) -> dict[str, Any]:
+    """A run as the admin API shows it: the CLI's keys, ``duration_ms`` included."""
+    return shared_record_json(record, job, duration=True)
 
 
 def timeline_slots(job: Job, records: list[RunRecord], now_ms: int) -> list[int]:
