@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 import nats
 from nats.js.api import StorageType, StreamConfig
 
-from brokersched._clock import SystemClock
+from brokersched import SystemClock
 from brokersched.abc import Slot
 from brokersched.backends.nats import NATSBackend
 

@@ -41,8 +41,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.common import FieldTable
 
-from brokersched._clock import SystemClock
-from brokersched._exceptions import BackendError
+from brokersched import BackendError, SystemClock
 from brokersched._redact import redact_url
 from brokersched.abc import Slot
 from brokersched.backends.rabbitmq import RabbitMQBackend, claim_queue_name

@@ -28,7 +28,7 @@ from typing import Any
 
 import redis.asyncio
 
-from brokersched._clock import SystemClock
+from brokersched import SystemClock
 from brokersched.abc import JobPolicy, Lease, Slot
 from brokersched.backends.redis import RedisBackend, RedisLeaseBackend
 

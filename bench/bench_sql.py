@@ -32,7 +32,7 @@ from typing import Any
 
 import asyncpg
 
-from brokersched._clock import SystemClock
+from brokersched import SystemClock
 from brokersched.abc import JobPolicy, Lease, LeaseBackend, Slot
 from brokersched.backends._sql import datetime_to_us
 from brokersched.backends.postgres import PostgresBackend

@@ -366,8 +366,7 @@ def _result(backend: str, procs: int, jobs: int, jitter: str, start: float,
 async def claims_only(backend: str, procs: int, jobs: int, rounds: int, batched: bool) -> str:
     """``procs`` backend objects (one process) claim the same ``jobs`` slots per instant, one
     ``acquire`` per slot or one ``acquire_many``, ``rounds`` instants: the claim's own cost."""
-    from brokersched import PostgresBackend, SQLiteBackend
-    from brokersched._clock import SystemClock
+    from brokersched import PostgresBackend, SQLiteBackend, SystemClock
     from brokersched.abc import Claim, JobPolicy, LeaseBackend, Slot
 
     name = f"fleet{uuid.uuid4().hex[:8]}"

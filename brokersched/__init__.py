@@ -1,12 +1,12 @@
 """brokersched: scheduled jobs on every instance, each slot run on exactly one.
 
 The network backends are imported on first use, so that ``import brokersched`` needs none of the
-optional extras (aio-pika, nats-py, asyncpg, aiosqlite).
+optional extras (aio-pika, nats-py, redis-py, asyncpg, aiosqlite).
 """
 
 from typing import TYPE_CHECKING
 
-from ._clock import Clock
+from ._clock import Clock, SystemClock, Timer
 from ._context import JobContext
 from ._durations import parse_duration
 from ._events import ClaimEvent, RecordDroppedEvent, RunEvent, SkipEvent, StartEvent
@@ -17,7 +17,9 @@ from ._exceptions import (
     ClockSkewError,
     ConfigurationError,
 )
+from ._options import JobOptions, JobSettings
 from ._scheduler import Job, Scheduler
+from ._scheduler import use_default_backend as _use_default_backend
 from ._thread import SchedulerThread
 from .abc import RunRecord
 from .backends.memory import MemoryBackend
@@ -33,6 +35,9 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0.dev0"
 
+# The public layer's choice: Scheduler() without a backend runs on the embedded MemoryBackend.
+_use_default_backend(MemoryBackend)
+
 __all__ = [
     "BackendError",
     "BackendUnavailableError",
@@ -43,6 +48,8 @@ __all__ = [
     "ConfigurationError",
     "Job",
     "JobContext",
+    "JobOptions",
+    "JobSettings",
     "MemoryBackend",
     "NATSBackend",
     "PostgresBackend",
@@ -58,6 +65,8 @@ __all__ = [
     "SchedulerThread",
     "SkipEvent",
     "StartEvent",
+    "SystemClock",
+    "Timer",
     "parse_cron",
     "parse_duration",
 ]
@@ -94,4 +103,4 @@ def __dir__() -> list[str]:
 for _name in __all__:
     if _name not in _LAZY:
         globals()[_name].__module__ = __name__
-del TYPE_CHECKING, _name
+del TYPE_CHECKING, _name, _use_default_backend

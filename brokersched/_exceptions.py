@@ -6,8 +6,9 @@
     │   ├── BackendUnavailableError              ... because it cannot be reached
     │   └── ClockSkewError                       ... or refused a slot ahead of its clock
 
-Client exceptions (aio-pika, nats-py, asyncpg, aiosqlite) are translated at one boundary in each
-backend and chained with ``raise ... from exc``.
+Client exceptions (aio-pika, nats-py, redis-py, asyncpg, aiosqlite) are translated at one
+boundary in each backend, by its table for ``backends/_errors.py``, and chained with ``raise ...
+from exc``; an exception no table names (a bug) is raised unchanged.
 """
 
 from __future__ import annotations

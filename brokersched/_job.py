@@ -1,10 +1,11 @@
-"""What the scheduler keeps of a registered job (``JobState``) and of a run here (``Run``)."""
+"""What the scheduler keeps of a registered job (``JobState``: its ``JobSpec``, its place in the
+timer heap, its runs) and of a run here (``Run``)."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -16,7 +17,16 @@ from ._options import JobOptions, JobSettings, Kind
 from .abc import Lease
 from .triggers.base import Trigger
 
-__all__ = ["AroundRun", "Handler", "JobState", "Run", "call_sync", "check_handler"]
+__all__ = [
+    "Arming",
+    "AroundRun",
+    "Handler",
+    "JobSpec",
+    "JobState",
+    "Run",
+    "call_sync",
+    "check_handler",
+]
 
 Handler: TypeAlias = Callable[[JobContext], Awaitable[None]] | Callable[[JobContext], None]
 AroundRun: TypeAlias = Callable[[JobContext], AbstractContextManager[object]]
@@ -88,33 +98,72 @@ class Run:
     cancelled: BaseException | None = None  # the cancellation that cut it (where it was)
 
 
-@dataclass(slots=True, eq=False)
-class JobState:
-    """A registered job as the scheduler and the runner keep it; the application holds a
-    ``Job`` (``brokersched._scheduler``), which shows only the public API."""
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What registration made of a job: its schedule and options, validated and resolved.
+    Never changed in place: ``job.update()`` and overrides replace it whole (``_registry``)."""
 
     name: str
     kind: Kind
     schedule: Trigger
-    handler: Handler
     settings: JobSettings
     options: JobOptions
     make_trigger: Callable[[JobOptions], Trigger]  # rebuilds the schedule when options change
-    is_async: bool = field(init=False)
-    paused: bool = False
-    removed: bool = False  # remove() took it out of its scheduler
-    armed_ms: int | None = None  # the slot this instance waits for, if any
-    armed_seq: int | None = None  # its entry in the scheduler's timer heap
-    fired_ms: int | None = None  # the last slot whose timer fired here
-    # the last slot handled: completed here, or claimed by another instance (for overdue())
-    last_ok_ms: int | None = None
-    runs: dict[str, Run] = field(default_factory=dict)  # run_id -> run in progress here
     enabled: bool = True  # False: switched off by an override (registered, never armed)
-    overrides: dict[str, Any] = field(default_factory=dict)  # the override applied, as given
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # the override applied, as given
     # the trigger maker and options as registered, before any override
     origin: tuple[Callable[[JobOptions], Trigger], dict[str, Any]] | None = None
+
+
+@dataclass(slots=True)
+class Arming:
+    """Where a job stands in the timer heap of its scheduler: written by ``_timers`` only."""
+
+    armed_ms: int | None = None  # the slot this instance waits for, if any
+    seq: int | None = None  # its entry in the timer heap
+    fired_ms: int | None = None  # the last slot whose timer fired here
     boot_ms: int | None = None  # when the boot run (after(), run_on_start) is due here
     boot_timer: Timer | None = None
 
+
+@dataclass(slots=True, eq=False)
+class JobState:
+    """A registered job on this instance; the application holds a ``Job``
+    (``brokersched._scheduler``), which shows only the public API.
+
+    Each part has one writer: ``spec`` the registry (``_registry``, replaced whole), ``arming``
+    the timer heap (``_timers``), ``runs`` and ``last_ok_ms`` the runner (``_runner``),
+    ``paused`` and ``removed`` the scheduler's ``Job`` and ``remove()``."""
+
+    spec: JobSpec
+    handler: Handler
+    is_async: bool = field(init=False)
+    paused: bool = False
+    removed: bool = False  # remove() took it out of its scheduler
+    arming: Arming = field(default_factory=Arming)
+    # the last slot handled: completed here, or claimed by another instance (for overdue())
+    last_ok_ms: int | None = None
+    runs: dict[str, Run] = field(default_factory=dict)  # run_id -> run in progress here
+
     def __post_init__(self) -> None:
         self.is_async = is_async_handler(self.handler)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def kind(self) -> Kind:
+        return self.spec.kind
+
+    @property
+    def schedule(self) -> Trigger:
+        return self.spec.schedule
+
+    @property
+    def settings(self) -> JobSettings:
+        return self.spec.settings
+
+    @property
+    def options(self) -> JobOptions:
+        return self.spec.options

@@ -70,6 +70,7 @@ class Runner:
         events: Events,
         tasks: TaskSet,
         recorder: Recorder,
+        around_run: AroundRun | None = None,
     ) -> None:
         self.clock = clock
         self.backend = backend
@@ -78,7 +79,7 @@ class Runner:
         self.events = events
         self.tasks = tasks
         self.runs: set[Run] = set()
-        self.around_run: AroundRun | None = None  # Scheduler(around_run=...)
+        self.around_run = around_run  # Scheduler(around_run=...)
         self.stopping = False  # drain() has begun: nothing new runs
         self._batches = _Batches(self)
         self._releases = _Releases(self)
@@ -661,7 +662,7 @@ class _Batches:
     async def claim(self, claim: Claim, timeout: float) -> Lease | str | None:
         """The claim's answer; the batch leaves at the end of this turn of the loop, with every
         claim made in it (the scheduler fires slots due within a moment of each other in one
-        turn: see ``Scheduler._on_timer``)."""
+        turn: see ``Timers._on_timer``)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Lease | str | None] = loop.create_future()
         self._waiting.append((claim, timeout, future))
@@ -754,9 +755,10 @@ class _Prepares:
         self._due: dict[int, list[Slot]] = {}  # the slots to prepare, by when
 
     def after_win(self, job: JobState) -> None:
-        if job.armed_ms is None:
+        armed_ms = job.arming.armed_ms
+        if armed_ms is None:
             return  # no next slot (an at() job, paused, removed)
-        slot = Slot(job.settings.key, job.armed_ms)
+        slot = Slot(job.settings.key, armed_ms)
         when_ms = slot.slot_ms - _PREPARE_AHEAD_MS
         due = self._due.get(when_ms)
         if due is None:  # one timer per moment, whatever the number of its slots

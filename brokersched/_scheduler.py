@@ -1,11 +1,12 @@
-"""``Scheduler`` and ``Job``: registration, the timer heap that arms every job, catch-up and
-take-over, manual runs, the life cycle (``start``, ``stop``, ``serve``). A slot's life from its
-timer on is ``_runner.py``'s."""
+"""``Scheduler`` and ``Job``: the façade the application holds, and the scheduler's life cycle
+(``start``, ``stop``, ``serve``), one state machine. The rooms behind it: registration and
+overrides (``_registry``), the timer heap (``_timers``), catch-up and the take-over of dead
+runners (``_sweeper``), the life of a slot from its timer on (``_runner``)."""
 
 from __future__ import annotations
 
 import asyncio
-import heapq
+import enum
 import inspect
 import itertools
 import logging
@@ -14,16 +15,15 @@ import secrets
 import signal
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
-from contextvars import ContextVar
-from datetime import datetime, timedelta
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from datetime import datetime
 from types import TracebackType
-from typing import Any, Generic, Literal, Self, TypeAlias, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeAlias, TypeVar, Unpack, overload
 
-from . import _boot, _runner
-from ._clock import Clock, SystemClock, Timer, datetime_to_ms, ms_to_datetime
-from ._durations import Duration, format_duration, parse_duration, to_ms
+from . import _boot
+from ._clock import Clock, SystemClock, ms_to_datetime
+from ._durations import Duration
 from ._events import (
     ClaimEvent,
     EventName,
@@ -39,25 +39,18 @@ from ._options import (
     JobOptions,
     JobSettings,
     Kind,
-    check_name,
     check_scheduler_options,
     enabled_from_env,
-    job_errors,
-    parse_job_options,
     parse_scheduler_options,
-    resolve_job,
 )
-from ._overrides import (
-    SCHEDULE_KEYS,
-    Overrides,
-    check_override_options,
-    overrides_from_env,
-    parse_overrides,
-    unknown_jobs,
-)
+from ._overrides import overrides_from_env, parse_overrides
 from ._recorder import Recorder
+from ._registry import MakeTrigger, Registry, past_at
+from ._runner import Runner
+from ._sweeper import Sweeper
 from ._tasks import TaskSet, cancel_requests, raise_if_cancelled_since
 from ._thread import SchedulerThread
+from ._timers import Timers
 from ._typing import (
     AfterOptions,
     ClaimAtOptions,
@@ -67,15 +60,13 @@ from ._typing import (
     LeaseCronOptions,
     LeaseEveryOptions,
 )
-from .abc import Backend, ClaimBackend, Lease, LeaseBackend, RunRecord
-from .backends.memory import MemoryBackend
-from .triggers.after import AfterTrigger
-from .triggers.at import AtTrigger, parse_when
+from .abc import Backend, ClaimBackend, LeaseBackend, RunRecord
 from .triggers.base import Trigger
-from .triggers.cron import parse_cron
-from .triggers.interval import IntervalTrigger
 
-__all__ = ["Job", "Scheduler", "collect_errors", "past_at"]
+if TYPE_CHECKING:
+    from .backends.memory import MemoryBackend
+
+__all__ = ["Job", "Scheduler", "use_default_backend"]
 
 B = TypeVar("B", bound=Backend)
 LB = TypeVar("LB", bound=LeaseBackend)
@@ -100,33 +91,27 @@ _FLUSH_GRACE_S = 2.0
 _CONNECT_RETRIES_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 # job.history() first waits this long at most for the records being written.
 _HISTORY_WAIT_S = 5.0
-# A jittered slot fires up to a sixteenth of its jitter early (never before the slot itself),
-# at most this much, with the slots due just before it: a fleet with jitter spreads the claims
-# of one instant over the jitter, and slots fired in one turn of the loop are claimed in one
-# batch (one statement, one write) for one wake-up, not one each. Moving a random delay a few
-# ms earlier changes nothing for the fleet. Measured with bench/fleet.py, 3 processes x 20
-# jobs every second, default jitter (250 ms), with NATS claim_many: CPU per run 1.85 -> ~1.4 ms.
-_MAX_FIRE_EARLY_MS = 20
+
+#: What ``Scheduler()`` runs on when given no backend: the public layer chooses it
+#: (``brokersched`` sets ``MemoryBackend``), so the scheduler names no concrete backend.
+_default_backend: Callable[[], Backend] | None = None
 
 
-# The errors collect_errors() keeps (None: not collecting).
-_COLLECTING: ContextVar[list[ConfigurationError] | None] = ContextVar(
-    "brokersched_collecting", default=None
-)
+def use_default_backend(factory: Callable[[], Backend]) -> None:
+    """Make ``Scheduler()`` without a backend run on ``factory()``."""
+    global _default_backend
+    _default_backend = factory
 
 
-@contextmanager
-def collect_errors() -> Iterator[list[ConfigurationError]]:
-    """While active, the decorator form of registration keeps a refused job's errors (in the
-    list it gives, and for ``check()``) instead of raising them, so that ``brokersched check``
-    reports every error of every job at once. A refused job is not registered. The direct form
-    (``every(name, interval, handler)``) still raises: it has no ``Job`` to return."""
-    errors: list[ConfigurationError] = []
-    token = _COLLECTING.set(errors)
-    try:
-        yield errors
-    finally:
-        _COLLECTING.reset(token)
+class RunState(enum.Enum):
+    """Where a scheduler is in its life: ``start()`` and ``stop()`` move it along, and every
+    question of the life cycle (may jobs be armed, may ``start()`` be called) reads it."""
+
+    STOPPED = "stopped"  # never started, or stopped: start() may be called
+    STARTING = "starting"  # start() enters the lifespan and connects the backend
+    CONNECTING = "connecting"  # start(wait=False): the backend is being reached, in the background
+    RUNNING = "running"  # connected, jobs armed
+    STOPPING = "stopping"  # stop() has begun: nothing new starts, running jobs drain
 
 
 def _unchanged(function: H) -> H:
@@ -156,15 +141,6 @@ def _context_factory(value: T, option: str, *, sync: bool) -> T:
         return value
     name = getattr(value, "__qualname__", repr(value))
     raise ConfigurationError(f"Scheduler: {option} '{name}' {why}", option=option)
-
-
-def _boots(kind: Kind, options: JobOptions) -> bool:
-    """Whether a job has boot runs claimed once per fleet (under ``<key>:start``)."""
-    return options.claim and (kind == "after" or options.run_on_start)
-
-
-def _fire_early_ms(job: JobState) -> int:
-    return min(job.settings.jitter_ms // 16, _MAX_FIRE_EARLY_MS)
 
 
 def _default_instance_id() -> str:
@@ -228,12 +204,12 @@ class Scheduler(Generic[B]):
         **options: Any,
     ) -> None:
         # Scheduler() is a Scheduler[MemoryBackend] (see the overloads)
-        self.backend: B = MemoryBackend() if backend is None else backend  # type: ignore[assignment]
+        self.backend: B = _default() if backend is None else backend
         if not isinstance(self.backend, ClaimBackend | LeaseBackend):
             raise ConfigurationError(
                 f"backend {self.backend!r} is not a brokersched backend (a ClaimBackend or "
-                "LeaseBackend such as RabbitMQBackend, NATSBackend, SQLiteBackend, "
-                "PostgresBackend, MemoryBackend)",
+                "LeaseBackend such as RabbitMQBackend, NATSBackend, RedisBackend, "
+                "RedisLeaseBackend, SQLiteBackend, PostgresBackend, MemoryBackend)",
                 option="backend",
             )
         self.options = parse_scheduler_options(options)
@@ -246,34 +222,32 @@ class Scheduler(Generic[B]):
                 f"Scheduler: enabled={enabled!r} must be True or False", option="enabled"
             )
         self._enabled = enabled  # False: jobs are registered and listed, nothing is armed
-        self._overrides: Overrides = (
-            overrides_from_env(os.environ) if overrides is None else parse_overrides(overrides)
-        )
         self.instance_id = self.options.instance_id or _default_instance_id()
         self._identity_pid = os.getpid()  # the process instance_id and the jitter RNG belong to
         self._jobs: dict[str, Job] = {}
-        self._heap: list[tuple[int, int, int, JobState]] = []  # (due_ms, seq, slot_ms, job)
-        self._seq = itertools.count()
-        self._timer: Timer | None = None
-        self._timer_ms: int | None = None
-        self._sweep_timer: Timer | None = None
+        self._registry = Registry(
+            lambda: (self.options, self.backend),
+            overrides_from_env(os.environ) if overrides is None else parse_overrides(overrides),
+            self._states_by_name,
+        )
         self._tasks = TaskSet(self.clock)
-        self._random = self.clock.random()
-        self._started = False
-        self._stopping = False
-        self._stopped = asyncio.Event()
-        self._lifecycle = asyncio.Lock()
+        self._timers = Timers(
+            self.clock, fire=self._fire, fire_boot=self._fire_boot, job_count=self._jobs.__len__
+        )
         self._events = Events(self._tasks)
         self._recorder = Recorder(
             self.clock, self.backend, self.options.record_buffer, self._events
         )
-        self._runner = _runner.Runner(
-            self.clock, self.backend, self.instance_id, self._events, self._tasks, self._recorder
-        )
-        self._runner.around_run = _context_factory(around_run, "around_run", sync=True)
+        self._around_run = _context_factory(around_run, "around_run", sync=True)
         self._lifespan = _context_factory(lifespan, "lifespan", sync=False)
-        self._lifespan_exit: AsyncExitStack | None = None  # the lifespan entered, until stop()
-        self._refused: list[ConfigurationError] = []  # see collect_errors()
+        # The life cycle: its state, what start() opened (closed in reverse by stop()), and
+        # what each start made (a runner, on a lease backend a sweeper).
+        self._state = RunState.STOPPED
+        self._lifecycle = asyncio.Lock()  # one start() or stop() at a time
+        self._stopped = asyncio.Event()
+        self._opened = AsyncExitStack()
+        self._runner: Runner | None = None
+        self._sweeper: Sweeper | None = None
         self._started_ms: int | None = None
         self._start_requested_ms: int | None = None
         self._connecting: asyncio.Task[None] | None = None  # start(wait=False)'s attempts
@@ -397,53 +371,34 @@ class Scheduler(Generic[B]):
         every instance runs it (see ``brokersched._boot``)."""
         return self._register(name, "after", self._maker("after", delay), handler, options)
 
-    def _maker(self, kind: Kind, schedule: Any) -> Callable[[JobOptions], Trigger]:
-        """What builds a job's trigger from its schedule (given, or from overrides) and options."""
-
-        def make(job_options: JobOptions) -> Trigger:
-            if kind == "every":
-                period = parse_duration(schedule, name="interval")
-                return IntervalTrigger(period, job_options.offset or timedelta(0))
-            if kind == "cron":
-                return parse_cron(schedule, job_options.timezone or self.options.timezone)
-            if kind == "after":
-                return AfterTrigger(parse_duration(schedule, name="delay"))
-            return AtTrigger(parse_when(schedule))
-
-        return make
-
     def _register(
         self,
         name: str,
         kind: Kind,
-        make_trigger: Callable[[JobOptions], Trigger],
+        make_trigger: MakeTrigger,
         handler: Handler | None,
         options: dict[str, Any],
     ) -> Job | Callable[[H], H]:
         # Everything is validated now, before the decorator form returns: never at the first run.
-        origin = (make_trigger, options)
         try:
-            make_trigger, options, enabled = self._overridden(name, kind, make_trigger, options)
-            name, trigger, settings, job_options = self._validate(name, kind, make_trigger, options)
+            spec = self._registry.spec(name, kind, make_trigger, options)
         except ConfigurationError as exc:
-            if handler is not None or (collected := _COLLECTING.get()) is None:
+            if handler is not None or not self._registry.refused(exc.all_errors):
                 raise
-            self._refused.extend(exc.all_errors)
-            collected.extend(exc.all_errors)
             return _unchanged
 
         def add(function: Handler) -> Job:
-            check_handler(name, function)
-            if name in self._jobs:
-                raise ConfigurationError(f"job name '{name}' is taken", option="name", job=name)
-            state = JobState(name, kind, trigger, function, settings, job_options, make_trigger)
-            state.origin, state.enabled = origin, enabled
-            state.overrides = self._overrides.get(name, {})
-            job = self._jobs[name] = Job(self, state)
-            if (warning := past_at(job, self.clock.now_ms())) is not None:
+            check_handler(spec.name, function)
+            if spec.name in self._jobs:
+                raise ConfigurationError(
+                    f"job name '{spec.name}' is taken", option="name", job=spec.name
+                )
+            state = JobState(spec, function)
+            job = self._jobs[spec.name] = Job(self, state)
+            if (warning := past_at(spec, self.clock.now_ms())) is not None:
                 logger.warning("%s", warning)
-            if self._started and not self._stopping:
-                self._spawn(self._prepare_and_arm(state), name=f"brokersched:add:{name}")
+            if self._state is RunState.RUNNING:
+                self._spawn(self._prepare_and_arm(state), name=f"brokersched:add:{spec.name}")
             return job
 
         if handler is not None:
@@ -453,74 +408,14 @@ class Scheduler(Generic[B]):
             try:
                 add(function)
             except ConfigurationError as exc:
-                if (collected := _COLLECTING.get()) is None:
+                if not self._registry.refused([exc]):
                     raise
-                self._refused.append(exc)
-                collected.append(exc)
             return function
 
         return decorator
 
-    def _validate(
-        self,
-        name: str,
-        kind: Kind,
-        make_trigger: Callable[[JobOptions], Trigger],
-        options: dict[str, Any],
-        replacing: JobState | None = None,
-    ) -> tuple[str, Trigger, JobSettings, JobOptions]:
-        name = check_name(name)
-        if name in self._jobs and self._jobs[name]._state is not replacing:
-            raise ConfigurationError(
-                f"job name '{name}' is taken: {self._jobs[name]!r} is registered already",
-                option="name",
-                job=name,
-            )
-        job_options = parse_job_options(name, options)
-        try:
-            trigger = make_trigger(job_options)
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"job '{name}': {exc}", option=exc.option, job=name) from None
-        caps, backend = self.backend.capabilities, self.backend.name
-        settings = resolve_job(
-            name, kind, trigger.min_gap(), job_options, self.options, caps, backend
-        )
-        self._check_key(name, settings.key, _boots(kind, job_options), replacing)
-        return name, trigger, settings, job_options
-
-    def _overridden(
-        self,
-        name: str,
-        kind: Kind,
-        make_trigger: Callable[[JobOptions], Trigger],
-        options: dict[str, Any],
-    ) -> tuple[Callable[[JobOptions], Trigger], dict[str, Any], bool]:
-        """The trigger maker, options and enabled state of ``name`` once its override (if any)
-        is applied; a schedule under another kind's key is refused: the kind never changes."""
-        override = dict(self._overrides.get(name, {}))
-        if not override:
-            return make_trigger, options, True
-        enabled = override.pop("enabled", True)
-        if not isinstance(enabled, bool):
-            raise ConfigurationError(
-                f"job '{name}': override 'enabled' = {enabled!r} must be true or false",
-                option="enabled",
-                job=name,
-            )
-        schedule_key = SCHEDULE_KEYS[kind]
-        for other in SCHEDULE_KEYS.values():
-            if other in override and other != schedule_key:
-                article = "a" if kind == "cron" else "an"
-                raise ConfigurationError(
-                    f"job '{name}' is {article} {kind}() job: override '{other}' does not apply "
-                    f"(its schedule is '{schedule_key}'); the kind of a job never changes",
-                    option=other,
-                    job=name,
-                )
-        check_override_options(name, schedule_key, override, JobOptions.model_fields)
-        if schedule_key in override:
-            make_trigger = self._maker(kind, override.pop(schedule_key))
-        return make_trigger, {**options, **override}, enabled
+    def _maker(self, kind: Kind, schedule: Any) -> MakeTrigger:
+        return self._registry.maker(kind, schedule)
 
     def add_overrides(self, more: Mapping[str, Mapping[str, Any]]) -> None:
         """Overrides given after the jobs registered (the CLI's ``--override``): merged over
@@ -528,90 +423,31 @@ class Scheduler(Generic[B]):
         naming no job is reported by ``check()`` and refused by ``start()``; under
         ``collect_errors()`` a refused one is kept for ``check()`` too. Before ``start()``
         only: a running job changes with ``job.update()``, ``pause()`` and ``resume()``."""
-        if self._started or self._connecting is not None:
+        if self._state in (RunState.CONNECTING, RunState.RUNNING, RunState.STOPPING):
             raise RuntimeError(
                 "add_overrides() must be called before start(): armed jobs would keep their old "
                 "schedule for a slot; change a running job with job.update(), pause() or resume()"
             )
-        more = parse_overrides(more)
-        for name, override in more.items():
-            before = self._overrides.get(name)
-            merged = self._overrides[name] = {**(before or {}), **override}
-            job = self._jobs.get(name)
-            if job is None:
-                continue
-            state = job._state
-            assert state.origin is not None  # set by _register
-            origin_trigger, origin_options = state.origin
-            try:
-                make_trigger, options, enabled = self._overridden(
-                    name, state.kind, origin_trigger, origin_options
-                )
-                _, trigger, settings, job_options = self._validate(
-                    name, state.kind, make_trigger, options, replacing=state
-                )
-            except ConfigurationError as exc:  # refused: the job and its override stay
-                if before is None:
-                    del self._overrides[name]
-                else:
-                    self._overrides[name] = before
-                if (collected := _COLLECTING.get()) is None:
-                    raise
-                self._refused.extend(exc.all_errors)  # brokersched check: reported with the rest
-                collected.extend(exc.all_errors)
-                continue
-            state.schedule, state.settings, state.options = trigger, settings, job_options
-            state.make_trigger, state.enabled, state.overrides = make_trigger, enabled, merged
+        self._registry.add_overrides(more)
 
     def override_errors(self) -> list[ConfigurationError]:
         """The overrides that name no registered job, each with a suggestion."""
-        return unknown_jobs(self._overrides, self._jobs)
-
-    def _check_key(self, name: str, key: str, boots: bool, replacing: JobState | None) -> None:
-        """Two jobs of one scheduler never share a key (they would claim each other's slots),
-        nor does one take the key of another's fleet boot runs (``<key>:start``, see
-        ``_boot``); ``boots``: the job has such runs."""
-        for other in self._states():
-            if other is replacing or other.name == name:
-                continue
-            if other.settings.key == key:
-                why = f"is taken by job '{other.name}'"
-            elif key == _boot.boot_key(other.settings.key) and _boots(other.kind, other.options):
-                why = f"is where job '{other.name}' claims its boot runs ('<key>:start')"
-            elif other.settings.key == _boot.boot_key(key) and boots:
-                why = f"would claim its boot runs under the key of job '{other.name}'"
-            else:
-                continue
-            raise ConfigurationError(
-                f"job '{name}': key '{key}' {why}; two jobs of one scheduler need different "
-                "keys (claims and history are kept under the key)",
-                option="key",
-                job=name,
-            )
+        return self._registry.override_errors()
 
     def _update(self, job: JobState, options: dict[str, Any]) -> None:
-        merged = {**job.options.model_dump(exclude_unset=True), **options}
-        _, trigger, settings, job_options = self._validate(
-            job.name, job.kind, job.make_trigger, merged, replacing=job
-        )
-        job.schedule, job.settings, job.options = trigger, settings, job_options
-        if job.armed_ms is not None:  # re-arm: the schedule or the jitter may have changed
-            self._rearm(job)
-        if self._started and not self._stopping:
+        self._registry.update(job, options)
+        if job.arming.armed_ms is not None:  # re-arm: the schedule or the jitter may have changed
+            self._timers.rearm(job)
+        if self._state is RunState.RUNNING:
             self._spawn(
-                self.backend.prepare([settings.policy]), name=f"brokersched:update:{job.name}"
+                self.backend.prepare([job.settings.policy]), name=f"brokersched:update:{job.name}"
             )
 
     def check(self) -> list[ConfigurationError]:
         """Every configuration error of every job, all at once (none: ``[]``): the jobs refused
         while ``collect_errors()`` was active, and the registered jobs checked again against
         the scheduler's current backend and defaults."""
-        caps, backend = self.backend.capabilities, self.backend.name
-        errors: list[ConfigurationError] = list(self._refused) + self.override_errors()
-        for job in self._states():
-            gap = job.schedule.min_gap()
-            errors += job_errors(job.name, job.kind, gap, job.options, self.options, caps, backend)
-        return errors
+        return self._registry.check()
 
     # -- lookup ----------------------------------------------------------------------------
 
@@ -624,15 +460,18 @@ class Scheduler(Generic[B]):
     def _states(self) -> list[JobState]:
         return [job._state for job in self._jobs.values()]
 
+    def _states_by_name(self) -> dict[str, JobState]:
+        return {name: job._state for name, job in self._jobs.items()}
+
     def remove(self, name: str, abort: bool = False) -> Job:
         """Unregister ``name``; with ``abort``, its runs here are aborted (reason ``removed``)."""
         job = self._jobs.pop(name, None)
         if job is None:
             raise KeyError(f"no job named '{name}' (registered: {', '.join(self._jobs) or 'none'})")
         state = job._state
-        state.armed_ms = None
+        self._timers.disarm(state)
         state.removed = True
-        if abort:
+        if abort and self._runner is not None:
             for run in list(state.runs.values()):
                 self._runner.abort(run, "removed")
         return job
@@ -670,13 +509,13 @@ class Scheduler(Generic[B]):
         now = self.clock.now_ms()
         late: list[Job] = []
         # Not connected yet (start(wait=False)): every job misses its slots since the start.
-        connecting = not self._started and self._connecting is not None
+        connecting = self._state is RunState.CONNECTING
         since = self._start_requested_ms if connecting else self._started_ms
         for job in self._jobs.values():
             state = job._state
-            if state.paused or not state.enabled or since is None:
+            if state.paused or not state.spec.enabled or since is None:
                 continue
-            if state.armed_ms is None and not connecting:
+            if state.arming.armed_ms is None and not connecting:
                 continue
             first = state.schedule.next_ms(max(state.last_ok_ms or 0, since))
             second = state.schedule.next_ms(first) if first is not None else None
@@ -695,7 +534,7 @@ class Scheduler(Generic[B]):
         slot runs (never one unclaimed), ``trigger()`` is refused and ``overdue()`` lists the
         jobs whose slots are being missed. ``stop()`` ends the attempts."""
         async with self._lifecycle:
-            if self._started or self._connecting is not None:
+            if self._state is not RunState.STOPPED:
                 raise RuntimeError(
                     "the scheduler is started already: call start() once (or use "
                     "`async with scheduler`, not both), and stop() before starting it again"
@@ -704,14 +543,23 @@ class Scheduler(Generic[B]):
                 raise errors[0]
             self._stopped = asyncio.Event()  # bound to this start's event loop
             self._start_requested_ms = self.clock.now_ms()
-            await self._enter_lifespan()
+            self._state = RunState.STARTING
+            opened = self._opened = AsyncExitStack()  # stop() closes it, in reverse
+            try:
+                if self._lifespan is not None:
+                    await opened.enter_async_context(self._lifespan(self))
+            except BaseException:
+                self._state = RunState.STOPPED
+                raise
+            opened.callback(self._set_stopped)  # once the backend stopped, before the lifespan
             if wait:
                 try:
                     await self._start()
                 except BaseException as exc:
-                    await self._exit_lifespan(exc)
+                    await opened.__aexit__(type(exc), exc, exc.__traceback__)
                     raise
             else:
+                self._state = RunState.CONNECTING
                 self._connecting = asyncio.get_running_loop().create_task(
                     self._connect(), name="brokersched:connect"
                 )
@@ -752,28 +600,13 @@ class Scheduler(Generic[B]):
         backend, and once ``stop()`` has begun (the base of a readiness probe)."""
         return self.running
 
-    async def _enter_lifespan(self) -> None:
-        if self._lifespan is None:
-            return
-        stack = AsyncExitStack()
-        await stack.enter_async_context(self._lifespan(self))
-        self._lifespan_exit = stack
-
-    async def _exit_lifespan(self, exc: BaseException | None = None) -> None:
-        stack, self._lifespan_exit = self._lifespan_exit, None
-        if stack is not None:
-            if exc is None:
-                await stack.aclose()
-            else:
-                await stack.__aexit__(type(exc), exc, exc.__traceback__)
-
     async def _watch_exit(self) -> None:
         """Says so when the event loop ends while the scheduler runs: ``asyncio.run()`` cancels
         the tasks it leaves, and armed jobs and running handlers vanish without a word."""
         try:
             await self._stopped.wait()
         except asyncio.CancelledError:
-            if self._started:
+            if self._state in (RunState.RUNNING, RunState.STOPPING):
                 logger.warning(
                     "the event loop is closing but the scheduler was never stopped: runs in "
                     "progress are cut off unrecorded; call `await scheduler.stop()` before "
@@ -789,29 +622,44 @@ class Scheduler(Generic[B]):
             return
         self._identity_pid = os.getpid()
         if self.options.instance_id is None:
-            self.instance_id = self._runner.instance_id = _default_instance_id()
-        self._random = self.clock.random()  # seeded afresh from os.urandom
+            self.instance_id = _default_instance_id()
+        self._timers.reseed()
 
     async def _start(self) -> None:
+        """Connect the backend and arm the jobs: what is opened here goes on ``_opened``, so
+        that ``stop()`` closes it in reverse (disarm, drain, flush the records, disconnect)."""
         self._own_identity()
         cancels = cancel_requests()
-        await self.backend.start(self.clock)
-        try:
+        async with AsyncExitStack() as attempt:
+            await self.backend.start(self.clock)
+            attempt.push_async_callback(self._stop_backend)
             await self.backend.prepare([job.settings.policy for job in self._states()])
             raise_if_cancelled_since(cancels)  # one a client library swallowed (Python 3.11)
-        except BaseException:
-            await self.backend.stop()
-            raise
-        self._started, self._stopping = True, False
-        self._runner.stopping = False
-        self._started_ms = self.clock.now_ms()
+            self._opened.push_async_exit(attempt.pop_all())
+        runner = self._runner = Runner(
+            self.clock,
+            self.backend,
+            self.instance_id,
+            self._events,
+            self._tasks,
+            self._recorder,
+            self._around_run,
+        )
+        self._opened.push_async_callback(self._drain, runner)
+        self._state = RunState.RUNNING
+        started_ms = self._started_ms = self.clock.now_ms()
+        self._opened.callback(self._disarm)
+        if not self._enabled:
+            return
+        self._timers.open(started_ms)
         for job in self._states():
-            self._arm(job)
-            self._arm_boot(job, self._started_ms)
-        if isinstance(self.backend, LeaseBackend) and self._enabled:
-            self._catch_up()
-            self._spawn(self._sweep(), name="brokersched:take-over")  # hand-overs wait for no one
-            self._schedule_sweep()
+            self._timers.arm(job)
+            self._timers.arm_boot(job, started_ms)
+        if isinstance(self.backend, LeaseBackend):
+            sweeper = self._sweeper = Sweeper(
+                self.clock, self.backend, runner, jobs=self._states, spawn=self._spawn_named
+            )
+            sweeper.start()
 
     async def stop(self) -> None:
         """Disarm, abort running handlers (``shutdown``), drain up to ``drain_timeout``.
@@ -819,14 +667,14 @@ class Scheduler(Generic[B]):
         Called from a handler (or an event listener), it begins the stop and returns: the drain
         waits for that handler, which is told ``shutdown`` like the others."""
         if self._tasks.is_drained(asyncio.current_task()):
-            if self._started and not self._stopping:
+            if self._state is RunState.RUNNING:
                 self._stopper = asyncio.get_running_loop().create_task(
                     self.stop(), name="brokersched:stop"
                 )
             return
         await self._stop_connecting()
         async with self._lifecycle:  # a second caller waits for the first one's drain
-            if self._started:
+            if self._state is RunState.RUNNING:
                 await self._stop()
 
     async def _stop_connecting(self) -> None:
@@ -839,45 +687,54 @@ class Scheduler(Generic[B]):
         if self._connecting is not connecting:
             return  # another stop() has done it meanwhile
         self._connecting = None
-        if not self._started:
+        if self._state is RunState.CONNECTING:
             try:
-                await self._exit_lifespan()
+                await self._opened.aclose()
             finally:
+                self._set_stopped()
                 self._stopped.set()
 
     async def _stop(self) -> None:
-        self._stopping = True
-        for timer in (self._timer, self._sweep_timer):
-            if timer is not None:
-                timer.cancel()
-        self._timer = self._sweep_timer = self._timer_ms = None
-        self._heap.clear()
-        for job in self._states():
-            job.armed_ms = None
-            if job.boot_timer is not None:  # a boot run not yet due never comes
-                job.boot_timer.cancel()
-            job.boot_ms = job.boot_timer = None
+        self._state = RunState.STOPPING
+        try:
+            await self._opened.aclose()
+        finally:
+            self._set_stopped()
+            self._stopped.set()
+
+    def _set_stopped(self) -> None:
+        self._state = RunState.STOPPED
+
+    def _disarm(self) -> None:
+        """No slot, boot run or sweep starts from now on (the first step of a stop)."""
+        if self._sweeper is not None:
+            self._sweeper.close()
+            self._sweeper = None
+        self._timers.close(self._states())
+
+    async def _drain(self, runner: Runner) -> None:
+        """Let running jobs finish (``drain_timeout``), then write the records still waiting
+        for what is left of it (plus a grace)."""
         drain_s = self.options.drain_timeout.total_seconds()
         began_ms = self.clock.monotonic_ms()
         try:
-            await self._runner.drain(drain_s)
+            await runner.drain(drain_s)
         finally:
+            left_s = drain_s - (self.clock.monotonic_ms() - began_ms) / 1000
             try:
-                left_s = drain_s - (self.clock.monotonic_ms() - began_ms) / 1000
                 await self._recorder.flush(max(left_s, 0) + _FLUSH_GRACE_S)
-                await self.backend.stop()
             except Exception:
                 logger.exception("backend %s failed to stop cleanly", self.backend.name)
-            finally:
-                self._started = self._stopping = False
-                try:
-                    await self._exit_lifespan()
-                finally:
-                    self._stopped.set()
+
+    async def _stop_backend(self) -> None:
+        try:
+            await self.backend.stop()
+        except Exception:
+            logger.exception("backend %s failed to stop cleanly", self.backend.name)
 
     async def wait_stopped(self) -> None:
         """Wait until ``stop()`` has finished."""
-        if not self._started and self._connecting is None and not self._stopped.is_set():
+        if self._state in (RunState.STOPPED, RunState.STARTING) and not self._stopped.is_set():
             raise RuntimeError(
                 "wait_stopped() before start() would wait for ever: start the scheduler first "
                 "(`async with scheduler: await scheduler.wait_stopped()`)"
@@ -931,7 +788,7 @@ class Scheduler(Generic[B]):
         finally:
             restore()
 
-    def start_in_thread(self, *, name: str = "brokersched") -> SchedulerThread:
+    def start_in_thread(self, *, name: str = "brokersched") -> SchedulerThread[Self]:
         """Start the scheduler on an event loop of its own, in a new thread, for code without
         an event loop; returns once it has started (or raises its start error). Stop it with
         the handle's ``stop()``, or use the handle as a context manager::
@@ -963,196 +820,77 @@ class Scheduler(Generic[B]):
 
     @enabled.setter
     def enabled(self, enabled: bool) -> None:
-        if self._started or self._connecting is not None:
+        if self._state in (RunState.CONNECTING, RunState.RUNNING, RunState.STOPPING):
             raise RuntimeError("Scheduler.enabled can only be set before start()")
         self._enabled = enabled
 
     @property
     def running(self) -> bool:
-        return self._started and not self._stopping
+        return self._state is RunState.RUNNING
 
     @property
     def stopping(self) -> bool:
         """``stop()`` has begun: no new run starts."""
-        return self._stopping
+        return self._state is RunState.STOPPING
 
-    # -- arming: one timer for every job --------------------------------------------------
+    # -- what the rooms hand back ----------------------------------------------------------
 
-    def _spawn(self, coro: Any, *, name: str) -> asyncio.Task[Any]:
+    def _spawn(self, coro: Coroutine[Any, Any, Any], *, name: str) -> asyncio.Task[Any]:
         """Start a task that ``stop()`` waits for."""
         return self._tasks.spawn(coro, name=name)
+
+    def _spawn_named(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        self._tasks.spawn(coro, name=name)
+
+    def _fire(self, job: JobState, slot_ms: int) -> None:
+        """A slot fell due (``Timers``): its life is the runner's from here."""
+        assert self._runner is not None
+        self._spawn(self._runner.run_slot(job, slot_ms, "schedule"), name=f"slot:{job.name}")
+
+    def _fire_boot(self, job: JobState, due_ms: int) -> None:
+        assert self._runner is not None
+        self._spawn(_boot.run_boot(self._runner, job, due_ms), name=f"start:{job.name}")
 
     async def _prepare_and_arm(self, job: JobState) -> None:
         try:
             await self.backend.prepare([job.settings.policy])
         except Exception:
             logger.exception("backend could not prepare job %s; its slots are skipped", job.name)
-        self._arm(job)
-        self._arm_boot(job, self.clock.now_ms())
-
-    def _arm_boot(self, job: JobState, since_ms: int) -> None:
-        """Arm the boot run of an ``after()`` job, or of a ``run_on_start`` job."""
-        if not self._started or self._stopping or job.removed or job.paused:
-            return  # a job paused at start has no boot run (a CLI trigger pauses them all)
-        if not (self._enabled and job.enabled):
-            return
-        if isinstance(job.schedule, AfterTrigger):
-            delay_ms = job.schedule.delay_ms
-        elif job.options.run_on_start:
-            delay_ms = 0
-        else:
-            return
-        due = job.boot_ms = since_ms + delay_ms
-
-        def fire() -> None:
-            job.boot_ms = job.boot_timer = None
-            self._spawn(_boot.run_boot(self._runner, job, due), name=f"start:{job.name}")
-
-        job.boot_timer = self.clock.call_at(due, fire)
-
-    def _arm(self, job: JobState, after_ms: int | None = None) -> None:
-        if not self._started or self._stopping or job.paused or job.removed:
-            return
-        if not (self._enabled and job.enabled):
-            return
-        now = self.clock.now_ms()
-        if after_ms is None:
-            # An at() instant that passed less than max_late ago still runs, late (the slot's
-            # life, step 3); the missed slots of a periodic job are catch-up's (lease backends).
-            after_ms = now - job.settings.max_late_ms - 1 if job.kind == "at" else now
-        slot = job.schedule.next_ms(after_ms)
-        job.armed_ms = slot
-        if slot is None:
-            return
-        jitter = self._random.randint(0, job.settings.jitter_ms) if job.settings.jitter_ms else 0
-        if len(self._heap) > 2 * len(self._jobs) + 64:
-            self._compact_heap()
-        job.armed_seq = next(self._seq)
-        heapq.heappush(self._heap, (slot + jitter, job.armed_seq, slot, job))
-        if self._timer_ms is None or slot + jitter < self._timer_ms:
-            self._set_timer(slot + jitter)
-
-    def _rearm(self, job: JobState) -> None:
-        """Arm ``job`` again after ``update()`` or ``resume()``, keeping a slot whose jitter
-        window is still open (the fleet may be claiming it right now) unless it fired here."""
-        if job.armed_ms is not None:
-            after = job.armed_ms - 1  # the slot it waited for has not fired yet
-        else:
-            after = self.clock.now_ms() - job.settings.jitter_ms - 1
-            if job.fired_ms is not None:
-                after = max(after, job.fired_ms)
-            if self._started_ms is not None:  # never a slot from before this start
-                after = max(after, self._started_ms)
-        job.armed_ms = None
-        self._arm(job, after_ms=after)
-
-    def _compact_heap(self) -> None:
-        """Drop the entries that pause/resume/remove left behind (they are skipped lazily)."""
-        self._heap = [entry for entry in self._heap if self._armed(entry[3], entry[1])]
-        heapq.heapify(self._heap)
-
-    def _armed(self, job: JobState, seq: int) -> bool:
-        """Whether a heap entry is the job's current one (not left by pause/remove/re-arm)."""
-        return job.armed_seq == seq and job.armed_ms is not None and not job.removed
-
-    def _set_timer(self, when_ms: int) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_ms = when_ms
-        self._timer = self.clock.call_at(when_ms, self._on_timer)
-
-    def _on_timer(self) -> None:
-        now = self.clock.now_ms()
-        # While it fires, _arm() sets no timer for a later slot: the timer is set once, below.
-        self._timer, self._timer_ms = None, now
-        while self._heap:
-            due, seq, slot_ms, job = self._heap[0]
-            if due > now and (slot_ms > now or due - now > _fire_early_ms(job)):
-                break
-            heapq.heappop(self._heap)
-            if not self._armed(job, seq):
-                continue  # disarmed (paused, removed, re-armed) since it was pushed
-            job.fired_ms = slot_ms
-            self._spawn(self._runner.run_slot(job, slot_ms, "schedule"), name=f"slot:{job.name}")
-            # A frozen process wakes to many past slots: skip straight to those still in time.
-            self._arm(job, after_ms=max(slot_ms, now - job.settings.max_late_ms))
-        if self._heap:
-            self._set_timer(self._heap[0][0])
-        else:
-            self._timer_ms = None
-
-    # -- lease backends: catch-up and take-over ------------------------------------------
-
-    def _catch_up(self) -> None:
-        now = self.clock.now_ms()
-        for job in self._states():
-            if not job.settings.claim or job.settings.catch_up_ms <= 0 or job.paused:
-                continue
-            if job.kind == "at":
-                continue  # its one instant is armed (late, within max_late) or was run
-            if not job.enabled:
-                continue
-            latest = job.schedule.latest_ms(now, job.settings.catch_up_ms)
-            if latest is not None:
-                coro = self._runner.run_slot(job, latest, "catch-up")
-                self._spawn(coro, name=f"catch-up:{job.name}")
-
-    def _schedule_sweep(self) -> None:
-        """Look for dead runners' slots every ``lease_ttl / 2`` (monotonic)."""
-        assert isinstance(self.backend, LeaseBackend)
-        period = max(to_ms(self.backend.lease_ttl) // 2, 50)
-
-        def sweep() -> None:
-            self._spawn(self._sweep(), name="brokersched:take-over")
-            self._schedule_sweep()
-
-        if not self._stopping:
-            self._sweep_timer = self.clock.call_later(period, sweep)
-
-    async def _sweep(self) -> None:
-        backend = self.backend
-        assert isinstance(backend, LeaseBackend)
-        jobs = [s for s in self._states() if s.settings.claim and not s.paused and s.enabled]
-        if not jobs:
-            return
-        leased_ms = self.clock.monotonic_ms()
-        try:
-            leases = await backend.take_over(
-                [job.settings.policy for job in jobs], instance_id=self.instance_id
-            )
-        except Exception as exc:
-            logger.warning("take-over sweep failed: %s", exc)
-            return
-        by_key = {job.settings.key: job for job in self._states()}
-        for lease in leases:
-            state = by_key.get(lease.job)  # leases are kept under the job's key
-            if state is None or self._stopping or self._running_here(state, lease):
-                # A sync handler whose lease was lost may still be running here: not twice.
-                await self._runner.release(lease, handover=True)
-                continue
-            run = self._runner.execute(state, lease.slot_ms, lease, leased_ms=leased_ms)
-            self._spawn(run, name=f"retry:{lease.job}")
-
-    @staticmethod
-    def _running_here(job: JobState, lease: Lease) -> bool:
-        return any(run.ctx.slot_ms == lease.slot_ms for run in job.runs.values())
-
-    # -- manual runs -----------------------------------------------------------------------
+        self._timers.arm(job)
+        self._timers.arm_boot(job, self.clock.now_ms())
 
     async def _run_manual(self, job: JobState) -> RunRecord | None:
-        if not self._started or self._stopping:
+        runner = self._runner
+        if self._state is not RunState.RUNNING or runner is None:
             why = (
                 "the backend is not reachable yet (start(wait=False) is still trying)"
-                if self._connecting is not None and not self._stopping
+                if self._state is RunState.CONNECTING
                 else "the scheduler is not running (start it first: async with scheduler)"
             )
             raise RuntimeError(f"cannot trigger job '{job.name}': {why}")
         task = self._spawn(
-            self._runner.run_slot(job, self.clock.now_ms(), "manual"), name=f"manual:{job.name}"
+            runner.run_slot(job, self.clock.now_ms(), "manual"), name=f"manual:{job.name}"
         )
         # Shielded: a caller that gives up waiting must not cut the run short.
         record: RunRecord | None = await asyncio.shield(task)
         return record
+
+    def _pause(self, job: JobState) -> None:
+        job.paused = True
+        self._timers.disarm(job)
+
+    def _resume(self, job: JobState) -> None:
+        if job.paused:
+            job.paused = False
+            self._timers.rearm(job)
+
+
+def _default() -> Any:
+    if _default_backend is None:
+        raise ConfigurationError(
+            "Scheduler() needs a backend: pass one (Scheduler(MemoryBackend()))", option="backend"
+        )
+    return _default_backend()
 
 
 class Job:
@@ -1198,12 +936,12 @@ class Job:
     def next_run(self) -> datetime | None:
         """When the next slot falls (before jitter), or ``None`` when paused, removed, done, or
         when the scheduler is not enabled."""
-        state = self._state
-        if state.boot_ms is not None and not state.paused:  # its boot run comes first
-            return ms_to_datetime(state.boot_ms)
-        if state.armed_ms is not None:
-            return ms_to_datetime(state.armed_ms)
-        if state.paused or state.removed or not (self._scheduler.enabled and state.enabled):
+        state, arming = self._state, self._state.arming
+        if arming.boot_ms is not None and not state.paused:  # its boot run comes first
+            return ms_to_datetime(arming.boot_ms)
+        if arming.armed_ms is not None:
+            return ms_to_datetime(arming.armed_ms)
+        if state.paused or state.removed or not (self._scheduler.enabled and state.spec.enabled):
             return None
         nxt = state.schedule.next_ms(self._scheduler.clock.now_ms())
         return None if nxt is None else ms_to_datetime(nxt)
@@ -1222,13 +960,13 @@ class Job:
         """``False`` when an override (``{"enabled": False}``) switched the job off: it stays
         registered and runs on ``trigger()``, but no slot of it is armed. (Whether the whole
         scheduler schedules is ``scheduler.enabled``.)"""
-        return self._state.enabled
+        return self._state.spec.enabled
 
     @property
     def overrides(self) -> dict[str, Any]:
         """The override applied to this job (``Scheduler(overrides=...)``, the environment or
         the CLI), as given; ``{}`` when none."""
-        return dict(self._state.overrides)
+        return dict(self._state.spec.overrides)
 
     @property
     def paused(self) -> bool:
@@ -1237,14 +975,11 @@ class Job:
 
     def pause(self) -> None:
         """Stop arming slots on this instance (other instances are not affected)."""
-        self._state.paused = True
-        self._state.armed_ms = None
+        self._scheduler._pause(self._state)
 
     def resume(self) -> None:
         """Arm the next slot again (one whose jitter window is still open included)."""
-        if self._state.paused:
-            self._state.paused = False
-            self._scheduler._rearm(self._state)
+        self._scheduler._resume(self._state)
 
     def update(self, **options: Any) -> None:
         """Change options at run time (``job.update(jitter="5s", timeout="1m")``).
@@ -1272,25 +1007,3 @@ class Job:
 
     def describe(self) -> str:
         return self._state.schedule.describe()
-
-    def __repr__(self) -> str:
-        return f"Job({self.name!r}, {self.describe()})"
-
-
-def past_at(job: Job, now_ms: int) -> str | None:
-    """Why an ``at()`` job will never run: its instant passed more than ``max_late`` ago (a
-    start within ``max_late`` of it still runs it, late). ``None`` for every other job."""
-    schedule = job.schedule
-    if not isinstance(schedule, AtTrigger):
-        return None
-    max_late_ms = job.settings.max_late_ms
-    late_ms = now_ms - datetime_to_ms(schedule.when)
-    if late_ms <= max_late_ms:
-        return None
-    unit_ms = next(ms for ms in (86_400_000, 3_600_000, 60_000, 1000, 1) if late_ms >= ms)
-    ago = format_duration(timedelta(milliseconds=late_ms // unit_ms * unit_ms))
-    late = format_duration(timedelta(milliseconds=max_late_ms))
-    return (
-        f"job '{job.name}': at {schedule.when.isoformat()} passed {ago} ago, more than its "
-        f"max_late ({late}): it will never run (give a later time, or trigger it by hand)"
-    )

@@ -14,15 +14,26 @@ import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar
-
-if TYPE_CHECKING:
-    from ._scheduler import Scheduler
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 __all__ = ["SchedulerThread"]
 
 logger = logging.getLogger("brokersched")
 T = TypeVar("T")
+
+
+class Startable(Protocol):
+    """What a ``SchedulerThread`` runs: a ``Scheduler`` (named so only by what it does, so that
+    the scheduler and its thread do not import each other)."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def wait_stopped(self) -> None: ...
+    @property
+    def running(self) -> bool: ...
+
+
+S = TypeVar("S", bound=Startable)
 
 
 class _DaemonExecutor(ThreadPoolExecutor):
@@ -79,7 +90,7 @@ class _DaemonExecutor(ThreadPoolExecutor):
         super().shutdown(wait=False)
 
 
-class SchedulerThread:
+class SchedulerThread(Generic[S]):
     """A started scheduler running in its own (non-daemon) thread and event loop.
 
     ``stop()`` stops it (drains running handlers, up to ``drain_timeout``) and waits for the
@@ -88,7 +99,7 @@ class SchedulerThread:
     exits. Sync handlers run in worker threads, async ones on the thread's event loop.
     """
 
-    def __init__(self, scheduler: Scheduler[Any], *, name: str = "brokersched") -> None:
+    def __init__(self, scheduler: S, *, name: str = "brokersched") -> None:
         self.scheduler = scheduler
         self.thread = threading.Thread(target=self._main, name=name, daemon=False)
         self._ready = threading.Event()

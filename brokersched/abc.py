@@ -11,8 +11,9 @@ A backend decides which instance runs a slot. Two kinds exist:
 The scheduler reads only ``capabilities`` to validate options; it never looks at class names, so
 a third-party backend gets the same checks by declaring its capabilities.
 
-Client types (aio-pika, nats-py, asyncpg, aiosqlite) never cross this module: every method takes
-and returns the plain types defined here, and raises ``BackendError`` for anything that failed.
+Client types (aio-pika, nats-py, redis-py, asyncpg, aiosqlite) never cross this module: every
+method takes and returns the plain types defined here, and raises ``BackendError`` for anything
+that failed.
 """
 
 from __future__ import annotations

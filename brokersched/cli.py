@@ -40,10 +40,12 @@ from ._clock import ms_to_datetime
 from ._durations import format_duration, parse_duration
 from ._events import SkipEvent
 from ._exceptions import BackendError, BackendUnavailableError, BrokerschedError, ConfigurationError
+from ._json import iso, record_json, shown_error
 from ._logging import LogFormat, configure_logging
 from ._overrides import cli_override
-from ._redact import MASK, data_secrets, redact_text, scrub
-from ._scheduler import Job, Scheduler, collect_errors, past_at
+from ._redact import MASK, redact_text
+from ._registry import collect_errors, past_at
+from ._scheduler import Job, Scheduler
 from ._timezones import parse_timezone, timezone_name
 from .abc import Backend, Finding, Inventory, RunRecord, Slot
 from .triggers.base import Trigger
@@ -435,6 +437,17 @@ async def _start_admin(web: HTTPServer) -> None:
         why = os.strerror(exc.errno) if exc.errno else str(exc)
         raise CLIError(f"cannot serve --http {web.address}: {why}") from None
     logger.info("serving the admin API and dashboard on %s", url, extra={"http_url": url})
+    # How the buttons are used; never the token itself (this line goes to the logs).
+    if web.token_set:
+        logger.info(
+            "dashboard buttons: sign in on the page with the admin token (the value of "
+            "BROKERSCHED_ADMIN_TOKEN)"
+        )
+    else:
+        logger.info(
+            "dashboard read-only: set BROKERSCHED_ADMIN_TOKEN (16+ characters) for its "
+            "trigger, pause and resume buttons"
+        )
 
 
 async def _serve(
@@ -625,11 +638,6 @@ def _narrow_jobs(scheduler: Scheduler[Any], title: str, count: int) -> Table:
     return table
 
 
-def _iso(value: datetime) -> str:
-    """ISO 8601 in UTC with milliseconds and ``Z``, as the admin API writes times."""
-    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def _job_json(scheduler: Scheduler[Any], job: Job, count: int) -> dict[str, Any]:
     """A job as ``jobs --json`` prints it; every key always there. ``data`` is only said to be
     there (``"***"``), as in the admin API."""
@@ -643,7 +651,7 @@ def _job_json(scheduler: Scheduler[Any], job: Job, count: int) -> dict[str, Any]
         elif isinstance(value, timedelta):
             value = format_duration(value)
         elif isinstance(value, datetime):
-            value = _iso(value)
+            value = iso(value)
         elif not isinstance(value, str | int | float | bool | None):
             value = str(value)
         options[name] = value
@@ -660,7 +668,7 @@ def _job_json(scheduler: Scheduler[Any], job: Job, count: int) -> dict[str, Any]
         "options": json.loads(redact_text(json.dumps(options))),
         "overrides": json.loads(redact_text(json.dumps(overrides, default=str))),
         "enabled": enabled,
-        "next_runs": [_iso(when) for when in job.next_runs(count)] if enabled else [],
+        "next_runs": [iso(when) for when in job.next_runs(count)] if enabled else [],
     }
 
 
@@ -720,7 +728,7 @@ def next_(
                 "local": local.isoformat(timespec="milliseconds"),
                 "zone": timezone_name(zone),
                 "utc_offset": _offset(local),
-                "utc": _iso(when),
+                "utc": iso(when),
             }
             click.echo(json.dumps(row, separators=(",", ":")))
         return
@@ -799,7 +807,7 @@ def history(
     by_key = {job.key: job for job in chosen}
     if as_json:
         for record in records:
-            row = _record_json(record, by_key.get(record.job))
+            row = record_json(record, by_key.get(record.job), duration=True)
             click.echo(json.dumps(row, separators=(",", ":")))
         return
     if not records:
@@ -887,31 +895,6 @@ def _job_name(record: RunRecord, by_key: dict[str, Job]) -> str:
     return job.name if job is not None else record.job
 
 
-def _record_json(record: RunRecord, job: Job | None) -> dict[str, Any]:
-    """A run as ``history --json`` prints it, with the admin API's keys; every key always
-    there, times in ISO 8601 UTC."""
-    finished = record.finished_at
-    return {
-        "job": record.job,
-        "slot_ms": record.slot_ms,
-        "slot": _iso(ms_to_datetime(record.slot_ms)),
-        "run_id": record.run_id,
-        "instance_id": record.instance_id,
-        "reason": record.reason,
-        "attempt": record.attempt,
-        "started_at": _iso(record.started_at),
-        "finished_at": _iso(finished) if finished is not None else None,
-        "duration_ms": (
-            (finished - record.started_at) // timedelta(milliseconds=1) if finished else None
-        ),
-        "late_ms": (record.started_at - ms_to_datetime(record.slot_ms))
-        // timedelta(milliseconds=1),
-        "outcome": record.outcome,
-        "error": _shown(record.error, job) or None,
-        "traceback": _shown(record.traceback, job) or None,
-    }
-
-
 async def _read_histories(
     scheduler: Scheduler[Any], chosen: list[Job], limit: int
 ) -> list[RunRecord]:
@@ -929,12 +912,9 @@ async def _read_histories(
 
 
 def _shown(text: str | None, job: Job | None) -> str:
-    """An error or a traceback as the CLI shows it: URLs' passwords, ``password=`` values and
-    the job's data masked (the runner masked them when it wrote the record; an earlier release
-    or another backend may not have)."""
-    if not text:
-        return ""
-    return scrub(redact_text(text), data_secrets(job.settings.data if job else None))
+    """An error or a traceback as the CLI shows it (redacted as the admin API shows it;
+    ``""``: none)."""
+    return shown_error(text, job) if text else ""
 
 
 def _print_tracebacks(console: Console, records: list[RunRecord], by_key: dict[str, Job]) -> None:

@@ -1,4 +1,5 @@
-"""The lease rules every lease backend shares (memory, SQLite, PostgreSQL), apart from storage.
+"""The lease rules every lease backend shares (memory, SQLite, PostgreSQL, Redis), apart from
+storage.
 
 * **Time.** A claim is judged on the backend's clock (the store's: the database's, Redis's,
   the host's for SQLite), never the instance's: a slot further ahead of that clock than

@@ -11,7 +11,7 @@ from typing import Any
 from .._durations import format_duration
 from ..abc import Finding, Inventory, StoredObject
 from ._ops import LIVE_WINDOW, server_finding
-from ._sql import SCHEMA_VERSION
+from ._sql import schema_finding
 
 __all__ = ["MIN_VERSION", "TABLES", "doctor", "inventory", "purge"]
 
@@ -145,20 +145,4 @@ async def _schema_finding(conn: Any, schema: str) -> Finding:
     if await conn.fetchval("SELECT to_regclass($1)", table) is None:
         return Finding("ok", "schema", f"no schema {schema} yet: the first start creates it")
     version = await conn.fetchval(f"SELECT version FROM {table}")
-    if version == SCHEMA_VERSION:
-        return Finding("ok", "schema", f"schema {schema} at version {version}")
-    if version is not None and version > SCHEMA_VERSION:
-        return Finding(
-            "error",
-            "schema",
-            f"schema {schema} at version {version}, newer than this brokersched's {SCHEMA_VERSION}",
-            "this brokersched refuses to start on it",
-            "upgrade brokersched",
-        )
-    return Finding(
-        "warning",
-        "schema",
-        f"schema {schema} at version {version}, older than {SCHEMA_VERSION}",
-        "the first instance that starts upgrades it",
-        "nothing to do; upgrade every instance of the fleet",
-    )
+    return schema_finding(version, f"schema {schema} at version", "it")

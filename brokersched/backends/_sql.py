@@ -30,7 +30,7 @@ from typing import Any, cast
 from .._clock import Clock
 from .._durations import Duration
 from .._exceptions import BackendUnavailableError, ConfigurationError
-from ..abc import JobPolicy, Outcome, RunReason, RunRecord
+from ..abc import Finding, JobPolicy, Outcome, RunReason, RunRecord
 from ._lease import MIN_RENEW_TIMEOUT_S, LeaseBackendBase
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "history_cutoff",
     "history_limit",
     "run_record",
+    "schema_finding",
     "us_to_datetime",
 ]
 
@@ -120,3 +121,25 @@ def history_cutoff(policy: JobPolicy, now: datetime) -> datetime | None:
 
 def history_limit(policy: JobPolicy, limit: int) -> int:
     return max(0, min(limit, policy.history_size))
+
+
+def schema_finding(version: int | None, at: str, it: str) -> Finding:
+    """``brokersched doctor``'s finding on the schema version found: ``at`` says where, up to
+    the number ("schema brokersched at version"), ``it`` how to name it ("it", "them")."""
+    if version == SCHEMA_VERSION:
+        return Finding("ok", "schema", f"{at} {version}")
+    if version is not None and version > SCHEMA_VERSION:
+        return Finding(
+            "error",
+            "schema",
+            f"{at} {version}, newer than this brokersched's {SCHEMA_VERSION}",
+            f"this brokersched refuses to start on {it}",
+            "upgrade brokersched",
+        )
+    return Finding(
+        "warning",
+        "schema",
+        f"{at} {version}, older than {SCHEMA_VERSION}",
+        f"the first instance that starts upgrades {it}",
+        "nothing to do; upgrade every instance of the fleet",
+    )

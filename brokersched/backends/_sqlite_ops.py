@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..abc import Finding, Inventory, StoredObject
 from ._ops import LIVE_WINDOW_MS, ago
-from ._sql import SCHEMA_VERSION
+from ._sql import schema_finding
 
 __all__ = ["doctor", "inventory", "purge", "table_names"]
 
@@ -133,24 +133,7 @@ def _schema_finding(conn: sqlite3.Connection, prefix: str) -> Finding:
     except sqlite3.OperationalError:
         return Finding("ok", "schema", f"no tables {prefix}* yet: the first start creates them")
     version = None if row is None else int(row[0])
-    if version == SCHEMA_VERSION:
-        return Finding("ok", "schema", f"tables {prefix}* at schema version {version}")
-    if version is not None and version > SCHEMA_VERSION:
-        return Finding(
-            "error",
-            "schema",
-            f"tables {prefix}* at schema version {version}, newer than this brokersched's "
-            f"{SCHEMA_VERSION}",
-            "this brokersched refuses to start on them",
-            "upgrade brokersched",
-        )
-    return Finding(
-        "warning",
-        "schema",
-        f"tables {prefix}* at schema version {version}, older than {SCHEMA_VERSION}",
-        "the first instance that starts upgrades them",
-        "nothing to do; upgrade every instance of the fleet",
-    )
+    return schema_finding(version, f"tables {prefix}* at schema version", "them")
 
 
 def _filesystem_finding(path: str) -> Finding:

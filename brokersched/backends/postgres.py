@@ -26,8 +26,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, contextmanager
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Generic, Literal, Protocol, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -37,7 +37,6 @@ from .._durations import Duration
 from .._exceptions import (
     BackendError,
     BackendUnavailableError,
-    BrokerschedError,
     ConfigurationError,
 )
 from ..abc import (
@@ -52,6 +51,7 @@ from ..abc import (
     Slot,
 )
 from . import _postgres_ops
+from ._errors import ErrorMap, ErrorRow
 from ._keywords import checked_keywords
 from ._lease import (
     BATCH_CHUNK,
@@ -453,6 +453,7 @@ class PostgresBackend(SQLLeaseBackend):
         self._dsn = dsn
         self._redacted = _redact.redact_url(dsn)
         self._secrets = _redact.url_secrets(dsn)
+        self._errors = ErrorMap(self._error_rows, self._secrets)
         self._schema = check_identifier(schema, option="schema", backend=self.name, max_length=63)
         if not 0 <= min_size <= max_size or max_size < 1:
             raise ConfigurationError(
@@ -483,14 +484,7 @@ class PostgresBackend(SQLLeaseBackend):
     # -- lifecycle -------------------------------------------------------------------------
 
     async def _open(self, clock: Clock) -> None:
-        try:
-            import asyncpg  # pyright: ignore[reportMissingTypeStubs]
-        except ImportError as exc:
-            raise ConfigurationError(
-                "PostgresBackend needs asyncpg: pip install 'brokersched[postgres]'",
-                backend=self.name,
-            ) from exc
-        self._asyncpg = asyncpg
+        self._import_asyncpg()
         pool = await self._connect()
         try:
             with self._translate("create its tables"):
@@ -536,7 +530,7 @@ class PostgresBackend(SQLLeaseBackend):
                 option="dsn",
                 backend=self.name,
             )
-            raise error from self._chainable(exc)
+            raise error from _redact.chainable(exc, self._secrets)
 
     def _server_settings(self) -> dict[str, str]:
         """``application_name`` brokersched, unless the DSN names the connections itself."""
@@ -620,8 +614,7 @@ class PostgresBackend(SQLLeaseBackend):
             "check the database", _postgres_ops.doctor, self._schema, self._max_clock_skew
         )
 
-    async def _operation(self, action: str, call: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """``call(conn, *args)`` on a connection of its own (the backend need not be started)."""
+    def _import_asyncpg(self) -> Any:
         try:
             import asyncpg  # pyright: ignore[reportMissingTypeStubs]
         except ImportError as exc:
@@ -630,6 +623,11 @@ class PostgresBackend(SQLLeaseBackend):
                 backend=self.name,
             ) from exc
         self._asyncpg = asyncpg
+        return asyncpg
+
+    async def _operation(self, action: str, call: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``call(conn, *args)`` on a connection of its own (the backend need not be started)."""
+        asyncpg = self._import_asyncpg()
         with self._translate(action):
             async with asyncio.timeout(self._op_timeout + 10):
                 conn = await asyncpg.connect(self._dsn, server_settings=self._server_settings())
@@ -640,46 +638,36 @@ class PostgresBackend(SQLLeaseBackend):
 
     # -- plumbing --------------------------------------------------------------------------
 
-    @contextmanager
-    def _translate(self, action: str) -> Generator[None, None, None]:
-        """The one place asyncpg errors become brokersched errors, with the password scrubbed."""
+    def _translate(self, action: str) -> AbstractContextManager[None]:
+        """Where asyncpg's errors become brokersched's, with the password scrubbed
+        (``backends/_errors.py``: an exception not the client's is raised unchanged)."""
+        return self._errors(action)
+
+    def _error_rows(self) -> list[ErrorRow]:
+        known: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+        unavailable: tuple[type[BaseException], ...] = (OSError, TimeoutError)
         try:
-            yield
-        except BrokerschedError:
-            raise
-        except Exception as exc:
-            if not self._is_client_error(exc):
-                raise
-            kind = BackendUnavailableError if self._unavailable(exc) else BackendError
+            import asyncpg  # pyright: ignore[reportMissingTypeStubs]
+        except ImportError:  # pragma: no cover - no call is made without it
+            pass
+        else:
+            known += (asyncpg.PostgresError, asyncpg.InterfaceError)
+            unavailable += tuple(getattr(asyncpg.exceptions, name) for name in _UNAVAILABLE)
+
+        def make(action: str, exc: BaseException) -> BackendError:
+            kind = BackendUnavailableError if isinstance(exc, unavailable) else BackendError
             detail = (
                 "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
             )
             detail = self._scrub(detail)
-            error = kind(f"PostgresBackend could not {action} on {self._redacted}: {detail}")
-            raise error from self._chainable(exc)
+            return kind(f"PostgresBackend could not {action} on {self._redacted}: {detail}")
 
-    def _is_client_error(self, exc: Exception) -> bool:
-        if isinstance(exc, ValueError):
-            return False  # a malformed DSN: a configuration error, see _connect
-        known: tuple[type[BaseException], ...] = (OSError, TimeoutError)
-        if self._asyncpg is not None:
-            known += (self._asyncpg.PostgresError, self._asyncpg.InterfaceError)
-        return isinstance(exc, known)
-
-    def _unavailable(self, exc: Exception) -> bool:
-        if isinstance(exc, OSError | TimeoutError):
-            return True
-        return any(
-            isinstance(exc, getattr(self._asyncpg.exceptions, name)) for name in _UNAVAILABLE
-        )
+        # A ValueError (asyncpg's DataError among them) is a malformed DSN or a bad argument:
+        # a configuration error (see _connect) or a bug, never translated.
+        return [(lambda exc: isinstance(exc, known) and not isinstance(exc, ValueError), make)]
 
     def _scrub(self, text: str) -> str:
         return _redact.scrub(text, self._secrets)
-
-    def _chainable(self, exc: BaseException) -> BaseException | None:
-        """``exc``, scrubbed of the password in place (with what is chained to it); ``None``
-        if some text of it still carries the password."""
-        return exc if _redact.scrub_exception(exc, self._secrets) else None
 
     async def _call(
         self,

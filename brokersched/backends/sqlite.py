@@ -29,8 +29,8 @@ import contextlib
 import json
 import os
 import sqlite3
-from collections.abc import Awaitable, Callable, Generator, Iterable, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -39,7 +39,6 @@ from .._durations import Duration, to_ms
 from .._exceptions import (
     BackendError,
     BackendUnavailableError,
-    BrokerschedError,
     ConfigurationError,
 )
 from ..abc import (
@@ -54,6 +53,7 @@ from ..abc import (
     Slot,
 )
 from . import _sqlite_ops
+from ._errors import ErrorMap, ErrorRow
 from ._keywords import checked_keywords
 from ._lease import (
     BATCH_CHUNK,
@@ -309,6 +309,7 @@ class SQLiteBackend(SQLLeaseBackend):
     ) -> None:
         super().__init__(lease_ttl, max_clock_skew)
         self._path = os.fspath(path)
+        self._errors = ErrorMap(self._error_rows)
         self._prefix = check_identifier(
             table_prefix, option="table_prefix", backend=self.name, max_length=40
         )
@@ -474,22 +475,22 @@ class SQLiteBackend(SQLLeaseBackend):
 
     # -- plumbing --------------------------------------------------------------------------
 
-    @contextmanager
-    def _translate(self, action: str) -> Generator[None, None, None]:
-        """The one place sqlite3/aiosqlite errors become brokersched errors."""
-        try:
-            yield
-        except BrokerschedError:
-            raise
-        except TimeoutError as exc:
-            raise BackendUnavailableError(
+    def _translate(self, action: str) -> AbstractContextManager[None]:
+        """Where sqlite3's and aiosqlite's errors become brokersched's (``backends/_errors.py``:
+        an exception not theirs is raised unchanged)."""
+        return self._errors(action)
+
+    def _error_rows(self) -> list[ErrorRow]:
+        def timed_out(action: str, exc: BaseException) -> BackendError:
+            return BackendUnavailableError(
                 f"SQLiteBackend could not {action} in {self._path}: timed out"
-            ) from exc
-        except (sqlite3.Error, ValueError, OSError) as exc:
-            error = (BackendUnavailableError if _unavailable(exc) else BackendError)(
-                f"SQLiteBackend could not {action} in {self._path}: {exc}"
             )
-            raise error from exc
+
+        def failed(action: str, exc: BaseException) -> BackendError:
+            kind = BackendUnavailableError if _unavailable(exc) else BackendError
+            return kind(f"SQLiteBackend could not {action} in {self._path}: {exc}")
+
+        return [(TimeoutError, timed_out), ((sqlite3.Error, ValueError, OSError), failed)]
 
     async def _run(
         self,

@@ -26,6 +26,24 @@ _NAME = {
     "schema": {"type": "string"},
 }
 _NULLABLE_STRING = {"type": ["string", "null"]}
+_NULLABLE_INT = {"type": ["integer", "null"]}
+_WINDOW = {
+    "name": "window",
+    "in": "query",
+    "description": "How far back: a duration from 1m to 7d (default 1h)",
+    "schema": {"type": "string", "default": "1h", "examples": ["15m", "1h", "24h"]},
+}
+
+
+def _list_param(name: str, description: str, values: list[str] | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    if values:
+        description += f"; any of: {', '.join(values)}"
+    return {"name": name, "in": "query", "description": description, "schema": schema}
+
+
+_OUTCOMES = ["completed", "failed", "timed-out", "interrupted"]
+_REASONS = ["schedule", "catch-up", "retry", "manual", "start"]
 
 _SCHEMAS: dict[str, Any] = {
     "Error": {"type": "object", "properties": {"error": {"type": "string"}}},
@@ -43,8 +61,89 @@ _SCHEMAS: dict[str, Any] = {
             "started_at": {"type": "string", "format": "date-time"},
             "finished_at": {"type": ["string", "null"], "format": "date-time"},
             "late_ms": {"type": "integer", "description": "started_at - slot"},
-            "outcome": {"enum": ["completed", "failed", "timed-out", "interrupted"]},
+            "duration_ms": {**_NULLABLE_INT, "description": "finished_at - started_at"},
+            "outcome": {"enum": _OUTCOMES},
             "error": _NULLABLE_STRING,
+            "traceback": {
+                **_NULLABLE_STRING,
+                "description": "A failed or timed-out run's, redacted and size-capped",
+            },
+        },
+    },
+    "BackendStatus": {
+        "type": "object",
+        "description": "What this instance knows of its backend: from its own reads (bounded "
+        "to 2 s) and its events (a claim that failed, a record dropped, a claimed run)",
+        "properties": {
+            "reachable": {"type": ["boolean", "null"], "description": "null: not known yet"},
+            "since_ms": {**_NULLABLE_INT, "description": "When it last changed"},
+            "error": _NULLABLE_STRING,
+            "checked_s_ago": {"type": ["number", "null"]},
+        },
+    },
+    "CompactRun": {
+        "type": "object",
+        "description": "A run as a timeline draws it",
+        "properties": {
+            "run_id": {"type": "string"},
+            "slot_ms": {"type": "integer"},
+            "started_ms": {"type": "integer"},
+            "finished_ms": _NULLABLE_INT,
+            "instance_id": {"type": "string"},
+            "outcome": {"enum": _OUTCOMES},
+            "reason": {"enum": _REASONS},
+            "attempt": {"type": "integer"},
+            "late_ms": {"type": "integer"},
+            "error": _NULLABLE_STRING,
+        },
+    },
+    "Timeline": {
+        "type": "object",
+        "properties": {
+            "job": {"type": "string"},
+            "from_ms": {"type": "integer"},
+            "to_ms": {"type": "integer"},
+            "now_ms": {"type": "integer"},
+            "here": {"type": "string", "description": "This instance's id"},
+            "lanes": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "The instances that ran the job in the window, and this one",
+            },
+            "first_ms": {**_NULLABLE_INT, "description": "The oldest record's slot"},
+            "known_from_ms": {
+                **_NULLABLE_INT,
+                "description": "The oldest record's slot when older ones may be trimmed",
+            },
+            "runs": {"type": "array", "items": _ref("CompactRun")},
+            "slots": {
+                "type": "array",
+                "description": "The schedule's slots in the window that no instance ran (from "
+                "the oldest record on, once max_late has passed), and why: `missed` (nobody "
+                "ran it), `overlap` (a run of the job was still going: overlap='skip'), "
+                "`paused`, `late`, `backend-error`, `clock-skew` (this instance skipped it), "
+                "`not-acquired` (another instance claimed it; no record); and `double`: a slot "
+                "run twice with the same attempt number",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "slot_ms": {"type": "integer"},
+                        "state": {
+                            "enum": [
+                                "missed",
+                                "overlap",
+                                "paused",
+                                "late",
+                                "backend-error",
+                                "clock-skew",
+                                "not-acquired",
+                                "double",
+                            ]
+                        },
+                        "detail": {"type": "string"},
+                    },
+                },
+            },
         },
     },
     "Job": {
@@ -62,6 +161,20 @@ _SCHEMAS: dict[str, Any] = {
             "next_runs": {"type": "array", "items": {"type": "string", "format": "date-time"}},
             "last": {"oneOf": [_ref("Record"), {"type": "null"}]},
             "history_error": {"type": "string"},
+        },
+    },
+    "Session": {
+        "type": "object",
+        "properties": {
+            "changes_enabled": {"type": "boolean"},
+            "token_accepted": {
+                "type": "boolean",
+                "description": "Whether an admin token is configured (the page asks for it)",
+            },
+            "authorized": {"type": "boolean"},
+            "via": {"enum": ["token", "host", None]},
+            "instance_id": {"type": "string"},
+            "backend": {"type": "string"},
         },
     },
     "Change": {
@@ -111,8 +224,10 @@ def openapi_schema() -> dict[str, Any]:
                                 "properties": {
                                     "instance_id": {"type": "string"},
                                     "backend": {"type": "string"},
+                                    "backend_status": _ref("BackendStatus"),
                                     "running": {"type": "boolean"},
                                     "changes_enabled": {"type": "boolean"},
+                                    "now_ms": {"type": "integer"},
                                     "jobs": {"type": "array", "items": _ref("Job")},
                                 },
                             },
@@ -130,7 +245,8 @@ def openapi_schema() -> dict[str, Any]:
             },
             "/jobs/{name}/history": {
                 "get": {
-                    "summary": "The job's runs on every instance, newest first (from the backend)",
+                    "summary": "The job's runs on every instance, newest first (from the "
+                    "backend); filtered and paged over its newest 1000 records",
                     "parameters": [
                         _NAME,
                         {
@@ -138,6 +254,10 @@ def openapi_schema() -> dict[str, Any]:
                             "in": "query",
                             "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
                         },
+                        _list_param("outcome", "Only these outcomes (comma-separated)", _OUTCOMES),
+                        _list_param("reason", "Only these reasons (comma-separated)", _REASONS),
+                        _list_param("instance", "Only runs of these instances (comma-separated)"),
+                        _list_param("before", "The `next` of the previous page: older runs"),
                     ],
                     "responses": {
                         "200": _json(
@@ -153,6 +273,20 @@ def openapi_schema() -> dict[str, Any]:
                                         "record that should have run by now",
                                     },
                                     "now_ms": {"type": "integer"},
+                                    "next": {
+                                        **_NULLABLE_STRING,
+                                        "description": "Pass as `before` for the next page",
+                                    },
+                                    "matched": {
+                                        "type": "integer",
+                                        "description": "With filters or `before`: the records "
+                                        "that match, of those scanned",
+                                    },
+                                    "scanned": {"type": "integer"},
+                                    "choices": {
+                                        "type": "object",
+                                        "description": "The values `outcome` and `reason` accept",
+                                    },
                                 },
                             },
                             "The runs",
@@ -161,6 +295,112 @@ def openapi_schema() -> dict[str, Any]:
                         "404": _ERROR,
                         "503": _json(_ref("Error"), "The backend could not be read"),
                     },
+                }
+            },
+            "/jobs/{name}/timeline": {
+                "get": {
+                    "summary": "The job's runs in a window, the lanes of the instances that ran "
+                    "them, and what became of the slots nobody ran",
+                    "parameters": [_NAME, _WINDOW],
+                    "responses": {
+                        "200": _json(_ref("Timeline"), "The timeline"),
+                        "400": _ERROR,
+                        "404": _ERROR,
+                        "503": _json(_ref("Error"), "The backend could not be read"),
+                    },
+                }
+            },
+            "/jobs/{name}/runs/{run_id}": {
+                "get": {
+                    "summary": "One run (found among the job's newest 1000 records), the "
+                    "attempts at its slot, its neighbours",
+                    "parameters": [
+                        _NAME,
+                        {
+                            "name": "run_id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        },
+                    ],
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "job": _ref("Job"),
+                                    "run": _ref("Record"),
+                                    "attempts": {"type": "array", "items": _ref("Record")},
+                                    "newer": _NULLABLE_STRING,
+                                    "older": _NULLABLE_STRING,
+                                    "max_attempts": _NULLABLE_INT,
+                                },
+                            },
+                            "The run",
+                        ),
+                        "404": _ERROR,
+                        "503": _json(_ref("Error"), "The backend could not be read"),
+                    },
+                }
+            },
+            "/overview": {
+                "get": {
+                    "summary": "The fleet at a glance: every job with its timeline over the "
+                    "window, failures of the last hour, the next runs, the instances seen",
+                    "parameters": [_WINDOW],
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "instance_id": {"type": "string"},
+                                    "backend": {"type": "string"},
+                                    "backend_status": _ref("BackendStatus"),
+                                    "running": {"type": "boolean"},
+                                    "changes_enabled": {"type": "boolean"},
+                                    "now_ms": {"type": "integer"},
+                                    "window": {"type": "object"},
+                                    "jobs": {
+                                        "type": "array",
+                                        "description": "Job, plus `timeline` (a Timeline of "
+                                        "the window) and `counts` (outcomes in the window)",
+                                        "items": _ref("Job"),
+                                    },
+                                    "failures": {
+                                        "type": "object",
+                                        "description": "Failed, timed-out and interrupted runs "
+                                        "of the last hour: `count`, `runs` (newest first, 50 "
+                                        "at most), `groups` (failures alike: one job, outcome "
+                                        "and error; `count`, `instances`, the `latest` run); "
+                                        "`complete` is false when a job ran more often than "
+                                        "the records read cover (as many as its schedule "
+                                        "needs for the window or the hour, at most 1000)",
+                                    },
+                                    "next_runs": {
+                                        "type": "array",
+                                        "description": "Each armed job's next slot, soonest "
+                                        "first: `job`, `at_ms`",
+                                        "items": {"type": "object"},
+                                    },
+                                    "instances": {
+                                        "type": "array",
+                                        "description": "This instance, and those seen in the "
+                                        "runs read",
+                                        "items": {"type": "object"},
+                                    },
+                                },
+                            },
+                            "The overview",
+                        ),
+                        "400": _ERROR,
+                    },
+                }
+            },
+            "/session": {
+                "get": {
+                    "summary": "What the caller may change: with the token it sends, or the "
+                    "host application's authorize() (a cookie session)",
+                    "responses": {"200": _json(_ref("Session"), "The session")},
                 }
             },
             "/jobs/{name}/trigger": _change(
@@ -180,8 +420,13 @@ def openapi_schema() -> dict[str, Any]:
             ),
             "/health": {
                 "get": {
-                    "summary": "ok, or degraded with the overdue jobs (200); 503 when stopped",
-                    "responses": {"200": _json({"type": "object"}, "Running"), "503": _ERROR},
+                    "summary": "ok, or degraded with the overdue jobs (200); 503 when stopped, "
+                    "or when the backend is unreachable (status `unreachable`, known within "
+                    "seconds: the backend is read when nothing was heard of it for 5 s)",
+                    "responses": {
+                        "200": _json({"type": "object"}, "Running"),
+                        "503": _json({"type": "object"}, "Stopped, or the backend unreachable"),
+                    },
                 }
             },
             "/events": {

@@ -16,20 +16,93 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._exceptions import ConfigurationError
 
-__all__ = ["HOSTS_ENV", "MIN_TOKEN_LENGTH", "Authorize", "Guard", "LoopbackHostsOnly"]
+__all__ = [
+    "HOSTS_ENV",
+    "MIN_TOKEN_LENGTH",
+    "PROXIES_ENV",
+    "Authorize",
+    "Guard",
+    "LoopbackHostsOnly",
+    "TrustedProxies",
+]
 
 Authorize = Callable[[Request], bool | Awaitable[bool]]
 MIN_TOKEN_LENGTH = 16
 HOSTS_ENV = "BROKERSCHED_ADMIN_HOSTS"  # more Host names a loopback server answers to
+PROXIES_ENV = "BROKERSCHED_TRUSTED_PROXIES"  # peers whose X-Forwarded-Host is believed
 
 # A request from the dashboard itself, or from a client that is not a browser page (curl).
 _SAME_SITE = {"same-origin", "none"}
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class TrustedProxies:
+    """The reverse proxies whose ``X-Forwarded-Host`` (or ``Forwarded: host=``) names the host
+    the browser asked for: addresses or networks (``127.0.0.1``, ``10.0.0.0/8``, ``::1``), or
+    ``*`` for any peer (when nothing but the proxy can reach the app). As uvicorn's and
+    gunicorn's ``forwarded_allow_ips``, judged on the peer address the server reports."""
+
+    def __init__(self, spec: str | Iterable[str] | None) -> None:
+        if spec is None:
+            spec = ()
+        items = spec.split(",") if isinstance(spec, str) else list(spec)
+        self.any = False
+        self.networks: list[Network] = []
+        for raw in items:
+            item = raw.strip()
+            if not item:
+                continue
+            if item == "*":
+                self.any = True
+                continue
+            try:
+                self.networks.append(ipaddress.ip_network(item, strict=False))
+            except ValueError:
+                raise ConfigurationError(
+                    f"trusted proxy {item[:60]!r} is not an IP address or network; use e.g. "
+                    "127.0.0.1, ::1, 10.0.0.0/8 or * (comma-separated in "
+                    f"{PROXIES_ENV})",
+                    option="trusted_proxies",
+                ) from None
+
+    def __bool__(self) -> bool:
+        return self.any or bool(self.networks)
+
+    def trusts(self, request: Request) -> bool:
+        if self.any:
+            return True
+        if request.client is None or not self.networks:
+            return False
+        try:
+            peer = ipaddress.ip_address(request.client.host)
+        except ValueError:  # a Unix socket's path, a test client's name
+            return False
+        return any(peer in network for network in self.networks)
+
+    def host(self, request: Request) -> str | None:
+        """The host the browser asked for, as a trusted proxy passes it on."""
+        if not self.trusts(request):
+            return None
+        if forwarded := request.headers.get("x-forwarded-host"):
+            return forwarded.split(",")[0].strip()
+        for part in request.headers.get("forwarded", "").split(",")[0].split(";"):
+            key, _, value = part.strip().partition("=")
+            if key.lower() == "host" and value:
+                return value.strip('"')
+        return None
+
+
 class Guard:
     """Checks a mutating request; ``refuse()`` returns the error response, or ``None``."""
 
-    def __init__(self, token: str | None, authorize: Authorize | None) -> None:
+    def __init__(
+        self,
+        token: str | None,
+        authorize: Authorize | None,
+        proxies: TrustedProxies | None = None,
+    ) -> None:
         if token is not None:
             # read from a file or a secret, it often ends with a newline no header can carry
             token = token.strip()
@@ -42,13 +115,33 @@ class Guard:
             )
         self._token = token.encode() if token else None
         self._authorize = authorize
+        self._proxies = proxies or TrustedProxies(None)
 
     @property
     def configured(self) -> bool:
         return self._token is not None or self._authorize is not None
 
+    @property
+    def token_set(self) -> bool:
+        return self._token is not None
+
+    async def session(self, request: Request) -> dict[str, object]:
+        """What the page may do with the credentials this request carries: ``authorized``
+        (the token it sends matches, or the host application's check allows it) and how."""
+        via = None
+        if self._token_matches(request):
+            via = "token"
+        elif await self._host_allows(request):
+            via = "host"
+        return {
+            "changes_enabled": self.configured,
+            "token_accepted": self._token is not None,
+            "authorized": via is not None,
+            "via": via,
+        }
+
     async def refuse(self, request: Request) -> JSONResponse | None:
-        if why := _cross_site(request):
+        if why := _cross_site(request, self._proxies):
             return JSONResponse({"error": f"cross-site request refused: {why}"}, status_code=403)
         if not self.configured:
             return JSONResponse(
@@ -83,22 +176,31 @@ class Guard:
         return allowed is True
 
 
-def _cross_site(request: Request) -> str | None:
+def _cross_site(request: Request, proxies: TrustedProxies) -> str | None:
     """Why a browser sent this request from another site, or ``None``.
 
     Browsers send ``Sec-Fetch-Site`` (and ``Origin`` on a POST) themselves, and a page cannot
     forge them; clients that are not browsers send neither and are judged by the token alone.
+    ``Sec-Fetch-Site`` decides when present (every current browser): ``same-origin`` holds
+    behind a reverse proxy that passes another ``Host``, which an ``Origin`` never matches.
+    Without it (older browsers), ``Origin`` must match ``Host``, or the ``X-Forwarded-Host`` of
+    a trusted proxy. (Go's ``net/http.CrossOriginProtection`` decides the same way.)
     """
     site = request.headers.get("sec-fetch-site")
-    if site is not None and site not in _SAME_SITE:
-        return f"Sec-Fetch-Site is {site!r}"
+    if site is not None:
+        return None if site in _SAME_SITE else f"Sec-Fetch-Site is {site!r}"
     origin = request.headers.get("origin")
     if origin is None:
         return None
     host = request.headers.get("host", "")
-    if origin == "null" or urlsplit(origin).netloc.lower() != host.lower():
-        return f"Origin {origin!r} does not match Host {host!r}"
-    return None
+    forwarded = proxies.host(request)
+    asked = {name.lower() for name in (host, forwarded) if name}
+    if origin != "null" and urlsplit(origin).netloc.lower() in asked:
+        return None
+    hint = f" nor X-Forwarded-Host {forwarded!r}" if forwarded else ""
+    if not forwarded and not proxies:
+        hint = f" (behind a reverse proxy: list it in {PROXIES_ENV})"
+    return f"Origin {origin!r} does not match Host {host!r}{hint}"
 
 
 def _loopback_name(host: str) -> bool:

@@ -63,6 +63,7 @@ class HTTPServer:
                 f"set {TOKEN_ENV} (at least 16 characters) or serve on 127.0.0.1",
                 option="http",
             )
+        self.token_set = bool(os.environ.get(TOKEN_ENV, "").strip())
         self.app = create_app(scheduler)
         if is_loopback(host):  # reading is open: only to this machine's pages (DNS rebinding)
             extra = os.environ.get(HOSTS_ENV, "").split(",")
@@ -82,6 +83,9 @@ class HTTPServer:
             log_level="warning",  # its own start and stop lines are the CLI's
             access_log=False,
             lifespan="off",
+            # The peer stays the peer: forwarded headers are judged by the app's own trusted
+            # proxies (BROKERSCHED_TRUSTED_PROXIES), not by uvicorn's default 127.0.0.1.
+            proxy_headers=False,
             timeout_graceful_shutdown=_STOP_GRACE_S,
         )
         self._server = _Server(config)

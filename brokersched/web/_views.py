@@ -4,25 +4,22 @@ through ``redact``."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, timedelta
 from typing import Any, Literal
 
-from .._clock import datetime_to_ms, ms_to_datetime
 from .._durations import format_duration
-from .._redact import MASK, data_secrets, redact_text, scrub
+from .._json import iso
+from .._json import record_json as shared_record_json
+from .._redact import MASK, redact_text
 from .._scheduler import Job, Scheduler
 from .._timezones import timezone_name
 from ..abc import Backend, RunRecord
 from ..triggers.cron import CronTrigger
 
-__all__ = ["backend_text", "job_json", "job_state", "record_json", "shown_error", "timeline_slots"]
+__all__ = ["backend_text", "job_json", "job_state", "record_json", "timeline_slots"]
 
 JobState = Literal["armed", "paused", "running", "idle", "disabled"]
 MAX_TIMELINE_SLOTS = 500
-
-
-def iso(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def backend_text(scheduler: Scheduler[Any]) -> str:
@@ -43,16 +40,6 @@ def job_state(scheduler: Scheduler[Any], job: Job) -> JobState:
     if job.paused:
         return "paused"
     return "armed" if scheduler.running and job.next_run is not None else "idle"
-
-
-def shown_error(text: str, job: Job | None) -> str:
-    """An error message as the API shows it: URLs' passwords and ``password=`` values
-    redacted, and every string of the job's ``data`` masked (a handler's error may quote it:
-    ``KeyError: 'no account for sk-live-...'``)."""
-    text = redact_text(text)
-    if job is None or job.settings.data is None:
-        return text
-    return scrub(text, data_secrets(job.settings.data))
 
 
 def _options(scheduler: Scheduler[Any], job: Job) -> dict[str, Any]:
@@ -93,21 +80,8 @@ def job_json(
 
 
 def record_json(record: RunRecord, job: Job | None) -> dict[str, Any]:
-    return {
-        "job": record.job,
-        "slot_ms": record.slot_ms,
-        "slot": iso(ms_to_datetime(record.slot_ms)),
-        "run_id": record.run_id,
-        "instance_id": record.instance_id,
-        "reason": record.reason,
-        "attempt": record.attempt,
-        "started_at": iso(record.started_at),
-        "finished_at": iso(record.finished_at) if record.finished_at else None,
-        "late_ms": datetime_to_ms(record.started_at) - record.slot_ms,
-        "outcome": record.outcome,
-        "error": shown_error(record.error, job) if record.error else None,
-        "traceback": shown_error(record.traceback, job) if record.traceback else None,
-    }
+    """A run as the admin API shows it: the CLI's keys, ``duration_ms`` included."""
+    return shared_record_json(record, job, duration=True)
 
 
 def timeline_slots(job: Job, records: list[RunRecord], now_ms: int) -> list[int]:

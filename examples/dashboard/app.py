@@ -3,10 +3,11 @@
     brokersched run examples/dashboard/app.py:scheduler --http 127.0.0.1:8080
 
 then open http://127.0.0.1:8080/. Two instances of one application share the embedded store
-(the second one runs in the first one's lifespan), so the timelines show two lanes; a few jobs,
-one of which fails now and then, one slower than its interval. The trigger, pause and resume
-buttons need an admin token: start it with ``BROKERSCHED_ADMIN_TOKEN=<16+ characters>`` and
-enter the same in the page.
+(the second one runs in the first one's lifespan), so the timelines show two lanes; a few jobs:
+one fails now and then (with a cause, so its run page has a traceback worth reading), one is
+cut by its timeout now and then, one is slower than its interval (its next slots are skipped,
+by design), one is paused. The trigger, pause and resume buttons need an admin token: start it
+with ``BROKERSCHED_ADMIN_TOKEN=<16+ characters>`` and sign in on the page with the same.
 """
 
 from __future__ import annotations
@@ -25,10 +26,22 @@ async def flush_outbox(ctx: JobContext) -> None:
     await asyncio.sleep(0.05)
 
 
-async def sync_payments(ctx: JobContext) -> None:
+async def call_provider(batch: int) -> None:
     await asyncio.sleep(0.1)
-    if random.random() < 0.3:  # a red dot now and then
-        raise RuntimeError("the payment provider timed out")
+    if random.random() < 0.3:
+        raise ConnectionError(f"payment provider reset the connection (batch {batch})")
+
+
+async def sync_payments(ctx: JobContext) -> None:
+    batch = ctx.slot_ms // 3000 % 100
+    try:
+        await call_provider(batch)
+    except ConnectionError as exc:  # a failure with a cause: the run page shows both
+        raise RuntimeError(f"payments batch {batch} failed") from exc
+
+
+async def render_invoices(ctx: JobContext) -> None:
+    await asyncio.sleep(random.choice((0.2, 0.3, 1.5)))  # now and then past its 1 s timeout
 
 
 async def export(ctx: JobContext) -> None:
@@ -40,9 +53,17 @@ def build(instance_id: str, store: MemoryStore, **options: Any) -> Scheduler[Mem
     scheduler = Scheduler(MemoryBackend(store=store), instance_id=instance_id, **options)
     scheduler.every("outbox.flush", "2s", flush_outbox, timeout="1s")
     scheduler.every("payments.sync", "3s", sync_payments, max_attempts=1)
+    scheduler.every("invoices.render", "4s", render_invoices, timeout="1s")
     scheduler.every("export.slow", "5s", export, timeout="30s")
+    scheduler.every("cache.warm", "10s", flush_outbox).pause()  # paused from the start
     # data is never shown by the API or the page: only "***"
-    scheduler.cron("report.daily", "0 8 * * *", flush_outbox, data={"smtp_password": "s3cret"})
+    scheduler.cron(
+        "report.daily",
+        "0 8 * * *",
+        flush_outbox,
+        timezone="Europe/Paris",
+        data={"smtp_password": "s3cret"},
+    )
     return scheduler
 
 

@@ -207,13 +207,13 @@ async def test_a_start_against_a_hung_broker_leaves_no_connection(hang: Node) ->
     os.kill(hang.beam, signal.SIGCONT)
 
     backend = RabbitMQBackend(hang.url, prefix="hung", slot_ttl="1m")
-    read_record = backend._read_record
+    read_record = backend._memory.read
 
     async def hangs_first(*, write: bool) -> object:
         os.kill(hang.beam, signal.SIGSTOP)
         return await read_record(write=write)
 
-    backend._read_record = hangs_first  # type: ignore[method-assign]
+    backend._memory.read = hangs_first  # type: ignore[method-assign]
     with pytest.raises(BackendError):
         await backend.start(CLOCK)
     assert established(hang.port) == 0

@@ -35,14 +35,6 @@ import pytest
 from brokersched import RabbitMQBackend, RedisBackend, Scheduler
 from brokersched.abc import Backend, ClaimBackend, Slot
 from brokersched.backends._ops import recent_claims
-from brokersched.backends._rabbitmq_ops import (
-    Management,
-    Names,
-    claim_policy_findings,
-    fd_finding,
-    kind_of,
-    known_names,
-)
 from brokersched.backends.rabbitmq import (
     claim_queue_name,
     fence_exchange_name,
@@ -50,6 +42,14 @@ from brokersched.backends.rabbitmq import (
     history_stream_name,
     lock_queue_name,
     record_queue_name,
+)
+from brokersched.backends.rabbitmq._ops import (
+    Management,
+    Names,
+    claim_policy_findings,
+    fd_finding,
+    kind_of,
+    known_names,
 )
 from brokersched.testing import TestClock
 from tests.support.cli_apps.ops_app import make_backend, make_scheduler

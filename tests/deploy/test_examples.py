@@ -127,9 +127,17 @@ def test_the_dashboard_example_serves_the_page_the_jobs_and_a_trigger(
             time.sleep(0.1)
     assert page.status_code == 200 and "<title>brokersched</title>" in page.text
     names = [job["name"] for job in jobs["jobs"]]
-    assert names == ["outbox.flush", "payments.sync", "export.slow", "report.daily"]
+    assert names == [
+        "outbox.flush",
+        "payments.sync",
+        "invoices.render",
+        "export.slow",
+        "cache.warm",
+        "report.daily",
+    ]
     assert jobs["instance_id"] == "instance-1" and jobs["changes_enabled"] is True
-    assert "s3cret" not in str(jobs) and jobs["jobs"][3]["options"]["data"] == "***"
+    assert "s3cret" not in str(jobs) and jobs["jobs"][5]["options"]["data"] == "***"
+    assert jobs["jobs"][4]["state"] == "paused"
     assert trigger.status_code == 202
     assert (records[0]["reason"], records[0]["outcome"]) == ("manual", "completed")
     process.send_signal(signal.SIGTERM)  # the server, then both instances stop and drain

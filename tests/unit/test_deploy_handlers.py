@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from brokersched import ConfigurationError, JobContext, Scheduler
-from brokersched._scheduler import collect_errors
+from brokersched._registry import collect_errors
 
 WHEN = datetime(2030, 1, 1, tzinfo=UTC)
 

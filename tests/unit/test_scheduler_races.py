@@ -212,7 +212,7 @@ async def test_pause_and_resume_do_not_grow_the_timer_heap() -> None:
     for _ in range(10_000):
         job.pause()
         job.resume()
-    assert len(sched._heap) <= 2 * len(sched.jobs()) + 65
+    assert sched._timers.size <= 2 * len(sched.jobs()) + 65
     await sched.stop()
 
 

@@ -20,7 +20,7 @@ from brokersched import (
     RabbitMQBackend,
     Scheduler,
 )
-from brokersched._scheduler import collect_errors
+from brokersched._registry import collect_errors
 from brokersched.cli import cli
 from brokersched.testing import TestClock
 from brokersched.web._views import job_state

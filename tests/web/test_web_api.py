@@ -250,7 +250,9 @@ async def test_openapi_describes_every_route(api: httpx.AsyncClient) -> None:
     api_routes = {
         (route.path, method.lower())
         for route in app.routes
-        if isinstance(route, Route) and route.path.startswith(("/jobs", "/health", "/events"))
+        if isinstance(route, Route)
+        and route.path not in ("/", "/openapi.json")
+        and not route.path.startswith("/static/")
         for method in (route.methods or set()) - {"HEAD"}
     }
     described = {(path, method) for path, item in schema["paths"].items() for method in item}
@@ -422,6 +424,11 @@ async def test_mounted_in_a_host_application(
         origin = {"X-Admin": "1", "Origin": "http://testserver"}
         paused = await api.post("/scheduler/jobs/outbox.flush/pause", headers=origin)
         refused = await api.post("/scheduler/jobs/outbox.flush/resume")
-    assert page.status_code == 200 and 'src="dashboard.js"' in page.text  # relative: mountable
+        script = await api.get("/scheduler/static/app.js")
+        bare = await api.get("/scheduler", follow_redirects=False)
+    # relative: mountable
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert (bare.status_code, bare.headers["location"]) == (307, "http://testserver/scheduler/")
+    assert page.status_code == 200 and 'src="static/app.js"' in page.text
     assert [job["name"] for job in listed.json()["jobs"]] == ["outbox.flush", ODD]
     assert (paused.status_code, refused.status_code) == (200, 401)

@@ -1,42 +1,186 @@
 """The dashboard in a real browser: Debian's headless Chromium, driven by Selenium through
-Debian's chromedriver, against ``brokersched run --http`` on a free port.
+Debian's chromedriver (``apt-get install chromium chromium-driver``).
 
-The screenshot is saved to ``$BROKERSCHED_TEST_ARTIFACTS`` (default: the test's tmp_path)."""
+The servers run in the test's event loop (a fleet of two schedulers sharing the embedded
+store, served by the admin server with uvicorn; a host application mounting the dashboard
+behind its own cookie session; a Redis backend behind a proxy the test stalls) and the browser
+is driven from a worker thread. One test goes through ``brokersched run --http`` as the README
+says. Screenshots at 1400 and 390 px are saved to ``$BROKERSCHED_TEST_ARTIFACTS`` (default:
+``tmp/artifacts`` in the repository) and asserted on: at 390 px nothing is wider than the
+screen, and what matters is on it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
 import re
+import secrets
 import shutil
-from collections.abc import Iterator
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 import pytest
+import uvicorn
 
-from tests.support.cli_apps.process import RunningCLI
+from brokersched import JobContext, MemoryBackend, RedisLeaseBackend, Scheduler
+from brokersched._clock import ms_to_datetime
+from brokersched.abc import RunRecord, new_run_id
+from brokersched.backends.memory import MemoryStore
+from brokersched.web import TOKEN_ENV, create_app
+from brokersched.web._serve import HTTPServer
+from tests.support.cli_apps.process import ROOT, RunningCLI
 from tests.support.helpers import IN_CI
+from tests.support.redis_helpers import delete_keys
+from tests.support.stall_proxy import StallProxy
 
+T = TypeVar("T")
 TOKEN = "test-admin-token-0123456789"
-APP = "tests.support.cli_apps.web_app:scheduler"
 ODD = "report:daily$eu"
-WAIT_S = 15
+WAIT_S = 20
+ARTIFACTS = Path(os.environ.get("BROKERSCHED_TEST_ARTIFACTS", ROOT / "tmp" / "artifacts"))
 
 
-@pytest.fixture
-def dashboard_url() -> Iterator[str]:
-    cli = RunningCLI("run", APP, "--http", "127.0.0.1:0", env={"BROKERSCHED_ADMIN_TOKEN": TOKEN})
+# -- the applications ------------------------------------------------------------------------------
+
+
+def connect() -> None:
+    raise ConnectionError("payment provider reset the connection")
+
+
+async def sync_payments(ctx: JobContext) -> None:
     try:
-        line = cli.wait_for_line(lambda line: "serving the admin API and dashboard" in line)
-        match = re.search(r"http://127\.0\.0\.1:\d+/", line)
-        assert match is not None, line
-        yield match.group(0)
+        connect()
+    except ConnectionError as exc:
+        raise RuntimeError("payments batch 4 failed after 3 retries") from exc
+
+
+async def quick(ctx: JobContext) -> None:
+    await asyncio.sleep(0.02)
+
+
+async def slow(ctx: JobContext) -> None:
+    await ctx.wait_aborted(timeout=2.5)  # longer than its 1 s interval: overlap skips
+
+
+def fleet_member(name: str, store: MemoryStore) -> Scheduler[MemoryBackend]:
+    scheduler = Scheduler(MemoryBackend(store=store), instance_id=name, jitter="100ms")
+    scheduler.every("outbox.flush", "2s", quick, data={"api_key": "sk-live-do-not-show"})
+    scheduler.every("payments.sync", "2s", sync_payments, max_attempts=1)
+    scheduler.every("invoices.render", "5s", quick, timeout="1s")
+    scheduler.every("export.slow", "1s", slow)
+    scheduler.every("cache.warm", "2s", quick)
+    scheduler.cron(ODD, "0 8 * * *", quick, timezone="Europe/Paris")
+    return scheduler
+
+
+SEEDED_UNTIL: dict[str, int] = {}  # by dashboard URL
+SEEDED_TRACEBACK = """Traceback (most recent call last):
+  File "/srv/app/payments.py", line 41, in sync_payments
+    await provider.push(batch)
+ConnectionError: payment provider reset the connection
+
+The above exception was the direct cause of the following exception:
+
+RuntimeError: payments batch 3 failed after 3 retries
+"""
+
+
+async def seed_history(scheduler: Scheduler[Any], minutes: int = 15) -> int:
+    """The last ``minutes`` of the fleet's history, as the backend would hold it after a while:
+    runs on both instances, some failed or cut by their timeout, a slow job whose next slots
+    are skipped (overlap), one slot nobody ran. Written before the schedulers start."""
+    chance = random.Random(7)
+    now = int(time.time() * 1000)
+    for job in scheduler.jobs():
+        slot = job.schedule.next_ms(now - minutes * 60_000)
+        busy_until = 0
+        while slot is not None and slot < now - 1000:
+            lost = (
+                job.name == "outbox.flush" and (now - slot) // 60_000 == 8 and slot % 10_000 < 2000
+            )
+            if slot >= busy_until and not lost:
+                took = {"export.slow": 2500, "invoices.render": 300}.get(job.name, 40)
+                outcome, error, traceback = "completed", None, None
+                if job.name == "payments.sync" and chance.random() < 0.2:
+                    outcome, error = (
+                        "failed",
+                        "RuntimeError: payments batch 3 failed after 3 retries",
+                    )
+                    traceback = SEEDED_TRACEBACK
+                elif job.name == "invoices.render" and chance.random() < 0.15:
+                    outcome, error, took = "timed-out", "Timed out after 1s", 1000
+                started = slot + chance.randrange(5, 120)
+                record = RunRecord(
+                    job=job.name,
+                    slot_ms=slot,
+                    run_id=new_run_id(),
+                    instance_id=chance.choice(("web-1", "web-2")),
+                    reason="schedule",
+                    attempt=1,
+                    started_at=ms_to_datetime(started),
+                    finished_at=ms_to_datetime(started + took),
+                    outcome=outcome,  # type: ignore[arg-type]
+                    error=error,
+                    traceback=traceback,
+                )
+                await scheduler.backend.record(job.settings.policy, record)
+                busy_until = started + took
+            slot = job.schedule.next_ms(slot)
+    return now - 1000  # what is seeded ends here
+
+
+async def wait_for(check: Callable[[], Any], what: str, within_s: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + within_s
+    while not (result := await check()):
+        assert time.monotonic() < deadline, f"{what}: not within {within_s}s"
+        await asyncio.sleep(0.1)
+    return result
+
+
+@asynccontextmanager
+async def admin_server(scheduler: Scheduler[Any]) -> AsyncIterator[str]:
+    server = HTTPServer(scheduler, "127.0.0.1", 0)
+    url = await server.start()
+    try:
+        yield url
     finally:
-        cli.kill()
+        await server.stop()
 
 
 @pytest.fixture
-def browser() -> Iterator[object]:
+async def fleet(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
+    """Two instances; the dashboard of the first, once some runs have failed."""
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    store = MemoryStore()
+    one, two = fleet_member("web-1", store), fleet_member("web-2", store)
+    await one.backend.start(one.clock)  # the embedded store, to write the past into
+    # The slots between the end of the seeded past and the start are caught up, or skipped
+    # as the first run of a slow job holds them (a loaded machine may leave one more).
+    seeded_until = await seed_history(one)
+    await one.backend.stop()
+    async with one, two, admin_server(one) as url, httpx.AsyncClient(base_url=url) as http:
+
+        async def failed_live() -> bool:  # a failure of this run, with its real traceback
+            failed = await http.get("jobs/payments.sync/history?outcome=failed&limit=1")
+            (latest,) = failed.json()["records"]
+            return "in sync_payments" in (latest["traceback"] or "")
+
+        await wait_for(failed_live, "a failed run")
+        SEEDED_UNTIL[url] = seeded_until
+        yield url
+
+
+# -- the browser -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if chromium is None or driver is None:
         message = "chromium and chromedriver are needed: apt-get install chromium chromium-driver"
@@ -53,9 +197,11 @@ def browser() -> Iterator[object]:
         "--no-sandbox",
         "--disable-gpu",
         "--disable-dev-shm-usage",
-        "--window-size=1300,1000",
+        "--hide-scrollbars",
+        "--window-size=1400,1000",
     ):
         options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     chrome = webdriver.Chrome(service=Service(driver), options=options)
     try:
         yield chrome
@@ -63,77 +209,408 @@ def browser() -> Iterator[object]:
         chrome.quit()
 
 
-def test_the_dashboard_shows_jobs_and_a_triggered_run_live_and_pauses(
-    dashboard_url: str, browser: object, tmp_path: Path
-) -> None:
-    from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.remote.webdriver import WebDriver
-    from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
+# The page's width, what sticks out of the screen (but inside a box that scrolls on its own: a
+# traceback), and where each element asked for is.
+_LAYOUT = """
+const inner = window.innerWidth;
+const scrolls = (e) => e.closest("pre, dialog");
+const wider = [...document.querySelectorAll("body *")]
+  .filter((e) => e.getBoundingClientRect().right > inner + 1 && !scrolls(e))
+  .map((e) => `${e.tagName}.${e.getAttribute("class") || ""}`).slice(0, 5);
+const boxes = arguments[0].map((selector) => {
+  const element = document.querySelector(selector);
+  if (!element) return null;
+  const r = element.getBoundingClientRect();
+  return [r.left, r.right, r.height];
+});
+return { scrollWidth: document.documentElement.scrollWidth, innerWidth: inner, wider, boxes };
+"""
 
-    assert isinstance(browser, WebDriver)
-    # The page redraws its table and timelines on every event: an element found a moment ago
-    # may be gone, so each look is one step that is retried.
-    wait = WebDriverWait(browser, WAIT_S, ignored_exceptions=[StaleElementReferenceException])
-    browser.get(dashboard_url)
 
-    def row(job: str) -> str:
-        return f'#jobs tbody tr[data-job="{job}"]'
+class Page:
+    """The browser, driven from a worker thread; each look is retried until it holds (the
+    page redraws on every event: an element found a moment ago may be gone)."""
 
-    def click(selector: str) -> None:
-        wait.until(lambda driver: driver.find_element(By.CSS_SELECTOR, selector).click() or True)
-
-    def title_of(selector: str) -> str:
-        def read(driver: WebDriver) -> str | None:
-            marks = driver.find_elements(By.CSS_SELECTOR, selector)
-            if not marks:
-                return None
-            return marks[0].find_element(By.TAG_NAME, "title").get_attribute("textContent")
-
-        text: str = wait.until(read)
-        return text
-
-    def texts(selector: str) -> list[str]:
-        found: list[str] = wait.until(
-            lambda driver: [e.text for e in driver.find_elements(By.CSS_SELECTOR, selector)]
+    def __init__(self, driver: Any) -> None:
+        from selenium.common.exceptions import (
+            NoSuchElementException,
+            StaleElementReferenceException,
         )
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        self.driver = driver
+        self.wait = WebDriverWait(
+            driver,
+            WAIT_S,
+            ignored_exceptions=[StaleElementReferenceException, NoSuchElementException],
+        )
+
+    def find(self, selector: str) -> Any:
+        from selenium.webdriver.common.by import By
+
+        return self.driver.find_element(By.CSS_SELECTOR, selector)
+
+    def until(self, check: Callable[[Any], T], what: str = "") -> T:
+        result: T = self.wait.until(check, message=what)
+        return result
+
+    def visible(self, selector: str) -> Any:
+        return self.until(lambda d: (e := self.find(selector)).is_displayed() and e, selector)
+
+    def click(self, selector: str) -> None:
+        self.until(lambda d: self.find(selector).click() or True, f"click {selector}")
+
+    def text(self, selector: str) -> str:
+        def read(driver: Any) -> list[str] | None:
+            element = self.find(selector)
+            return [element.text] if element.is_displayed() else None
+
+        return self.until(read, f"the text of {selector}")[0]
+
+    def has_text(self, selector: str, text: str) -> None:
+        self.until(lambda d: text in self.find(selector).text, f"{text!r} in {selector}")
+
+    def js(self, script: str) -> Any:
+        return self.driver.execute_script(script)
+
+    def open(self, url: str, ready: str) -> None:
+        self.driver.get(url)
+        self.visible(ready)
+
+    def shot(self, name: str, width: int) -> Path:
+        """The whole page at ``width`` px, saved to the artifacts."""
+        self.driver.set_window_size(width, 1000)
+        height = self.js("return document.documentElement.scrollHeight")
+        self.driver.set_window_size(width, min(height + 160, 6000))
+        self.until(lambda d: self.js("return window.innerWidth") == width, "resized")
+        path = ARTIFACTS / f"{name}-{width}.png"
+        assert self.driver.save_screenshot(str(path)), path
+        self.driver.set_window_size(width, 1000)
+        return path
+
+    def fits_a_phone(self, *selectors: str) -> None:
+        """No horizontal scroll, and each of ``selectors`` shown within the screen's width."""
+        layout = self.until(
+            lambda d: self.driver.execute_script(_LAYOUT, list(selectors)), "the layout"
+        )
+        assert layout["scrollWidth"] <= layout["innerWidth"], layout
+        assert layout["wider"] == [], layout  # elements that stick out
+        for selector, box in zip(selectors, layout["boxes"], strict=True):
+            assert box is not None, f"{selector}: not on the page"
+            left, right, height = box
+            assert height > 0 and left >= 0 and right <= layout["innerWidth"], (selector, box)
+
+    def errors(self) -> list[str]:
+        return [
+            entry["message"]
+            for entry in self.driver.get_log("browser")
+            if entry["level"] == "SEVERE"
+        ]
+
+
+async def in_browser(browser: Any, steps: Callable[[Page], T]) -> T:
+    """Run ``steps`` in a worker thread: the servers go on in this event loop meanwhile."""
+    await asyncio.to_thread(ARTIFACTS.mkdir, parents=True, exist_ok=True)
+    return await asyncio.to_thread(steps, Page(browser))
+
+
+# -- the pages -------------------------------------------------------------------------------------
+
+
+async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phone(
+    fleet: str, browser: Any
+) -> None:
+    def steps(page: Page) -> dict[str, Any]:
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.common.keys import Keys
+
+        found: dict[str, Any] = {}
+        page.open(f"{fleet}#/?window=15m", "#failures tbody tr")
+        page.visible('#jobs tr[data-job="payments.sync"]')
+        page.visible("#fleet-timeline svg.timeline .mark-failed")
+        found["failures"] = page.text("#failures")
+        found["cards"] = page.text("#summary")
+        page.visible("#fleet-timeline svg.timeline .mark-missed")  # outbox.flush's gap
+        found["shots"] = [page.shot("overview", 1400)]
+        # click 1: the job; click 2: its latest failed run
+        page.click('#jobs tr[data-job="payments.sync"] a.job-link')
+        page.visible('#history tr[data-outcome="failed"]')
+        page.visible("#job-timeline svg.timeline .lane-label")
+        found["lanes"] = page.js(
+            "return [...document.querySelectorAll('#job-timeline .lane-label')]"
+            ".map(e => e.textContent)"
+        )
+        found["schedule"] = page.text("#schedule")
+        found["shots"].append(page.shot("job", 1400))
+        page.click('#history tr[data-outcome="failed"] a')
+        found["traceback"] = page.text("pre.traceback")
+        found["run_url"] = page.driver.current_url
+        found["run"] = page.text("#run")
+        found["shots"].append(page.shot("run", 1400))
+        page.driver.refresh()  # a deep link survives a reload
+        found["reloaded"] = page.text("pre.traceback")
+        # a slow job's skipped slots: on its "not run" lane, as skipped, not missed
+        page.open(f"{fleet}#/jobs/export.slow", "#job-timeline svg.timeline .mark-overlap")
+        found["slow_missed"] = page.js(
+            "return document.querySelectorAll('#job-timeline svg.timeline .mark-missed').length"
+        )
+        # the history's filters are in the URL too
+        page.open(f"{fleet}#/jobs/payments.sync?outcome=failed", "#history tr[data-outcome]")
+        found["filtered"] = page.js(
+            "return [...document.querySelectorAll('#history tr[data-outcome]')]"
+            ".map(e => e.dataset.outcome)"
+        )
+        found["filter_shown"] = page.find("#filter-outcome").get_attribute("value")
+        # by keyboard: a page takes the focus when it opens; Tab, Enter open the latest failure
+        page.open(f"{fleet}#/", "#failures tbody tr")
+        page.until(lambda d: page.js("return document.activeElement.id") == "view", "focus")
+        ActionChains(page.driver).send_keys(Keys.TAB).perform()
+        found["first_focus"] = page.js("return document.activeElement.className")
+        ActionChains(page.driver).send_keys(Keys.ENTER).perform()
+        found["by_keyboard"] = page.text("pre.traceback")
+        # a phone
+        page.driver.set_window_size(390, 900)
+        for name, url, parts in (
+            (
+                "overview",
+                f"{fleet}#/?window=15m",
+                [
+                    "#failures tbody tr",
+                    "#summary",
+                    "#fleet-timeline svg",
+                    '#jobs tr[data-job="payments.sync"] button[data-action="pause"]',
+                ],
+            ),
+            (
+                "job",
+                f"{fleet}#/jobs/payments.sync",
+                [
+                    "#job-timeline svg",
+                    '#history tr[data-outcome="failed"]',
+                    "#filter-outcome",
+                    ".page-head button.primary",
+                ],
+            ),
+            ("run", found["run_url"], ["pre.traceback", "#run-error", "#attempts"]),
+        ):
+            page.open(url, parts[0])
+            page.fits_a_phone(*parts)
+            found["shots"].append(page.shot(name, 390))
+            page.driver.set_window_size(390, 900)
+            page.fits_a_phone(*parts)
+        found["errors"] = page.errors()
         return found
 
-    # the jobs table, from GET /jobs
-    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, row(ODD))))
-    assert texts("#jobs td.name") == ["outbox.flush", ODD]
+    found = await in_browser(browser, steps)
+    assert "failed" in found["failures"]
+    assert "RuntimeError: payments batch 4 failed after 3 retries" in found["failures"]
+    assert "FAILURES, LAST HOUR" in found["cards"].upper()
+    async with httpx.AsyncClient(base_url=fleet) as http:
+        slow = (await http.get("jobs/export.slow/timeline?window=15m")).json()["slots"]
+        flush = (await http.get("jobs/outbox.flush/timeline?window=15m")).json()["slots"]
+    assert {mark["state"] for mark in slow} == {"overlap"}  # skipped by design, not missed
+    assert found["slow_missed"] == 0
+    seeded = [mark["state"] for mark in flush if mark["slot_ms"] < SEEDED_UNTIL[fleet]]
+    assert seeded == ["missed"] * 6  # the seeded gap, nothing else
+    assert found["lanes"][:2] == ["not run", "web-1 (here)"]  # web-2 too once it ran one
+    assert set(found["lanes"]) <= {"not run", "web-1 (here)", "web-2"}
+    assert "every 2s" in found["schedule"]
+    traceback = found["traceback"]
+    assert "ConnectionError: payment provider reset the connection" in traceback
+    assert "The above exception was the direct cause of the following exception" in traceback
+    assert traceback.rstrip().endswith("RuntimeError: payments batch 4 failed after 3 retries")
+    assert re.search(r"#/jobs/payments\.sync/runs/[0-9a-f]{16}$", found["run_url"])
+    assert found["reloaded"] == traceback
+    assert "ran on" in found["run"] and "lateness" in found["run"]
+    assert found["filtered"] and set(found["filtered"]) == {"failed"}
+    assert found["filter_shown"] == "failed"
+    assert found["first_focus"] == "run-link"
+    assert "RuntimeError: payments batch 4 failed after 3 retries" in found["by_keyboard"]
+    assert all(path.stat().st_size > 10_000 for path in found["shots"])
+    assert found["errors"] == []
+
+
+async def test_signing_in_with_the_token_and_pausing_a_job(fleet: str, browser: Any) -> None:
+    def steps(page: Page) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        page.open(f"{fleet}#/jobs/cache.warm", ".page-head button[data-action='pause']")
+        found["before"] = page.text("#signin-button")
+        page.click(".page-head button[data-action='pause']")  # not signed in: the dialog
+        page.visible("#signin #token").send_keys("not-the-token-0123456789")
+        page.click("#signin button[type='submit']")
+        page.has_text("#signin-error", "This is not the server's admin token.")
+        token = page.find("#signin #token")
+        token.clear()
+        token.send_keys(TOKEN)
+        page.click("#signin button[type='submit']")  # signed in, and the pause goes on
+        page.has_text(".page-head .badge", "paused")
+        found["status"] = page.text("#status")
+        found["signed_in"] = page.text("#signin-button")
+        found["stored"] = page.js("return sessionStorage.getItem('brokersched-token')")
+        found["schedule"] = page.text("#schedule")
+        page.driver.set_window_size(390, 900)  # the paused job on a phone
+        page.fits_a_phone("#schedule .note", ".page-head button[data-action='resume']")
+        page.driver.set_window_size(1400, 1000)
+        page.open(f"{fleet}#/", '#jobs tr[data-job="cache.warm"]')
+        page.has_text('#jobs tr[data-job="cache.warm"]', "paused")
+        found["row"] = page.text('#jobs tr[data-job="cache.warm"]')
+        found["shot"] = page.shot("paused", 1400)
+        return found
+
+    found = await in_browser(browser, steps)
+    assert found["before"] == "Sign in"
+    assert found["signed_in"] == "signed in · sign out"
+    assert found["stored"] == TOKEN  # this tab only
+    assert "cache.warm: paused" in found["status"]
+    assert "Paused on web-1" in found["schedule"]
+    assert "paused here" in found["row"] and "Resume" in found["row"]
+    async with httpx.AsyncClient(base_url=fleet) as http:
+        assert (await http.get("jobs/cache.warm")).json()["state"] == "paused"
+
+
+# -- mounted in a host application behind its own session ------------------------------------------
+
+
+@asynccontextmanager
+async def uvicorn_serving(app: Any, dashboard: Any) -> AsyncIterator[str]:
+    sock = socket.create_server(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        app, log_config=None, log_level="warning", lifespan="off", timeout_graceful_shutdown=3
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve([sock]))
+    await wait_for(lambda: asyncio.sleep(0, server.started), "uvicorn started")
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        dashboard.state.events.close()  # event streams never end by themselves
+        server.should_exit = True
+        await task
+
+
+async def test_mounted_behind_a_cookie_session_the_page_asks_for_no_token(
+    browser: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Mount, Route
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    session = secrets.token_hex(8)
+
+    def is_admin(request: Request) -> bool:  # the host application's own session check
+        return request.cookies.get("session") == session
+
+    async def home(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("the host application")
+
+    scheduler = fleet_member("web-1", MemoryStore())
+    dashboard = create_app(scheduler, authorize=is_admin)
+    host = Starlette(routes=[Route("/", home), Mount("/ops/scheduler", dashboard)])
+
+    def steps(page: Page) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        page.open(f"{base}/", "body")
+        page.driver.add_cookie({"name": "session", "value": session, "path": "/"})
+        page.open(
+            f"{base}/ops/scheduler#/jobs/cache.warm", ".page-head button[data-action='pause']"
+        )
+        page.has_text("#signin-button", "signed in (session)")
+        page.click(".page-head button[data-action='pause']")
+        page.has_text(".page-head .badge", "paused")
+        found["dialog_open"] = page.js("return document.querySelector('#signin').open")
+        found["status"] = page.text("#status")
+        page.driver.delete_all_cookies()
+        page.driver.refresh()
+        page.has_text("#signin-button", "read-only")
+        found["anonymous"] = page.find("#signin-button").get_attribute("title")
+        return found
+
+    async with scheduler, uvicorn_serving(host, dashboard) as base:
+        found = await in_browser(browser, steps)
+        job = scheduler.get("cache.warm")
+        assert job is not None and job.paused
+    assert found["dialog_open"] is False  # no token was asked for
+    assert "cache.warm: paused" in found["status"]
+    assert found["anonymous"].startswith("changes need a session of the application")
+
+
+# -- a backend outage ------------------------------------------------------------------------------
+
+
+async def test_the_page_says_when_the_backend_is_unreachable(browser: Any, redis_url: str) -> None:
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    prefix = "t" + secrets.token_hex(5)
+    loop = asyncio.get_running_loop()
+    async with StallProxy(port) as proxy:
+        backend = RedisLeaseBackend(f"redis://127.0.0.1:{proxy.port}/0", prefix=prefix)
+        scheduler = Scheduler(backend, instance_id="web-1")
+        scheduler.every("outbox.flush", "1s", quick)
+
+        def steps(page: Page) -> dict[str, Any]:
+            found: dict[str, Any] = {}
+            page.open(f"{url}#/", "#jobs tr")
+            page.has_text("#backend", "ok")
+            found["banner_before"] = page.find("#banner").is_displayed()
+            loop.call_soon_threadsafe(proxy.stall)  # the proxy lives in the servers' loop
+            page.until(lambda d: page.find("#banner").is_displayed(), "the outage banner")
+            found["banner"] = page.text("#banner")
+            found["pill"] = page.text("#backend")
+            page.has_text('#jobs tr[data-job="outbox.flush"]', "backend down")
+            found["shot"] = page.shot("outage", 1400)
+            loop.call_soon_threadsafe(proxy.resume)
+            page.until(lambda d: not page.find("#banner").is_displayed(), "the banner gone")
+            found["pill_after"] = page.text("#backend")
+            return found
+
+        try:
+            async with scheduler, admin_server(scheduler) as url:
+                found = await in_browser(browser, steps)
+        finally:
+            proxy.resume()
+            await delete_keys(redis_url, prefix)
+    assert found["banner_before"] is False
+    assert found["banner"].startswith("The backend is unreachable since ")
+    assert "No slot runs while it is" in found["banner"]
+    assert found["pill"] == "RedisLeaseBackend unreachable"
+    assert found["pill_after"] == "RedisLeaseBackend ok"
+
+
+# -- brokersched run --http, as the README says ----------------------------------------------------
+
+
+@pytest.fixture
+def cli_dashboard() -> Iterator[str]:
+    cli = RunningCLI(
+        "run",
+        "tests.support.cli_apps.web_app:scheduler",
+        "--http",
+        "127.0.0.1:0",
+        env={TOKEN_ENV: TOKEN},
+    )
+    try:
+        line = cli.wait_for_line(lambda line: "serving the admin API and dashboard" in line)
+        match = re.search(r"http://127\.0\.0\.1:\d+/", line)
+        assert match is not None, line
+        yield match.group(0)
+    finally:
+        cli.kill()
+
+
+def test_the_token_of_brokersched_run_makes_the_buttons_usable(
+    cli_dashboard: str, browser: Any
+) -> None:
+    page = Page(browser)
+    odd = ODD.replace(":", "%3A").replace("$", "%24")
+    page.open(f"{cli_dashboard}#/jobs/{odd}", ".page-head button[data-action='trigger']")
     assert "sk-live-do-not-show" not in browser.page_source
-    wait.until(ec.text_to_be_present_in_element((By.ID, "live"), "live"))  # the event stream
-
-    # the cron job never ran: its timeline is empty until the trigger
-    odd_runs = f'.timeline[data-job="{ODD}"] circle.run'
-    assert browser.find_elements(By.CSS_SELECTOR, odd_runs) == []
-    browser.find_element(By.ID, "token").send_keys(TOKEN)
-    click("#token-form button")
-    click(f'{row(ODD)} button[data-action="trigger"]')
-    tip = title_of(f'{odd_runs}[data-outcome="completed"]')
-    assert re.fullmatch(r"slot .+ on web-1: completed \(manual, \d+ ms late\)", tip), tip
-    assert texts(f'.timeline[data-job="{ODD}"] text') == ["schedule", "web-1 (here)"]
-
-    # the every-2s job's runs are on this instance's lane; pause it here
-    flush_runs = '.timeline[data-job="outbox.flush"] circle.run[data-outcome="completed"]'
-    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, flush_runs)))
-    click(f'{row("outbox.flush")} button[data-action="pause"]')
-    wait.until(
-        ec.text_to_be_present_in_element(
-            (By.CSS_SELECTOR, f"{row('outbox.flush')} td.state"), "paused"
-        )
-    )
-    assert "this instance only (web-1)" in browser.find_element(By.ID, "status").text
-    wait.until(
-        ec.presence_of_element_located(
-            (By.CSS_SELECTOR, f'{row("outbox.flush")} button[data-action="resume"]')
-        )
-    )
-    state = httpx.get(f"{dashboard_url}jobs/outbox.flush", timeout=10).json()["state"]
-    assert state == "paused"
-
-    artifacts = Path(os.environ.get("BROKERSCHED_TEST_ARTIFACTS", tmp_path))
-    artifacts.mkdir(parents=True, exist_ok=True)
-    assert browser.save_screenshot(str(artifacts / "dashboard.png"))
+    page.has_text("#live", "live")  # the event stream
+    page.click(".page-head button[data-action='trigger']")
+    page.visible("#signin #token").send_keys(TOKEN)
+    page.click("#signin button[type='submit']")
+    page.has_text("#status", f"{ODD}: triggered.")
+    page.visible('#history tr[data-outcome="completed"]')
+    row = page.text('#history tr[data-outcome="completed"]')
+    assert "manual" in row and "web-1" in row
+    assert page.errors() == []

@@ -5,14 +5,16 @@ job data quoted by a handler's error, a token pasted with a newline, a flood of 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
+from starlette.requests import ClientDisconnect
 
-from brokersched import JobContext, Scheduler
+from brokersched import ConfigurationError, JobContext, Scheduler
 from brokersched.testing import TestClock
 from brokersched.web import TOKEN_ENV, _stream, create_app
 from brokersched.web._serve import HTTPServer
@@ -245,3 +247,145 @@ async def test_an_internal_error_is_json_without_a_traceback() -> None:
         response = await api.post("/jobs/ok/pause")
     assert response.status_code == 500
     assert response.json() == {"error": "internal error (the server's log has the details)"}
+
+
+# -- the event-stream cap under a burst ------------------------------------------------------------
+
+
+async def test_the_event_stream_cap_holds_under_a_burst(served: str) -> None:
+    """Twice the cap, all at the same moment: each request takes its place when it is answered,
+    not when its stream first runs, so exactly MAX_CLIENTS streams are served."""
+    burst = 2 * _stream.MAX_CLIENTS
+    barrier = asyncio.Barrier(burst)
+    answered: list[int] = []
+    all_answered = asyncio.Event()
+    limits = httpx.Limits(max_connections=burst + 10, max_keepalive_connections=0)
+
+    async def one(http: httpx.AsyncClient) -> None:
+        await barrier.wait()
+        async with http.stream("GET", "events") as response:
+            answered.append(response.status_code)
+            if len(answered) == burst:
+                all_answered.set()
+            await all_answered.wait()  # every stream stays open until all are answered
+
+    async with httpx.AsyncClient(base_url=served, timeout=30, limits=limits) as http:
+        await asyncio.wait_for(asyncio.gather(*(one(http) for _ in range(burst))), 60)
+        after = await http.get("health")
+    assert sorted(answered).count(200) == _stream.MAX_CLIENTS
+    assert sorted(answered).count(503) == burst - _stream.MAX_CLIENTS
+    assert after.status_code == 200
+
+
+async def test_a_client_gone_before_its_stream_ran_gives_its_place_back() -> None:
+    scheduler = Scheduler()
+    hub = create_app(scheduler).state.events
+    assert isinstance(hub, _stream.EventHub)
+    client = hub.open()
+    assert client is not None and hub.clients == 1
+    response = _stream.EventStreamResponse(hub, client, {})
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        raise OSError("the client went away")  # before the first byte
+
+    scope = {"type": "http", "asgi": {"spec_version": "2.4"}}
+    with pytest.raises(ClientDisconnect):
+        await response(scope, receive, send)
+    assert hub.clients == 0
+
+
+# -- behind a reverse proxy ------------------------------------------------------------------------
+
+PUBLIC = "https://admin.example.com"
+
+
+def proxied(app: Any, peer: str = "127.0.0.1") -> httpx.AsyncClient:
+    """What an app behind nginx sees: the proxy's address, and the Host it passes on."""
+    transport = httpx.ASGITransport(app=app, client=(peer, 41234))
+    return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8080")
+
+
+async def test_behind_a_proxy_a_current_browser_is_judged_by_sec_fetch_site() -> None:
+    """nginx passing Host 127.0.0.1:8080: the Origin (the public name) never matches it, but
+    every current browser says the request is same-origin, and that decides."""
+    scheduler = Scheduler()
+    scheduler.every("ok", "1h", ok)
+    browser = {**AUTH, "Origin": PUBLIC, "Sec-Fetch-Site": "same-origin"}
+    async with proxied(create_app(scheduler, token=TOKEN)) as api:
+        paused = await api.post("/jobs/ok/pause", headers=browser)
+        foreign = await api.post(
+            "/jobs/ok/resume", headers={**browser, "Sec-Fetch-Site": "cross-site"}
+        )
+    assert paused.status_code == 200
+    assert foreign.status_code == 403
+
+
+async def test_behind_a_proxy_an_older_browser_needs_the_trusted_proxy_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without Sec-Fetch-Site (Safari before 16.4) only Origin is left: it must match the
+    X-Forwarded-Host of a proxy listed in BROKERSCHED_TRUSTED_PROXIES."""
+    scheduler = Scheduler()
+    scheduler.every("ok", "1h", ok)
+    old_browser = {**AUTH, "Origin": PUBLIC, "X-Forwarded-Host": "admin.example.com"}
+    async with proxied(create_app(scheduler, token=TOKEN)) as api:
+        untrusted = await api.post("/jobs/ok/pause", headers=old_browser)
+    monkeypatch.setenv("BROKERSCHED_TRUSTED_PROXIES", "10.0.0.0/8, 127.0.0.1")
+    app = create_app(scheduler, token=TOKEN)
+    async with proxied(app) as api:
+        trusted = await api.post("/jobs/ok/pause", headers=old_browser)
+        forwarded = await api.post(
+            "/jobs/ok/resume",
+            headers={**AUTH, "Origin": PUBLIC, "Forwarded": 'for=1.2.3.4;host="admin.example.com"'},
+        )
+        lying = await api.post(
+            "/jobs/ok/pause", headers={**old_browser, "X-Forwarded-Host": "other.example"}
+        )
+    async with proxied(app, peer="192.0.2.7") as api:  # not the proxy: its header is ignored
+        stranger = await api.post("/jobs/ok/pause", headers=old_browser)
+    assert untrusted.status_code == 403
+    assert untrusted.json()["error"] == (
+        "cross-site request refused: Origin 'https://admin.example.com' does not match Host "
+        "'127.0.0.1:8080' (behind a reverse proxy: list it in BROKERSCHED_TRUSTED_PROXIES)"
+    )
+    assert (trusted.status_code, forwarded.status_code) == (200, 200)
+    assert lying.status_code == 403
+    assert "nor X-Forwarded-Host 'other.example'" in lying.json()["error"]
+    assert stranger.status_code == 403
+
+
+async def test_behind_a_proxy_on_a_real_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``brokersched run --http``'s server judges the peer itself (uvicorn would otherwise put
+    the X-Forwarded-For address in its place)."""
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    monkeypatch.setenv("BROKERSCHED_TRUSTED_PROXIES", "127.0.0.1")
+    scheduler = Scheduler()
+    scheduler.every("ok", "1h", ok)
+    server = HTTPServer(scheduler, "127.0.0.1", 0)
+    url = await server.start()
+    headers = {
+        **AUTH,
+        "Origin": PUBLIC,
+        "X-Forwarded-Host": "admin.example.com",
+        "X-Forwarded-For": "198.51.100.9",
+    }
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+            response = await http.post("jobs/ok/pause", headers=headers)
+    finally:
+        await server.stop()
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize("value", ["localhost", "10.0.0.0/33", "127.0.0.1;", "nginx"])
+def test_a_trusted_proxy_that_is_no_address_is_refused(value: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        create_app(Scheduler(), trusted_proxies=f"127.0.0.1, {value}")
+    assert str(caught.value).startswith(
+        f"trusted proxy {value!r} is not an IP address or network; use e.g. 127.0.0.1, ::1, "
+        "10.0.0.0/8 or *"
+    )
+    assert caught.value.option == "trusted_proxies"

@@ -132,13 +132,20 @@ def test_run_serves_the_api_and_the_dashboard() -> None:
         match = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
         assert match is not None, line
         url = match.group(0)
+        hint = cli.wait_for_line(lambda line: "dashboard buttons" in line)
+        assert hint.endswith(
+            "dashboard buttons: sign in on the page with the admin token (the value of "
+            "BROKERSCHED_ADMIN_TOKEN)"
+        )
         with httpx.Client(base_url=url, timeout=10) as http:
             page = http.get("")
-            assert page.status_code == 200 and '<table id="jobs">' in page.text
+            assert page.status_code == 200 and '<main id="view"' in page.text
             assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
-            script = http.get("dashboard.js")
+            script = http.get("static/app.js")
             assert script.headers["content-type"].startswith("text/javascript")
             assert "new EventSource(" in script.text
+            assert http.get("static/nothing.js").status_code == 404
+            assert http.get("static/..%2F_app.py").status_code == 404
             jobs = http.get("jobs").json()
             assert [job["name"] for job in jobs["jobs"]] == ["outbox.flush", "report:daily$eu"]
             assert "sk-live-do-not-show" not in json.dumps(jobs)

@@ -3,20 +3,16 @@ URLs, secrets and their redaction, and the translation of nats-py exceptions."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import re
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any, cast
 
 from ... import _redact
-from ..._exceptions import (
-    BackendError,
-    BackendUnavailableError,
-    BrokerschedError,
-    ConfigurationError,
-)
+from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
+from .._errors import ErrorMap, ErrorRow, Translating
 
 __all__ = [
     "BACKEND",
@@ -110,12 +106,12 @@ def import_nats() -> Any:
         ) from exc
 
 
-def _translate(exc: Exception, what: str, secrets: Sequence[str]) -> BackendError | None:
-    """The brokersched error for a client exception, or ``None`` for a bug to re-raise."""
+def _error_rows(secrets: Sequence[str]) -> list[ErrorRow]:
+    """What nats-py's exceptions mean (``backends/_errors.py``'s policy: anything else is
+    raised unchanged)."""
     import nats.errors
     import nats.js.errors
 
-    detail = describe(exc, secrets)
     unavailable = (
         OSError,  # includes TimeoutError and nats.errors.TimeoutError
         nats.errors.ConnectionClosedError,
@@ -127,37 +123,30 @@ def _translate(exc: Exception, what: str, secrets: Sequence[str]) -> BackendErro
         nats.js.errors.NoStreamResponseError,
         nats.js.errors.ServiceUnavailableError,
     )
-    if isinstance(exc, unavailable):
-        return BackendUnavailableError(f"{BACKEND}: {what}: NATS unavailable ({detail})")
-    if isinstance(exc, nats.errors.Error):
-        return BackendError(f"{BACKEND}: {what}: {detail}")
-    return None
+    return [
+        (
+            unavailable,
+            lambda what, exc: BackendUnavailableError(
+                f"{BACKEND}: {what}: NATS unavailable ({describe(exc, secrets)})"
+            ),
+        ),
+        (
+            nats.errors.Error,
+            lambda what, exc: BackendError(f"{BACKEND}: {what}: {describe(exc, secrets)}"),
+        ),
+    ]
 
 
-class Translated:
-    """The one place nats-py exceptions become ``BackendError`` (chained).
+@functools.cache
+def _errors(secrets: tuple[str, ...]) -> ErrorMap:
+    return ErrorMap(functools.partial(_error_rows, secrets), secrets)
 
-    A class rather than a ``contextmanager`` generator: it wraps every claim, so it is cheap,
-    and the message is only formatted when something failed.
-    """
 
-    __slots__ = ("_secrets", "_what")
+class Translated(Translating):
+    """Where nats-py exceptions become ``BackendError`` (chained, scrubbed of ``secrets``):
+    ``with Translated("claim", msg_id, secrets=...):``."""
+
+    __slots__ = ()
 
     def __init__(self, *what: str, secrets: Sequence[str] = ()) -> None:
-        self._what = what
-        self._secrets = secrets
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is None or isinstance(exc, BrokerschedError) or not isinstance(exc, Exception):
-            return
-        error = _translate(exc, " ".join(self._what), self._secrets)
-        if error is not None:
-            raise error from _redact.chainable(exc, self._secrets)
+        super().__init__(_errors(tuple(secrets)), " ".join(what))

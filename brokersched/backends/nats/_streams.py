@@ -602,7 +602,7 @@ class Streams:
         accept it (``_raised_window`` never lowers). ``max_age`` grows too: a restarted server
         rebuilds its ids from the stored messages only. The one way around it is
         ``Job.resume()`` within its jitter of ``start()`` of a job paused before it:
-        ``Scheduler._rearm`` may arm a slot still in its jitter window from before the start.
+        ``Timers.rearm`` may arm a slot still in its jitter window from before the start.
 
         NATS 2.9 has no conditional update: an instance that read the stream before our update
         can overwrite it with its own, smaller raise. So the stream is read again after each

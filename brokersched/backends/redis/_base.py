@@ -18,10 +18,10 @@ unescaped), so the tag closes where the job ends; the kind and the slot follow.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -35,6 +35,7 @@ from ..._exceptions import (
     ConfigurationError,
 )
 from ...abc import Finding, JobPolicy, RunRecord, Slot
+from .._errors import ErrorMap, ErrorRow
 from .._keywords import parameter_names, refuse_unknown
 from . import _scripts
 
@@ -229,6 +230,7 @@ class RedisConnection:
         if isinstance(password, str) and password:
             self._secrets = sorted({*self._secrets, password}, key=len, reverse=True)
         self._options = dict(client_options)
+        self._errors = ErrorMap(self._error_rows, self._secrets)
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
         #: For tests only: scripts judge time as if the server's clock read this (ms).
@@ -586,37 +588,28 @@ class RedisConnection:
 
         return await self.call(action, run, timeout)
 
-    @contextlib.contextmanager
-    def translate(self, action: str) -> Generator[None, None, None]:
+    def translate(self, action: str) -> AbstractContextManager[None]:
         """redis-py's errors (and timeouts) become ``BackendError``, with the password
-        scrubbed; only ``BackendError`` (or a configuration error) leaves a backend call."""
-        try:
-            yield
-        except BrokerschedError:
-            raise
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            raise self._translated(action, exc) from _redact.chainable(exc, self._secrets)
+        scrubbed (``backends/_errors.py``: an exception not redis-py's is raised unchanged)."""
+        return self._errors(action)
 
-    def _translated(self, action: str, exc: Exception) -> BackendError:
-        try:
-            from redis import exceptions as errors
-        except ImportError:  # pragma: no cover - the client is made only when it imports
-            return BackendError(f"{self.backend} could not {action}: {self._describe(exc)}")
-        where = f"{self.backend} could not {action}"
-        if isinstance(exc, errors.AuthenticationError) or _says_auth(exc):
+    def _error_rows(self) -> list[ErrorRow]:
+        from redis import exceptions as errors
+
+        def where(action: str) -> str:
+            return f"{self.backend} could not {action}"
+
+        def refused(action: str, exc: BaseException) -> BackendError:
             if urlsplit(self.url).password is None and not self._options.get("password"):
                 return BackendUnavailableError(
-                    f"{where}: the server requires a password and the URL gives none "
+                    f"{where(action)}: the server requires a password and the URL gives none "
                     f"({self._describe(exc)}); write it as redis://user:password@host"
                 )
             return BackendUnavailableError(
-                f"{where}: the server refused the credentials ({self._describe(exc)}); check "
-                "the user name and password in the URL"
+                f"{where(action)}: the server refused the credentials ({self._describe(exc)}); "
+                "check the user name and password in the URL"
             )
-        if isinstance(exc, TimeoutError | errors.TimeoutError):
-            return BackendUnavailableError(f"{where}: no answer from {self.redacted} in time")
+
         unavailable = (
             OSError,
             errors.ConnectionError,
@@ -625,15 +618,37 @@ class RedisConnection:
             errors.RedisClusterException,
             errors.BusyLoadingError,
         )
-        if isinstance(exc, unavailable):
-            return BackendUnavailableError(f"{where}: {self._describe(exc)}")
-        # A script's call refused by the ACL is a plain ResponseError on Redis 7.0.
-        if isinstance(exc, errors.NoPermissionError) or "can't run this command" in str(exc):
-            return BackendError(
-                f"{where}: the server's ACL refused it ({self._describe(exc)}); the user needs "
-                f"the keys ~{self.prefix}:* and the commands the backend runs (see the README)"
-            )
-        return BackendError(f"{where}: {self._describe(exc)}")
+        return [
+            (lambda exc: isinstance(exc, errors.AuthenticationError) or _says_auth(exc), refused),
+            (
+                (TimeoutError, errors.TimeoutError),
+                lambda action, exc: BackendUnavailableError(
+                    f"{where(action)}: no answer from {self.redacted} in time"
+                ),
+            ),
+            (
+                unavailable,
+                lambda action, exc: BackendUnavailableError(
+                    f"{where(action)}: {self._describe(exc)}"
+                ),
+            ),
+            # A script's call refused by the ACL is a plain ResponseError on Redis 7.0.
+            (
+                lambda exc: (
+                    isinstance(exc, errors.NoPermissionError)
+                    or (isinstance(exc, errors.RedisError) and "can't run this command" in str(exc))
+                ),
+                lambda action, exc: BackendError(
+                    f"{where(action)}: the server's ACL refused it ({self._describe(exc)}); the "
+                    f"user needs the keys ~{self.prefix}:* and the commands the backend runs "
+                    "(see the README)"
+                ),
+            ),
+            (
+                errors.RedisError,
+                lambda action, exc: BackendError(f"{where(action)}: {self._describe(exc)}"),
+            ),
+        ]
 
     def _describe(self, exc: BaseException) -> str:
         text = " ".join(_redact.scrub(str(exc), self._secrets).split())  # one line

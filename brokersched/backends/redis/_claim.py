@@ -42,8 +42,6 @@ from ...abc import (
     Capabilities,
     Claim,
     ClaimBackend,
-    Finding,
-    Inventory,
     JobPolicy,
     RunRecord,
     Slot,
@@ -83,7 +81,7 @@ def _parse(
     return FleetMemory(int(memory), int(created or 0), pairs)
 
 
-class RedisBackend(ClaimBackend):
+class RedisBackend(_ops.Operations, ClaimBackend):
     """Claims slots in Redis: the first ``SET <prefix>:{<job>}:claim:<slot_ms> ... NX PX
     <fleet's slot memory>`` of a slot wins; Redis forgets the slot that long later (on its own
     clock).
@@ -182,25 +180,8 @@ class RedisBackend(ClaimBackend):
         self._memory = None
         self._read_sent_ms = -(2**63)
 
-    # -- operations (brokersched purge, doctor) ---------------------------------------------
-
-    async def inventory(
-        self,
-        *,
-        namespace: str | None = None,
-        jobs: Sequence[str] = (),
-        slots: Sequence[Slot] = (),
-    ) -> Inventory:
-        """Every key of the prefix (``SCAN``, every primary of a cluster). Live: a claim of a
-        slot of the last minute, a lease live in the last minute, a run recorded in the last
-        minute, a connection named ``brokersched:<prefix>``."""
-        return await _ops.run_inventory(self._redis, namespace)
-
-    async def purge(self, inventory: Inventory) -> Inventory:
-        return await _ops.run_purge(self._redis, inventory)
-
-    async def doctor(self) -> list[Finding]:
-        return await _ops.run_doctor(self._redis, slot_memory_key(self.prefix), self._slot_ttl)
+    def _slot_memory(self) -> tuple[str | None, timedelta | None]:
+        return slot_memory_key(self.prefix), self._slot_ttl
 
     async def _raise_memory(self) -> FleetMemory:
         """Make the record, or raise it to this instance's slot_ttl; the record as it is

@@ -12,8 +12,6 @@ from ..._durations import Duration, to_ms
 from ..._exceptions import BackendError
 from ...abc import (
     Claim,
-    Finding,
-    Inventory,
     JobPolicy,
     Lease,
     LeaseOutcome,
@@ -49,7 +47,7 @@ __all__ = ["RedisLeaseBackend"]
 logger = logging.getLogger("brokersched.backends.redis")
 
 
-class RedisLeaseBackend(LeaseBackendBase):
+class RedisLeaseBackend(_ops.Operations, LeaseBackendBase):
     """Leases in Redis (or a Redis Cluster), with occurrence fencing, overlap control,
     take-over of dead runners and catch-up, judged on the server's clock.
 
@@ -107,26 +105,6 @@ class RedisLeaseBackend(LeaseBackendBase):
 
     async def _close(self) -> None:
         await self._redis.close()
-
-    # -- operations (brokersched purge, doctor) ---------------------------------------------
-
-    async def inventory(
-        self,
-        *,
-        namespace: str | None = None,
-        jobs: Sequence[str] = (),
-        slots: Sequence[Slot] = (),
-    ) -> Inventory:
-        """Every key of the prefix (``SCAN``, every primary of a cluster). Live: a claim of a
-        slot of the last minute, a lease live in the last minute, a run recorded in the last
-        minute, a connection named ``brokersched:<prefix>``."""
-        return await _ops.run_inventory(self._redis, namespace)
-
-    async def purge(self, inventory: Inventory) -> Inventory:
-        return await _ops.run_purge(self._redis, inventory)
-
-    async def doctor(self) -> list[Finding]:
-        return await _ops.run_doctor(self._redis, None, None)
 
     def _keys(self, job: str, *, history: bool = False) -> list[str]:
         keys = [job_key(self.prefix, job), runs_key(self.prefix, job)]

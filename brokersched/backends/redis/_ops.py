@@ -6,15 +6,17 @@ findings."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from ...abc import Finding, Inventory, StoredObject
+from ...abc import Finding, Inventory, Slot, StoredObject
 from .._ops import LIVE_WINDOW_MS, ago, recent_claims, server_finding, slot_memory_finding
 from ._base import RedisConnection
 
 __all__ = [
     "MIN_VERSION",
+    "Operations",
     "doctor",
     "inventory",
     "purge",
@@ -204,3 +206,32 @@ async def run_doctor(
         return [*findings, *await redis.server_findings(client)]
 
     return await redis.operate("check the server", call)
+
+
+class Operations:
+    """``inventory()``, ``purge()`` and ``doctor()`` of both Redis backends, over their
+    ``RedisConnection``; a backend with a fleet slot memory names it in ``_slot_memory()``."""
+
+    _redis: RedisConnection
+
+    def _slot_memory(self) -> tuple[str | None, timedelta | None]:
+        """The key of the fleet's slot memory record and this instance's ``slot_ttl``."""
+        return None, None
+
+    async def inventory(
+        self,
+        *,
+        namespace: str | None = None,
+        jobs: Sequence[str] = (),
+        slots: Sequence[Slot] = (),
+    ) -> Inventory:
+        """Every key of the prefix (``SCAN``, every primary of a cluster). Live: a claim of a
+        slot of the last minute, a lease live in the last minute, a run recorded in the last
+        minute, a connection named ``brokersched:<prefix>``."""
+        return await run_inventory(self._redis, namespace)
+
+    async def purge(self, inventory: Inventory) -> Inventory:
+        return await run_purge(self._redis, inventory)
+
+    async def doctor(self) -> list[Finding]:
+        return await run_doctor(self._redis, *self._slot_memory())

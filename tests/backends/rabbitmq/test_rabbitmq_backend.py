@@ -59,7 +59,7 @@ from tests.support.rabbitmq_helpers import (
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.wait import until
 
-JOB_NAME = re.compile(r"[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}")  # DESIGN.md's job names
+JOB_NAME = re.compile(r"[A-Za-z0-9_$][A-Za-z0-9_.:$-]{0,127}")  # brokersched._options.NAME_PATTERN
 QUEUE_NAME = constants.DOMAIN_REGEX["queue-name"]  # what pamqp (and so aio-pika) accepts
 
 

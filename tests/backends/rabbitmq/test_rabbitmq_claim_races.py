@@ -28,11 +28,11 @@ from brokersched._exceptions import BackendError
 from brokersched.abc import JobPolicy, Slot
 from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
-    _ClaimAttempt,
-    _View,
     claim_queue_name,
     history_stream_name,
 )
+from brokersched.backends.rabbitmq._claims import ClaimAttempt as _ClaimAttempt
+from brokersched.backends.rabbitmq._fleet import View as _View
 from tests.support.rabbitmq_helpers import (
     CLAIM_ARGUMENTS,
     CLOCK,
@@ -380,7 +380,7 @@ async def test_racers_whose_every_refused_claim_is_checked_still_have_one_rightf
     """The check of a refused claim is a declare with brokersched's arguments: it takes nothing
     out of the queue, so it lets no other claim in. Checked at every loss, on queues made by
     the racers and on queues declared ahead, a slot still has exactly its one winner."""
-    monkeypatch.setattr("brokersched.backends.rabbitmq._REFUSAL_CHECK_EVERY_MS", 0)
+    monkeypatch.setattr("brokersched.backends.rabbitmq._claims._REFUSAL_CHECK_EVERY_MS", 0)
     channel = await raw.channel()
     for round_ in range(10):
         slot = fresh_slot()
@@ -472,7 +472,8 @@ class PreviousProtocol(RabbitMQBackend):
             PublishError,
         )
 
-        from brokersched.backends.rabbitmq import _OtherMemory, _StaleView
+        from brokersched.backends.rabbitmq._claims import OtherMemory as _OtherMemory
+        from brokersched.backends.rabbitmq._claims import StaleView as _StaleView
 
         message = aio_pika.Message(
             body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, message_id=slot.key
@@ -569,7 +570,7 @@ async def test_racers_raising_the_fleets_memory_mid_race_never_both_win(
             await asyncio.sleep(random.uniform(0, 0.03))
             return await claim_as(backend, slot, run_id)
 
-        found = await asyncio.gather(raiser._refresh(None), *map(spread, racers, run_ids))
+        found = await asyncio.gather(raiser._memory.refresh(None), *map(spread, racers, run_ids))
         won = [run for outcome, run in zip(found[1:], run_ids, strict=True) if outcome is True]
         assert len(won) <= 1, f"{slot.key}: {len(won)} winners"
         held = await held_run_ids(raw, claim_queue_name(racers[0].prefix, slot))
@@ -587,7 +588,7 @@ async def test_an_outdated_instance_first_into_a_queue_of_the_new_memory_wins_it
     than leaving the slot to nobody."""
     outdated = await fleet(slot_ttl="1m")
     raiser = await fleet(slot_ttl="2m")
-    await raiser._refresh(None)  # the raise: the fence of 1m is gone
+    await raiser._memory.refresh(None)  # the raise: the fence of 1m is gone
     slot = fresh_slot()
     queue = claim_queue_name(outdated.prefix, slot)
     channel = await raw.channel()
@@ -605,7 +606,7 @@ async def test_an_outdated_instance_first_into_a_queue_of_the_old_memory_fails_c
     queue holds it, so nobody wins."""
     outdated = await fleet(slot_ttl="1m")
     raiser = await fleet(slot_ttl="2m")
-    await raiser._refresh(None)
+    await raiser._memory.refresh(None)
     slot = fresh_slot()
     queue = claim_queue_name(outdated.prefix, slot)
     channel = await raw.channel()

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .. import _redact
-from .._exceptions import BackendError, BackendUnavailableError, ConfigurationError
-from ..abc import Finding, Inventory, Slot, StoredObject
-from ._ops import recent_claims, server_finding, slot_memory_finding
+from ... import _redact
+from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
+from ...abc import Finding, Inventory, Slot, StoredObject
+from .._ops import recent_claims, server_finding, slot_memory_finding
+from ._fleet import take_lock
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel
@@ -78,7 +79,7 @@ _CLAIM_POLICY_KEYS = {
 
 @dataclass(frozen=True, slots=True)
 class Names:
-    """How the backend names its objects (``rabbitmq.py``'s ``*_name`` functions)."""
+    """How the backend names its objects (``_names``'s ``*_name`` functions)."""
 
     record: Callable[[str], str]
     lock: Callable[[str], str]
@@ -203,10 +204,6 @@ async def read_memory(
     turn (an instance that found the record taken would make it again) and put back; ``None``:
     no record, or the lock not free within a few seconds."""
     from aio_pika.exceptions import ChannelNotFoundEntity
-    from aiormq.exceptions import ChannelAccessRefused
-
-    async def ignore(message: Any) -> None:
-        """Nothing is ever published to the lock queue."""
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + _LOCK_WAIT_S
@@ -216,13 +213,8 @@ async def read_memory(
                 lock = await channel.declare_queue(names.lock(prefix), passive=True)
             except ChannelNotFoundEntity:  # no instance ever made a record
                 return None
-            if not lock.declaration_result.consumer_count:
-                try:
-                    await lock.consume(ignore, exclusive=True)
-                except ChannelAccessRefused:  # another instance got there first
-                    pass
-                else:
-                    return await _read_locked(channel, names.record(prefix), parse)
+            if await take_lock(lock):
+                return await _read_locked(channel, names.record(prefix), parse)
         await asyncio.sleep(0.05)
     return None
 

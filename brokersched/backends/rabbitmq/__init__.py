@@ -1,0 +1,35 @@
+"""RabbitMQ: a claim-only backend on the broker the application already has.
+
+Every slot is claimed through a queue of its own that takes one message: the first claim's
+publish is acked (won), every later one nacked (lost), for as long as the fleet's slot memory.
+
+Modules: ``_claims`` (the claim protocol, and why each detail of it), ``_fleet`` (the fleet's
+slot memory: its record, lock and fences), ``_history`` (the history stream), ``_connection``
+(the robust connection and its channel pool), ``_names`` (queue and exchange names),
+``_errors`` (URLs and client errors), ``_ops`` (``brokersched purge`` and ``doctor``),
+``_backend`` (``RabbitMQBackend``: configuration and life cycle).
+"""
+
+from __future__ import annotations
+
+from ._backend import RabbitMQBackend
+from ._claims import claim_margin_ms
+from ._names import (
+    claim_queue_name,
+    fence_exchange_name,
+    history_queue_name,
+    history_stream_name,
+    lock_queue_name,
+    record_queue_name,
+)
+
+__all__ = [
+    "RabbitMQBackend",
+    "claim_margin_ms",
+    "claim_queue_name",
+    "fence_exchange_name",
+    "history_queue_name",
+    "history_stream_name",
+    "lock_queue_name",
+    "record_queue_name",
+]
