@@ -23,6 +23,10 @@ Series (``job`` is capped, see ``max_jobs``):
   backend of your own: its class name, lower case, without ``Backend``)
 - ``brokersched_records_dropped_total{job}``: run records never written to the backend (it was
   away while ``record_buffer`` records waited, or ``stop()`` could not write them in time)
+- ``brokersched_broker_budget_used{backend}``: the share of its budget the backend's server
+  uses, as last read (``Backend.budget``: ``RabbitMQBackend`` with ``management_url``), and
+  ``brokersched_broker_shedding{backend}``: 1 while the backend creates no new server object
+  (its slots that need one are skipped); both absent where the budget is not read
 
 The registry: by default a new ``CollectorRegistry`` of its own, so that several schedulers
 (or tests) in one process never collide on metric names; ``metrics.registry`` is what to serve.
@@ -39,6 +43,7 @@ summed, ``brokersched_active_runs`` over the live processes (``livesum``) and
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ._events import ClaimEvent, Event, RunEvent, SkipEvent, StartEvent
@@ -48,6 +53,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from ._scheduler import Scheduler
+    from .abc import Backend
 
 __all__ = ["OTHER_JOB", "PrometheusMetrics", "backend_label"]
 
@@ -151,6 +157,8 @@ class PrometheusMetrics:
             buckets=CLAIM_BUCKETS,
             **into,
         )
+        self._budgets = _Budgets()
+        self.registry.register(self._budgets)
 
     def job_label(self, job: str) -> str:
         """``job``, or ``"_other"`` once ``max_jobs`` names have been seen."""
@@ -189,6 +197,7 @@ class PrometheusMetrics:
             assert isinstance(event, SkipEvent)
             self.skips.labels(self.job_label(event.job), event.reason).inc()
 
+        self._budgets.backends.append(scheduler.backend)
         scheduler.on("start", on_start)
         scheduler.on("complete", on_finish)
         scheduler.on("fail", on_finish)
@@ -208,3 +217,31 @@ class PrometheusMetrics:
 
     def _observe_claim(self, event: ClaimEvent) -> None:
         self.claim_duration.labels(backend_label(event.backend)).observe(event.seconds)
+
+
+class _Budgets:
+    """A collector of the attached schedulers' ``Backend.budget``, read at each scrape."""
+
+    def __init__(self) -> None:
+        self.backends: list[Backend] = []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        used = GaugeMetricFamily(
+            "brokersched_broker_budget_used",
+            "Share of its budget the backend's server uses, as last read.",
+            labels=["backend"],
+        )
+        shedding = GaugeMetricFamily(
+            "brokersched_broker_shedding",
+            "1 while the backend creates no new server object (slots needing one are skipped).",
+            labels=["backend"],
+        )
+        for backend in dict.fromkeys(self.backends):  # a backend shared by schedulers: once
+            if (budget := backend.budget) is not None:
+                label = backend_label(backend.name)
+                used.add_metric([label], budget.used)
+                shedding.add_metric([label], float(budget.state == "shed"))
+        yield used
+        yield shedding

@@ -34,6 +34,7 @@ from .backends._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, margin_ms
 
 __all__ = [
     "Backend",
+    "BrokerBudget",
     "Capabilities",
     "Claim",
     "ClaimBackend",
@@ -234,6 +235,18 @@ class Finding:
 _FINDING_FIELDS = ("severity", "check", "found", "consequence", "fix")
 
 
+@dataclass(frozen=True, slots=True)
+class BrokerBudget:
+    """How much of its server's budget a backend's server uses, as last read (``Backend.budget``):
+    ``used`` the share of the fullest part (0.0 to 1.0 and beyond), ``state`` ``ok``, ``warn``
+    or ``shed`` (the backend creates no new server object and skips what needs one), and what
+    was read (``detail``)."""
+
+    used: float
+    state: Literal["ok", "warn", "shed"]
+    detail: str
+
+
 #: What ``acquire()`` answers for one slot, or the error it raised for that slot alone.
 LeaseOutcome = Lease | Literal["overlap", "not-acquired"] | Exception
 
@@ -310,6 +323,12 @@ class Backend(ABC):
     @abstractmethod
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         """At most ``limit`` records of the job, newest first, without consuming them."""
+
+    @property
+    def budget(self) -> BrokerBudget | None:
+        """The server's budget as last read while the backend runs (``RabbitMQBackend`` with
+        ``management_url``), exported as metrics; ``None``: not read."""
+        return None
 
     # -- operations (``brokersched purge`` and ``doctor``): on a backend that is not started --
 

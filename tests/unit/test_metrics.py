@@ -22,7 +22,7 @@ from brokersched import (
     SQLiteBackend,
 )
 from brokersched._metrics import OTHER_JOB, PrometheusMetrics, backend_label
-from brokersched.abc import Backend
+from brokersched.abc import Backend, BrokerBudget
 from brokersched.testing import TestClock
 from tests.support.helpers import DictClaimBackend
 
@@ -180,3 +180,32 @@ BACKENDS: list[tuple[Callable[[], Backend], str]] = [
 @pytest.mark.parametrize(("make", "label"), BACKENDS, ids=[label for _, label in BACKENDS])
 def test_the_backend_label_is_one_users_read(make: Callable[[], Backend], label: str) -> None:
     assert backend_label(make().name) == label
+
+
+class BudgetedBackend(MemoryBackend):
+    """A backend whose server's budget was read (as ``RabbitMQBackend`` with a management URL)."""
+
+    reading: BrokerBudget | None = None
+
+    @property
+    def budget(self) -> BrokerBudget | None:
+        return self.reading
+
+
+def test_the_server_budget_is_read_at_each_scrape(clock: TestClock) -> None:
+    backend = BudgetedBackend()
+    metrics = PrometheusMetrics().attach(Scheduler(backend, clock=clock))
+    metrics.attach(Scheduler(backend, clock=clock))  # a backend shared by two: one series
+
+    def sample(name: str) -> float | None:
+        return metrics.registry.get_sample_value(name, {"backend": "budgeted"})
+
+    assert sample("brokersched_broker_budget_used") is None  # not read: no series
+    backend.reading = BrokerBudget(0.65, "warn", "node a: ...")
+    assert (sample("brokersched_broker_budget_used"), sample("brokersched_broker_shedding")) == (
+        0.65,
+        0.0,
+    )
+    backend.reading = BrokerBudget(0.82, "shed", "node a: ...")
+    assert sample("brokersched_broker_shedding") == 1.0
+    assert generate_latest(metrics.registry).count(b"brokersched_broker_shedding{") == 1

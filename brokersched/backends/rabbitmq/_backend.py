@@ -18,12 +18,13 @@ from ..._clock import Clock, host_time_ms
 from ..._durations import Duration, format_duration, positive_duration, to_ms
 from ..._exceptions import BackendUnavailableError, ConfigurationError
 from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
-from ...abc import Capabilities, Finding, Inventory, JobPolicy, RunRecord, Slot
+from ...abc import BrokerBudget, Capabilities, Finding, Inventory, JobPolicy, RunRecord, Slot
 from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW
 from .._errors import ErrorMap
 from .._keywords import own_options, refuse_unknown
 from .._lease import check_max_clock_skew
 from . import _ops
+from ._budget import BudgetWatch
 from ._claims import ClaimQueues, claim_margin_ms
 from ._connection import (
     CONNECT_DEFAULTS,
@@ -88,8 +89,12 @@ class RabbitMQBackend(ClaimQueues):
     3 instances x 20 jobs at one instant, lateness p99 71 -> 38 ms); the slots due within that
     half second of a ``slot_ttl`` raise then fail closed (skipped, never twice).
     ``management_url``: the management plugin's API (``http://user:password@host:15672/``),
-    read only by ``brokersched purge`` (to list every queue of the prefix and see running
-    instances) and ``brokersched doctor`` (file descriptors, partitions, policies). Other keyword
+    read by ``brokersched purge`` (to list every queue of the prefix and see running
+    instances), ``brokersched doctor`` (file descriptors, partitions, policies) and, while the
+    backend runs, every ``budget_interval`` for the broker's budget (``budget``): from 60 % of
+    it claim queues are no longer declared ahead, from 80 % (or under a memory or disk alarm)
+    no new claim queue is declared, and slots whose queue does not exist yet are skipped.
+    Other keyword
     arguments go to ``aio_pika.connect_robust`` (``ssl_context``, ``timeout``,
     ``reconnect_interval``, ``client_properties``...) and are never logged; one that it does
     not accept (a misspelt option) is refused at construction.
@@ -106,6 +111,7 @@ class RabbitMQBackend(ClaimQueues):
         declare_ahead: bool = True,
         max_clock_skew: Duration = DEFAULT_CLAIM_SKEW,
         management_url: str | None = None,
+        budget_interval: Duration = "30s",
         **connect_options: Any,
     ) -> None:
         super().__init__()
@@ -123,6 +129,17 @@ class RabbitMQBackend(ClaimQueues):
             None
             if management_url is None
             else _ops.Management(management_url, url_vhost(self._urls[0]))
+        )
+        self._budget = (
+            None
+            if self._management is None
+            else BudgetWatch(
+                self.name,
+                self._management,
+                period=positive_duration(
+                    budget_interval, option="budget_interval", backend=self.name
+                ).total_seconds(),
+            )
         )
         self._url = self._urls[0]  # the one named in messages about the login or the vhost
         self._secrets = _redact.connection_secrets(self._urls, connect_options, ("password",))
@@ -201,6 +218,13 @@ class RabbitMQBackend(ClaimQueues):
         memory = self._memory.memory_ms
         return None if memory is None else timedelta(milliseconds=memory)
 
+    @property
+    def budget(self) -> BrokerBudget | None:
+        """The broker's budget as last read (``management_url`` given, started); see
+        ``_budget``: from 60 % claim queues are no longer declared ahead, from 80 % (or under
+        an alarm) none is declared (slots whose queue does not exist are skipped)."""
+        return None if self._budget is None else self._budget.reading
+
     # -- lifecycle -------------------------------------------------------------------------
 
     async def _open(self, clock: Clock) -> None:
@@ -243,6 +267,8 @@ class RabbitMQBackend(ClaimQueues):
         _log.debug("%s connected to %s", self.name, connection)
         try:
             await self._memory.read(write=False)
+            if self._budget is not None:
+                await self._budget.start(clock)
             raise_if_cancelled_since(cancels)
         except BaseException:
             await to_the_end(self._close())
@@ -284,6 +310,8 @@ class RabbitMQBackend(ClaimQueues):
         pool, connection = self._pool, self._connection
         self._pool = self._connection = None
         self._refusals_checked.clear()
+        if self._budget is not None:
+            await self._budget.close()
         self._history.close()
         await self._memory.close()
         if pool is not None:

@@ -101,6 +101,8 @@ if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractMessage
     from pamqp.common import FieldTable
 
+    from ._budget import BudgetWatch
+
 __all__ = [
     "ClaimAttempt",
     "ClaimQueues",
@@ -232,6 +234,7 @@ class ClaimQueues(ClaimBackend):
     _declare_ahead: bool
     _memory: SlotMemory
     _clock: Clock | None
+    _budget: BudgetWatch | None
 
     def __init__(self) -> None:
         super().__init__()
@@ -300,6 +303,7 @@ class ClaimQueues(ClaimBackend):
                         won = await self._publish(channel, queue, message, attempt)
                         if won is not None:
                             return won
+                        self._refuse_if_shedding(f"boot claim queue {queue!r}")
                         await channel.declare_queue(queue, durable=True, arguments=_BOOT_QUEUE)
         except Overloaded as busy:
             raise BackendError(self._overloaded(slot, busy)) from None
@@ -308,7 +312,7 @@ class ClaimQueues(ClaimBackend):
     async def prepare_claims(self, slots: Sequence[Slot]) -> None:
         """Declare the claim queues of ``slots`` due within the next 750 ms (others are left to
         their claims), one after the other on one channel, if one is free: claims come first."""
-        if not self._declare_ahead:
+        if not self._declare_ahead or not (self._budget is None or self._budget.declares_ahead):
             return
         pool, view = self._require_pool(), await self._memory.require_view()
         assert self._clock is not None
@@ -366,6 +370,11 @@ class ClaimQueues(ClaimBackend):
             f"{self.name}: the fleet's slot memory kept changing during the claim of slot"
             f" {slot.key}; the slot is not run here"
         )
+
+    def _refuse_if_shedding(self, what: str) -> None:
+        """No new claim queue while the broker is near its budget (``_budget``)."""
+        if self._budget is not None and self._budget.shedding:
+            raise self._budget.shed_error(what)
 
     def _overloaded(self, slot: Slot, busy: Overloaded) -> str:
         return (
@@ -473,6 +482,7 @@ class ClaimQueues(ClaimBackend):
             await self._declare_claim_queue(channel, queue, slot, view, holds="in-it")
             return True
         for _ in range(_DECLARE_ATTEMPTS):  # no queue yet: the first claim of the slot
+            self._refuse_if_shedding(f"claim queue {queue!r}")
             await self._declare_claim_queue(channel, queue, slot, view, holds="not-yet")
             won = await self._publish(channel, queue, message, attempt)
             if won is not None:
