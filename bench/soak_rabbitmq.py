@@ -2,7 +2,8 @@
 
 A private node of its own (the Debian package, as the tests start it: management plugin,
 ``ulimit -n 1024``), then for each of ``--prefixes`` successive prefixes: ``--instances``
-schedulers of ``--jobs`` jobs each (``every(--every)``, ``slot_ttl=--slot-ttl``) run for
+schedulers of ``--jobs`` jobs each (``every(--every)``, ``jitter=--jitter``,
+``slot_ttl=--slot-ttl``) run for
 ``--seconds``, while a probe opens an AMQP connection every second (as any other client of
 the broker would); then the fleet stops and ``purge`` removes what the prefix made. Prints,
 per prefix: the slots run (and run twice), the probe's slowest connect and its failures, the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import shutil
 import sys
 import tempfile
@@ -81,7 +83,7 @@ async def one_prefix(node: PrivateRabbitMQ, args: argparse.Namespace, n: int) ->
             slot_ttl=args.slot_ttl,
             management_url=node.management_url,
         )
-        scheduler = Scheduler(backend, instance_id=f"i{k}")
+        scheduler = Scheduler(backend, instance_id=f"i{k}", jitter=args.jitter)
         for j in range(args.jobs):
             scheduler.every(f"job{j:03d}", args.every, tick)
         fleet.append(scheduler)
@@ -89,15 +91,16 @@ async def one_prefix(node: PrivateRabbitMQ, args: argparse.Namespace, n: int) ->
     connects: list[float] = []
     failed: list[str] = []
     peaks: Counter[str] = Counter()
-    shed = 0
+    skips: Counter[str] = Counter()
 
-    def count_shed(event: Any) -> None:
-        nonlocal shed
-        shed += event.reason == "backend-error" and "shedding" in (event.detail or "")
+    def count_skip(event: Any) -> None:
+        detail = event.detail or ""
+        kind = next((k for k in ("shedding", "overloaded") if k in detail), event.reason)
+        skips[kind] += 1
 
     async with contextlib.AsyncExitStack() as running:
         for scheduler in fleet:
-            scheduler.on("skip", count_shed)
+            scheduler.on("skip", count_skip)
             await running.enter_async_context(scheduler)
         until = time.monotonic() + args.seconds
         await asyncio.gather(
@@ -110,7 +113,7 @@ async def one_prefix(node: PrivateRabbitMQ, args: argparse.Namespace, n: int) ->
         "prefix": prefix,
         "slots": len(runs),
         "twice": sum(count > 1 for count in runs.values()),
-        "shed": shed,
+        "skips": dict(skips) or 0,
         "connect_max_ms": round(max(connects, default=0) * 1000),
         "probe_failures": len(failed),
         "first_failure": failed[0] if failed else "",
@@ -121,6 +124,7 @@ async def one_prefix(node: PrivateRabbitMQ, args: argparse.Namespace, n: int) ->
 
 
 async def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.ERROR)  # skips are counted, not logged one by one
     base = Path(tempfile.mkdtemp(prefix="brokersched-soak-"))
     node = PrivateRabbitMQ(base, f"soak{uuid.uuid4().hex[:6]}@localhost", free_port(), free_port())
     try:
@@ -149,5 +153,6 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("--every", default="10s")
     parser.add_argument("--slot-ttl", default="2m")
+    parser.add_argument("--jitter", default="4s")
     parser.add_argument("--seconds", type=float, default=60)
     raise SystemExit(asyncio.run(main(parser.parse_args())))

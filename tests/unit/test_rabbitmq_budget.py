@@ -10,15 +10,19 @@ import pytest
 from brokersched.backends.rabbitmq._budget import read_budget
 
 
-def node(name: str, used: int, total: int, **alarms: bool) -> dict[str, Any]:
-    return {"name": name, "fd_used": used, "fd_total": total, **alarms}
+def node(name: str, used: int, total: int, **more: object) -> dict[str, Any]:
+    return {"name": name, "fd_used": used, "fd_total": total, **more}
 
 
-def test_an_idle_node_is_ok() -> None:
-    budget = read_budget([node("a", 100, 1024)], ["classic"] * 50)
-    assert budget.state == "ok"
-    assert budget.used == pytest.approx(100 / 1024)
-    assert "node a: 100 of 1024 file descriptors used, 0 quorum queues of the 309" in budget.detail
+def test_open_files_of_classic_queues_do_not_count() -> None:
+    """The file-handle cache closes classic queues' handles when it needs them (the soak: 1,800
+    claim queues took 947 of 1,024 and the node answered in 0.2 s)."""
+    budget = read_budget([node("a", 947, 1024)], ["classic"] * 1800)
+    assert (budget.state, budget.used) == ("ok", 0.0)
+    assert budget.detail == (
+        "node a: 0 quorum queues of the 309 its open-files limit (1024) holds, "
+        "947 file descriptors used"
+    )
 
 
 @pytest.mark.parametrize(
@@ -32,10 +36,12 @@ def test_quorum_queues_count_against_what_the_open_files_limit_holds(
     assert (budget.state, budget.used) == (state, pytest.approx(quorum / 309))
 
 
-def test_the_fullest_node_decides_and_an_alarm_sheds() -> None:
-    nodes = [node("a", 100, 4096), node("b", 900, 1024), node("c", 10, 65536)]
-    budget = read_budget(nodes, [])
-    assert budget.state == "shed" and budget.detail.startswith("node b: 900 of 1024")
+def test_the_fullest_node_decides_sockets_count_and_an_alarm_sheds() -> None:
+    nodes = [node("a", 100, 4096), node("b", 90, 1024), node("c", 10, 65536)]
+    assert read_budget(nodes, ["quorum"] * 200).detail.startswith("node b: 200 quorum queues")
+    nodes[2] |= {"sockets_used": 700, "sockets_total": 800}
+    budget = read_budget(nodes, ["quorum"] * 200)
+    assert budget.state == "shed" and budget.detail.endswith("sockets at 88%")
     alarmed = read_budget([node("a", 10, 65536, mem_alarm=True)], [])
     assert alarmed.state == "shed" and "memory alarm on a" in alarmed.detail
 

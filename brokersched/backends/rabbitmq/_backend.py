@@ -220,9 +220,10 @@ class RabbitMQBackend(ClaimQueues):
 
     @property
     def budget(self) -> BrokerBudget | None:
-        """The broker's budget as last read (``management_url`` given, started); see
-        ``_budget``: from 60 % claim queues are no longer declared ahead, from 80 % (or under
-        an alarm) none is declared (slots whose queue does not exist are skipped)."""
+        """The broker's budget as last read (``management_url`` given, started): the fullest
+        node's share of the quorum queues its open-files limit holds, or of its sockets. From
+        60 % claim queues are no longer declared ahead, from 80 % (or under an alarm) none is
+        declared (slots whose queue does not exist are skipped)."""
         return None if self._budget is None else self._budget.reading
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 A RabbitMQ 3.x node stops answering every client (AMQP handshakes, ``rabbitmqctl``) once its
 quorum queues hold its file-handle budget, about (open-files limit - 97) / 3 of them, and does
 not recover by itself (docs/backends.md, "Broker cost and sizing"). Every ``budget_interval``
-(30 s) the backend reads the nodes (open files, memory and disk alarms) and the quorum queues
-of the broker from the management API, and takes the fullest node's share of its budget:
+(30 s) the backend reads the nodes (open-files limit, sockets, memory and disk alarms) and the
+quorum queues of the broker from the management API, and takes the fullest node's share of
+its budget:
 
 - from ``WARN`` of it, a warning is logged and claim queues are no longer declared ahead;
 - from ``SHED`` (or under a memory or disk alarm), the backend sheds: it declares no new claim
@@ -37,26 +38,31 @@ PERIOD_S = 30.0
 
 
 def read_budget(nodes: Sequence[dict[str, Any]], queue_types: Sequence[str]) -> BrokerBudget:
-    """The budget from ``GET /api/nodes`` and the types of ``GET /api/queues``: the fullest node
-    (its open files, or the quorum queues against what its open-files limit holds)."""
+    """The budget from ``GET /api/nodes`` and the types of ``GET /api/queues``: the fullest
+    node's share, of the quorum queues its open-files limit holds or of its sockets.
+
+    Open files as such are not counted: a 3.x node's file-handle cache closes the handles of
+    classic queues it least recently used when it needs them (measured: 1,800 claim queues took
+    947 of 1,024 and the node answered in 0.2 s), while those of quorum queues stay held, and
+    the sockets are what every new client needs."""
     quorum = sum(kind == "quorum" for kind in queue_types)
     alarms = sorted(
         {f"{alarm} alarm on {node.get('name', '?')}" for node in nodes for alarm in _alarms(node)}
     )
     worst, detail = 0.0, "no node tells its open-files limit"
     for node in nodes:
-        total, used = node.get("fd_total"), node.get("fd_used")
+        total = node.get("fd_total")
         if not isinstance(total, int) or total <= 0:
             continue
         holds = quorum_budget(total)
-        share = max(
-            used / total if isinstance(used, int) else 0.0, quorum / holds if holds else 1.0
-        )
+        sockets = _share(node.get("sockets_used"), node.get("sockets_total"))
+        share = max(quorum / holds if holds else 1.0, sockets)
         if share >= worst:
             worst = share
             detail = (
-                f"node {node.get('name', '?')}: {used} of {total} file descriptors used, "
-                f"{quorum} quorum queues of the {holds} its open-files limit holds"
+                f"node {node.get('name', '?')}: {quorum} quorum queues of the {holds} its "
+                f"open-files limit ({total}) holds, {node.get('fd_used')} file descriptors used"
+                + (f", sockets at {sockets:.0%}" if sockets else "")
             )
     state: Literal["ok", "warn", "shed"] = (
         "shed" if alarms or worst >= SHED else "warn" if worst >= WARN else "ok"
@@ -65,6 +71,12 @@ def read_budget(nodes: Sequence[dict[str, Any]], queue_types: Sequence[str]) -> 
 
 
 _ALARMS = (("mem_alarm", "memory"), ("disk_free_alarm", "disk"))
+
+
+def _share(used: object, total: object) -> float:
+    if isinstance(used, int) and isinstance(total, int) and total > 0:
+        return used / total
+    return 0.0
 
 
 def _alarms(node: dict[str, Any]) -> list[str]:
