@@ -94,8 +94,7 @@ class RabbitMQBackend(ClaimQueues):
     backend runs, every ``budget_interval`` for the broker's budget (``budget``): from 60 % of
     it claim queues are no longer declared ahead, from 80 % (or under a memory or disk alarm)
     no new claim queue is declared, and slots whose queue does not exist yet are skipped.
-    Other keyword
-    arguments go to ``aio_pika.connect_robust`` (``ssl_context``, ``timeout``,
+    Other keyword arguments go to ``aio_pika.connect_robust`` (``ssl_context``, ``timeout``,
     ``reconnect_interval``, ``client_properties``...) and are never logged; one that it does
     not accept (a misspelt option) is refused at construction.
     """
