@@ -25,7 +25,7 @@ _MAX_DOUBLINGS = 30
 _MAX_ATTEMPTS = 1000
 
 
-@dataclass(frozen=True, slots=True, init=False)
+@dataclass(frozen=True, slots=True, init=False, repr=False)
 class Retry:
     """Run a failed handler again: up to ``attempts`` runs in all (the first included), the
     ``n``-th retry after ``backoff * 2**(n-1)`` (at most ``max_backoff``) plus up to ``jitter``
@@ -73,6 +73,17 @@ class Retry:
         set_(self, "jitter", _duration(jitter, "jitter"))
         set_(self, "on", _exceptions(on))
         set_(self, "deadline", until)
+
+    def __repr__(self) -> str:
+        shown = [f"attempts={self.attempts}", f"backoff='{format_duration(self.backoff)}'"]
+        for name in ("max_backoff", "jitter", "deadline"):
+            value = getattr(self, name)
+            if value:
+                shown.append(f"{name}='{format_duration(value)}'")
+        if self.on != (Exception,):
+            names = ", ".join(c.__name__ for c in self.on)
+            shown.append(f"on=({names}{',' if len(self.on) == 1 else ''})")
+        return f"Retry({', '.join(shown)})"
 
     def delay(self, retry: int, *, jittered: bool = True) -> timedelta:
         """The wait before retry number ``retry`` (1: the second run); ``jittered=False``: the
