@@ -238,3 +238,9 @@ async def test_a_stop_ends_the_backfill(clock: TestClock) -> None:
     steps = await drive(clock, task)  # the pause before the third ends, then nothing runs
     assert [s.status for s in steps] == ["ran", "ran"] + ["stopped"] * 7
     assert len(seen.runs) == 2
+
+
+def test_a_job_cannot_take_the_key_of_another_jobs_backfills(scheduler: Scheduler[Any]) -> None:
+    scheduler.every("report", "1m", Seen())
+    with pytest.raises(ConfigurationError, match="claims its backfills"):
+        scheduler.every("other", "1m", Seen(), key="report:backfill")
