@@ -10,7 +10,9 @@ What keeps a slot from running twice:
 * **The claim.** Every other slot is claimed first, so that two backfills (or a backfill and the
   fleet) never both run it. On a lease backend the claim is made under ``<key>:backfill``,
   fenced apart from the job's own slots (whose fence is past the range): slots are claimed in
-  order, and a slot no later than one already backfilled is refused, for ever. On a claim-only
+  order, and a slot no later than one already backfilled is refused, for ever. As that claim is
+  not the job's, a slot young enough for the fleet to still claim, run or record it
+  (``settle_ms``) is skipped. On a claim-only
   backend the slot is claimed under the job's key, as the fleet claimed it when it fell due,
   so only while the backend remembers that claim (``slot_ttl``, less its margin): an older
   slot is not run, since nothing could tell whether another backfill ran it.
@@ -22,14 +24,15 @@ import asyncio
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
 
 from ._clock import Clock, datetime_to_ms, ms_to_datetime
+from ._durations import format_duration, to_ms
 from ._events import SkipEvent
 from ._exceptions import ConfigurationError
 from ._job import JobState
-from .abc import Backend, ClaimBackend, JobPolicy, RunRecord, Slot
+from .abc import Backend, ClaimBackend, JobPolicy, LeaseBackend, RunRecord, Slot
 
 if TYPE_CHECKING:
     from ._runner import Runner
@@ -38,6 +41,8 @@ __all__ = ["BackfillSlot", "Status", "backfill_claim", "backfill_key", "run_back
 
 #: The most slots one backfill takes on (every second for a day is 86 400).
 MAX_SLOTS = 100_000
+# How long another instance's record of a run may take to reach the backend.
+_RECORD_SLACK_MS = 10_000
 # History runs that count as a run of their slot (a manual or boot run is at its own instant).
 _SLOT_RUNS = ("schedule", "catch-up", "retry", "backfill")
 
@@ -116,6 +121,25 @@ def check_range(job: JobState, start: datetime, end: datetime, now_ms: int) -> l
     return slots
 
 
+def settle_ms(job: JobState, backend: Backend) -> int:
+    """How old a slot must be before a backfill claims it apart from the job's own claims (on
+    a lease backend, or unclaimed), so that nothing else of the fleet still runs it: its
+    scheduled claim (``jitter + max_late``) or a catch-up (``catch_up``) may still come, its
+    run (``timeout``, its retries) may still go, a dead runner's slot be taken over (within
+    ``max(catch_up, max_late)`` of its lease's expiry, ``lease_ttl`` after its last renewal),
+    and its record be on its way (``_RECORD_SLACK_MS``). A run without a ``timeout`` can last
+    longer: see the README. 0 on a claim-only backend: the slot's own claim decides."""
+    if isinstance(backend, ClaimBackend) and job.settings.claim:
+        return 0
+    settings = job.settings
+    window = max(settings.max_late_ms, settings.catch_up_ms)
+    run = timedelta(0) if settings.timeout is None else settings.timeout
+    if settings.retry is not None:
+        run = settings.retry.worst_case(settings.timeout)[0]
+    lease_ms = to_ms(backend.lease_ttl) if isinstance(backend, LeaseBackend) else 0
+    return settings.jitter_ms + 2 * window + to_ms(run) + 2 * lease_ms + _RECORD_SLACK_MS
+
+
 def check_rate(rate: float) -> float:
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not math.isfinite(rate):
         raise ConfigurationError(f"backfill: rate {rate!r} must be a number of slots a second")
@@ -140,6 +164,11 @@ async def run_backfill(
     runs one through the runner), at most ``rate`` a second; ``progress`` is told each."""
     ran = {record.slot_ms for record in history if record.reason in _SLOT_RUNS}
     clock: Clock = runner.clock
+    settle = settle_ms(job, backend)
+    recent = (
+        f"too recent: the fleet may still claim, run or record it (on this job, a backfill "
+        f"takes slots at least {format_duration(timedelta(milliseconds=settle))} old)"
+    )
     results: list[BackfillSlot] = []
     pace_ms, next_ms = round(1000 / rate), clock.monotonic_ms()
     for index, slot_ms in enumerate(slots, 1):
@@ -151,6 +180,8 @@ async def run_backfill(
             status, detail = "stopped", "the scheduler stopped"
         elif (too_old := _too_old(backend, job, slot_ms, clock)) is not None:
             status, detail = "skipped", too_old
+        elif settle and slot_ms > clock.now_ms() - settle:
+            status, detail = "skipped", recent
         elif dry_run:
             status = "would-run"
         else:

@@ -20,13 +20,13 @@ from brokersched import Scheduler, SQLiteBackend
 
 
 def scheduler():
-    made = Scheduler(SQLiteBackend({path!r}, lease_ttl="5s"), jitter=0, drain_timeout="2s")
+    made = Scheduler(SQLiteBackend({path!r}, lease_ttl="2s"), jitter=0, drain_timeout="2s")
 
-    @made.every("tick", "1s", catch_up=0)
+    @made.every("tick", "1s", catch_up=0, max_late="1s")
     async def tick(ctx):
         assert ctx.reason == "backfill"
 
-    @made.every("boom", "1s", catch_up=0)
+    @made.every("boom", "1s", catch_up=0, max_late="1s")
     async def boom(ctx):
         raise ValueError("boom: the handler failed")
 
@@ -46,8 +46,9 @@ def backfill(*args: str) -> Result:
 
 
 def past_range() -> tuple[str, str]:
-    """Four whole seconds that ended at least a second ago."""
-    end = datetime.fromtimestamp(int(time.time()) - 2, UTC)
+    """Four whole seconds that ended long enough ago for a backfill to take them (2 x max_late,
+    2 x lease_ttl and 10 s for records: 16 s)."""
+    end = datetime.fromtimestamp(int(time.time()) - 20, UTC)
     return (end - timedelta(seconds=3)).isoformat(), end.isoformat()
 
 

@@ -41,8 +41,10 @@ def statuses(steps: list[Any]) -> list[tuple[str, str]]:
 async def down_for_ten_minutes(clock: TestClock, **options: Any) -> tuple[Scheduler[Any], Seen]:
     """A scheduler that did not schedule (disabled) while ten slots of ``every 1m`` passed."""
     seen = Seen()
-    scheduler = Scheduler(MemoryBackend(), clock=clock, jitter=0, instance_id="me", enabled=False)
-    scheduler.every("report", "1m", seen, **options)
+    backend = MemoryBackend(lease_ttl="5s")
+    scheduler = Scheduler(backend, clock=clock, jitter=0, instance_id="me", enabled=False)
+    # A slot 40 s old (2 x max_late, 2 x lease_ttl, 10 s for records) may be backfilled.
+    scheduler.every("report", "1m", seen, **{"catch_up": 0, "max_late": "10s", **options})
     await scheduler.start()
     await clock.advance("10m")  # 08:10:30
     return scheduler, seen
@@ -79,11 +81,11 @@ async def test_slots_that_ran_on_schedule_are_not_run_again(
     scheduler: Scheduler[MemoryBackend], clock: TestClock
 ) -> None:
     seen = Seen()
-    job = scheduler.every("report", "1m", seen)
+    job = scheduler.every("report", "1m", seen, catch_up=0, max_late="10s")
     await scheduler.start()
     await clock.advance("3m")  # 08:01, 08:02, 08:03 run on schedule
     job.pause()
-    await clock.advance("3m")  # 08:04, 08:05, 08:06 missed
+    await clock.advance("5m")  # 08:04 to 08:08 missed; those of the last 90 s too recent
     steps = await drive(
         clock, scheduler.backfill("report", at("08:00:00"), at("08:06:30"), rate=100)
     )
@@ -129,9 +131,9 @@ async def test_two_backfills_at_once_run_each_slot_once(clock: TestClock) -> Non
         for name in ("a", "b")
     ]
     for each in schedulers:
-        each.every("report", "1m", seen)
+        each.every("report", "1m", seen, catch_up=0, max_late="10s")
         await each.start()
-    await clock.advance("10m")
+    await clock.advance("12m")
     first, last = at("08:01:00"), at("08:09:00")
     backfills = [each.backfill("report", first, last, rate=100) for each in schedulers]
     await drive(clock, asyncio.gather(*backfills))
@@ -244,3 +246,16 @@ def test_a_job_cannot_take_the_key_of_another_jobs_backfills(scheduler: Schedule
     scheduler.every("report", "1m", Seen())
     with pytest.raises(ConfigurationError, match="claims its backfills"):
         scheduler.every("other", "1m", Seen(), key="report:backfill")
+
+
+async def test_on_a_lease_backend_slots_the_fleet_may_still_run_are_skipped(
+    clock: TestClock,
+) -> None:
+    """A backfill's claim is not the job's: a slot still within reach of a late claim, a
+    catch-up, a take-over or its record is left alone."""
+    scheduler, _ = await down_for_ten_minutes(clock)  # 08:10:30
+    steps = await drive(clock, scheduler.backfill("report", at("08:09:00"), at("08:10:00")))
+    assert statuses(steps) == [("08:09", "ran"), ("08:10", "skipped")]
+    detail = steps[1].detail
+    assert detail is not None and "too recent" in detail and "at least 40s old" in detail
+    await scheduler.stop()

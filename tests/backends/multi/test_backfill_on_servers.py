@@ -79,15 +79,20 @@ async def test_a_backfill_twice_runs_each_slot_once(make_backend: Callable[..., 
         runs.append((ctx.instance_id, ctx.reason, ctx.slot_ms))
 
     schedulers: list[Scheduler[Any]] = []
+    lease = make_backend().capabilities.leases
     for name in ("a", "b"):
-        scheduler = Scheduler(make_backend(), jitter=0, instance_id=name, enabled=False)
-        scheduler.every("report", "200ms", report)
+        backend = make_backend(lease_ttl="2s") if lease else make_backend()
+        scheduler = Scheduler(backend, jitter=0, instance_id=name, enabled=False)
+        scheduler.every(
+            "report", "200ms", report, max_late="1s", **({"catch_up": 0} if lease else {})
+        )
         schedulers.append(scheduler)
     await asyncio.gather(*(each.start() for each in schedulers))
     try:
-        # Slots that fell due after the backends started (a claim-only backend's fleet
-        # record must have been there when they fell due), a second ago at most.
-        first_ms = (int(time.time() * 1000) // 200 + 1) * 200
+        # A claim-only backend: slots that fell due after the backends started (its fleet
+        # record must have been there), a second ago at most. A lease backend: slots old
+        # enough for the fleet to be done with them (2 x max_late, 2 x lease_ttl, 10s).
+        first_ms = (int(time.time() * 1000) // 200 + 1) * 200 - (25_000 if lease else 0)
         start, end = (datetime.fromtimestamp(ms / 1000, UTC) for ms in (first_ms, first_ms + 800))
         await asyncio.sleep(max((first_ms + 850) / 1000 - time.time(), 0))  # all in the past
         both = await asyncio.gather(
