@@ -14,7 +14,8 @@ Redis claims, NATS claims, RabbitMQ claims), the jobs (``every``, ``cron``, ``at
 ``run_on_start``, overlap, max_attempts, ``retry`` with handlers that fail), and a sequence of
 steps: instances started, rolling
 deploys that change ``slot_ttl`` or ``lease_ttl``, jitter, ``max_late``, a job's name behind a
-kept ``key``, ``declare_ahead``; kill -9, graceful stops, manual triggers; clocks skewed or
+kept ``key``, ``declare_ahead``; kill -9, graceful stops, manual triggers, backfills of recent
+and older ranges; clocks skewed or
 stepped on instances and on the store; the store held, cut, restarted, locked, its fleet record
 deleted or its keys evicted.
 
@@ -39,11 +40,13 @@ import logging
 import random
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
+from .._clock import datetime_to_ms, ms_to_datetime
 from .._durations import format_duration
 from .._events import SkipEvent
 from .._exceptions import ConfigurationError
@@ -76,6 +79,7 @@ class Deploy:
     renamed: bool  # the tick job runs under another name, its key kept
     declare_ahead: bool
     drain_s: int = 3
+    catch_up_ms: int | None = None  # lease: None is the default (5m)
 
 
 @dataclass
@@ -311,6 +315,9 @@ class Simulation:
             "redis": SimRedis.data, "nats": SimNATS.stream, "rabbitmq": SimRabbitMQ.broker,
         }  # fmt: skip
         self._data: Any = makers[self.kind](self.store) if self.kind in makers else None
+        # What later releases added to the draws (retries, backfills, catch_up) comes from an
+        # RNG of its own, so that the steps a seed drew before stay the same.
+        self.more = random.Random(seed + 3)
         self._jobs = self._draw_jobs()
         self._failures = random.Random(seed + 2)  # which attempts fail
         self._store_steps: list[tuple[int, int]] = []
@@ -331,12 +338,13 @@ class Simulation:
         }
         if self.kind == "lease":  # a job slower than the take-over sweep, as most real ones
             jobs["slow_s"], jobs["slow_work_ms"] = rng.choice((20, 30)), rng.choice((800, 6000))
-        if rng.random() < 0.5:  # handlers that fail, and a retry= for them
-            jobs["fail_rate"] = rng.choice((0.3, 0.6, 1.0))
+        more = self.more
+        if more.random() < 0.5:  # handlers that fail, and a retry= for them
+            jobs["fail_rate"] = more.choice((0.3, 0.6, 1.0))
             jobs["retry"] = Retry(
-                attempts=rng.choice((2, 3, 4)),
-                backoff=f"{rng.choice((50, 300, 1500))}ms",
-                jitter=f"{rng.choice((0, 200))}ms",
+                attempts=more.choice((2, 3, 4)),
+                backoff=f"{more.choice((50, 300, 1500))}ms",
+                jitter=f"{more.choice((0, 200))}ms",
             )
         return jobs
 
@@ -369,6 +377,7 @@ class Simulation:
             renamed=rng.random() < 0.2,
             declare_ahead=rng.random() < 0.7,
             drain_s=rng.choice((1, 3)),
+            catch_up_ms=self.more.choice((None, None, 0, 3000)),
         )
 
     def _timing(self, deploy: Deploy, gap_ms: int | None) -> dict[str, Any]:
@@ -433,6 +442,8 @@ class Simulation:
         options: dict[str, Any] = {}
         if lease:
             options = {"overlap": deploy.overlap, "max_attempts": deploy.max_attempts}
+            if deploy.catch_up_ms is not None:
+                options["catch_up"] = f"{deploy.catch_up_ms}ms"
         name = "tick.v2" if deploy.renamed else "tick"
         tick_ms = jobs["tick_s"] * 1000
         tick = {**options, **self._retry(options, tick_ms)}
@@ -483,7 +494,9 @@ class Simulation:
             run = Run(
                 key=f"{key}:start" if origin == "start" else key,
                 slot_ms=ctx.slot_ms, reason=ctx.reason, attempt=ctx.attempt,
-                instance=instance.name, overlap=options.get("overlap", "allow"),
+                instance=instance.name,
+                # A backfill holds a lease of its own: it may overlap the job's runs (README).
+                overlap="allow" if origin == "backfill" else options.get("overlap", "allow"),
                 max_attempts=options.get("max_attempts", 3) if ctx.reason != "start" else 99,
                 start=fleet.now_ms(), lease_ttl_ms=instance.deploy.memory_ms,
                 retries=retry.attempts if retry is not None else 1, origin=origin,
@@ -560,6 +573,8 @@ class Simulation:
             # with the longer slot_ttl still run, and one with the shorter started.
             self._delete_record()
             await self.start_instance(replace(self._draw_deploy(), memory_ms=3000), self._skew())
+        elif roll < 0.42:
+            self._backfill(rng.choice(live))
         await self.fleet.advance(timedelta(milliseconds=rng.choice((47, 310, 730, 1530, 3470))))
 
     def _expiring(self, victim: Instance) -> tuple[str, int] | None:
@@ -578,6 +593,33 @@ class Simulation:
             return None
         _, key, expiry = max(held)
         return key, expiry - now + 10
+
+    def _backfill(self, instance: Instance) -> None:
+        """An operator backfills a past range of a job, recent or older, on one instance."""
+        scheduler, rng = instance.scheduler, self.more
+        names = [job.name for job in scheduler.jobs() if job.kind in ("every", "cron")]
+        if not scheduler.running or not names:
+            return
+        name = rng.choice(names)
+        end_ms = instance.clock.now_ms() - rng.choice((0, 2000, 10_000, 40_000))
+        if rng.random() < 0.3:  # long before the fleet started: slots nobody ran
+            end_ms = datetime_to_ms(self._began) - rng.choice((0, 12)) * 60_000
+        start_ms = end_ms - rng.choice((3000, 15_000, 60_000))
+        rate = rng.choice((2.0, 20.0))
+
+        async def backfill() -> None:
+            try:
+                steps = await scheduler.backfill(
+                    name, ms_to_datetime(start_ms), ms_to_datetime(end_ms), rate=rate
+                )
+            except Exception as exc:  # a stop meanwhile, a refused range
+                self.log.append(f"backfill {name} on {instance.name}: {exc!r}")
+                return
+            done = Counter(step.status for step in steps)
+            self.log.append(f"backfill {name} on {instance.name} done: {dict(done)}")
+
+        instance.drive(backfill(), "backfill")
+        self.log.append(f"backfill {name} {start_ms}..{end_ms} on {instance.name}")
 
     def _trigger_later(self, instance: Instance, key: str, after_ms: int) -> None:
         def trigger() -> None:

@@ -274,3 +274,12 @@ def test_the_worst_case_counts_max_backoff_and_jitter() -> None:
         timedelta(seconds=26),
         timedelta(seconds=26),
     ]
+
+
+def test_an_update_keeps_the_retry_and_can_change_it(scheduler: Scheduler[Any]) -> None:
+    job = scheduler.every("u", "1h", Flaky(0), retry=Retry(attempts=4, on=KeyError))
+    job.update(jitter="1s")
+    assert job.settings.retry == Retry(attempts=4, on=KeyError)
+    job.update(retry={"attempts": 2})
+    assert job.settings.retry == Retry(attempts=2)
+    assert repr(job.settings.retry) == "Retry(attempts=2, backoff='10s')"
