@@ -12,10 +12,10 @@ What keeps a slot from running twice:
   fenced apart from the job's own slots (whose fence is past the range): slots are claimed in
   order, and a slot no later than one already backfilled is refused, for ever. As that claim is
   not the job's, a slot young enough for the fleet to still claim, run or record it
-  (``settle_ms``) is skipped. On a claim-only
-  backend the slot is claimed under the job's key, as the fleet claimed it when it fell due,
-  so only while the backend remembers that claim (``slot_ttl``, less its margin): an older
-  slot is not run, since nothing could tell whether another backfill ran it.
+  (``settle_ms``) is skipped. On a claim-only backend the slot is claimed under the job's key,
+  as the fleet claimed it when it fell due, so only while the backend remembers that claim
+  (``slot_ttl``, less its margin): an older slot is not run, since nothing could tell whether
+  another backfill ran it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,17 @@ from .abc import Backend, ClaimBackend, JobPolicy, LeaseBackend, RunRecord, Slot
 if TYPE_CHECKING:
     from ._runner import Runner
 
-__all__ = ["BackfillSlot", "Status", "backfill_claim", "backfill_key", "run_backfill"]
+__all__ = [
+    "MAX_SLOTS",
+    "BackfillSlot",
+    "Status",
+    "backfill_claim",
+    "backfill_key",
+    "check_range",
+    "check_rate",
+    "run_backfill",
+    "settle_ms",
+]
 
 #: The most slots one backfill takes on (every second for a day is 86 400).
 MAX_SLOTS = 100_000

@@ -574,7 +574,7 @@ class Simulation:
             self._delete_record()
             await self.start_instance(replace(self._draw_deploy(), memory_ms=3000), self._skew())
         elif roll < 0.42:
-            self._backfill(rng.choice(live))
+            self._backfill(self.more.choice(live))
         await self.fleet.advance(timedelta(milliseconds=rng.choice((47, 310, 730, 1530, 3470))))
 
     def _expiring(self, victim: Instance) -> tuple[str, int] | None:

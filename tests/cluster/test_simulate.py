@@ -113,8 +113,8 @@ def _old_sqlite_now(self: SimLeaseBackend) -> int:
 
 UNDONE: list[tuple[str, str, int, object, str, object, str]] = [
     # (class, backend, seed, what is patched, attribute, old rule, the violation)
-    ("1", "lease", 31, _lease, "_take_over", _old_take_over, "overlap"),
-    ("2, 3", "lease", 39, Runner, "release", _old_release, "ran again after it ended"),
+    ("1", "lease", 131, _lease, "_take_over", _old_take_over, "overlap"),
+    ("2, 3", "lease", 116, Runner, "release", _old_release, "ran again after it ended"),
     ("4", "lease", 3, _lease, "skew_diagnosis", _old_skew_diagnosis, "blamed the wrong clock"),
     ("5", "lease", 0, SimLeaseBackend, "_now", _old_sqlite_now, "overlap"),
     ("6", "nats", 71, SimNATS, "_read", _old_nats_read, "slot once:"),
