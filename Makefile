@@ -28,8 +28,8 @@ services:
 	bash scripts/services.sh
 
 # The tiers are the folders of tests/ (README "Running the tests"): scripts/test-tiers.sh runs
-# them in two lanes side by side (the cluster and deploy tiers mostly wait on servers and
-# processes) and ends with both lanes' summary; either failing fails the target.
+# them in four lanes side by side (most of their time is waiting on servers and processes)
+# and ends with the summary of all; any lane failing fails the target.
 test: lint typecheck services
 	BIN=$(BIN) bash scripts/test-tiers.sh
 

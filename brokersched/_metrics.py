@@ -35,8 +35,8 @@ Several worker processes (``gunicorn``, ``uvicorn --workers``): with ``PROMETHEU
 set, prometheus-client keeps every process's values in that directory and a
 ``multiprocess.MultiProcessCollector`` adds them up at each scrape: counters and histograms are
 summed, ``brokersched_active_runs`` over the live processes (``livesum``) and
-``brokersched_last_success_timestamp_seconds`` is the latest of all (``max``). The README's
-"Deploying" section has the recipe.
+``brokersched_last_success_timestamp_seconds`` is the latest of all (``max``). docs/operations.md,
+"Deploying", has the recipe.
 """
 
 from __future__ import annotations

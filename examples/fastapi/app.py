@@ -9,7 +9,7 @@ on one instance of the whole fleet), claimed through the backend named by ``BROK
 process has an in-memory backend of its own, which is only good for trying the app out.
 ``cache.refresh`` runs in every process (``claim=False``). ``/health`` answers 503 while a job
 is overdue (a readiness probe); ``/metrics`` serves Prometheus metrics of all the workers (set
-``PROMETHEUS_MULTIPROC_DIR``, see the README's "Deploying" section).
+``PROMETHEUS_MULTIPROC_DIR``, see docs/operations.md, "Deploying").
 """
 
 from __future__ import annotations

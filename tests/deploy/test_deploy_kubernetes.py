@@ -132,8 +132,8 @@ def _answers(url: str) -> int | None:
         return None
 
 
-def test_the_readme_quotes_the_manifest() -> None:
-    readme = (MANIFEST.parents[2] / "README.md").read_text()
+def test_the_deployment_docs_quote_the_manifest() -> None:
+    readme = (MANIFEST.parents[2] / "docs" / "operations.md").read_text()
     spec, container = pod()
     env = {each["name"]: each.get("value") for each in container["env"]}
     readiness, liveness = container["readinessProbe"], container["livenessProbe"]

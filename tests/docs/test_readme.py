@@ -25,7 +25,11 @@ from tests.support.helpers import read_until
 from tests.support.paths import REPO_ROOT
 
 ROOT = REPO_ROOT
-READMES = [ROOT / "README.md", *sorted((ROOT / "examples").glob("**/README.md"))]
+READMES = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),  # the reference pages the README links to
+    *sorted((ROOT / "examples").glob("**/README.md")),
+]
 _FENCE = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 _README_AMQP = "amqp://guest:guest@127.0.0.1/"
 

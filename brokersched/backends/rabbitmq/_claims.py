@@ -372,7 +372,7 @@ class ClaimQueues(ClaimBackend):
             f"{self.name}: overloaded: the claim of slot {slot.key} found none of the"
             f" {busy.size} channels free within {self._channel_wait * 1000:.0f} ms (a quarter"
             f" of claim_timeout; {busy.waiting} claims waiting): claims come faster than the"
-            " broker answers, and this one is skipped rather than run late. See the README's"
+            " broker answers, and this one is skipped rather than run late. See docs/backends.md,"
             " 'Broker cost and sizing (RabbitMQ)'"
         )
 
@@ -531,7 +531,7 @@ class ClaimQueues(ClaimBackend):
         makes claim queues beforehand goes on doing it, so one check a minute per job finds it,
         and a job running less often than once a minute has each of its losses checked. A queue
         made with brokersched's very arguments and a foreign message in it passes for a claim
-        (the README's Limits).
+        (docs/limits.md).
         """
         assert self._clock is not None
         now_ms = self._clock.monotonic_ms()

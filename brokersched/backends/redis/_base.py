@@ -641,7 +641,7 @@ class RedisConnection:
                 lambda action, exc: BackendError(
                     f"{where(action)}: the server's ACL refused it ({self._describe(exc)}); the "
                     f"user needs the keys ~{self.prefix}:* and the commands the backend runs "
-                    "(see the README)"
+                    "(docs/backends.md, Redis)"
                 ),
             ),
             (

@@ -153,9 +153,11 @@ async def test_reads_asked_together_share_one_scan(
     a, busy = JobPolicy("a", history_size=10), JobPolicy("busy", history_size=10)
     never = [JobPolicy(f"n{k}", history_size=10) for k in range(4)]
     await backend.record(a, run_record("a", SLOT, 0))
-    await asyncio.gather(
-        *(backend.record(busy, run_record("busy", SLOT + n, n)) for n in range(300))
+    await asyncio.gather(  # written together, so in no particular order (channels race) ...
+        *(backend.record(busy, run_record("busy", SLOT + n, n)) for n in range(298))
     )
+    for n in (298, 299):  # ... and the two the read must answer with, last and in order
+        await backend.record(busy, run_record("busy", SLOT + n, n))
     stream = history_stream_name(prefix)
 
     def marks(headers: list[dict[str, object]]) -> int:
