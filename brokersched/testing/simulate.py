@@ -339,7 +339,7 @@ class Simulation:
         if self.kind == "lease":  # a job slower than the take-over sweep, as most real ones
             jobs["slow_s"], jobs["slow_work_ms"] = rng.choice((20, 30)), rng.choice((800, 6000))
         more = self.more
-        if more.random() < 0.5:  # handlers that fail, and a retry= for them
+        if more.random() < 0.35:  # handlers that fail, and a retry= for them
             jobs["fail_rate"] = more.choice((0.3, 0.6, 1.0))
             jobs["retry"] = Retry(
                 attempts=more.choice((2, 3, 4)),
@@ -604,8 +604,8 @@ class Simulation:
         end_ms = instance.clock.now_ms() - rng.choice((0, 2000, 10_000, 40_000))
         if rng.random() < 0.3:  # long before the fleet started: slots nobody ran
             end_ms = datetime_to_ms(self._began) - rng.choice((0, 12)) * 60_000
-        start_ms = end_ms - rng.choice((3000, 15_000, 60_000))
-        rate = rng.choice((2.0, 20.0))
+        start_ms = end_ms - rng.choice((3000, 10_000))
+        rate = rng.choice((5.0, 50.0))
 
         async def backfill() -> None:
             try:
