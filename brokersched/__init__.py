@@ -18,6 +18,7 @@ from ._exceptions import (
     ConfigurationError,
 )
 from ._options import JobOptions, JobSettings
+from ._retry import Retry
 from ._scheduler import Job, Scheduler
 from ._scheduler import use_default_backend as _use_default_backend
 from ._thread import SchedulerThread
@@ -58,6 +59,7 @@ __all__ = [
     "RecordDroppedEvent",
     "RedisBackend",
     "RedisLeaseBackend",
+    "Retry",
     "RunEvent",
     "RunRecord",
     "SQLiteBackend",

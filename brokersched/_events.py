@@ -113,6 +113,12 @@ class Events:
             )
         self._listeners[name].append(listener)
 
+    def off(self, name: str, listener: Callable[[Any], Any]) -> None:
+        """Remove a listener added with ``on`` (nothing if it is not there)."""
+        listeners = self._listeners.get(name, [])
+        if listener in listeners:
+            listeners.remove(listener)
+
     def emit(self, name: EventName, event: Event) -> None:
         for listener in self._listeners[name]:
             try:

@@ -94,6 +94,7 @@ class Run:
     finishing: bool = False  # the handler is done; its release and record are under way
     cut: bool = False  # cancelled at an await by an abort
     abandoned: bool = False  # stop() stopped waiting for it
+    waiting: bool = False  # between a failed attempt and its retry (an abort ends the wait)
     exception: Exception | None = None  # what the handler raised
     cancelled: BaseException | None = None  # the cancellation that cut it (where it was)
 

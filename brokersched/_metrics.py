@@ -9,6 +9,8 @@ Series (``job`` is capped, see ``max_jobs``):
 
 - ``brokersched_runs_total{job,outcome}``: finished runs (``completed``, ``failed``,
   ``timed-out``, ``interrupted``)
+- ``brokersched_retries_total{job}``: runs started again (``reason == "retry"``): after a
+  failed attempt (``retry=``), or on taking over a dead runner's slot
 - ``brokersched_skips_total{job,reason}``: skipped slots (``late``, ``overlap``,
   ``not-acquired``, ``paused``, ``backend-error``)
 - ``brokersched_run_duration_seconds{job}``: how long handlers ran (histogram)
@@ -114,6 +116,10 @@ class PrometheusMetrics:
         self.skips = prom.Counter(
             "brokersched_skips", "Skipped slots, by reason.", ["job", "reason"], **into
         )
+        self.retries = prom.Counter(
+            "brokersched_retries", "Runs started again (after a failure or a dead runner).",
+            ["job"], **into,
+        )  # fmt: skip
         self.duration = prom.Histogram(
             "brokersched_run_duration_seconds",
             "How long handlers ran.",
@@ -179,6 +185,8 @@ class PrometheusMetrics:
             assert isinstance(event, StartEvent)
             label = self.job_label(event.job)
             self.active.labels(label).inc()
+            if event.reason == "retry":
+                self.retries.labels(label).inc()
             if event.reason == "schedule":
                 # emitted as the run starts, so the clock still reads the start time
                 late_s = (clock.now_ms() - event.slot_ms) / 1000
@@ -213,6 +221,7 @@ class PrometheusMetrics:
         """Create a known job's series at zero: ``increase()`` then sees its first run."""
         for outcome in _OUTCOMES:
             self.runs.labels(label, outcome)
+        self.retries.labels(label)
         self.active.labels(label)
 
     def _observe_claim(self, event: ClaimEvent) -> None:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 
 from ._durations import format_duration, parse_duration, to_ms
 from ._exceptions import ConfigurationError
+from ._retry import Retry, parse_retry
 from ._timezones import parse_timezone
 from .abc import Capabilities, JobPolicy
 
@@ -60,6 +61,7 @@ def _timezone(value: Any) -> tzinfo:
 
 DurationOption = Annotated[timedelta, BeforeValidator(_duration)]
 TimezoneOption = Annotated[Any, BeforeValidator(_timezone)]
+RetryOption = Annotated[Any, BeforeValidator(parse_retry)]
 
 
 class SchedulerOptions(BaseModel):
@@ -96,6 +98,7 @@ class JobOptions(BaseModel):
     claim: StrictBool = True
     key: str | None = None
     run_on_start: StrictBool = False
+    retry: RetryOption = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,7 @@ class JobSettings:
     data: Any
     claim: bool
     key: str  # claims, leases, fencing and history are kept under it (default: the name)
+    retry: Retry | None = None  # how a failed run is run again (``_runner``)
 
 
 def _from_validation_error(
@@ -219,6 +223,7 @@ def _settings(
         data=options.data,
         claim=options.claim,
         key=options.key or job,
+        retry=options.retry,
     )
 
 
@@ -309,7 +314,34 @@ def job_errors(
             refuse("data", f"option 'data' must be JSON-serialisable: {exc}")
     if kind != "after":  # no slot to be late on; its boot windows are claimed apart
         errors.extend(_timing_errors(job, gap, options, defaults, caps, backend))
+    retry_error = _retry_error(job, gap, options, caps)
+    if retry_error is not None:
+        errors.append(retry_error)
     return errors
+
+
+def _retry_error(
+    job: str, gap: timedelta | None, options: JobOptions, caps: Capabilities
+) -> ConfigurationError | None:
+    """With ``overlap="skip"`` enforced (a lease backend, or ``claim=False`` on this instance),
+    the retries of a slot hold it (its lease) until the last one ends: a schedule whose worst
+    case reaches the next slot would skip that slot, so it is refused."""
+    retry: Retry | None = options.retry
+    if retry is None or gap is None or retry.attempts == 1:
+        return None
+    if (options.overlap or "skip") != "skip" or not (caps.leases or not options.claim):
+        return None
+    worst, said = retry.worst_case(options.timeout)
+    if worst < gap:
+        return None
+    return ConfigurationError(
+        f"job '{job}': retry's worst case ({said}) does not end before the next slot "
+        f"({format_duration(gap)} apart) with overlap='skip': the retries would hold the slot "
+        "and skip the next one; lower attempts, backoff or max_backoff, set a deadline under "
+        f"{format_duration(gap)} with a timeout, or use overlap='allow'",
+        option="retry",
+        job=job,
+    )
 
 
 def _timing_errors(

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from . import _boot
+from ._backfill import backfill_key
 from ._clock import datetime_to_ms
 from ._durations import format_duration, parse_duration
 from ._exceptions import ConfigurationError
@@ -262,7 +263,7 @@ class Registry:
     def _check_key(self, name: str, key: str, boots_: bool, replacing: JobState | None) -> None:
         """Two jobs of one scheduler never share a key (they would claim each other's slots),
         nor does one take the key of another's fleet boot runs (``<key>:start``, see
-        ``_boot``); ``boots_``: the job has such runs."""
+        ``_boot``; ``boots_``: the job has such runs) or backfills (``<key>:backfill``)."""
         for other in self._states().values():
             if other is replacing or other.name == name:
                 continue
@@ -272,6 +273,10 @@ class Registry:
                 why = f"is where job '{other.name}' claims its boot runs ('<key>:start')"
             elif other.settings.key == _boot.boot_key(key) and boots_:
                 why = f"would claim its boot runs under the key of job '{other.name}'"
+            elif key == backfill_key(other.settings.key):
+                why = f"is where job '{other.name}' claims its backfills ('<key>:backfill')"
+            elif other.settings.key == backfill_key(key):
+                why = f"would claim its backfills under the key of job '{other.name}'"
             else:
                 continue
             raise ConfigurationError(

@@ -9,6 +9,7 @@ from collections.abc import Coroutine, Iterator
 from datetime import timedelta
 from typing import Any
 
+from ._backfill import backfill_claim
 from ._clock import Clock, Timer, ms_to_datetime, resolve
 from ._context import AbortReason, JobContext, abort
 from ._durations import format_duration, to_ms
@@ -17,6 +18,7 @@ from ._exceptions import BackendError, ClockSkewError
 from ._job import AroundRun, JobState, Run, call_sync
 from ._recorder import Recorder
 from ._redact import data_secrets
+from ._retry import Retry
 from ._tasks import TaskSet
 from ._tracebacks import error_text, run_traceback
 from ._tracing import finish_span, run_span
@@ -46,6 +48,7 @@ _RELEASE_ATTEMPT_S = 1.0  # one release attempt is waited for at most this long
 _RELEASE_RETRY_MIN_S = 0.01
 _RELEASE_RETRY_MAX_S = 1.0
 _CLAIM_SLACK_S = 0.25
+_BACKFILL_CLAIM_TIMEOUT_S = 5.0  # a backfilled slot is past max_late: its claim gets this
 # After drain_timeout, cancelled async runs get this long to release their lease and record.
 _CUT_GRACE_S = 2.0
 # The winner of a job's slot prepares the claims of its next slot this long before it (a
@@ -142,7 +145,7 @@ class Runner:
                 return None
             return await self.execute(job, slot_ms, None, reason=reason)
         run_id = new_run_id()
-        timeout = self._claim_timeout(job, slot_ms)
+        timeout = self._claim_timeout(job, slot_ms, reason)
         if timeout <= 0:
             self.skip(
                 job, slot_ms, "late", detail="the backend's slot memory is ending", run=reason
@@ -203,12 +206,14 @@ class Runner:
     def _late(self, job: JobState, slot_ms: int) -> bool:
         return bool(self.clock.now_ms() - slot_ms > job.settings.max_late_ms)
 
-    def _claim_timeout(self, job: JobState, slot_ms: int) -> float:
-        """What is left of ``max_late``, at least a moment, but never past a claim-only
-        backend's deadline for the slot (``ClaimBackend.claim_deadline_ms``): a claim landing
-        after it could win a slot the backend has forgotten."""
+    def _claim_timeout(self, job: JobState, slot_ms: int, reason: RunReason) -> float:
+        """What is left of ``max_late``, at least a moment (a backfill's slot: its own
+        allowance), but never past a claim-only backend's deadline for the slot
+        (``ClaimBackend.claim_deadline_ms``): a claim landing after it could win a slot the
+        backend has forgotten."""
         now = self.clock.now_ms()
-        left_s = max((slot_ms + job.settings.max_late_ms - now) / 1000, _MIN_CLAIM_TIMEOUT_S)
+        least = _BACKFILL_CLAIM_TIMEOUT_S if reason == "backfill" else _MIN_CLAIM_TIMEOUT_S
+        left_s = max((slot_ms + job.settings.max_late_ms - now) / 1000, least)
         backend = self.backend
         if isinstance(backend, ClaimBackend):
             deadline = backend.claim_deadline_ms(Slot(job.settings.key, slot_ms))
@@ -229,9 +234,12 @@ class Runner:
         backend, instance_id = self.backend, self.instance_id
         slot, run_id, reason = claim.slot, claim.run_id, claim.reason
         if isinstance(backend, LeaseBackend):
+            policy = claim.policy
+            if reason == "backfill":  # fenced apart from the job's slots (see _backfill)
+                slot, policy = backfill_claim(slot)
             return await backend.acquire(
                 slot,
-                policy=claim.policy,
+                policy=policy,
                 instance_id=instance_id,
                 run_id=run_id,
                 reason=reason,
@@ -275,10 +283,9 @@ class Runner:
             renewer = _Renewer(self, run, run.started_mono if leased_ms is None else leased_ms)
             run.renewer = renewer
         try:
-            self.events.emit(
-                "start", StartEvent(job.name, slot_ms, ctx.run_id, ctx.reason, ctx.attempt)
-            )
+            self._emit_start(run)
             outcome, error = await self._run_handler(run)
+            outcome, error, recorded = await self._retries(run, outcome, error)
             if run.abandoned:
                 return None  # stop() gave up waiting for it; the lease is left to expire
             # Lost while the handler ran (a timeout or a stop may have told it first).
@@ -286,16 +293,105 @@ class Runner:
             if lease is not None and not lost:
                 # Only a run cut short at an await by a graceful stop is offered to another
                 # instance; a handler that returned or raised has done what it will do.
-                handover = run.cut and ctx.abort_reason == "shutdown"
+                handover = run.cut and run.ctx.abort_reason == "shutdown"
                 await self.release(lease, handover=handover, renewer=renewer)
+            if recorded is not None:  # a retry's wait was cut short: the last attempt failed
+                return recorded
             # A lost lease is not ours to release or record: it expires, and the instance that
             # takes the slot over records this attempt (once) and retries it.
             return await self._finish(job, run, outcome, error, record=not lost)
         finally:
             if renewer is not None and not run.abandoned:
                 renewer.cancel()
-            job.runs.pop(ctx.run_id, None)
+            job.runs.pop(run.ctx.run_id, None)
             self.runs.discard(run)
+
+    def _emit_start(self, run: Run) -> None:
+        ctx = run.ctx
+        self.events.emit(
+            "start", StartEvent(run.job.name, ctx.slot_ms, ctx.run_id, ctx.reason, ctx.attempt)
+        )
+
+    async def _retries(
+        self, run: Run, outcome: Outcome, error: str | None
+    ) -> tuple[Outcome, str | None, RunRecord | None]:
+        """The job's ``retry``: while an attempt failed with an exception it catches, record
+        it, wait on the scheduler's clock and run the handler again under the same claim or
+        lease (``ctx.reason == "retry"``, ``ctx.attempt`` one more, a new run id). Answers the
+        last attempt's outcome; and its record when a stop, a lost lease or the job's removal
+        cut a wait short (the run then ends as that failed attempt, recorded)."""
+        retry, tries = run.job.settings.retry, 1
+        while retry is not None and tries < retry.attempts:
+            delay = self._retry_delay(run, retry, outcome, tries)
+            if delay is None:
+                break
+            record = await self._finish(run.job, run, outcome, error)
+            self._next_attempt(run)
+            logger.info(
+                "retry job=%s slot=%d attempt=%d in %s",
+                run.job.name,
+                run.ctx.slot_ms,
+                run.ctx.attempt,
+                format_duration(delay),
+            )
+            run.waiting = True
+            try:
+                with self.clock.blocking():  # a virtual clock: its timer or an abort wakes it
+                    if await run.ctx.wait_aborted(delay.total_seconds()):
+                        return outcome, error, record
+            finally:
+                run.waiting = False
+            tries += 1
+            run.started_ms, run.started_mono = self.clock.now_ms(), self.clock.monotonic_ms()
+            self._emit_start(run)
+            outcome, error = await self._run_handler(run)
+        return outcome, error, None
+
+    def _retry_delay(
+        self, run: Run, retry: Retry, outcome: Outcome, tries: int
+    ) -> timedelta | None:
+        """The wait before the next attempt, or ``None`` when this one is the last: it did not
+        fail with an exception ``retry`` catches (a timeout counts as ``TimeoutError``), or
+        the run was told to stop, or the next would start past ``retry.deadline``."""
+        if outcome == "failed":
+            caught = retry.catches(run.exception)
+        else:
+            caught = outcome == "timed-out" and retry.catches(TimeoutError())
+        lost = run.renewer is not None and run.renewer.lost
+        if not caught or lost or run.abandoned or run.job.removed:
+            return None
+        if run.ctx.abort_reason not in (None, "timeout") or self.stopping:
+            return None
+        delay = retry.delay(tries)
+        if retry.deadline is not None:
+            end_ms = run.ctx.slot_ms + to_ms(retry.deadline)
+            if self.clock.now_ms() + to_ms(delay) > end_ms:
+                logger.info(
+                    "no retry of job=%s slot=%d: its deadline (%s after the slot) comes first",
+                    run.job.name,
+                    run.ctx.slot_ms,
+                    format_duration(retry.deadline),
+                )
+                return None
+        return delay
+
+    def _next_attempt(self, run: Run) -> None:
+        """``run`` becomes its next attempt: a new context (and run id), nothing of the last."""
+        ctx, job = run.ctx, run.job
+        job.runs.pop(ctx.run_id, None)
+        run.ctx = JobContext(
+            job=ctx.job,
+            run_id=new_run_id(),
+            slot_ms=ctx.slot_ms,
+            reason="retry",
+            attempt=ctx.attempt + 1,
+            data=ctx.data,
+            instance_id=ctx.instance_id,
+            clock=self.clock,
+        )
+        job.runs[run.ctx.run_id] = run
+        run.finishing = run.cut = False
+        run.exception = run.cancelled = None
 
     async def _run_handler(self, run: Run) -> tuple[Outcome, str | None]:
         timeout = run.job.settings.timeout
@@ -353,7 +449,7 @@ class Runner:
         if told == "shutdown" and reason == "shutdown":
             return
         abort(run.ctx, reason)
-        if run.job.is_async and reason != "shutdown":
+        if run.job.is_async and reason != "shutdown" and not run.waiting:
             run.task.cancel()  # a thread cannot be cancelled: sync handlers watch abort_reason
 
     async def release(

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeAlias, TypeVar, Unpack, overload
 
 from . import _boot
+from ._backfill import BackfillSlot, check_range, check_rate, run_backfill
 from ._clock import Clock, SystemClock, ms_to_datetime
 from ._durations import Duration
 from ._events import (
@@ -475,6 +476,55 @@ class Scheduler(Generic[B]):
             for run in list(state.runs.values()):
                 self._runner.abort(run, "removed")
         return job
+
+    async def backfill(
+        self,
+        name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        rate: float = 1.0,
+        dry_run: bool = False,
+        progress: Callable[[BackfillSlot], object] | None = None,
+    ) -> list[BackfillSlot]:
+        """Run the slots of job ``name`` in the past range ``[start, end]`` (aware datetimes)
+        that have not run, one after the other, each claimed like any slot, at most ``rate``
+        a second (``ctx.reason == "backfill"``). ``dry_run``: only say which would run.
+        ``progress`` is called with each slot's ``BackfillSlot`` as it is done; the list of
+        them is returned. A slot already run is not run again where the backend remembers it
+        (``brokersched._backfill``: the history; a lease backend's fence; a claim-only
+        backend's slot memory). Raises ``ConfigurationError`` for a range in the future or
+        backwards, ``KeyError`` for an unknown job, ``RuntimeError`` when not running."""
+        job = self._jobs.get(name)
+        if job is None:
+            raise KeyError(f"no job named '{name}' (registered: {', '.join(self._jobs) or 'none'})")
+        state = job._state
+        slots = check_range(state, start, end, self.clock.now_ms())
+        rate = check_rate(rate)
+        runner = self._runner
+        if self._state is not RunState.RUNNING or runner is None:
+            raise RuntimeError(
+                f"cannot backfill job '{name}': the scheduler is not running (start it first)"
+            )
+        await self._recorder.wait_written(_HISTORY_WAIT_S)
+        policy = state.settings.policy
+        history = await self.backend.history(policy, policy.history_size) if slots else []
+
+        def spawn(slot_ms: int) -> asyncio.Task[RunRecord | None]:
+            coro = runner.run_slot(state, slot_ms, "backfill")
+            return self._spawn(coro, name=f"backfill:{name}")
+
+        return await run_backfill(
+            runner,
+            self.backend,
+            state,
+            slots,
+            history,
+            rate=rate,
+            dry_run=dry_run,
+            spawn=spawn,
+            progress=progress,
+        )
 
     # -- events ----------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal, TypedDict
 
 from ._durations import Duration
+from ._retry import Retry
 
 __all__ = [
     "AfterOptions",
@@ -34,6 +35,7 @@ class ClaimAtOptions(TypedDict, total=False):
     data: Any
     claim: bool
     key: str
+    retry: Retry
 
 
 class ClaimEveryOptions(ClaimAtOptions, total=False):
@@ -55,6 +57,7 @@ class AfterOptions(TypedDict, total=False):
     data: Any
     claim: bool
     key: str
+    retry: Retry
 
 
 class LeaseAtOptions(ClaimAtOptions, total=False):

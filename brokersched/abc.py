@@ -58,7 +58,7 @@ __all__ = [
 _DEFAULT_SKEW_MS = round(DEFAULT_CLAIM_SKEW.total_seconds() * 1000)
 
 Outcome = Literal["completed", "failed", "timed-out", "interrupted"]
-RunReason = Literal["schedule", "catch-up", "retry", "manual", "start"]
+RunReason = Literal["schedule", "catch-up", "retry", "manual", "start", "backfill"]
 Overlap = Literal["skip", "allow"]
 
 

@@ -36,6 +36,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from ._backfill import BackfillSlot
 from ._clock import ms_to_datetime
 from ._durations import format_duration, parse_duration
 from ._events import SkipEvent
@@ -70,7 +71,8 @@ APP: MODULE:ATTR (app:scheduler) or FILE.py:ATTR (./app.py:scheduler)
 \b
 Exit codes:
   0  success
-  1  trigger: the job failed or did not run; check: configuration errors found;
+  1  trigger: the job failed or did not run; backfill: a slot failed or was skipped;
+     check: configuration errors found;
      run: a second signal cut the drain short; run, trigger: the application's lifespan raised;
      purge: refused, or objects left; doctor: an error found
   2  usage or configuration error (bad APP, unknown job, invalid option)
@@ -973,6 +975,113 @@ async def _trigger(scheduler: Scheduler[Any], job: Job) -> tuple[RunRecord | Non
     await scheduler.start()
     try:
         return await job.trigger(), skips
+    finally:
+        await scheduler.stop()
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("app", metavar="APP")
+@click.argument("job_name", metavar="JOB")
+@click.option("--from", "start", required=True, help="ISO 8601 instant; naive = --timezone.")
+@click.option("--to", "end", required=True, help="ISO 8601 instant, or 'now'; in the past.")
+@click.option("--timezone", "-z", "zone_name", default="UTC", show_default=True)
+@click.option(
+    "--rate", default="1/s", show_default=True, help="Slots started at most: N/s, N/m or N/h."
+)
+@click.option("--dry-run", is_flag=True, help="List the slots that would run; run nothing.")
+@_override_option
+@_log_options
+def backfill(
+    app: str,
+    job_name: str,
+    start: str,
+    end: str,
+    zone_name: str,
+    rate: str,
+    dry_run: bool,
+    overrides: tuple[str, ...],
+    log_format: LogFormat,
+    log_level: str,
+) -> None:
+    """Run JOB's slots from --from to --to that have not run, one after the other, each
+    claimed like any slot (ctx.reason == "backfill"); nothing else runs meanwhile. A slot
+    already run is not run again where the backend remembers it (see the README)."""
+    configure_logging(log_format, log_level, quiet_clients=True)
+    zone = _zone_option(zone_name)
+    first, last = _instant("--from", start, zone), _instant("--to", end, zone)
+    per_s = _rate(rate)
+    scheduler = _load(app, overrides)
+    job = _job(scheduler, job_name, app)
+    steps = _run_async(_backfill(scheduler, job, first, last, per_s, dry_run))
+    counts: dict[str, int] = {}
+    for step in steps:
+        key = step.record.outcome if step.record is not None else step.status
+        counts[key] = counts.get(key, 0) + 1
+    said = ", ".join(f"{count} {key}" for key, count in counts.items()) or "no slot in the range"
+    verb = "would backfill" if dry_run else "backfilled"
+    click.echo(f"{verb} job '{job.name}': {said}")
+    if any(key in counts for key in ("failed", "timed-out", "interrupted", "skipped", "stopped")):
+        sys.exit(EXIT_FAILED)
+
+
+def _zone_option(name: str) -> tzinfo:
+    try:
+        return parse_timezone(name)
+    except ConfigurationError as exc:
+        raise CLIError(str(exc)) from None
+
+
+def _instant(option: str, text: str, zone: tzinfo) -> datetime:
+    if text.strip().lower() == "now":
+        return datetime.now(UTC)
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise CLIError(f"{option} {text!r} is not an ISO 8601 time (2027-01-15T08:00)") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=zone)
+
+
+_PER = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _rate(text: str) -> float:
+    number, _, unit = text.strip().partition("/")
+    try:
+        value = float(number) / _PER[unit or "s"]
+    except (ValueError, KeyError):
+        raise CLIError(f"--rate {text!r} is not a rate: use N/s, N/m or N/h (2/s, 30/m)") from None
+    if not value > 0 or value == float("inf"):
+        raise CLIError(f"--rate {text!r} must be more than 0")
+    return value
+
+
+async def _backfill(
+    scheduler: Scheduler[Any],
+    job: Job,
+    start: datetime,
+    end: datetime,
+    rate: float,
+    dry_run: bool,
+) -> list[BackfillSlot]:
+    def show(step: BackfillSlot) -> None:
+        width = len(str(step.total))
+        line = f"[{step.index:>{width}}/{step.total}] {_utc(step.at)} {step.status}"
+        if step.record is not None:
+            line += f": {step.record.outcome} in {_duration_of(step.record)}"
+            if step.record.error:
+                line += f" ({step.record.error})"
+        elif step.detail:
+            line += f": {step.detail}"
+        click.echo(redact_text(line))
+
+    # Paused jobs arm no timer, get no catch-up and no take-over: only the backfill runs.
+    for each in scheduler.jobs():
+        each.pause()
+    await scheduler.start()
+    try:
+        return await scheduler.backfill(
+            job.name, start, end, rate=rate, dry_run=dry_run, progress=show
+        )
     finally:
         await scheduler.stop()
 

@@ -193,23 +193,28 @@ class SimLeaseBackend(MemoryBackend):
         held = row.leases.get(lease.slot_ms) if row is not None else None
         return held is not None and held.token == lease.token
 
-    def _released(self, lease: Lease) -> None:
-        if self._held(lease):
+    async def _release(self, lease: Lease) -> None:
+        """End ``lease`` and note it released if that took effect: the memory backend yields
+        before it decides, so a take-over may come first (the release is then stale)."""
+        held = self._held(lease)
+        await MemoryBackend.release(self, lease)
+        row = self.store.jobs.get(lease.job)
+        if held and (row is None or lease.slot_ms not in row.leases):
             self.sim.released.add((lease.job, lease.slot_ms, self.instance, lease.attempt))
 
     async def release(self, lease: Lease, *, handover: bool = False) -> None:
         async def apply() -> None:
-            if not handover:
-                self._released(lease)
-            await MemoryBackend.release(self, lease, handover=handover)
+            if handover:
+                await MemoryBackend.release(self, lease, handover=handover)
+            else:
+                await self._release(lease)
 
         await self.sim.call(self.dead, self._bound(), apply, write=True)
 
     async def release_many(self, leases: Sequence[Lease]) -> list[Exception | None]:
         async def apply() -> list[Exception | None]:
             for lease in leases:  # one transaction: each as release() would end it
-                self._released(lease)
-                await MemoryBackend.release(self, lease)
+                await self._release(lease)
             return [None for _ in leases]
 
         return await self.sim.call(self.dead, self._bound(), apply, write=True)

@@ -11,9 +11,11 @@ replayed by running its seed again::
 
 What a seed draws: the backend (the lease protocol with SQLite's lock and PostgreSQL's restarts,
 Redis claims, NATS claims, RabbitMQ claims), the jobs (``every``, ``cron``, ``at``, ``after``,
-``run_on_start``, overlap, max_attempts), and a sequence of steps: instances started, rolling
+``run_on_start``, overlap, max_attempts, ``retry`` with handlers that fail), and a sequence of
+steps: instances started, rolling
 deploys that change ``slot_ttl`` or ``lease_ttl``, jitter, ``max_late``, a job's name behind a
-kept ``key``, ``declare_ahead``; kill -9, graceful stops, manual triggers; clocks skewed or
+kept ``key``, ``declare_ahead``; kill -9, graceful stops, manual triggers, backfills of recent
+and older ranges; clocks skewed or
 stepped on instances and on the store; the store held, cut, restarted, locked, its fleet record
 deleted or its keys evicted.
 
@@ -21,7 +23,9 @@ The invariants, after every step (``Ledger.violations``):
 
 * a slot of a key runs once on a claim-only backend; on a lease backend it runs again only
   after its run was cut short (killed, its lease lost, a drain's cut), at attempts within
-  ``max_attempts``: a slot whose handler returned never runs again;
+  ``max_attempts``: a slot whose handler returned never runs again. A ``retry`` after a
+  failed attempt is no new run of the slot: it follows that attempt on the same instance
+  (attempt + 1, within ``retry.attempts``); a slot whose last retry failed never runs again;
 * runs of a key with ``overlap="skip"`` never overlap (on the fleet's true time);
 * at the end, every slot that some instance was refused as ``not-acquired`` was won by a claim
   (a slot that every instance lost to nobody is lost silently).
@@ -36,14 +40,17 @@ import logging
 import random
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
+from .._clock import datetime_to_ms, ms_to_datetime
 from .._durations import format_duration
 from .._events import SkipEvent
 from .._exceptions import ConfigurationError
+from .._retry import Retry
 from .._scheduler import Scheduler
 from ..abc import Backend
 from ..backends.memory import MemoryStore
@@ -72,6 +79,7 @@ class Deploy:
     renamed: bool  # the tick job runs under another name, its key kept
     declare_ahead: bool
     drain_s: int = 3
+    catch_up_ms: int | None = None  # lease: None is the default (5m)
 
 
 @dataclass
@@ -85,8 +93,53 @@ class Run:
     max_attempts: int
     start: int  # the fleet's true time, ms
     lease_ttl_ms: int = 0
+    retries: int = 1  # the job's retry.attempts (1: no retry)
+    origin: str = ""  # a failed attempt's retry: the reason of the first attempt; else reason
     end: int | None = None
-    how: str = ""  # "returned", "cut" (cancelled: lease lost, timeout, drain), "killed"
+    # "returned", "failed" (raised), "cut" (cancelled: lease lost, timeout, drain), "killed"
+    how: str = ""
+
+    def retried_by(self, later: Run) -> bool:
+        """``later`` is the retry of this failed attempt, not a new run of the slot."""
+        return (
+            self.how == "failed"
+            and later.reason == "retry"
+            and later.instance == self.instance
+            and later.attempt == self.attempt + 1
+        )
+
+
+def _origin(runs: list[Run], instance: str, key: str, ctx: Any) -> str:
+    """Why the run a handler starts was claimed: a failed attempt's retry keeps its first
+    attempt's reason (the retry of a manual run is no run of a slot at the same instant)."""
+    if ctx.reason == "retry":
+        for run in reversed(runs):
+            mine = run.key in (key, f"{key}:start")
+            if mine and run.instance == instance and run.slot_ms == ctx.slot_ms:
+                if run.how == "failed" and run.attempt == ctx.attempt - 1:
+                    return run.origin
+                break
+    return str(ctx.reason)
+
+
+def _chains(runs: list[Run]) -> list[list[Run]]:
+    """A slot's runs as runs of its claim or lease: each a first attempt and its retries."""
+    chains: list[list[Run]] = []
+    for run in runs:
+        if chains and chains[-1][-1].retried_by(run):
+            chains[-1].append(run)
+        else:
+            chains.append([run])
+    return chains
+
+
+def _done(chain: list[Run]) -> Run | None:
+    """The attempt that ended the run of a slot for good (returned, or failed with no retry
+    left), or ``None``: cut short, it may run again on a lease backend."""
+    last = chain[-1]
+    if last.how == "returned" or (last.how == "failed" and len(chain) >= last.retries):
+        return last
+    return None
 
 
 @dataclass
@@ -121,15 +174,20 @@ class Ledger:
         found: list[str] = []
         by_slot: dict[tuple[str, int, bool], list[Run]] = {}
         for run in self.runs:  # a manual run's instant is its own, even at a slot's instant
-            by_slot.setdefault((run.key, run.slot_ms, run.reason == "manual"), []).append(run)
+            by_slot.setdefault((run.key, run.slot_ms, run.origin == "manual"), []).append(run)
         for (key, slot, _), runs in by_slot.items():
-            if len(runs) > 1 and not self.lease:
-                found.append(f"slot {key}:{slot} ran {len(runs)} times: {_show(runs)}")
-            for earlier, later in itertools.pairwise(runs):
-                if earlier.how == "returned" and not self._unreleased(earlier):
-                    found.append(f"slot {key}:{slot} ran again after it completed: {_show(runs)}")
+            chains = _chains(runs)
+            if len(chains) > 1 and not self.lease:
+                found.append(f"slot {key}:{slot} ran {len(chains)} times: {_show(runs)}")
+            for chain in chains:
+                if len(chain) > chain[0].retries:
+                    found.append(f"slot {key}:{slot} retried beyond its attempts: {_show(runs)}")
+            for before, after in itertools.pairwise(chains):
+                done = _done(before)
+                if done is not None and not self._unreleased(done):
+                    found.append(f"slot {key}:{slot} ran again after it ended: {_show(runs)}")
                     break
-                if later.attempt > later.max_attempts:
+                if after[0].attempt > after[0].max_attempts:
                     found.append(f"slot {key}:{slot} started beyond max_attempts: {_show(runs)}")
         boots: dict[str, list[Run]] = {}
         for run in self.runs:
@@ -257,7 +315,11 @@ class Simulation:
             "redis": SimRedis.data, "nats": SimNATS.stream, "rabbitmq": SimRabbitMQ.broker,
         }  # fmt: skip
         self._data: Any = makers[self.kind](self.store) if self.kind in makers else None
+        # What later releases added to the draws (retries, backfills, catch_up) comes from an
+        # RNG of its own, so that the steps a seed drew before stay the same.
+        self.more = random.Random(seed + 3)
         self._jobs = self._draw_jobs()
+        self._failures = random.Random(seed + 2)  # which attempts fail
         self._store_steps: list[tuple[int, int]] = []
         self._instance_steps: dict[str, list[int]] = {}
         self._began = self.fleet.now()
@@ -266,7 +328,7 @@ class Simulation:
 
     def _draw_jobs(self) -> dict[str, Any]:
         rng = self.rng
-        jobs = {
+        jobs: dict[str, Any] = {
             "tick_s": rng.choice((1, 2, 5)),
             "work_ms": rng.choice((100, 800, 2500, 6000)),  # tick, once, boot
             "cron_work_ms": rng.choice((100, 4000, 9000)),  # often longer than its 3 s
@@ -276,7 +338,26 @@ class Simulation:
         }
         if self.kind == "lease":  # a job slower than the take-over sweep, as most real ones
             jobs["slow_s"], jobs["slow_work_ms"] = rng.choice((20, 30)), rng.choice((800, 6000))
+        more = self.more
+        if more.random() < 0.35:  # handlers that fail, and a retry= for them
+            jobs["fail_rate"] = more.choice((0.3, 0.6, 1.0))
+            jobs["retry"] = Retry(
+                attempts=more.choice((2, 3, 4)),
+                backoff=f"{more.choice((50, 300, 1500))}ms",
+                jitter=f"{more.choice((0, 200))}ms",
+            )
         return jobs
+
+    def _retry(self, options: dict[str, Any], gap_ms: int | None) -> dict[str, Any]:
+        """The job's ``retry=``, unless its worst case would reach the next slot with
+        ``overlap="skip"`` (registration refuses that)."""
+        retry: Retry | None = self._jobs.get("retry")
+        if retry is None:
+            return {}
+        skip = gap_ms is not None and options.get("overlap") == "skip"
+        if skip and retry.worst_case(None)[0] >= timedelta(milliseconds=gap_ms or 0):
+            return {}
+        return {"retry": retry}
 
     def _draw_deploy(self, base: Deploy | None = None) -> Deploy:
         rng, lease = self.rng, self.kind == "lease"
@@ -296,6 +377,7 @@ class Simulation:
             renamed=rng.random() < 0.2,
             declare_ahead=rng.random() < 0.7,
             drain_s=rng.choice((1, 3)),
+            catch_up_ms=self.more.choice((None, None, 0, 3000)),
         )
 
     def _timing(self, deploy: Deploy, gap_ms: int | None) -> dict[str, Any]:
@@ -360,24 +442,31 @@ class Simulation:
         options: dict[str, Any] = {}
         if lease:
             options = {"overlap": deploy.overlap, "max_attempts": deploy.max_attempts}
+            if deploy.catch_up_ms is not None:
+                options["catch_up"] = f"{deploy.catch_up_ms}ms"
         name = "tick.v2" if deploy.renamed else "tick"
         tick_ms = jobs["tick_s"] * 1000
+        tick = {**options, **self._retry(options, tick_ms)}
         sched.every(
-            name, f"{tick_ms}ms", self._handler(instance, "tick", options), key="tick",
-            run_on_start=jobs["run_on_start"], **options, **self._timing(deploy, tick_ms),
+            name, f"{tick_ms}ms", self._handler(instance, "tick", tick), key="tick",
+            run_on_start=jobs["run_on_start"], **tick, **self._timing(deploy, tick_ms),
         )  # fmt: skip
-        cron = {**options, **self._timing(deploy, 3000)}
-        sched.cron("cron", "*/3 * * * * *", self._handler(instance, "cron", options), **cron)
+        cron = {**options, **self._retry(options, 3000)}
+        handler = self._handler(instance, "cron", cron)
+        sched.cron("cron", "*/3 * * * * *", handler, **cron, **self._timing(deploy, 3000))
         at = self._began + timedelta(seconds=jobs["at_s"])  # one instant for the whole fleet
         once: dict[str, Any] = {"max_attempts": deploy.max_attempts} if lease else {}
+        once.update(self._retry(once, None))
         timing = self._timing(deploy, None)
         sched.at("once", at, self._handler(instance, "once", once), **once, **timing)
         if jobs["after_s"] is not None:
             sched.after("boot", f"{jobs['after_s']}s", self._handler(instance, "boot", {}))
         if lease:  # its slot stays the job's latest while a dead runner's lease expires
-            slow = {**options, **self._timing(deploy, jobs["slow_s"] * 1000)}
-            handler = self._handler(instance, "slow", options)
-            sched.every("slow", f"{jobs['slow_s']}s", handler, **slow)
+            slow = {**options, **self._retry(options, jobs["slow_s"] * 1000)}
+            handler = self._handler(instance, "slow", slow)
+            sched.every("slow", f"{jobs['slow_s']}s", handler, **slow, **self._timing(
+                deploy, jobs["slow_s"] * 1000
+            ))  # fmt: skip
         sched.on("skip", lambda event: self._skipped(event, instance))
 
     def _scheduled(self, key: str, slot_ms: int) -> bool:
@@ -395,23 +484,31 @@ class Simulation:
             self.ledger.refused.setdefault((key, event.slot_ms), set()).add(event.reason)
 
     def _handler(self, instance: Instance, key: str, options: dict[str, Any]) -> Callable[..., Any]:
-        ledger, fleet = self.ledger, self.fleet
+        ledger, fleet, failures = self.ledger, self.fleet, self._failures
         work = self._jobs[{"cron": "cron_work_ms", "slow": "slow_work_ms"}.get(key, "work_ms")]
+        retry: Retry | None = options.get("retry")
+        fail_rate = self._jobs.get("fail_rate", 0.0) if retry is not None else 0.0
 
         async def handler(ctx: Any) -> None:
+            origin = _origin(ledger.runs, instance.name, key, ctx)
             run = Run(
-                key=f"{key}:start" if ctx.reason == "start" else key,
+                key=f"{key}:start" if origin == "start" else key,
                 slot_ms=ctx.slot_ms, reason=ctx.reason, attempt=ctx.attempt,
-                instance=instance.name, overlap=options.get("overlap", "allow"),
+                instance=instance.name,
+                # A backfill holds a lease of its own: it may overlap the job's runs (README).
+                overlap="allow" if origin == "backfill" else options.get("overlap", "allow"),
                 max_attempts=options.get("max_attempts", 3) if ctx.reason != "start" else 99,
                 start=fleet.now_ms(), lease_ttl_ms=instance.deploy.memory_ms,
+                retries=retry.attempts if retry is not None else 1, origin=origin,
             )  # fmt: skip
-            if ctx.reason == "start" and options.get("overlap") == "skip":
+            if origin == "start" and options.get("overlap") == "skip":
                 run.key = key  # holds the job's own lease: it never overlaps the job's slots
             ledger.runs.append(run)
             how = "cut"
             try:
-                await ctx.wait_aborted(work / 1000)
+                if not await ctx.wait_aborted(work / 1000) and failures.random() < fail_rate:
+                    how = "failed"
+                    raise RuntimeError("the handler failed (simulated)")
                 how = "returned"
             finally:
                 run.end = fleet.now_ms()
@@ -476,6 +573,8 @@ class Simulation:
             # with the longer slot_ttl still run, and one with the shorter started.
             self._delete_record()
             await self.start_instance(replace(self._draw_deploy(), memory_ms=3000), self._skew())
+        elif roll < 0.42:
+            self._backfill(self.more.choice(live))
         await self.fleet.advance(timedelta(milliseconds=rng.choice((47, 310, 730, 1530, 3470))))
 
     def _expiring(self, victim: Instance) -> tuple[str, int] | None:
@@ -494,6 +593,33 @@ class Simulation:
             return None
         _, key, expiry = max(held)
         return key, expiry - now + 10
+
+    def _backfill(self, instance: Instance) -> None:
+        """An operator backfills a past range of a job, recent or older, on one instance."""
+        scheduler, rng = instance.scheduler, self.more
+        names = [job.name for job in scheduler.jobs() if job.kind in ("every", "cron")]
+        if not scheduler.running or not names:
+            return
+        name = rng.choice(names)
+        end_ms = instance.clock.now_ms() - rng.choice((0, 2000, 10_000, 40_000))
+        if rng.random() < 0.3:  # long before the fleet started: slots nobody ran
+            end_ms = datetime_to_ms(self._began) - rng.choice((0, 12)) * 60_000
+        start_ms = end_ms - rng.choice((3000, 10_000))
+        rate = rng.choice((5.0, 50.0))
+
+        async def backfill() -> None:
+            try:
+                steps = await scheduler.backfill(
+                    name, ms_to_datetime(start_ms), ms_to_datetime(end_ms), rate=rate
+                )
+            except Exception as exc:  # a stop meanwhile, a refused range
+                self.log.append(f"backfill {name} on {instance.name}: {exc!r}")
+                return
+            done = Counter(step.status for step in steps)
+            self.log.append(f"backfill {name} on {instance.name} done: {dict(done)}")
+
+        instance.drive(backfill(), "backfill")
+        self.log.append(f"backfill {name} {start_ms}..{end_ms} on {instance.name}")
 
     def _trigger_later(self, instance: Instance, key: str, after_ms: int) -> None:
         def trigger() -> None:

@@ -43,7 +43,7 @@ def _list_param(name: str, description: str, values: list[str] | None = None) ->
 
 
 _OUTCOMES = ["completed", "failed", "timed-out", "interrupted"]
-_REASONS = ["schedule", "catch-up", "retry", "manual", "start"]
+_REASONS = ["schedule", "catch-up", "retry", "manual", "start", "backfill"]
 
 _SCHEMAS: dict[str, Any] = {
     "Error": {"type": "object", "properties": {"error": {"type": "string"}}},
@@ -56,7 +56,7 @@ _SCHEMAS: dict[str, Any] = {
             "slot": {"type": "string", "format": "date-time"},
             "run_id": {"type": "string"},
             "instance_id": {"type": "string"},
-            "reason": {"enum": ["schedule", "catch-up", "retry", "manual", "start"]},
+            "reason": {"enum": _REASONS},
             "attempt": {"type": "integer"},
             "started_at": {"type": "string", "format": "date-time"},
             "finished_at": {"type": ["string", "null"], "format": "date-time"},

@@ -57,6 +57,8 @@ def _options(scheduler: Scheduler[Any], job: Job) -> dict[str, Any]:
         options["overlap"] = settings.policy.overlap
         options["max_attempts"] = settings.policy.max_attempts
         options["catch_up"] = format_duration(timedelta(milliseconds=settings.catch_up_ms))
+    if settings.retry is not None:
+        options["retry"] = repr(settings.retry)
     if settings.data is not None:
         options["data"] = MASK
     return options

@@ -51,6 +51,29 @@ def test_a_broken_invariant_is_reported_with_the_run() -> None:
     assert found.startswith("slot tick:1000 ran 2 times")
 
 
+def test_a_retry_is_no_new_run_of_its_slot_unless_it_breaks_the_rules() -> None:
+    """A failed attempt's retry on the same instance (attempt + 1, within its attempts) is the
+    same run of the slot; elsewhere, beyond its attempts, or after the last retry failed on a
+    lease backend, it is a second run."""
+    from brokersched.testing.simulate import Ledger, Run
+
+    def run(instance: str, reason: str, attempt: int, how: str, start: int) -> Run:
+        return Run("tick", 1000, reason, attempt, instance, "allow", 3, start, 3000, 3, reason,
+                   end=start + 1, how=how)  # fmt: skip
+
+    chain = [run("a", "schedule", 1, "failed", 1), run("a", "retry", 2, "failed", 3)]
+    ok = Ledger(lease=False, runs=[*chain, run("a", "retry", 3, "returned", 5)])
+    assert ok.violations(now=10) == []
+    elsewhere = Ledger(lease=False, runs=[*chain, run("b", "retry", 3, "returned", 5)])
+    assert elsewhere.violations(now=10)[0].startswith("slot tick:1000 ran 2 times")
+    beyond = Ledger(lease=True, runs=[*chain, run("a", "retry", 3, "failed", 5)])
+    beyond.runs.append(run("a", "retry", 4, "returned", 7))
+    assert "retried beyond its attempts" in beyond.violations(now=10)[0]
+    last_failed = [*chain, run("a", "retry", 3, "failed", 5), run("b", "retry", 2, "cut", 7)]
+    again = Ledger(lease=True, runs=last_failed, released={("tick", 1000, "a", 3)})
+    assert "ran again after it ended" in again.violations(now=10)[0]
+
+
 # -- the simulator finds the issue 24 classes on the rules before their fixes -------------------
 #
 # Each test puts one rule back as it was before its fix, in a pure function or in a model of a
@@ -114,7 +137,7 @@ def _old_sqlite_now(self: SimLeaseBackend) -> int:
 UNDONE: list[tuple[str, str, int, object, str, object, str]] = [
     # (class, backend, seed, what is patched, attribute, old rule, the violation)
     ("1", "lease", 131, _lease, "_take_over", _old_take_over, "overlap"),
-    ("2, 3", "lease", 116, Runner, "release", _old_release, "ran again after it completed"),
+    ("2, 3", "lease", 116, Runner, "release", _old_release, "ran again after it ended"),
     ("4", "lease", 3, _lease, "skew_diagnosis", _old_skew_diagnosis, "blamed the wrong clock"),
     ("5", "lease", 0, SimLeaseBackend, "_now", _old_sqlite_now, "overlap"),
     ("6", "nats", 71, SimNATS, "_read", _old_nats_read, "slot once:"),

@@ -26,6 +26,7 @@ def test_all_is_the_public_surface() -> None:
         "RabbitMQBackend",
         "RedisBackend",
         "RedisLeaseBackend",
+        "Retry",
         "RunEvent",
         "RunRecord",
         "SQLiteBackend",

@@ -11,6 +11,7 @@ from brokersched import (
     RecordDroppedEvent,
     RedisBackend,
     RedisLeaseBackend,
+    Retry,
     RunEvent,
     Scheduler,
     SkipEvent,
@@ -101,3 +102,14 @@ async def warm(ctx: JobContext) -> None: ...
 
 Scheduler(overrides={"digest.daily": {"cron": "0 * * * *"}, "purge": {"enabled": False}})
 Scheduler(RabbitMQBackend("amqp://127.0.0.1/"), enabled=False, overrides={"a": {"every": 5}})
+
+
+# wave 3: retry= on every backend, backfill
+rabbit.every("billing", "1h", flush, retry=Retry(attempts=5, backoff="30s", on=ConnectionError))
+lease.cron("report", "0 6 * * *", flush, retry=Retry(max_backoff="5m", deadline="2h"))
+lease.after("boot.retry", "1s", flush, retry=Retry(attempts=2, on=(OSError, TimeoutError)))
+
+
+async def backfill() -> None:
+    steps = await lease.backfill("report", when, when, rate=2.0, dry_run=True)
+    print([(step.at, step.status, step.record) for step in steps])

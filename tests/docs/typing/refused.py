@@ -8,6 +8,7 @@ from brokersched import (
     NATSBackend,
     RabbitMQBackend,
     RedisBackend,
+    Retry,
     RunEvent,
     Scheduler,
     SkipEvent,
@@ -57,3 +58,6 @@ memory.every("s4", "5s", flush, key=3)  # E
 memory.after("s5", "2s", flush, run_on_start=True)  # E
 Scheduler(enabled="no")  # E
 Scheduler(overrides={"digest.daily": "0 * * * *"})  # E
+memory.every("s6", "5s", flush, retry=3)  # E
+Retry(3)  # E
+Retry(attempts="3")  # E
