@@ -11,7 +11,6 @@ import logging
 import re
 import secrets
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from types import TracebackType
@@ -45,6 +44,7 @@ from ._base import (
     logger,
     redact,
 )
+from ._history import read_last
 from ._streams import Names, Streams
 
 if TYPE_CHECKING:
@@ -78,9 +78,6 @@ _API_TIMEOUT_S = 5.0
 # back"); one that waits runs them late instead, within max_late, still exactly once.
 _CLAIM_TIMEOUT = "2s"
 _CLUSTER_CLAIM_TIMEOUT = "30s"
-_FETCH_BATCH = 512
-_FETCH_TIMEOUT_S = 2.0
-_CONSUMER_IDLE_S = 30.0  # server-side clean-up of a history reader that died mid-read
 
 # Defaults for nats.connect that suit a scheduler (the caller's connect_options win): reconnect
 # for ever and quickly, so that claiming resumes by itself shortly after NATS returns, and notice
@@ -571,76 +568,10 @@ class NATSBackend(ClaimBackend):
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         _, js = self._client()
-        count = min(limit, job.history_size)
-        if count <= 0:
-            return []
         subject = self._names.history_subject(job.name)
         with Translated(f"reading the history of {job.name!r}", secrets=self._secrets):
-            if count == 1:
-                bodies = await self._last_body(js, subject)
-            else:
-                bodies = await self._last_bodies(js, subject, count)
+            bodies = await read_last(js, self._names.history, subject, min(limit, job.history_size))
         return [RunRecord.from_json(body) for body in reversed(bodies)]
-
-    async def _last_body(self, js: JetStreamContext, subject: str) -> list[bytes]:
-        import nats.js.errors
-
-        try:
-            # Not a direct get: a missing stream must be "not found", not "no responders".
-            msg = await js.get_last_msg(self._names.history, subject)
-        except nats.js.errors.NotFoundError:  # no stream yet, or no run of this job
-            return []
-        return [msg.data] if msg.data else []
-
-    async def _last_bodies(self, js: JetStreamContext, subject: str, count: int) -> list[bytes]:
-        """The last ``count`` bodies on ``subject``, oldest first.
-
-        JetStream 2.9 cannot read a subject backwards, so an ephemeral consumer reads the
-        subject's messages (at most ``max_msgs_per_subject``) and keeps the last ``count``.
-        """
-        import nats.js.errors
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.ALL,
-            ack_policy=AckPolicy.NONE,
-            filter_subject=subject,
-            mem_storage=True,
-            inactive_threshold=_CONSUMER_IDLE_S,
-        )
-        try:
-            info = await js.add_consumer(  # pyright: ignore[reportUnknownMemberType]
-                self._names.history, config
-            )
-        except nats.js.errors.NotFoundError:  # no history stream yet
-            return []
-        assert info.name is not None
-        try:
-            pending = info.num_pending or 0
-            return await self._drain(js, info.name, pending, count) if pending else []
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(js.delete_consumer(self._names.history, info.name))
-
-    async def _drain(
-        self, js: JetStreamContext, consumer: str, pending: int, count: int
-    ) -> list[bytes]:
-        import nats.errors
-
-        sub = await js.pull_subscribe_bind(consumer, stream=self._names.history)
-        newest: deque[bytes] = deque(maxlen=count)
-        try:
-            while pending > 0:
-                try:
-                    msgs = await sub.fetch(min(pending, _FETCH_BATCH), timeout=_FETCH_TIMEOUT_S)
-                except nats.errors.TimeoutError:  # trimmed while we read: nothing more
-                    break
-                newest.extend(msg.data for msg in msgs)
-                pending = msgs[-1].metadata.num_pending if msgs else 0
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        return list(newest)
 
 
 class _Watch:

@@ -49,7 +49,7 @@ _SCHEMES = ("nats", "tls", "ws", "wss")  # what nats-py connects with
 _ACCEPTED = "nats://host:4222, tls://host:4222, ws://host:8080, wss://host:443 or host:4222"
 
 
-def check_servers(servers: object) -> list[str]:
+def check_servers(servers: object, backend: str = BACKEND) -> list[str]:
     """``servers`` as a list of URLs nats-py can connect to, or a ``ConfigurationError``.
 
     nats-py takes anything: it reads ``http://host:4222`` as the host ``http`` and fails with a
@@ -59,35 +59,35 @@ def check_servers(servers: object) -> list[str]:
     found = [servers] if isinstance(servers, str) else servers
     if not isinstance(found, list | tuple) or not found:
         raise ConfigurationError(
-            f"servers of {BACKEND} must be a URL or a non-empty list of URLs ({_ACCEPTED})",
+            f"servers of {backend} must be a URL or a non-empty list of URLs ({_ACCEPTED})",
             option="servers",
-            backend=BACKEND,
+            backend=backend,
         )
     checked: list[str] = []
     for server in cast(Sequence[object], found):
         if not isinstance(server, str) or not server.strip():
             raise ConfigurationError(
-                f"server {server!r} of {BACKEND} is not a URL; write {_ACCEPTED}",
+                f"server {server!r} of {backend} is not a URL; write {_ACCEPTED}",
                 option="servers",
-                backend=BACKEND,
+                backend=backend,
             )
         scheme = _scheme(server)
         if scheme is not None and scheme not in _SCHEMES:
             raise ConfigurationError(
-                f"server {_redact.redact_url(server)!r} of {BACKEND} has the scheme"
+                f"server {_redact.redact_url(server)!r} of {backend} has the scheme"
                 f" {scheme!r}; NATS URLs start with nats://, tls://, ws:// or wss://, in lower"
                 " case (or have no scheme: host:4222)",
                 option="servers",
-                backend=BACKEND,
+                backend=backend,
             )
         checked.append(server)
     websocket = [_scheme(server) in ("ws", "wss") for server in checked]
     if any(websocket) and not all(websocket):
         raise ConfigurationError(
-            f"servers of {BACKEND} mix WebSocket (ws://, wss://) and plain (nats://, tls://)"
+            f"servers of {backend} mix WebSocket (ws://, wss://) and plain (nats://, tls://)"
             " URLs, which nats-py refuses: list one kind only",
             option="servers",
-            backend=BACKEND,
+            backend=backend,
         )
     return checked
 
@@ -97,16 +97,16 @@ def _scheme(server: str) -> str | None:
     return match[1] if match else None
 
 
-def import_nats() -> Any:
+def import_nats(backend: str = BACKEND) -> Any:
     try:
         return importlib.import_module("nats")
     except ImportError as exc:  # the extra is not installed
         raise ConfigurationError(
-            f"{BACKEND} needs the nats-py client: {_EXTRA_HINT}", backend=BACKEND
+            f"{backend} needs the nats-py client: {_EXTRA_HINT}", backend=backend
         ) from exc
 
 
-def _error_rows(secrets: Sequence[str]) -> list[ErrorRow]:
+def _error_rows(secrets: Sequence[str], backend: str) -> list[ErrorRow]:
     """What nats-py's exceptions mean (``backends/_errors.py``'s policy: anything else is
     raised unchanged)."""
     import nats.errors
@@ -127,19 +127,19 @@ def _error_rows(secrets: Sequence[str]) -> list[ErrorRow]:
         (
             unavailable,
             lambda what, exc: BackendUnavailableError(
-                f"{BACKEND}: {what}: NATS unavailable ({describe(exc, secrets)})"
+                f"{backend}: {what}: NATS unavailable ({describe(exc, secrets)})"
             ),
         ),
         (
             nats.errors.Error,
-            lambda what, exc: BackendError(f"{BACKEND}: {what}: {describe(exc, secrets)}"),
+            lambda what, exc: BackendError(f"{backend}: {what}: {describe(exc, secrets)}"),
         ),
     ]
 
 
 @functools.cache
-def _errors(secrets: tuple[str, ...]) -> ErrorMap:
-    return ErrorMap(functools.partial(_error_rows, secrets), secrets)
+def _errors(secrets: tuple[str, ...], backend: str) -> ErrorMap:
+    return ErrorMap(functools.partial(_error_rows, secrets, backend), secrets)
 
 
 class Translated(Translating):
@@ -148,5 +148,5 @@ class Translated(Translating):
 
     __slots__ = ()
 
-    def __init__(self, *what: str, secrets: Sequence[str] = ()) -> None:
-        super().__init__(_errors(tuple(secrets)), " ".join(what))
+    def __init__(self, *what: str, secrets: Sequence[str] = (), backend: str = BACKEND) -> None:
+        super().__init__(_errors(tuple(secrets), backend), " ".join(what))

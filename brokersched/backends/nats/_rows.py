@@ -1,0 +1,158 @@
+"""The lease rows of ``NATSLeaseBackend``, apart from nats-py: each job's row as one entry of
+a key-value table with revisions, and every change of it a compare-and-set.
+
+``Table`` is what a row needs of the store: read an entry with its revision, write one only if
+its revision is still the one read, and the store's clock. ``Rows.decide`` applies the lease
+protocol (``_lease.decide``) to a job's row on the store's clock and writes the result; a lost
+race (another instance wrote first) reads again. A write whose answer is lost (a link cut, a
+timeout) may have landed: the row carries the id of the write that made it, so reading it back
+says whether ours did; when it cannot be told, the error is raised (the caller fails closed).
+The fleet simulator runs these rows over a model of the table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from abc import ABC, abstractmethod
+from typing import Any, Literal, cast
+
+from ..._exceptions import BackendError, BackendUnavailableError
+from ...abc import RunReason
+from .._lease import Answer, JobRow, LeaseRow, Request, Store, decide
+
+__all__ = ["Conflict", "Rows", "Table", "decode_row", "encode_row", "row_key"]
+
+#: Rounds of read, decide, compare-and-set before a decision gives up (every lost round means
+#: another instance's write to the same job landed: the job is contested).
+_ROUNDS = 32
+#: How long the read that resolves a write without an answer may take.
+_RESOLVE_S = 1.0
+_KEY_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+class Conflict(Exception):
+    """The entry's revision was no longer the one read: another write came first."""
+
+
+class Table(ABC):
+    """One key-value bucket, as the lease rows use it."""
+
+    @abstractmethod
+    async def read(self, key: str) -> tuple[bytes | None, int]:
+        """The entry's value and revision, read from the store's leader (``None, 0``: none)."""
+
+    @abstractmethod
+    async def write(self, key: str, value: bytes, last: int) -> None:
+        """Store ``value`` if the entry's revision is still ``last`` (0: if there is none);
+        raise ``Conflict`` otherwise, ``BackendError`` (or ``TimeoutError``) without an
+        answer."""
+
+    @abstractmethod
+    async def now_ms(self) -> int:
+        """The store's clock (ms since the epoch)."""
+
+
+def row_key(job: str) -> str:
+    """``job.<job>``: every character but ``[A-Za-z0-9_-]`` becomes ``=XX`` per UTF-8 byte (key
+    tokens are separated by ``.``, and ``:`` or ``$`` are not allowed; ``=`` is never in a job
+    name, so the key is injective)."""
+    escaped = "".join(
+        char if char in _KEY_SAFE else "".join(f"={byte:02X}" for byte in char.encode())
+        for char in job
+    )
+    return f"job.{escaped}"
+
+
+def encode_row(row: JobRow, write_id: str) -> bytes:
+    leases = {
+        str(slot): [
+            lease.token, lease.run_id, lease.instance_id, lease.reason, lease.attempt,
+            lease.state, lease.started_ms, lease.expires_ms,
+        ]
+        for slot, lease in row.leases.items()
+    }  # fmt: skip
+    body = {"fence": row.fence, "manual": row.manual_fence, "leases": leases, "write": write_id}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode_row(value: bytes | None) -> tuple[JobRow, str | None]:
+    """The row and the id of the write that made it (``JobRow(), None``: no entry)."""
+    if not value:
+        return JobRow(), None
+    try:
+        body = json.loads(value)
+        leases = {int(slot): _lease(fields) for slot, fields in body["leases"].items()}
+        return JobRow(body["fence"], body["manual"], leases), body.get("write")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BackendError(f"a lease row is not brokersched's ({exc!r}): {value[:80]!r}") from exc
+
+
+def _lease(fields: list[Any]) -> LeaseRow:
+    token, run_id, instance, reason, attempt, state, started, expires = fields
+    return LeaseRow(
+        str(token), str(run_id), str(instance), cast(RunReason, reason), int(attempt),
+        cast(Literal["running", "handover"], state), int(started), int(expires),
+    )  # fmt: skip
+
+
+class Rows:
+    """The lease rows of one bucket: ``decide`` is the lease protocol applied to a job's row,
+    atomically (a compare-and-set on its revision)."""
+
+    def __init__(self, table: Table, backend: str) -> None:
+        self.table = table
+        self.backend = backend
+
+    async def read(self, job: str) -> JobRow:
+        row, _ = decode_row((await self.table.read(row_key(job)))[0])
+        return row
+
+    async def decide(
+        self, job: str, request: Request, *, ttl_ms: int, skew_ms: int, timeout: float
+    ) -> tuple[Answer, int]:
+        """The answer to ``request`` and the store's clock it was decided at; raises
+        ``BackendError`` when the answer is not definite within ``timeout`` seconds."""
+        key = row_key(job)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            for _ in range(_ROUNDS):
+                async with asyncio.timeout_at(deadline):
+                    (value, revision), now = await asyncio.gather(
+                        self.table.read(key), self.table.now_ms()
+                    )
+                row, _ = decode_row(value)
+                after, answer = decide(job, row, request, Store(now, ttl_ms, skew_ms))
+                if after == row:
+                    return answer, now  # nothing changes: the answer holds as read
+                write_id = secrets.token_hex(8)
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await self.table.write(key, encode_row(after, write_id), revision)
+                except Conflict:
+                    continue
+                except (BackendError, TimeoutError):
+                    if await self._landed(key, write_id):
+                        return answer, now
+                    raise
+                return answer, now
+        except TimeoutError as exc:
+            raise BackendUnavailableError(
+                f"{self.backend}: no definite answer for {job!r} within {timeout:g}s"
+            ) from exc
+        raise BackendError(
+            f"{self.backend}: the lease row of {job!r} kept changing ({_ROUNDS} writes of "
+            "other instances came first)"
+        )
+
+    async def _landed(self, key: str, write_id: str) -> bool:
+        """Whether the row still holds the write ``write_id`` (then it landed, and nothing
+        was written after it: the decision stands)."""
+        try:
+            async with asyncio.timeout(_RESOLVE_S):
+                value, _ = await self.table.read(key)
+        except (BackendError, TimeoutError):
+            return False
+        return decode_row(value)[1] == write_id
