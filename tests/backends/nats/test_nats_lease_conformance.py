@@ -96,4 +96,3 @@ async def test_racing_claimers_on_their_own_connections_have_one_winner(nats_url
         for backend in backends:
             await backend.stop()
         await delete_named_streams(nats_url, *_streams(bucket))
-

@@ -1,0 +1,144 @@
+"""NATSLeaseBackend without a server: its options are checked at construction, a job's row
+key is injective, and a decision's compare-and-set reads again after a lost race and resolves
+a write whose answer was lost by the row's write id."""
+
+from __future__ import annotations
+
+import pytest
+
+from brokersched import ConfigurationError
+from brokersched._exceptions import BackendError
+from brokersched.abc import Lease
+from brokersched.backends._lease import Acquire, JobRow, Renew
+from brokersched.backends.nats import NATSLeaseBackend
+from brokersched.backends.nats._rows import Conflict, Rows, Table, decode_row, encode_row, row_key
+
+NOW = 1_800_000_000_000
+
+
+class FakeTable(Table):
+    """A KV bucket in memory; ``race`` writes land first from "another instance", ``lose``
+    writes are stored but their answer is lost."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[bytes, int]] = {}
+        self.revision = 0
+        self.race: list[bytes] = []
+        self.lose = 0
+        self.writes = 0
+
+    async def read(self, key: str) -> tuple[bytes | None, int]:
+        value, revision = self.entries.get(key, (None, 0))
+        return value, revision
+
+    def _store(self, key: str, value: bytes) -> None:
+        self.revision += 1
+        self.entries[key] = (value, self.revision)
+
+    async def write(self, key: str, value: bytes, last: int) -> None:
+        self.writes += 1
+        if self.race:
+            self._store(key, self.race.pop())
+        if self.entries.get(key, (None, 0))[1] != last:
+            raise Conflict(key)
+        self._store(key, value)
+        if self.lose:
+            self.lose -= 1
+            raise BackendError("the link was cut before the answer")
+
+    async def now_ms(self) -> int:
+        return NOW
+
+
+def _acquire(slot_ms: int, instance: str = "i1") -> Acquire:
+    return Acquire(slot_ms, "schedule", "skip", f"tok-{instance}", "run", instance, NOW)
+
+
+async def _decide(rows: Rows, request: object) -> object:
+    answer, _ = await rows.decide("job", request, ttl_ms=1000, skew_ms=500, timeout=5.0)  # type: ignore[arg-type]
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("value", "option"),
+    [
+        ({"bucket": "a.b"}, "bucket"),
+        ({"bucket": ""}, "bucket"),
+        ({"replicas": 0}, "replicas"),
+        ({"lease_ttl": "0s"}, "lease_ttl"),
+        ({"max_clock_skew": -1}, "max_clock_skew"),
+    ],
+)
+def test_options_are_checked_at_construction(value: dict[str, object], option: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        NATSLeaseBackend("nats://127.0.0.1:9", **value)  # type: ignore[arg-type]
+    assert caught.value.option == option
+    assert "NATSLeaseBackend" in str(caught.value)
+
+
+def test_servers_are_checked_and_named_by_this_backend() -> None:
+    with pytest.raises(ConfigurationError, match="of NATSLeaseBackend has the scheme 'http'"):
+        NATSLeaseBackend("http://127.0.0.1:4222")
+
+
+def test_row_keys_are_valid_kv_keys_and_injective() -> None:
+    jobs = ["a", "a.b", "a:b", "a$b", "a=3Ab", "a-b_c", "..", "é"]
+    keys = [row_key(job) for job in jobs]
+    assert len(set(keys)) == len(jobs)
+    for key in keys:
+        assert all(token for token in key.split(".")), key
+        assert set(key) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-=.")
+
+
+@pytest.mark.asyncio
+async def test_a_row_round_trips() -> None:
+    table = FakeTable()
+    lease = await _decide(Rows(table, "B"), _acquire(NOW))
+    assert isinstance(lease, Lease)
+    row, write_id = decode_row(table.entries[row_key("job")][0])
+    assert row.fence == NOW and row.leases[NOW].token == "tok-i1" and write_id
+    assert decode_row(encode_row(row, "w"))[0] == row
+
+
+@pytest.mark.asyncio
+async def test_a_lost_race_reads_again_and_decides_on_the_winners_row() -> None:
+    table = FakeTable()
+    rows = Rows(table, "B")
+    winner = encode_row(JobRow(NOW, None, {}), "theirs")  # another instance claimed the slot
+    table.race.append(winner)
+    assert await _decide(rows, _acquire(NOW)) == "not-acquired"
+    assert table.writes == 1
+
+
+@pytest.mark.asyncio
+async def test_a_write_without_an_answer_stands_when_the_row_is_still_its_own() -> None:
+    table = FakeTable()
+    rows = Rows(table, "B")
+    table.lose = 1
+    lease = await _decide(rows, _acquire(NOW))
+    assert isinstance(lease, Lease)
+    assert await _decide(rows, Renew(NOW, lease.token)) is True
+
+
+@pytest.mark.asyncio
+async def test_a_write_without_an_answer_fails_closed_when_another_came_after() -> None:
+    class Overwritten(FakeTable):
+        async def write(self, key: str, value: bytes, last: int) -> None:
+            self._store(key, value)  # stored...
+            self._store(key, encode_row(JobRow(NOW, None, {}), "later"))  # ...overwritten...
+            raise BackendError("the link was cut before the answer")  # ...answer lost
+
+    table = Overwritten()
+    with pytest.raises(BackendError, match="the link was cut"):
+        await _decide(Rows(table, "B"), _acquire(NOW))
+
+
+@pytest.mark.asyncio
+async def test_a_refusal_writes_nothing() -> None:
+    table = FakeTable()
+    rows = Rows(table, "B")
+    assert isinstance(await _decide(rows, _acquire(NOW)), Lease)
+    writes = table.writes
+    assert await _decide(rows, _acquire(NOW - 1, "i2")) == "not-acquired"
+    assert await _decide(rows, Renew(NOW, "not-the-token")) is False
+    assert table.writes == writes
