@@ -27,7 +27,7 @@ class FakeTable(Table):
         self.lose = 0
         self.writes = 0
 
-    async def read(self, key: str) -> tuple[bytes | None, int]:
+    async def read(self, key: str, timeout: float) -> tuple[bytes | None, int]:
         value, revision = self.entries.get(key, (None, 0))
         return value, revision
 
@@ -35,7 +35,7 @@ class FakeTable(Table):
         self.revision += 1
         self.entries[key] = (value, self.revision)
 
-    async def write(self, key: str, value: bytes, last: int) -> None:
+    async def write(self, key: str, value: bytes, last: int, timeout: float) -> None:
         self.writes += 1
         if self.race:
             self._store(key, self.race.pop())
@@ -46,7 +46,7 @@ class FakeTable(Table):
             self.lose -= 1
             raise BackendError("the link was cut before the answer")
 
-    async def now_ms(self) -> int:
+    async def now_ms(self, timeout: float) -> int:
         return NOW
 
 
@@ -123,7 +123,7 @@ async def test_a_write_without_an_answer_stands_when_the_row_is_still_its_own() 
 @pytest.mark.asyncio
 async def test_a_write_without_an_answer_fails_closed_when_another_came_after() -> None:
     class Overwritten(FakeTable):
-        async def write(self, key: str, value: bytes, last: int) -> None:
+        async def write(self, key: str, value: bytes, last: int, timeout: float) -> None:
             self._store(key, value)  # stored...
             self._store(key, encode_row(JobRow(NOW, None, {}), "later"))  # ...overwritten...
             raise BackendError("the link was cut before the answer")  # ...answer lost

@@ -243,10 +243,15 @@ class NATSLeaseBackend(LeaseBackendBase):
                 backend=BACKEND,
             )
 
-    def _client(self) -> tuple[JetStreamContext, Rows]:
-        if self._js is None or self._rows is None:
+    def _jetstream(self) -> JetStreamContext:
+        if self._js is None:
             raise BackendUnavailableError(f"{BACKEND} is not started (call start() first)")
-        return self._js, self._rows
+        return self._js
+
+    def _lease_rows(self) -> Rows:
+        if self._rows is None:
+            raise BackendUnavailableError(f"{BACKEND} is not started (call start() first)")
+        return self._rows
 
     # -- leases ------------------------------------------------------------------------------
 
@@ -260,7 +265,7 @@ class NATSLeaseBackend(LeaseBackendBase):
         reason: RunReason,
         timeout: float,
     ) -> Lease | Literal["overlap", "not-acquired"]:
-        _, rows = self._client()
+        rows = self._lease_rows()
         started = self._instance_now()
         request = Acquire(
             slot.slot_ms, reason, policy.overlap, new_token(), run_id, instance_id, started
@@ -276,7 +281,7 @@ class NATSLeaseBackend(LeaseBackendBase):
 
     async def renew(self, lease: Lease) -> bool:
         """Answers within a third of ``lease_ttl``."""
-        _, rows = self._client()
+        rows = self._lease_rows()
         with self._translated("renew", lease.slot.key):
             answer, _ = await rows.decide(
                 lease.job,
@@ -288,7 +293,7 @@ class NATSLeaseBackend(LeaseBackendBase):
         return answer is True
 
     async def release(self, lease: Lease, *, handover: bool = False) -> None:
-        _, rows = self._client()
+        rows = self._lease_rows()
         with self._translated("release", lease.slot.key):
             await rows.decide(
                 lease.job,
@@ -316,9 +321,9 @@ class NATSLeaseBackend(LeaseBackendBase):
         return leases
 
     async def _take_over_job(self, policy: JobPolicy, instance_id: str) -> list[Lease]:
-        _, rows = self._client()
+        rows = self._lease_rows()
         with self._translated("take over the slots of", repr(policy.name)):
-            if not (await rows.read(policy.name)).leases:
+            if not (await rows.read(policy.name, _OPERATION_TIMEOUT_S)).leases:
                 return []  # nothing runs nor waits: no need of the server's clock
             request = TakeOver(policy, instance_id, self._instance_now())
             taken, _ = await rows.decide(
@@ -349,12 +354,12 @@ class NATSLeaseBackend(LeaseBackendBase):
 
     async def prepare(self, jobs: Sequence[JobPolicy]) -> None:
         if jobs:
-            js, _ = self._client()
+            js = self._jetstream()
             with self._translated("preparing the history stream"):
                 await self._ensure_history(js, max(job.history_size for job in jobs))
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
-        js, _ = self._client()
+        js = self._jetstream()
         with self._translated(f"recording a run of {job.name!r}"):
             await self._ensure_history(js, job.history_size)
             headers = {_MSG_ID: f"{Slot(record.job, record.slot_ms).key}:{record.run_id}"}
@@ -370,7 +375,7 @@ class NATSLeaseBackend(LeaseBackendBase):
                 )
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
-        js, _ = self._client()
+        js = self._jetstream()
         subject = self._names.history_subject(job.name)
         count = min(limit, job.history_size)
         with self._translated(f"reading the history of {job.name!r}"):
@@ -523,29 +528,31 @@ class _KVTable(Table):
         self._clock_subject = f"$KV.{owner.bucket}.{_CLOCK_KEY}"
         self._probe: asyncio.Future[int] | None = None
 
-    async def read(self, key: str) -> tuple[bytes | None, int]:
+    async def read(self, key: str, timeout: float) -> tuple[bytes | None, int]:
         import nats.js.errors
 
         with self._owner._translated("reading", key):
             try:
-                entry = await self._kv.get(key)
+                async with asyncio.timeout(timeout):
+                    entry = await self._kv.get(key)
             except nats.js.errors.KeyNotFoundError:
                 return None, 0
         return entry.value, entry.revision or 0
 
-    async def write(self, key: str, value: bytes, last: int) -> None:
+    async def write(self, key: str, value: bytes, last: int, timeout: float) -> None:
         import nats.js.errors
 
         with self._owner._translated("writing", key):
             try:
-                if last:
-                    await self._kv.update(key, value, last=last)
-                else:
-                    await self._kv.create(key, value)
+                async with asyncio.timeout(timeout):
+                    if last:
+                        await self._kv.update(key, value, last=last)
+                    else:
+                        await self._kv.create(key, value)
             except nats.js.errors.KeyWrongLastSequenceError as exc:
                 raise Conflict(key) from exc
 
-    async def now_ms(self) -> int:
+    async def now_ms(self, timeout: float) -> int:
         """The server's clock: a probe written and read back (decisions that start while one
         is in flight share it: a reading taken a round trip earlier only makes leases look
         live a little longer)."""
@@ -554,12 +561,14 @@ class _KVTable(Table):
         probe = self._probe
         if probe is None or probe.done():
             probe = self._probe = asyncio.ensure_future(self._read_clock())
-        return await asyncio.shield(probe)
+        async with asyncio.timeout(timeout):
+            return await asyncio.shield(probe)
 
     async def _read_clock(self) -> int:
         with self._owner._translated("reading the server's clock"):
-            await self._js.publish(self._clock_subject, b"")
-            msg = await self._js.get_last_msg(self._stream, self._clock_subject)
+            async with asyncio.timeout(_API_TIMEOUT_S):
+                await self._js.publish(self._clock_subject, b"")
+                msg = await self._js.get_last_msg(self._stream, self._clock_subject)
         if msg.time is None:
             raise BackendError(f"{BACKEND}: the server stored the clock probe without a time")
         stamp = msg.time if msg.time.tzinfo is not None else msg.time.replace(tzinfo=UTC)

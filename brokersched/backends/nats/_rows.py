@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, Literal, cast
 
 from ..._exceptions import BackendError, BackendUnavailableError
@@ -40,17 +42,19 @@ class Table(ABC):
     """One key-value bucket, as the lease rows use it."""
 
     @abstractmethod
-    async def read(self, key: str) -> tuple[bytes | None, int]:
-        """The entry's value and revision, read from the store's leader (``None, 0``: none)."""
+    async def read(self, key: str, timeout: float) -> tuple[bytes | None, int]:
+        """The entry's value and revision, read from the store's leader (``None, 0``: none).
+        Every method answers within ``timeout`` seconds or raises ``TimeoutError`` (or
+        ``BackendError``)."""
 
     @abstractmethod
-    async def write(self, key: str, value: bytes, last: int) -> None:
+    async def write(self, key: str, value: bytes, last: int, timeout: float) -> None:
         """Store ``value`` if the entry's revision is still ``last`` (0: if there is none);
         raise ``Conflict`` otherwise, ``BackendError`` (or ``TimeoutError``) without an
         answer."""
 
     @abstractmethod
-    async def now_ms(self) -> int:
+    async def now_ms(self, timeout: float) -> int:
         """The store's clock (ms since the epoch)."""
 
 
@@ -101,12 +105,15 @@ class Rows:
     """The lease rows of one bucket: ``decide`` is the lease protocol applied to a job's row,
     atomically (a compare-and-set on its revision)."""
 
-    def __init__(self, table: Table, backend: str) -> None:
+    def __init__(
+        self, table: Table, backend: str, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         self.table = table
         self.backend = backend
+        self._monotonic = monotonic  # seconds; the fleet simulator's is virtual
 
-    async def read(self, job: str) -> JobRow:
-        row, _ = decode_row((await self.table.read(row_key(job)))[0])
+    async def read(self, job: str, timeout: float) -> JobRow:
+        row, _ = decode_row((await self.table.read(row_key(job), timeout))[0])
         return row
 
     async def decide(
@@ -115,22 +122,26 @@ class Rows:
         """The answer to ``request`` and the store's clock it was decided at; raises
         ``BackendError`` when the answer is not definite within ``timeout`` seconds."""
         key = row_key(job)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = self._monotonic() + timeout
+
+        def left() -> float:
+            remaining = deadline - self._monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            return remaining
+
         try:
             for _ in range(_ROUNDS):
-                async with asyncio.timeout_at(deadline):
-                    (value, revision), now = await asyncio.gather(
-                        self.table.read(key), self.table.now_ms()
-                    )
+                (value, revision), now = await asyncio.gather(
+                    self.table.read(key, left()), self.table.now_ms(left())
+                )
                 row, _ = decode_row(value)
                 after, answer = decide(job, row, request, Store(now, ttl_ms, skew_ms))
                 if after == row:
                     return answer, now  # nothing changes: the answer holds as read
                 write_id = secrets.token_hex(8)
                 try:
-                    async with asyncio.timeout_at(deadline):
-                        await self.table.write(key, encode_row(after, write_id), revision)
+                    await self.table.write(key, encode_row(after, write_id), revision, left())
                 except Conflict:
                     continue
                 except (BackendError, TimeoutError):
@@ -151,8 +162,7 @@ class Rows:
         """Whether the row still holds the write ``write_id`` (then it landed, and nothing
         was written after it: the decision stands)."""
         try:
-            async with asyncio.timeout(_RESOLVE_S):
-                value, _ = await self.table.read(key)
+            value, _ = await self.table.read(key, _RESOLVE_S)
         except (BackendError, TimeoutError):
             return False
         return decode_row(value)[1] == write_id
