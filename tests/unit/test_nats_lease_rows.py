@@ -46,8 +46,9 @@ class FakeTable(Table):
             self.lose -= 1
             raise BackendError("the link was cut before the answer")
 
-    async def now_ms(self, timeout: float) -> int:
-        return NOW
+    async def read_at(self, key: str, timeout: float) -> tuple[bytes | None, int, int]:
+        value, revision = await self.read(key, timeout)
+        return value, revision, NOW
 
 
 def _acquire(slot_ms: int, instance: str = "i1") -> Acquire:

@@ -552,6 +552,11 @@ class _KVTable(Table):
             except nats.js.errors.KeyWrongLastSequenceError as exc:
                 raise Conflict(key) from exc
 
+    async def read_at(self, key: str, timeout: float) -> tuple[bytes | None, int, int]:
+        """The row and the server's clock, read together."""
+        (value, revision), now = await asyncio.gather(self.read(key, timeout), self.now_ms(timeout))
+        return value, revision, now
+
     async def now_ms(self, timeout: float) -> int:
         """The server's clock: a probe written and read back (decisions that start while one
         is in flight share it: a reading taken a round trip earlier only makes leases look

@@ -1,8 +1,8 @@
 """The lease rows of ``NATSLeaseBackend``, apart from nats-py: each job's row as one entry of
 a key-value table with revisions, and every change of it a compare-and-set.
 
-``Table`` is what a row needs of the store: read an entry with its revision, write one only if
-its revision is still the one read, and the store's clock. ``Rows.decide`` applies the lease
+``Table`` is what a row needs of the store: read an entry with its revision (and the store's
+clock), write one only if its revision is still the one read. ``Rows.decide`` applies the lease
 protocol (``_lease.decide``) to a job's row on the store's clock and writes the result; a lost
 race (another instance wrote first) reads again. A write whose answer is lost (a link cut, a
 timeout) may have landed: the row carries the id of the write that made it, so reading it back
@@ -12,7 +12,6 @@ The fleet simulator runs these rows over a model of the table.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 import time
@@ -54,8 +53,8 @@ class Table(ABC):
         answer."""
 
     @abstractmethod
-    async def now_ms(self, timeout: float) -> int:
-        """The store's clock (ms since the epoch)."""
+    async def read_at(self, key: str, timeout: float) -> tuple[bytes | None, int, int]:
+        """``read()``, and the store's clock (ms since the epoch) at about that moment."""
 
 
 def row_key(job: str) -> str:
@@ -132,9 +131,7 @@ class Rows:
 
         try:
             for _ in range(_ROUNDS):
-                (value, revision), now = await asyncio.gather(
-                    self.table.read(key, left()), self.table.now_ms(left())
-                )
+                value, revision, now = await self.table.read_at(key, left())
                 row, _ = decode_row(value)
                 after, answer = decide(job, row, request, Store(now, ttl_ms, skew_ms))
                 if after == row:
