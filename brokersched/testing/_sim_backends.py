@@ -606,7 +606,9 @@ class SimNATSLease(NATSLeaseBackend):
     async def _open(self, clock: Clock) -> None:
         self._clock = clock
         fleet = self.sim.fleet
-        self._rows = Rows(_SimTable(self), self.name, lambda: fleet.monotonic_ms() / 1000)
+        self._rows = Rows(
+            _SimTable(self), self.name, lambda: fleet.monotonic_ms() / 1000, fleet.sleep
+        )
 
     async def _close(self) -> None:
         self._clock, self._rows = None, None

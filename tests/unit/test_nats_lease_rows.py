@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from brokersched import ConfigurationError
-from brokersched._exceptions import BackendError
+from brokersched._exceptions import BackendError, BackendUnavailableError
 from brokersched.abc import Lease
 from brokersched.backends._lease import Acquire, JobRow, Renew
 from brokersched.backends.nats import NATSLeaseBackend
@@ -122,16 +122,54 @@ async def test_a_write_without_an_answer_stands_when_the_row_is_still_its_own() 
 
 
 @pytest.mark.asyncio
-async def test_a_write_without_an_answer_fails_closed_when_another_came_after() -> None:
+async def test_a_write_without_an_answer_that_another_followed_is_decided_again() -> None:
+    """The claim's write landed (or not) and another instance's fenced the slot after it: the
+    claim is decided again on that row, and refused; no lease is handed out unstored."""
+
     class Overwritten(FakeTable):
         async def write(self, key: str, value: bytes, last: int, timeout: float) -> None:
-            self._store(key, value)  # stored...
-            self._store(key, encode_row(JobRow(NOW, None, {}), "later"))  # ...overwritten...
-            raise BackendError("the link was cut before the answer")  # ...answer lost
+            self.writes += 1
+            self._store(key, encode_row(JobRow(NOW, None, {}), "later"))  # the other's
+            raise BackendError("the link was cut before the answer")
 
     table = Overwritten()
-    with pytest.raises(BackendError, match="the link was cut"):
-        await _decide(Rows(table, "B"), _acquire(NOW))
+    assert await _decide(Rows(table, "B"), _acquire(NOW)) == "not-acquired"
+    assert table.writes == 1
+
+
+@pytest.mark.asyncio
+async def test_a_grant_that_landed_before_another_write_is_found_by_its_token() -> None:
+    class Followed(FakeTable):
+        async def write(self, key: str, value: bytes, last: int, timeout: float) -> None:
+            await FakeTable.write(self, key, value, last, timeout)  # ours lands...
+            row, _ = decode_row(value)
+            self._store(key, encode_row(row, "a renewal of another slot"))  # ...then another
+            raise BackendError("the link was cut before the answer")
+
+    lease = await _decide(Rows(Followed(), "B"), _acquire(NOW))
+    assert isinstance(lease, Lease) and lease.token == "tok-i1"
+
+
+@pytest.mark.asyncio
+async def test_failed_calls_are_made_again_until_the_deadline() -> None:
+    class Electing(FakeTable):
+        failures = 3
+
+        async def read_at(self, key: str, timeout: float) -> tuple[bytes | None, int, int]:
+            if self.failures:
+                self.failures -= 1
+                raise BackendUnavailableError("no responders: the stream elects a leader")
+            return await FakeTable.read_at(self, key, timeout)
+
+    assert isinstance(await _decide(Rows(Electing(), "B"), _acquire(NOW)), Lease)
+
+    class Down(FakeTable):
+        async def read_at(self, key: str, timeout: float) -> tuple[bytes | None, int, int]:
+            raise BackendUnavailableError("connection refused")
+
+    rows = Rows(Down(), "B")
+    with pytest.raises(BackendUnavailableError, match="connection refused"):
+        await rows.decide("job", _acquire(NOW), ttl_ms=1000, skew_ms=500, timeout=0.2)
 
 
 @pytest.mark.asyncio

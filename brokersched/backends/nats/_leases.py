@@ -87,6 +87,7 @@ _BUCKET_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _API_TIMEOUT_S = 5.0
 _OPERATION_TIMEOUT_S = 10.0  # take-over, record, history: not time-critical, but bounded
 _CLOCK_KEY = "clock"
+_PROBE_TIMEOUT_S = 2.0  # a probe lost with a dying leader gives way to a new one soon
 _MSG_ID = "Nats-Msg-Id"
 _MSG_TTL = (2, 11)  # the first nats-server with per-message TTLs
 
@@ -571,7 +572,7 @@ class _KVTable(Table):
 
     async def _read_clock(self) -> int:
         with self._owner._translated("reading the server's clock"):
-            async with asyncio.timeout(_API_TIMEOUT_S):
+            async with asyncio.timeout(_PROBE_TIMEOUT_S):
                 await self._js.publish(self._clock_subject, b"")
                 msg = await self._js.get_last_msg(self._stream, self._clock_subject)
         if msg.time is None:

@@ -4,32 +4,37 @@ a key-value table with revisions, and every change of it a compare-and-set.
 ``Table`` is what a row needs of the store: read an entry with its revision (and the store's
 clock), write one only if its revision is still the one read. ``Rows.decide`` applies the lease
 protocol (``_lease.decide``) to a job's row on the store's clock and writes the result; a lost
-race (another instance wrote first) reads again. A write whose answer is lost (a link cut, a
-timeout) may have landed: the row carries the id of the write that made it, so reading it back
-says whether ours did; when it cannot be told, the error is raised (the caller fails closed).
+race (another instance wrote first) reads again. A failed call is made again until the
+decision's deadline; a write whose answer is lost (a link cut, a timeout) may have landed: the
+row carries the id of the write that made it, so reading it back says whether ours did.
 The fleet simulator runs these rows over a model of the table.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, cast
 
 from ..._exceptions import BackendError, BackendUnavailableError
-from ...abc import RunReason
-from .._lease import Answer, JobRow, LeaseRow, Request, Store, decide
+from ...abc import Lease, RunReason
+from .._lease import Acquire, Answer, JobRow, LeaseRow, Request, Store, decide
 
 __all__ = ["Conflict", "Rows", "Table", "decode_row", "encode_row", "row_key"]
 
 #: Rounds of read, decide, compare-and-set before a decision gives up (every lost round means
 #: another instance's write to the same job landed: the job is contested).
 _ROUNDS = 32
-#: How long the read that resolves a write without an answer may take.
-_RESOLVE_S = 1.0
+#: The longest one call waits for its answer before it is made again (a request lost with a
+#: dying stream leader is retried against the new one soon after its election).
+_ATTEMPT_S = 2.0
+#: The pause after a failed call, doubled after each, up to the longest.
+_PAUSE_S = 0.02
+_MAX_PAUSE_S = 0.5
 _KEY_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 
 
@@ -102,14 +107,22 @@ def _lease(fields: list[Any]) -> LeaseRow:
 
 class Rows:
     """The lease rows of one bucket: ``decide`` is the lease protocol applied to a job's row,
-    atomically (a compare-and-set on its revision)."""
+    atomically (a compare-and-set on its revision).
+
+    ``monotonic`` (seconds) and ``sleep`` are the time the retries are bounded and paced by
+    (the fleet simulator's are virtual)."""
 
     def __init__(
-        self, table: Table, backend: str, monotonic: Callable[[], float] = time.monotonic
+        self,
+        table: Table,
+        backend: str,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
         self.table = table
         self.backend = backend
-        self._monotonic = monotonic  # seconds; the fleet simulator's is virtual
+        self._monotonic = monotonic
+        self._sleep = sleep
 
     async def read(self, job: str, timeout: float) -> JobRow:
         row, _ = decode_row((await self.table.read(row_key(job), timeout))[0])
@@ -119,47 +132,70 @@ class Rows:
         self, job: str, request: Request, *, ttl_ms: int, skew_ms: int, timeout: float
     ) -> tuple[Answer, int]:
         """The answer to ``request`` and the store's clock it was decided at; raises
-        ``BackendError`` when the answer is not definite within ``timeout`` seconds."""
+        ``BackendError`` when no answer is definite within ``timeout`` seconds.
+
+        A call that fails (no leader while the bucket's stream elects one, a link cut) is made
+        again until the deadline: a read changes nothing, and a write is a compare-and-set, so
+        of all the writes made from one revision at most one lands. Which one, if any, the next
+        read tells: the row names the write that made it, and a write of this call's stands
+        (its answer is returned) as long as nothing was written after it. A grant of this call
+        that something else was written after is found by its token.
+        """
         key = row_key(job)
         deadline = self._monotonic() + timeout
+        mine: dict[str, tuple[Answer, int]] = {}  # this call's writes, by id: their answers
+        error: Exception | None = None
+        pause, conflicts = _PAUSE_S, 0
+        while conflicts < _ROUNDS:
+            if error is not None:
+                if deadline - self._monotonic() <= pause:
+                    break
+                await self._sleep(pause)
+                pause = min(pause * 2, _MAX_PAUSE_S)
+            left = deadline - self._monotonic()
+            if left <= 0:
+                break
+            try:
+                value, revision, now = await self.table.read_at(key, min(left, _ATTEMPT_S))
+            except (BackendError, TimeoutError) as exc:
+                error = exc
+                continue
+            row, write_id = decode_row(value)
+            if write_id in mine:
+                return mine[write_id]  # a write of this call landed, and nothing after it
+            if isinstance(request, Acquire):
+                held = row.leases.get(request.slot_ms)
+                if held is not None and held.token == request.token:  # landed, then others
+                    return _granted(job, request), now
+            after, answer = decide(job, row, request, Store(now, ttl_ms, skew_ms))
+            if after == row:
+                return answer, now  # nothing changes: the answer holds as read
+            write_id = secrets.token_hex(8)
+            mine[write_id] = (answer, now)
+            left = deadline - self._monotonic()
+            try:
+                await self.table.write(
+                    key, encode_row(after, write_id), revision, max(min(left, _ATTEMPT_S), 0.001)
+                )
+            except Conflict:
+                error = None  # another instance's write came first: decide again on it
+                conflicts += 1
+                continue
+            except (BackendError, TimeoutError) as exc:
+                error = exc  # landed or not: the next read tells
+                continue
+            return answer, now
+        if error is None and conflicts >= _ROUNDS:
+            raise BackendError(
+                f"{self.backend}: the lease row of {job!r} kept changing ({_ROUNDS} writes of "
+                "other instances came first)"
+            )
+        if isinstance(error, BackendError):
+            raise error
+        raise BackendUnavailableError(
+            f"{self.backend}: no definite answer for {job!r} within {timeout:g}s"
+        ) from error
 
-        def left() -> float:
-            remaining = deadline - self._monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            return remaining
 
-        try:
-            for _ in range(_ROUNDS):
-                value, revision, now = await self.table.read_at(key, left())
-                row, _ = decode_row(value)
-                after, answer = decide(job, row, request, Store(now, ttl_ms, skew_ms))
-                if after == row:
-                    return answer, now  # nothing changes: the answer holds as read
-                write_id = secrets.token_hex(8)
-                try:
-                    await self.table.write(key, encode_row(after, write_id), revision, left())
-                except Conflict:
-                    continue
-                except (BackendError, TimeoutError):
-                    if await self._landed(key, write_id):
-                        return answer, now
-                    raise
-                return answer, now
-        except TimeoutError as exc:
-            raise BackendUnavailableError(
-                f"{self.backend}: no definite answer for {job!r} within {timeout:g}s"
-            ) from exc
-        raise BackendError(
-            f"{self.backend}: the lease row of {job!r} kept changing ({_ROUNDS} writes of "
-            "other instances came first)"
-        )
-
-    async def _landed(self, key: str, write_id: str) -> bool:
-        """Whether the row still holds the write ``write_id`` (then it landed, and nothing
-        was written after it: the decision stands)."""
-        try:
-            value, _ = await self.table.read(key, _RESOLVE_S)
-        except (BackendError, TimeoutError):
-            return False
-        return decode_row(value)[1] == write_id
+def _granted(job: str, claim: Acquire) -> Lease:
+    return Lease(job, claim.slot_ms, claim.token, claim.run_id, 1, claim.reason)
