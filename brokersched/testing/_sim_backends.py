@@ -15,6 +15,7 @@ process (SQLite). A killed instance's backend answers nothing, ever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import itertools
 import json
@@ -543,12 +544,22 @@ def _job_of(key: str) -> str:
 
 
 class _Bucket:
-    """The KV bucket: entries with their revisions (the store's clock is the store's)."""
+    """The KV bucket: entries with their revisions (the store's clock is the store's).
+
+    ``flaky_until`` (monotonic ms): until then, a call's answer is lost now and then, the call
+    applied or not (a link that drops packets; a stream leader that dies after it stored a
+    write and before it answered): the writes whose outcome the caller cannot know."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.entries: dict[str, tuple[bytes, int]] = {}
         self.revision = 0
+        self.flaky_until = -1
+
+    def lost(self) -> bool:
+        """Whether this call's answer is lost (drawn while the link is flaky)."""
+        store = self.store
+        return store.fleet.monotonic_ms() < self.flaky_until and store.rng.random() < 0.3
 
 
 class _SimTable(Table):
@@ -569,6 +580,14 @@ class _SimTable(Table):
     async def write(self, key: str, value: bytes, last: int, timeout: float) -> None:
         async def write() -> None:
             await asyncio.sleep(0)
+            if self.bucket.lost():
+                if self.sim.rng.random() < 0.5:
+                    with contextlib.suppress(Conflict):
+                        store()
+                raise BackendError("no answer from the bucket (the link dropped it)")
+            store()
+
+        def store() -> None:
             before, revision = self.bucket.entries.get(key, (None, 0))
             if revision != last:
                 raise Conflict(key)
@@ -581,6 +600,8 @@ class _SimTable(Table):
     async def read_at(self, key: str, timeout: float) -> tuple[bytes | None, int, int]:
         async def read() -> tuple[bytes | None, int, int]:
             await asyncio.sleep(0)
+            if self.bucket.lost():
+                raise BackendError("no answer from the bucket (the link dropped it)")
             value, revision = self.bucket.entries.get(key, (None, 0))
             return value, revision, self.sim.clock.now_ms()
 

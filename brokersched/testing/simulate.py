@@ -577,6 +577,9 @@ class Simulation:
                 (self.fleet.now_ms(), self.fleet.now_ms() + store.down_until - now)
             )
             self.log.append(f"store down until {store.down_until}")
+        elif roll < 0.7 and self.kind == "natslease":
+            self._data.flaky_until = now + rng.choice((1000, 4000, 10_000))
+            self.log.append(f"bucket link flaky until {self._data.flaky_until}")
         elif roll < 0.7 and self.kind == "lease":
             store.locked_until = now + rng.choice((500, 2000, 5000))
             self.ledger.outages.append(
