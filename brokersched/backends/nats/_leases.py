@@ -90,6 +90,7 @@ _CLOCK_KEY = "clock"
 _PROBE_TIMEOUT_S = 2.0  # a probe lost with a dying leader gives way to a new one soon
 _MSG_ID = "Nats-Msg-Id"
 _MSG_TTL = (2, 11)  # the first nats-server with per-message TTLs
+_SERIAL_CAS = (2, 11)  # the first whose clustered streams serialize compare-and-sets
 
 
 class NATSLeaseBackend(LeaseBackendBase):
@@ -165,7 +166,8 @@ class NATSLeaseBackend(LeaseBackendBase):
         try:
             js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
             with self._translated("preparing the bucket"):
-                kv = await self._bucket_kv(js)
+                self._check_replicas(self._replicas, nc)
+                kv = await self._bucket_kv(js, nc)
                 await self._check_history_stream(js)
         except BaseException:
             await to_the_end(_close_client(nc))
@@ -207,7 +209,31 @@ class NATSLeaseBackend(LeaseBackendBase):
     def _translated(self, *what: str) -> Translated:
         return Translated(*what, secrets=self._secrets, backend=BACKEND)
 
-    async def _bucket_kv(self, js: JetStreamContext) -> KeyValue:
+    def _check_replicas(self, replicas: int, nc: NATSClient) -> None:
+        """Refuse a replicated bucket on a server that does not serialize compare-and-sets.
+
+        Before nats-server 2.11 a clustered stream checked ``Nats-Expected-Last-Subject-
+        Sequence`` before the write's Raft proposal, not within it: two writes made from one
+        revision at the same moment could both land (nats-io/nats-server#4320, #5644), so two
+        instances could both be granted a slot. Seen here: a slot ran twice on a 3-node 2.9.10
+        cluster whose bucket leader was killed. A single server serializes them."""
+        if replicas <= 1:
+            return
+        version = nc.connected_server_version
+        if version is not None and (version.major, version.minor) >= _SERIAL_CAS:
+            return
+        shown = "unknown" if version is None else f"{version.major}.{version.minor}"
+        raise ConfigurationError(
+            f"{BACKEND}: a bucket with {replicas} replicas needs nats-server "
+            f"{_SERIAL_CAS[0]}.{_SERIAL_CAS[1]} or later (connected to {shown}): before it, a "
+            "clustered stream lets two compare-and-set writes from one revision both land "
+            "(nats-io/nats-server#4320, #5644), and a slot could run twice; upgrade the "
+            "servers, or use replicas=1 (one server)",
+            option="replicas",
+            backend=BACKEND,
+        )
+
+    async def _bucket_kv(self, js: JetStreamContext, nc: NATSClient) -> KeyValue:
         """The bucket, created when missing (file storage, one revision per key, no TTL: a
         row holds the job's fences for ever; read from the leader only)."""
         import nats.js.errors
@@ -219,7 +245,7 @@ class NATSLeaseBackend(LeaseBackendBase):
             except nats.js.errors.BucketNotFoundError:
                 pass
             else:
-                await self._check_bucket(js)
+                await self._check_bucket(js, nc)
                 return kv
             try:
                 return await js.create_key_value(  # pyright: ignore[reportUnknownMemberType]
@@ -234,8 +260,10 @@ class NATSLeaseBackend(LeaseBackendBase):
                 continue  # created by another instance meanwhile: take it
         raise BackendError(f"{BACKEND}: bucket {self._bucket!r} keeps changing")
 
-    async def _check_bucket(self, js: JetStreamContext) -> None:
-        problems = bucket_problems((await js.stream_info(_kv_stream(self._bucket))).config)
+    async def _check_bucket(self, js: JetStreamContext, nc: NATSClient) -> None:
+        config = (await js.stream_info(_kv_stream(self._bucket))).config
+        self._check_replicas(config.num_replicas or 1, nc)
+        problems = bucket_problems(config)
         if problems:
             raise ConfigurationError(
                 f"{BACKEND}: the existing KV bucket {self._bucket!r} cannot be used: "
