@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal, cast
 
 from ..._exceptions import BackendError, BackendUnavailableError
+from ..._tasks import cancel_requests, raise_if_cancelled_since
 from ...abc import Lease, RunReason
 from .._lease import Acquire, Answer, JobRow, LeaseRow, Request, Store, decide
 
@@ -143,6 +144,7 @@ class Rows:
         """
         key = row_key(job)
         deadline = self._monotonic() + timeout
+        cancels = cancel_requests()
         mine: dict[str, tuple[Answer, int]] = {}  # this call's writes, by id: their answers
         error: Exception | None = None
         pause, conflicts = _PAUSE_S, 0
@@ -158,8 +160,10 @@ class Rows:
             try:
                 value, revision, now = await self.table.read_at(key, min(left, _ATTEMPT_S))
             except (BackendError, TimeoutError) as exc:
+                raise_if_cancelled_since(cancels)  # swallowed by nats-py's wait_for (3.11)
                 error = exc
                 continue
+            raise_if_cancelled_since(cancels)  # no write after a cancellation swallowed
             row, write_id = decode_row(value)
             if write_id in mine:
                 return mine[write_id]  # a write of this call landed, and nothing after it
@@ -182,6 +186,7 @@ class Rows:
                 conflicts += 1
                 continue
             except (BackendError, TimeoutError) as exc:
+                raise_if_cancelled_since(cancels)
                 error = exc  # landed or not: the next read tells
                 continue
             return answer, now
