@@ -377,3 +377,38 @@ async def test_node_partitioned_then_healed(nats_cluster: NatsCluster, prefix: s
     assert found.lost == [], f"slots run nowhere: {found}"
     assert after_heal.resume_s <= RESUME_AFTER_HEAL_S, str(after_heal)
     await _check_history(cluster, prefix, fleet)
+
+
+async def test_lease_bucket_follower_partitioned_then_healed(
+    nats_cluster: NatsCluster, prefix: str
+) -> None:
+    """NATSLeaseBackend on an R3 bucket whose follower is cut off, then healed (the leader
+    steps down for its higher term after the heal): no slot runs twice, none is lost outside
+    the fault, and runs resume."""
+    cluster, stream = nats_cluster, f"KV_{prefix}"
+    if cluster.mode != "netns":
+        unavailable("partitions need network namespaces (root and `ip netns add`)")
+    if cluster.version < (2, 11):
+        return  # replicas refused (test_lease_bucket_leader_killed_and_restarted)
+    fleet = await Fleet.start(cluster.servers, prefix, backend="leases")
+    try:
+        await cluster.wait_current(stream)
+        await _runs_resumed(fleet, now_ms() + 1000, timeout=10)
+        node = await cluster.leader(stream) % 3 + 1  # a follower
+        fault = now_ms()
+        await cluster.run("partition", str(node))
+        await asyncio.sleep(PARTITION_S)
+        await cluster.run("heal")
+        await cluster.wait_current(stream, timeout=60)
+        await _runs_resumed(fleet, now_ms() + 1000, timeout=RESUME_AFTER_HEAL_S)
+        resumed = now_ms()
+        await fleet.stop()
+    finally:
+        await cluster.run("heal")
+        await fleet.kill()
+        await cluster.delete_streams(prefix)
+    found = figures(fleet, fault)
+    print(f"n{node} cut off for {PARTITION_S:g}s: {found}; skips {dict(fleet.skips())}")
+    assert found.twice == [], "slots run twice"
+    outside = [(job, slot) for job, slot in found.lost if not fault - 1000 <= slot <= resumed]
+    assert outside == [], f"slots lost outside the fault: {outside}"
