@@ -25,8 +25,9 @@ from brokersched.testing._sim_backends import (
 from brokersched.testing.simulate import BACKENDS, simulate
 
 # About 0.6 s a seed on this repository's idle 2-core machine (several times that under load):
-# 4 x 12 seeds, and 6 of natslease (1-3 s each), stay within CI's minute and a half. One test a seed, so that a slow machine never runs one
-# test past its timeout, and a failure names its seed.
+# 4 x 12 seeds, and 6 of natslease (1-3 s each), stay within CI's minute and a half. One test a
+# seed, so that a slow machine never runs one test past its timeout, and a failure names its
+# seed.
 SEEDS = range(12)
 CASES = [(b, seed) for b in BACKENDS for seed in (SEEDS if b != "natslease" else SEEDS[:6])]
 
