@@ -32,13 +32,17 @@ from ...abc import (
     Slot,
 )
 from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms, claim_margin
-from .._keywords import own_options, parameter_names, refuse_unknown
+from .._keywords import own_options, refuse_unknown
 from .._lease import check_max_clock_skew
 from . import _ops
 from ._base import (
     BACKEND,
+    CALLBACKS,
+    CONNECT_DEFAULTS,
+    SECRET_OPTIONS,
     Translated,
     check_servers,
+    connect_keywords,
     describe,
     import_nats,
     logger,
@@ -79,28 +83,6 @@ _API_TIMEOUT_S = 5.0
 _CLAIM_TIMEOUT = "2s"
 _CLUSTER_CLAIM_TIMEOUT = "30s"
 
-# Defaults for nats.connect that suit a scheduler (the caller's connect_options win): reconnect
-# for ever and quickly, so that claiming resumes by itself shortly after NATS returns, and notice
-# a half-open connection within ~30 s instead of nats-py's 4 minutes.
-_CONNECT_DEFAULTS: dict[str, Any] = {
-    "name": "brokersched",
-    "max_reconnect_attempts": -1,
-    "reconnect_time_wait": 0.5,
-    "ping_interval": 10,
-    "max_outstanding_pings": 3,
-    "connect_timeout": 2,
-}
-_CALLBACKS = ("error_cb", "disconnected_cb", "reconnected_cb", "closed_cb")
-# connect_options that hold a secret (nats.connect's keywords)
-_SECRET_OPTIONS = ("password", "token", "nkeys_seed_str")
-
-
-def _connect_keywords() -> set[str]:
-    """The keywords ``nats.connect`` (``Client.connect``) really accepts."""
-    from nats.aio.client import Client
-
-    return parameter_names(Client.connect) - {"servers"}
-
 
 class NATSBackend(ClaimBackend):
     """Claims and history on NATS JetStream (claim-only: no leases).
@@ -135,7 +117,7 @@ class NATSBackend(ClaimBackend):
             connect_options,
             own=own_options(NATSBackend),
             library="nats.connect",
-            accepted=_connect_keywords,
+            accepted=connect_keywords,
         )
         self._skew_ms = to_ms(check_max_clock_skew(max_clock_skew, backend=BACKEND))
         self._clock: Clock | None = None
@@ -158,7 +140,7 @@ class NATSBackend(ClaimBackend):
         self._replicas = replicas
         self._connect_options = dict(connect_options)
         self._secrets = _redact.connection_secrets(
-            self._servers, self._connect_options, _SECRET_OPTIONS
+            self._servers, self._connect_options, SECRET_OPTIONS
         )
         self._shown_servers = ", ".join(_redact.redact_url(s) for s in self._servers)
         self._capabilities = Capabilities(
@@ -231,7 +213,7 @@ class NATSBackend(ClaimBackend):
 
     async def _connect(self, nats: Any, cancels: int) -> NATSClient:
         options: dict[str, Any] = {
-            **_CONNECT_DEFAULTS,
+            **CONNECT_DEFAULTS,
             **self._connect_options,
             **self._callbacks(),
         }
@@ -261,7 +243,7 @@ class NATSBackend(ClaimBackend):
             "reconnected_cb": self._on_reconnected,
             "closed_cb": self._on_closed,
         }
-        for name in _CALLBACKS:
+        for name in CALLBACKS:
             theirs = self._connect_options.get(name)
             if theirs is not None:
                 ours[name] = _chain(ours[name], theirs)

@@ -1,5 +1,6 @@
-"""What the claims and the streams of ``NATSBackend`` share: its name and logger, the server
-URLs, secrets and their redaction, and the translation of nats-py exceptions."""
+"""What the claims and the streams of ``NATSBackend`` (and ``NATSLeaseBackend``) share: the
+name and logger, the server URLs, the connection's defaults, secrets and their redaction, and
+the translation of nats-py exceptions."""
 
 from __future__ import annotations
 
@@ -13,11 +14,16 @@ from typing import Any, cast
 from ... import _redact
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from .._errors import ErrorMap, ErrorRow, Translating
+from .._keywords import parameter_names
 
 __all__ = [
     "BACKEND",
+    "CALLBACKS",
+    "CONNECT_DEFAULTS",
+    "SECRET_OPTIONS",
     "Translated",
     "check_servers",
+    "connect_keywords",
     "describe",
     "import_nats",
     "logger",
@@ -28,6 +34,29 @@ logger = logging.getLogger("brokersched.backends.nats")
 
 BACKEND = "NATSBackend"
 _EXTRA_HINT = "pip install 'brokersched[nats]'"
+
+
+# Defaults for nats.connect that suit a scheduler (the caller's connect_options win): reconnect
+# for ever and quickly, so that claiming resumes by itself shortly after NATS returns, and notice
+# a half-open connection within ~30 s instead of nats-py's 4 minutes.
+CONNECT_DEFAULTS: dict[str, Any] = {
+    "name": "brokersched",
+    "max_reconnect_attempts": -1,
+    "reconnect_time_wait": 0.5,
+    "ping_interval": 10,
+    "max_outstanding_pings": 3,
+    "connect_timeout": 2,
+}
+CALLBACKS = ("error_cb", "disconnected_cb", "reconnected_cb", "closed_cb")
+# connect_options that hold a secret (nats.connect's keywords)
+SECRET_OPTIONS = ("password", "token", "nkeys_seed_str")
+
+
+def connect_keywords() -> set[str]:
+    """The keywords ``nats.connect`` (``Client.connect``) really accepts."""
+    from nats.aio.client import Client
+
+    return parameter_names(Client.connect) - {"servers"}
 
 
 def redact(text: str) -> str:

@@ -67,8 +67,16 @@ from .._lease import (
 )
 from .._ops import LIVE_WINDOW, server_finding
 from . import _ops
-from ._backend import _CONNECT_DEFAULTS, _SECRET_OPTIONS, _connect_keywords
-from ._base import Translated, check_servers, describe, import_nats, logger
+from ._base import (
+    CONNECT_DEFAULTS,
+    SECRET_OPTIONS,
+    Translated,
+    check_servers,
+    connect_keywords,
+    describe,
+    import_nats,
+    logger,
+)
 from ._history import read_last
 from ._rows import Conflict, Rows, Table
 from ._streams import Names, history_config, history_problems
@@ -122,7 +130,7 @@ class NATSLeaseBackend(LeaseBackendBase):
             connect_options,
             own=own_options(NATSLeaseBackend),
             library="nats.connect",
-            accepted=_connect_keywords,
+            accepted=connect_keywords,
         )
         self._servers = check_servers(servers, BACKEND)
         self._bucket = _check_bucket(bucket)
@@ -136,7 +144,7 @@ class NATSLeaseBackend(LeaseBackendBase):
         self._names = Names(self._bucket)
         self._connect_options = dict(connect_options)
         self._secrets = _redact.connection_secrets(
-            self._servers, self._connect_options, _SECRET_OPTIONS
+            self._servers, self._connect_options, SECRET_OPTIONS
         )
         self._shown_servers = ", ".join(_redact.redact_url(s) for s in self._servers)
         self._nc: NATSClient | None = None
@@ -177,7 +185,7 @@ class NATSLeaseBackend(LeaseBackendBase):
 
     async def _connect(self) -> NATSClient:
         nats = import_nats(BACKEND)
-        options: dict[str, Any] = {**_CONNECT_DEFAULTS, **self._connect_options}
+        options: dict[str, Any] = {**CONNECT_DEFAULTS, **self._connect_options}
         options.setdefault("error_cb", self._on_error)
         budget = 2 * float(options["connect_timeout"]) * len(self._servers)
         nc: NATSClient = nats.NATS()
@@ -502,7 +510,7 @@ class NATSLeaseBackend(LeaseBackendBase):
             shown = None if version is None else f"{version.major}.{version.minor}.{version.patch}"
             findings = [server_finding("nats-server", shown, _ops.MIN_VERSION)]
             stream = _kv_stream(self._bucket)
-            info = await _ops._info(js, stream)
+            info = await _ops.stream_info_or_none(js, stream)
             if info is None:
                 findings.append(
                     Finding(
@@ -510,12 +518,12 @@ class NATSLeaseBackend(LeaseBackendBase):
                     )
                 )
             else:
-                findings += _ops._problems(stream, bucket_problems(info.config))
-                findings.append(_ops._replicas_finding(stream, info, self._replicas))
-            history = await _ops._info(js, self._names.history)
+                findings += _ops.problem_findings(stream, bucket_problems(info.config))
+                findings.append(_ops.replicas_finding(stream, info, self._replicas))
+            history = await _ops.stream_info_or_none(js, self._names.history)
             if history is not None:
                 problems = history_problems(history.config, self._names)
-                findings += _ops._problems(self._names.history, problems)
+                findings += _ops.problem_findings(self._names.history, problems)
             if version is not None and (version.major, version.minor) < _MSG_TTL:
                 findings.append(
                     Finding(
@@ -656,11 +664,11 @@ async def _inventory(js: JetStreamContext, bucket: str) -> Inventory:
     objects: list[StoredObject] = []
     live: list[str] = []
     for stream in _streams(bucket):
-        info = await _ops._info(js, stream)
+        info = await _ops.stream_info_or_none(js, stream)
         if info is None:
             continue
         objects.append(StoredObject("stream", stream))
-        last = await _ops._last_stored(js, stream, info)
+        last = await _ops.last_stored(js, stream, info)
         if last is not None and last > datetime.now(last.tzinfo) - LIVE_WINDOW:
             seconds = (datetime.now(last.tzinfo) - last).total_seconds()
             live.append(f"stream {stream} stored a message {seconds:.0f}s ago")
