@@ -520,6 +520,19 @@ class NATSLeaseBackend(LeaseBackendBase):
             else:
                 findings += _ops.problem_findings(stream, bucket_problems(info.config))
                 findings.append(_ops.replicas_finding(stream, info, self._replicas))
+                replicas = info.config.num_replicas or 1
+                old = version is not None and (version.major, version.minor) < _SERIAL_CAS
+                if replicas > 1 and old:
+                    findings.append(
+                        Finding(
+                            "error",
+                            f"stream {stream} replicas",
+                            f"{replicas} replicas on nats-server {shown}",
+                            "its compare-and-sets are not serialized: a slot can run twice "
+                            "(nats-io/nats-server#4320)",
+                            "upgrade the servers to 2.11 or later, or use one replica",
+                        )
+                    )
             history = await _ops.stream_info_or_none(js, self._names.history)
             if history is not None:
                 problems = history_problems(history.config, self._names)
@@ -603,6 +616,8 @@ class _KVTable(Table):
         probe = self._probe
         if probe is None or probe.done():
             probe = self._probe = asyncio.ensure_future(self._read_clock())
+            # Retrieved even when every caller gave up waiting (its error is theirs to see).
+            probe.add_done_callback(lambda done: done.cancelled() or done.exception())
         async with asyncio.timeout(timeout):
             return await asyncio.shield(probe)
 
