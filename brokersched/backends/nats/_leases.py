@@ -35,7 +35,7 @@ import logging
 import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ... import _redact
@@ -51,7 +51,6 @@ from ...abc import (
     RunReason,
     RunRecord,
     Slot,
-    StoredObject,
 )
 from .._keywords import own_options, refuse_unknown
 from .._lease import (
@@ -65,7 +64,7 @@ from .._lease import (
     TakeOver,
     new_token,
 )
-from .._ops import LIVE_WINDOW, server_finding
+from .._ops import server_finding
 from . import _ops
 from ._base import (
     CONNECT_DEFAULTS,
@@ -493,13 +492,7 @@ class NATSLeaseBackend(LeaseBackendBase):
 
     async def purge(self, inventory: Inventory) -> Inventory:
         async def purge(js: JetStreamContext, found: Inventory) -> Inventory:
-            import nats.js.errors
-
-            ours = set(_streams(found.namespace))
-            for item in found.objects:
-                if item.kind == "stream" and item.name in ours:
-                    with contextlib.suppress(nats.js.errors.NotFoundError):
-                        await js.delete_stream(item.name)
+            await _ops.delete_streams(js, found, _streams(found.namespace))
             return await _inventory(js, found.namespace)
 
         return await self._operation("delete its streams", purge, inventory)
@@ -676,18 +669,7 @@ def bucket_problems(config: Any) -> list[str]:
 
 
 async def _inventory(js: JetStreamContext, bucket: str) -> Inventory:
-    objects: list[StoredObject] = []
-    live: list[str] = []
-    for stream in _streams(bucket):
-        info = await _ops.stream_info_or_none(js, stream)
-        if info is None:
-            continue
-        objects.append(StoredObject("stream", stream))
-        last = await _ops.last_stored(js, stream, info)
-        if last is not None and last > datetime.now(last.tzinfo) - LIVE_WINDOW:
-            seconds = (datetime.now(last.tzinfo) - last).total_seconds()
-            live.append(f"stream {stream} stored a message {seconds:.0f}s ago")
-    return Inventory(BACKEND, bucket, tuple(objects), live=tuple(live))
+    return await _ops.streams_inventory(js, BACKEND, bucket, _streams(bucket))
 
 
 async def _close_client(nc: NATSClient) -> None:

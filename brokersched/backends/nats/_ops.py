@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MIN_VERSION",
+    "delete_streams",
     "doctor",
     "inventory",
     "last_stored",
@@ -27,6 +29,7 @@ __all__ = [
     "purge",
     "replicas_finding",
     "stream_info_or_none",
+    "streams_inventory",
 ]
 
 MIN_VERSION = (2, 9)
@@ -47,21 +50,34 @@ async def stream_info_or_none(js: JetStreamContext, stream: str) -> Any:
 
 
 async def inventory(js: JetStreamContext, names: Names) -> Inventory:
+    def window(stream: str, info: Any) -> timedelta:
+        if stream == names.claims:  # its messages are the claims: needed while remembered
+            return max(LIVE_WINDOW, timedelta(seconds=info.config.duplicate_window or 0))
+        return LIVE_WINDOW
+
+    return await streams_inventory(js, BACKEND, names.prefix, _streams(names), window)
+
+
+async def streams_inventory(
+    js: JetStreamContext,
+    backend: str,
+    namespace: str,
+    streams: Sequence[str],
+    window: Callable[[str, Any], timedelta] = lambda _stream, _info: LIVE_WINDOW,
+) -> Inventory:
+    """Which of ``streams`` exist; live: one that stored a message within its ``window``."""
     objects: list[StoredObject] = []
     live: list[str] = []
-    for stream in _streams(names):
+    for stream in streams:
         info = await stream_info_or_none(js, stream)
         if info is None:
             continue
         objects.append(StoredObject("stream", stream))
         last = await last_stored(js, stream, info)
-        window = LIVE_WINDOW
-        if stream == names.claims:  # its messages are the claims: needed while remembered
-            window = max(window, timedelta(seconds=info.config.duplicate_window or 0))
-        if last is not None and last > datetime.now(last.tzinfo) - window:
+        if last is not None and last > datetime.now(last.tzinfo) - window(stream, info):
             seconds = (datetime.now(last.tzinfo) - last).total_seconds()
             live.append(f"stream {stream} stored a message {seconds:.0f}s ago")
-    return Inventory(BACKEND, names.prefix, tuple(objects), live=tuple(live))
+    return Inventory(backend, namespace, tuple(objects), live=tuple(live))
 
 
 async def last_stored(js: JetStreamContext, stream: str, info: Any) -> datetime | None:
@@ -85,14 +101,18 @@ async def last_stored(js: JetStreamContext, stream: str, info: Any) -> datetime 
 
 async def purge(js: JetStreamContext, found: Inventory) -> Inventory:
     names = Names(found.namespace)
-    ours = set(_streams(names))
+    await delete_streams(js, found, _streams(names))
+    return await inventory(js, names)
+
+
+async def delete_streams(js: JetStreamContext, found: Inventory, ours: Sequence[str]) -> None:
+    """Delete the streams of ``found`` that are among ``ours`` (never another's)."""
+    import nats.js.errors
+
     for item in found.objects:
         if item.kind == "stream" and item.name in ours:
-            import nats.js.errors
-
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await js.delete_stream(item.name)
-    return await inventory(js, names)
 
 
 async def doctor(
