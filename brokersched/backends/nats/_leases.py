@@ -42,7 +42,7 @@ from ... import _redact
 from ..._clock import Clock, datetime_to_ms
 from ..._durations import Duration, to_ms
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
-from ..._tasks import to_the_end
+from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
 from ...abc import (
     Finding,
     Inventory,
@@ -188,11 +188,15 @@ class NATSLeaseBackend(LeaseBackendBase):
         options.setdefault("error_cb", self._on_error)
         budget = 2 * float(options["connect_timeout"]) * len(self._servers)
         nc: NATSClient = nats.NATS()
+        cancels = cancel_requests()
         try:
             async with asyncio.timeout(budget):
                 await nc.connect(self._servers, **options)
-        except Exception as exc:
+            raise_if_cancelled_since(cancels)  # swallowed by nats-py's wait_for (3.11)
+        except BaseException as exc:
             await to_the_end(_close_client(nc))
+            if not isinstance(exc, Exception):
+                raise
             raise BackendUnavailableError(
                 f"{BACKEND}: cannot connect to NATS at {self._shown_servers} within "
                 f"{budget:g}s ({describe(exc, self._secrets)})"
