@@ -8,8 +8,8 @@ import pytest
 
 from brokersched import ConfigurationError
 from brokersched._exceptions import BackendError, BackendUnavailableError
-from brokersched.abc import Lease
-from brokersched.backends._lease import Acquire, JobRow, Renew
+from brokersched.abc import JobPolicy, Lease
+from brokersched.backends._lease import Acquire, JobRow, LeaseRow, Renew, TakenOver, TakeOver
 from brokersched.backends.nats import NATSLeaseBackend
 from brokersched.backends.nats._rows import Conflict, Rows, Table, decode_row, encode_row, row_key
 
@@ -148,6 +148,30 @@ async def test_a_grant_that_landed_before_another_write_is_found_by_its_token() 
 
     lease = await _decide(Rows(Followed(), "B"), _acquire(NOW))
     assert isinstance(lease, Lease) and lease.token == "tok-i1"
+
+
+@pytest.mark.asyncio
+async def test_a_take_over_that_landed_before_another_write_is_found_by_its_tokens() -> None:
+    """The restart of a dead runner's slot landed, its answer was lost, another write came
+    after: the take-over is not made again (its lease would be nobody's), it answers the
+    restart it made, with the dead attempt to record."""
+
+    class Followed(FakeTable):
+        async def write(self, key: str, value: bytes, last: int, timeout: float) -> None:
+            await FakeTable.write(self, key, value, last, timeout)
+            row, _ = decode_row(value)
+            self._store(key, encode_row(row, "another instance's"))
+            raise BackendError("the link was cut before the answer")
+
+    table = Followed()
+    dead = LeaseRow("old", "run-1", "i1", "schedule", 1, "running", NOW - 5000, NOW - 100)
+    table._store(row_key("job"), encode_row(JobRow(NOW - 3000, None, {NOW - 3000: dead}), "w"))
+    taken = await _decide(Rows(table, "B"), TakeOver(JobPolicy("job"), "i2", NOW))
+    assert isinstance(taken, TakenOver)
+    assert [(lease.slot_ms, lease.attempt) for lease in taken.leases] == [(NOW - 3000, 2)]
+    assert [record.run_id for record in taken.records] == ["run-1"]
+    row, _ = decode_row(table.entries[row_key("job")][0])
+    assert row.leases[NOW - 3000].token == taken.leases[0].token
 
 
 @pytest.mark.asyncio

@@ -23,12 +23,12 @@ from typing import Any, Literal, cast
 from ..._exceptions import BackendError, BackendUnavailableError
 from ..._tasks import cancel_requests, raise_if_cancelled_since
 from ...abc import Lease, RunReason
-from .._lease import Acquire, Answer, JobRow, LeaseRow, Request, Store, decide
+from .._lease import Answer, JobRow, LeaseRow, Request, Store, TakenOver, decide
 
 __all__ = ["Conflict", "Rows", "Table", "decode_row", "encode_row", "row_key"]
 
-#: Rounds of read, decide, compare-and-set before a decision gives up (every lost round means
-#: another instance's write to the same job landed: the job is contested).
+#: Compare-and-sets a decision may lose to other instances' writes of the same row before it
+#: gives up (the job is contested).
 _ROUNDS = 32
 #: The longest one call waits for its answer before it is made again (a request lost with a
 #: dying stream leader is retried against the new one soon after its election).
@@ -44,19 +44,17 @@ class Conflict(Exception):
 
 
 class Table(ABC):
-    """One key-value bucket, as the lease rows use it."""
+    """One key-value bucket, as the lease rows use it. Every method answers within
+    ``timeout`` seconds or raises ``TimeoutError`` or ``BackendError`` (no answer)."""
 
     @abstractmethod
     async def read(self, key: str, timeout: float) -> tuple[bytes | None, int]:
-        """The entry's value and revision, read from the store's leader (``None, 0``: none).
-        Every method answers within ``timeout`` seconds or raises ``TimeoutError`` (or
-        ``BackendError``)."""
+        """The entry's value and revision, read from the store's leader (``None, 0``: none)."""
 
     @abstractmethod
     async def write(self, key: str, value: bytes, last: int, timeout: float) -> None:
         """Store ``value`` if the entry's revision is still ``last`` (0: if there is none);
-        raise ``Conflict`` otherwise, ``BackendError`` (or ``TimeoutError``) without an
-        answer."""
+        raise ``Conflict`` otherwise. Without an answer it may have landed or not."""
 
     @abstractmethod
     async def read_at(self, key: str, timeout: float) -> tuple[bytes | None, int, int]:
@@ -139,8 +137,9 @@ class Rows:
         again until the deadline: a read changes nothing, and a write is a compare-and-set, so
         of all the writes made from one revision at most one lands. Which one, if any, the next
         read tells: the row names the write that made it, and a write of this call's stands
-        (its answer is returned) as long as nothing was written after it. A grant of this call
-        that something else was written after is found by its token.
+        (its answer is returned) as long as nothing was written after it. A write of this call
+        that granted leases (a claim, a take-over) is found by their tokens even after others
+        wrote.
         """
         key = row_key(job)
         deadline = self._monotonic() + timeout
@@ -167,10 +166,10 @@ class Rows:
             row, write_id = decode_row(value)
             if write_id in mine:
                 return mine[write_id]  # a write of this call landed, and nothing after it
-            if isinstance(request, Acquire):
-                held = row.leases.get(request.slot_ms)
-                if held is not None and held.token == request.token:  # landed, then others
-                    return _granted(job, request), now
+            held = {lease.token for lease in row.leases.values()}
+            for granted in mine.values():
+                if _tokens(granted[0]) & held:  # it landed, and others wrote after it
+                    return granted
             after, answer = decide(job, row, request, Store(now, ttl_ms, skew_ms))
             if after == row:
                 return answer, now  # nothing changes: the answer holds as read
@@ -202,5 +201,10 @@ class Rows:
         ) from error
 
 
-def _granted(job: str, claim: Acquire) -> Lease:
-    return Lease(job, claim.slot_ms, claim.token, claim.run_id, 1, claim.reason)
+def _tokens(answer: Answer) -> set[str]:
+    """The lease tokens a write with this answer granted (fresh ones: no other holds them)."""
+    if isinstance(answer, Lease):
+        return {answer.token}
+    if isinstance(answer, TakenOver):
+        return {lease.token for lease in answer.leases}
+    return set()
