@@ -77,6 +77,13 @@ def test_options_are_checked_at_construction(value: dict[str, object], option: s
     assert "NATSLeaseBackend" in str(caught.value)
 
 
+@pytest.mark.parametrize(("keyword", "instead"), [("prefix", "bucket="), ("slot_ttl", "lease_ttl")])
+def test_natsbackends_options_say_what_to_pass_instead(keyword: str, instead: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"keyword '{keyword}' cannot be given") as caught:
+        NATSLeaseBackend("nats://127.0.0.1:9", **{keyword: "x"})  # type: ignore[arg-type]
+    assert instead in str(caught.value)
+
+
 def test_servers_are_checked_and_named_by_this_backend() -> None:
     with pytest.raises(ConfigurationError, match="of NATSLeaseBackend has the scheme 'http'"):
         NATSLeaseBackend("http://127.0.0.1:4222")

@@ -100,6 +100,14 @@ _MSG_TTL = (2, 11)  # the first nats-server with per-message TTLs
 _SERIAL_CAS = (2, 11)  # the first whose clustered streams serialize compare-and-sets
 
 
+#: NATSBackend's options that a user moving to leases may pass, and what to pass instead.
+_NOT_HERE = {
+    "prefix": "NATSLeaseBackend names what it makes after bucket= (the KV bucket, and the "
+    "stream <bucket>-history)",
+    "slot_ttl": "a lease backend remembers every claimed slot (fencing); its option is lease_ttl",
+}
+
+
 class NATSLeaseBackend(LeaseBackendBase):
     """Leases on a NATS JetStream key-value bucket: occurrence fencing, overlap control,
     take-over of dead runners, catch-up and manual runs, judged on the NATS server's clock.
@@ -130,6 +138,7 @@ class NATSLeaseBackend(LeaseBackendBase):
             own=own_options(NATSLeaseBackend),
             library="nats.connect",
             accepted=connect_keywords,
+            reserved=_NOT_HERE,
         )
         self._servers = check_servers(servers, BACKEND)
         self._bucket = _check_bucket(bucket)
