@@ -628,7 +628,11 @@ class SimNATSLease(NATSLeaseBackend):
         self._clock = clock
         fleet = self.sim.fleet
         self._rows = Rows(
-            _SimTable(self), self.name, lambda: fleet.monotonic_ms() / 1000, fleet.sleep
+            _SimTable(self),
+            self.name,
+            lambda: fleet.monotonic_ms() / 1000,
+            fleet.sleep,
+            clock.blocking,
         )
 
     async def _close(self) -> None:

@@ -189,7 +189,7 @@ class NATSLeaseBackend(LeaseBackendBase):
             await to_the_end(_close_client(nc))
             raise
         self._nc, self._js, self._clock = nc, js, clock
-        self._rows = Rows(_KVTable(self, js, kv), BACKEND)
+        self._rows = Rows(_KVTable(self, js, kv), BACKEND, blocking=clock.blocking)
 
     async def _connect(self) -> NATSClient:
         nats = import_nats(BACKEND)

@@ -13,17 +13,19 @@ The fleet simulator runs these rows over a model of the table.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from typing import Any, Literal, cast
 
 from ..._exceptions import BackendError, BackendUnavailableError
 from ..._tasks import cancel_requests, raise_if_cancelled_since
 from ...abc import Lease, RunReason
-from .._lease import Answer, JobRow, LeaseRow, Request, Store, TakenOver, decide
+from .._lease import Acquire, Answer, JobRow, LeaseRow, Request, Store, TakenOver, decide
 
 __all__ = ["Conflict", "Rows", "Table", "decode_row", "encode_row", "row_key"]
 
@@ -108,8 +110,9 @@ class Rows:
     """The lease rows of one bucket: ``decide`` is the lease protocol applied to a job's row,
     atomically (a compare-and-set on its revision).
 
-    ``monotonic`` (seconds) and ``sleep`` are the time the retries are bounded and paced by
-    (the fleet simulator's are virtual)."""
+    ``monotonic`` (seconds) and ``sleep`` are the time the retries are bounded and paced by,
+    ``blocking`` marks a wait on another claim (the scheduler's clock's: the fleet simulator's
+    are virtual)."""
 
     def __init__(
         self,
@@ -117,17 +120,44 @@ class Rows:
         backend: str,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        blocking: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         self.table = table
         self.backend = backend
         self._monotonic = monotonic
         self._sleep = sleep
+        self._blocking = blocking
+        self._claiming: dict[str, asyncio.Lock] = {}  # by job: this instance's claims in turn
 
     async def read(self, job: str, timeout: float) -> JobRow:
         row, _ = decode_row((await self.table.read(row_key(job), timeout))[0])
         return row
 
     async def decide(
+        self, job: str, request: Request, *, ttl_ms: int, skew_ms: int, timeout: float
+    ) -> tuple[Answer, int]:
+        """``_decide``; this instance's claims of one job one after the other, in the order
+        they came (so that, when the bucket answers again after an outage, a job's slots that
+        waited are claimed oldest first: a later slot's claim landing first would fence them
+        all away)."""
+        if not isinstance(request, Acquire):
+            return await self._decide(job, request, ttl_ms=ttl_ms, skew_ms=skew_ms, timeout=timeout)
+        began = self._monotonic()
+        lock = self._claiming.setdefault(job, asyncio.Lock())
+        try:
+            with self._blocking():  # a virtual clock: waiting on another claim, not on time
+                await asyncio.wait_for(lock.acquire(), max(timeout, 0.0))
+        except TimeoutError as exc:
+            raise BackendUnavailableError(
+                f"{self.backend}: an earlier claim of {job!r} still waits for an answer"
+            ) from exc
+        try:
+            left = timeout - (self._monotonic() - began)
+            return await self._decide(job, request, ttl_ms=ttl_ms, skew_ms=skew_ms, timeout=left)
+        finally:
+            lock.release()
+
+    async def _decide(
         self, job: str, request: Request, *, ttl_ms: int, skew_ms: int, timeout: float
     ) -> tuple[Answer, int]:
         """The answer to ``request`` and the store's clock it was decided at; raises
