@@ -3,12 +3,12 @@
     .venv/bin/python bench/fleet.py [--backend postgres,nats] [--procs 3] [--jobs 20]
                                     [--seconds 10] [--jitter 0,default] [--apscheduler]
 
-Issue 13. For each backend (``sqlite``, ``postgres``, ``nats``, ``rabbitmq``, ``redis``; the
-memory backend is one process, so not a fleet) and each jitter (``0``, ``default`` = a quarter
-of the interval, 250 ms, or any duration), ``--procs`` OS processes each run a ``Scheduler`` on
-that backend (a unique schema, prefix or file) with the same ``--jobs`` jobs
-``every("job.N", "1s")`` whose handler sleeps 50 ms. Once all are started, each is given the
-same window of ``--seconds`` on the wall clock; what happens inside it is measured:
+Issue 13. For each backend (``sqlite``, ``postgres``, ``nats``, ``rabbitmq``, ``redis``,
+``natslease``; the memory backend is one process, so not a fleet) and each jitter (``0``,
+``default`` = a quarter of the interval, 250 ms, or any duration), ``--procs`` OS processes each
+run a ``Scheduler`` on that backend (a unique schema, prefix or file) with the same ``--jobs``
+jobs ``every("job.N", "1s")`` whose handler sleeps 50 ms. Once all are started, each is given
+the same window of ``--seconds`` on the wall clock; what happens inside it is measured:
 
 * ``twice``: slots run more than once (must be 0); ``missed``: slots of the window (but its
   last second) run nowhere (or more than 3 s after the window's end);
@@ -27,7 +27,8 @@ same window of ``--seconds`` on the wall clock; what happens inside it is measur
 jitter 0 row is run (it has no jitter), and its event broker's LISTEN connection is not
 counted. Everything made on a server is deleted afterwards. Prints; asserts nothing.
 
-``--claims INSTANTS``: only the claims, in this process, on ``sqlite`` and ``postgres``:
+``--claims INSTANTS``: only the claims, in this process, on ``sqlite``, ``postgres`` and
+``natslease``:
 ``--procs`` backend objects claim the same ``--jobs`` slots at each of INSTANTS instants, one
 ``acquire()`` per slot, then one ``acquire_many()`` per instant; prints the time per instant and
 the CPU per slot of this process (``cli``) and of the server's connections (``srv``).
@@ -55,14 +56,14 @@ from typing import Any
 from brokersched import ConfigurationError, parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent
-BACKENDS = ("sqlite", "postgres", "nats", "rabbitmq", "redis")
+BACKENDS = ("sqlite", "postgres", "nats", "rabbitmq", "redis", "natslease")
 PG_DSN = os.environ.get("BROKERSCHED_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 NATS_URL = os.environ.get("BROKERSCHED_NATS_URL", "nats://127.0.0.1:4222")
 AMQP_URL = os.environ.get("BROKERSCHED_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 REDIS_URL = os.environ.get("BROKERSCHED_REDIS_URL", "redis://127.0.0.1:6379/0")
 # The server process whose CPU is read, by name (pgrep -x) and, optionally, command line.
 SERVER_PROCESS = {"nats": ("nats-server", ""), "rabbitmq": ("beam.smp", ""),
-                  "redis": ("redis-server", ":6379")}  # fmt: skip
+                  "redis": ("redis-server", ":6379"), "natslease": ("nats-server", "")}  # fmt: skip
 TICK = os.sysconf("SC_CLK_TCK")
 
 # One scheduler process. argv: a JSON spec. Runs are kept in memory (printing each one would
@@ -91,6 +92,8 @@ def backend():
         return brokersched.PostgresBackend(where, schema=spec["name"])
     if kind == "nats":
         return brokersched.NATSBackend(where, prefix=spec["name"])
+    if kind == "natslease":
+        return brokersched.NATSLeaseBackend(where, bucket=spec["name"])
     if kind == "rabbitmq":
         return brokersched.RabbitMQBackend(where, prefix=spec["name"])
     return brokersched.RedisBackend(where, prefix=spec["name"])
@@ -247,6 +250,7 @@ async def cleanup(backend: str, name: str, where: str) -> None:
         "postgres": ("postgres", PG_DSN),
         "apscheduler": ("postgres", PG_DSN),
         "nats": ("nats", NATS_URL),
+        "natslease": ("nats", NATS_URL),
         "redis": ("redis", REDIS_URL),
         "rabbitmq": ("amqp", AMQP_URL),
     }[backend]
@@ -267,7 +271,8 @@ async def fleet(backend: str, procs: int, jobs: int, seconds: int, jitter: str, 
             where = PG_DSN.replace("postgresql://", "postgresql+asyncpg://", 1)
         server = ServerCPU(lambda: postgres_pids(tag))
     else:
-        where = {"nats": NATS_URL, "rabbitmq": AMQP_URL, "redis": REDIS_URL}[backend]
+        urls = {"nats": NATS_URL, "natslease": NATS_URL, "rabbitmq": AMQP_URL}
+        where = urls.get(backend, REDIS_URL)
         process, pattern = SERVER_PROCESS[backend]
 
         async def pids() -> list[int]:
@@ -366,7 +371,7 @@ def _result(backend: str, procs: int, jobs: int, jitter: str, start: float,
 async def claims_only(backend: str, procs: int, jobs: int, rounds: int, batched: bool) -> str:
     """``procs`` backend objects (one process) claim the same ``jobs`` slots per instant, one
     ``acquire`` per slot or one ``acquire_many``, ``rounds`` instants: the claim's own cost."""
-    from brokersched import PostgresBackend, SQLiteBackend, SystemClock
+    from brokersched import NATSLeaseBackend, PostgresBackend, SQLiteBackend, SystemClock
     from brokersched.abc import Claim, JobPolicy, LeaseBackend, Slot
 
     name = f"fleet{uuid.uuid4().hex[:8]}"
@@ -379,6 +384,8 @@ async def claims_only(backend: str, procs: int, jobs: int, rounds: int, batched:
             joiner = "&" if "?" in PG_DSN else "?"
             dsn = f"{PG_DSN}{joiner}application_name={tag}"
             backends.append(PostgresBackend(dsn, schema=name))
+        elif backend == "natslease":
+            backends.append(NATSLeaseBackend(NATS_URL, bucket=name))
         else:
             backends.append(SQLiteBackend(where))
     for each in backends:
@@ -386,6 +393,12 @@ async def claims_only(backend: str, procs: int, jobs: int, rounds: int, batched:
     policies = [JobPolicy(f"job.{n}", overlap="allow") for n in range(jobs)]
     base = time.time_ns() // 1_000_000 - 10_000_000
     server = ServerCPU(lambda: postgres_pids(tag)) if backend == "postgres" else None
+    if backend == "natslease":
+
+        async def nats_pids() -> list[int]:
+            return server_pids(*SERVER_PROCESS["natslease"])
+
+        server = ServerCPU(nats_pids)
 
     async def instant(each: LeaseBackend, slot_ms: int) -> None:
         claims = [Claim(Slot(p.name, slot_ms), "run", p) for p in policies]
@@ -446,7 +459,7 @@ def main() -> None:
                 parser.error(f"{exc}, or 'default'")
     if args.claims:
         print("backend  shape  claims        ms/instant  cli ms/slot srv ms/slot", flush=True)
-        for backend in (b for b in backends if b in ("sqlite", "postgres")):
+        for backend in (b for b in backends if b in ("sqlite", "postgres", "natslease")):
             for batched in (False, True):
                 shape = (backend, args.procs, args.jobs, args.claims, batched)
                 print(asyncio.run(claims_only(*shape)), flush=True)

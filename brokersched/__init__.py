@@ -28,7 +28,7 @@ from .triggers.cron import parse_cron
 
 if TYPE_CHECKING:
     from ._metrics import PrometheusMetrics
-    from .backends.nats import NATSBackend
+    from .backends.nats import NATSBackend, NATSLeaseBackend
     from .backends.postgres import PostgresBackend
     from .backends.rabbitmq import RabbitMQBackend
     from .backends.redis import RedisBackend, RedisLeaseBackend
@@ -53,6 +53,7 @@ __all__ = [
     "JobSettings",
     "MemoryBackend",
     "NATSBackend",
+    "NATSLeaseBackend",
     "PostgresBackend",
     "PrometheusMetrics",
     "RabbitMQBackend",
@@ -75,6 +76,7 @@ __all__ = [
 
 _LAZY = {
     "NATSBackend": ".backends.nats",
+    "NATSLeaseBackend": ".backends.nats",
     "PostgresBackend": ".backends.postgres",
     "PrometheusMetrics": "._metrics",
     "RabbitMQBackend": ".backends.rabbitmq",

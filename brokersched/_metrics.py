@@ -70,10 +70,9 @@ LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 6
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
-# The label of each backend brokersched ships (both Redis backends are "redis").
 # A backend's label is its class name without "Backend", in lower case; both Redis backends
-# are "redis".
-_BACKEND_LABELS = {"RedisLeaseBackend": "redis"}
+# are "redis", both NATS backends "nats".
+_BACKEND_LABELS = {"RedisLeaseBackend": "redis", "NATSLeaseBackend": "nats"}
 
 
 def backend_label(name: str) -> str:

@@ -265,8 +265,8 @@ def job_errors(
             refuse(
                 option,
                 f"option '{option}' ({_shown(getattr(options, option))}) needs a lease backend; "
-                f"{backend} only claims slots (use SQLiteBackend, PostgresBackend or "
-                "RedisLeaseBackend, or guard inside the job)",
+                f"{backend} only claims slots (use SQLiteBackend, PostgresBackend, "
+                "RedisLeaseBackend or NATSLeaseBackend, or guard inside the job)",
                 with_backend=True,
             )
     if kind == "at" and options.overlap is not None:

@@ -210,7 +210,8 @@ class Scheduler(Generic[B]):
             raise ConfigurationError(
                 f"backend {self.backend!r} is not a brokersched backend (a ClaimBackend or "
                 "LeaseBackend such as RabbitMQBackend, NATSBackend, RedisBackend, "
-                "RedisLeaseBackend, SQLiteBackend, PostgresBackend, MemoryBackend)",
+                "RedisLeaseBackend, NATSLeaseBackend, SQLiteBackend, PostgresBackend, "
+                "MemoryBackend)",
                 option="backend",
             )
         self.options = parse_scheduler_options(options)

@@ -1138,7 +1138,7 @@ def _warnings(scheduler: Scheduler[Any]) -> list[str]:
     "namespace",
     metavar="P",
     help="Another prefix than the application's (a retired fleet's): the backend's prefix, "
-    "schema (PostgreSQL) or table prefix (SQLite).",
+    "schema (PostgreSQL), table prefix (SQLite) or bucket (NATSLeaseBackend).",
 )
 @click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
 @click.option(

@@ -15,9 +15,12 @@ process (SQLite). A killed instance's backend answers nothing, ever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import itertools
 import json
 import random
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -45,13 +48,17 @@ from ..backends._claims import (
     claim_margin,
     margin_ms,
 )
+from ..backends._lease import LeaseRow
 from ..backends.memory import MemoryBackend, MemoryStore
+from ..backends.nats import NATSLeaseBackend
+from ..backends.nats._rows import Conflict, Rows, Table, decode_row
 from ..backends.redis import RedisBackend
 from ._clock import FleetClock, InstanceClock
 
 __all__ = [
     "SimLeaseBackend",
     "SimNATS",
+    "SimNATSLease",
     "SimRabbitMQ",
     "SimRedis",
     "Store",
@@ -523,6 +530,155 @@ class SimNATS(ClaimBackend):
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         return []
+
+
+# -- NATS KV leases: the real NATSLeaseBackend's rows over a model of the bucket --------------
+
+#: The tokens of the leases a ``SimNATSLease.release`` (no hand-over) is ending, in its task.
+_RELEASING: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "releasing", default=frozenset()
+)
+_ESCAPED = re.compile(r"(?:=[0-9A-F]{2})+")
+
+
+def _job_of(key: str) -> str:
+    """The job of a row key (``_rows.row_key`` undone)."""
+    return _ESCAPED.sub(
+        lambda m: bytes.fromhex(m[0].replace("=", "")).decode(), key.removeprefix("job.")
+    )
+
+
+class _Bucket:
+    """The KV bucket: entries with their revisions (the store's clock is the store's).
+
+    ``flaky_until`` (monotonic ms): until then, a call's answer is lost now and then, the call
+    applied or not (a link that drops packets; a stream leader that dies after it stored a
+    write and before it answered): the writes whose outcome the caller cannot know."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.entries: dict[str, tuple[bytes, int]] = {}
+        self.revision = 0
+        self.flaky_until = -1
+
+    def lost(self) -> bool:
+        """Whether this call's answer is lost (drawn while the link is flaky)."""
+        store = self.store
+        return store.fleet.monotonic_ms() < self.flaky_until and store.rng.random() < 0.3
+
+
+class _SimTable(Table):
+    """What ``Rows`` asks of the bucket, behind the store's faults: a write whose answer is
+    lost may have been applied (``Store.call``)."""
+
+    def __init__(self, owner: SimNATSLease) -> None:
+        self.owner, self.bucket, self.sim = owner, owner.bucket_data, owner.sim
+
+    async def read(self, key: str, timeout: float) -> tuple[bytes | None, int]:
+        async def read() -> tuple[bytes | None, int]:
+            await asyncio.sleep(0)  # a round trip: other instances' decisions interleave
+            value, revision = self.bucket.entries.get(key, (None, 0))
+            return value, revision
+
+        return await self.sim.call(self.owner.dead, timeout, read, write=False)
+
+    async def write(self, key: str, value: bytes, last: int, timeout: float) -> None:
+        async def write() -> None:
+            await asyncio.sleep(0)
+            if self.bucket.lost():
+                if self.sim.rng.random() < 0.5:
+                    with contextlib.suppress(Conflict):
+                        store()
+                raise BackendError("no answer from the bucket (the link dropped it)")
+            store()
+
+        def store() -> None:
+            before, revision = self.bucket.entries.get(key, (None, 0))
+            if revision != last:
+                raise Conflict(key)
+            self.owner.applied(_job_of(key), before, value)
+            self.bucket.revision += 1
+            self.bucket.entries[key] = (value, self.bucket.revision)
+
+        await self.sim.call(self.owner.dead, timeout, write, write=True)
+
+    async def read_at(self, key: str, timeout: float) -> tuple[bytes | None, int, int]:
+        async def read() -> tuple[bytes | None, int, int]:
+            await asyncio.sleep(0)
+            if self.bucket.lost():
+                raise BackendError("no answer from the bucket (the link dropped it)")
+            value, revision = self.bucket.entries.get(key, (None, 0))
+            return value, revision, self.sim.clock.now_ms()
+
+        return await self.sim.call(self.owner.dead, timeout, read, write=False)
+
+
+class SimNATSLease(NATSLeaseBackend):
+    """The real ``NATSLeaseBackend`` (its compare-and-set rounds, the resolution of writes
+    without an answer, the lease protocol) over a model of its bucket; what each write changed
+    is noted for the simulator's invariants, as ``SimLeaseBackend`` notes it."""
+
+    def __init__(
+        self, store: Store, bucket: _Bucket, *, lease_ttl: timedelta, instance: str
+    ) -> None:
+        super().__init__(lease_ttl=lease_ttl)
+        self.sim, self.bucket_data, self.instance = store, bucket, instance
+        self.dead = False
+
+    @staticmethod
+    def data(store: Store) -> _Bucket:
+        return _Bucket(store)
+
+    async def _open(self, clock: Clock) -> None:
+        self._clock = clock
+        fleet = self.sim.fleet
+        self._rows = Rows(
+            _SimTable(self),
+            self.name,
+            lambda: fleet.monotonic_ms() / 1000,
+            fleet.sleep,
+            clock.blocking,
+        )
+
+    async def _close(self) -> None:
+        self._clock, self._rows = None, None
+
+    async def prepare(self, jobs: Sequence[JobPolicy]) -> None:
+        pass
+
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        pass  # the simulator keeps its own ledger
+
+    async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        return []
+
+    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+        mark = _RELEASING.set(_RELEASING.get() if handover else frozenset({lease.token}))
+        try:
+            await super().release(lease, handover=handover)
+        finally:
+            _RELEASING.reset(mark)
+
+    def applied(self, job: str, before: bytes | None, after: bytes) -> None:
+        """A write of ``job``'s row lands: note the leases it granted (a claim, a restart),
+        the expiries it set, and the leases a release ended in time."""
+        old, _ = decode_row(before)
+        new, _ = decode_row(after)
+        for slot, lease in new.leases.items():
+            held = old.leases.get(slot)
+            if held is None or held.token != lease.token:
+                self.sim.won(job, slot, lease.instance_id)
+            if lease.state == "running" and held != lease:
+                self._expires(job, slot, lease)
+        releasing = _RELEASING.get()
+        for slot, held in old.leases.items():
+            gone = new.leases.get(slot)
+            if held.token in releasing and (gone is None or gone.token != held.token):
+                self.sim.released.add((job, slot, self.instance, held.attempt))
+
+    def _expires(self, job: str, slot: int, lease: LeaseRow) -> None:
+        off = self.sim.clock.now_ms() - self.sim.fleet.now_ms()
+        self.sim.expiry[(job, slot, lease.instance_id, lease.attempt)] = lease.expires_ms - off
 
 
 # -- RabbitMQ: a queue per slot, expiring x-expires after its last declare ---------------------

@@ -55,11 +55,25 @@ from .._scheduler import Scheduler
 from ..abc import Backend
 from ..backends.memory import MemoryStore
 from ._clock import FleetClock, InstanceClock
-from ._sim_backends import SimLeaseBackend, SimNATS, SimRabbitMQ, SimRedis, Store, Wins
+from ._sim_backends import (
+    SimLeaseBackend,
+    SimNATS,
+    SimNATSLease,
+    SimRabbitMQ,
+    SimRedis,
+    Store,
+    Wins,
+)
 
 __all__ = ["BACKENDS", "Result", "main", "simulate"]
 
-BACKENDS = ("lease", "redis", "nats", "rabbitmq")
+BACKENDS = ("lease", "redis", "nats", "rabbitmq", "natslease")
+#: What a seed draws when no backend is given: the backends before ``natslease`` (chosen with
+#: ``--backend natslease``), so that every seed replays on the backend it drew before.
+_DRAWN = BACKENDS[:4]
+#: The lease backends: ``lease`` (the protocol itself, as SQLite, PostgreSQL and Redis keep
+#: it) and ``natslease`` (the real ``NATSLeaseBackend`` over a model of its KV bucket).
+_LEASES = ("lease", "natslease")
 START = "2027-03-01T08:00:00+00:00"
 _MAX_INSTANCES = 4
 _LEASE_SKEW_MS = 5000  # the lease backends' default max_clock_skew
@@ -299,13 +313,14 @@ class Simulation:
     def __init__(self, seed: int, *, backend: str | None = None, steps: int = 120) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
-        self.kind = backend or self.rng.choice(BACKENDS)
+        self.kind = backend or self.rng.choice(_DRAWN)
+        self.lease = self.kind in _LEASES
         self.steps = steps
         self.fleet = FleetClock(START, seed=seed)
         self.store = Store(self.fleet, self.fleet.instance(), random.Random(seed + 1))
         self.store.evicting = self.kind == "redis" and self.rng.random() < 0.3
         self.ledger = Ledger(
-            lease=self.kind == "lease", released=self.store.released, expiry=self.store.expiry
+            lease=self.lease, released=self.store.released, expiry=self.store.expiry
         )
         self.instances: list[Instance] = []
         self.log: list[str] = []
@@ -313,6 +328,7 @@ class Simulation:
         self._rows = MemoryStore()
         makers: dict[str, Callable[[Store], Any]] = {
             "redis": SimRedis.data, "nats": SimNATS.stream, "rabbitmq": SimRabbitMQ.broker,
+            "natslease": SimNATSLease.data,
         }  # fmt: skip
         self._data: Any = makers[self.kind](self.store) if self.kind in makers else None
         # What later releases added to the draws (retries, backfills, catch_up) comes from an
@@ -336,7 +352,7 @@ class Simulation:
             "after_s": rng.choice((1, 3)) if rng.random() < 0.6 else None,  # a boot job?
             "run_on_start": rng.random() < 0.5,
         }
-        if self.kind == "lease":  # a job slower than the take-over sweep, as most real ones
+        if self.lease:  # a job slower than the take-over sweep, as most real ones
             jobs["slow_s"], jobs["slow_work_ms"] = rng.choice((20, 30)), rng.choice((800, 6000))
         more = self.more
         if more.random() < 0.35:  # handlers that fail, and a retry= for them
@@ -360,7 +376,7 @@ class Simulation:
         return {"retry": retry}
 
     def _draw_deploy(self, base: Deploy | None = None) -> Deploy:
-        rng, lease = self.rng, self.kind == "lease"
+        rng, lease = self.rng, self.lease
         memory = rng.choice((3000, 10_000, 30_000) if lease else (3000, 8000, 20_000, 60_000))
         if base is None and not lease and rng.random() < 0.5:
             memory = 3000  # a fleet that starts short, for deploys to raise
@@ -386,7 +402,7 @@ class Simulation:
         claims' margin) within slot_ttl."""
         jitter = deploy.jitter_ms if gap_ms is None else min(deploy.jitter_ms, gap_ms // 2 - 1)
         max_late = deploy.max_late_ms
-        if self.kind != "lease":
+        if not self.lease:
             lead = min(750, deploy.memory_ms // 4) if self.kind == "rabbitmq" else 0
             margin = 1000 + min(250, deploy.memory_ms // 8) + lead
             jitter = max(0, min(jitter, deploy.memory_ms - margin - 100, deploy.memory_ms // 3))
@@ -400,6 +416,8 @@ class Simulation:
         memory = timedelta(milliseconds=deploy.memory_ms)
         if self.kind == "lease":
             return SimLeaseBackend(self.store, self._rows, lease_ttl=memory, instance=name)
+        if self.kind == "natslease":
+            return SimNATSLease(self.store, self._data, lease_ttl=memory, instance=name)
         if self.kind == "redis":
             return SimRedis(self.store, self._data, slot_ttl=memory, prefix="sim")
         if self.kind == "nats":
@@ -438,7 +456,7 @@ class Simulation:
         """The application's jobs, the same in every version; the scheduler's own defaults
         (jitter 2 s, max_late 60 s) apply to the boot job alone."""
         sched, deploy, jobs = instance.scheduler, instance.deploy, self._jobs
-        lease = self.kind == "lease"
+        lease = self.lease
         options: dict[str, Any] = {}
         if lease:
             options = {"overlap": deploy.overlap, "max_attempts": deploy.max_attempts}
@@ -538,7 +556,7 @@ class Simulation:
             await self.start_instance(self._draw_deploy(old.deploy), old.clock.ahead_ms)
         elif roll < 0.16:
             victim = rng.choice(live)
-            if self.kind == "lease":  # often one that runs a slot: its lease is left to expire
+            if self.lease:  # often one that runs a slot: its lease is left to expire
                 running = [instance for instance in live if self._expiring(instance)]
                 if running and rng.random() < 0.5:
                     victim = rng.choice(running)
@@ -549,7 +567,7 @@ class Simulation:
             if others and rng.random() < 0.5:  # an operator runs the job by hand meanwhile
                 chosen, key = rng.choice(others), ("tick", "cron")[rng.randrange(2)]
                 after_ms = rng.choice((1, 5, 12)) * 1000
-                expiring = self._expiring(victim) if self.kind == "lease" else None
+                expiring = self._expiring(victim) if self.lease else None
                 if expiring is not None and rng.random() < 0.5:
                     key, after_ms = expiring  # ... as the dead runner's lease expires
                 self._trigger_later(chosen, key, after_ms)
@@ -634,7 +652,7 @@ class Simulation:
     def _skew(self) -> int:
         """An instance's clock, ahead or behind: within the claim backends' bound (1 s between
         any two); lease backends refuse a clock too fast, so any step may come."""
-        if self.kind == "lease" and self.rng.random() < 0.2:
+        if self.lease and self.rng.random() < 0.2:
             return self.rng.randint(-30_000, 30_000)
         return self.rng.randint(-500, 500)
 
@@ -671,27 +689,30 @@ class Simulation:
 
     def _fault(self, roll: float) -> None:
         store, rng, now = self.store, self.rng, self.fleet.monotonic_ms()
-        if roll < (0.2 if self.kind == "lease" else 0.35):
+        if roll < (0.2 if self.lease else 0.35):
             store.held_until = now + rng.choice((200, 900, 2500, 6000))
             self.ledger.outages.append(
                 (self.fleet.now_ms(), self.fleet.now_ms() + store.held_until - now)
             )
             self.log.append(f"store held until {store.held_until}")
         elif roll < 0.35:  # a lease store: the next run's end
-            self._blip_as_a_run_completes(rng.choice(("held", "down", "locked")))
+            self._blip_as_a_run_completes(rng.choice(self._blips()))
         elif roll < 0.55:
             store.down_until = now + rng.choice((500, 2000, 8000))
             self.ledger.outages.append(
                 (self.fleet.now_ms(), self.fleet.now_ms() + store.down_until - now)
             )
             self.log.append(f"store down until {store.down_until}")
+        elif roll < 0.7 and self.kind == "natslease":
+            self._data.flaky_until = now + rng.choice((1000, 4000, 10_000))
+            self.log.append(f"bucket link flaky until {self._data.flaky_until}")
         elif roll < 0.7 and self.kind == "lease":
             store.locked_until = now + rng.choice((500, 2000, 5000))
             self.ledger.outages.append(
                 (self.fleet.now_ms(), self.fleet.now_ms() + store.locked_until - now)
             )
             self.log.append(f"store locked until {store.locked_until}")
-        elif roll < 0.85 and self.kind == "lease":
+        elif roll < 0.85 and self.lease:
             # Backwards only: a forward step shortens every live lease by the step (the README's
             # Clocks section: a store's clock is slewed, not stepped forward).
             delta = rng.choice((-10_000, -2000, -500))
@@ -709,8 +730,12 @@ class Simulation:
             self.log.append(f"a queue made beforehand for tick:{slot}")
         elif self.kind == "rabbitmq":
             self._delete_record()
-        elif self.kind == "lease":
-            self._blip_as_a_run_completes(rng.choice(("held", "down", "locked")))
+        elif self.lease:
+            self._blip_as_a_run_completes(rng.choice(self._blips()))
+
+    def _blips(self) -> tuple[str, ...]:
+        """How a lease store can be away as a run completes (a KV bucket has no write lock)."""
+        return ("held", "down", "locked") if self.kind == "lease" else ("held", "down")
 
     def _blip_as_a_run_completes(self, how: str) -> None:
         """The store away (``how``: held, down or locked) from just before the next run's end

@@ -181,14 +181,14 @@ def test_check_reports_every_error_at_once() -> None:
     errors = result.stderr.strip().splitlines()
     assert errors == [
         "error: job 'exclusive': option 'overlap' ('skip') needs a lease backend; "
-        "RabbitMQBackend only claims slots (use SQLiteBackend, PostgresBackend or "
-        "RedisLeaseBackend, or guard inside the job)",
+        "RabbitMQBackend only claims slots (use SQLiteBackend, PostgresBackend, "
+        "RedisLeaseBackend or NATSLeaseBackend, or guard inside the job)",
         "error: job 'persistent': option 'max_attempts' (5) needs a lease backend; "
-        "RabbitMQBackend only claims slots (use SQLiteBackend, PostgresBackend or "
-        "RedisLeaseBackend, or guard inside the job)",
+        "RabbitMQBackend only claims slots (use SQLiteBackend, PostgresBackend, "
+        "RedisLeaseBackend or NATSLeaseBackend, or guard inside the job)",
         "error: job 'persistent': option 'catch_up' (10m) needs a lease backend; "
-        "RabbitMQBackend only claims slots (use SQLiteBackend, PostgresBackend or "
-        "RedisLeaseBackend, or guard inside the job)",
+        "RabbitMQBackend only claims slots (use SQLiteBackend, PostgresBackend, "
+        "RedisLeaseBackend or NATSLeaseBackend, or guard inside the job)",
         "3 configuration errors",
     ]
 

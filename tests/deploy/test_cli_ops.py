@@ -118,14 +118,15 @@ def rabbitmq_objects(prefix: str, node: PrivateRabbitMQ | None = None) -> set[st
     return names
 
 
-async def nats_objects(url: str, prefix: str) -> set[str]:
+async def nats_objects(url: str, prefix: str, *, lease: bool = False) -> set[str]:
     import nats
 
+    made = {f"KV_{prefix}", f"{prefix}-history"} if lease else {f"{prefix}-claims"}
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
         return {info.config.name for info in await js.streams_info() if info.config.name} & {
-            f"{prefix}-claims",
+            *made,
             f"{prefix}-history",
         }
     finally:
@@ -172,8 +173,8 @@ class Server:
     async def objects(self, prefix: str) -> set[str]:
         if self.kind == "rabbitmq":
             return await asyncio.to_thread(rabbitmq_objects, prefix)
-        if self.kind == "nats":
-            return await nats_objects(self.url, prefix)
+        if self.kind.startswith("nats"):
+            return await nats_objects(self.url, prefix, lease=self.kind == "nats-lease")
         if self.kind.startswith("redis"):
             return await redis_objects(self.url, prefix)
         if self.kind == "postgres":
@@ -181,14 +182,16 @@ class Server:
         return sqlite_objects(self.url, prefix)
 
 
-@pytest.fixture(params=["rabbitmq", "nats", "redis", "redis-lease", "postgres", "sqlite"])
+@pytest.fixture(
+    params=["rabbitmq", "nats", "nats-lease", "redis", "redis-lease", "postgres", "sqlite"]
+)
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Server:
     kind: str = request.param
     if kind == "rabbitmq":
         if shutil.which("rabbitmqctl") is None:
             missing("needs rabbitmqctl to look at the broker")
         return Server(kind, request.getfixturevalue("amqp_url"))
-    if kind == "nats":
+    if kind.startswith("nats"):
         return Server(kind, request.getfixturevalue("nats_url"))
     if kind.startswith("redis"):
         return Server(kind, request.getfixturevalue("redis_url"))
@@ -380,6 +383,33 @@ async def test_doctor_nats_short_duplicate_window_fails(nats_url: str) -> None:
             pass
         good = await cli("doctor", APP, "--json", env=env)
         assert good.returncode == 0, good.stdout + good.stderr
+    finally:
+        await nc.close()
+        await cli("purge", APP, "--force", env=env)
+
+
+async def test_doctor_nats_lease_bucket_with_a_ttl_fails(nats_url: str) -> None:
+    """A bucket whose rows expire (a TTL) would forget the fences: an error, with its fix;
+    the bucket brokersched makes passes."""
+    import nats
+    from nats.js.api import KeyValueConfig
+
+    prefix = unique("natsl")
+    env = env_of("nats-lease", nats_url, prefix)
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        await js.create_key_value(KeyValueConfig(bucket=prefix, ttl=60))
+        bad = await cli("doctor", APP, "--json", env=env)
+        assert bad.returncode == 1, bad.stdout + bad.stderr
+        found = [f for f in findings_of(bad) if f["severity"] == "error"]
+        assert any("its TTL is 60s" in f["found"] for f in found), found
+        await js.delete_stream(f"KV_{prefix}")
+        async with running("nats-lease", nats_url, prefix):  # the bucket brokersched makes
+            pass
+        good = await cli("doctor", APP, "--json", env=env)
+        assert good.returncode == 0, good.stdout + good.stderr
+        assert any(f["check"] == f"stream KV_{prefix}" for f in findings_of(good))
     finally:
         await nc.close()
         await cli("purge", APP, "--force", env=env)

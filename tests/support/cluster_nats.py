@@ -4,7 +4,8 @@ The cluster runs from the installed nats-server, in network namespaces when the 
 it (root, ``ip netns``), else on 127.0.0.1 (then partitions are refused, and said so). A fleet
 member is ``python -m tests.support.cluster_nats SERVERS PREFIX``: a Scheduler on
 ``NATSBackend(servers, replicas=3)`` with ``FLEET_SIZE`` jobs every second, printing one JSON
-line per run and per skip; the test reads them all and counts slots run twice and lost.
+line per run and per skip (or on ``NATSLeaseBackend(servers, bucket=PREFIX, replicas=3)``);
+the test reads them all and counts slots run twice and lost.
 """
 
 from __future__ import annotations
@@ -211,9 +212,9 @@ class NatsCluster:
         nc = await nats.connect(self.servers, connect_timeout=1)
         try:
             js = nc.jetstream(timeout=15)  # just after a change of replicas it takes seconds
-            for suffix in ("claims", "history"):
+            for stream in (f"{prefix}-claims", f"{prefix}-history", f"KV_{prefix}"):
                 with contextlib.suppress(nats.js.errors.NotFoundError):
-                    await js.delete_stream(f"{prefix}-{suffix}")
+                    await js.delete_stream(stream)
         finally:
             await nc.close()
 
@@ -338,16 +339,23 @@ class Fleet:
 
     @classmethod
     async def start(
-        cls, servers: Sequence[str], prefix: str, claim_timeout: str = "default"
+        cls,
+        servers: Sequence[str],
+        prefix: str,
+        claim_timeout: str = "default",
+        backend: str = "claims",
     ) -> Fleet:
-        """Member i is given the whole list, node i first (and told not to shuffle it)."""
+        """Member i is given the whole list, node i first (and told not to shuffle it).
+        ``backend``: ``claims`` (NATSBackend) or ``leases`` (NATSLeaseBackend, its bucket
+        named ``prefix``)."""
         fleet = cls()
         try:
             for i in range(len(servers)):
                 rotated = [*servers[i:], *servers[:i]]
                 process = await asyncio.create_subprocess_exec(
                     sys.executable,
-                    *("-m", "tests.support.cluster_nats", ",".join(rotated), prefix, claim_timeout),
+                    *("-m", "tests.support.cluster_nats", ",".join(rotated), prefix),
+                    *(claim_timeout, backend),
                     cwd=REPO_ROOT,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.PIPE,
@@ -443,8 +451,16 @@ def now_ms() -> int:
 # -- a fleet member in its own process ----------------------------------------------------------
 
 
-async def _member(servers: list[str], prefix: str, claim_timeout: str) -> None:
-    from brokersched import JobContext, NATSBackend, RunEvent, Scheduler, SkipEvent, StartEvent
+async def _member(servers: list[str], prefix: str, claim_timeout: str, kind: str) -> None:
+    from brokersched import (
+        JobContext,
+        NATSBackend,
+        NATSLeaseBackend,
+        RunEvent,
+        Scheduler,
+        SkipEvent,
+        StartEvent,
+    )
 
     def say(**fields: object) -> None:
         print(json.dumps(fields), flush=True)
@@ -457,15 +473,21 @@ async def _member(servers: list[str], prefix: str, claim_timeout: str) -> None:
         if event.reason != "not-acquired":
             say(skip=event.job, slot_ms=event.slot_ms, reason=event.reason, at=now_ms())
 
-    backend = NATSBackend(
-        servers,
-        prefix=prefix,
-        replicas=3,
-        claim_timeout=None if claim_timeout == "default" else claim_timeout,
-        dont_randomize=True,  # member i talks to node i first
-        reconnect_time_wait=0.1,
-    )
-    scheduler = Scheduler(backend)
+    backend: NATSBackend | NATSLeaseBackend
+    if kind == "leases":
+        backend = NATSLeaseBackend(
+            servers, bucket=prefix, replicas=3, dont_randomize=True, reconnect_time_wait=0.1
+        )
+    else:
+        backend = NATSBackend(
+            servers,
+            prefix=prefix,
+            replicas=3,
+            claim_timeout=None if claim_timeout == "default" else claim_timeout,
+            dont_randomize=True,  # member i talks to node i first
+            reconnect_time_wait=0.1,
+        )
+    scheduler: Scheduler[NATSBackend | NATSLeaseBackend] = Scheduler(backend)
     for name in JOBS:
         scheduler.every(name, PERIOD_MS / 1000, handler)
     scheduler.on("skip", skipped)
@@ -487,4 +509,4 @@ async def _member(servers: list[str], prefix: str, claim_timeout: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(_member(sys.argv[1].split(","), sys.argv[2], sys.argv[3]))
+    asyncio.run(_member(sys.argv[1].split(","), *sys.argv[2:5]))

@@ -12,7 +12,7 @@ import pytest
 
 from brokersched import ConfigurationError
 from brokersched.backends.memory import MemoryBackend
-from brokersched.backends.nats import NATSBackend
+from brokersched.backends.nats import NATSBackend, NATSLeaseBackend
 from brokersched.backends.postgres import PostgresBackend
 from brokersched.backends.rabbitmq import RabbitMQBackend
 from brokersched.backends.redis import RedisBackend, RedisLeaseBackend
@@ -22,6 +22,7 @@ from brokersched.backends.sqlite import SQLiteBackend
 _NOWHERE = {
     "RabbitMQBackend": "amqp://guest:s3cret@127.0.0.1:9/",
     "NATSBackend": "nats://127.0.0.1:9",
+    "NATSLeaseBackend": "nats://127.0.0.1:9",
     "RedisBackend": "redis://:s3cret@127.0.0.1:9/0",
     "RedisLeaseBackend": "redis://:s3cret@127.0.0.1:9/0",
     "PostgresBackend": "postgresql://u:s3cret@127.0.0.1:9/db",
@@ -39,6 +40,7 @@ def _make(cls: type, tmp_path: Path, **options: Any) -> Any:
 OWN_TYPOS: list[tuple[type, str, str]] = [
     (RabbitMQBackend, "slot_tll", "slot_ttl"),
     (NATSBackend, "slot_tll", "slot_ttl"),
+    (NATSLeaseBackend, "bukket", "bucket"),
     (RedisBackend, "prefx", "prefix"),
     (RedisLeaseBackend, "lease_tll", "lease_ttl"),
     (PostgresBackend, "lease_tll", "lease_ttl"),
@@ -68,6 +70,7 @@ PASS_THROUGH_TYPOS: list[tuple[type, str, str, dict[str, Any]]] = [
     (RabbitMQBackend, "heartbaet", "heartbeat", {"heartbeat": 5, "ssl_context": None}),
     (NATSBackend, "reconect_time_wait", "reconnect_time_wait", {"reconnect_time_wait": 1}),
     (NATSBackend, "user_credential", "user_credentials", {"user_credentials": "x.creds"}),
+    (NATSLeaseBackend, "reconect_time_wait", "reconnect_time_wait", {"reconnect_time_wait": 1}),
     (RedisBackend, "max_conections", "max_connections", {"max_connections": 3}),
     (RedisLeaseBackend, "ssl_ca_cert", "ssl_ca_certs", {"ssl_ca_certs": "ca.pem"}),
 ]

@@ -21,6 +21,7 @@ def test_all_is_the_public_surface() -> None:
         "JobSettings",
         "MemoryBackend",
         "NATSBackend",
+        "NATSLeaseBackend",
         "PostgresBackend",
         "PrometheusMetrics",
         "RabbitMQBackend",

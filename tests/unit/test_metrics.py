@@ -14,6 +14,7 @@ from brokersched import (
     JobContext,
     MemoryBackend,
     NATSBackend,
+    NATSLeaseBackend,
     PostgresBackend,
     RabbitMQBackend,
     RedisBackend,
@@ -168,6 +169,7 @@ def test_a_missing_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
 BACKENDS: list[tuple[Callable[[], Backend], str]] = [
     (lambda: RabbitMQBackend("amqp://127.0.0.1/"), "rabbitmq"),
     (lambda: NATSBackend("nats://127.0.0.1:4222"), "nats"),
+    (lambda: NATSLeaseBackend("nats://127.0.0.1:4222"), "nats"),
     (lambda: RedisBackend("redis://127.0.0.1:6379/0"), "redis"),
     (lambda: RedisLeaseBackend("redis://127.0.0.1:6379/0"), "redis"),
     (lambda: PostgresBackend("postgresql://127.0.0.1/test"), "postgres"),

@@ -45,8 +45,8 @@ def test_lease_options_are_refused_on_claim_only_backends(
     error = refused(claim_only(), "every", "sync", "5m", **{option: value})
     assert str(error) == (
         f"job 'sync': option '{option}' ({shown}) needs a lease backend; DictClaimBackend only "
-        "claims slots (use SQLiteBackend, PostgresBackend or RedisLeaseBackend, or guard inside "
-        "the job)"
+        "claims slots (use SQLiteBackend, PostgresBackend, RedisLeaseBackend or NATSLeaseBackend, "
+        "or guard inside the job)"
     )
     assert (error.option, error.backend, error.job) == (option, "DictClaimBackend", "sync")
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from brokersched import NATSBackend, PostgresBackend
+from brokersched import NATSBackend, NATSLeaseBackend, PostgresBackend
 from brokersched._exceptions import BackendUnavailableError
 from brokersched._logging import configure_logging
 from brokersched._redact import (
@@ -219,8 +219,12 @@ def test_connection_secrets_are_the_urls_and_the_named_keywords_longest_first() 
 # -- NATS ------------------------------------------------------------------------------------
 
 
-def test_nats_repr_hides_every_form() -> None:
-    backend = NATSBackend(
+NATS_BACKENDS = pytest.mark.parametrize("cls", [NATSBackend, NATSLeaseBackend])
+
+
+@NATS_BACKENDS
+def test_nats_repr_hides_every_form(cls: type[NATSBackend | NATSLeaseBackend]) -> None:
+    backend = cls(
         [
             "alice:S3cretZ@127.0.0.1:4222",
             "nats://alice:Pw@Tail9@127.0.0.1:4222",
@@ -233,13 +237,14 @@ def test_nats_repr_hides_every_form() -> None:
     assert "alice:***@127.0.0.1:4222" in text
 
 
+@NATS_BACKENDS
 @pytest.mark.parametrize(
     "server", ["alice:S3cretZ@127.0.0.1:{port}", "nats://alice:Pw@Tail9@127.0.0.1:{port}"]
 )
 async def test_nats_start_error_carries_no_password(
-    server: str, caplog: pytest.LogCaptureFixture
+    cls: type[NATSBackend | NATSLeaseBackend], server: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    backend = NATSBackend(server.format(port=free_port()), connect_timeout=0.2)
+    backend = cls(server.format(port=free_port()), connect_timeout=0.2)
     error = await start_fails(backend, caplog)
     assert isinstance(error, BackendUnavailableError)
     assert "alice:***@127.0.0.1" in str(error)
@@ -248,11 +253,12 @@ async def test_nats_start_error_carries_no_password(
     assert "Tail9" not in caplog.text
 
 
+@NATS_BACKENDS
 async def test_nats_connect_options_secrets_stay_out_too(
-    caplog: pytest.LogCaptureFixture,
+    cls: type[NATSBackend | NATSLeaseBackend], caplog: pytest.LogCaptureFixture
 ) -> None:
     port = free_port()
-    backend = NATSBackend(f"nats://127.0.0.1:{port}", connect_timeout=0.2, password="Opt10nPw")
+    backend = cls(f"nats://127.0.0.1:{port}", connect_timeout=0.2, password="Opt10nPw")
     error = await start_fails(backend, caplog)
     assert_clean(error, "Opt10nPw")
     assert "Opt10nPw" not in repr(backend) + caplog.text

@@ -25,13 +25,15 @@ existing stream that cannot work fails ``start()`` with a ``ConfigurationError``
 setting, its value and how to fix it (see ``_streams``).
 
 Modules: ``_base`` (URLs, secrets, errors), ``_streams`` (stream set-up and checks),
-``_backend`` (``NATSBackend``: connection, claims, history).
+``_backend`` (``NATSBackend``: connection, claims, history), ``_history`` (reading a job's
+runs). ``NATSLeaseBackend`` (``_leases``, ``_rows``) is the lease backend on a KV bucket.
 """
 
 from __future__ import annotations
 
 from ._backend import NATSBackend
 from ._base import redact
+from ._leases import NATSLeaseBackend
 from ._streams import subject_token
 
-__all__ = ["NATSBackend", "redact", "subject_token"]
+__all__ = ["NATSBackend", "NATSLeaseBackend", "redact", "subject_token"]

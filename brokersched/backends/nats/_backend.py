@@ -11,7 +11,6 @@ import logging
 import re
 import secrets
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from types import TracebackType
@@ -33,18 +32,23 @@ from ...abc import (
     Slot,
 )
 from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms, claim_margin
-from .._keywords import own_options, parameter_names, refuse_unknown
+from .._keywords import own_options, refuse_unknown
 from .._lease import check_max_clock_skew
 from . import _ops
 from ._base import (
     BACKEND,
+    CALLBACKS,
+    CONNECT_DEFAULTS,
+    SECRET_OPTIONS,
     Translated,
     check_servers,
+    connect_keywords,
     describe,
     import_nats,
     logger,
     redact,
 )
+from ._history import read_last
 from ._streams import Names, Streams
 
 if TYPE_CHECKING:
@@ -78,31 +82,6 @@ _API_TIMEOUT_S = 5.0
 # back"); one that waits runs them late instead, within max_late, still exactly once.
 _CLAIM_TIMEOUT = "2s"
 _CLUSTER_CLAIM_TIMEOUT = "30s"
-_FETCH_BATCH = 512
-_FETCH_TIMEOUT_S = 2.0
-_CONSUMER_IDLE_S = 30.0  # server-side clean-up of a history reader that died mid-read
-
-# Defaults for nats.connect that suit a scheduler (the caller's connect_options win): reconnect
-# for ever and quickly, so that claiming resumes by itself shortly after NATS returns, and notice
-# a half-open connection within ~30 s instead of nats-py's 4 minutes.
-_CONNECT_DEFAULTS: dict[str, Any] = {
-    "name": "brokersched",
-    "max_reconnect_attempts": -1,
-    "reconnect_time_wait": 0.5,
-    "ping_interval": 10,
-    "max_outstanding_pings": 3,
-    "connect_timeout": 2,
-}
-_CALLBACKS = ("error_cb", "disconnected_cb", "reconnected_cb", "closed_cb")
-# connect_options that hold a secret (nats.connect's keywords)
-_SECRET_OPTIONS = ("password", "token", "nkeys_seed_str")
-
-
-def _connect_keywords() -> set[str]:
-    """The keywords ``nats.connect`` (``Client.connect``) really accepts."""
-    from nats.aio.client import Client
-
-    return parameter_names(Client.connect) - {"servers"}
 
 
 class NATSBackend(ClaimBackend):
@@ -138,7 +117,7 @@ class NATSBackend(ClaimBackend):
             connect_options,
             own=own_options(NATSBackend),
             library="nats.connect",
-            accepted=_connect_keywords,
+            accepted=connect_keywords,
         )
         self._skew_ms = to_ms(check_max_clock_skew(max_clock_skew, backend=BACKEND))
         self._clock: Clock | None = None
@@ -161,7 +140,7 @@ class NATSBackend(ClaimBackend):
         self._replicas = replicas
         self._connect_options = dict(connect_options)
         self._secrets = _redact.connection_secrets(
-            self._servers, self._connect_options, _SECRET_OPTIONS
+            self._servers, self._connect_options, SECRET_OPTIONS
         )
         self._shown_servers = ", ".join(_redact.redact_url(s) for s in self._servers)
         self._capabilities = Capabilities(
@@ -234,7 +213,7 @@ class NATSBackend(ClaimBackend):
 
     async def _connect(self, nats: Any, cancels: int) -> NATSClient:
         options: dict[str, Any] = {
-            **_CONNECT_DEFAULTS,
+            **CONNECT_DEFAULTS,
             **self._connect_options,
             **self._callbacks(),
         }
@@ -264,7 +243,7 @@ class NATSBackend(ClaimBackend):
             "reconnected_cb": self._on_reconnected,
             "closed_cb": self._on_closed,
         }
-        for name in _CALLBACKS:
+        for name in CALLBACKS:
             theirs = self._connect_options.get(name)
             if theirs is not None:
                 ours[name] = _chain(ours[name], theirs)
@@ -571,76 +550,10 @@ class NATSBackend(ClaimBackend):
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         _, js = self._client()
-        count = min(limit, job.history_size)
-        if count <= 0:
-            return []
         subject = self._names.history_subject(job.name)
         with Translated(f"reading the history of {job.name!r}", secrets=self._secrets):
-            if count == 1:
-                bodies = await self._last_body(js, subject)
-            else:
-                bodies = await self._last_bodies(js, subject, count)
+            bodies = await read_last(js, self._names.history, subject, min(limit, job.history_size))
         return [RunRecord.from_json(body) for body in reversed(bodies)]
-
-    async def _last_body(self, js: JetStreamContext, subject: str) -> list[bytes]:
-        import nats.js.errors
-
-        try:
-            # Not a direct get: a missing stream must be "not found", not "no responders".
-            msg = await js.get_last_msg(self._names.history, subject)
-        except nats.js.errors.NotFoundError:  # no stream yet, or no run of this job
-            return []
-        return [msg.data] if msg.data else []
-
-    async def _last_bodies(self, js: JetStreamContext, subject: str, count: int) -> list[bytes]:
-        """The last ``count`` bodies on ``subject``, oldest first.
-
-        JetStream 2.9 cannot read a subject backwards, so an ephemeral consumer reads the
-        subject's messages (at most ``max_msgs_per_subject``) and keeps the last ``count``.
-        """
-        import nats.js.errors
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.ALL,
-            ack_policy=AckPolicy.NONE,
-            filter_subject=subject,
-            mem_storage=True,
-            inactive_threshold=_CONSUMER_IDLE_S,
-        )
-        try:
-            info = await js.add_consumer(  # pyright: ignore[reportUnknownMemberType]
-                self._names.history, config
-            )
-        except nats.js.errors.NotFoundError:  # no history stream yet
-            return []
-        assert info.name is not None
-        try:
-            pending = info.num_pending or 0
-            return await self._drain(js, info.name, pending, count) if pending else []
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(js.delete_consumer(self._names.history, info.name))
-
-    async def _drain(
-        self, js: JetStreamContext, consumer: str, pending: int, count: int
-    ) -> list[bytes]:
-        import nats.errors
-
-        sub = await js.pull_subscribe_bind(consumer, stream=self._names.history)
-        newest: deque[bytes] = deque(maxlen=count)
-        try:
-            while pending > 0:
-                try:
-                    msgs = await sub.fetch(min(pending, _FETCH_BATCH), timeout=_FETCH_TIMEOUT_S)
-                except nats.errors.TimeoutError:  # trimmed while we read: nothing more
-                    break
-                newest.extend(msg.data for msg in msgs)
-                pending = msgs[-1].metadata.num_pending if msgs else 0
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        return list(newest)
 
 
 class _Watch:

@@ -1,5 +1,6 @@
-"""What the claims and the streams of ``NATSBackend`` share: its name and logger, the server
-URLs, secrets and their redaction, and the translation of nats-py exceptions."""
+"""What the claims and the streams of ``NATSBackend`` (and ``NATSLeaseBackend``) share: the
+name and logger, the server URLs, the connection's defaults, secrets and their redaction, and
+the translation of nats-py exceptions."""
 
 from __future__ import annotations
 
@@ -13,11 +14,16 @@ from typing import Any, cast
 from ... import _redact
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from .._errors import ErrorMap, ErrorRow, Translating
+from .._keywords import parameter_names
 
 __all__ = [
     "BACKEND",
+    "CALLBACKS",
+    "CONNECT_DEFAULTS",
+    "SECRET_OPTIONS",
     "Translated",
     "check_servers",
+    "connect_keywords",
     "describe",
     "import_nats",
     "logger",
@@ -28,6 +34,29 @@ logger = logging.getLogger("brokersched.backends.nats")
 
 BACKEND = "NATSBackend"
 _EXTRA_HINT = "pip install 'brokersched[nats]'"
+
+
+# Defaults for nats.connect that suit a scheduler (the caller's connect_options win): reconnect
+# for ever and quickly, so that claiming resumes by itself shortly after NATS returns, and notice
+# a half-open connection within ~30 s instead of nats-py's 4 minutes.
+CONNECT_DEFAULTS: dict[str, Any] = {
+    "name": "brokersched",
+    "max_reconnect_attempts": -1,
+    "reconnect_time_wait": 0.5,
+    "ping_interval": 10,
+    "max_outstanding_pings": 3,
+    "connect_timeout": 2,
+}
+CALLBACKS = ("error_cb", "disconnected_cb", "reconnected_cb", "closed_cb")
+# connect_options that hold a secret (nats.connect's keywords)
+SECRET_OPTIONS = ("password", "token", "nkeys_seed_str")
+
+
+def connect_keywords() -> set[str]:
+    """The keywords ``nats.connect`` (``Client.connect``) really accepts."""
+    from nats.aio.client import Client
+
+    return parameter_names(Client.connect) - {"servers"}
 
 
 def redact(text: str) -> str:
@@ -49,7 +78,7 @@ _SCHEMES = ("nats", "tls", "ws", "wss")  # what nats-py connects with
 _ACCEPTED = "nats://host:4222, tls://host:4222, ws://host:8080, wss://host:443 or host:4222"
 
 
-def check_servers(servers: object) -> list[str]:
+def check_servers(servers: object, backend: str = BACKEND) -> list[str]:
     """``servers`` as a list of URLs nats-py can connect to, or a ``ConfigurationError``.
 
     nats-py takes anything: it reads ``http://host:4222`` as the host ``http`` and fails with a
@@ -59,35 +88,35 @@ def check_servers(servers: object) -> list[str]:
     found = [servers] if isinstance(servers, str) else servers
     if not isinstance(found, list | tuple) or not found:
         raise ConfigurationError(
-            f"servers of {BACKEND} must be a URL or a non-empty list of URLs ({_ACCEPTED})",
+            f"servers of {backend} must be a URL or a non-empty list of URLs ({_ACCEPTED})",
             option="servers",
-            backend=BACKEND,
+            backend=backend,
         )
     checked: list[str] = []
     for server in cast(Sequence[object], found):
         if not isinstance(server, str) or not server.strip():
             raise ConfigurationError(
-                f"server {server!r} of {BACKEND} is not a URL; write {_ACCEPTED}",
+                f"server {server!r} of {backend} is not a URL; write {_ACCEPTED}",
                 option="servers",
-                backend=BACKEND,
+                backend=backend,
             )
         scheme = _scheme(server)
         if scheme is not None and scheme not in _SCHEMES:
             raise ConfigurationError(
-                f"server {_redact.redact_url(server)!r} of {BACKEND} has the scheme"
+                f"server {_redact.redact_url(server)!r} of {backend} has the scheme"
                 f" {scheme!r}; NATS URLs start with nats://, tls://, ws:// or wss://, in lower"
                 " case (or have no scheme: host:4222)",
                 option="servers",
-                backend=BACKEND,
+                backend=backend,
             )
         checked.append(server)
     websocket = [_scheme(server) in ("ws", "wss") for server in checked]
     if any(websocket) and not all(websocket):
         raise ConfigurationError(
-            f"servers of {BACKEND} mix WebSocket (ws://, wss://) and plain (nats://, tls://)"
+            f"servers of {backend} mix WebSocket (ws://, wss://) and plain (nats://, tls://)"
             " URLs, which nats-py refuses: list one kind only",
             option="servers",
-            backend=BACKEND,
+            backend=backend,
         )
     return checked
 
@@ -97,16 +126,16 @@ def _scheme(server: str) -> str | None:
     return match[1] if match else None
 
 
-def import_nats() -> Any:
+def import_nats(backend: str = BACKEND) -> Any:
     try:
         return importlib.import_module("nats")
     except ImportError as exc:  # the extra is not installed
         raise ConfigurationError(
-            f"{BACKEND} needs the nats-py client: {_EXTRA_HINT}", backend=BACKEND
+            f"{backend} needs the nats-py client: {_EXTRA_HINT}", backend=backend
         ) from exc
 
 
-def _error_rows(secrets: Sequence[str]) -> list[ErrorRow]:
+def _error_rows(secrets: Sequence[str], backend: str) -> list[ErrorRow]:
     """What nats-py's exceptions mean (``backends/_errors.py``'s policy: anything else is
     raised unchanged)."""
     import nats.errors
@@ -127,19 +156,19 @@ def _error_rows(secrets: Sequence[str]) -> list[ErrorRow]:
         (
             unavailable,
             lambda what, exc: BackendUnavailableError(
-                f"{BACKEND}: {what}: NATS unavailable ({describe(exc, secrets)})"
+                f"{backend}: {what}: NATS unavailable ({describe(exc, secrets)})"
             ),
         ),
         (
             nats.errors.Error,
-            lambda what, exc: BackendError(f"{BACKEND}: {what}: {describe(exc, secrets)}"),
+            lambda what, exc: BackendError(f"{backend}: {what}: {describe(exc, secrets)}"),
         ),
     ]
 
 
 @functools.cache
-def _errors(secrets: tuple[str, ...]) -> ErrorMap:
-    return ErrorMap(functools.partial(_error_rows, secrets), secrets)
+def _errors(secrets: tuple[str, ...], backend: str) -> ErrorMap:
+    return ErrorMap(functools.partial(_error_rows, secrets, backend), secrets)
 
 
 class Translated(Translating):
@@ -148,5 +177,5 @@ class Translated(Translating):
 
     __slots__ = ()
 
-    def __init__(self, *what: str, secrets: Sequence[str] = ()) -> None:
-        super().__init__(_errors(tuple(secrets)), " ".join(what))
+    def __init__(self, *what: str, secrets: Sequence[str] = (), backend: str = BACKEND) -> None:
+        super().__init__(_errors(tuple(secrets), backend), " ".join(what))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,18 @@ from ._streams import Names, claims_problems, history_problems
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
-__all__ = ["MIN_VERSION", "doctor", "inventory", "purge"]
+__all__ = [
+    "MIN_VERSION",
+    "delete_streams",
+    "doctor",
+    "inventory",
+    "last_stored",
+    "problem_findings",
+    "purge",
+    "replicas_finding",
+    "stream_info_or_none",
+    "streams_inventory",
+]
 
 MIN_VERSION = (2, 9)
 _FRACTION = re.compile(r"\.(\d{6})\d*")
@@ -28,7 +40,7 @@ def _streams(names: Names) -> tuple[str, str]:
     return names.claims, names.history
 
 
-async def _info(js: JetStreamContext, stream: str) -> Any:
+async def stream_info_or_none(js: JetStreamContext, stream: str) -> Any:
     import nats.js.errors
 
     try:
@@ -38,24 +50,37 @@ async def _info(js: JetStreamContext, stream: str) -> Any:
 
 
 async def inventory(js: JetStreamContext, names: Names) -> Inventory:
+    def window(stream: str, info: Any) -> timedelta:
+        if stream == names.claims:  # its messages are the claims: needed while remembered
+            return max(LIVE_WINDOW, timedelta(seconds=info.config.duplicate_window or 0))
+        return LIVE_WINDOW
+
+    return await streams_inventory(js, BACKEND, names.prefix, _streams(names), window)
+
+
+async def streams_inventory(
+    js: JetStreamContext,
+    backend: str,
+    namespace: str,
+    streams: Sequence[str],
+    window: Callable[[str, Any], timedelta] = lambda _stream, _info: LIVE_WINDOW,
+) -> Inventory:
+    """Which of ``streams`` exist; live: one that stored a message within its ``window``."""
     objects: list[StoredObject] = []
     live: list[str] = []
-    for stream in _streams(names):
-        info = await _info(js, stream)
+    for stream in streams:
+        info = await stream_info_or_none(js, stream)
         if info is None:
             continue
         objects.append(StoredObject("stream", stream))
-        last = await _last_stored(js, stream, info)
-        window = LIVE_WINDOW
-        if stream == names.claims:  # its messages are the claims: needed while remembered
-            window = max(window, timedelta(seconds=info.config.duplicate_window or 0))
-        if last is not None and last > datetime.now(last.tzinfo) - window:
+        last = await last_stored(js, stream, info)
+        if last is not None and last > datetime.now(last.tzinfo) - window(stream, info):
             seconds = (datetime.now(last.tzinfo) - last).total_seconds()
             live.append(f"stream {stream} stored a message {seconds:.0f}s ago")
-    return Inventory(BACKEND, names.prefix, tuple(objects), live=tuple(live))
+    return Inventory(backend, namespace, tuple(objects), live=tuple(live))
 
 
-async def _last_stored(js: JetStreamContext, stream: str, info: Any) -> datetime | None:
+async def last_stored(js: JetStreamContext, stream: str, info: Any) -> datetime | None:
     """When the stream's last message was stored (the server's clock), if it has one."""
     import nats.js.errors
 
@@ -76,21 +101,25 @@ async def _last_stored(js: JetStreamContext, stream: str, info: Any) -> datetime
 
 async def purge(js: JetStreamContext, found: Inventory) -> Inventory:
     names = Names(found.namespace)
-    ours = set(_streams(names))
+    await delete_streams(js, found, _streams(names))
+    return await inventory(js, names)
+
+
+async def delete_streams(js: JetStreamContext, found: Inventory, ours: Sequence[str]) -> None:
+    """Delete the streams of ``found`` that are among ``ours`` (never another's)."""
+    import nats.js.errors
+
     for item in found.objects:
         if item.kind == "stream" and item.name in ours:
-            import nats.js.errors
-
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await js.delete_stream(item.name)
-    return await inventory(js, names)
 
 
 async def doctor(
     js: JetStreamContext, version: str | None, names: Names, slot_ttl: timedelta, replicas: int
 ) -> list[Finding]:
     findings = [server_finding("nats-server", version, MIN_VERSION)]
-    claims = await _info(js, names.claims)
+    claims = await stream_info_or_none(js, names.claims)
     if claims is None:
         findings.append(
             Finding(
@@ -99,22 +128,22 @@ async def doctor(
         )
         findings.append(slot_memory_finding(BACKEND, names.claims, None, slot_ttl))
     else:
-        findings += _problems(names.claims, claims_problems(claims.config, names, slot_ttl))
+        findings += problem_findings(names.claims, claims_problems(claims.config, names, slot_ttl))
         window_ms = round((claims.config.duplicate_window or 0) * 1000)
         findings.append(
             slot_memory_finding(
                 BACKEND, f"the duplicate window of {names.claims}", window_ms, slot_ttl
             )
         )
-        findings.append(_replicas_finding(names.claims, claims, replicas))
-    history = await _info(js, names.history)
+        findings.append(replicas_finding(names.claims, claims, replicas))
+    history = await stream_info_or_none(js, names.history)
     if history is not None:
-        findings += _problems(names.history, history_problems(history.config, names))
-        findings.append(_replicas_finding(names.history, history, replicas))
+        findings += problem_findings(names.history, history_problems(history.config, names))
+        findings.append(replicas_finding(names.history, history, replicas))
     return findings
 
 
-def _problems(stream: str, problems: list[str]) -> list[Finding]:
+def problem_findings(stream: str, problems: list[str]) -> list[Finding]:
     """``claims_problems`` and ``history_problems`` say each problem and its fix in one
     sentence (``... (consequence): fix``): each is an error, as ``start()`` refuses them."""
     if not problems:
@@ -127,7 +156,7 @@ def _problems(stream: str, problems: list[str]) -> list[Finding]:
     return findings
 
 
-def _replicas_finding(stream: str, info: Any, replicas: int) -> Finding:
+def replicas_finding(stream: str, info: Any, replicas: int) -> Finding:
     count = info.config.num_replicas or 1
     check = f"stream {stream} replicas"
     cluster = info.cluster

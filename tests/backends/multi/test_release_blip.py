@@ -1,5 +1,5 @@
 """A run completes just as its store goes away for less than ``lease_ttl`` (issue 24, classes
-2 and 3): a connection blip (PostgreSQL, Redis, through a TcpProxy that cuts and restores the
+2 and 3): a connection blip (PostgreSQL, Redis, NATS, through a TcpProxy that cuts and restores the
 runner's link) or another process holding SQLite's write lock. The runner keeps retrying the
 release until it lands, so the completed slot is never taken over and run again.
 
@@ -25,10 +25,18 @@ from urllib.parse import urlsplit
 import asyncpg
 import pytest
 
-from brokersched import JobContext, PostgresBackend, RedisLeaseBackend, Scheduler, SQLiteBackend
+from brokersched import (
+    JobContext,
+    NATSLeaseBackend,
+    PostgresBackend,
+    RedisLeaseBackend,
+    Scheduler,
+    SQLiteBackend,
+)
 from brokersched._clock import SystemClock
 from brokersched.abc import JobPolicy, LeaseBackend
 from tests.support.names import unique
+from tests.support.nats_helpers import FaultProxy, delete_named_streams, fault_proxy
 from tests.support.redis_helpers import delete_keys
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.wait import until
@@ -68,6 +76,27 @@ def a_cut_link(proxy: TcpProxy) -> Fault:
         async def restore() -> None:
             await asyncio.sleep(OUTAGE_S)  # real time: the outage is the point
             proxy.restore()
+            fault.ended.set()
+
+        asyncio.get_running_loop().create_task(restore())
+
+    fault = Fault(begin)
+    return fault
+
+
+def a_silent_link(proxy: FaultProxy) -> Fault:
+    """The server's answers to the runner are held for ``OUTAGE_S`` (its requests still reach
+    the server: a release may land unanswered), then the link is cut and they are lost (nats-py
+    reconnects; a cut that also refused reconnections leaves nats-py's sockets unclosed)."""
+    fault: Fault
+
+    async def begin() -> None:
+        proxy.hold_replies()
+
+        async def restore() -> None:
+            await asyncio.sleep(OUTAGE_S)  # real time: the outage is the point
+            proxy.cut()
+            proxy.release_replies()
             fault.ended.set()
 
         asyncio.get_running_loop().create_task(restore())
@@ -144,6 +173,22 @@ async def redis(redis_url: str) -> AsyncIterator[Store]:
 
 
 @asynccontextmanager
+async def nats(nats_url: str) -> AsyncIterator[Store]:
+    bucket = unique("t")
+    parts = urlsplit(nats_url)
+    async with fault_proxy(parts.port or 4222, parts.hostname or "127.0.0.1") as proxy:
+        try:
+            yield Store(
+                NATSLeaseBackend(proxy.url, bucket=bucket, lease_ttl=TTL_S),
+                NATSLeaseBackend(nats_url, bucket=bucket, lease_ttl=TTL_S),
+                NATSLeaseBackend(nats_url, bucket=bucket, lease_ttl=TTL_S),
+                a_silent_link(proxy),
+            )
+        finally:
+            await delete_named_streams(nats_url, f"KV_{bucket}", f"{bucket}-history")
+
+
+@asynccontextmanager
 async def sqlite(path: Path) -> AsyncIterator[Store]:
     yield Store(
         SQLiteBackend(path, lease_ttl=TTL_S),
@@ -153,12 +198,14 @@ async def sqlite(path: Path) -> AsyncIterator[Store]:
     )
 
 
-@pytest.fixture(params=["postgres", "redis", "sqlite"])
+@pytest.fixture(params=["postgres", "redis", "nats", "sqlite"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> AbstractAsyncContextManager[Store]:
     if request.param == "postgres":
         return postgres(request.getfixturevalue("postgres_dsn"))
     if request.param == "redis":
         return redis(request.getfixturevalue("redis_url"))
+    if request.param == "nats":
+        return nats(request.getfixturevalue("nats_url"))
     return sqlite(tmp_path / "app.db")
 
 

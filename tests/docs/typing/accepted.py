@@ -6,6 +6,7 @@ from brokersched import (
     JobContext,
     MemoryBackend,
     NATSBackend,
+    NATSLeaseBackend,
     PostgresBackend,
     RabbitMQBackend,
     RecordDroppedEvent,
@@ -84,6 +85,9 @@ redis_claims = Scheduler(RedisBackend("redis://127.0.0.1:6379/0", slot_ttl="5m",
 redis_claims.every("r1", "5s", flush, timeout="4s", jitter="1s", history_ttl="1d")
 redis_leases = Scheduler(RedisLeaseBackend("redis://127.0.0.1:6379/0", lease_ttl="30s"))
 redis_leases.every("r2", "5s", flush, overlap="allow", max_attempts=2, catch_up="1m")
+nats_leases = Scheduler(NATSLeaseBackend("nats://127.0.0.1:4222", bucket="jobs", lease_ttl="30s"))
+nats_leases.every("n1", "5s", flush, overlap="skip", max_attempts=2, catch_up="1m")
+nats_leases.cron("n2", "* * * * *", flush, history_ttl="1d", history_size=50)
 
 
 # wave 2: key, run_on_start, after(), enabled, overrides

@@ -1,5 +1,6 @@
 """A scheduler for ``brokersched purge`` and ``doctor`` (tests/deploy/test_cli_ops.py): the backend
-named by ``BROKERSCHED_TEST_BACKEND`` (rabbitmq, nats, redis, redis-lease, postgres, sqlite),
+named by ``BROKERSCHED_TEST_BACKEND`` (rabbitmq, nats, nats-lease, redis, redis-lease, postgres,
+sqlite),
 its prefix (schema, table prefix) ``BROKERSCHED_TEST_PREFIX``, its server's URL in the
 variable the test sets (``BROKERSCHED_TEST_URL``; RabbitMQ: ``BROKERSCHED_TEST_MANAGEMENT_URL``
 too, when given). One job, ``tick``, every second."""
@@ -11,6 +12,7 @@ import os
 from brokersched import (
     JobContext,
     NATSBackend,
+    NATSLeaseBackend,
     PostgresBackend,
     RabbitMQBackend,
     RedisBackend,
@@ -26,6 +28,8 @@ def make_backend(kind: str, url: str, prefix: str, management_url: str | None = 
         return RabbitMQBackend(url, slot_ttl="20s", prefix=prefix, management_url=management_url)
     if kind == "nats":
         return NATSBackend(url, slot_ttl="20s", prefix=prefix)
+    if kind == "nats-lease":
+        return NATSLeaseBackend(url, lease_ttl="5s", bucket=prefix)
     if kind == "redis":
         return RedisBackend(url, slot_ttl="20s", prefix=prefix)
     if kind == "redis-lease":

@@ -1,0 +1,690 @@
+"""``NATSLeaseBackend``: leases on a NATS JetStream key-value bucket.
+
+Layout (``B`` the bucket)::
+
+    KV bucket B (stream KV_B)    key job.<job>: the job's row (fences, the leases by slot),
+                                 JSON; key clock: the probe of the server's clock
+    stream B-history             subject B.history.<job>: the runs, newest last
+
+Every transition (acquire, renew, release, take-over) reads the job's row and the server's
+clock, applies the lease protocol (``_lease.decide``) and writes the new row with
+``kv.update(key, value, last=revision)`` (``kv.create`` for the first): a compare-and-set on the
+entry's revision, so concurrent decisions on a job are serialized by the bucket's stream
+leader, and a lost race reads again (``_rows``). Rows are read from the leader, never from a
+replica (the bucket has no direct gets): a stale row would only lose its compare-and-set, but
+a renewal read from a replica that had not seen the lease yet would abort a healthy run.
+
+Time: the server's clock, read as the timestamp JetStream stores with a message (a probe
+written to the bucket's ``clock`` key and read back: two round trips, shared by the decisions
+that start while one is in flight; it works on nats-server 2.9). Lease expiry and
+``max_clock_skew`` are judged on it, as PostgreSQL's ``clock_timestamp()`` is.
+
+History: one stream, a subject per job, ``max_msgs_per_subject`` the largest ``history_size``
+of the jobs (reads are trimmed to each job's own). ``history_ttl``: on nats-server 2.11+ each
+run is published with a per-message TTL (``Nats-TTL``, on a stream created with
+``allow_msg_ttl``) and the server drops it; on 2.9 and 2.10 runs older than the TTL are left
+out of every read, and leave the stream when ``history_size`` pushes them out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from ... import _redact
+from ..._clock import Clock, datetime_to_ms
+from ..._durations import Duration, to_ms
+from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
+from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
+from ...abc import (
+    Finding,
+    Inventory,
+    JobPolicy,
+    Lease,
+    RunReason,
+    RunRecord,
+    Slot,
+)
+from .._keywords import own_options, refuse_unknown
+from .._lease import (
+    DEFAULT_MAX_CLOCK_SKEW,
+    Acquire,
+    ClockName,
+    LeaseBackendBase,
+    Release,
+    Renew,
+    TakenOver,
+    TakeOver,
+    new_token,
+)
+from .._ops import server_finding
+from . import _ops
+from ._base import (
+    CONNECT_DEFAULTS,
+    SECRET_OPTIONS,
+    Translated,
+    check_servers,
+    connect_keywords,
+    describe,
+    import_nats,
+    logger,
+)
+from ._history import read_last
+from ._rows import Conflict, Rows, Table
+from ._streams import Names, history_config, history_problems
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATSClient
+    from nats.js import JetStreamContext
+    from nats.js.kv import KeyValue
+
+__all__ = ["NATSLeaseBackend"]
+
+T = TypeVar("T")
+
+BACKEND = "NATSLeaseBackend"
+_BUCKET_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_API_TIMEOUT_S = 5.0
+_OPERATION_TIMEOUT_S = 10.0  # take-over, record, history: not time-critical, but bounded
+_CLOCK_KEY = "clock"
+_PROBE_TIMEOUT_S = 2.0  # a probe lost with a dying leader gives way to a new one soon
+_MSG_ID = "Nats-Msg-Id"
+_MSG_TTL = (2, 11)  # the first nats-server with per-message TTLs
+_SERIAL_CAS = (2, 11)  # the first whose clustered streams serialize compare-and-sets
+
+
+#: NATSBackend's options that a user moving to leases may pass, and what to pass instead.
+_NOT_HERE = {
+    "prefix": "NATSLeaseBackend names what it makes after bucket= (the KV bucket, and the "
+    "stream <bucket>-history)",
+    "slot_ttl": "a lease backend remembers every claimed slot (fencing); its option is lease_ttl",
+}
+
+
+class NATSLeaseBackend(LeaseBackendBase):
+    """Leases on a NATS JetStream key-value bucket: occurrence fencing, overlap control,
+    take-over of dead runners, catch-up and manual runs, judged on the NATS server's clock.
+
+    ``servers``: one URL or a list (as for ``NATSBackend``). ``bucket``: the KV bucket (and
+    the prefix of the history stream, ``<bucket>-history``); 1-64 letters, digits, ``_`` or
+    ``-``. ``lease_ttl``: how long a lease lives unless renewed. ``replicas``: of the bucket
+    and the history stream, in a cluster. ``max_clock_skew``: how far ahead of the server's
+    clock a claimed slot may be. Other keywords go to ``nats.connect`` (never logged).
+    """
+
+    clock_name = ClockName("the NATS server's clock", "the NATS server")
+
+    def __init__(
+        self,
+        servers: str | list[str] = "nats://127.0.0.1:4222",
+        *,
+        bucket: str = "brokersched-leases",
+        lease_ttl: Duration = "30s",
+        replicas: int = 1,
+        max_clock_skew: Duration = DEFAULT_MAX_CLOCK_SKEW,
+        **connect_options: Any,
+    ) -> None:
+        super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
+        refuse_unknown(
+            BACKEND,
+            connect_options,
+            own=own_options(NATSLeaseBackend),
+            library="nats.connect",
+            accepted=connect_keywords,
+            reserved=_NOT_HERE,
+        )
+        self._servers = check_servers(servers, BACKEND)
+        self._bucket = _check_bucket(bucket)
+        if type(replicas) is not int or not 1 <= replicas <= 5:
+            raise ConfigurationError(
+                f"replicas {replicas!r} of {BACKEND} must be an integer from 1 to 5",
+                option="replicas",
+                backend=BACKEND,
+            )
+        self._replicas = replicas
+        self._names = Names(self._bucket)
+        self._connect_options = dict(connect_options)
+        self._secrets = _redact.connection_secrets(
+            self._servers, self._connect_options, SECRET_OPTIONS
+        )
+        self._shown_servers = ", ".join(_redact.redact_url(s) for s in self._servers)
+        self._nc: NATSClient | None = None
+        self._js: JetStreamContext | None = None
+        self._clock: Clock | None = None
+        self._rows: Rows | None = None
+        self._history_size = 0  # max_msgs_per_subject known to be in place
+        self._history_lock = asyncio.Lock()
+        self._msg_ttl = False  # the history stream drops runs by their own TTL
+        #: For tests: decisions judge time as if the server's clock read this (ms); ``None``
+        #: (always, in production): the server's clock.
+        self.store_time: int | None = None
+
+    def __repr__(self) -> str:
+        return f"{BACKEND}({self._shown_servers!r}, bucket={self._bucket!r})"
+
+    @property
+    def bucket(self) -> str:
+        return self._bucket
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def _open(self, clock: Clock) -> None:
+        self._history_lock = asyncio.Lock()
+        self._history_size, self._msg_ttl = 0, False
+        nc = await self._connect()
+        try:
+            js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
+            with self._translated("preparing the bucket"):
+                self._check_replicas(self._replicas, nc)
+                kv = await self._bucket_kv(js, nc)
+                await self._check_history_stream(js)
+        except BaseException:
+            await to_the_end(_close_client(nc))
+            raise
+        self._nc, self._js, self._clock = nc, js, clock
+        self._rows = Rows(_KVTable(self, js, kv), BACKEND, blocking=clock.blocking)
+
+    async def _connect(self) -> NATSClient:
+        nats = import_nats(BACKEND)
+        options: dict[str, Any] = {**CONNECT_DEFAULTS, **self._connect_options}
+        options.setdefault("error_cb", self._on_error)
+        budget = 2 * float(options["connect_timeout"]) * len(self._servers)
+        nc: NATSClient = nats.NATS()
+        cancels = cancel_requests()
+        try:
+            async with asyncio.timeout(budget):
+                await nc.connect(self._servers, **options)
+            raise_if_cancelled_since(cancels)  # swallowed by nats-py's wait_for (3.11)
+        except BaseException as exc:
+            await to_the_end(_close_client(nc))
+            if not isinstance(exc, Exception):
+                raise
+            raise BackendUnavailableError(
+                f"{BACKEND}: cannot connect to NATS at {self._shown_servers} within "
+                f"{budget:g}s ({describe(exc, self._secrets)})"
+            ) from _redact.chainable(exc, self._secrets)
+        return nc
+
+    async def _on_error(self, exc: Exception) -> None:
+        connected = self._nc is not None and self._nc.is_connected
+        logger.log(
+            logging.WARNING if connected else logging.DEBUG,
+            "%s: NATS error: %s",
+            BACKEND,
+            describe(exc, self._secrets),
+        )
+
+    async def _close(self) -> None:
+        nc, self._nc, self._js, self._clock, self._rows = self._nc, None, None, None, None
+        if nc is not None:
+            await _close_client(nc)
+
+    def _translated(self, *what: str) -> Translated:
+        return Translated(*what, secrets=self._secrets, backend=BACKEND)
+
+    def _check_replicas(self, replicas: int, nc: NATSClient) -> None:
+        """Refuse a replicated bucket on a server that does not serialize compare-and-sets.
+
+        Before nats-server 2.11 a clustered stream checked ``Nats-Expected-Last-Subject-
+        Sequence`` before the write's Raft proposal, not within it: two writes made from one
+        revision at the same moment could both land (nats-io/nats-server#4320, #5644), so two
+        instances could both be granted a slot. Seen here: a slot ran twice on a 3-node 2.9.10
+        cluster whose bucket leader was killed. A single server serializes them."""
+        if replicas <= 1:
+            return
+        version = nc.connected_server_version
+        if version is not None and (version.major, version.minor) >= _SERIAL_CAS:
+            return
+        shown = "unknown" if version is None else f"{version.major}.{version.minor}"
+        raise ConfigurationError(
+            f"{BACKEND}: a bucket with {replicas} replicas needs nats-server "
+            f"{_SERIAL_CAS[0]}.{_SERIAL_CAS[1]} or later (connected to {shown}): before it, a "
+            "clustered stream lets two compare-and-set writes from one revision both land "
+            "(nats-io/nats-server#4320, #5644), and a slot could run twice; upgrade the "
+            "servers, or use replicas=1 (one server)",
+            option="replicas",
+            backend=BACKEND,
+        )
+
+    async def _bucket_kv(self, js: JetStreamContext, nc: NATSClient) -> KeyValue:
+        """The bucket, created when missing (file storage, one revision per key, no TTL: a
+        row holds the job's fences for ever; read from the leader only)."""
+        import nats.js.errors
+        from nats.js.api import StorageType
+
+        for _ in range(3):
+            try:
+                kv = await js.key_value(self._bucket)
+            except nats.js.errors.BucketNotFoundError:
+                pass
+            else:
+                await self._check_bucket(js, nc)
+                return kv
+            try:
+                return await js.create_key_value(  # pyright: ignore[reportUnknownMemberType]
+                    bucket=self._bucket,
+                    description="brokersched leases (a row per job)",
+                    history=1,
+                    storage=StorageType.FILE,
+                    replicas=self._replicas,
+                    direct=False,
+                )
+            except nats.js.errors.BadRequestError:
+                continue  # created by another instance meanwhile: take it
+        raise BackendError(f"{BACKEND}: bucket {self._bucket!r} keeps changing")
+
+    async def _check_bucket(self, js: JetStreamContext, nc: NATSClient) -> None:
+        config = (await js.stream_info(_kv_stream(self._bucket))).config
+        self._check_replicas(config.num_replicas or 1, nc)
+        problems = bucket_problems(config)
+        if problems:
+            raise ConfigurationError(
+                f"{BACKEND}: the existing KV bucket {self._bucket!r} cannot be used: "
+                + "; ".join(problems),
+                option="bucket",
+                backend=BACKEND,
+            )
+
+    def _jetstream(self) -> JetStreamContext:
+        if self._js is None:
+            raise BackendUnavailableError(f"{BACKEND} is not started (call start() first)")
+        return self._js
+
+    def _lease_rows(self) -> Rows:
+        if self._rows is None:
+            raise BackendUnavailableError(f"{BACKEND} is not started (call start() first)")
+        return self._rows
+
+    # -- leases ------------------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        slot: Slot,
+        *,
+        policy: JobPolicy,
+        instance_id: str,
+        run_id: str,
+        reason: RunReason,
+        timeout: float,
+    ) -> Lease | Literal["overlap", "not-acquired"]:
+        rows = self._lease_rows()
+        started = self._instance_now()
+        request = Acquire(
+            slot.slot_ms, reason, policy.overlap, new_token(), run_id, instance_id, started
+        )
+        with self._translated("claim", slot.key):
+            answer, now = await rows.decide(
+                slot.job, request, ttl_ms=self._ttl_ms, skew_ms=self._skew_ms, timeout=timeout
+            )
+        granted = isinstance(answer, Lease)
+        self._check_slot_time(slot, now, self._clock, granted=granted)  # raises when too far
+        assert isinstance(answer, Lease) or answer in ("overlap", "not-acquired")
+        return answer
+
+    async def renew(self, lease: Lease) -> bool:
+        """Answers within a third of ``lease_ttl``."""
+        rows = self._lease_rows()
+        with self._translated("renew", lease.slot.key):
+            answer, _ = await rows.decide(
+                lease.job,
+                Renew(lease.slot_ms, lease.token),
+                ttl_ms=self._ttl_ms,
+                skew_ms=self._skew_ms,
+                timeout=self._renew_timeout,
+            )
+        return answer is True
+
+    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+        rows = self._lease_rows()
+        with self._translated("release", lease.slot.key):
+            await rows.decide(
+                lease.job,
+                Release(lease.slot_ms, lease.token, handover),
+                ttl_ms=self._ttl_ms,
+                skew_ms=self._skew_ms,
+                timeout=self._renew_timeout,
+            )
+
+    async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
+        """Per job with a lease in its row: the lease protocol's take-over, one
+        compare-and-set; the dead attempts are recorded after it landed."""
+        leases: list[Lease] = []
+        for policy in {policy.name: policy for policy in policies}.values():
+            try:
+                leases += await self._take_over_job(policy, instance_id)
+            except BackendError:
+                if not leases:
+                    raise
+                # Leases already granted must reach their runner; the rest waits for the
+                # next sweep.
+                logger.warning(
+                    "%s could not take over the slots of %s", BACKEND, policy.name, exc_info=True
+                )
+        return leases
+
+    async def _take_over_job(self, policy: JobPolicy, instance_id: str) -> list[Lease]:
+        rows = self._lease_rows()
+        with self._translated("take over the slots of", repr(policy.name)):
+            if not (await rows.read(policy.name, _OPERATION_TIMEOUT_S)).leases:
+                return []  # nothing runs nor waits: no need of the server's clock
+            request = TakeOver(policy, instance_id, self._instance_now())
+            taken, _ = await rows.decide(
+                policy.name,
+                request,
+                ttl_ms=self._ttl_ms,
+                skew_ms=self._skew_ms,
+                timeout=_OPERATION_TIMEOUT_S,
+            )
+        assert isinstance(taken, TakenOver)
+        for record in taken.records:
+            try:
+                await self.record(policy, record)
+            except BackendError:
+                logger.warning(
+                    "%s: the interrupted run %s of %s could not be recorded",
+                    BACKEND, record.run_id, Slot(record.job, record.slot_ms).key, exc_info=True,
+                )  # fmt: skip
+        return taken.leases
+
+    def _instance_now(self) -> int:
+        """The scheduler's clock, which history times are on (as on every backend)."""
+        if self._clock is None:
+            raise BackendUnavailableError(f"{BACKEND} is not started (call start() first)")
+        return self._clock.now_ms()
+
+    # -- history -----------------------------------------------------------------------------
+
+    async def prepare(self, jobs: Sequence[JobPolicy]) -> None:
+        if jobs:
+            js = self._jetstream()
+            with self._translated("preparing the history stream"):
+                await self._ensure_history(js, max(job.history_size for job in jobs))
+
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        js = self._jetstream()
+        with self._translated(f"recording a run of {job.name!r}"):
+            await self._ensure_history(js, job.history_size)
+            headers = {_MSG_ID: f"{Slot(record.job, record.slot_ms).key}:{record.run_id}"}
+            ttl = None
+            if self._msg_ttl and job.history_ttl is not None:
+                ttl = max(1, math.ceil(job.history_ttl.total_seconds()))
+            async with asyncio.timeout(_OPERATION_TIMEOUT_S):
+                await js.publish(
+                    self._names.history_subject(job.name),
+                    record.to_json().encode(),
+                    headers=headers,
+                    msg_ttl=ttl,
+                )
+
+    async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        js = self._jetstream()
+        subject = self._names.history_subject(job.name)
+        count = min(limit, job.history_size)
+        with self._translated(f"reading the history of {job.name!r}"):
+            async with asyncio.timeout(_OPERATION_TIMEOUT_S):
+                bodies = await read_last(js, self._names.history, subject, count)
+        records = [RunRecord.from_json(body) for body in reversed(bodies)]
+        if job.history_ttl is not None:  # 2.9, 2.10: no per-message TTL (and TTLs are whole s)
+            oldest = self._instance_now() - to_ms(job.history_ttl)
+            records = [r for r in records if datetime_to_ms(r.started_at) >= oldest]
+        return records
+
+    async def _check_history_stream(self, js: JetStreamContext) -> None:
+        import nats.js.errors
+
+        try:
+            info = await js.stream_info(self._names.history)
+        except nats.js.errors.NotFoundError:
+            return
+        self._raise_problems(history_problems(info.config, self._names))
+
+    def _raise_problems(self, problems: list[str]) -> None:
+        if problems:
+            raise ConfigurationError(
+                f"{BACKEND}: the existing JetStream stream {self._names.history!r} cannot be "
+                "used: " + "; ".join(problems),
+                option="bucket",
+                backend=BACKEND,
+            )
+
+    async def _ensure_history(self, js: JetStreamContext, size: int) -> None:
+        """Create the history stream, or grow it to keep ``size`` runs per job (never shrunk:
+        another instance may keep more)."""
+        import nats.js.errors
+
+        if size <= self._history_size:
+            return
+        async with self._history_lock:
+            if size <= self._history_size:
+                return
+            for _ in range(3):
+                try:
+                    info = await js.stream_info(self._names.history)
+                except nats.js.errors.NotFoundError:
+                    config = history_config(self._names, size, self._replicas)
+                    config.allow_msg_ttl = self._server_has_msg_ttl() or None
+                    try:
+                        info = await js.add_stream(config)  # pyright: ignore[reportUnknownMemberType]
+                    except nats.js.errors.BadRequestError:
+                        continue  # created by another instance meanwhile
+                else:
+                    config = info.config
+                    self._raise_problems(history_problems(config, self._names, size))
+                    if (config.max_msgs_per_subject or 0) < size:
+                        grown = dataclasses.replace(config, max_msgs_per_subject=size)
+                        info = await js.update_stream(grown)  # pyright: ignore[reportUnknownMemberType]
+                self._msg_ttl = bool(info.config.allow_msg_ttl)
+                self._history_size = size
+                return
+            raise BackendError(f"{BACKEND}: stream {self._names.history} keeps changing")
+
+    def _server_has_msg_ttl(self) -> bool:
+        version = self._nc.connected_server_version if self._nc is not None else None
+        return version is not None and (version.major, version.minor) >= _MSG_TTL
+
+    # -- operations (brokersched purge, doctor) ---------------------------------------------
+
+    async def inventory(
+        self,
+        *,
+        namespace: str | None = None,
+        jobs: Sequence[str] = (),
+        slots: Sequence[Slot] = (),
+    ) -> Inventory:
+        """The bucket's stream and the history stream. Live: a message stored in the last
+        minute (every decision writes the clock probe)."""
+        bucket = self._bucket if namespace is None else _check_bucket(namespace)
+        return await self._operation("list its streams", _inventory, bucket)
+
+    async def purge(self, inventory: Inventory) -> Inventory:
+        async def purge(js: JetStreamContext, found: Inventory) -> Inventory:
+            await _ops.delete_streams(js, found, _streams(found.namespace))
+            return await _inventory(js, found.namespace)
+
+        return await self._operation("delete its streams", purge, inventory)
+
+    async def doctor(self) -> list[Finding]:
+        async def check(js: JetStreamContext, nc: NATSClient) -> list[Finding]:
+            version = nc.connected_server_version
+            shown = None if version is None else f"{version.major}.{version.minor}.{version.patch}"
+            findings = [server_finding("nats-server", shown, _ops.MIN_VERSION)]
+            stream = _kv_stream(self._bucket)
+            info = await _ops.stream_info_or_none(js, stream)
+            if info is None:
+                findings.append(
+                    Finding(
+                        "ok", "bucket", f"no bucket {self._bucket} yet: the first start makes it"
+                    )
+                )
+            else:
+                findings += _ops.problem_findings(stream, bucket_problems(info.config))
+                findings.append(_ops.replicas_finding(stream, info, self._replicas))
+                replicas = info.config.num_replicas or 1
+                old = version is not None and (version.major, version.minor) < _SERIAL_CAS
+                if replicas > 1 and old:
+                    findings.append(
+                        Finding(
+                            "error",
+                            f"stream {stream} replicas",
+                            f"{replicas} replicas on nats-server {shown}",
+                            "its compare-and-sets are not serialized: a slot can run twice "
+                            "(nats-io/nats-server#4320)",
+                            "upgrade the servers to 2.11 or later, or use one replica",
+                        )
+                    )
+            history = await _ops.stream_info_or_none(js, self._names.history)
+            if history is not None:
+                problems = history_problems(history.config, self._names)
+                findings += _ops.problem_findings(self._names.history, problems)
+            if version is not None and (version.major, version.minor) < _MSG_TTL:
+                findings.append(
+                    Finding(
+                        "ok",
+                        "history_ttl",
+                        f"nats-server {shown} has no per-message TTL",
+                        "runs older than a job's history_ttl are left out of reads, and stay "
+                        "stored until history_size pushes them out",
+                        "nats-server 2.11+ drops them (a history stream created there)",
+                    )
+                )
+            return findings
+
+        return await self._operation("check its bucket", check, with_client=True)
+
+    async def _operation(
+        self,
+        action: str,
+        call: Callable[..., Awaitable[T]],
+        *args: Any,
+        with_client: bool = False,
+    ) -> T:
+        """``call(js, *args)`` (``call(js, nc)``) on a connection of its own."""
+        nc = await self._connect()
+        try:
+            js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
+            with self._translated(action):
+                return await (call(js, nc) if with_client else call(js, *args))
+        finally:
+            await to_the_end(_close_client(nc))
+
+
+class _KVTable(Table):
+    """The bucket through nats-py's KV API; the clock from the probe's stored timestamp."""
+
+    def __init__(self, owner: NATSLeaseBackend, js: JetStreamContext, kv: KeyValue) -> None:
+        self._owner, self._js, self._kv = owner, js, kv
+        self._stream = _kv_stream(owner.bucket)
+        self._clock_subject = f"$KV.{owner.bucket}.{_CLOCK_KEY}"
+        self._probe: asyncio.Future[int] | None = None
+
+    async def read(self, key: str, timeout: float) -> tuple[bytes | None, int]:
+        import nats.js.errors
+
+        with self._owner._translated("reading", key):
+            try:
+                async with asyncio.timeout(timeout):
+                    entry = await self._kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                return None, 0
+        return entry.value, entry.revision or 0
+
+    async def write(self, key: str, value: bytes, last: int, timeout: float) -> None:
+        import nats.js.errors
+
+        with self._owner._translated("writing", key):
+            try:
+                async with asyncio.timeout(timeout):
+                    if last:
+                        await self._kv.update(key, value, last=last)
+                    else:
+                        await self._kv.create(key, value)
+            except nats.js.errors.KeyWrongLastSequenceError as exc:
+                raise Conflict(key) from exc
+
+    async def read_at(self, key: str, timeout: float) -> tuple[bytes | None, int, int]:
+        """The row and the server's clock, read together."""
+        (value, revision), now = await asyncio.gather(self.read(key, timeout), self.now_ms(timeout))
+        return value, revision, now
+
+    async def now_ms(self, timeout: float) -> int:
+        """The server's clock: a probe written and read back (decisions that start while one
+        is in flight share it: a reading taken a round trip earlier only makes leases look
+        live a little longer)."""
+        if self._owner.store_time is not None:
+            return self._owner.store_time
+        probe = self._probe
+        if probe is None or probe.done():
+            probe = self._probe = asyncio.ensure_future(self._read_clock())
+            # Retrieved even when every caller gave up waiting (its error is theirs to see).
+            probe.add_done_callback(lambda done: done.cancelled() or done.exception())
+        async with asyncio.timeout(timeout):
+            return await asyncio.shield(probe)
+
+    async def _read_clock(self) -> int:
+        with self._owner._translated("reading the server's clock"):
+            async with asyncio.timeout(_PROBE_TIMEOUT_S):
+                await self._js.publish(self._clock_subject, b"")
+                msg = await self._js.get_last_msg(self._stream, self._clock_subject)
+        if msg.time is None:
+            raise BackendError(f"{BACKEND}: the server stored the clock probe without a time")
+        stamp = msg.time if msg.time.tzinfo is not None else msg.time.replace(tzinfo=UTC)
+        return datetime_to_ms(stamp)
+
+
+def _check_bucket(bucket: object) -> str:
+    if not isinstance(bucket, str) or not _BUCKET_RE.fullmatch(bucket):
+        raise ConfigurationError(
+            f"bucket {bucket!r} of {BACKEND} must be 1-64 letters, digits, '_' or '-' (it "
+            "names the KV bucket and the history stream)",
+            option="bucket",
+            backend=BACKEND,
+        )
+    return bucket
+
+
+def _kv_stream(bucket: str) -> str:
+    return f"KV_{bucket}"
+
+
+def _streams(bucket: str) -> tuple[str, str]:
+    return _kv_stream(bucket), Names(bucket).history
+
+
+def bucket_problems(config: Any) -> list[str]:
+    """What breaks the rows in an existing bucket: they must stay (file storage, no TTL, no
+    limit that drops them) and be read from the leader."""
+    stream = config.name
+    problems: list[str] = []
+    if str(getattr(config.storage, "value", config.storage)) != "file":
+        problems.append(
+            f"storage is {config.storage!r}, not 'file' (a server restart would forget every "
+            f"fence, and a late instance run a slot again): `nats kv rm` the bucket while no "
+            "scheduler runs, or use another bucket"
+        )
+    if (config.max_age or 0) > 0:
+        problems.append(
+            f"its TTL is {config.max_age:g}s (rows would expire with their fences, and a late "
+            f"instance run a slot again): run `nats stream edit {stream} --max-age=0`"
+        )
+    if config.allow_direct:
+        problems.append(
+            "allow_direct is true (rows read from a lagging replica could abort healthy runs): "
+            f"run `nats stream edit {stream} --no-allow-direct`"
+        )
+    return problems
+
+
+async def _inventory(js: JetStreamContext, bucket: str) -> Inventory:
+    return await _ops.streams_inventory(js, BACKEND, bucket, _streams(bucket))
+
+
+async def _close_client(nc: NATSClient) -> None:
+    with contextlib.suppress(Exception):
+        await nc.close()
