@@ -967,9 +967,9 @@ async def _trigger(scheduler: Scheduler[Any], job: Job) -> tuple[RunRecord | Non
             skips.append(f"skipped ({event.reason}: {detail})")
 
     scheduler.on("skip", on_skip)
-    # Paused jobs arm no timer, get no catch-up and no take-over: only the manual run happens.
-    for each in scheduler.jobs():
-        each.pause()
+    # A scheduler that does not schedule arms no timer and makes no catch-up or take-over: only
+    # the manual run happens (pausing the jobs would pause them for the whole fleet).
+    scheduler.enabled = False
     await scheduler.start()
     try:
         return await job.trigger(), skips
