@@ -21,7 +21,7 @@ from ._options import JobOptions, JobSettings
 from ._scheduler import Job, Scheduler
 from ._scheduler import use_default_backend as _use_default_backend
 from ._thread import SchedulerThread
-from .abc import RunRecord
+from .abc import ControlChange, Instance, JobControl, RunInProgress, RunRecord
 from .backends.memory import MemoryBackend
 from .triggers.cron import parse_cron
 
@@ -46,8 +46,11 @@ __all__ = [
     "Clock",
     "ClockSkewError",
     "ConfigurationError",
+    "ControlChange",
+    "Instance",
     "Job",
     "JobContext",
+    "JobControl",
     "JobOptions",
     "JobSettings",
     "MemoryBackend",
@@ -59,6 +62,7 @@ __all__ = [
     "RedisBackend",
     "RedisLeaseBackend",
     "RunEvent",
+    "RunInProgress",
     "RunRecord",
     "SQLiteBackend",
     "Scheduler",
