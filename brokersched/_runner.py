@@ -141,7 +141,7 @@ class Runner:
         if reason == "schedule" and self._late(job, slot_ms):
             self.skip(job, slot_ms, "late", run=reason)
             return None
-        if reason == "schedule" and self.fleet is not None:
+        if reason in ("schedule", "manual") and self.fleet is not None:
             await self.fleet.refresh(slot_ms)  # a pause the fleet made before the slot counts
         if (job.halted and reason == "schedule") or (job.disabled and reason == "manual"):
             detail = "disabled" if job.disabled else None
