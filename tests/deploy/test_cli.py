@@ -798,14 +798,12 @@ def test_instances_lists_the_fleet_with_liveness_in_80_columns_and_json(tmp_path
     app = listed_app(tmp_path)
     now = datetime.now(UTC)
     beat = timedelta(seconds=5)
-    run = RunInProgress(
-        "sync.orders", "0123456789abcdef", 0, now - timedelta(minutes=1), "schedule"
-    )
+    started = now - timedelta(minutes=1)
+    run = RunInProgress("sync.orders", "0123456789abcdef", 0, started, "schedule", leased=True)
     alive = Instance("web-1:4242:ab12", "web-1", 4242, "1.0", now - timedelta(hours=2), now, beat)
     dead = Instance(
         "worker-7:99:cd34", "worker-7", 99, "1.0", now - timedelta(hours=1),
-        now - timedelta(seconds=30), beat, (run._replace(leased=True) if False else
-        RunInProgress(run.job, run.run_id, run.slot_ms, run.started_at, run.reason, leased=True),),
+        now - timedelta(seconds=30), beat, (run,),
     )  # fmt: skip
 
     async def publish() -> None:
