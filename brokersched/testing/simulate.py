@@ -24,7 +24,11 @@ The invariants, after every step (``Ledger.violations``):
   ``max_attempts``: a slot whose handler returned never runs again;
 * runs of a key with ``overlap="skip"`` never overlap (on the fleet's true time);
 * at the end, every slot that some instance was refused as ``not-acquired`` was won by a claim
-  (a slot that every instance lost to nobody is lost silently).
+  (a slot that every instance lost to nobody is lost silently);
+* a job paused for the fleet (``Job.pause()`` on any instance, its write answered) runs no
+  scheduled slot whose pre-claim read of the controls began after that answer, until it is
+  resumed (unless the store was away or the instance's clock was stepped meanwhile: then the
+  last known controls stand, as documented).
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ _MAX_INSTANCES = 4
 _LEASE_SKEW_MS = 5000  # the lease backends' default max_clock_skew
 # Boot runs that fall less than a boot window apart (less the clocks' skew) share one run.
 _BOOT_SHARED_MS = 60_000 - 1000
+# A pause counts for the slots whose read of the controls began this long after its answer.
+_PAUSE_MARGIN_MS = 100
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,7 @@ class Run:
     max_attempts: int
     start: int  # the fleet's true time, ms
     lease_ttl_ms: int = 0
+    ahead_ms: int = 0  # how far ahead of the fleet's true time its instance's clock was
     end: int | None = None
     how: str = ""  # "returned", "cut" (cancelled: lease lost, timeout, drain), "killed"
 
@@ -101,6 +108,9 @@ class Ledger:
     released: set[tuple[str, int, str, int]] = field(default_factory=set)
     expiry: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
     outages: list[tuple[int, int]] = field(default_factory=list)  # the store unreachable
+    # job key -> [paused (its write answered), resumed (asked; None: still paused)], true time
+    paused: dict[str, list[list[int | None]]] = field(default_factory=dict)
+    stepped: dict[str, list[int]] = field(default_factory=dict)  # instance -> clock steps
 
     def _unreleased(self, run: Run) -> bool:
         """Its handler returned, but its release never reached the store, as the README's
@@ -140,6 +150,7 @@ class Ledger:
             for earlier, later in itertools.pairwise(runs):
                 if later.slot_ms - earlier.slot_ms < _BOOT_SHARED_MS:
                     found.append(f"boot runs of {key} a window apart both ran: {_show(runs)}")
+        found += self._paused_runs()
         by_key: dict[str, list[Run]] = {}
         for run in self.runs:
             if run.overlap == "skip":
@@ -149,6 +160,31 @@ class Ledger:
             for earlier, later in itertools.pairwise(runs):
                 if later.start < (earlier.end if earlier.end is not None else now):
                     found.append(f"runs of {key} overlap: {_show([earlier, later])}")
+        return found
+
+    def _paused_runs(self) -> list[str]:
+        """Scheduled runs of a paused key whose read of the controls began (at the slot's
+        instant on its instance's clock, or later) after the pause was answered."""
+        found = []
+        for run in self.runs:
+            spans = self.paused.get(run.key, ())
+            if run.reason != "schedule" or not spans:
+                continue
+            read_from = run.slot_ms - run.ahead_ms  # the fleet's true time
+            for since, until in spans:
+                assert since is not None
+                if not since + _PAUSE_MARGIN_MS <= read_from or (
+                    until is not None and run.start >= until
+                ):
+                    continue
+                away = _covered(self.outages, since - _PAUSE_MARGIN_MS, run.start + 1)
+                steps = self.stepped.get(run.instance, ())
+                if away or any(since - 60_000 <= at <= run.start for at in steps):
+                    continue
+                found.append(
+                    f"slot {run.key}:{run.slot_ms} ran while paused (paused at {since}, its "
+                    f"read from {read_from}): {_show([run])}"
+                )
         return found
 
     def lost(self, wins: Wins, scheduled: Callable[[str, int], bool]) -> list[str]:
@@ -174,6 +210,14 @@ class Ledger:
             and (key, slot) not in wins
             and not fenced(key, slot)
         ]
+
+
+async def _quietly(change: Any) -> Any:
+    """A pause's or a resume's answer; ``None`` when the store did not take it."""
+    try:
+        return await change
+    except Exception:
+        return None
 
 
 def _covered(spans: list[tuple[int, int]], start: int, end: int) -> int:
@@ -259,7 +303,8 @@ class Simulation:
         self._data: Any = makers[self.kind](self.store) if self.kind in makers else None
         self._jobs = self._draw_jobs()
         self._store_steps: list[tuple[int, int]] = []
-        self._instance_steps: dict[str, list[int]] = {}
+        self._instance_steps: dict[str, list[int]] = self.ledger.stepped
+        self._pauses = 0  # pause and resume requests so far
         self._began = self.fleet.now()
 
     # -- drawing -----------------------------------------------------------------------------
@@ -405,6 +450,7 @@ class Simulation:
                 instance=instance.name, overlap=options.get("overlap", "allow"),
                 max_attempts=options.get("max_attempts", 3) if ctx.reason != "start" else 99,
                 start=fleet.now_ms(), lease_ttl_ms=instance.deploy.memory_ms,
+                ahead_ms=instance.clock.ahead_ms,
             )  # fmt: skip
             if ctx.reason == "start" and options.get("overlap") == "skip":
                 run.key = key  # holds the job's own lease: it never overlaps the job's slots
@@ -476,7 +522,31 @@ class Simulation:
             # with the longer slot_ttl still run, and one with the shorter started.
             self._delete_record()
             await self.start_instance(replace(self._draw_deploy(), memory_ms=3000), self._skew())
+        elif roll < 0.43:
+            self._pause_or_resume(rng.choice(live))
         await self.fleet.advance(timedelta(milliseconds=rng.choice((47, 310, 730, 1530, 3470))))
+
+    def _pause_or_resume(self, instance: Instance) -> None:
+        """Pause the tick job for the fleet, or resume it, through one instance (issue 25)."""
+        if not instance.scheduler.running:
+            return
+        job = instance.scheduler.jobs()[0]  # tick (or tick.v2: the same key)
+        spans = self.ledger.paused.setdefault("tick", [])
+        self._pauses += 1
+        asked = self._pauses
+        if spans and spans[-1][1] is None:
+            spans[-1][1] = self.fleet.now_ms()  # from the moment it is asked
+            instance.drive(_quietly(job.resume(by=instance.name)), "resume")
+            self.log.append(f"resume tick through {instance.name}")
+            return
+
+        async def pause() -> None:
+            control = await _quietly(job.pause(by=instance.name))
+            if control is not None and control.paused and asked == self._pauses:
+                spans.append([self.fleet.now_ms(), None])  # answered: in the store now
+
+        instance.drive(pause(), "pause")
+        self.log.append(f"pause tick through {instance.name}")
 
     def _expiring(self, victim: Instance) -> tuple[str, int] | None:
         """The job (its key) of the latest slot a killed instance held a lease of, and how
