@@ -186,7 +186,8 @@ class Fleet:
             now = self.link.clock.now_ms()
             task = self.link.spawn(self._read_controls(), "brokersched:controls")
             read = self._read = _Read(now, task)
-        await asyncio.shield(read.task)
+        with self.link.clock.blocking():  # waits on the read's task (a virtual clock settles)
+            await asyncio.shield(read.task)
 
     async def _read_controls(self) -> None:
         controls = await self._call("read the jobs' controls", self.link.backend.controls())
