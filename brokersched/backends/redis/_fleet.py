@@ -3,7 +3,7 @@
 job's keys can meet them; one hash slot on a cluster). Each field holds
 ``<expires_ms>:<JSON>`` (``0``: kept for ever); a read leaves out, and deletes, the expired
 ones, and the instance hash itself expires once no instance wrote it for its time to live.
-Control records change by compare-and-set, in a script."""
+Control records change by compare-and-set, in a script (``_scripts.FLEET_SWAP``)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,6 @@ from ...abc import FleetKind
 from ._base import RedisConnection
 
 __all__ = ["FleetRecords", "fleet_key"]
-
-_SWAP = """local held = redis.call('HGET', KEYS[1], ARGV[1])
-if held == false then held = '' end
-if held ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-return 1"""
 
 
 def fleet_key(prefix: str, kind: FleetKind) -> str:
@@ -57,7 +51,7 @@ class FleetRecords:
         stored = f"{self._redis.now_ms() + ttl_ms}:{value}"
 
         async def put(client: Any) -> None:
-            pipe = client.pipeline(transaction=True)
+            pipe = client.pipeline(transaction=False)  # (MULTI is not in the README's ACL)
             pipe.hset(name, key, stored)
             pipe.pexpire(name, ttl_ms)
             await pipe.execute()
@@ -68,7 +62,5 @@ class FleetRecords:
         name = fleet_key(self._redis.prefix, kind)
         held = "" if old is None else f"0:{old}"
 
-        async def swap(client: Any) -> bool:
-            return bool(await client.eval(_SWAP, 1, name, key, held, f"0:{new}"))
-
-        return await self._redis.call(f"change the {kind} record of {key}", swap)
+        action = f"change the {kind} record of {key}"
+        return bool(await self._redis.script("FLEET_SWAP", action, [name], [key, held, f"0:{new}"]))
