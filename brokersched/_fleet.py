@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ._clock import Clock, Timer, ms_to_datetime
+from ._clock import Clock, Timer, ms_to_datetime, resolve
 from ._fleetrecords import ControlAction, ControlChange, Instance, JobControl, RunInProgress
 from ._job import JobState, Run
 from .abc import Backend
@@ -32,9 +32,11 @@ logger = logging.getLogger("brokersched")
 
 # A run that starts or ends is published this soon (coalesced) rather than at the next beat.
 _SOON_MS = 1000
-# One fleet call waits at most this long (or a heartbeat, if longer): a backend that hangs must
-# not hold the slots waiting for a control read.
+# One fleet call waits at most this long (or a heartbeat, if longer).
 _CALL_S = 2.0
+# A slot waits at most this long for the read of the controls before its claim: a backend that
+# is slow must not make it late (the claim itself has the slot's max_late).
+_SLOT_WAIT_MS = 1000
 
 
 class Change:
@@ -118,6 +120,7 @@ class Fleet:
             await self._call(
                 "publish its last presence",
                 self.link.backend.publish_instance(self.presence(stopped=True)),
+                timeout=_CALL_S,  # a stop waits no longer for a backend that is away
             )
 
     def _beat(self) -> None:
@@ -176,9 +179,10 @@ class Fleet:
 
     # -- control ---------------------------------------------------------------------------
 
-    async def refresh(self, since_ms: int) -> None:
+    async def refresh(self, since_ms: int, *, bounded: bool = True) -> None:
         """Wait for a read of the controls that began at or after ``since_ms`` (one is started
-        if none did) and apply it: what a scheduled slot does before its claim."""
+        if none did) and apply it: what a scheduled slot does before its claim (``bounded``:
+        for at most ``_SLOT_WAIT_MS``; else as long as the read takes, as at start)."""
         if not self.enabled:
             return
         read = self._read
@@ -186,8 +190,21 @@ class Fleet:
             now = self.link.clock.now_ms()
             task = self.link.spawn(self._read_controls(), "brokersched:controls")
             read = self._read = _Read(now, task)
-        with self.link.clock.blocking():  # waits on the read's task (a virtual clock settles)
-            await asyncio.shield(read.task)
+        if read.task.done():
+            return
+        if not bounded:
+            with self.link.clock.blocking():
+                await asyncio.shield(read.task)
+            return
+        # A slot waits for the read at most _SLOT_WAIT_MS on the scheduler's clock, then goes on
+        # with the last known controls (the read goes on, and applies what it finds).
+        waited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        timer = self.link.clock.call_later(_SLOT_WAIT_MS, lambda: resolve(waited))
+        try:
+            with self.link.clock.blocking():  # waits on the read's task: a virtual clock settles
+                await asyncio.wait({read.task, waited}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
 
     async def _read_controls(self) -> None:
         controls = await self._call("read the jobs' controls", self.link.backend.controls())
@@ -231,10 +248,10 @@ class Fleet:
 
     # -- calls -----------------------------------------------------------------------------
 
-    async def _call(self, what: str, call: Awaitable[Any]) -> Any:
+    async def _call(self, what: str, call: Awaitable[Any], timeout: float | None = None) -> Any:
         """``call``'s answer, or ``None`` when it failed (logged once per kind of failure)."""
         try:
-            async with asyncio.timeout(max(_CALL_S, self._beat_ms / 1000)):
+            async with asyncio.timeout(timeout or max(_CALL_S, self._beat_ms / 1000)):
                 answer = await call
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"

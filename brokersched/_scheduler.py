@@ -256,6 +256,8 @@ class Scheduler(Generic[B]):
         self._fleet: Fleet | None = None
         self._unsent: list[tuple[JobState, ControlAction, str]] = []  # changes before start()
         self._local_control_said = False
+        self._touches = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the last start
         self._started_ms: int | None = None
         self._start_requested_ms: int | None = None
         self._connecting: asyncio.Task[None] | None = None  # start(wait=False)'s attempts
@@ -653,6 +655,7 @@ class Scheduler(Generic[B]):
             self._recorder,
             self._around_run,
         )
+        self._loop = asyncio.get_running_loop()
         fleet = self._fleet = self._make_fleet(runner)
         self._opened.push_async_callback(fleet.close)  # after the drain, before the backend
         self._opened.push_async_callback(self._drain, runner)
@@ -662,7 +665,7 @@ class Scheduler(Generic[B]):
             await asyncio.wait([written])
             self._control_written(job, action, written)
         self._unsent.clear()
-        await fleet.refresh(self.clock.now_ms())
+        await fleet.refresh(self.clock.now_ms(), bounded=False)
         runner.fleet = fleet
         self._state = RunState.RUNNING
         started_ms = self._started_ms = self.clock.now_ms()
@@ -727,12 +730,10 @@ class Scheduler(Generic[B]):
     def _make_fleet(self, runner: Runner) -> Fleet:
         from . import __version__
 
-        fleet: Fleet | None = None
-
-        def touch(event: object) -> None:
-            if fleet is not None:
-                fleet.touch()
-
+        if not self._touches:  # once per scheduler: a run that starts or ends is published soon
+            self._touches = True
+            for event in ("start", "complete", "fail"):
+                self._events.on(event, self._touch_fleet)
         link = FleetLink(
             clock=self.clock,
             backend=self.backend,
@@ -743,11 +744,11 @@ class Scheduler(Generic[B]):
             apply=self._apply_control,
             spawn=lambda coro, name: self._tasks.spawn(coro, name=name, drained=False),
         )
-        fleet = Fleet(link, version=__version__)
-        if fleet.enabled:
-            for event in ("start", "complete", "fail"):
-                self._events.on(event, touch)
-        return fleet
+        return Fleet(link, version=__version__)
+
+    def _touch_fleet(self, event: object) -> None:
+        if self._fleet is not None:
+            self._fleet.touch()
 
     def _apply_control(self, job: JobState, control: JobControl) -> None:
         """The fleet's control record of ``job`` (read, or written here) takes effect here."""
@@ -768,6 +769,13 @@ class Scheduler(Generic[B]):
     def _control(self, job: JobState, action: ControlAction, by: str | None) -> Change:
         """``Job.pause()`` and friends: applied here at once, and written through the backend
         for the whole fleet (at start, when the scheduler is not running)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # another thread (start_in_thread's caller): on the scheduler's loop
+            loop = self._loop
+            if loop is not None and self._state is RunState.RUNNING and not loop.is_closed():
+                loop.call_soon_threadsafe(self._control, job, action, by)
+                return Change()
         actor = by or f"code@{self.instance_id}"
         change = ControlChange(job.settings.key, action, actor, self.clock.now())
         self._apply_control(job, (job.control or JobControl(job.settings.key)).apply(change))

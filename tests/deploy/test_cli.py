@@ -29,6 +29,8 @@ from brokersched._redact import redact_text
 from brokersched.abc import JobPolicy
 from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
+    fleet_lock_name,
+    fleet_queue_name,
     history_queue_name,
     history_stream_name,
     lock_queue_name,
@@ -459,6 +461,7 @@ def rabbitmq_env(amqp_url: str) -> Iterator[dict[str, str]]:
     # trigger starts the scheduler, which declares the history queue of every job
     histories = [history_queue_name(prefix, job) for job in ("greet", "nightly")]
     fleet = [record_queue_name(prefix), lock_queue_name(prefix), history_stream_name(prefix)]
+    fleet += [fleet_queue_name(prefix), fleet_lock_name(prefix)]  # presence and controls
     asyncio.run(_delete_queues(amqp_url, histories + fleet))
 
 
