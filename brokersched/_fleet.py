@@ -26,7 +26,7 @@ from ._fleetrecords import ControlAction, ControlChange, Instance, JobControl, R
 from ._job import JobState, Run
 from .abc import Backend
 
-__all__ = ["Change", "Fleet", "FleetLink"]
+__all__ = ["Change", "Fleet", "FleetLink", "run_in_progress"]
 
 logger = logging.getLogger("brokersched")
 
@@ -59,6 +59,19 @@ class Change:
 
 async def _none() -> None:
     return None
+
+
+def run_in_progress(run: Run) -> RunInProgress:
+    """A run going on here, as the instance's presence shows it."""
+    return RunInProgress(
+        job=run.job.name,
+        run_id=run.ctx.run_id,
+        slot_ms=run.ctx.slot_ms,
+        started_at=ms_to_datetime(run.started_ms),
+        reason=run.ctx.reason,
+        attempt=run.ctx.attempt,
+        leased=run.lease is not None,
+    )
 
 
 @dataclass(slots=True)
@@ -152,15 +165,7 @@ class Fleet:
     def presence(self, *, stopped: bool = False) -> Instance:
         link = self.link
         running = tuple(
-            RunInProgress(
-                job=run.job.name,
-                run_id=run.ctx.run_id,
-                slot_ms=run.ctx.slot_ms,
-                started_at=ms_to_datetime(run.started_ms),
-                reason=run.ctx.reason,
-                attempt=run.ctx.attempt,
-                leased=run.lease is not None,
-            )
+            run_in_progress(run)
             for run in sorted(link.runs(), key=lambda run: run.started_ms)
             if not stopped
         )

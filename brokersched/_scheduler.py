@@ -35,7 +35,7 @@ from ._events import (
     StartEvent,
 )
 from ._exceptions import BackendError, ConfigurationError
-from ._fleet import Change, Fleet, FleetLink
+from ._fleet import Change, Fleet, FleetLink, run_in_progress
 from ._fleetrecords import ControlAction, ControlChange, JobControl, RunInProgress
 from ._job import AroundRun, Handler, JobState, check_handler
 from ._options import (
@@ -854,6 +854,15 @@ class Scheduler(Generic[B]):
         ``await``) when its instance next reads the fleet's controls, within a heartbeat (at
         once when it runs here). Answers the run, or ``None`` when no instance shows it."""
         actor = by or f"code@{self.instance_id}"
+        for state in self._states():
+            here = state.runs.get(run_id)
+            if here is None:
+                continue
+            if self._runner is not None:
+                self._runner.abort(here, "aborted")
+            if self.backend.fleet and self.running:  # kept in the job's audit trail
+                await self.change_control(state.name, "abort", by=actor, run_id=run_id)
+            return run_in_progress(here)
         for instance, run in await self.runs_in_progress():
             if run.run_id != run_id or instance.stopped:
                 continue

@@ -229,3 +229,25 @@ def test_the_control_record_keeps_its_latest_changes_and_reads_back() -> None:
     assert control.paused and len(control.changes) == 50
     assert JobControl.from_json(control.to_json()) == control
     assert control.changes[-1].actor == "u59"
+
+
+async def test_a_run_here_is_aborted_at_once_even_without_fleet_records(clock: TestClock) -> None:
+    sched = Scheduler(_Local(), clock=clock, jitter=0)
+    started = asyncio.Event()
+
+    async def long(ctx: JobContext) -> None:
+        started.set()
+        await clock.sleep(3600)
+
+    job = sched.every("long", "1h", long)
+    await sched.start()
+    try:
+        running = asyncio.ensure_future(job.trigger())
+        await started.wait()
+        [run_id] = [run.ctx.run_id for run in job._state.runs.values()]
+        aborted = await sched.abort(run_id, by="me")
+        assert aborted is not None and aborted.job == "long"
+        record = await running
+        assert record is not None and record.outcome == "interrupted"
+    finally:
+        await sched.stop()
