@@ -324,7 +324,7 @@ export class OverviewPage {
     const fleet = data.fleet;
     if (!fleet || !fleet.supported) return this.renderSeenInRuns(data);
     const app = this.app;
-    const labels = ["instance", "liveness", "~last seen", "~runs now", "~version"];
+    const labels = ["instance", "liveness", "last seen", "runs now", "version"];
     const rows = fleet.instances.map((inst) => row(labels, [
       el("span", { className: "mono" }, inst.id,
         el("span", { className: "sub" }, `${inst.host} · pid ${inst.pid}${inst.here ? " · serves this page" : ""}`)),
@@ -333,7 +333,7 @@ export class OverviewPage {
       text(inst.running.length),
       el("span", { className: "mono" }, inst.version),
     ], { dataset: { instance: inst.id, liveness: inst.liveness } }));
-    const runLabels = ["run", "job", "instance", "~started", ""];
+    const runLabels = ["run", "job", "instance", "started", ""];
     const runs = fleet.runs.map((run) => row(runLabels, [
       el("span", { className: "mono" }, run.run_id, run.held ? el("span", { className: "sub" }, "its instance is dead: the lease holds the slot until it expires") : null),
       el("a", { href: jobHref(run.job), className: "mono" }, run.job),
@@ -346,9 +346,9 @@ export class OverviewPage {
       }),
     ], { dataset: { runId: run.run_id } }));
     this.instances.body.replaceChildren(
-      table(labels, rows, { className: "compact", empty: "no instance has published itself yet" }),
+      table(labels, rows, { empty: "no instance has published itself yet" }),
       el("h3", { className: "subhead padded" }, "Runs in progress, anywhere"),
-      table(runLabels, runs, { className: "compact", empty: "none" }),
+      table(runLabels, runs, { empty: "none" }),
       el("p", { className: "note padded" },
         `Every instance publishes itself through the backend each heartbeat: late after 1.5 heartbeats without one, dead after 3.${fleet.error ? ` Not read now: ${fleet.error}.` : ""}`));
   }
