@@ -184,10 +184,12 @@ class Fleet:
 
     # -- control ---------------------------------------------------------------------------
 
-    async def refresh(self, since_ms: int, *, bounded: bool = True) -> None:
+    async def refresh(self, since_ms: int, *, within_ms: int | None = None) -> None:
         """Wait for a read of the controls that began at or after ``since_ms`` (one is started
-        if none did) and apply it: what a scheduled slot does before its claim (``bounded``:
-        for at most ``_SLOT_WAIT_MS``; else as long as the read takes, as at start)."""
+        if none did) and apply it: what a scheduled slot does before its claim. A slot waits
+        ``within_ms`` at most (and at most ``_SLOT_WAIT_MS``; not at all while the backend
+        fails the fleet's calls), then goes on with the last known controls; ``None``: as long
+        as the read takes (at start)."""
         if not self.enabled:
             return
         read = self._read
@@ -197,14 +199,17 @@ class Fleet:
             read = self._read = _Read(now, task)
         if read.task.done():
             return
-        if not bounded:
+        if within_ms is None:
             with self.link.clock.blocking():
                 await asyncio.shield(read.task)
             return
+        if self._failing is not None:
+            return  # the backend is away: no slot is made later waiting for it
         # A slot waits for the read at most _SLOT_WAIT_MS on the scheduler's clock, then goes on
         # with the last known controls (the read goes on, and applies what it finds).
         waited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        timer = self.link.clock.call_later(_SLOT_WAIT_MS, lambda: resolve(waited))
+        wait_ms = max(0, min(within_ms, _SLOT_WAIT_MS))
+        timer = self.link.clock.call_later(wait_ms, lambda: resolve(waited))
         try:
             with self.link.clock.blocking():  # waits on the read's task: a virtual clock settles
                 await asyncio.wait({read.task, waited}, return_when=asyncio.FIRST_COMPLETED)

@@ -142,7 +142,9 @@ class Runner:
             self.skip(job, slot_ms, "late", run=reason)
             return None
         if reason in ("schedule", "manual") and self.fleet is not None:
-            await self.fleet.refresh(slot_ms)  # a pause the fleet made before the slot counts
+            # A pause the fleet made before the slot counts; waited for a quarter of max_late
+            # at most (and a second), so the claim keeps its time.
+            await self.fleet.refresh(slot_ms, within_ms=job.settings.max_late_ms // 4)
         if (job.halted and reason == "schedule") or (job.disabled and reason == "manual"):
             detail = "disabled" if job.disabled else None
             self.skip(job, slot_ms, "paused", detail=detail, run=reason)

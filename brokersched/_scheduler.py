@@ -665,7 +665,7 @@ class Scheduler(Generic[B]):
             await asyncio.wait([written])
             self._control_written(job, action, written)
         self._unsent.clear()
-        await fleet.refresh(self.clock.now_ms(), bounded=False)
+        await fleet.refresh(self.clock.now_ms())
         runner.fleet = fleet
         self._state = RunState.RUNNING
         started_ms = self._started_ms = self.clock.now_ms()
