@@ -192,9 +192,10 @@ class Fleet:
         as the read takes (at start)."""
         if not self.enabled:
             return
-        read = self._read
+        read, now = self._read, self.link.clock.now_ms()
+        if read is not None and not read.task.done() and now - read.started_ms >= _SLOT_WAIT_MS:
+            return  # a read has gone on for a second: the backend is slow or away
         if read is None or read.started_ms < since_ms:
-            now = self.link.clock.now_ms()
             task = self.link.spawn(self._read_controls(), "brokersched:controls")
             read = self._read = _Read(now, task)
         if read.task.done():
@@ -203,8 +204,8 @@ class Fleet:
             with self.link.clock.blocking():
                 await asyncio.shield(read.task)
             return
-        if self._failing is not None:
-            return  # the backend is away: no slot is made later waiting for it
+        if self._failing is not None or within_ms <= 0:
+            return  # the backend is away (or no wait asked): no slot is made later by it
         # A slot waits for the read at most _SLOT_WAIT_MS on the scheduler's clock, then goes on
         # with the last known controls (the read goes on, and applies what it finds).
         waited: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -143,8 +143,10 @@ class Runner:
             return None
         if reason in ("schedule", "manual") and self.fleet is not None:
             # A pause the fleet made before the slot counts; waited for a quarter of max_late
-            # at most (and a second), so the claim keeps its time.
-            await self.fleet.refresh(slot_ms, within_ms=job.settings.max_late_ms // 4)
+            # at most (and a second), so the claim keeps its time. A job run on every instance
+            # (claim=False) keeps its rhythm: it goes by the controls last read.
+            within = job.settings.max_late_ms // 4 if job.settings.claim else 0
+            await self.fleet.refresh(slot_ms, within_ms=within)
         if (job.halted and reason == "schedule") or (job.disabled and reason == "manual"):
             detail = "disabled" if job.disabled else None
             self.skip(job, slot_ms, "paused", detail=detail, run=reason)
