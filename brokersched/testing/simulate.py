@@ -27,8 +27,8 @@ The invariants, after every step (``Ledger.violations``):
   (a slot that every instance lost to nobody is lost silently);
 * a job paused for the fleet (``Job.pause()`` on any instance, its write answered) runs no
   scheduled slot whose pre-claim read of the controls began after that answer, until it is
-  resumed (unless the store was away or the instance's clock was stepped meanwhile: then the
-  last known controls stand, as documented).
+  resumed (unless the store was away meanwhile, or a read sent while it was away still hung, or
+  the instance's clock was stepped: then the last known controls stand, as documented).
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ _LEASE_SKEW_MS = 5000  # the lease backends' default max_clock_skew
 _BOOT_SHARED_MS = 60_000 - 1000
 # A pause counts for the slots whose read of the controls began this long after its answer.
 _PAUSE_MARGIN_MS = 100
+# How long after an outage a read of the controls sent during it may still hang (the simulated
+# stores' fleet calls time out after 2 s), and a second more.
+_READ_HANGS_MS = 3000
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,10 @@ class Ledger:
                     until is not None and run.start >= until
                 ):
                     continue
-                away = _covered(self.outages, since - _PAUSE_MARGIN_MS, run.start + 1)
+                # A read sent while the store was away may hang until its timeout after the
+                # store is back: the instance goes on with what it last read meanwhile.
+                hung = [(begin, end + _READ_HANGS_MS) for begin, end in self.outages]
+                away = _covered(hung, since - _PAUSE_MARGIN_MS, run.start + 1)
                 steps = self.stepped.get(run.instance, ())
                 if away or any(since - 60_000 <= at <= run.start for at in steps):
                     continue
