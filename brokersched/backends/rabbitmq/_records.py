@@ -15,10 +15,8 @@ expires on the writers' clock (the scheduler's), judged at each read and dropped
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import random
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -28,7 +26,7 @@ from ..._durations import to_ms
 from ..._exceptions import BackendUnavailableError
 from ...abc import FleetKind
 from ._connection import OPERATION_TIMEOUT_S
-from ._fleet import SideChannels, take_lock
+from ._fleet import SideChannels, held_lock
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
@@ -118,7 +116,8 @@ class FleetRecords:
         shown = f"{action} (queue {fleet_queue_name(self._prefix)!r}, under its lock)"
         with self._errors(shown):
             async with asyncio.timeout(OPERATION_TIMEOUT_S):
-                async with self._lock() as channel:
+                lock = held_lock(self._channels, fleet_lock_name(self._prefix), _LOCK_RETRY_S)
+                async with lock as channel:
                     return await self._apply(channel, change)
 
     async def _apply(self, channel: AbstractChannel, change: Change) -> State:
@@ -150,17 +149,6 @@ class FleetRecords:
             body, content_type="application/json", delivery_mode=DeliveryMode.PERSISTENT
         )
         await channel.default_exchange.publish(message, name, mandatory=True)
-
-    @contextlib.asynccontextmanager
-    async def _lock(self) -> AsyncGenerator[AbstractChannel, None]:
-        name = fleet_lock_name(self._prefix)
-        while True:
-            async with self._channels(confirms=True) as channel:
-                lock = await channel.declare_queue(name, durable=True, arguments=_PLAIN)
-                if await take_lock(lock):
-                    yield channel
-                    return
-            await asyncio.sleep(random.uniform(*_LOCK_RETRY_S))
 
 
 def _newest(messages: list[AbstractIncomingMessage]) -> State:
