@@ -161,6 +161,12 @@ _SCHEMAS: dict[str, Any] = {
             "next_runs": {"type": "array", "items": {"type": "string", "format": "date-time"}},
             "last": {"oneOf": [_ref("Record"), {"type": "null"}]},
             "history_error": {"type": "string"},
+            "control": {
+                "type": ["object", "null"],
+                "description": "The job's fleet-wide control as last read here: `paused`, "
+                "`disabled`, and its `latest` change (`action`, `actor`, `at`); the whole "
+                "trail is GET /jobs/{name}/audit",
+            },
         },
     },
     "Session": {
