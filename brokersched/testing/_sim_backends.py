@@ -93,6 +93,17 @@ class Store:
         self.wins[(key, slot_ms)] = (instance, self.clock.now_ms())
         self.accepted[instance] = self.fleet.now_ms()
 
+    async def fleet_call(self, dead: bool, apply: Callable[[], Awaitable[T]]) -> T:
+        """A call for the fleet's records: refused at once while the store is down, held or
+        locked. It draws nothing from the store's faults, so that the claims' faults, and the
+        seeds found before these calls existed, stay as they were."""
+        if dead:
+            await asyncio.get_running_loop().create_future()  # a killed process: never
+        now = self.fleet.monotonic_ms()
+        if now < max(self.down_until, self.held_until, self.locked_until):
+            raise BackendUnavailableError("the store is away")
+        return await apply()
+
     async def call(
         self, dead: bool, timeout_s: float, apply: Callable[[], Awaitable[T]], *, write: bool
     ) -> T:
@@ -121,8 +132,8 @@ class Store:
 
 
 class _SimFleet:
-    """The fleet's records (presence, controls: issue 25) kept by the store, behind its
-    faults, for every simulated backend."""
+    """The fleet's records (presence, controls: issue 25) kept by the store, refused while it
+    is away (``Store.fleet_call``), for every simulated backend."""
 
     sim: Store
     dead: bool
@@ -136,13 +147,13 @@ class _SimFleet:
                 if k == kind and (expires is None or expires > now)
             }
 
-        return await self.sim.call(self.dead, _FLEET_CALL_S, apply, write=False)
+        return await self.sim.fleet_call(self.dead, apply)
 
     async def _fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
         async def apply() -> None:
             self.sim.records[kind, key] = (value, self.sim.clock.now_ms() + to_ms(ttl))
 
-        await self.sim.call(self.dead, _FLEET_CALL_S, apply, write=True)
+        await self.sim.fleet_call(self.dead, apply)
 
     async def _fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
         async def apply() -> bool:
@@ -152,10 +163,7 @@ class _SimFleet:
             self.sim.records[kind, key] = (new, None)
             return True
 
-        return await self.sim.call(self.dead, _FLEET_CALL_S, apply, write=True)
-
-
-_FLEET_CALL_S = 2.0
+        return await self.sim.fleet_call(self.dead, apply)
 
 
 class SimLeaseBackend(_SimFleet, MemoryBackend):
