@@ -224,7 +224,10 @@ class Fleet:
         for job in self.link.jobs():
             if job.settings.key in self._writers:
                 continue  # a change made here is on its way: the record is older than it
-            self.link.apply(job, controls.get(job.settings.key) or JobControl(job.settings.key))
+            try:
+                self.link.apply(job, controls.get(job.settings.key) or JobControl(job.settings.key))
+            except Exception:  # one job's control must not stop the others', nor a slot
+                logger.exception("fleet: could not apply the control of job %s", job.name)
 
     def change(
         self, job: JobState, action: ControlAction, actor: str, run_id: str | None = None
