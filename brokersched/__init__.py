@@ -22,7 +22,7 @@ from ._retry import Retry
 from ._scheduler import Job, Scheduler
 from ._scheduler import use_default_backend as _use_default_backend
 from ._thread import SchedulerThread
-from .abc import RunRecord
+from .abc import ControlChange, Instance, JobControl, RunInProgress, RunRecord
 from .backends.memory import MemoryBackend
 from .triggers.cron import parse_cron
 
@@ -47,8 +47,11 @@ __all__ = [
     "Clock",
     "ClockSkewError",
     "ConfigurationError",
+    "ControlChange",
+    "Instance",
     "Job",
     "JobContext",
+    "JobControl",
     "JobOptions",
     "JobSettings",
     "MemoryBackend",
@@ -62,6 +65,7 @@ __all__ = [
     "RedisLeaseBackend",
     "Retry",
     "RunEvent",
+    "RunInProgress",
     "RunRecord",
     "SQLiteBackend",
     "Scheduler",

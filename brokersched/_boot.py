@@ -58,7 +58,7 @@ def boot_key(key: str) -> str:
 
 async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | None:
     """The boot run of ``job``, due at ``boot_ms`` (``ctx.reason == "start"``)."""
-    if job.paused:
+    if job.halted:
         runner.skip(job, boot_ms, "paused", run="start")
         return None
     if runner.stopping or job.removed:

@@ -12,7 +12,7 @@ from .abc import RunReason
 
 __all__ = ["AbortReason", "JobContext", "abort"]
 
-AbortReason = Literal["timeout", "lock-lost", "removed", "shutdown"]
+AbortReason = Literal["timeout", "lock-lost", "removed", "shutdown", "aborted"]
 
 _logger = logging.getLogger("brokersched.job")
 
@@ -27,8 +27,9 @@ class _RunAdapter(logging.LoggerAdapter[logging.Logger]):
 class JobContext:
     """The run a handler is doing.
 
-    ``abort_reason`` becomes ``"timeout"``, ``"lock-lost"`` or ``"removed"`` when the run must
-    stop at once: async handlers are then cancelled at their next ``await``. It becomes
+    ``abort_reason`` becomes ``"timeout"``, ``"lock-lost"``, ``"removed"`` or ``"aborted"``
+    (``Scheduler.abort(run_id)``, from any instance) when the run must stop at once: async
+    handlers are then cancelled at their next ``await``. It becomes
     ``"shutdown"`` when the scheduler stops: the handler is told, not cancelled, and may
     checkpoint and return (``await ctx.wait_aborted()``); only a run still going after
     ``drain_timeout`` is cancelled. Sync handlers (run in a worker thread) watch

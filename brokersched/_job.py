@@ -14,7 +14,7 @@ from ._clock import Timer
 from ._context import JobContext
 from ._exceptions import ConfigurationError
 from ._options import JobOptions, JobSettings, Kind
-from .abc import Lease
+from .abc import JobControl, Lease
 from .triggers.base import Trigger
 
 __all__ = [
@@ -134,12 +134,15 @@ class JobState:
 
     Each part has one writer: ``spec`` the registry (``_registry``, replaced whole), ``arming``
     the timer heap (``_timers``), ``runs`` and ``last_ok_ms`` the runner (``_runner``),
-    ``paused`` and ``removed`` the scheduler's ``Job`` and ``remove()``."""
+    ``paused``, ``disabled`` and ``control`` the scheduler (``Job``, the fleet's control
+    records), ``removed`` ``remove()``."""
 
     spec: JobSpec
     handler: Handler
     is_async: bool = field(init=False)
     paused: bool = False
+    disabled: bool = False  # Job.disable(): no slot, nor manual run, until enable()
+    control: JobControl | None = None  # the fleet's control record as last read (or made here)
     removed: bool = False  # remove() took it out of its scheduler
     arming: Arming = field(default_factory=Arming)
     # the last slot handled: completed here, or claimed by another instance (for overdue())
@@ -152,6 +155,11 @@ class JobState:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def halted(self) -> bool:
+        """No slot of it runs (paused or disabled)."""
+        return self.paused or self.disabled
 
     @property
     def kind(self) -> Kind:

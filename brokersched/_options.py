@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from datetime import timedelta, tzinfo
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    field_validator,
+)
 
 from ._durations import format_duration, parse_duration, to_ms
 from ._exceptions import ConfigurationError
@@ -77,6 +85,23 @@ class SchedulerOptions(BaseModel):
     drain_timeout: DurationOption = timedelta(seconds=10)
     instance_id: str | None = Field(default=None, min_length=1, max_length=200)
     record_buffer: int = Field(default=1000, ge=1)
+    #: How often the instance publishes its presence and reads the fleet's controls.
+    heartbeat: DurationOption = timedelta(seconds=5)
+
+    @field_validator("heartbeat")
+    @classmethod
+    def _heartbeat_range(cls, value: timedelta) -> timedelta:
+        if not HEARTBEAT_MIN <= value <= HEARTBEAT_MAX:
+            raise ConfigurationError(
+                f"heartbeat ({format_duration(value)}) must be between "
+                f"{format_duration(HEARTBEAT_MIN)} and {format_duration(HEARTBEAT_MAX)}",
+                option="heartbeat",
+            )
+        return value
+
+
+HEARTBEAT_MIN = timedelta(milliseconds=100)
+HEARTBEAT_MAX = timedelta(seconds=60)
 
 
 class JobOptions(BaseModel):

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Coroutine, Iterator
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._backfill import backfill_claim
 from ._clock import Clock, Timer, ms_to_datetime, resolve
@@ -35,7 +35,10 @@ from .abc import (
     new_run_id,
 )
 
-__all__ = ["Runner"]
+if TYPE_CHECKING:
+    from ._fleet import Fleet
+
+__all__ = ["JOB_DATA", "Runner"]
 
 logger = logging.getLogger("brokersched")
 
@@ -59,7 +62,10 @@ _ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
     "lock-lost": "interrupted",
     "removed": "interrupted",
     "shutdown": "interrupted",
+    "aborted": "interrupted",
 }
+# ``JobContext.data`` of a manual run given none: the job's own ``data``.
+JOB_DATA: Any = object()
 
 
 class Runner:
@@ -84,6 +90,7 @@ class Runner:
         self.runs: set[Run] = set()
         self.around_run = around_run  # Scheduler(around_run=...)
         self.stopping = False  # drain() has begun: nothing new runs
+        self.fleet: Fleet | None = None  # the fleet's controls, read before each slot's claim
         self._batches = _Batches(self)
         self._releases = _Releases(self)
         self._prepares = _Prepares(self)
@@ -129,13 +136,23 @@ class Runner:
 
     # -- claim ---------------------------------------------------------------------------
 
-    async def run_slot(self, job: JobState, slot_ms: int, reason: RunReason) -> RunRecord | None:
-        """Steps 3-6 of a slot's life; returns the record of the run, or ``None`` if skipped."""
+    async def run_slot(
+        self, job: JobState, slot_ms: int, reason: RunReason, data: Any = JOB_DATA
+    ) -> RunRecord | None:
+        """Steps 3-6 of a slot's life; returns the record of the run, or ``None`` if skipped.
+        ``data``: a manual run's ``ctx.data``, if not the job's."""
         if reason == "schedule" and self._late(job, slot_ms):
             self.skip(job, slot_ms, "late", run=reason)
             return None
-        if job.paused and reason == "schedule":
-            self.skip(job, slot_ms, "paused", run=reason)
+        if reason in ("schedule", "manual") and self.fleet is not None:
+            # A pause the fleet made before the slot counts; waited for a quarter of max_late
+            # at most (and a second), so the claim keeps its time. A job run on every instance
+            # (claim=False) keeps its rhythm: it goes by the controls last read.
+            within = job.settings.max_late_ms // 4 if job.settings.claim else 0
+            await self.fleet.refresh(slot_ms, within_ms=within)
+        if (job.halted and reason == "schedule") or (job.disabled and reason == "manual"):
+            detail = "disabled" if job.disabled else None
+            self.skip(job, slot_ms, "paused", detail=detail, run=reason)
             return None
         if not job.settings.claim:
             if not self._still_wanted(job, reason):
@@ -143,7 +160,7 @@ class Runner:
             if job.settings.policy.overlap == "skip" and job.runs:
                 self.skip(job, slot_ms, "overlap", run=reason)
                 return None
-            return await self.execute(job, slot_ms, None, reason=reason)
+            return await self.execute(job, slot_ms, None, reason=reason, data=data)
         run_id = new_run_id()
         timeout = self._claim_timeout(job, slot_ms, reason)
         if timeout <= 0:
@@ -195,13 +212,13 @@ class Runner:
             self.skip(job, slot_ms, "late", detail="claim answered too late", run=reason)
             return None
         return await self.execute(
-            job, slot_ms, lease, reason=reason, run_id=run_id, leased_ms=leased_ms
+            job, slot_ms, lease, reason=reason, run_id=run_id, leased_ms=leased_ms, data=data
         )
 
     def _still_wanted(self, job: JobState, reason: RunReason) -> bool:
         if self.stopping or job.removed:
             return False
-        return not (job.paused and reason == "schedule")
+        return not (job.halted and reason == "schedule")
 
     def _late(self, job: JobState, slot_ms: int) -> bool:
         return bool(self.clock.now_ms() - slot_ms > job.settings.max_late_ms)
@@ -260,6 +277,7 @@ class Runner:
         reason: RunReason | None = None,
         run_id: str | None = None,
         leased_ms: int | None = None,
+        data: Any = JOB_DATA,
     ) -> RunRecord | None:
         """Run a claimed slot. ``leased_ms``: when the request that got ``lease`` was sent, on
         the monotonic clock."""
@@ -271,7 +289,7 @@ class Runner:
             slot_ms=slot_ms,
             reason=reason or (lease.reason if lease else "schedule"),
             attempt=lease.attempt if lease else 1,
-            data=job.settings.data,
+            data=job.settings.data if data is JOB_DATA else data,
             instance_id=self.instance_id,
             clock=self.clock,
         )
@@ -435,6 +453,8 @@ class Runner:
         if ctx.abort_reason == "timeout":
             assert job.settings.timeout is not None
             return "timed-out", f"Timed out after {format_duration(job.settings.timeout)}"
+        if ctx.abort_reason == "aborted":  # asked to (Scheduler.abort, the admin API)
+            return "interrupted", error or "aborted on request"
         if run.cut and ctx.abort_reason is not None:
             return _ABORT_OUTCOMES[ctx.abort_reason], f"aborted: {ctx.abort_reason}"
         return ("failed", error) if error is not None else ("completed", None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import inspect
 import itertools
 import logging
@@ -35,6 +36,8 @@ from ._events import (
     StartEvent,
 )
 from ._exceptions import BackendError, ConfigurationError
+from ._fleet import Change, Fleet, FleetLink, run_in_progress
+from ._fleetrecords import ControlAction, ControlChange, JobControl, RunInProgress
 from ._job import AroundRun, Handler, JobState, check_handler
 from ._options import (
     JobOptions,
@@ -47,7 +50,7 @@ from ._options import (
 from ._overrides import overrides_from_env, parse_overrides
 from ._recorder import Recorder
 from ._registry import MakeTrigger, Registry, past_at
-from ._runner import Runner
+from ._runner import JOB_DATA, Runner
 from ._sweeper import Sweeper
 from ._tasks import TaskSet, cancel_requests, raise_if_cancelled_since
 from ._thread import SchedulerThread
@@ -61,7 +64,7 @@ from ._typing import (
     LeaseCronOptions,
     LeaseEveryOptions,
 )
-from .abc import Backend, ClaimBackend, LeaseBackend, RunRecord
+from .abc import Backend, ClaimBackend, Instance, LeaseBackend, RunRecord
 from .triggers.base import Trigger
 
 if TYPE_CHECKING:
@@ -167,6 +170,7 @@ class Scheduler(Generic[B]):
         history_ttl: Duration | None = ...,
         drain_timeout: Duration = ...,
         record_buffer: int = ...,
+        heartbeat: Duration = ...,
         instance_id: str | None = ...,
         clock: Clock | None = ...,
         lifespan: Lifespan | None = ...,
@@ -186,6 +190,7 @@ class Scheduler(Generic[B]):
         history_ttl: Duration | None = ...,
         drain_timeout: Duration = ...,
         record_buffer: int = ...,
+        heartbeat: Duration = ...,
         instance_id: str | None = ...,
         clock: Clock | None = ...,
         lifespan: Lifespan | None = ...,
@@ -250,6 +255,11 @@ class Scheduler(Generic[B]):
         self._opened = AsyncExitStack()
         self._runner: Runner | None = None
         self._sweeper: Sweeper | None = None
+        self._fleet: Fleet | None = None
+        self._unsent: list[tuple[JobState, ControlAction, str]] = []  # changes before start()
+        self._local_control_said = False
+        self._touches = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the last start
         self._started_ms: int | None = None
         self._start_requested_ms: int | None = None
         self._connecting: asyncio.Task[None] | None = None  # start(wait=False)'s attempts
@@ -564,7 +574,7 @@ class Scheduler(Generic[B]):
         since = self._start_requested_ms if connecting else self._started_ms
         for job in self._jobs.values():
             state = job._state
-            if state.paused or not state.spec.enabled or since is None:
+            if state.halted or not state.spec.enabled or since is None:
                 continue
             if state.arming.armed_ms is None and not connecting:
                 continue
@@ -696,12 +706,24 @@ class Scheduler(Generic[B]):
             self._recorder,
             self._around_run,
         )
+        self._loop = asyncio.get_running_loop()
+        fleet = self._fleet = self._make_fleet(runner)
+        self._opened.push_async_callback(fleet.close)  # after the drain, before the backend
         self._opened.push_async_callback(self._drain, runner)
+        # The fleet's controls before any job is armed: a job paused fleet-wide stays paused.
+        for job, action, actor in self._unsent:
+            written = fleet.change(job, action, actor)
+            await asyncio.wait([written])
+            self._control_written(job, action, written)
+        self._unsent.clear()
+        await fleet.refresh(self.clock.now_ms())
+        runner.fleet = fleet
         self._state = RunState.RUNNING
         started_ms = self._started_ms = self.clock.now_ms()
         self._opened.callback(self._disarm)
         if not self._enabled:
-            return
+            return  # no timer at all: nor heartbeats (the instance is not one of the fleet's)
+        fleet.start()
         self._timers.open(started_ms)
         for job in self._states():
             self._timers.arm(job)
@@ -755,6 +777,152 @@ class Scheduler(Generic[B]):
 
     def _set_stopped(self) -> None:
         self._state = RunState.STOPPED
+
+    def _make_fleet(self, runner: Runner) -> Fleet:
+        from . import __version__
+
+        if not self._touches:  # once per scheduler: a run that starts or ends is published soon
+            self._touches = True
+            for event in ("start", "complete", "fail"):
+                self._events.on(event, self._touch_fleet)
+        link = FleetLink(
+            clock=self.clock,
+            backend=self.backend,
+            instance_id=self.instance_id,
+            heartbeat=self.options.heartbeat,
+            jobs=self._states,
+            runs=lambda: runner.runs,
+            apply=self._apply_control,
+            spawn=lambda coro, name: self._tasks.spawn(coro, name=name, drained=False),
+        )
+        return Fleet(link, version=__version__)
+
+    def _touch_fleet(self, event: object) -> None:
+        if self._fleet is not None:
+            self._fleet.touch()
+
+    def _apply_control(self, job: JobState, control: JobControl) -> None:
+        """The fleet's control record of ``job`` (read, or written here) takes effect here."""
+        was = job.halted
+        job.control = control
+        job.paused, job.disabled = control.paused, control.disabled
+        if job.halted and not was:
+            self._timers.disarm(job)
+        elif was and not job.halted:
+            self._timers.rearm(job)
+        runner = self._runner
+        if job.runs and runner is not None:
+            aborts = control.aborts(self.clock.now())
+            for run in list(job.runs.values()):
+                if run.ctx.run_id in aborts:
+                    runner.abort(run, "aborted")
+
+    def _control(self, job: JobState, action: ControlAction, by: str | None) -> Change:
+        """``Job.pause()`` and friends: applied here at once, and written through the backend
+        for the whole fleet (at start, when the scheduler is not running)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # another thread (start_in_thread's caller): on the scheduler's loop
+            loop = self._loop
+            if loop is not None and self._state is RunState.RUNNING and not loop.is_closed():
+                loop.call_soon_threadsafe(self._control, job, action, by)
+                return Change()
+        actor = by or f"code@{self.instance_id}"
+        change = ControlChange(job.settings.key, action, actor, self.clock.now())
+        self._apply_control(job, (job.control or JobControl(job.settings.key)).apply(change))
+        fleet = self._fleet
+        if not self.backend.fleet:
+            if not self._local_control_said:
+                self._local_control_said = True
+                logger.warning(
+                    "%s keeps no fleet records: %s of job %s applies to this instance only",
+                    self.backend.name,
+                    action,
+                    job.name,
+                )
+            return Change()
+        if fleet is None or self._state is not RunState.RUNNING:
+            self._unsent.append((job, action, actor))
+            return Change()
+        written = fleet.change(job, action, actor)
+        written.add_done_callback(functools.partial(self._control_written, job, action))
+        return Change(written)
+
+    def _control_written(
+        self, job: JobState, action: ControlAction, written: asyncio.Future[JobControl]
+    ) -> None:
+        if not written.cancelled() and (exc := written.exception()) is not None:
+            logger.error(
+                "could not %s job %s for the fleet through %s: %s; it applies to this "
+                "instance only until the backend answers",
+                action,
+                job.name,
+                self.backend.name,
+                exc,
+            )
+
+    async def change_control(
+        self, name: str, action: ControlAction, *, by: str, run_id: str | None = None
+    ) -> JobControl:
+        """Change job ``name``'s fleet-wide control through the backend and wait for it
+        (the admin API): raises ``BackendError`` when the backend did not take it, and
+        ``RuntimeError`` when the scheduler is not running or its backend keeps no fleet
+        records (then ``Job.pause()`` pauses this instance only)."""
+        job = self._jobs[name]._state
+        fleet = self._fleet
+        if fleet is None or self._state is not RunState.RUNNING or not fleet.enabled:
+            if not self.backend.fleet:
+                raise RuntimeError(f"{self.backend.name} keeps no fleet records")
+            raise RuntimeError("the scheduler is not running")
+        if action == "abort":
+            for run in list(job.runs.values()):
+                if run.ctx.run_id == run_id and self._runner is not None:
+                    self._runner.abort(run, "aborted")  # here: at once
+        return await fleet.change(job, action, by, run_id)
+
+    async def instances(self) -> list[Instance]:
+        """The fleet's instances as they last published themselves (``[]`` on a backend that
+        keeps no fleet records); judge each with ``instance.liveness(scheduler.clock.now())``."""
+        if not self.backend.fleet:
+            return []
+        return await self.backend.instances()
+
+    async def runs_in_progress(self) -> list[tuple[Instance, RunInProgress]]:
+        """The runs going on anywhere in the fleet, as the instances last published them
+        (this instance's own as they are now), oldest first."""
+        here = self._fleet
+        found: list[tuple[Instance, RunInProgress]] = []
+        for instance in await self.instances():
+            if here is not None and instance.id == self.instance_id and self.running:
+                instance = here.presence()
+            found += [(instance, run) for run in instance.running]
+        found.sort(key=lambda pair: pair[1].started_at)
+        return found
+
+    async def abort(self, run_id: str, *, by: str | None = None) -> RunInProgress | None:
+        """Ask the run ``run_id``, wherever it runs in the fleet, to stop: its context is
+        aborted (``ctx.abort_reason == "aborted"``; an async handler is cancelled at its next
+        ``await``) when its instance next reads the fleet's controls, within a heartbeat (at
+        once when it runs here). Answers the run, or ``None`` when no instance shows it."""
+        actor = by or f"code@{self.instance_id}"
+        for state in self._states():
+            here = state.runs.get(run_id)
+            if here is None:
+                continue
+            if self._runner is not None:
+                self._runner.abort(here, "aborted")
+            if self.backend.fleet and self.running:  # kept in the job's audit trail
+                await self.change_control(state.name, "abort", by=actor, run_id=run_id)
+            return run_in_progress(here)
+        for instance, run in await self.runs_in_progress():
+            if run.run_id != run_id or instance.stopped:
+                continue
+            job = self._jobs.get(run.job)
+            if job is None:
+                raise KeyError(f"run {run_id} is a run of job {run.job!r}, unknown here")
+            await self.change_control(job.name, "abort", by=actor, run_id=run_id)
+            return run
+        return None
 
     def _disarm(self) -> None:
         """No slot, boot run or sweep starts from now on (the first step of a stop)."""
@@ -910,7 +1078,7 @@ class Scheduler(Generic[B]):
         self._timers.arm(job)
         self._timers.arm_boot(job, self.clock.now_ms())
 
-    async def _run_manual(self, job: JobState) -> RunRecord | None:
+    async def _run_manual(self, job: JobState, data: Any = JOB_DATA) -> RunRecord | None:
         runner = self._runner
         if self._state is not RunState.RUNNING or runner is None:
             why = (
@@ -920,20 +1088,11 @@ class Scheduler(Generic[B]):
             )
             raise RuntimeError(f"cannot trigger job '{job.name}': {why}")
         task = self._spawn(
-            runner.run_slot(job, self.clock.now_ms(), "manual"), name=f"manual:{job.name}"
+            runner.run_slot(job, self.clock.now_ms(), "manual", data), name=f"manual:{job.name}"
         )
         # Shielded: a caller that gives up waiting must not cut the run short.
         record: RunRecord | None = await asyncio.shield(task)
         return record
-
-    def _pause(self, job: JobState) -> None:
-        job.paused = True
-        self._timers.disarm(job)
-
-    def _resume(self, job: JobState) -> None:
-        if job.paused:
-            job.paused = False
-            self._timers.rearm(job)
 
 
 def _default() -> Any:
@@ -988,11 +1147,11 @@ class Job:
         """When the next slot falls (before jitter), or ``None`` when paused, removed, done, or
         when the scheduler is not enabled."""
         state, arming = self._state, self._state.arming
-        if arming.boot_ms is not None and not state.paused:  # its boot run comes first
+        if arming.boot_ms is not None and not state.halted:  # its boot run comes first
             return ms_to_datetime(arming.boot_ms)
         if arming.armed_ms is not None:
             return ms_to_datetime(arming.armed_ms)
-        if state.paused or state.removed or not (self._scheduler.enabled and state.spec.enabled):
+        if state.halted or state.removed or not (self._scheduler.enabled and state.spec.enabled):
             return None
         nxt = state.schedule.next_ms(self._scheduler.clock.now_ms())
         return None if nxt is None else ms_to_datetime(nxt)
@@ -1008,10 +1167,11 @@ class Job:
 
     @property
     def enabled(self) -> bool:
-        """``False`` when an override (``{"enabled": False}``) switched the job off: it stays
-        registered and runs on ``trigger()``, but no slot of it is armed. (Whether the whole
+        """``False`` when an override (``{"enabled": False}``) switched the job off here (it
+        stays registered and runs on ``trigger()``, but no slot of it is armed), or
+        ``disable()`` switched it off for the fleet (``disabled``). (Whether the whole
         scheduler schedules is ``scheduler.enabled``.)"""
-        return self._state.spec.enabled
+        return self._state.spec.enabled and not self._state.disabled
 
     @property
     def overrides(self) -> dict[str, Any]:
@@ -1021,16 +1181,45 @@ class Job:
 
     @property
     def paused(self) -> bool:
-        """Whether ``pause()`` stopped arming this job's slots on this instance."""
+        """Whether the job is paused: for the whole fleet (``pause()`` here or on any other
+        instance, as last read from the backend), or here only on a backend that keeps no
+        fleet records."""
         return self._state.paused
 
-    def pause(self) -> None:
-        """Stop arming slots on this instance (other instances are not affected)."""
-        self._scheduler._pause(self._state)
+    @property
+    def disabled(self) -> bool:
+        """Whether ``disable()`` (here or on any instance) switched the job off."""
+        return self._state.disabled
 
-    def resume(self) -> None:
-        """Arm the next slot again (one whose jitter window is still open included)."""
-        self._scheduler._resume(self._state)
+    @property
+    def control(self) -> JobControl | None:
+        """The job's fleet-wide control record as last read or written here: paused,
+        disabled, and its ``changes`` (who did what when, newest last); ``None`` when never
+        read (not started, or a backend that keeps no fleet records and no change here)."""
+        return self._state.control
+
+    def pause(self, *, by: str | None = None) -> Change:
+        """Pause the job for the whole fleet: no instance runs its slots (nor catch-up or
+        take-over) until ``resume()``; a manual ``trigger()`` still runs. Applies here at once;
+        other instances honour it before their next slot's claim. ``by`` names who paused it
+        (default ``code@<instance_id>``), kept in ``control.changes``. ``await`` the answer to
+        know the change reached the backend. On a backend that keeps no fleet records
+        (``backend.fleet`` is false) it pauses this instance only."""
+        return self._scheduler._control(self._state, "pause", by)
+
+    def resume(self, *, by: str | None = None) -> Change:
+        """Undo ``pause()`` for the whole fleet (the next slot whose jitter window is still
+        open included)."""
+        return self._scheduler._control(self._state, "resume", by)
+
+    def disable(self, *, by: str | None = None) -> Change:
+        """Switch the job off for the whole fleet: as ``pause()``, and ``trigger()`` is
+        refused too, until ``enable()``."""
+        return self._scheduler._control(self._state, "disable", by)
+
+    def enable(self, *, by: str | None = None) -> Change:
+        """Undo ``disable()`` for the whole fleet."""
+        return self._scheduler._control(self._state, "enable", by)
 
     def update(self, **options: Any) -> None:
         """Change options at run time (``job.update(jitter="5s", timeout="1m")``).
@@ -1041,13 +1230,14 @@ class Job:
         """
         self._scheduler._update(self._state, options)
 
-    async def trigger(self) -> RunRecord | None:
-        """Run the job now, through the claim (``ctx.reason == "manual"``).
+    async def trigger(self, data: Any = JOB_DATA) -> RunRecord | None:
+        """Run the job now, through the claim (``ctx.reason == "manual"``); ``data`` (JSON-like)
+        is the run's ``ctx.data`` instead of the job's.
 
         Returns the run's record, or ``None`` when the claim was refused (another instance, an
-        overlap) or the backend failed.
+        overlap), the job is disabled, or the backend failed.
         """
-        return await self._scheduler._run_manual(self._state)
+        return await self._scheduler._run_manual(self._state, data)
 
     async def history(self, limit: int = 20) -> list[RunRecord]:
         """The job's recorded runs, newest first, at most ``limit``."""

@@ -54,7 +54,7 @@ class Sweeper:
     def _catch_up(self) -> None:
         now = self._clock.now_ms()
         for job in self._jobs():
-            if not job.settings.claim or job.settings.catch_up_ms <= 0 or job.paused:
+            if not job.settings.claim or job.settings.catch_up_ms <= 0 or job.halted:
                 continue
             if job.kind == "at":
                 continue  # its one instant is armed (late, within max_late) or was run
@@ -76,7 +76,7 @@ class Sweeper:
             self._timer = self._clock.call_later(period, sweep)
 
     async def _sweep(self) -> None:
-        jobs = [s for s in self._jobs() if s.settings.claim and not s.paused and s.spec.enabled]
+        jobs = [s for s in self._jobs() if s.settings.claim and not s.halted and s.spec.enabled]
         if not jobs:
             return
         leased_ms = self._clock.monotonic_ms()

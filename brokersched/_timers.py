@@ -89,7 +89,7 @@ class Timers:
 
     def arm_boot(self, job: JobState, since_ms: int) -> None:
         """Arm the boot run of an ``after()`` job, or of a ``run_on_start`` job."""
-        if not self._open or job.removed or job.paused:
+        if not self._open or job.removed or job.halted:
             return  # a job paused at start has no boot run (a CLI trigger pauses them all)
         if not job.spec.enabled:
             return
@@ -110,7 +110,7 @@ class Timers:
 
     def arm(self, job: JobState, after_ms: int | None = None) -> None:
         """Arm ``job``'s next slot after ``after_ms`` (default: now)."""
-        if not self._open or job.paused or job.removed or not job.spec.enabled:
+        if not self._open or job.halted or job.removed or not job.spec.enabled:
             return
         now = self._clock.now_ms()
         if after_ms is None:

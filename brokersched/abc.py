@@ -29,6 +29,16 @@ from typing import Any, Literal, NamedTuple
 
 from ._clock import Clock
 from ._exceptions import BackendError
+from ._fleetrecords import (
+    FORGET,
+    ControlAction,
+    ControlChange,
+    FleetKind,
+    Instance,
+    JobControl,
+    Liveness,
+    RunInProgress,
+)
 from ._tasks import gather_each
 from .backends._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, margin_ms
 
@@ -38,14 +48,21 @@ __all__ = [
     "Capabilities",
     "Claim",
     "ClaimBackend",
+    "ControlAction",
+    "ControlChange",
     "Finding",
+    "FleetKind",
+    "Instance",
     "Inventory",
+    "JobControl",
     "JobPolicy",
     "Lease",
     "LeaseBackend",
     "LeaseOutcome",
+    "Liveness",
     "Outcome",
     "Overlap",
+    "RunInProgress",
     "RunReason",
     "RunRecord",
     "Severity",
@@ -247,6 +264,13 @@ class BrokerBudget:
     detail: str
 
 
+_CONTROL_TRIES = 20
+
+
+def _by_id(instance: Instance) -> str:
+    return instance.id
+
+
 #: What ``acquire()`` answers for one slot, or the error it raised for that slot alone.
 LeaseOutcome = Lease | Literal["overlap", "not-acquired"] | Exception
 
@@ -329,6 +353,65 @@ class Backend(ABC):
         """The server's budget as last read while the backend runs (``RabbitMQBackend`` with
         ``management_url``), exported as metrics; ``None``: not read."""
         return None
+
+    # -- the fleet: presence and fleet-wide control (issue 25) -------------------------------
+
+    @property
+    def fleet(self) -> bool:
+        """Whether this backend keeps the fleet's records (``Instance`` presence and
+        ``JobControl``): it implements ``_fleet_read``, ``_fleet_put`` and ``_fleet_swap``.
+        Without them an instance publishes no presence and ``Job.pause()`` pauses it alone."""
+        return type(self)._fleet_read is not Backend._fleet_read
+
+    async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
+        """Every live record of ``kind`` under this backend's prefix (schema, namespace): key
+        to JSON text. An ``instance`` record whose ``ttl`` passed may be left out. Raises
+        ``BackendError``. The default: not supported (``NotImplementedError``)."""
+        raise NotImplementedError(f"{self.name} keeps no fleet records")
+
+    async def _fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
+        """Write the record ``key`` of ``kind``, whatever it held, kept at least ``ttl``
+        (forgotten after, where the store expires keys). Raises ``BackendError``."""
+        raise NotImplementedError(f"{self.name} keeps no fleet records")
+
+    async def _fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
+        """Compare-and-set: write ``new`` (kept for ever) only if the record holds ``old``
+        (``None``: there is none); ``False`` when it held something else. Raises
+        ``BackendError``."""
+        raise NotImplementedError(f"{self.name} keeps no fleet records")
+
+    async def publish_instance(self, instance: Instance) -> None:
+        """Publish this instance's presence (every heartbeat); kept ``FORGET`` (10 minutes)."""
+        await self._fleet_put("instance", instance.id, instance.to_json(), ttl=FORGET)
+
+    async def instances(self) -> list[Instance]:
+        """Every instance of the prefix that published itself within ``FORGET``, by id."""
+        records = await self._fleet_read("instance")
+        return sorted((Instance.from_json(text) for text in records.values()), key=_by_id)
+
+    async def controls(self) -> dict[str, JobControl]:
+        """Every job's fleet-wide control record, by job key (a job never controlled has
+        none: it runs)."""
+        records = await self._fleet_read("control")
+        return {key: JobControl.from_json(text) for key, text in records.items()}
+
+    async def change_control(self, *changes: ControlChange) -> JobControl:
+        """Apply ``changes`` (of one job, in order) to its control record and keep them in
+        its audit trail; answers the record written. Concurrent writers are applied one after
+        the other (a compare-and-set, tried again when another came first)."""
+        job = changes[0].job
+        for _ in range(_CONTROL_TRIES):
+            records = await self._fleet_read("control")
+            old = records.get(job)
+            new = JobControl(job) if old is None else JobControl.from_json(old)
+            for change in changes:
+                new = new.apply(change)
+            if await self._fleet_swap("control", job, old, new.to_json()):
+                return new
+        raise BackendError(
+            f"{self.name}: the control record of job {job!r} kept changing under "
+            f"{_CONTROL_TRIES} tries to {changes[0].action} it; try again"
+        )
 
     # -- operations (``brokersched purge`` and ``doctor``): on a backend that is not started --
 

@@ -48,7 +48,7 @@ from ._redact import MASK, redact_text
 from ._registry import collect_errors, past_at
 from ._scheduler import Job, Scheduler
 from ._timezones import parse_timezone, timezone_name
-from .abc import Backend, Finding, Inventory, RunRecord, Slot
+from .abc import Backend, Finding, Instance, Inventory, RunRecord, Slot
 from .triggers.base import Trigger
 from .triggers.cron import CronTrigger, parse_cron
 from .triggers.interval import IntervalTrigger
@@ -913,6 +913,71 @@ async def _read_histories(
     return merged[:limit]
 
 
+@cli.command(epilog=EPILOG)
+@click.argument("app", metavar="APP")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per instance and line.")
+@_override_option
+def instances(app: str, as_json: bool, overrides: tuple[str, ...]) -> None:
+    """List the fleet's instances as they publish themselves through the backend: liveness
+    (alive; late after 1.5 heartbeats without one; dead after 3; stopped), host, pid,
+    version, last seen, and the runs each has in progress."""
+    configure_logging("text", "WARNING", quiet_clients=True)
+    scheduler = _load(app, overrides)
+    if not scheduler.backend.fleet:
+        raise CLIError(f"{_backend(scheduler)} keeps no presence of the fleet's instances")
+    found = _run_async(_read_instances(scheduler))
+    now = scheduler.clock.now()
+    if as_json:
+        for instance in found:
+            row = instance.to_dict(now)
+            row["host"] = redact_text(row["host"])
+            click.echo(json.dumps(row, separators=(",", ":")))
+        return
+    if not found:
+        click.echo(f"no instance of {app} published itself in the last 10 minutes")
+        return
+    title = f"{app} on {_backend(scheduler)}: {len(found)} instances"
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("instance", overflow="fold", ratio=3)
+    table.add_column("liveness", no_wrap=True)
+    table.add_column("seen", no_wrap=True, justify="right")
+    table.add_column("up", no_wrap=True, justify="right")
+    table.add_column("running now", overflow="fold", ratio=2)
+    for instance in found:
+        liveness = instance.liveness(now)
+        style = {"alive": "green", "late": "yellow", "dead": "red"}.get(liveness, "dim")
+        running = "\n".join(
+            f"{run.job} {run.run_id}"
+            + (" (lease held)" if run.leased and liveness == "dead" else "")
+            for run in instance.running
+        )
+        table.add_row(
+            f"{instance.id}\n[dim]{redact_text(instance.host)} pid {instance.pid} "
+            f"v{instance.version}[/]",
+            f"[{style}]{liveness}[/]",
+            f"{_ago(now - instance.last_seen)} ago",
+            _ago(instance.last_seen - instance.started_at),
+            running or "-",
+        )
+    _console().print(table)
+
+
+def _ago(elapsed: timedelta) -> str:
+    seconds = max(0, int(elapsed.total_seconds()))
+    if seconds < 120:
+        return f"{seconds}s"
+    return format_duration(timedelta(minutes=seconds // 60))
+
+
+async def _read_instances(scheduler: Scheduler[Any]) -> list[Instance]:
+    backend: Backend = scheduler.backend
+    await backend.start(scheduler.clock)
+    try:
+        return await backend.instances()
+    finally:
+        await backend.stop()
+
+
 def _shown(text: str | None, job: Job | None) -> str:
     """An error or a traceback as the CLI shows it (redacted as the admin API shows it;
     ``""``: none)."""
@@ -969,9 +1034,9 @@ async def _trigger(scheduler: Scheduler[Any], job: Job) -> tuple[RunRecord | Non
             skips.append(f"skipped ({event.reason}: {detail})")
 
     scheduler.on("skip", on_skip)
-    # Paused jobs arm no timer, get no catch-up and no take-over: only the manual run happens.
-    for each in scheduler.jobs():
-        each.pause()
+    # A scheduler that does not schedule arms no timer and makes no catch-up or take-over: only
+    # the manual run happens (pausing the jobs would pause them for the whole fleet).
+    scheduler.enabled = False
     await scheduler.start()
     try:
         return await job.trigger(), skips

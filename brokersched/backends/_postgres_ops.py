@@ -24,6 +24,7 @@ TABLES = {
     "leases": {"job", "slot_ms", "token", "run_id"},
     "history": {"job", "n", "slot_ms", "run_id"},
     "history_counters": {"job", "n"},
+    "fleet": {"kind", "key", "value", "expires_at"},
     "schema_version": {"version"},
 }
 MIN_VERSION = (12,)

@@ -23,7 +23,8 @@ _NETWORK_FS = frozenset(
 
 def table_names(prefix: str) -> tuple[str, ...]:
     """Every table the backend makes for ``prefix`` (its index goes with its table)."""
-    return tuple(f"{prefix}{kind}" for kind in ("jobs", "leases", "history", "schema_version"))
+    kinds = ("jobs", "leases", "history", "fleet", "schema_version")
+    return tuple(f"{prefix}{kind}" for kind in kinds)
 
 
 def _connect(path: str) -> sqlite3.Connection | None:

@@ -12,6 +12,7 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Literal, cast
 
 from .._clock import Clock
@@ -20,6 +21,7 @@ from .._exceptions import BackendError, BackendUnavailableError
 from ..abc import (
     Claim,
     Finding,
+    FleetKind,
     Inventory,
     JobPolicy,
     Lease,
@@ -58,6 +60,8 @@ class MemoryStore:
 
     jobs: dict[str, JobRow] = field(default_factory=dict)
     history: dict[str, deque[RunRecord]] = field(default_factory=dict)
+    #: the fleet's records: (kind, key) -> (JSON text, expiry in ms on the store's clock)
+    fleet: dict[tuple[str, str], tuple[str, int | None]] = field(default_factory=dict)
 
 
 _IN_PROCESS = (
@@ -188,6 +192,29 @@ class MemoryBackend(LeaseBackendBase):
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
         await asyncio.sleep(0)
         self._append(job, record)
+
+    # -- the fleet's records, in the store: expiry on the store's clock --------------------
+
+    async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
+        await asyncio.sleep(0)
+        now = self._now()
+        return {
+            key: value
+            for (k, key), (value, expires) in self.store.fleet.items()
+            if k == kind and (expires is None or expires > now)
+        }
+
+    async def _fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
+        await asyncio.sleep(0)
+        self.store.fleet[kind, key] = (value, self._now() + to_ms(ttl))
+
+    async def _fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
+        await asyncio.sleep(0)
+        held = self.store.fleet.get((kind, key))
+        if (held[0] if held is not None else None) != old:
+            return False
+        self.store.fleet[kind, key] = (new, None)
+        return True
 
     async def inventory(
         self,

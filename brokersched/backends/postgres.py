@@ -28,12 +28,13 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from datetime import timedelta
 from typing import Any, Generic, Literal, Protocol, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from .. import _redact
 from .._clock import Clock
-from .._durations import Duration
+from .._durations import Duration, to_ms
 from .._exceptions import (
     BackendError,
     BackendUnavailableError,
@@ -42,6 +43,7 @@ from .._exceptions import (
 from ..abc import (
     Claim,
     Finding,
+    FleetKind,
     Inventory,
     JobPolicy,
     Lease,
@@ -164,6 +166,28 @@ _MIGRATIONS = (_SCHEMA_V1, _SCHEMA_V2)
 _TRACEBACK_COLUMN = "ALTER TABLE {s}.history ADD COLUMN IF NOT EXISTS traceback text"
 _HAS_TRACEBACK = """SELECT EXISTS (SELECT FROM pg_attribute
     WHERE attrelid = to_regclass($1) AND attname = 'traceback' AND NOT attisdropped)"""
+
+# The fleet's records (presence, controls: issue 25), added at start when missing, as above.
+# Expiry is judged on the database's clock.
+_FLEET_TABLE = """CREATE TABLE IF NOT EXISTS {s}.fleet (
+    kind text NOT NULL,
+    key text NOT NULL,
+    value text NOT NULL,
+    expires_at timestamptz,
+    PRIMARY KEY (kind, key)
+)"""
+_FLEET_READ = """SELECT key, value FROM {s}.fleet
+WHERE kind = $1 AND (expires_at IS NULL OR expires_at > {now})"""
+_FLEET_PUT = """WITH expired AS (
+    DELETE FROM {s}.fleet WHERE kind = $1 AND key <> $2 AND expires_at <= {now}
+)
+INSERT INTO {s}.fleet (kind, key, value, expires_at)
+VALUES ($1, $2, $3, {now} + $4::bigint * interval '1 millisecond')
+ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at"""
+_FLEET_INSERT = """INSERT INTO {s}.fleet (kind, key, value, expires_at) VALUES ($1, $2, $3, NULL)
+ON CONFLICT (kind, key) DO NOTHING RETURNING 1"""
+_FLEET_SWAP = """UPDATE {s}.fleet SET value = $3, expires_at = NULL
+WHERE kind = $1 AND key = $2 AND value = $4 RETURNING 1"""
 
 _STORE_NOW = """CREATE OR REPLACE FUNCTION {s}.store_now() RETURNS timestamptz
     LANGUAGE sql VOLATILE PARALLEL SAFE AS 'SELECT clock_timestamp()'"""
@@ -412,6 +436,11 @@ class _Statements:
         self.version_table = f"{s}.schema_version"
         self.migrations = tuple(fill(step) for step in _MIGRATIONS)
         self.traceback_column = fill(_TRACEBACK_COLUMN)
+        self.fleet_table = fill(_FLEET_TABLE)
+        self.fleet_read = fill(_FLEET_READ)
+        self.fleet_put = fill(_FLEET_PUT)
+        self.fleet_insert = fill(_FLEET_INSERT)
+        self.fleet_swap = fill(_FLEET_SWAP)
         self.acquire = fill(_ACQUIRE, grant=fill(_UPSERT_JOB))
         self.acquire_catch_up = fill(_ACQUIRE, grant=fill(_UPDATE_JOB))
         self.acquire_manual = fill(_ACQUIRE, grant=fill(_MANUAL_JOB))
@@ -501,6 +530,7 @@ class PostgresBackend(SQLLeaseBackend):
             await self._version(conn) != SCHEMA_VERSION
             or not await self._has_store_now(conn)
             or not await self._has_traceback(conn)
+            or not await self._has_fleet(conn)
         ):
             async with conn.transaction():
                 await self._migrate(conn)
@@ -511,6 +541,10 @@ class PostgresBackend(SQLLeaseBackend):
 
     async def _has_traceback(self, conn: _Connection) -> bool:
         return bool(await conn.fetchval(_HAS_TRACEBACK, f"{self._sql.schema}.history"))
+
+    async def _has_fleet(self, conn: _Connection) -> bool:
+        found = await conn.fetchval("SELECT to_regclass($1)", f"{self._sql.schema}.fleet")
+        return found is not None
 
     async def _connect(self) -> _Pool:
         try:
@@ -563,6 +597,7 @@ class PostgresBackend(SQLLeaseBackend):
         if not await self._has_store_now(conn):
             await conn.execute(self._sql.store_now)
         await conn.execute(self._sql.traceback_column)
+        await conn.execute(self._sql.fleet_table)
 
     async def _version(self, conn: _Connection) -> int | None:
         exists = await conn.fetchval("SELECT to_regclass($1)", self._sql.version_table)
@@ -906,6 +941,29 @@ class PostgresBackend(SQLLeaseBackend):
             await conn.executemany(self._sql.record, args)
 
         await self._call(f"record {len(args)} runs", record_runs)
+
+    # -- the fleet's records (issue 25) ------------------------------------------------------
+
+    async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
+        async def read(conn: _Connection) -> list[Row]:
+            return await conn.fetch(self._sql.fleet_read, kind)
+
+        rows = await self._call(f"read the fleet's {kind}s", read)
+        return {row["key"]: row["value"] for row in rows}
+
+    async def _fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
+        async def put(conn: _Connection) -> None:
+            await conn.execute(self._sql.fleet_put, kind, key, value, to_ms(ttl))
+
+        await self._call(f"write its {kind} record", put)
+
+    async def _fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
+        async def swap(conn: _Connection) -> bool:
+            if old is None:
+                return bool(await conn.fetchval(self._sql.fleet_insert, kind, key, new))
+            return bool(await conn.fetchval(self._sql.fleet_swap, kind, key, new, old))
+
+        return await self._call(f"change the {kind} record of {key}", swap)
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         args = (job.name, history_cutoff(job, self._now()), history_limit(job, limit))

@@ -44,6 +44,7 @@ from .._exceptions import (
 from ..abc import (
     Claim,
     Finding,
+    FleetKind,
     Inventory,
     JobPolicy,
     Lease,
@@ -137,6 +138,26 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_V1, _SCHEMA_V2)
 # version change: instances of an earlier release name their columns, so they neither write nor
 # read it, and keep starting.
 _TRACEBACK_COLUMN = "ALTER TABLE {history} ADD COLUMN traceback TEXT"
+# The fleet's records (presence, controls: issue 25), added at start when missing, as above.
+_FLEET_TABLE = """CREATE TABLE IF NOT EXISTS {fleet} (
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    expires_ms INTEGER,
+    PRIMARY KEY (kind, key)
+) STRICT, WITHOUT ROWID"""
+_FLEET_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{fleet_name}'"
+# :now: the store's clock (ms); expired presence goes with the next write of its kind.
+_FLEET_READ = """SELECT key, value FROM {fleet}
+WHERE kind = :kind AND (expires_ms IS NULL OR expires_ms > :now)"""
+_FLEET_PUT = """INSERT INTO {fleet} (kind, key, value, expires_ms)
+VALUES (:kind, :key, :value, :now + :ttl_ms)
+ON CONFLICT (kind, key) DO UPDATE SET value = excluded.value, expires_ms = excluded.expires_ms"""
+_FLEET_EXPIRE = "DELETE FROM {fleet} WHERE kind = :kind AND expires_ms <= :now"
+_FLEET_INSERT = """INSERT INTO {fleet} (kind, key, value, expires_ms)
+VALUES (:kind, :key, :new, NULL) ON CONFLICT (kind, key) DO NOTHING RETURNING 1"""
+_FLEET_SWAP = """UPDATE {fleet} SET value = :new, expires_ms = NULL
+WHERE kind = :kind AND key = :key AND value = :old RETURNING 1"""
 _HISTORY_COLUMNS = "SELECT name FROM pragma_table_info('{history_name}')"
 
 _DEFAULT_BUSY_TIMEOUT = timedelta(seconds=5)
@@ -251,6 +272,8 @@ class _Statements:
             "history": f'"{prefix}history"',
             "history_name": f"{prefix}history",
             "history_started": f'"{prefix}history_started"',
+            "fleet": f'"{prefix}fleet"',
+            "fleet_name": f"{prefix}fleet",
         }
         names["live"] = _LIVE.format(**names)
         names["free"] = _FREE.format(**names)
@@ -282,6 +305,13 @@ class _Statements:
         self.trim_size = fill(_TRIM_SIZE)
         self.trim_age = fill(_TRIM_AGE)
         self.history = fill(_HISTORY)
+        self.fleet_table = fill(_FLEET_TABLE)
+        self.fleet_exists = fill(_FLEET_EXISTS)
+        self.fleet_read = fill(_FLEET_READ)
+        self.fleet_put = fill(_FLEET_PUT)
+        self.fleet_expire = fill(_FLEET_EXPIRE)
+        self.fleet_insert = fill(_FLEET_INSERT)
+        self.fleet_swap = fill(_FLEET_SWAP)
 
 
 class SQLiteBackend(SQLLeaseBackend):
@@ -409,9 +439,14 @@ class SQLiteBackend(SQLLeaseBackend):
         await conn.execute(f"INSERT INTO {table} VALUES (?)", (SCHEMA_VERSION,))
         if not await self._has_traceback(conn):
             await conn.execute(self._sql.traceback_column)
+        await conn.execute(self._sql.fleet_table)
 
     async def _schema_current(self, conn: aiosqlite.Connection) -> bool:
-        return await self._version(conn) == SCHEMA_VERSION and await self._has_traceback(conn)
+        return (
+            await self._version(conn) == SCHEMA_VERSION
+            and await self._has_traceback(conn)
+            and bool(await conn.execute_fetchall(self._sql.fleet_exists))
+        )
 
     async def _has_traceback(self, conn: aiosqlite.Connection) -> bool:
         rows = await conn.execute_fetchall(self._sql.history_columns)
@@ -790,6 +825,35 @@ class SQLiteBackend(SQLLeaseBackend):
         if cutoff is not None:
             params = {"job": job.name, "cutoff_us": datetime_to_us(cutoff)}
             await conn.execute(self._sql.trim_age, params)
+
+    # -- the fleet's records (issue 25): expiry on the host's clock --------------------------
+
+    async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
+        params = {"kind": kind, "now": self._store_now_ms()}
+
+        async def read(conn: aiosqlite.Connection) -> Iterable[Sequence[Any]]:
+            return await conn.execute_fetchall(self._sql.fleet_read, params)
+
+        return {key: value for key, value in await self._run(f"read the fleet's {kind}s", read)}
+
+    async def _fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
+        params = {"kind": kind, "key": key, "value": value, "ttl_ms": to_ms(ttl)}
+        params["now"] = self._store_now_ms()
+
+        async def put(conn: aiosqlite.Connection) -> None:
+            await conn.execute(self._sql.fleet_expire, params)
+            await conn.execute(self._sql.fleet_put, params)
+
+        await self._run(f"write its {kind} record", put, transaction=True)
+
+    async def _fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
+        params = {"kind": kind, "key": key, "old": old, "new": new}
+        sql = self._sql.fleet_insert if old is None else self._sql.fleet_swap
+
+        async def swap(conn: aiosqlite.Connection) -> bool:
+            return bool(await conn.execute_fetchall(sql, params))
+
+        return await self._run(f"change the {kind} record of {key}", swap, transaction=True)
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         cutoff = history_cutoff(job, self._now())

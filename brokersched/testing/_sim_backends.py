@@ -33,6 +33,7 @@ from ..abc import (
     Capabilities,
     Claim,
     ClaimBackend,
+    FleetKind,
     JobPolicy,
     Lease,
     LeaseOutcome,
@@ -92,10 +93,23 @@ class Store:
     accepted: dict[str, int] = field(default_factory=dict)  # instance -> its last claim granted
     evicting: bool = False  # Redis: maxmemory-policy evicts keys with a TTL
     stray: set[str] = field(default_factory=set)  # RabbitMQ: queues made beforehand
+    # the fleet's records (presence, controls): (kind, key) -> (JSON, expiry on the store's clock)
+    records: dict[tuple[str, str], tuple[str, int | None]] = field(default_factory=dict)
 
     def won(self, key: str, slot_ms: int, instance: str) -> None:
         self.wins[(key, slot_ms)] = (instance, self.clock.now_ms())
         self.accepted[instance] = self.fleet.now_ms()
+
+    async def fleet_call(self, dead: bool, apply: Callable[[], Awaitable[T]]) -> T:
+        """A call for the fleet's records: refused at once while the store is down, held or
+        locked. It draws nothing from the store's faults, so that the claims' faults, and the
+        seeds found before these calls existed, stay as they were."""
+        if dead:
+            await asyncio.get_running_loop().create_future()  # a killed process: never
+        now = self.fleet.monotonic_ms()
+        if now < max(self.down_until, self.held_until, self.locked_until):
+            raise BackendUnavailableError("the store is away")
+        return await apply()
 
     async def call(
         self, dead: bool, timeout_s: float, apply: Callable[[], Awaitable[T]], *, write: bool
@@ -124,7 +138,42 @@ class Store:
         return await apply()
 
 
-class SimLeaseBackend(MemoryBackend):
+class _SimFleet:
+    """The fleet's records (presence, controls: issue 25) kept by the store, refused while it
+    is away (``Store.fleet_call``), for every simulated backend."""
+
+    sim: Store
+    dead: bool
+
+    async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
+        async def apply() -> dict[str, str]:
+            now = self.sim.clock.now_ms()
+            return {
+                key: value
+                for (k, key), (value, expires) in self.sim.records.items()
+                if k == kind and (expires is None or expires > now)
+            }
+
+        return await self.sim.fleet_call(self.dead, apply)
+
+    async def _fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
+        async def apply() -> None:
+            self.sim.records[kind, key] = (value, self.sim.clock.now_ms() + to_ms(ttl))
+
+        await self.sim.fleet_call(self.dead, apply)
+
+    async def _fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
+        async def apply() -> bool:
+            held = self.sim.records.get((kind, key))
+            if (held[0] if held is not None else None) != old:
+                return False
+            self.sim.records[kind, key] = (new, None)
+            return True
+
+        return await self.sim.fleet_call(self.dead, apply)
+
+
+class SimLeaseBackend(_SimFleet, MemoryBackend):
     """A lease store (PostgreSQL, SQLite, Redis) as the lease protocol itself, on the store's
     clock, behind the store's faults."""
 
@@ -395,7 +444,7 @@ class _RedisConnection:
         return self.history.get(job.name, [])[:limit]
 
 
-class SimRedis(RedisBackend):
+class SimRedis(_SimFleet, RedisBackend):
     """The real ``RedisBackend`` (its fleet memory, claim deadlines, read shortcut) over a
     model of the commands it sends to one Redis server."""
 
@@ -455,7 +504,7 @@ class _NATSData:
             self.raises = FleetMemory(before, 0, noted.raises).raised(memory_ms, at_ms, skew_ms)
 
 
-class SimNATS(ClaimBackend):
+class SimNATS(_SimFleet, ClaimBackend):
     """A model of ``NATSBackend``'s claims: the window raised at start (and for boot claims),
     the raises read at start, the deadline of ``_claims``."""
 
@@ -724,7 +773,7 @@ class _RabbitData:
         return queue
 
 
-class SimRabbitMQ(ClaimBackend):
+class SimRabbitMQ(_SimFleet, ClaimBackend):
     """A model of ``RabbitMQBackend``'s claims: the fleet record (made, adopted or raised at
     start), a claim queue per slot declared with the view's memory, publish first, a check
     after an ack, queues declared ahead by a slot's winner, the deadline of ``_claims``."""

@@ -31,9 +31,12 @@ from ..abc import (
     Backend,
     Claim,
     ClaimBackend,
+    ControlChange,
+    Instance,
     JobPolicy,
     Lease,
     LeaseBackend,
+    RunInProgress,
     RunRecord,
     Slot,
 )
@@ -103,6 +106,41 @@ class _Suite(ABC, Generic[B]):
         yield start
         for backend in reversed(started):
             await backend.stop()
+
+    @pytest.mark.asyncio
+    async def test_fleet_records_presence_and_control(self, fleet: Factory) -> None:
+        """Presence as published (the latest record of each instance), every control change
+        of concurrent writers kept, a stale compare-and-set refused, and another namespace
+        isolated (issue 25)."""
+        a, b = await fleet(), await fleet()
+        if not a.fleet:
+            pytest.skip(f"{a.name} keeps no fleet records")
+        now = datetime.now(UTC)
+        run = RunInProgress("j", "r1", SLOT, now, "retry", attempt=2, leased=True)
+        mine = Instance("i-a", "host", 1, "v", now, now, timedelta(seconds=5), (run,))
+        await a.publish_instance(mine)
+        await b.publish_instance(replace(mine, id="i-b", running=()))
+        later = replace(mine, last_seen=now + timedelta(seconds=5), running=())
+        await a.publish_instance(later)
+        seen = {instance.id: instance for instance in await b.instances()}
+        assert seen == {"i-a": later, "i-b": replace(mine, id="i-b", running=())}
+        actors = [f"actor-{n}" for n in range(6)]
+        changes = [
+            ControlChange("job.x", "pause" if n % 2 else "resume", actor, now)
+            for n, actor in enumerate(actors)
+        ]
+        await asyncio.gather(
+            *(backend.change_control(c) for backend, c in zip([a, b] * 3, changes, strict=True))
+        )
+        control = (await a.controls())["job.x"]
+        assert sorted(c.actor for c in control.changes) == actors
+        assert control.paused == (control.changes[-1].action == "pause")
+        other = self.make_backend("o" + secrets.token_hex(5))
+        await other.start(SystemClock())
+        try:
+            assert await other.instances() == [] and await other.controls() == {}
+        finally:
+            await other.stop()
 
     @pytest.mark.asyncio
     async def test_history_is_newest_first_and_limited(self, fleet: Factory) -> None:

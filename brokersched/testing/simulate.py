@@ -28,7 +28,11 @@ The invariants, after every step (``Ledger.violations``):
   (attempt + 1, within ``retry.attempts``); a slot whose last retry failed never runs again;
 * runs of a key with ``overlap="skip"`` never overlap (on the fleet's true time);
 * at the end, every slot that some instance was refused as ``not-acquired`` was won by a claim
-  (a slot that every instance lost to nobody is lost silently).
+  (a slot that every instance lost to nobody is lost silently);
+* a job paused for the fleet (``Job.pause()`` on any instance, its write answered) runs no
+  scheduled slot whose pre-claim read of the controls began after that answer, until it is
+  resumed (unless the store was away meanwhile, or a read sent while it was away still hung, or
+  the instance's clock was stepped: then the last known controls stand, as documented).
 """
 
 from __future__ import annotations
@@ -79,6 +83,11 @@ _MAX_INSTANCES = 4
 _LEASE_SKEW_MS = 5000  # the lease backends' default max_clock_skew
 # Boot runs that fall less than a boot window apart (less the clocks' skew) share one run.
 _BOOT_SHARED_MS = 60_000 - 1000
+# A pause counts for the slots whose read of the controls began this long after its answer.
+_PAUSE_MARGIN_MS = 100
+# How long after an outage a read of the controls sent during it may still hang (the simulated
+# stores' fleet calls time out after 2 s), and a second more.
+_READ_HANGS_MS = 3000
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,7 @@ class Run:
     lease_ttl_ms: int = 0
     retries: int = 1  # the job's retry.attempts (1: no retry)
     origin: str = ""  # a failed attempt's retry: the reason of the first attempt; else reason
+    ahead_ms: int = 0  # how far ahead of the fleet's true time its instance's clock was
     end: int | None = None
     # "returned", "failed" (raised), "cut" (cancelled: lease lost, timeout, drain), "killed"
     how: str = ""
@@ -168,6 +178,9 @@ class Ledger:
     released: set[tuple[str, int, str, int]] = field(default_factory=set)
     expiry: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
     outages: list[tuple[int, int]] = field(default_factory=list)  # the store unreachable
+    # job key -> [paused (its write answered), resumed (asked; None: still paused)], true time
+    paused: dict[str, list[list[int | None]]] = field(default_factory=dict)
+    stepped: dict[str, list[int]] = field(default_factory=dict)  # instance -> clock steps
 
     def _unreleased(self, run: Run) -> bool:
         """Its handler returned, but its release never reached the store, as the README's
@@ -212,6 +225,7 @@ class Ledger:
             for earlier, later in itertools.pairwise(runs):
                 if later.slot_ms - earlier.slot_ms < _BOOT_SHARED_MS:
                     found.append(f"boot runs of {key} a window apart both ran: {_show(runs)}")
+        found += self._paused_runs()
         by_key: dict[str, list[Run]] = {}
         for run in self.runs:
             if run.overlap == "skip":
@@ -221,6 +235,34 @@ class Ledger:
             for earlier, later in itertools.pairwise(runs):
                 if later.start < (earlier.end if earlier.end is not None else now):
                     found.append(f"runs of {key} overlap: {_show([earlier, later])}")
+        return found
+
+    def _paused_runs(self) -> list[str]:
+        """Scheduled runs of a paused key whose read of the controls began (at the slot's
+        instant on its instance's clock, or later) after the pause was answered."""
+        found = []
+        for run in self.runs:
+            spans = self.paused.get(run.key, ())
+            if run.reason != "schedule" or not spans:
+                continue
+            read_from = run.slot_ms - run.ahead_ms  # the fleet's true time
+            for since, until in spans:
+                assert since is not None
+                if not since + _PAUSE_MARGIN_MS <= read_from or (
+                    until is not None and run.start >= until
+                ):
+                    continue
+                # A read sent while the store was away may hang until its timeout after the
+                # store is back: the instance goes on with what it last read meanwhile.
+                hung = [(begin, end + _READ_HANGS_MS) for begin, end in self.outages]
+                away = _covered(hung, since - _PAUSE_MARGIN_MS, run.start + 1)
+                steps = self.stepped.get(run.instance, ())
+                if away or any(since - 60_000 <= at <= run.start for at in steps):
+                    continue
+                found.append(
+                    f"slot {run.key}:{run.slot_ms} ran while paused (paused at {since}, its "
+                    f"read from {read_from}): {_show([run])}"
+                )
         return found
 
     def lost(self, wins: Wins, scheduled: Callable[[str, int], bool]) -> list[str]:
@@ -246,6 +288,14 @@ class Ledger:
             and (key, slot) not in wins
             and not fenced(key, slot)
         ]
+
+
+async def _quietly(change: Any) -> Any:
+    """A pause's or a resume's answer; ``None`` when the store did not take it."""
+    try:
+        return await change
+    except Exception:
+        return None
 
 
 def _covered(spans: list[tuple[int, int]], start: int, end: int) -> int:
@@ -310,9 +360,14 @@ class Result:
 
 
 class Simulation:
-    def __init__(self, seed: int, *, backend: str | None = None, steps: int = 120) -> None:
+    def __init__(
+        self, seed: int, *, backend: str | None = None, steps: int = 120, pauses: bool = True
+    ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
+        # Pauses and resumes are drawn apart, so that without them a seed runs as before they
+        # were added (the seeds that found the classes of issue 24 among them).
+        self._pause_rng = random.Random(seed + 4) if pauses else None
         self.kind = backend or self.rng.choice(_DRAWN)
         self.lease = self.kind in _LEASES
         self.steps = steps
@@ -337,7 +392,8 @@ class Simulation:
         self._jobs = self._draw_jobs()
         self._failures = random.Random(seed + 2)  # which attempts fail
         self._store_steps: list[tuple[int, int]] = []
-        self._instance_steps: dict[str, list[int]] = {}
+        self._instance_steps: dict[str, list[int]] = self.ledger.stepped
+        self._pauses = 0  # pause and resume requests so far
         self._began = self.fleet.now()
 
     # -- drawing -----------------------------------------------------------------------------
@@ -518,6 +574,7 @@ class Simulation:
                 max_attempts=options.get("max_attempts", 3) if ctx.reason != "start" else 99,
                 start=fleet.now_ms(), lease_ttl_ms=instance.deploy.memory_ms,
                 retries=retry.attempts if retry is not None else 1, origin=origin,
+                ahead_ms=instance.clock.ahead_ms,
             )  # fmt: skip
             if origin == "start" and options.get("overlap") == "skip":
                 run.key = key  # holds the job's own lease: it never overlaps the job's slots
@@ -593,7 +650,32 @@ class Simulation:
             await self.start_instance(replace(self._draw_deploy(), memory_ms=3000), self._skew())
         elif roll < 0.42:
             self._backfill(self.more.choice(live))
+        pauses, live = self._pause_rng, self._live()
+        if pauses is not None and live and pauses.random() < 0.04:
+            self._pause_or_resume(pauses.choice(live))
         await self.fleet.advance(timedelta(milliseconds=rng.choice((47, 310, 730, 1530, 3470))))
+
+    def _pause_or_resume(self, instance: Instance) -> None:
+        """Pause the tick job for the fleet, or resume it, through one instance (issue 25)."""
+        if not instance.scheduler.running:
+            return
+        job = instance.scheduler.jobs()[0]  # tick (or tick.v2: the same key)
+        spans = self.ledger.paused.setdefault("tick", [])
+        self._pauses += 1
+        asked = self._pauses
+        if spans and spans[-1][1] is None:
+            spans[-1][1] = self.fleet.now_ms()  # from the moment it is asked
+            instance.drive(_quietly(job.resume(by=instance.name)), "resume")
+            self.log.append(f"resume tick through {instance.name}")
+            return
+
+        async def pause() -> None:
+            control = await _quietly(job.pause(by=instance.name))
+            if control is not None and control.paused and asked == self._pauses:
+                spans.append([self.fleet.now_ms(), None])  # answered: in the store now
+
+        instance.drive(pause(), "pause")
+        self.log.append(f"pause tick through {instance.name}")
 
     def _expiring(self, victim: Instance) -> tuple[str, int] | None:
         """The job (its key) of the latest slot a killed instance held a lease of, and how
@@ -784,13 +866,18 @@ class Simulation:
         return Result(self.seed, self.kind, self.steps, violations, self.log, len(self.ledger.runs))
 
 
-def simulate(seed: int, *, backend: str | None = None, steps: int = 120) -> Result:
-    """Run one seed; the result lists the invariants it broke (none: ``result.ok``)."""
+def simulate(
+    seed: int, *, backend: str | None = None, steps: int = 120, pauses: bool = True
+) -> Result:
+    """Run one seed; the result lists the invariants it broke (none: ``result.ok``).
+    ``pauses=False``: no fleet-wide pause or resume is drawn (the seed runs as before they
+    were added to the generator)."""
     logger = logging.getLogger("brokersched")
     level = logger.level
     logger.setLevel(logging.CRITICAL)
     try:
-        return asyncio.run(Simulation(seed, backend=backend, steps=steps).run())
+        simulation = Simulation(seed, backend=backend, steps=steps, pauses=pauses)
+        return asyncio.run(simulation.run())
     finally:
         logger.setLevel(level)
 

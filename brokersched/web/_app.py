@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from importlib.resources import files
 from typing import Any
 
@@ -15,15 +16,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .._exceptions import BackendError
 from .._redact import redact_text
 from .._scheduler import Job, Scheduler
-from ..abc import RunRecord
+from ..abc import ControlAction, JobControl, RunRecord
 from ._openapi import openapi_schema
 from ._reads import Reads, error
 from ._security import PROXIES_ENV, Authorize, Guard, TrustedProxies
 from ._stream import EventHub, EventStreamResponse
 from ._timeline import Pauses
-from ._views import job_state
+from ._views import control_json, job_state
 from ._watch import BackendWatch
 
 __all__ = ["TOKEN_ENV", "create_app"]
@@ -86,8 +88,14 @@ def create_app(
         Route("/jobs/{name}/timeline", reads.job_timeline),
         Route("/jobs/{name}/runs/{run_id}", reads.run),
         Route("/jobs/{name}/trigger", api.trigger, methods=["POST"]),
-        Route("/jobs/{name}/pause", api.pause, methods=["POST"]),
-        Route("/jobs/{name}/resume", api.resume, methods=["POST"]),
+        Route("/jobs/{name}/audit", reads.audit),
+        *(
+            Route(f"/jobs/{{name}}/{action}", api.control_route(action), methods=["POST"])
+            for action in _ACTIONS
+        ),
+        Route("/instances", reads.instances),
+        Route("/runs", reads.runs),
+        Route("/runs/{run_id}/abort", api.abort, methods=["POST"]),
     ]
     handlers = {HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(routes=routes, exception_handlers=handlers)
@@ -108,6 +116,30 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _internal_error(request: Request, exc: Exception) -> Response:
     # The server logs the exception (its traceback may name secrets): the client learns nothing.
     return error(500, "internal error (the server's log has the details)")
+
+
+_ACTIONS: tuple[ControlAction, ...] = ("pause", "resume", "disable", "enable")
+_NO_DATA: Any = object()
+MAX_TRIGGER_BODY = 64 * 1024
+
+
+async def _trigger_data(request: Request, job: Job) -> Any:
+    """A trigger's JSON body (the run's ``ctx.data``), ``_NO_DATA`` when there is none, or the
+    error response."""
+    body = await request.body()
+    if not body.strip():
+        return _NO_DATA
+    if len(body) > MAX_TRIGGER_BODY:
+        return error(
+            413, f"the trigger's data is {len(body)} bytes; at most {MAX_TRIGGER_BODY} are taken"
+        )
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        return error(
+            400,
+            f"the body of a trigger of job {job.name!r} must be JSON (the run's ctx.data): {exc}",
+        )
 
 
 def _static_files() -> dict[str, str]:
@@ -177,7 +209,13 @@ class _AdminAPI:
             return job
         if not self.scheduler.running:
             return error(409, f"cannot trigger job {job.name!r}: the scheduler is not running")
-        task = asyncio.create_task(job.trigger(), name=f"brokersched:web:trigger:{job.name}")
+        if job.disabled:
+            return error(409, f"cannot trigger job {job.name!r}: it is disabled (enable it first)")
+        data = await _trigger_data(request, job)
+        if isinstance(data, Response):
+            return data
+        run = job.trigger() if data is _NO_DATA else job.trigger(data)
+        task = asyncio.create_task(run, name=f"brokersched:web:trigger:{job.name}")
         self._triggers.add(task)
         task.add_done_callback(self._trigger_done)
         return JSONResponse(
@@ -195,28 +233,72 @@ class _AdminAPI:
         if not task.cancelled() and (exc := task.exception()) is not None:
             logger.error("manual run of a job failed to start: %s", redact_text(str(exc)))
 
-    async def pause(self, request: Request) -> Response:
-        return await self._set_paused(request, True)
+    def control_route(self, action: ControlAction) -> Callable[[Request], Awaitable[Response]]:
+        async def route(request: Request) -> Response:
+            return await self.control(request, action)
 
-    async def resume(self, request: Request) -> Response:
-        return await self._set_paused(request, False)
+        return route
 
-    async def _set_paused(self, request: Request, paused: bool) -> Response:
+    async def control(self, request: Request, action: ControlAction) -> Response:
+        """``POST /jobs/{name}/pause|resume|disable|enable``: for the whole fleet, through the
+        backend (this instance only on a backend that keeps no fleet records)."""
         job = await self._authorised_job(request)
         if isinstance(job, Response):
             return job
-        now_ms = self.scheduler.clock.now_ms()
-        if paused:
-            job.pause()
-            self.pauses.paused(job.name, now_ms)
+        actor = self.guard.actor(request)
+        scheduler = self.scheduler
+        control: JobControl | None = None
+        if scheduler.running and scheduler.backend.fleet:
+            try:
+                control = await scheduler.change_control(job.name, action, by=actor)
+            except BackendError as exc:
+                return error(
+                    503,
+                    f"could not {action} job {job.name!r} for the fleet: {redact_text(str(exc))}",
+                )
+            scope = "the fleet"
         else:
-            job.resume()
+            getattr(job, action)(by=actor)
+            scope = (
+                f"the fleet, once this instance starts ({scheduler.instance_id})"
+                if scheduler.backend.fleet
+                else f"this instance only ({scheduler.instance_id}): "
+                f"{scheduler.backend.name} keeps no fleet records"
+            )
+        now_ms = scheduler.clock.now_ms()
+        if action == "pause":
+            self.pauses.paused(job.name, now_ms)
+        elif action == "resume":
             self.pauses.resumed(job.name, now_ms)
+        body: dict[str, Any] = {"job": job.name, "state": job_state(scheduler, job), "scope": scope}
+        shown = control or job.control
+        if shown is not None:
+            body["control"] = control_json(shown)
+        return JSONResponse(body)
+
+    async def abort(self, request: Request) -> Response:
+        """``POST /runs/{run_id}/abort``: ask the run to stop, wherever it runs (cooperative:
+        its context is aborted when its instance next reads the fleet's controls)."""
+        if refusal := await self.guard.refuse(request):
+            return refusal
+        run_id = request.path_params["run_id"][:64]
+        try:
+            run = await self.scheduler.abort(run_id, by=self.guard.actor(request))
+        except (BackendError, RuntimeError, KeyError) as exc:
+            return error(503, f"could not abort run {run_id!r}: {redact_text(str(exc))}")
+        if run is None:
+            return error(
+                404,
+                f"no run {run_id!r} in progress on any instance (as the instances last "
+                "published themselves)",
+            )
         return JSONResponse(
             {
-                "job": job.name,
-                "state": job_state(self.scheduler, job),
-                "scope": f"this instance only ({self.scheduler.instance_id}); other instances "
-                "are not affected",
-            }
+                "run_id": run.run_id,
+                "job": run.job,
+                "requested": True,
+                "detail": "the run's context is aborted when its instance next reads the "
+                "fleet's controls (within a heartbeat); watch its history",
+            },
+            status_code=202,
         )

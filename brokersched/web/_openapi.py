@@ -161,6 +161,12 @@ _SCHEMAS: dict[str, Any] = {
             "next_runs": {"type": "array", "items": {"type": "string", "format": "date-time"}},
             "last": {"oneOf": [_ref("Record"), {"type": "null"}]},
             "history_error": {"type": "string"},
+            "control": {
+                "type": ["object", "null"],
+                "description": "The job's fleet-wide control as last read here: `paused`, "
+                "`disabled`, and its `latest` change (`action`, `actor`, `at`); the whole "
+                "trail is GET /jobs/{name}/audit",
+            },
         },
     },
     "Session": {
@@ -182,7 +188,11 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "job": {"type": "string"},
             "state": {"type": "string"},
-            "scope": {"type": "string"},
+            "scope": {"type": "string", "description": "the fleet, or this instance only"},
+            "control": {
+                "type": "object",
+                "description": "The job's fleet-wide control record: paused, disabled, changes",
+            },
         },
     },
 }
@@ -404,20 +414,86 @@ def openapi_schema() -> dict[str, Any]:
                 }
             },
             "/jobs/{name}/trigger": _change(
-                "Run the job now, through the claim, in the background",
+                "Run the job now, through the claim, in the background; a JSON body is the "
+                "run's ctx.data (at most 64 KiB); refused (409) while the job is disabled",
                 "202",
                 _json({"type": "object"}, "Accepted"),
             ),
             "/jobs/{name}/pause": _change(
-                "Stop arming the job's slots on this instance only",
+                "Pause the job for the whole fleet (through the backend; this instance only "
+                "on a backend that keeps no fleet records): no instance runs its slots",
                 "200",
-                _json(_ref("Change"), "Paused here"),
+                _json(_ref("Change"), "Paused"),
             ),
             "/jobs/{name}/resume": _change(
-                "Arm the job's slots again on this instance",
+                "Resume the job for the whole fleet",
                 "200",
-                _json(_ref("Change"), "Resumed here"),
+                _json(_ref("Change"), "Resumed"),
             ),
+            "/jobs/{name}/disable": _change(
+                "Disable the job for the whole fleet: as a pause, and manual runs are refused",
+                "200",
+                _json(_ref("Change"), "Disabled"),
+            ),
+            "/jobs/{name}/enable": _change(
+                "Enable the job again for the whole fleet",
+                "200",
+                _json(_ref("Change"), "Enabled"),
+            ),
+            "/jobs/{name}/audit": {
+                "get": {
+                    "summary": "The job's fleet-wide control (paused, disabled) and its changes,"
+                    " newest first: who (actor), what (action), when (at)",
+                    "parameters": [_NAME],
+                    "responses": {
+                        "200": _json({"type": "object"}, "The control record, or null"),
+                        "404": _ERROR,
+                        "503": _ERROR,
+                    },
+                }
+            },
+            "/instances": {
+                "get": {
+                    "summary": "The fleet's instances as they publish themselves through the "
+                    "backend every heartbeat: host, pid, version, started, last seen, liveness "
+                    "(alive, late after 1.5 heartbeats, dead after 3, stopped), runs in progress",
+                    "responses": {"200": _json({"type": "object"}, "The instances"), "503": _ERROR},
+                }
+            },
+            "/runs": {
+                "get": {
+                    "summary": "The runs in progress anywhere in the fleet (state=running), "
+                    "oldest first, with their instance's liveness; a leased run of a dead "
+                    "instance is `held` until its lease expires",
+                    "parameters": [_list_param("state", "Only `running`", ["running"])],
+                    "responses": {
+                        "200": _json({"type": "object"}, "The runs"),
+                        "400": _ERROR,
+                        "503": _ERROR,
+                    },
+                }
+            },
+            "/runs/{run_id}/abort": {
+                "post": {
+                    "summary": "Abort a run wherever it runs: its context is aborted "
+                    "(ctx.abort_reason == 'aborted', an async handler cancelled at its next "
+                    "await) when its instance next reads the fleet's controls",
+                    "parameters": [
+                        {
+                            "name": "run_id",
+                            "in": "path",
+                            "required": True,
+                            "schema": {"type": "string"},
+                        }
+                    ],
+                    "security": [{"bearer": []}],
+                    "responses": {
+                        "202": _json({"type": "object"}, "Requested"),
+                        "404": _ERROR,
+                        **_CHANGE_ERRORS,
+                    },
+                }
+            },
             "/health": {
                 "get": {
                     "summary": "ok, or degraded with the overdue jobs (200); 503 when stopped, "

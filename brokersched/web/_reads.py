@@ -30,7 +30,15 @@ from ._query import (
 from ._security import Guard
 from ._stream import EventHub
 from ._timeline import Pauses, Window, timeline
-from ._views import backend_text, job_json, job_state, record_json, timeline_slots
+from ._views import (
+    backend_text,
+    control_json,
+    instance_json,
+    job_json,
+    job_state,
+    record_json,
+    timeline_slots,
+)
 from ._watch import BackendUnreachableError, BackendWatch
 
 __all__ = ["MAX_NAME", "Reads", "error", "shown_name"]
@@ -237,6 +245,94 @@ class Reads:
             }
         )
 
+    # -- the fleet: presence, runs in progress, controls ---------------------------------------
+
+    async def _presence(self) -> list[dict[str, Any]]:
+        """The fleet's instances as they published themselves (``[]`` on a backend that keeps
+        no fleet records), with their liveness now; this one first."""
+        scheduler = self.scheduler
+        if not scheduler.backend.fleet:
+            return []
+        found = await self.watch.read(("instances",), scheduler.instances)
+        now, here = scheduler.clock.now(), scheduler.instance_id
+        listed = [instance_json(instance, now, here) for instance in found]
+        listed.sort(
+            key=lambda entry: (not entry["here"], entry["liveness"] != "alive", entry["id"])
+        )
+        return listed
+
+    async def instances(self, request: Request) -> Response:
+        """``GET /instances``: every instance of the fleet that published itself in the last
+        10 minutes, with its liveness (alive, late, dead, stopped) and runs in progress."""
+        try:
+            listed = await self._presence()
+        except Exception as exc:
+            return error(503, f"cannot read the fleet's presence: {_why(exc)}")
+        return JSONResponse(
+            {
+                "supported": self.scheduler.backend.fleet,
+                "now_ms": self.scheduler.clock.now_ms(),
+                "instances": listed,
+            }
+        )
+
+    async def runs(self, request: Request) -> Response:
+        """``GET /runs?state=running``: the runs in progress anywhere in the fleet, oldest
+        first, each with its instance and that instance's liveness (a dead instance's leased
+        run is ``held``: its lease keeps the slot until it expires)."""
+        state = request.query_params.get("state", "running")
+        if state != "running":
+            return error(
+                400,
+                f"state={state[:32]!r} is not supported: the fleet's runs in progress are "
+                "state=running (finished runs: GET /jobs/{name}/history)",
+            )
+        try:
+            listed = await self._presence()
+        except Exception as exc:
+            return error(503, f"cannot read the fleet's presence: {_why(exc)}")
+        runs = [
+            {
+                **run,
+                "instance_id": entry["id"],
+                "host": entry["host"],
+                "liveness": entry["liveness"],
+            }
+            for entry in listed
+            for run in entry["running"]
+        ]
+        runs.sort(key=lambda run: run["started_at"])
+        return JSONResponse(
+            {
+                "supported": self.scheduler.backend.fleet,
+                "now_ms": self.scheduler.clock.now_ms(),
+                "runs": runs,
+            }
+        )
+
+    async def audit(self, request: Request) -> Response:
+        """``GET /jobs/{name}/audit``: the job's fleet-wide control and who changed it when,
+        newest first, read from the backend."""
+        job = self.job_of(request)
+        if isinstance(job, Response):
+            return job
+        backend = self.scheduler.backend
+        if not backend.fleet:
+            control = job.control
+        else:
+            try:
+                controls = await self.watch.read(("controls",), backend.controls)
+            except Exception as exc:
+                return error(503, f"cannot read the controls of job {job.name!r}: {_why(exc)}")
+            control = controls.get(job.key)
+        return JSONResponse(
+            {
+                "job": job.name,
+                "scope": "fleet" if backend.fleet else "instance",
+                "control": control_json(control) if control is not None else None,
+            }
+        )
+
     # -- the fleet overview ----------------------------------------------------------------------
 
     async def overview(self, request: Request) -> Response:
@@ -280,8 +376,24 @@ class Reads:
                 },
                 "next_runs": self._next_runs(jobs),
                 "instances": self._instances([r for records, _ in reads for r in records], window),
+                **await self._fleet_or_error(),
             }
         )
+
+    async def _fleet_or_error(self) -> dict[str, Any]:
+        """The overview's ``fleet``: presence and runs in progress (or why not)."""
+        try:
+            listed = await self._presence()
+        except Exception as exc:
+            return {"fleet": {"supported": True, "error": _why(exc), "instances": [], "runs": []}}
+        runs = [
+            {**run, "instance_id": entry["id"], "liveness": entry["liveness"]}
+            for entry in listed
+            for run in entry["running"]
+        ]
+        runs.sort(key=lambda run: run["started_at"])
+        supported = self.scheduler.backend.fleet
+        return {"fleet": {"supported": supported, "instances": listed, "runs": runs}}
 
     def _next_runs(self, jobs: list[Job]) -> list[dict[str, Any]]:
         """Each armed job's next slot, soonest first."""
@@ -363,6 +475,11 @@ class Reads:
             },
             status_code=503 if status == "unreachable" else 200,
         )
+
+
+def _presence_order(entry: dict[str, Any]) -> tuple[bool, bool, str]:
+    """This instance first, then the live ones, by id."""
+    return (not entry["here"], entry["liveness"] != "alive", entry["id"])
 
 
 def _failure_groups(failures: list[tuple[RunRecord, Job]]) -> list[dict[str, Any]]:

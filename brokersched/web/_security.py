@@ -159,6 +159,16 @@ class Guard:
             headers={"WWW-Authenticate": 'Bearer realm="brokersched"'},
         )
 
+    def actor(self, request: Request) -> str:
+        """Who made an authorised change, for the audit trail: the host application's user
+        (``request.user``, Starlette's authentication) or ``token``, and where from."""
+        who = "token" if self._token_matches(request) else "host"
+        user = request.scope.get("user")
+        if user is not None and getattr(user, "is_authenticated", False):
+            who = str(getattr(user, "display_name", "") or who)
+        client = request.client.host if request.client is not None else "?"
+        return f"api:{who}@{client}"
+
     def _token_matches(self, request: Request) -> bool:
         if self._token is None:
             return False

@@ -20,7 +20,7 @@ from .._clock import datetime_to_ms
 from .._events import SkipEvent
 from .._json import shown_error
 from .._scheduler import Job
-from ..abc import RunRecord
+from ..abc import JobControl, RunRecord
 
 __all__ = ["MAX_SLOTS", "Pauses", "Window", "compact_run", "timeline"]
 
@@ -39,7 +39,8 @@ class Window:
 
 
 class Pauses:
-    """When jobs were paused, as far as this instance knows (through its admin API)."""
+    """When jobs were paused, as far as this instance knows: through its admin API, and the
+    changes kept in each job's fleet-wide control record (its latest 50)."""
 
     def __init__(self) -> None:
         self._spans: dict[str, list[list[int | None]]] = {}
@@ -62,7 +63,23 @@ class Pauses:
             assert start is not None
             if start <= slot_ms and (end is None or slot_ms <= end):
                 return True
+        if job.control is not None and _halted_at(job.control, slot_ms):
+            return True
         return job.paused and slot_ms > since_ms
+
+
+def _halted_at(control: JobControl, ms: int) -> bool:
+    """Whether the job's control changes say it was paused or disabled at ``ms`` (what came
+    before the oldest change kept is not known: not halted)."""
+    paused = disabled = False
+    for change in control.changes:
+        if datetime_to_ms(change.at) > ms:
+            break
+        if change.action in ("pause", "resume"):
+            paused = change.action == "pause"
+        elif change.action in ("disable", "enable"):
+            disabled = change.action == "disable"
+    return paused or disabled
 
 
 def compact_run(record: RunRecord, job: Job | None) -> dict[str, Any]:

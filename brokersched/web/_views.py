@@ -4,7 +4,7 @@ through ``redact``."""
 
 from __future__ import annotations
 
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from .._durations import format_duration
@@ -13,10 +13,18 @@ from .._json import record_json as shared_record_json
 from .._redact import MASK, redact_text
 from .._scheduler import Job, Scheduler
 from .._timezones import timezone_name
-from ..abc import Backend, RunRecord
+from ..abc import Backend, Instance, JobControl, RunRecord
 from ..triggers.cron import CronTrigger
 
-__all__ = ["backend_text", "job_json", "job_state", "record_json", "timeline_slots"]
+__all__ = [
+    "backend_text",
+    "control_json",
+    "instance_json",
+    "job_json",
+    "job_state",
+    "record_json",
+    "timeline_slots",
+]
 
 JobState = Literal["armed", "paused", "running", "idle", "disabled"]
 MAX_TIMELINE_SLOTS = 500
@@ -29,10 +37,32 @@ def backend_text(scheduler: Scheduler[Any]) -> str:
     return redact_text(repr(backend))
 
 
+def control_json(control: JobControl) -> dict[str, Any]:
+    """A job's fleet-wide control record: paused, disabled, and its changes, newest first."""
+    return {
+        "paused": control.paused,
+        "disabled": control.disabled,
+        "changes": [change.to_dict() for change in reversed(control.changes)],
+    }
+
+
+def instance_json(instance: Instance, now: datetime, here: str) -> dict[str, Any]:
+    """An instance's presence and liveness (a dead instance's runs hold their leases until
+    they expire and another instance takes the slots over)."""
+    data = instance.to_dict(now)
+    data["here"] = instance.id == here
+    data["host"] = redact_text(instance.host)
+    for run in data["running"]:
+        run["held"] = run["leased"] and data["liveness"] == "dead"
+    return data
+
+
 def job_state(scheduler: Scheduler[Any], job: Job) -> JobState:
     """``running`` (a run is going on here), ``disabled`` (scheduling is switched off here, or
-    for this job: it runs on trigger only), ``paused`` (here), ``armed`` (waiting for its next
-    slot) or ``idle`` (the scheduler is not running, or the schedule has ended)."""
+    the job is, for the fleet or here: it runs on trigger only, or not at all once disabled for
+    the fleet), ``paused`` (for the fleet, or here on a backend that keeps no fleet records),
+    ``armed`` (waiting for its next slot) or ``idle`` (the scheduler is not running, or the
+    schedule has ended)."""
     if job.is_running:
         return "running"
     if not (scheduler.enabled and job.enabled):
@@ -78,7 +108,17 @@ def job_json(
         "state": job_state(scheduler, job),
         "next_runs": [iso(when) for when in job.next_runs(runs)],
         "last": record_json(last, job) if last is not None else None,
+        "control": _latest_control(job),
     }
+
+
+def _latest_control(job: Job) -> dict[str, Any] | None:
+    """The job's fleet-wide control as last read here, and its latest change."""
+    control = job.control
+    if control is None:
+        return None
+    latest = control.changes[-1].to_dict() if control.changes else None
+    return {"paused": control.paused, "disabled": control.disabled, "latest": latest}
 
 
 def record_json(record: RunRecord, job: Job | None) -> dict[str, Any]:

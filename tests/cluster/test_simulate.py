@@ -166,9 +166,10 @@ def test_a_class_of_issue_24_is_found_on_the_rule_before_its_fix(
     old: object,
     seen: str,
 ) -> None:
-    assert simulate(seed, backend=backend).ok, f"seed {seed} fails on the fixed rule"
+    # Found before pauses were drawn (issue 25): replayed without them, as they were found.
+    assert simulate(seed, backend=backend, pauses=False).ok, f"seed {seed} fails on the fixed rule"
     monkeypatch.setattr(owner, name, old)
-    result = simulate(seed, backend=backend)
+    result = simulate(seed, backend=backend, pauses=False)
     assert any(seen in violation for violation in result.violations), result.violations
 
 

@@ -29,6 +29,8 @@ from brokersched._redact import redact_text
 from brokersched.abc import JobPolicy
 from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
+    fleet_lock_name,
+    fleet_queue_name,
     history_queue_name,
     history_stream_name,
     lock_queue_name,
@@ -459,6 +461,7 @@ def rabbitmq_env(amqp_url: str) -> Iterator[dict[str, str]]:
     # trigger starts the scheduler, which declares the history queue of every job
     histories = [history_queue_name(prefix, job) for job in ("greet", "nightly")]
     fleet = [record_queue_name(prefix), lock_queue_name(prefix), history_stream_name(prefix)]
+    fleet += [fleet_queue_name(prefix), fleet_lock_name(prefix)]  # presence and controls
     asyncio.run(_delete_queues(amqp_url, histories + fleet))
 
 
@@ -787,3 +790,41 @@ def test_run_warns_when_the_application_has_no_jobs() -> None:
         assert cli.stop(signal.SIGINT) == 0, cli.output()
     finally:
         cli.kill()
+
+
+def test_instances_lists_the_fleet_with_liveness_in_80_columns_and_json(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from brokersched.abc import Instance, RunInProgress
+    from brokersched.backends.sqlite import SQLiteBackend
+
+    app = listed_app(tmp_path)
+    now = datetime.now(UTC)
+    beat = timedelta(seconds=5)
+    started = now - timedelta(minutes=1)
+    run = RunInProgress("sync.orders", "0123456789abcdef", 0, started, "schedule", leased=True)
+    alive = Instance("web-1:4242:ab12", "web-1", 4242, "1.0", now - timedelta(hours=2), now, beat)
+    dead = Instance(
+        "worker-7:99:cd34", "worker-7", 99, "1.0", now - timedelta(hours=1),
+        now - timedelta(seconds=30), beat, (run,),
+    )  # fmt: skip
+
+    async def publish() -> None:
+        backend = SQLiteBackend(tmp_path / "listed.db")
+        await backend.start(SystemClock())
+        try:
+            for instance in (alive, dead):
+                await backend.publish_instance(instance)
+        finally:
+            await backend.stop()
+
+    asyncio.run(publish())
+    rows = [json.loads(line) for line in invoke("instances", app, "--json").splitlines()]
+    assert [(r["id"], r["liveness"]) for r in rows] == [
+        ("web-1:4242:ab12", "alive"),
+        ("worker-7:99:cd34", "dead"),
+    ]
+    assert rows[1]["running"][0]["run_id"] == "0123456789abcdef"
+    table = invoke("instances", app, columns=80)
+    assert all(len(line) <= 80 for line in table.splitlines()), table
+    assert "dead" in table and "alive" in table and "(lease held)" in table

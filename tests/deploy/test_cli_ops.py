@@ -35,6 +35,8 @@ from brokersched.backends._ops import recent_claims
 from brokersched.backends.rabbitmq import (
     claim_queue_name,
     fence_exchange_name,
+    fleet_lock_name,
+    fleet_queue_name,
     history_queue_name,
     history_stream_name,
     lock_queue_name,
@@ -532,6 +534,8 @@ NAMES = Names(
     history=history_queue_name,
     stream=history_stream_name,
     claim=claim_queue_name,
+    fleet=fleet_queue_name,
+    fleet_lock=fleet_lock_name,
 )
 
 
@@ -545,6 +549,8 @@ def test_known_names_cover_every_kind_and_kind_of_recognises_them() -> None:
         ("queue", "app.slot-memory"),
         ("queue", "app.slot-memory.lock"),
         ("queue", "app.history"),
+        ("queue", "app.fleet"),
+        ("queue", "app.fleet.lock"),
         ("exchange", "app.slot-memory.20000ms"),
         ("queue", "app.history.sync"),
         ("queue", "app.claim.sync.1000"),

@@ -152,3 +152,63 @@ def scrape(port: int) -> dict[str, float]:
             name, _, number = line.rpartition(" ")
             samples[name] = float(number)
     return samples
+
+
+def test_a_killed_instance_shows_as_dead_with_its_lease_held_within_a_second(
+    tmp_path: Path,
+) -> None:
+    """Two processes beating every 200 ms; the one holding a leased run is killed with -9: the
+    other's view of the fleet says dead, its run held, within 3 heartbeats (issue 25)."""
+    import asyncio
+    import time
+
+    from brokersched._clock import SystemClock
+    from brokersched.backends.sqlite import SQLiteBackend
+
+    db = str(tmp_path / "fleet.db")
+    app = "tests.support.cli_apps.fleet_app:scheduler"
+    members = {
+        name: RunningCLI(
+            "run", app, env={"BROKERSCHED_TEST_DB": db, "BROKERSCHED_TEST_INSTANCE": name}
+        )
+        for name in ("fleet-a", "fleet-b")
+    }
+
+    async def fleet() -> dict[str, tuple[str, list[Any]]]:
+        backend = SQLiteBackend(db)
+        await backend.start(SystemClock())
+        try:
+            now = SystemClock().now()
+            return {i.id: (i.liveness(now), list(i.running)) for i in await backend.instances()}
+        finally:
+            await backend.stop()
+
+    def seen(check: Any, timeout: float = 20) -> dict[str, tuple[str, list[Any]]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = asyncio.run(fleet()) if Path(db).exists() else {}
+            if check(found) or time.monotonic() > deadline:
+                return found
+            time.sleep(0.1)
+
+    try:
+        found = seen(lambda f: len(f) == 2 and any(running for _, running in f.values()))
+        holder = next(name for name, (_, running) in found.items() if running)
+        assert {name: liveness for name, (liveness, _) in found.items()} == {
+            "fleet-a": "alive",
+            "fleet-b": "alive",
+        }
+        members[holder].process.kill()  # SIGKILL: no last record
+        killed_at = time.monotonic()
+        found = seen(lambda f: f[holder][0] == "dead", timeout=10)
+        assert found[holder][0] == "dead", found
+        assert time.monotonic() - killed_at < 5  # 3 heartbeats of 200 ms, and a read or two
+        [run] = found[holder][1]
+        assert (run.job, run.leased) == ("hold", True)
+        other = "fleet-b" if holder == "fleet-a" else "fleet-a"
+        assert found[other][0] == "alive"
+        assert members[other].stop() == 0, members[other].output()
+        assert seen(lambda f: f[other][0] == "stopped")[other][0] == "stopped"
+    finally:
+        for member in members.values():
+            member.kill()

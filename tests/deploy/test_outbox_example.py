@@ -24,6 +24,8 @@ from brokersched.abc import JobPolicy, RunRecord, Slot
 from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
     claim_queue_name,
+    fleet_lock_name,
+    fleet_queue_name,
     history_queue_name,
     history_stream_name,
     lock_queue_name,
@@ -105,6 +107,7 @@ async def names(amqp_url: str) -> AsyncIterator[tuple[str, str]]:
     async with connection:
         channel = await connection.channel()
         fleet = [record_queue_name(prefix), lock_queue_name(prefix)]  # the fleet's slot memory
+        fleet += [fleet_queue_name(prefix), fleet_lock_name(prefix)]  # presence, controls
         for name in [
             queue,
             history_queue_name(prefix, JOB),

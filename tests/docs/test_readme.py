@@ -16,6 +16,8 @@ import pytest
 from mypy import api as mypy_api
 
 from brokersched.backends.rabbitmq import (
+    fleet_lock_name,
+    fleet_queue_name,
     history_queue_name,
     history_stream_name,
     lock_queue_name,
@@ -147,6 +149,7 @@ async def test_readme_programs_run_on_rabbitmq_and_stop_cleanly(
         run_until_a_run_completes(app, job.group(1))
     finally:  # the history queues it left (claim queues expire by themselves)
         queues = [record_queue_name("brokersched"), lock_queue_name("brokersched")]
+        queues += [fleet_queue_name("brokersched"), fleet_lock_name("brokersched")]
         queues.append(history_stream_name("brokersched"))
         for name in re.findall(r'\.(?:every|cron|at)\("([^"]+)"', code):
             queues.append(history_queue_name("brokersched", name))

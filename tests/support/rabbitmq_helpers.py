@@ -21,6 +21,8 @@ from brokersched.abc import JobPolicy, RunRecord, Slot
 from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
     claim_queue_name,
+    fleet_lock_name,
+    fleet_queue_name,
     history_queue_name,
     history_stream_name,
     lock_queue_name,
@@ -53,6 +55,8 @@ class TrackedBackend(RabbitMQBackend):
                 record_queue_name(self.prefix),
                 lock_queue_name(self.prefix),
                 history_stream_name(self.prefix),
+                fleet_queue_name(self.prefix),
+                fleet_lock_name(self.prefix),
             )
         )
 

@@ -312,17 +312,16 @@ async def test_cross_site_changes_are_refused_even_with_the_token(
     assert job is not None and not job.paused
 
 
-async def test_pause_and_resume_are_for_this_instance(
+async def test_pause_and_resume_are_for_the_fleet_and_audited(
     clock: TestClock, scheduler: Scheduler[Any], api: httpx.AsyncClient
 ) -> None:
     same_origin = {**AUTH, "Origin": "http://testserver", "Sec-Fetch-Site": "same-origin"}
     paused = await api.post("/jobs/outbox.flush/pause", headers=same_origin)
     assert paused.status_code == 200
-    assert paused.json() == {
-        "job": "outbox.flush",
-        "state": "paused",
-        "scope": "this instance only (instance-a); other instances are not affected",
-    }
+    body = paused.json()
+    assert (body["job"], body["state"], body["scope"]) == ("outbox.flush", "paused", "the fleet")
+    assert body["control"]["paused"] and body["control"]["changes"][0]["action"] == "pause"
+    assert body["control"]["changes"][0]["actor"] == "api:token@127.0.0.1"
     job = scheduler.get("outbox.flush")
     assert job is not None and job.paused
     await clock.advance("2m")

@@ -462,8 +462,8 @@ async def test_signing_in_with_the_token_and_pausing_a_job(fleet: str, browser: 
     assert found["signed_in"] == "signed in · sign out"
     assert found["stored"] == TOKEN  # this tab only
     assert "cache.warm: paused" in found["status"]
-    assert "Paused on web-1" in found["schedule"]
-    assert "paused here" in found["row"] and "Resume" in found["row"]
+    assert "Paused for the whole fleet by api:token@127.0.0.1" in found["schedule"]
+    assert "paused" in found["row"] and "Resume" in found["row"]
     async with httpx.AsyncClient(base_url=fleet) as http:
         assert (await http.get("jobs/cache.warm")).json()["state"] == "paused"
 

@@ -26,6 +26,7 @@ from ...abc import (
     Claim,
     ClaimBackend,
     Finding,
+    FleetKind,
     Inventory,
     JobPolicy,
     RunRecord,
@@ -48,6 +49,7 @@ from ._base import (
     logger,
     redact,
 )
+from ._fleet import FleetBuckets
 from ._history import read_last
 from ._streams import Names, Streams
 
@@ -138,6 +140,7 @@ class NATSBackend(ClaimBackend):
             )
         self._names = Names(prefix)
         self._replicas = replicas
+        self._fleet_buckets: FleetBuckets | None = None
         self._connect_options = dict(connect_options)
         self._secrets = _redact.connection_secrets(
             self._servers, self._connect_options, SECRET_OPTIONS
@@ -210,6 +213,7 @@ class NATSBackend(ClaimBackend):
             await to_the_end(self._close_client(nc))
             raise
         self._nc, self._js, self._clock = nc, js, clock
+        self._fleet_buckets = None  # opened on first use, on this connection
 
     async def _connect(self, nats: Any, cancels: int) -> NATSClient:
         options: dict[str, Any] = {
@@ -286,6 +290,24 @@ class NATSBackend(ClaimBackend):
         self._watch.changed()
         if self._nc is not None:
             logger.error("NATS connection closed for good; claims fail until restart")
+
+    # -- the fleet's records (issue 25): key-value buckets, made on first use -----------------
+
+    def _buckets(self) -> FleetBuckets:
+        if self._fleet_buckets is None:
+            self._fleet_buckets = FleetBuckets(
+                self._names.prefix, self._replicas, self._secrets, lambda: self._client()[1]
+            )
+        return self._fleet_buckets
+
+    async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
+        return await self._buckets().read(kind)
+
+    async def _fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
+        await self._buckets().put(kind, key, value, ttl=ttl)
+
+    async def _fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
+        return await self._buckets().swap(kind, key, old, new)
 
     def _client(self) -> tuple[NATSClient, JetStreamContext]:
         if self._nc is None or self._js is None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ...abc import Finding, Inventory, StoredObject
 from .._ops import LIVE_WINDOW, server_finding, slot_memory_finding
 from ._base import BACKEND
+from ._fleet import bucket_streams
 from ._streams import Names, claims_problems, history_problems
 
 if TYPE_CHECKING:
@@ -36,8 +37,8 @@ MIN_VERSION = (2, 9)
 _FRACTION = re.compile(r"\.(\d{6})\d*")
 
 
-def _streams(names: Names) -> tuple[str, str]:
-    return names.claims, names.history
+def _streams(names: Names) -> tuple[str, ...]:
+    return names.claims, names.history, *bucket_streams(names.prefix)
 
 
 async def stream_info_or_none(js: JetStreamContext, stream: str) -> Any:

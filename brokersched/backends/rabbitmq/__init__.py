@@ -7,7 +7,8 @@ Modules: ``_claims`` (the claim protocol, and why each detail of it), ``_fleet``
 slot memory: its record, lock and fences), ``_history`` (the history stream), ``_connection``
 (the robust connection and its channel pool), ``_names`` (queue and exchange names),
 ``_errors`` (URLs and client errors), ``_ops`` (``brokersched purge`` and ``doctor``),
-``_backend`` (``RabbitMQBackend``: configuration and life cycle).
+``_records`` (the fleet's presence and controls: one queue under a lock), ``_backend``
+(``RabbitMQBackend``: configuration and life cycle).
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ from ._names import (
     lock_queue_name,
     record_queue_name,
 )
+from ._records import fleet_lock_name, fleet_queue_name
 
 __all__ = [
     "RabbitMQBackend",
     "claim_margin_ms",
     "claim_queue_name",
     "fence_exchange_name",
+    "fleet_lock_name",
+    "fleet_queue_name",
     "history_queue_name",
     "history_stream_name",
     "lock_queue_name",

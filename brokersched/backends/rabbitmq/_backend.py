@@ -18,7 +18,16 @@ from ..._clock import Clock, host_time_ms
 from ..._durations import Duration, format_duration, positive_duration, to_ms
 from ..._exceptions import BackendUnavailableError, ConfigurationError
 from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
-from ...abc import BrokerBudget, Capabilities, Finding, Inventory, JobPolicy, RunRecord, Slot
+from ...abc import (
+    BrokerBudget,
+    Capabilities,
+    Finding,
+    FleetKind,
+    Inventory,
+    JobPolicy,
+    RunRecord,
+    Slot,
+)
 from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW
 from .._errors import ErrorMap
 from .._keywords import own_options, refuse_unknown
@@ -61,6 +70,7 @@ from ._names import (
     lock_queue_name,
     record_queue_name,
 )
+from ._records import FleetRecords, fleet_lock_name, fleet_queue_name
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractRobustConnection
@@ -173,6 +183,13 @@ class RabbitMQBackend(ClaimQueues):
             errors=self._client_errors,
             describe=self._describe,
             secrets=self._secrets,
+        )
+        self._records = FleetRecords(
+            self.name,
+            self._prefix,
+            channels=self._side_channel,
+            errors=self._client_errors,
+            clock=lambda: self._clock,
         )
         self._history = History(
             self.name,
@@ -358,6 +375,17 @@ class RabbitMQBackend(ClaimQueues):
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         return await self._history.history(job, limit)
 
+    # -- the fleet's records (issue 25): one queue of the prefix, under a lock ----------------
+
+    async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
+        return await self._records.read(kind)
+
+    async def _fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
+        await self._records.put(kind, key, value, ttl=ttl)
+
+    async def _fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
+        return await self._records.swap(kind, key, old, new)
+
     # -- operations (brokersched purge, doctor) ---------------------------------------------
 
     _NAMES = _ops.Names(
@@ -367,6 +395,8 @@ class RabbitMQBackend(ClaimQueues):
         history=history_queue_name,
         stream=history_stream_name,
         claim=claim_queue_name,
+        fleet=fleet_queue_name,
+        fleet_lock=fleet_lock_name,
     )
 
     async def inventory(

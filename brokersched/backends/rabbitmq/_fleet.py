@@ -80,6 +80,7 @@ __all__ = [
     "SideChannels",
     "SlotMemory",
     "View",
+    "held_lock",
     "memory_of",
     "record_from_json",
     "record_json",
@@ -393,19 +394,25 @@ class SlotMemory:
             self._record_name,
         )
 
-    @contextlib.asynccontextmanager
-    async def _fleet_lock(self) -> AsyncGenerator[AbstractChannel, None]:
-        """A confirm channel holding the exclusive consumer of the lock queue; the lock goes
-        when the channel closes (or its connection dies). Waits while another instance holds it
-        (the caller's deadline bounds the wait)."""
-        name = lock_queue_name(self._prefix)
-        while True:
-            async with self._channels(confirms=True) as channel:
-                lock = await channel.declare_queue(name, durable=True, arguments=_PLAIN)
-                if await take_lock(lock):
-                    yield channel
-                    return
-            await asyncio.sleep(random.uniform(*_LOCK_RETRY_S))
+    def _fleet_lock(self) -> AbstractAsyncContextManager[AbstractChannel]:
+        return held_lock(self._channels, lock_queue_name(self._prefix), _LOCK_RETRY_S)
+
+
+@contextlib.asynccontextmanager
+async def held_lock(
+    channels: SideChannels, name: str, retry_s: tuple[float, float]
+) -> AsyncGenerator[AbstractChannel, None]:
+    """A confirm channel holding the exclusive consumer of the lock queue ``name``; the lock
+    goes when the channel closes (or its connection dies). Waits while another instance holds
+    it, ``retry_s`` (a random pause within) between tries (the caller's deadline bounds the
+    wait)."""
+    while True:
+        async with channels(confirms=True) as channel:
+            lock = await channel.declare_queue(name, durable=True, arguments=_PLAIN)
+            if await take_lock(lock):
+                yield channel
+                return
+        await asyncio.sleep(random.uniform(*retry_s))
 
 
 async def take_lock(lock: AbstractQueue) -> bool:

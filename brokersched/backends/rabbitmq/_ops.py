@@ -88,6 +88,8 @@ class Names:
     history: Callable[[str, str], str]  # a job's quorum queue, before the history stream
     stream: Callable[[str], str]  # the prefix's history stream
     claim: Callable[[str, Slot], str]
+    fleet: Callable[[str], str]  # the fleet's records (presence, controls)
+    fleet_lock: Callable[[str], str]
 
 
 def known_names(
@@ -103,6 +105,8 @@ def known_names(
         StoredObject("queue", names.record(prefix)),
         StoredObject("queue", names.lock(prefix)),
         StoredObject("queue", names.stream(prefix)),
+        StoredObject("queue", names.fleet(prefix)),
+        StoredObject("queue", names.fleet_lock(prefix)),
     ]
     found += [StoredObject("exchange", names.fence(prefix, ms)) for ms in sorted(set(memories_ms))]
     found += [StoredObject("queue", names.history(prefix, job)) for job in jobs]
@@ -114,7 +118,13 @@ def kind_of(names: Names, prefix: str, name: str, kind: str) -> bool:
     """Whether a listed queue or exchange ``name`` is one the backend makes for ``prefix`` (a
     prefix holds no ``.``, so ``<prefix>.`` never starts another prefix's names)."""
     if kind == "queue":
-        mine = (names.record(prefix), names.lock(prefix), names.stream(prefix))
+        mine = (
+            names.record(prefix),
+            names.lock(prefix),
+            names.stream(prefix),
+            names.fleet(prefix),
+            names.fleet_lock(prefix),
+        )
         return name in mine or name.startswith((f"{prefix}.claim.", f"{prefix}.history."))
     fence = re.fullmatch(re.escape(f"{prefix}.slot-memory.") + r"(\d+)ms", name)
     return kind == "exchange" and fence is not None and names.fence(prefix, int(fence[1])) == name

@@ -57,6 +57,7 @@ from .._keywords import own_options
 from .._lease import check_max_clock_skew
 from . import _ops
 from ._base import RedisConnection, check_client_options, claim_key
+from ._fleet import FleetRecords
 
 __all__ = ["RedisBackend", "slot_memory_key"]
 
@@ -81,7 +82,7 @@ def _parse(
     return FleetMemory(int(memory), int(created or 0), pairs)
 
 
-class RedisBackend(_ops.Operations, ClaimBackend):
+class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
     """Claims slots in Redis: the first ``SET <prefix>:{<job>}:claim:<slot_ms> ... NX PX
     <fleet's slot memory>`` of a slot wins; Redis forgets the slot that long later (on its own
     clock).

@@ -41,13 +41,14 @@ from ._base import (
     job_key,
     runs_key,
 )
+from ._fleet import FleetRecords
 
 __all__ = ["RedisLeaseBackend"]
 
 logger = logging.getLogger("brokersched.backends.redis")
 
 
-class RedisLeaseBackend(_ops.Operations, LeaseBackendBase):
+class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
     """Leases in Redis (or a Redis Cluster), with occurrence fencing, overlap control,
     take-over of dead runners and catch-up, judged on the server's clock.
 

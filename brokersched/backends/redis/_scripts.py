@@ -20,6 +20,7 @@ __all__ = [
     "CLOCKED",
     "COMMIT_TAKE_OVER",
     "FLEET_MEMORY",
+    "FLEET_SWAP",
     "RECORD",
     "RELEASE",
     "RENEW",
@@ -270,3 +271,13 @@ end
 return {num(memory), cjson.encode(raises), created or '0', num(before)}
 """
 )
+
+#: KEYS: a hash of the fleet's records (``_fleet``). ARGV: the field, the value it must hold
+#: ('' for none), the new value. Compare-and-set: 1 when written, 0 when it held another.
+FLEET_SWAP = """
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if held == false then held = '' end
+if held ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""

@@ -72,3 +72,10 @@ export function change(name, action, body = null) {
   }
   return call(jobPath(name, `/${action}`), options);
 }
+
+// Ask a run to stop, wherever in the fleet it runs (cooperative: its context is aborted).
+export function abortRun(runId) {
+  const headers = {};
+  if (token()) headers.Authorization = `Bearer ${token()}`;
+  return call(`runs/${encodeURIComponent(runId)}/abort`, { method: "POST", headers });
+}

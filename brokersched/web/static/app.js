@@ -5,7 +5,7 @@
 // Plain JavaScript modules, no build step, nothing loaded from elsewhere.
 "use strict";
 
-import { ApiError, change, get, session, setToken, token } from "./api.js";
+import { ApiError, abortRun, change, get, session, setToken, token } from "./api.js";
 import { WINDOWS, el, relative, setZoneMode, time, zoneMode } from "./format.js";
 import { JobPage, OverviewPage, RunPage } from "./pages.js";
 
@@ -318,20 +318,25 @@ async function submitSignIn(event) {
   }
 }
 
-async function act(name, action) {
+async function act(name, action, runId = null) {
   if (!app.session.authorized) {
-    if (app.session.changes_enabled && app.session.token_accepted) return openSignIn(() => act(name, action));
+    if (app.session.changes_enabled && app.session.token_accepted) return openSignIn(() => act(name, action, runId));
     return say(`${action} ${name}: not allowed; changes need a session of the application this dashboard is part of (sign in there)`, true);
   }
   try {
-    const body = await change(name, action);
-    say(action === "trigger" ? `${name}: triggered. ${body.detail}` : `${name}: ${body.state} (${body.scope})`);
+    if (action === "abort") {
+      const body = await abortRun(runId);
+      say(`${name}: abort of run ${runId} requested; ${body.detail}`);
+    } else {
+      const body = await change(name, action);
+      say(action === "trigger" ? `${name}: triggered. ${body.detail}` : `${name}: ${body.state} (${body.scope})`);
+    }
   } catch (error) {
     if (error.status === 401 && app.session.token_accepted) {
       setToken("");
       app.session = { ...app.session, authorized: false, via: null };
       renderHeader();
-      return openSignIn(() => act(name, action));
+      return openSignIn(() => act(name, action, runId));
     }
     say(`${action} ${name}: ${error.message}`, true);
   }
@@ -361,7 +366,7 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("#view").addEventListener("click", (event) => {
     const button = event.target.closest("button[data-action]");
-    if (button && button.dataset.job) act(button.dataset.job, button.dataset.action);
+    if (button && button.dataset.job) act(button.dataset.job, button.dataset.action, button.dataset.runId || null);
   });
   document.addEventListener("focusin", (event) => {
     focused = focusKey(event.target);

@@ -52,8 +52,15 @@ function row(labels, cells, { href = null, dataset = {} } = {}) {
   return tr;
 }
 
+// Who paused or disabled a job for the fleet, and when (its latest control change).
+function controlNote(job) {
+  const latest = job.control && job.control.latest;
+  return latest ? ` by ${latest.actor} at ${time(Date.parse(latest.at))}` : "";
+}
+
 function stateBadge(job, app) {
-  let label = job.state === "paused" ? "paused here" : job.state;
+  const fleetWide = job.control !== null && job.control !== undefined;
+  let label = job.state === "paused" && !fleetWide ? "paused here" : job.state;
   const blocked = app.about.backend_status && app.about.backend_status.reachable === false;
   if (blocked && ["armed", "running"].includes(job.state)) {
     label = `${job.state}, backend down`; // its slots are skipped until the backend answers
@@ -64,9 +71,11 @@ function stateBadge(job, app) {
   node.title = {
     armed: "waiting for its next slot",
     running: "a run is going on this instance",
-    paused: `paused on this instance (${app.about.instance_id}); other instances still run it`,
+    paused: fleetWide ? `paused for the whole fleet${controlNote(job)}`
+      : `paused on this instance (${app.about.instance_id}); other instances still run it`,
     idle: "the scheduler is not running, or the schedule has ended",
-    disabled: "scheduling is switched off here or for this job: it runs on trigger only",
+    disabled: job.control && job.control.disabled ? `disabled for the whole fleet${controlNote(job)}: no slot and no manual run`
+      : "scheduling is switched off here or for this job: it runs on trigger only",
   }[job.state] || job.state;
   return node;
 }
@@ -123,6 +132,18 @@ function chartRowsForJob(timeline, app, jobName) {
     marks: runs.filter((run) => run.instance_id === lane).map((run) => runMark(run, jobName)),
   }));
   return [slotRow, ...laneRows];
+}
+
+function livenessBadge(inst) {
+  const kind = { alive: "completed", late: "late", dead: "interrupted", stopped: "idle" }[inst.liveness] || "idle";
+  const node = badge(kind, inst.liveness);
+  node.title = {
+    alive: `published itself ${inst.age_ms} ms ago (every ${inst.heartbeat_ms} ms)`,
+    late: "missed a heartbeat or more: overloaded, or on its way down",
+    dead: "no heartbeat for 3 periods: killed, or cut off from the backend; its leases hold their slots until they expire",
+    stopped: "stopped gracefully",
+  }[inst.liveness];
+  return node;
 }
 
 // -- the overview ------------------------------------------------------------------------------
@@ -189,6 +210,7 @@ export class OverviewPage {
     if (data.jobs.some((job) => job.history_error) && this.data) {
       data.failures = this.data.failures;
       data.instances = this.data.instances;
+      if (data.fleet && data.fleet.error) data.fleet = { ...this.data.fleet, error: data.fleet.error };
     }
     return data;
   }
@@ -201,9 +223,15 @@ export class OverviewPage {
     const next = data.next_runs[0];
     const card = (label, value, sub, cls = "") => el("div", { className: `card ${cls}` },
       el("div", { className: "label" }, label), el("div", { className: "value" }, value), el("div", { className: "sub" }, sub));
-    const seen = data.instances.length;
+    const fleet = data.fleet && data.fleet.supported ? data.fleet : null;
+    const seen = fleet ? fleet.instances.filter((inst) => inst.liveness === "alive").length : data.instances.length;
+    const gone = fleet ? fleet.instances.filter((inst) => ["late", "dead"].includes(inst.liveness)) : [];
+    const running = fleet ? ` · ${fleet.runs.length} run${fleet.runs.length === 1 ? "" : "s"} in progress` : "";
     this.cards.replaceChildren(
-      card("Instances", String(seen), `${app.about.instance_id} serves this page${seen > 1 ? ` · ${seen - 1} more seen in runs` : ""}`),
+      card(fleet ? "Instances alive" : "Instances", String(seen),
+        fleet ? (gone.length ? `${gone.map((inst) => `${inst.id} ${inst.liveness}`).join(" · ")}${running}` : `all alive${running}`)
+          : `${app.about.instance_id} serves this page${seen > 1 ? ` · ${seen - 1} more seen in runs` : ""}`,
+        gone.some((inst) => inst.liveness === "dead") ? "bad" : ""),
       card("Jobs", String(data.jobs.length),
         ["running", "paused", "disabled"].filter((s) => states[s]).map((s) => `${states[s]} ${s}`).join(" · ") || "all armed"),
       card("Failures, last hour", `${failures.complete ? "" : "≥ "}${failures.count}`,
@@ -293,6 +321,39 @@ export class OverviewPage {
   }
 
   async renderInstances(data) {
+    const fleet = data.fleet;
+    if (!fleet || !fleet.supported) return this.renderSeenInRuns(data);
+    const app = this.app;
+    const labels = ["instance", "liveness", "last seen", "runs now", "version"];
+    const rows = fleet.instances.map((inst) => row(labels, [
+      el("span", { className: "mono" }, inst.id,
+        el("span", { className: "sub" }, `${inst.host} · pid ${inst.pid}${inst.here ? " · serves this page" : ""}`)),
+      livenessBadge(inst),
+      el("span", { title: time(Date.parse(inst.last_seen), { millis: true }) }, relative(Date.parse(inst.last_seen), app.now())),
+      text(inst.running.length),
+      el("span", { className: "mono" }, inst.version),
+    ], { dataset: { instance: inst.id, liveness: inst.liveness } }));
+    const runLabels = ["run", "job", "instance", "started", ""];
+    const runs = fleet.runs.map((run) => row(runLabels, [
+      el("span", { className: "mono" }, run.run_id, run.held ? el("span", { className: "sub" }, "its instance is dead: the lease holds the slot until it expires") : null),
+      el("a", { href: jobHref(run.job), className: "mono" }, run.job),
+      el("span", { className: "mono" }, run.instance_id, el("span", { className: "sub" }, run.liveness)),
+      el("span", { title: run.started_at }, relative(Date.parse(run.started_at), app.now())),
+      run.liveness === "dead" ? text("") : el("button", {
+        type: "button", textContent: "Abort", disabled: !app.session.changes_enabled,
+        dataset: { action: "abort", job: run.job, runId: run.run_id },
+        "aria-label": `abort run ${run.run_id} of ${run.job}`,
+      }),
+    ], { dataset: { runId: run.run_id } }));
+    this.instances.body.replaceChildren(
+      table(labels, rows, { empty: "no instance has published itself yet" }),
+      el("h3", { className: "subhead padded" }, "Runs in progress, anywhere"),
+      table(runLabels, runs, { empty: "none" }),
+      el("p", { className: "note padded" },
+        `Every instance publishes itself through the backend each heartbeat: late after 1.5 heartbeats without one, dead after 3.${fleet.error ? ` Not read now: ${fleet.error}.` : ""}`));
+  }
+
+  renderSeenInRuns(data) {
     const labels = ["instance", "seen", `runs (${this.window})`, `failures (${this.window})`];
     const rows = data.instances.map((inst) => row(labels, [
       el("span", { className: "mono" }, inst.instance_id, inst.here ? el("span", { className: "sub" }, "serves this page") : null),
@@ -303,7 +364,7 @@ export class OverviewPage {
     ], { dataset: { instance: inst.instance_id } }));
     this.instances.body.replaceChildren(table(labels, rows),
       el("p", { className: "note padded" },
-        "Instances seen in the recorded runs (the history of every job). Liveness, hosts and runs in progress on other instances appear once the backend publishes the fleet's presence."));
+        "Instances seen in the recorded runs (the history of every job): this backend keeps no presence of the fleet."));
   }
 
   renderNext(data) {
@@ -456,8 +517,11 @@ export class JobPage {
       cells.push(el("span", { className: "mono" }, time(ms, { zone: "UTC" })), text(relative(ms, this.app.now())));
       return row(headers, cells);
     });
+    const fleetWide = job.control !== null && job.control !== undefined;
     const paused = job.state === "paused"
-      ? el("p", { className: "note" }, badge("paused", `Paused on ${this.app.about.instance_id}: its slots are not armed here; other instances still run them.`, { state: true }))
+      ? el("p", { className: "note" }, badge("paused", fleetWide
+        ? `Paused for the whole fleet${controlNote(job)}: no instance runs its slots.`
+        : `Paused on ${this.app.about.instance_id}: its slots are not armed here; other instances still run them.`, { state: true }))
       : null;
     this.schedule.body.replaceChildren(...present([
       el("dl", { className: "facts" },

@@ -34,6 +34,8 @@ from brokersched.backends.nats import NATSBackend
 from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
     claim_queue_name,
+    fleet_lock_name,
+    fleet_queue_name,
     lock_queue_name,
     record_queue_name,
 )
@@ -72,6 +74,7 @@ class Fleet:
             await delete_streams(self.url, self.prefix)
             return
         names = [record_queue_name(self.prefix), lock_queue_name(self.prefix)]
+        names += [fleet_queue_name(self.prefix), fleet_lock_name(self.prefix)]
         names += [claim_queue_name(self.prefix, slot) for slot in self.slots]
         connection = await aio_pika.connect(self.url)
         async with connection:

@@ -152,6 +152,8 @@ async def fleet(amqp_url: str, prefix: str) -> AsyncIterator[Callable[..., Any]]
             history_stream_name(prefix),
             record_name(prefix),
             f"{record_name(prefix)}.lock",
+            f"{prefix}.fleet",  # the fleet's presence and controls (a scheduler's)
+            f"{prefix}.fleet.lock",
         ]:
             await channel.queue_delete(name)
 

@@ -14,7 +14,7 @@ import redis
 
 from brokersched import BackendError, RedisBackend, RedisLeaseBackend
 from brokersched._clock import SystemClock
-from brokersched.abc import JobPolicy, Lease, Slot
+from brokersched.abc import ControlChange, Instance, JobPolicy, Lease, Slot
 from brokersched.testing.conformance import make_record
 from tests.support.redis_helpers import RedisServer, readme_acl
 
@@ -65,6 +65,7 @@ async def test_the_readme_acl_runs_both_redis_backends(acl_url: str) -> None:
         for n in range(3):
             await claims.record(policy, make_record("acl.job", now_ms, n))
         assert len(await claims.history(policy, 10)) == 2
+        await fleet_records(claims)
     finally:
         await claims.stop()
 
@@ -92,3 +93,13 @@ async def test_the_readme_acl_runs_both_redis_backends(acl_url: str) -> None:
         assert len(await leases.history(lease_policy, 10)) == 2
     finally:
         await leases.stop()
+
+
+async def fleet_records(backend: RedisBackend) -> None:
+    """Presence and a control change, as a running scheduler makes them (issue 25)."""
+    now = SystemClock().now()
+    me = Instance("a", "host", 1, "v", now, now, timedelta(seconds=5))
+    await backend.publish_instance(me)
+    assert await backend.instances() == [me]
+    await backend.change_control(ControlChange("acl.job", "pause", "ops", now))
+    assert (await backend.controls())["acl.job"].paused

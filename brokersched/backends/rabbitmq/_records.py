@@ -1,0 +1,166 @@
+"""The fleet's records of ``RabbitMQBackend`` (issue 25): presence and controls.
+
+Two queues per prefix, whatever the number of jobs and instances (issue 28: no broker object
+per job or instance): ``<prefix>.fleet``, a durable classic queue holding one JSON message, the
+state of every record (``{"version": n, "instance": {id: [expires_ms, JSON]}, "control":
+{job: JSON}}``), and ``<prefix>.fleet.lock``, whose exclusive consumer is the lock every read
+and write of it is made under (as the slot memory record's: ``_fleet.take_lock``; the lock goes
+with its channel, also when the holder's connection dies).
+
+A write publishes the new state (confirmed) before it acks the old one: a holder that dies in
+between leaves both, and the next reader keeps the one of the higher ``version``. Presence
+expires on the writers' clock (the scheduler's), judged at each read and dropped at each write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from ..._clock import Clock
+from ..._durations import to_ms
+from ..._exceptions import BackendUnavailableError
+from ...abc import FleetKind
+from ._connection import OPERATION_TIMEOUT_S
+from ._fleet import SideChannels, held_lock
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+    from pamqp.common import FieldTable
+
+__all__ = ["FleetRecords", "fleet_lock_name", "fleet_queue_name"]
+
+_LOCK_RETRY_S = (0.005, 0.05)
+_PLAIN: FieldTable = {"x-queue-type": "classic"}
+State = dict[str, Any]
+Change = Callable[[State, int], bool]  # changes the state in place; False: leave it as it was
+
+
+def fleet_queue_name(prefix: str) -> str:
+    return f"{prefix}.fleet"
+
+
+def fleet_lock_name(prefix: str) -> str:
+    return f"{prefix}.fleet.lock"
+
+
+def _empty() -> State:
+    return {"version": 0, "instance": {}, "control": {}}
+
+
+class FleetRecords:
+    """The record queue of one backend, read and written under its lock."""
+
+    def __init__(
+        self,
+        backend: str,
+        prefix: str,
+        *,
+        channels: SideChannels,
+        errors: Callable[[str], AbstractContextManager[None]],
+        clock: Callable[[], Clock | None],
+    ) -> None:
+        self._backend = backend
+        self._prefix = prefix
+        self._channels = channels
+        self._errors = errors
+        self._clock = clock
+
+    def _now_ms(self) -> int:
+        clock = self._clock()
+        if clock is None:
+            raise BackendUnavailableError(f"{self._backend} is not started; call start() first")
+        return clock.now_ms()
+
+    async def read(self, kind: FleetKind) -> dict[str, str]:
+        now = self._now_ms()
+        state = await self._locked(f"read the fleet's {kind}s", lambda state, now: False)
+        if kind == "control":
+            return dict(state["control"])
+        return {key: text for key, (expires, text) in state["instance"].items() if expires > now}
+
+    async def put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
+        def put(state: State, now: int) -> bool:
+            instances = state["instance"]
+            for old in [k for k, (expires, _) in instances.items() if expires <= now]:
+                del instances[old]
+            if kind == "instance":
+                instances[key] = [now + to_ms(ttl), value]
+            else:
+                state["control"][key] = value
+            return True
+
+        await self._locked(f"write its {kind} record", put)
+
+    async def swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
+        swapped = False
+
+        def swap(state: State, now: int) -> bool:
+            nonlocal swapped
+            held = state["control"].get(key)
+            if held != old:
+                return False
+            state["control"][key] = new
+            swapped = True
+            return True
+
+        await self._locked(f"change the {kind} record of {key}", swap)
+        return swapped
+
+    async def _locked(self, action: str, change: Change) -> State:
+        """The state, after ``change`` made under the lock (written when it says so)."""
+        shown = f"{action} (queue {fleet_queue_name(self._prefix)!r}, under its lock)"
+        with self._errors(shown):
+            async with asyncio.timeout(OPERATION_TIMEOUT_S):
+                lock = held_lock(self._channels, fleet_lock_name(self._prefix), _LOCK_RETRY_S)
+                async with lock as channel:
+                    return await self._apply(channel, change)
+
+    async def _apply(self, channel: AbstractChannel, change: Change) -> State:
+        name = fleet_queue_name(self._prefix)
+        queue = await channel.declare_queue(name, durable=True, arguments=_PLAIN)
+        held: list[AbstractIncomingMessage] = []
+        for _ in range(queue.declaration_result.message_count or 0):
+            message = await queue.get(no_ack=False, fail=False)
+            if message is not None:
+                held.append(message)
+        state = _newest(held)
+        if not change(state, self._now_ms()):
+            for message in held:
+                await message.reject(requeue=True)
+            # A queue answers in order: once this returns, the messages are back.
+            await channel.declare_queue(name, passive=True)
+            return state
+        state["version"] += 1
+        await self._publish(channel, name, state)
+        for message in held:
+            await message.ack()
+        return state
+
+    async def _publish(self, channel: AbstractChannel, name: str, state: State) -> None:
+        from aio_pika import DeliveryMode, Message
+
+        body = json.dumps(state, separators=(",", ":")).encode()
+        message = Message(
+            body, content_type="application/json", delivery_mode=DeliveryMode.PERSISTENT
+        )
+        await channel.default_exchange.publish(message, name, mandatory=True)
+
+
+def _newest(messages: list[AbstractIncomingMessage]) -> State:
+    """The state of the highest version among ``messages`` (empty if none parses)."""
+    best = _empty()
+    for message in messages:
+        try:
+            state = json.loads(message.body)
+            if not isinstance(state, dict) or not isinstance(state.get("version"), int):
+                raise ValueError("not a record")
+        except ValueError:
+            continue
+        if state["version"] >= best["version"]:
+            best = {**_empty(), **state}
+    return best
