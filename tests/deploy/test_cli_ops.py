@@ -55,6 +55,7 @@ from tests.support.cli_apps.ops_app import make_backend, make_scheduler
 from tests.support.cli_apps.process import brokersched
 from tests.support.helpers import missing
 from tests.support.names import unique
+from tests.support.nats_helpers import lease_streams
 from tests.support.private_rabbitmq import RABBITMQ_SBIN, PrivateRabbitMQ
 from tests.support.redis_helpers import RedisServer, redis_cluster_url
 
@@ -123,7 +124,7 @@ def rabbitmq_objects(prefix: str, node: PrivateRabbitMQ | None = None) -> set[st
 async def nats_objects(url: str, prefix: str, *, lease: bool = False) -> set[str]:
     import nats
 
-    made = {f"KV_{prefix}", f"{prefix}-history"} if lease else {f"{prefix}-claims"}
+    made = set(lease_streams(prefix)) if lease else {f"{prefix}-claims"}
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()

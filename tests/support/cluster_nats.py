@@ -212,7 +212,8 @@ class NatsCluster:
         nc = await nats.connect(self.servers, connect_timeout=1)
         try:
             js = nc.jetstream(timeout=15)  # just after a change of replicas it takes seconds
-            for stream in (f"{prefix}-claims", f"{prefix}-history", f"KV_{prefix}"):
+            fleet = (f"KV_{prefix}-fleet-instance", f"KV_{prefix}-fleet-control")
+            for stream in (f"{prefix}-claims", f"{prefix}-history", f"KV_{prefix}", *fleet):
                 with contextlib.suppress(nats.js.errors.NotFoundError):
                     await js.delete_stream(stream)
         finally:

@@ -88,6 +88,13 @@ async def delete_named_streams(url: str, *names: str) -> None:
         await nc.close()
 
 
+def lease_streams(bucket: str) -> tuple[str, ...]:
+    """The streams a ``NATSLeaseBackend`` of ``bucket`` may make: its KV bucket, its history,
+    and the fleet's two KV buckets (presence, controls)."""
+    kv = (bucket, f"{bucket}-fleet-instance", f"{bucket}-fleet-control")
+    return *(f"KV_{name}" for name in kv), f"{bucket}-history"
+
+
 async def _quiet(exc: Exception) -> None:
     """nats-py logs every connection error with a traceback by default; polling expects some."""
 

@@ -35,7 +35,7 @@ import logging
 import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC
+from datetime import UTC, timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ... import _redact
@@ -45,6 +45,7 @@ from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationE
 from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
 from ...abc import (
     Finding,
+    FleetKind,
     Inventory,
     JobPolicy,
     Lease,
@@ -76,6 +77,7 @@ from ._base import (
     import_nats,
     logger,
 )
+from ._fleet import FleetBuckets, bucket_streams
 from ._history import read_last
 from ._rows import Conflict, Rows, Table
 from ._streams import Names, history_config, history_problems
@@ -159,6 +161,7 @@ class NATSLeaseBackend(LeaseBackendBase):
         self._js: JetStreamContext | None = None
         self._clock: Clock | None = None
         self._rows: Rows | None = None
+        self._fleet_buckets: FleetBuckets | None = None
         self._history_size = 0  # max_msgs_per_subject known to be in place
         self._history_lock = asyncio.Lock()
         self._msg_ttl = False  # the history stream drops runs by their own TTL
@@ -223,6 +226,7 @@ class NATSLeaseBackend(LeaseBackendBase):
 
     async def _close(self) -> None:
         nc, self._nc, self._js, self._clock, self._rows = self._nc, None, None, None, None
+        self._fleet_buckets = None  # opened again on the next connection's first use
         if nc is not None:
             await _close_client(nc)
 
@@ -291,6 +295,25 @@ class NATSLeaseBackend(LeaseBackendBase):
                 option="bucket",
                 backend=BACKEND,
             )
+
+    # -- the fleet's records (issue 25): the key-value buckets ``<bucket>-fleet-instance`` and
+    # ``<bucket>-fleet-control``, made on first use, as NATSBackend's -------------------------
+
+    def _fleet(self) -> FleetBuckets:
+        if self._fleet_buckets is None:
+            self._fleet_buckets = FleetBuckets(
+                self._bucket, self._replicas, self._secrets, self._jetstream
+            )
+        return self._fleet_buckets
+
+    async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
+        return await self._fleet().read(kind)
+
+    async def _fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
+        await self._fleet().put(kind, key, value, ttl=ttl)
+
+    async def _fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
+        return await self._fleet().swap(kind, key, old, new)
 
     def _jetstream(self) -> JetStreamContext:
         if self._js is None:
@@ -653,8 +676,8 @@ def _kv_stream(bucket: str) -> str:
     return f"KV_{bucket}"
 
 
-def _streams(bucket: str) -> tuple[str, str]:
-    return _kv_stream(bucket), Names(bucket).history
+def _streams(bucket: str) -> tuple[str, ...]:
+    return _kv_stream(bucket), Names(bucket).history, *bucket_streams(bucket)
 
 
 def bucket_problems(config: Any) -> list[str]:

@@ -36,7 +36,7 @@ from brokersched import (
 from brokersched._clock import SystemClock
 from brokersched.abc import JobPolicy, LeaseBackend
 from tests.support.names import unique
-from tests.support.nats_helpers import FaultProxy, delete_named_streams, fault_proxy
+from tests.support.nats_helpers import FaultProxy, delete_named_streams, fault_proxy, lease_streams
 from tests.support.redis_helpers import delete_keys
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.wait import until
@@ -185,7 +185,7 @@ async def nats(nats_url: str) -> AsyncIterator[Store]:
                 a_silent_link(proxy),
             )
         finally:
-            await delete_named_streams(nats_url, f"KV_{bucket}", f"{bucket}-history")
+            await delete_named_streams(nats_url, *lease_streams(bucket))
 
 
 @asynccontextmanager

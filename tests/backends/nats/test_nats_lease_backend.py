@@ -16,7 +16,7 @@ from brokersched import ConfigurationError, JobContext, Scheduler, SystemClock
 from brokersched.abc import JobPolicy, Lease, RunRecord, Slot
 from brokersched.backends.nats import NATSLeaseBackend
 from tests.support.names import unique
-from tests.support.nats_helpers import delete_named_streams
+from tests.support.nats_helpers import delete_named_streams, lease_streams
 from tests.support.wait import until
 
 pytestmark = pytest.mark.nats_servers
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.nats_servers
 async def bucket(nats_url: str) -> AsyncIterator[str]:
     name = unique("lease")
     yield name
-    await delete_named_streams(nats_url, f"KV_{name}", f"{name}-history")
+    await delete_named_streams(nats_url, *lease_streams(name))
 
 
 @pytest.mark.asyncio

@@ -19,14 +19,10 @@ from brokersched.backends.nats import NATSLeaseBackend
 from brokersched.testing.conformance import LeaseBackendSuite
 from tests.support.conformance import StoreClockElapse, in_run
 from tests.support.names import unique
-from tests.support.nats_helpers import delete_named_streams
+from tests.support.nats_helpers import delete_named_streams, lease_streams
 
 # Against both NATS servers, 2.9 and the current one (tests/support/servers.py).
 pytestmark = pytest.mark.nats_servers
-
-
-def _streams(bucket: str) -> tuple[str, str]:
-    return f"KV_{bucket}", f"{bucket}-history"
 
 
 class TestNATSLeases(StoreClockElapse, LeaseBackendSuite[NATSLeaseBackend]):
@@ -39,7 +35,7 @@ class TestNATSLeases(StoreClockElapse, LeaseBackendSuite[NATSLeaseBackend]):
         self.url, self.buckets = nats_url, set()
         yield
         for bucket in self.buckets:
-            await delete_named_streams(nats_url, *_streams(bucket))
+            await delete_named_streams(nats_url, *lease_streams(bucket))
 
     def make_backend(self, namespace: str, **options: Any) -> NATSLeaseBackend:
         bucket = in_run(namespace)
@@ -95,4 +91,4 @@ async def test_racing_claimers_on_their_own_connections_have_one_winner(nats_url
     finally:
         for backend in backends:
             await backend.stop()
-        await delete_named_streams(nats_url, *_streams(bucket))
+        await delete_named_streams(nats_url, *lease_streams(bucket))
