@@ -609,6 +609,7 @@ class _Bucket:
         self.entries: dict[str, tuple[bytes, int]] = {}
         self.revision = 0
         self.flaky_until = -1
+        self.history: dict[str, list[RunRecord]] = {}  # the history stream: newest first, by job
 
     def lost(self) -> bool:
         """Whether this call's answer is lost (drawn while the link is flaky)."""
@@ -695,11 +696,21 @@ class SimNATSLease(NATSLeaseBackend):
     async def prepare(self, jobs: Sequence[JobPolicy]) -> None:
         pass
 
+    # The history stream, as backfill reads it to skip the slots that ran (the simulator keeps
+    # its own ledger of runs besides).
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
-        pass  # the simulator keeps its own ledger
+        async def write() -> None:
+            kept = self.bucket_data.history.setdefault(job.name, [])
+            kept.insert(0, record)
+            del kept[job.history_size :]
+
+        await self.sim.call(self.dead, 5.0, write, write=True)
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
-        return []
+        async def read() -> list[RunRecord]:
+            return self.bucket_data.history.get(job.name, [])[:limit]
+
+        return await self.sim.call(self.dead, 5.0, read, write=False)
 
     async def release(self, lease: Lease, *, handover: bool = False) -> None:
         mark = _RELEASING.set(_RELEASING.get() if handover else frozenset({lease.token}))

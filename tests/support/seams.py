@@ -216,7 +216,8 @@ def rabbitmq_store(fleet: Fleet, url: str, **options: Any) -> dict[str, Any]:
 
     async def delete_queues() -> None:
         names = set(fleet.queues.read_text().split()) if fleet.queues.exists() else set()
-        names |= {f"{prefix}.slot-memory", f"{prefix}.slot-memory.lock"}
+        names |= {f"{prefix}.{name}" for name in ("slot-memory", "fleet")}
+        names |= {f"{prefix}.{name}.lock" for name in ("slot-memory", "fleet")}
         connection = await aio_pika.connect(url)
         async with connection:
             channel = await connection.channel()

@@ -394,6 +394,8 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
             ("run", found["run_url"], ["pre.traceback", "#run-error", "#attempts"]),
         ):
             page.open(url, parts[0])
+            for part in parts[1:]:  # each part loads on its own (the history after the timeline)
+                page.visible(part)
             page.fits_a_phone(*parts)
             found["shots"].append(page.shot(name, 390))
             page.driver.set_window_size(390, 900)
