@@ -86,6 +86,18 @@ async def _runs_resumed(fleet: Fleet, after_ms: int, timeout: float) -> None:
         await asyncio.sleep(0.1)
 
 
+async def _claims_settled(fleet: Fleet, timeout: float) -> None:
+    """Until every slot due so far (3 s ago) ran somewhere, or ``timeout``: a claim made during
+    the fault may still be retrying (until its slot's ``max_late``) when the runs of new slots
+    resumed, and stopping the fleet then would cancel it after its publish landed, losing the
+    slot to the stop rather than to the fault. A slot truly lost is reported by the caller."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if fleet.expected(fleet.started_ms + 2000, now_ms() - 3000) <= set(fleet.runs()):
+            return
+        await asyncio.sleep(0.2)
+
+
 # A confirmed history record missing after the chaos: once in 25 runs under load for each
 # chaos test, not explained yet (see the README's NATS section); more than this fails.
 MISSING_RECORDS_TOLERATED = 1
@@ -156,6 +168,7 @@ async def test_stream_leader_killed_and_restarted(nats_cluster: NatsCluster, pre
         await cluster.run("start", str(leader))
         await cluster.wait_current(stream)
         await _runs_resumed(fleet, now_ms() + 1000, timeout=10)
+        await _claims_settled(fleet, timeout=30)
         await fleet.stop()
     finally:
         await fleet.kill()
@@ -366,6 +379,7 @@ async def test_node_partitioned_then_healed(nats_cluster: NatsCluster, prefix: s
         await cluster.run("heal")
         await cluster.wait_current(stream, timeout=60)
         await _runs_resumed(fleet, now_ms() + 1000, timeout=RESUME_AFTER_HEAL_S)
+        await _claims_settled(fleet, timeout=30)
         await fleet.stop()
     finally:
         await cluster.run("heal")
@@ -374,7 +388,7 @@ async def test_node_partitioned_then_healed(nats_cluster: NatsCluster, prefix: s
     after_heal = figures(fleet, healed)
     print(f"n{node} cut off for {PARTITION_S:g}s: {found}; after the heal: {after_heal}")
     assert found.twice == [], "slots run twice"
-    assert found.lost == [], f"slots run nowhere: {found}"
+    assert found.lost == [], f"slots run nowhere: {found}: {fleet.why_lost(found.lost)[:12]}"
     assert after_heal.resume_s <= RESUME_AFTER_HEAL_S, str(after_heal)
     await _check_history(cluster, prefix, fleet)
 

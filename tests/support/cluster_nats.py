@@ -405,6 +405,16 @@ class Fleet:
         lines = b"\n".join(m.stderr for m in self.members).decode(errors="replace").splitlines()
         return "\n".join(line for line in lines if "record" in line)[-3000:]
 
+    def why_lost(self, lost: Sequence[tuple[str, int]]) -> list[str]:
+        """What the members said of slots that ran nowhere: their skips, with the reasons."""
+        wanted = set(lost)
+        return [
+            f"{line['skip']}@{line['slot_ms']}: {line['reason']} +{line['at'] - line['slot_ms']}ms"
+            for m in self.members
+            for line in m.lines
+            if "skip" in line and (line["skip"], line["slot_ms"]) in wanted
+        ]
+
     def skips(self) -> Counter[str]:
         return Counter(line["reason"] for m in self.members for line in m.lines if "skip" in line)
 
@@ -471,8 +481,7 @@ async def _member(servers: list[str], prefix: str, claim_timeout: str, kind: str
 
     def skipped(event: SkipEvent | StartEvent | RunEvent) -> None:
         assert isinstance(event, SkipEvent)
-        if event.reason != "not-acquired":
-            say(skip=event.job, slot_ms=event.slot_ms, reason=event.reason, at=now_ms())
+        say(skip=event.job, slot_ms=event.slot_ms, reason=event.reason, at=now_ms())
 
     backend: NATSBackend | NATSLeaseBackend
     if kind == "leases":
