@@ -21,6 +21,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,7 +29,14 @@ import httpx
 import pytest
 import uvicorn
 
-from brokersched import JobContext, MemoryBackend, RedisLeaseBackend, Scheduler
+from brokersched import (
+    Instance,
+    JobContext,
+    MemoryBackend,
+    RedisLeaseBackend,
+    RunInProgress,
+    Scheduler,
+)
 from brokersched._clock import ms_to_datetime
 from brokersched.abc import RunRecord, new_run_id
 from brokersched.backends.memory import MemoryStore
@@ -172,8 +180,30 @@ async def fleet(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
             return "in sync_payments" in (latest["traceback"] or "")
 
         await wait_for(failed_live, "a failed run")
+        await one.backend.publish_instance(killed_instance())
         SEEDED_UNTIL[url] = seeded_until
         yield url
+
+
+def killed_instance() -> Instance:
+    """A third instance's last presence: killed (-9) a minute ago during a run of export.slow,
+    whose lease still holds the slot."""
+    killed = datetime.now(UTC) - timedelta(minutes=1)
+    slot_ms = int(killed.timestamp()) * 1000
+    run = RunInProgress("export.slow", DEAD_RUN, slot_ms, killed, "schedule", leased=True)
+    return Instance(
+        id="web-3",
+        host="pod-7",
+        pid=4242,
+        version="0.1.0",
+        started_at=killed - timedelta(minutes=30),
+        last_seen=killed,
+        heartbeat=timedelta(seconds=5),
+        running=(run,),
+    )
+
+
+DEAD_RUN = "dead0000beef0001"
 
 
 # -- the browser -----------------------------------------------------------------------------------
@@ -330,6 +360,9 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
         page.visible("#fleet-timeline svg.timeline .mark-failed")
         found["failures"] = page.text("#failures")
         found["cards"] = page.text("#summary")
+        # a dead instance, and its run whose lease still holds the slot
+        found["dead"] = page.text('#instances tr[data-instance="web-3"]')
+        found["held"] = page.text(f'#instances tr[data-run-id="{DEAD_RUN}"]')
         page.visible("#fleet-timeline svg.timeline .mark-missed")  # outbox.flush's gap
         found["shots"] = [page.shot("overview", 1400)]
         # click 1: the job; click 2: its latest failed run
@@ -379,6 +412,8 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
                     "#summary",
                     "#fleet-timeline svg",
                     '#jobs tr[data-job="payments.sync"] button[data-action="pause"]',
+                    '#instances tr[data-instance="web-3"][data-liveness="dead"]',
+                    f'#instances tr[data-run-id="{DEAD_RUN}"]',
                 ],
             ),
             (
@@ -417,6 +452,8 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
     assert found["lanes"][:2] == ["not run", "web-1 (here)"]  # web-2 too once it ran one
     assert set(found["lanes"]) <= {"not run", "web-1 (here)", "web-2"}
     assert "every 2s" in found["schedule"]
+    assert "dead" in found["dead"] and "pod-7" in found["dead"]
+    assert "its instance is dead: the lease holds the slot" in found["held"]
     traceback = found["traceback"]
     assert "ConnectionError: payment provider reset the connection" in traceback
     assert "The above exception was the direct cause of the following exception" in traceback
