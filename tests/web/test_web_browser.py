@@ -563,7 +563,12 @@ async def test_mounted_behind_a_cookie_session_the_page_asks_for_no_token(
         page.driver.delete_all_cookies()
         page.driver.refresh()
         page.has_text("#signin-button", "read-only")
-        found["anonymous"] = page.find("#signin-button").get_attribute("title")
+
+        def why_read_only(driver: Any) -> str | None:  # once the session's answer is in
+            title: str = page.find("#signin-button").get_attribute("title") or ""
+            return title if title.startswith("changes need a session") else None
+
+        found["anonymous"] = page.until(why_read_only, "the read-only button's reason")
         return found
 
     async with scheduler, uvicorn_serving(host, dashboard) as base:
