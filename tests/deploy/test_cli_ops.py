@@ -467,6 +467,11 @@ async def test_doctor_rabbitmq_without_management_tells_what_it_cannot_check(
 # -- RabbitMQ with the management API: a private node -----------------------------------------
 
 
+async def listed_queues(management: Management, prefix: str) -> set[str]:
+    rows = await management.get(f"queues/{management.vhost}?columns=name")
+    return {row["name"] for row in rows if row["name"].startswith(f"{prefix}.")}
+
+
 # a private node boots in the test's first call: up to 120 s on a machine under stress
 @pytest.mark.timeout(360)
 async def test_purge_rabbitmq_with_management_lists_and_sees_connections(
@@ -490,6 +495,12 @@ async def test_purge_rabbitmq_with_management_lists_and_sees_connections(
         assert "connection(s) named 'brokersched (" in refused.stdout
         assert "not enumerated" not in refused.stdout  # listed, not guessed
     made = await asyncio.to_thread(rabbitmq_objects, prefix, node)
+    # The management API lists a queue once the node's statistics have it (every 5 s, later
+    # under load): the claim queues were made a moment ago.
+    deadline = time.monotonic() + 30
+    while not {n for n in made if ".claim." in n} <= await listed_queues(management, prefix):
+        assert time.monotonic() < deadline, "the management API never listed the claim queues"
+        await asyncio.sleep(0.5)
     listed = await cli("purge", APP, "--dry-run", env=env)
     for name in made:
         assert name in listed.stdout, f"{name} not listed:\n{listed.stdout}"
