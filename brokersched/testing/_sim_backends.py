@@ -663,7 +663,7 @@ class _SimTable(Table):
         return await self.sim.call(self.owner.dead, timeout, read, write=False)
 
 
-class SimNATSLease(NATSLeaseBackend):
+class SimNATSLease(_SimFleet, NATSLeaseBackend):
     """The real ``NATSLeaseBackend`` (its compare-and-set rounds, the resolution of writes
     without an answer, the lease protocol) over a model of its bucket; what each write changed
     is noted for the simulator's invariants, as ``SimLeaseBackend`` notes it."""

@@ -189,8 +189,8 @@ async def _blind_write(self: _SimTable, key: str, value: bytes, last: int, timeo
 
 def test_natslease_rests_on_the_buckets_compare_and_set(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two instances deciding from one revision of a job's row must not both write it: with a
-    bucket that lets them, seed 13 runs a slot again (the simulator sees NATSLeaseBackend's
+    bucket that lets them, seed 15 runs a slot again (the simulator sees NATSLeaseBackend's
     races)."""
     monkeypatch.setattr(_SimTable, "write", _blind_write)
-    result = simulate(13, backend="natslease")
+    result = simulate(15, backend="natslease")
     assert any("ran again" in v or "ran 2 times" in v for v in result.violations), result.log[-5:]
