@@ -89,6 +89,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SQLiteBackend"]
 
+_WAL_SWITCH_S = 10.0  # the longest a start retries the switch of a new file to WAL
+
 T = TypeVar("T")
 
 _SCHEMA_V1 = (
@@ -412,10 +414,12 @@ class SQLiteBackend(SQLLeaseBackend):
 
         Instances opening a new file together can deadlock on the exclusive lock the switch
         needs, and SQLite then answers "locked" at once rather than wait ``busy_timeout``:
-        try again until it has passed.
+        try again until it has passed, and at least ``_WAL_SWITCH_S`` (a start may wait; with a
+        short ``lease_ttl``, ``busy_timeout`` is too short for five instances on a loaded
+        machine: seen in CI).
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._busy_timeout.total_seconds()
+        deadline = loop.time() + max(self._busy_timeout.total_seconds(), _WAL_SWITCH_S)
         while True:
             try:
                 rows = await conn.execute_fetchall("PRAGMA journal_mode = WAL")
