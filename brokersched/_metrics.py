@@ -26,7 +26,8 @@ Series (``job`` is capped, see ``max_jobs``):
 - ``brokersched_records_dropped_total{job}``: run records never written to the backend (it was
   away while ``record_buffer`` records waited, or ``stop()`` could not write them in time)
 - ``brokersched_broker_budget_used{backend}``: the share of its budget the backend's server
-  uses, as last read (``Backend.budget``: ``RabbitMQBackend`` with ``management_url``), and
+  uses, as last read (``Backend.budget``: ``RabbitMQBackend`` with ``management_url``,
+  the Redis, NATS and PostgreSQL backends), and
   ``brokersched_broker_shedding{backend}``: 1 while the backend creates no new server object
   (its slots that need one are skipped); both absent where the budget is not read
 

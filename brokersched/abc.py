@@ -351,7 +351,8 @@ class Backend(ABC):
     @property
     def budget(self) -> BrokerBudget | None:
         """The server's budget as last read while the backend runs (``RabbitMQBackend`` with
-        ``management_url``), exported as metrics; ``None``: not read."""
+        ``management_url``; the Redis, NATS and PostgreSQL backends on their own connection,
+        ``backends/_budget.py``), exported as metrics; ``None``: not read."""
         return None
 
     # -- the fleet: presence and fleet-wide control (issue 25) -------------------------------

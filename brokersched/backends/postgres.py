@@ -41,6 +41,7 @@ from .._exceptions import (
     ConfigurationError,
 )
 from ..abc import (
+    BrokerBudget,
     Claim,
     Finding,
     FleetKind,
@@ -53,6 +54,7 @@ from ..abc import (
     Slot,
 )
 from . import _postgres_ops
+from ._budget import BudgetWatch, budget_period
 from ._errors import ErrorMap, ErrorRow
 from ._keywords import checked_keywords
 from ._lease import (
@@ -67,6 +69,7 @@ from ._lease import (
     refusal,
     retry_window_ms,
 )
+from ._postgres_budget import BUDGET_SQL, postgres_budget_watch, read_budget
 from ._sql import (
     NO_SLOT,
     SCHEMA_VERSION,
@@ -104,6 +107,7 @@ class _Pool(Protocol):
     async def release(self, connection: _Connection, *, timeout: float | None = None) -> None: ...
     async def close(self) -> None: ...
     def terminate(self) -> None: ...
+    def get_idle_size(self) -> int: ...
 
 
 _MS = "* interval '1 millisecond'"
@@ -462,7 +466,10 @@ class PostgresBackend(SQLLeaseBackend):
     ``dsn``: a ``postgresql://`` URL (``sslmode=`` works); its password never appears in a log
     or an error. ``schema``: where the tables live (created at start). ``min_size`` and
     ``max_size``: the pool's connections. ``max_clock_skew``: how far ahead of the database's
-    clock a claimed slot may be.
+    clock a claimed slot may be. ``budget_interval``: how often the database's connections
+    are read against ``max_connections`` (``budget``) while started (``None``: never); from
+    80 % of what ordinary roles may open, the pool opens no new connection for a claim (one
+    that finds no idle connection is skipped, never run twice) until back under 60 %.
     """
 
     clock_name = ClockName("PostgreSQL's clock_timestamp()", "the PostgreSQL server")
@@ -477,8 +484,11 @@ class PostgresBackend(SQLLeaseBackend):
         min_size: int = 1,
         max_size: int = 10,
         max_clock_skew: Duration = DEFAULT_MAX_CLOCK_SKEW,
+        budget_interval: Duration | None = "30s",
     ) -> None:
         super().__init__(lease_ttl, max_clock_skew)
+        self._budget_period = budget_period(budget_interval, backend=self.name)
+        self._budget: BudgetWatch | None = None
         self._dsn = dsn
         self._redacted = _redact.redact_url(dsn)
         self._secrets = _redact.url_secrets(dsn)
@@ -523,6 +533,35 @@ class PostgresBackend(SQLLeaseBackend):
             await self._end_calls()
             raise
         self._pool, self._clock = pool, clock
+        if self._budget_period is not None:
+            self._budget = postgres_budget_watch(self.name, self._read_budget, self._budget_period)
+            try:
+                await self._budget.start(clock)
+            except BaseException:  # cancelled
+                await self._close()
+                raise
+
+    @property
+    def budget(self) -> BrokerBudget | None:
+        """The database's connections against ``max_connections`` as last read while started
+        (``_postgres_budget``); ``None`` before, or with ``budget_interval=None``."""
+        return None if self._budget is None else self._budget.reading
+
+    async def _read_budget(self) -> BrokerBudget:
+        async def read(conn: _Connection) -> Row | None:
+            return await conn.fetchrow(BUDGET_SQL)
+
+        row = await self._call("read the database's budget", read)
+        assert row is not None  # the SELECT always returns its one row
+        return read_budget(**dict(row.items()))
+
+    def _refuse_if_shedding(self, what: str) -> None:
+        """While shedding, no new connection for a claim: one that finds no idle connection in
+        the pool is refused (renewals, releases and records go on)."""
+        budget, pool = self._budget, self._pool
+        if budget is None or not budget.shedding or (pool is not None and pool.get_idle_size()):
+            return
+        budget.refuse_if_shedding(f"{what} is not made, as it needs a new connection")
 
     async def _prepare_schema(self, conn: _Connection) -> None:
         # The common case: the tables are there; no lock, no DDL (nor the privileges DDL needs).
@@ -607,6 +646,9 @@ class PostgresBackend(SQLLeaseBackend):
         return None if version is None else int(version)
 
     async def _close(self) -> None:
+        budget, self._budget = self._budget, None
+        if budget is not None:
+            await budget.close()
         pool, self._pool = self._pool, None
         if pool is None:
             return
@@ -758,6 +800,7 @@ class PostgresBackend(SQLLeaseBackend):
         reason: RunReason,
         timeout: float,
     ) -> Lease | Literal["overlap", "not-acquired"]:
+        self._refuse_if_shedding(f"the claim of {slot.key}")
         token = new_token()
         sql = {"catch-up": self._sql.acquire_catch_up, "manual": self._sql.acquire_manual}.get(
             reason, self._sql.acquire
@@ -784,6 +827,11 @@ class PostgresBackend(SQLLeaseBackend):
         """Scheduled slots of distinct jobs in one statement (``_ACQUIRE_MANY``); any other
         batch, or one that PostgreSQL refused as a whole (a deadlock with a take-over, say:
         nothing of it was done), claims each slot on its own."""
+        if self._budget is not None and self._budget.shedding:
+            try:
+                self._refuse_if_shedding(f"the claim of {len(claims)} slots")
+            except BackendError as exc:
+                return [exc for _ in claims]
         jobs = {claim.slot.job for claim in claims}
         if (
             len(claims) < 2

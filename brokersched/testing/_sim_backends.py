@@ -407,6 +407,7 @@ class _RedisConnection:
         self.redacted = "redis://sim"
         self.clock: Clock | None = None
         self.history: dict[str, list[RunRecord]] = {}
+        self.budget = None  # the server's budget is not modelled (RedisConnection.budget)
 
     async def open(self, clock: Clock) -> None:
         if self.store.evicting:  # RedisConnection.open's check of maxmemory-policy

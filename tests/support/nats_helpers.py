@@ -350,3 +350,32 @@ async def nats_server_denying_stream_updates(
         yield server.url, f"nats://app:apppw@127.0.0.1:{server.port}"
     finally:
         await server.stop()
+
+
+_LIMITED_ACCOUNT = """
+accounts {
+  APP {
+    jetstream { max_file: %(max_file)d, max_mem: %(max_mem)d, max_streams: %(max_streams)d }
+    users = [{user: app, password: apppw}]
+  }
+}
+"""
+
+
+@contextlib.asynccontextmanager
+async def nats_server_with_account_limits(
+    store: Path, *, max_file: int, max_mem: int, max_streams: int, binary: str = NATS_SERVER
+) -> AsyncIterator[str]:
+    """A nats-server with JetStream whose account ``APP`` (user ``app``) has JetStream limits
+    (bytes of file and memory storage, streams); yields that user's URL."""
+    config = store.with_suffix(".conf")
+    limits = {"max_file": max_file, "max_mem": max_mem, "max_streams": max_streams}
+    config.write_text(_LIMITED_ACCOUNT % limits)
+    server = NatsServer(store, binary=binary)
+    server.auth = ["-c", str(config)]  # extra arguments of nats-server
+    server.url = f"nats://app:apppw@127.0.0.1:{server.port}"
+    await server.start()
+    try:
+        yield server.url
+    finally:
+        await server.stop()

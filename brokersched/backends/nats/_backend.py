@@ -22,6 +22,7 @@ from ..._durations import Duration, positive_duration, to_ms
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..._tasks import cancel_requests, gather_each, raise_if_cancelled_since, to_the_end
 from ...abc import (
+    BrokerBudget,
     Capabilities,
     Claim,
     ClaimBackend,
@@ -32,6 +33,7 @@ from ...abc import (
     RunRecord,
     Slot,
 )
+from .._budget import BudgetWatch, budget_period
 from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms, claim_margin
 from .._keywords import own_options, refuse_unknown
 from .._lease import check_max_clock_skew
@@ -49,6 +51,7 @@ from ._base import (
     logger,
     redact,
 )
+from ._budget import nats_budget_watch
 from ._fleet import FleetBuckets
 from ._history import read_last
 from ._streams import Names, Streams
@@ -99,7 +102,10 @@ class NATSBackend(ClaimBackend):
     ``replicas`` > 1, where a stream leader's election takes seconds (see ``_CLAIM_TIMEOUT``).
     ``connect_options`` go to ``nats.connect`` (``user_credentials``, ``tls``, ``token``, ...);
     they are never logged, and one it does not accept is refused at construction. ``start()``
-    waits up to twice ``connect_timeout`` (2 s) per server.
+    waits up to twice ``connect_timeout`` (2 s) per server. ``budget_interval``: how often the
+    JetStream account's budget (``budget``) is read while started (``None``: never); from
+    80 % of the account's storage or memory limit no claim is published (the slot is skipped,
+    never run twice) until back under 60 % (``_budget``).
     """
 
     def __init__(
@@ -111,6 +117,7 @@ class NATSBackend(ClaimBackend):
         replicas: int = 1,
         claim_timeout: Duration | None = None,
         max_clock_skew: Duration = DEFAULT_CLAIM_SKEW,
+        budget_interval: Duration | None = "30s",
         **connect_options: Any,
     ) -> None:
         super().__init__()
@@ -162,6 +169,8 @@ class NATSBackend(ClaimBackend):
         self._token_base = secrets.token_hex(6)
         self._token_seq = itertools.count()
         self._claim_subjects: dict[str, str] = {}  # job -> subject, validated once
+        self._budget_period = budget_period(budget_interval, backend=BACKEND)
+        self._budget: BudgetWatch | None = None
 
     @staticmethod
     def _check_prefix(prefix: str) -> str:
@@ -196,6 +205,12 @@ class NATSBackend(ClaimBackend):
     def slot_ttl(self) -> timedelta:
         return self._slot_ttl
 
+    @property
+    def budget(self) -> BrokerBudget | None:
+        """The JetStream account's budget as last read while started (``_budget``); ``None``
+        before, or with ``budget_interval=None``."""
+        return None if self._budget is None else self._budget.reading
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def _open(self, clock: Clock) -> None:
@@ -214,6 +229,15 @@ class NATSBackend(ClaimBackend):
             raise
         self._nc, self._js, self._clock = nc, js, clock
         self._fleet_buckets = None  # opened on first use, on this connection
+        if self._budget_period is not None:
+            self._budget = nats_budget_watch(
+                BACKEND, self._client, self._secrets, self._budget_period
+            )
+            try:
+                await self._budget.start(clock)
+            except BaseException:  # cancelled
+                await to_the_end(self._close())
+                raise
 
     async def _connect(self, nats: Any, cancels: int) -> NATSClient:
         options: dict[str, Any] = {
@@ -254,6 +278,9 @@ class NATSBackend(ClaimBackend):
         return ours
 
     async def _close(self) -> None:
+        budget, self._budget = self._budget, None
+        if budget is not None:
+            await budget.close()
         await self._streams.close()
         nc, self._nc, self._js, self._clock = self._nc, None, None, None
         if nc is not None:
@@ -408,6 +435,8 @@ class NATSBackend(ClaimBackend):
 
     async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
         nc, js = self._client()
+        if self._budget is not None:
+            self._budget.refuse_if_shedding(f"the claim of {slot.key} is not published")
         self._check_deadline(slot)
         message = self._message(slot, instance_id, run_id)
         with Translated("claim", message.msg_id, secrets=self._secrets):
@@ -437,6 +466,8 @@ class NATSBackend(ClaimBackend):
         a definite answer then goes on alone, exactly as its own ``claim()`` would."""
         nc, js = self._client()
         budget = min(timeout, self._claim_budget_s)
+        if self._budget is not None and self._budget.shedding:  # each claim refused alone
+            return await super().claim_many(claims, instance_id=instance_id, timeout=timeout)
         if not nc.is_connected or budget <= 0 or len(claims) < 2:
             return await super().claim_many(claims, instance_id=instance_id, timeout=timeout)
         for claim in claims:

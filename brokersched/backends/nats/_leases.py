@@ -44,6 +44,7 @@ from ..._durations import Duration, to_ms
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
 from ...abc import (
+    BrokerBudget,
     Finding,
     FleetKind,
     Inventory,
@@ -53,6 +54,7 @@ from ...abc import (
     RunRecord,
     Slot,
 )
+from .._budget import BudgetWatch, budget_period
 from .._keywords import own_options, refuse_unknown
 from .._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
@@ -77,6 +79,7 @@ from ._base import (
     import_nats,
     logger,
 )
+from ._budget import nats_budget_watch
 from ._fleet import FleetBuckets, bucket_streams
 from ._history import read_last
 from ._rows import Conflict, Rows, Table
@@ -118,7 +121,9 @@ class NATSLeaseBackend(LeaseBackendBase):
     the prefix of the history stream, ``<bucket>-history``); 1-64 letters, digits, ``_`` or
     ``-``. ``lease_ttl``: how long a lease lives unless renewed. ``replicas``: of the bucket
     and the history stream, in a cluster. ``max_clock_skew``: how far ahead of the server's
-    clock a claimed slot may be. Other keywords go to ``nats.connect`` (never logged).
+    clock a claimed slot may be. ``budget_interval``: as for ``NATSBackend`` (while shedding
+    no new lease is taken; renewals and releases go on). Other keywords go to
+    ``nats.connect`` (never logged).
     """
 
     clock_name = ClockName("the NATS server's clock", "the NATS server")
@@ -131,6 +136,7 @@ class NATSLeaseBackend(LeaseBackendBase):
         lease_ttl: Duration = "30s",
         replicas: int = 1,
         max_clock_skew: Duration = DEFAULT_MAX_CLOCK_SKEW,
+        budget_interval: Duration | None = "30s",
         **connect_options: Any,
     ) -> None:
         super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
@@ -168,6 +174,8 @@ class NATSLeaseBackend(LeaseBackendBase):
         #: For tests: decisions judge time as if the server's clock read this (ms); ``None``
         #: (always, in production): the server's clock.
         self.store_time: int | None = None
+        self._budget_period = budget_period(budget_interval, backend=BACKEND)
+        self._budget: BudgetWatch | None = None
 
     def __repr__(self) -> str:
         return f"{BACKEND}({self._shown_servers!r}, bucket={self._bucket!r})"
@@ -175,6 +183,12 @@ class NATSLeaseBackend(LeaseBackendBase):
     @property
     def bucket(self) -> str:
         return self._bucket
+
+    @property
+    def budget(self) -> BrokerBudget | None:
+        """The JetStream account's budget as last read while started (``_budget``); ``None``
+        before, or with ``budget_interval=None``."""
+        return None if self._budget is None else self._budget.reading
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -193,6 +207,20 @@ class NATSLeaseBackend(LeaseBackendBase):
             raise
         self._nc, self._js, self._clock = nc, js, clock
         self._rows = Rows(_KVTable(self, js, kv), BACKEND, blocking=clock.blocking)
+        if self._budget_period is not None:
+            self._budget = nats_budget_watch(
+                BACKEND, self._connection, self._secrets, self._budget_period
+            )
+            try:
+                await self._budget.start(clock)
+            except BaseException:  # cancelled
+                await to_the_end(self._close())
+                raise
+
+    def _connection(self) -> tuple[NATSClient, JetStreamContext]:
+        if self._nc is None or self._js is None:
+            raise BackendUnavailableError(f"{BACKEND} is not started (call start() first)")
+        return self._nc, self._js
 
     async def _connect(self) -> NATSClient:
         nats = import_nats(BACKEND)
@@ -225,6 +253,9 @@ class NATSLeaseBackend(LeaseBackendBase):
         )
 
     async def _close(self) -> None:
+        budget, self._budget = self._budget, None
+        if budget is not None:
+            await budget.close()
         nc, self._nc, self._js, self._clock, self._rows = self._nc, None, None, None, None
         self._fleet_buckets = None  # opened again on the next connection's first use
         if nc is not None:
@@ -338,6 +369,8 @@ class NATSLeaseBackend(LeaseBackendBase):
         timeout: float,
     ) -> Lease | Literal["overlap", "not-acquired"]:
         rows = self._lease_rows()
+        if self._budget is not None:  # no new lease near the account's limits
+            self._budget.refuse_if_shedding(f"the lease of {slot.key} is not taken")
         started = self._instance_now()
         request = Acquire(
             slot.slot_ms, reason, policy.overlap, new_token(), run_id, instance_id, started

@@ -28,12 +28,13 @@ from ...abc import (
     RunRecord,
     Slot,
 )
+from .._budget import budget_period
 from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW
 from .._errors import ErrorMap
 from .._keywords import own_options, refuse_unknown
 from .._lease import check_max_clock_skew
 from . import _ops
-from ._budget import BudgetWatch
+from ._budget import budget_watch
 from ._claims import ClaimQueues, claim_margin_ms
 from ._connection import (
     CONNECT_DEFAULTS,
@@ -103,8 +104,9 @@ class RabbitMQBackend(ClaimQueues):
     instances), ``brokersched doctor`` (file descriptors, partitions, policies) and, while the
     backend runs, every ``budget_interval`` for the broker's budget (``budget``): from 60 % of
     it claim queues are no longer declared ahead, from 80 % (or under a memory or disk alarm)
-    no new claim queue is declared, and slots whose queue does not exist yet are skipped.
-    Other keyword arguments go to ``aio_pika.connect_robust`` (``ssl_context``, ``timeout``,
+    no new claim queue is declared, and slots whose queue does not exist yet are skipped
+    (``budget_interval=None``: the budget is not watched). Other keyword arguments go to
+    ``aio_pika.connect_robust`` (``ssl_context``, ``timeout``,
     ``reconnect_interval``, ``client_properties``...) and are never logged; one that it does
     not accept (a misspelt option) is refused at construction.
     """
@@ -120,7 +122,7 @@ class RabbitMQBackend(ClaimQueues):
         declare_ahead: bool = True,
         max_clock_skew: Duration = DEFAULT_CLAIM_SKEW,
         management_url: str | None = None,
-        budget_interval: Duration = "30s",
+        budget_interval: Duration | None = "30s",
         **connect_options: Any,
     ) -> None:
         super().__init__()
@@ -139,16 +141,11 @@ class RabbitMQBackend(ClaimQueues):
             if management_url is None
             else _ops.Management(management_url, url_vhost(self._urls[0]))
         )
+        period = budget_period(budget_interval, backend=self.name)
         self._budget = (
             None
-            if self._management is None
-            else BudgetWatch(
-                self.name,
-                self._management,
-                period=positive_duration(
-                    budget_interval, option="budget_interval", backend=self.name
-                ).total_seconds(),
-            )
+            if self._management is None or period is None
+            else budget_watch(self.name, self._management, period=period)
         )
         self._url = self._urls[0]  # the one named in messages about the login or the vhost
         self._secrets = _redact.connection_secrets(self._urls, connect_options, ("password",))

@@ -12,29 +12,23 @@ its budget:
   queue, so a slot whose queue does not exist yet is skipped (``backend-error``, "shedding"),
   never run twice; a claim into a queue that exists goes on, as it makes nothing.
 It leaves that state once the reading is back under ``WARN``. A reading that fails keeps the
-last state (logged once): the management API being away says nothing about the broker.
+last state (logged once): the management API being away says nothing about the broker. The
+watch itself (period, states, logs) is ``backends/_budget.BudgetWatch``, shared by every backend.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from ..._clock import Clock
-from ..._exceptions import BackendError
 from ...abc import BrokerBudget
+from .._budget import PERIOD_S, SHED, WARN, BudgetWatch, Effects
 from ._ops import Management, quorum_budget
 
-__all__ = ["PERIOD_S", "SHED", "WARN", "BudgetWatch", "read_budget"]
+__all__ = ["PERIOD_S", "SHED", "WARN", "BudgetWatch", "budget_watch", "read_budget"]
 
 _log = logging.getLogger("brokersched.backends.rabbitmq")
-
-WARN, SHED = 0.6, 0.8
-PERIOD_S = 30.0
 
 
 def read_budget(nodes: Sequence[dict[str, Any]], queue_types: Sequence[str]) -> BrokerBudget:
@@ -83,94 +77,21 @@ def _alarms(node: dict[str, Any]) -> list[str]:
     return [name for key, name in _ALARMS if node.get(key)]
 
 
-class BudgetWatch:
-    """Reads the budget at ``start()`` and every ``period`` seconds until ``close()``."""
+_EFFECTS = Effects(
+    server="broker",
+    warn=f"claim queues are no longer declared ahead, and from {SHED:.0%} none is declared",
+    shed="no new claim queue is declared, so slots whose queue does not exist yet are skipped",
+    back="claim queues are declared again",
+    fix="Raise the node's open-files limit or remove retired prefixes (brokersched purge)",
+)
 
-    def __init__(self, backend: str, management: Management, *, period: float = PERIOD_S) -> None:
-        self._backend = backend
-        self._management = management
-        self._period = period
-        self.reading: BrokerBudget | None = None
-        self._failing = False
-        self._task: asyncio.Task[None] | None = None
 
-    @property
-    def shedding(self) -> bool:
-        return self.reading is not None and self.reading.state == "shed"
+def budget_watch(backend: str, management: Management, *, period: float = PERIOD_S) -> BudgetWatch:
+    """The watch of the broker's budget through the management API."""
 
-    @property
-    def declares_ahead(self) -> bool:
-        return self.reading is None or self.reading.state == "ok"
+    async def read() -> BrokerBudget:
+        nodes = await management.get("nodes")
+        queues = await management.get("queues?columns=type")
+        return read_budget(nodes, [queue.get("type") for queue in queues])
 
-    async def start(self, clock: Clock) -> None:
-        await self.read()
-        self._task = asyncio.create_task(self._every_period(clock), name="brokersched-budget")
-
-    async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _every_period(self, clock: Clock) -> None:
-        while True:
-            await clock.sleep(self._period)
-            try:
-                await self.read()
-            except Exception:  # an answer of a shape not foreseen: said, and read again later
-                _log.exception("%s: the broker's budget could not be read", self._backend)
-
-    async def read(self) -> None:
-        """One reading; its change of state logged."""
-        try:
-            nodes = await self._management.get("nodes")
-            queues = await self._management.get("queues?columns=type")
-        except BackendError as exc:
-            if not self._failing:
-                _log.warning("%s: the broker's budget could not be read: %s", self._backend, exc)
-            self._failing = True
-            return
-        self._failing = False
-        reading = read_budget(nodes, [queue.get("type") for queue in queues])
-        was = "ok" if self.reading is None else self.reading.state
-        if was == "shed" and reading.state == "warn":  # shedding until back under WARN
-            reading = dataclasses.replace(reading, state="shed")
-        self.reading = reading
-        if reading.state == was:
-            return
-        if reading.state == "shed":
-            _log.error(
-                "%s: shedding: the broker is at %.0f%% of its budget (%s): no new claim queue "
-                "is declared, so slots whose queue does not exist yet are skipped, until it is "
-                "back under %.0f%%. Raise the node's open-files limit or remove retired "
-                "prefixes (brokersched purge)",
-                self._backend,
-                reading.used * 100,
-                reading.detail,
-                WARN * 100,
-            )
-        elif reading.state == "warn":
-            _log.warning(
-                "%s: the broker is at %.0f%% of its budget (%s); claim queues are no longer "
-                "declared ahead, and from %.0f%% none is declared",
-                self._backend,
-                reading.used * 100,
-                reading.detail,
-                SHED * 100,
-            )
-        else:
-            _log.warning(
-                "%s: the broker is back at %.0f%% of its budget: claim queues are declared again",
-                self._backend,
-                reading.used * 100,
-            )
-
-    def shed_error(self, what: str) -> BackendError:
-        reading = self.reading
-        assert reading is not None
-        return BackendError(
-            f"{self._backend}: shedding: {what} is not declared, the broker being at "
-            f"{reading.used * 100:.0f}% of its budget ({reading.detail}); the slot is skipped, "
-            "not run"
-        )
+    return BudgetWatch(backend, read, _EFFECTS, logger=_log, period=period)

@@ -303,7 +303,7 @@ class ClaimQueues(ClaimBackend):
                         won = await self._publish(channel, queue, message, attempt)
                         if won is not None:
                             return won
-                        self._refuse_if_shedding(f"boot claim queue {queue!r}")
+                        self._refuse_if_shedding(f"boot claim queue {queue!r} is not declared")
                         await channel.declare_queue(queue, durable=True, arguments=_BOOT_QUEUE)
         except Overloaded as busy:
             raise BackendError(self._overloaded(slot, busy)) from None
@@ -312,7 +312,7 @@ class ClaimQueues(ClaimBackend):
     async def prepare_claims(self, slots: Sequence[Slot]) -> None:
         """Declare the claim queues of ``slots`` due within the next 750 ms (others are left to
         their claims), one after the other on one channel, if one is free: claims come first."""
-        if not self._declare_ahead or not (self._budget is None or self._budget.declares_ahead):
+        if not self._declare_ahead or not (self._budget is None or self._budget.at_ease):
             return
         pool, view = self._require_pool(), await self._memory.require_view()
         assert self._clock is not None
@@ -373,8 +373,8 @@ class ClaimQueues(ClaimBackend):
 
     def _refuse_if_shedding(self, what: str) -> None:
         """No new claim queue while the broker is near its budget (``_budget``)."""
-        if self._budget is not None and self._budget.shedding:
-            raise self._budget.shed_error(what)
+        if self._budget is not None:
+            self._budget.refuse_if_shedding(what)
 
     def _overloaded(self, slot: Slot, busy: Overloaded) -> str:
         return (
@@ -482,7 +482,7 @@ class ClaimQueues(ClaimBackend):
             await self._declare_claim_queue(channel, queue, slot, view, holds="in-it")
             return True
         for _ in range(_DECLARE_ATTEMPTS):  # no queue yet: the first claim of the slot
-            self._refuse_if_shedding(f"claim queue {queue!r}")
+            self._refuse_if_shedding(f"claim queue {queue!r} is not declared")
             await self._declare_claim_queue(channel, queue, slot, view, holds="not-yet")
             won = await self._publish(channel, queue, message, attempt)
             if won is not None:

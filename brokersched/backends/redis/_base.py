@@ -27,17 +27,19 @@ from urllib.parse import urlsplit
 
 from ... import _redact
 from ..._clock import Clock, datetime_to_ms
-from ..._durations import to_ms
+from ..._durations import Duration, to_ms
 from ..._exceptions import (
     BackendError,
     BackendUnavailableError,
     BrokerschedError,
     ConfigurationError,
 )
-from ...abc import Finding, JobPolicy, RunRecord, Slot
+from ...abc import BrokerBudget, Finding, JobPolicy, RunRecord, Slot
+from .._budget import BudgetWatch, budget_period
 from .._errors import ErrorMap, ErrorRow
 from .._keywords import parameter_names, refuse_unknown
 from . import _scripts
+from ._budget import read_budget, redis_budget_watch
 
 __all__ = [
     "RedisConnection",
@@ -66,6 +68,7 @@ _POLICY_CONFIG = ("CONFIG", "GET", "maxmemory-policy")
 # still tells the policy.
 _POLICY_SOURCES = (_POLICY_CONFIG, ("INFO", "memory"))
 _POLICY_RECHECK_MS = 60_000
+_MAXCLIENTS = ("CONFIG", "GET", "maxclients")
 _NO_AOF_CONSEQUENCE = (
     "if it restarts it forgets the slots claimed and the leases held, and an instance that is "
     "late can run a slot that already ran"
@@ -218,8 +221,12 @@ class RedisConnection:
         cluster: bool,
         require_persistence: bool,
         client_options: Mapping[str, Any],
+        budget_interval: Duration | None = "30s",
     ) -> None:
         self.backend = backend
+        self._budget_period = budget_period(budget_interval, backend=backend)
+        #: The server's budget while started (``_budget``), unless ``budget_interval=None``.
+        self.budget: BudgetWatch | None = None
         self.url = _check_url(url, backend, cluster=cluster)
         self.prefix = _check_prefix(prefix, backend)
         self.cluster = bool(cluster)
@@ -267,7 +274,39 @@ class RedisConnection:
         }
         self.clock = clock
         self._policy_due_ms = clock.monotonic_ms() + _POLICY_RECHECK_MS
+        if self._budget_period is not None:
+            self.budget = redis_budget_watch(self.backend, self.read_budget, self._budget_period)
+            try:
+                await self.budget.start(clock)
+            except BaseException:  # cancelled
+                await self.close()
+                raise
         logger.debug("%s connected to %s", self.backend, self.redacted)
+
+    async def read_budget(self) -> BrokerBudget:
+        """The server's budget (``_budget.read_budget``) from ``INFO memory`` and ``INFO
+        clients`` of the server or of every primary, ``maxclients`` from ``CONFIG GET`` where
+        ``INFO`` lacks it (Redis before 7) and it is allowed."""
+
+        async def read(client: Any) -> list[tuple[str, dict[str, Any]]]:
+            from redis.exceptions import ResponseError
+
+            memory = await self._on_primaries(client, "INFO", "memory")
+            clients = dict(await self._on_primaries(client, "INFO", "clients"))
+            nodes: list[tuple[str, dict[str, Any]]] = []
+            for where, answer in memory:
+                info = {**_info_dict(answer), **_info_dict(clients.get(where))}
+                if "maxclients" not in info:
+                    try:
+                        found = await self._on_primaries(client, *_MAXCLIENTS)
+                    except ResponseError:  # CONFIG disabled or refused: clients not counted
+                        pass
+                    else:
+                        info["maxclients"] = _setting(dict(found).get(where), "maxclients")
+                nodes.append(("" if where == self.redacted else where, info))
+            return nodes
+
+        return read_budget(await self.call("read the server's budget", read))
 
     def namespace(self, namespace: str | None) -> str:
         """``namespace`` checked as a prefix (``brokersched purge --prefix``), or this one's."""
@@ -515,6 +554,9 @@ class RedisConnection:
         self._policies_seen = evicting
 
     async def close(self) -> None:
+        budget, self.budget = self.budget, None
+        if budget is not None:
+            await budget.close()
         client, self._client = self._client, None
         self._scripts = {}
         self.clock = None
@@ -724,6 +766,15 @@ def _info_field(answer: object, name: str) -> str | None:
     if isinstance(found, bytes):
         found = found.decode()
     return str(found) if found not in (None, "", b"") else None
+
+
+def _info_dict(answer: object) -> dict[str, Any]:
+    """An INFO answer as a dict (redis-py parses it; raw text otherwise)."""
+    if isinstance(answer, bytes | str):
+        text = answer.decode() if isinstance(answer, bytes) else answer
+        lines = (line.partition(":") for line in text.splitlines() if not line.startswith("#"))
+        return {key: value.strip() for key, _, value in lines if key}
+    return dict(answer) if isinstance(answer, dict) else {}
 
 
 def _evicting(policies: Sequence[tuple[str, str | None]]) -> list[tuple[str, str]]:

@@ -39,6 +39,7 @@ from ..._clock import Clock
 from ..._durations import Duration, format_duration, positive_duration, to_ms
 from ..._exceptions import BackendError
 from ...abc import (
+    BrokerBudget,
     Capabilities,
     Claim,
     ClaimBackend,
@@ -96,6 +97,9 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
     ``max_connections``, ``username``...); one it does not accept is refused at construction
     (``retry`` and ``decode_responses`` are brokersched's own: given ones are ignored).
     History: a list per job, trimmed to ``history_size`` (and ``history_ttl``) on each write.
+    ``budget_interval``: how often the server's budget (``budget``) is read while started
+    (``None``: never); under an evicting policy, from 80 % of ``maxmemory`` no claim is made
+    (the slot is skipped, never run twice) until back under 60 % (``_budget``).
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
         cluster: bool = False,
         max_clock_skew: Duration = DEFAULT_CLAIM_SKEW,
         require_persistence: bool = False,
+        budget_interval: Duration | None = "30s",
         **client_options: Any,
     ) -> None:
         super().__init__()
@@ -125,6 +130,7 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
             cluster=cluster,
             require_persistence=require_persistence,
             client_options=client_options,
+            budget_interval=budget_interval,
         )
 
     def __repr__(self) -> str:
@@ -151,6 +157,14 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
     @property
     def prefix(self) -> str:
         return self._redis.prefix
+
+    @property
+    def budget(self) -> BrokerBudget | None:
+        """The server's budget as last read while started (``_budget``: memory against
+        ``maxmemory``, clients against ``maxclients``); ``None`` before, or with
+        ``budget_interval=None``."""
+        watch = self._redis.budget
+        return None if watch is None else watch.reading
 
     @property
     def fleet_slot_memory(self) -> timedelta | None:
@@ -252,6 +266,12 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
         raise between them only limits these slots to the memory they are claimed with."""
         if self._memory is None:
             raise BackendError(f"{self.name} is not started")
+        if (budget := self._redis.budget) is not None and budget.shedding:
+            what = "claim of " + (claims[0][0].key if len(claims) == 1 else f"{len(claims)} slots")
+            error = budget.shed_error(f"the {what} is not made")
+            if len(claims) == 1:
+                raise error
+            return [error for _ in claims]
         known = self._read_sent_ms - self._skew_ms
         if memory_ms is None and any(slot.slot_ms > known for slot, _ in claims):
             began = self._redis.now_ms()

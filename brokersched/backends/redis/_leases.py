@@ -11,6 +11,7 @@ from ..._clock import Clock
 from ..._durations import Duration, to_ms
 from ..._exceptions import BackendError
 from ...abc import (
+    BrokerBudget,
     Claim,
     JobPolicy,
     Lease,
@@ -55,6 +56,7 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
     ``url``, ``prefix``, ``cluster``, ``require_persistence`` and other keyword arguments as
     for ``RedisBackend``. ``lease_ttl``: how long a lease lives unless renewed.
     ``max_clock_skew``: how far ahead of the server's clock a claimed slot may be.
+    ``budget_interval``: as for ``RedisBackend``; while shedding no new lease is taken.
     """
 
     clock_name = ClockName("the Redis server's clock (TIME)", "the Redis server")
@@ -68,6 +70,7 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         cluster: bool = False,
         max_clock_skew: Duration = DEFAULT_MAX_CLOCK_SKEW,
         require_persistence: bool = False,
+        budget_interval: Duration | None = "30s",
         **client_options: Any,
     ) -> None:
         super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
@@ -81,6 +84,7 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
             cluster=cluster,
             require_persistence=require_persistence,
             client_options=client_options,
+            budget_interval=budget_interval,
         )
 
     def __repr__(self) -> str:
@@ -90,6 +94,14 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
     @property
     def prefix(self) -> str:
         return self._redis.prefix
+
+    @property
+    def budget(self) -> BrokerBudget | None:
+        """The server's budget as last read while started (``_budget``: memory against
+        ``maxmemory``, clients against ``maxclients``); ``None`` before, or with
+        ``budget_interval=None``."""
+        watch = self._redis.budget
+        return None if watch is None else watch.reading
 
     @property
     def store_time(self) -> int | None:
@@ -107,6 +119,12 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
     async def _close(self) -> None:
         await self._redis.close()
 
+    def _refuse_if_shedding(self, what: str) -> None:
+        """No new lease while Redis could evict it (``_budget``): renewals, releases and
+        take-overs go on (they write keys that exist)."""
+        if (budget := self._redis.budget) is not None:
+            budget.refuse_if_shedding(what)
+
     def _keys(self, job: str, *, history: bool = False) -> list[str]:
         keys = [job_key(self.prefix, job), runs_key(self.prefix, job)]
         return [*keys, history_key(self.prefix, job)] if history else keys
@@ -123,6 +141,7 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         reason: RunReason,
         timeout: float,
     ) -> Lease | Literal["overlap", "not-acquired"]:
+        self._refuse_if_shedding(f"the lease of {slot.key} is not taken")
         token, claim = new_token(), Claim(slot, run_id, policy, reason)
         args = self._acquire_args(claim, token, instance_id)
         status, now = await self._redis.script(
@@ -152,6 +171,9 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
     ) -> list[LeaseOutcome]:
         """One pipelined round trip of the claims' scripts (each decides its job alone, as
         ``acquire()`` does); on a cluster, the claims concurrently."""
+        if (budget := self._redis.budget) is not None and budget.shedding:
+            error = budget.shed_error(f"the leases of {len(claims)} slots are not taken")
+            return [error for _ in claims]
         if self._redis.cluster:
             return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
         tokens = [new_token() for _ in claims]
