@@ -36,7 +36,7 @@ test: lint typecheck services
 # Seconds, no server, no process, no real time: tests/unit, with a fifth of the property tests'
 # examples (make test runs them all).
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -p no:cacheprovider --hypothesis-profile=fast tests/unit
+	$(BIN)/pytest -q -p no:cacheprovider --hypothesis-profile=fast -n 2 tests/unit
 
 bench: $(STAMP) services
 	for script in bench/bench_*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
