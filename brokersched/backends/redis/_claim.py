@@ -39,7 +39,6 @@ from ..._clock import Clock
 from ..._durations import Duration, format_duration, positive_duration, to_ms
 from ..._exceptions import BackendError
 from ...abc import (
-    BrokerBudget,
     Capabilities,
     Claim,
     ClaimBackend,
@@ -157,14 +156,6 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
     @property
     def prefix(self) -> str:
         return self._redis.prefix
-
-    @property
-    def budget(self) -> BrokerBudget | None:
-        """The server's budget as last read while started (``_budget``: memory against
-        ``maxmemory``, clients against ``maxclients``); ``None`` before, or with
-        ``budget_interval=None``."""
-        watch = self._redis.budget
-        return None if watch is None else watch.reading
 
     @property
     def fleet_slot_memory(self) -> timedelta | None:

@@ -11,7 +11,6 @@ from ..._clock import Clock
 from ..._durations import Duration, to_ms
 from ..._exceptions import BackendError
 from ...abc import (
-    BrokerBudget,
     Claim,
     JobPolicy,
     Lease,
@@ -94,14 +93,6 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
     @property
     def prefix(self) -> str:
         return self._redis.prefix
-
-    @property
-    def budget(self) -> BrokerBudget | None:
-        """The server's budget as last read while started (``_budget``: memory against
-        ``maxmemory``, clients against ``maxclients``); ``None`` before, or with
-        ``budget_interval=None``."""
-        watch = self._redis.budget
-        return None if watch is None else watch.reading
 
     @property
     def store_time(self) -> int | None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from ...abc import Finding, Inventory, Slot, StoredObject
+from ...abc import BrokerBudget, Finding, Inventory, Slot, StoredObject
 from .._ops import LIVE_WINDOW_MS, ago, recent_claims, server_finding, slot_memory_finding
 from ._base import RedisConnection
 
@@ -209,7 +209,7 @@ async def run_doctor(
 
 
 class Operations:
-    """``inventory()``, ``purge()`` and ``doctor()`` of both Redis backends, over their
+    """``inventory()``, ``purge()``, ``doctor()`` and ``budget`` of both Redis backends, over their
     ``RedisConnection``; a backend with a fleet slot memory names it in ``_slot_memory()``."""
 
     _redis: RedisConnection
@@ -217,6 +217,14 @@ class Operations:
     def _slot_memory(self) -> tuple[str | None, timedelta | None]:
         """The key of the fleet's slot memory record and this instance's ``slot_ttl``."""
         return None, None
+
+    @property
+    def budget(self) -> BrokerBudget | None:
+        """The server's budget as last read while started (``_budget``: memory against
+        ``maxmemory``, clients against ``maxclients``); ``None`` before, or with
+        ``budget_interval=None``."""
+        watch = self._redis.budget
+        return None if watch is None else watch.reading
 
     async def inventory(
         self,

@@ -21,8 +21,8 @@ from brokersched.abc import Claim, JobPolicy, Slot
 from brokersched.backends._budget import SHED
 from brokersched.backends.nats import NATSBackend, NATSLeaseBackend
 from brokersched.testing import TestClock
+from tests.support.budget import read_again
 from tests.support.nats_helpers import nats_server_with_account_limits
-from tests.support.wait import until
 
 MAX_FILE = 1024 * 1024
 LOGGER = "brokersched.backends.nats"
@@ -56,13 +56,6 @@ async def empty(url: str) -> None:
         await nc.jetstream().delete_stream("filler")
     finally:
         await nc.close()
-
-
-async def read_again(backend: NATSBackend | NATSLeaseBackend, clock: TestClock) -> None:
-    """One more reading (the next ``budget_interval`` of the virtual clock), awaited."""
-    before = backend.budget
-    await clock.advance("1s")
-    await until(lambda: backend.budget is not before, what="a new reading of the budget")
 
 
 async def test_a_full_account_sheds_claims_and_the_metric_shows_it(

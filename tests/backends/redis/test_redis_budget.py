@@ -20,8 +20,8 @@ from brokersched.abc import JobPolicy, Slot
 from brokersched.backends._budget import SHED
 from brokersched.backends.redis import RedisBackend, RedisLeaseBackend
 from brokersched.testing import TestClock
+from tests.support.budget import read_again
 from tests.support.redis_helpers import RedisServer
-from tests.support.wait import until
 
 MAXMEMORY = 4 * 1024 * 1024
 LOGGER = "brokersched.backends.redis"
@@ -45,13 +45,6 @@ def fill(admin: redis.Redis, share: float) -> int:
         admin.set(f"fill:{count}", b"x" * 8192)
         count += 1
     return count
-
-
-async def read_again(backend: RedisBackend | RedisLeaseBackend, clock: TestClock) -> None:
-    """One more reading (the next ``budget_interval`` of the virtual clock), awaited."""
-    before = backend.budget
-    await clock.advance("1s")
-    await until(lambda: backend.budget is not before, what="a new reading of the budget")
 
 
 async def test_an_evicting_server_near_maxmemory_sheds_claims_and_the_metric_shows_it(
