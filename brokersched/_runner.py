@@ -198,9 +198,9 @@ class Runner:
             else:
                 self.skip(job, slot_ms, lease, run=reason)  # type: ignore[arg-type]
             return None
-        if not self._still_wanted(job, reason):
-            # Stopped, removed or paused while the claim was in flight: another instance may
-            # still run the slot (a lease is handed over; a claim-only slot is lost, at most once).
+        if not self._still_wanted(job, reason, claimed=lease is None):
+            # Removed or paused while the claim was in flight, or stopped on a lease backend:
+            # the lease is handed over, so another instance may still run the slot.
             if lease is not None:
                 await self.release(lease, handover=True)
             logger.info("claimed %s:%d but no longer runs it here", job.name, slot_ms)
@@ -215,10 +215,13 @@ class Runner:
             job, slot_ms, lease, reason=reason, run_id=run_id, leased_ms=leased_ms, data=data
         )
 
-    def _still_wanted(self, job: JobState, reason: RunReason) -> bool:
-        if self.stopping or job.removed:
+    def _still_wanted(self, job: JobState, reason: RunReason, *, claimed: bool = False) -> bool:
+        """Whether a slot goes on to run. ``claimed``: won on a claim-only backend, whose
+        claim no other instance can win any more: stop() having begun, it runs within
+        ``drain_timeout`` rather than nowhere (a removed or paused job's does not run)."""
+        if job.removed or (job.halted and reason == "schedule"):
             return False
-        return not (job.halted and reason == "schedule")
+        return claimed or not self.stopping
 
     def _late(self, job: JobState, slot_ms: int) -> bool:
         return bool(self.clock.now_ms() - slot_ms > job.settings.max_late_ms)

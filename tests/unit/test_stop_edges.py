@@ -14,8 +14,9 @@ from types import FrameType
 from typing import Any
 
 from brokersched import BackendUnavailableError, JobContext, MemoryBackend, RunEvent, Scheduler
-from brokersched.abc import JobPolicy, Lease, RunRecord
+from brokersched.abc import JobPolicy, Lease, RunRecord, Slot
 from brokersched.testing import TestClock
+from tests.support.helpers import DictClaimBackend
 
 START = "2027-01-15T08:00:30+00:00"
 
@@ -288,3 +289,55 @@ def test_serve_gives_back_the_signal_handlers_it_found() -> None:
         assert signal.getsignal(signal.SIGTERM) is mine
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+class GatedClaims(DictClaimBackend):
+    """A claim-only backend whose claims wait, once in flight, until the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
+        self.in_flight.set()
+        await self.gate.wait()
+        return await super().claim(slot, instance_id=instance_id, run_id=run_id, timeout=timeout)
+
+
+async def test_a_claim_won_as_the_stop_begins_runs_in_the_drain() -> None:
+    """On a claim-only backend no other instance can win a slot once its claim is in: stopped
+    while the claim was in flight, the instance runs it within drain_timeout, not nowhere."""
+    backend, clock = GatedClaims(), TestClock(START)
+    sched = Scheduler(backend, clock=clock, jitter=0, drain_timeout="10s")
+    ran: list[int] = []
+    sched.every("flush", "1m", lambda ctx: ran.append(ctx.slot_ms))
+    await sched.start()
+    slot_ms = clock.now_ms() + 30_000  # 08:01:00, the next slot
+    due = asyncio.ensure_future(clock.advance("30s"))
+    await backend.in_flight.wait()
+    stopping = asyncio.ensure_future(sched.stop())
+    await until(lambda: sched.stopping)
+    backend.gate.set()
+    await stopping
+    await due
+    assert ran == [slot_ms]
+    assert [(r.slot_ms, r.outcome) for r in backend.records["flush"]] == [(slot_ms, "completed")]
+
+
+async def test_a_claim_won_after_its_job_was_removed_does_not_run() -> None:
+    backend, clock = GatedClaims(), TestClock(START)
+    sched = Scheduler(backend, clock=clock, jitter=0)
+    ran: list[int] = []
+    sched.every("flush", "1m", lambda ctx: ran.append(ctx.slot_ms))
+    await sched.start()
+    try:
+        due = asyncio.ensure_future(clock.advance("30s"))
+        await backend.in_flight.wait()
+        sched.remove("flush")
+        backend.gate.set()
+        await due
+        assert ran == []
+        assert backend.claims  # the claim was won: the slot runs nowhere, at most once
+    finally:
+        await sched.stop()
