@@ -28,7 +28,9 @@ The invariants, after every step (``Ledger.violations``):
   (attempt + 1, within ``retry.attempts``); a slot whose last retry failed never runs again;
 * runs of a key with ``overlap="skip"`` never overlap (on the fleet's true time);
 * at the end, every slot that some instance was refused as ``not-acquired`` was won by a claim
-  (a slot that every instance lost to nobody is lost silently);
+  (a slot that every instance lost to nobody is lost silently); on a claim-only backend,
+  every slot won by an instance never killed ran, or that instance said why not (a skip
+  event), or its job was paused, or the stop's drain ended while the store held its answers;
 * a job paused for the fleet (``Job.pause()`` on any instance, its write answered) runs no
   scheduled slot whose pre-claim read of the controls began after that answer, until it is
   resumed (unless the store was away meanwhile, or a read sent while it was away still hung, or
@@ -181,6 +183,8 @@ class Ledger:
     # job key -> [paused (its write answered), resumed (asked; None: still paused)], true time
     paused: dict[str, list[list[int | None]]] = field(default_factory=dict)
     stepped: dict[str, list[int]] = field(default_factory=dict)  # instance -> clock steps
+    skipped: set[tuple[str, int, str]] = field(default_factory=set)  # key, slot, instance
+    stops: dict[str, tuple[int, int]] = field(default_factory=dict)  # instance -> (when, drain)
 
     def _unreleased(self, run: Run) -> bool:
         """Its handler returned, but its release never reached the store, as the README's
@@ -287,6 +291,32 @@ class Ledger:
             and (key, slot) not in ran
             and (key, slot) not in wins
             and not fenced(key, slot)
+        ]
+
+
+    def dropped(self, wins: Wins, scheduled: Callable[[str, int], bool]) -> list[str]:
+        """Claim-only backends: the scheduled slots won by an instance that was never killed,
+        which it neither ran nor skipped (an event saying why), its key never paused: nobody
+        else can win them, so they ran nowhere, silently. A stop's drain that ended while the
+        store was away or held its answers may have cut a claim the store took (documented)."""
+        if self.lease:
+            return []
+        ran = {(run.key, run.slot_ms) for run in self.runs}
+
+        def cut(winner: str) -> bool:
+            if winner not in self.stops:
+                return False
+            when, drain_ms = self.stops[winner]
+            return any(start <= when + drain_ms < end for start, end in self.outages)
+        return [
+            f"slot {key}:{slot} was won by {winner} and ran nowhere, with no skip to say why"
+            for (key, slot), (winner, _) in sorted(wins.items())
+            if scheduled(key, slot)
+            and (key, slot) not in ran
+            and winner not in self.killed
+            and not cut(winner)
+            and (key, slot, winner) not in self.skipped
+            and key not in self.paused
         ]
 
 
@@ -553,8 +583,9 @@ class Simulation:
     def _skipped(self, event: SkipEvent, instance: Instance) -> None:
         if event.reason == "clock-skew":
             self._check_blame(event, instance)
+        key = "tick" if event.job == "tick.v2" else event.job
+        self.ledger.skipped.add((key, event.slot_ms, instance.name))
         if event.run == "schedule":  # not a boot run's nor a manual run's instant
-            key = "tick" if event.job == "tick.v2" else event.job
             self.ledger.refused.setdefault((key, event.slot_ms), set()).add(event.reason)
 
     def _handler(self, instance: Instance, key: str, options: dict[str, Any]) -> Callable[..., Any]:
@@ -766,6 +797,8 @@ class Simulation:
         self.log.append("fleet record deleted")
 
     def _stop(self, instance: Instance) -> None:
+        drain_ms = instance.deploy.drain_s * 1000
+        self.ledger.stops.setdefault(instance.name, (self.fleet.now_ms(), drain_ms))
         instance.stopping = instance.drive(instance.scheduler.stop(), "stop")
         self.log.append(f"stop {instance.name}")
 
@@ -860,6 +893,7 @@ class Simulation:
             await self.fleet.advance("20s")
             violations = self.ledger.violations(self.fleet.now_ms())
             violations += self.ledger.lost(self.store.wins, self._scheduled)
+            violations += self.ledger.dropped(self.store.wins, self._scheduled)
         for instance in self.instances:
             instance.kill()
         await self.fleet.settle()
