@@ -207,8 +207,9 @@ class NatsCluster:
         or consumer the node holds has no leader or a replica catching up: after a heal,
         nats-server 2.9 keeps some of those leaderless for tens of seconds under load (each
         group re-elects in rounds of 4-9 s, and the healed node's refused vote requests reset
-        the others' election timers), which said "not whole" for over 60 s of a cluster whose
-        metadata layer was whole again 4 s after the heal."""
+        the others' election timers; 2.11 and later reset it only on a granted vote), which
+        said "not whole" for over 60 s of a cluster whose metadata layer was whole again 4 s
+        after the heal."""
         leaders: set[str] = set()
         peers: list[dict[str, Any]] = []
         for node, monitor in enumerate(self.monitors, start=1):
