@@ -59,6 +59,14 @@ PERIOD_MS = 1000
 JOBS = [f"chaos.{i:02d}" for i in range(FLEET_SIZE)]
 
 
+# A bound on a stream's recovery after a fault, only to fail a cluster that never recovers: each
+# stream's Raft group re-elects in rounds of 4-9 s (nats-server's election timeouts), and after a
+# heal nats-server 2.9 may need several rounds (the healed node, behind, cannot win, and each of
+# its refused vote requests resets the other nodes' election timers); CPU stress stretches every
+# round. Seen: up to 45 s under `stress-ng --cpu 2`.
+RECOVERY_S = 120.0
+
+
 class ClusterError(Exception):
     pass
 
@@ -102,10 +110,14 @@ class NatsCluster:
         self.version = tuple(int(part) for part in version.split("-")[0].split("."))
 
     async def wait_whole(self, timeout: float = 60) -> None:
-        """Until the JetStream cluster is whole again: every node healthy (``/healthz``: current
-        with the metadata leader and on each stream it holds), all three agreeing on one
-        metadata leader, which sees both other peers online and current. Before that, NATS may
-        refuse to place a replica ("no suitable peers for placement, peer offline")."""
+        """Until the JetStream cluster is whole again: every node up and current with the
+        metadata leader, all three agreeing on that leader, which sees both other peers online
+        and current, and a stream with 3 replicas can be placed. Before that, NATS may refuse
+        to place a replica ("no suitable peers for placement, peer offline").
+
+        Whole is the metadata layer: the streams already there (a fleet's, a test's left after
+        it failed) elect their own leaders, each at its own pace; a test that uses one waits
+        for it (``wait_current``, ``wait_streams_current``)."""
         started = time.monotonic()
         seen: list[str] = []  # what was waited for, in order (printed by the tests)
         while (problem := await self._not_placing()) is not None:
@@ -188,12 +200,21 @@ class NatsCluster:
         return cast(StreamInfo, await _stream_info(self.servers, stream))
 
     def _not_whole(self) -> str | None:
-        """Why the cluster is not whole yet, or ``None``."""
+        """Why the cluster is not whole yet, or ``None``.
+
+        ``/healthz?js-server-only=true``: the node runs JetStream, knows the metadata leader
+        and is current with it. Not the plain ``/healthz``, which also fails while any stream
+        or consumer the node holds has no leader or a replica catching up: after a heal,
+        nats-server 2.9 keeps some of those leaderless for tens of seconds under load (each
+        group re-elects in rounds of 4-9 s, and the healed node's refused vote requests reset
+        the others' election timers; 2.11 and later reset it only on a granted vote), which
+        said "not whole" for over 60 s of a cluster whose metadata layer was whole again 4 s
+        after the heal."""
         leaders: set[str] = set()
         peers: list[dict[str, Any]] = []
         for node, monitor in enumerate(self.monitors, start=1):
             try:
-                _get_json(f"{monitor}/healthz")
+                _get_json(f"{monitor}/healthz?js-server-only=true")
                 meta = _get_json(f"{monitor}/jsz").get("meta_cluster") or {}
             except OSError as exc:  # unhealthy answers 503: an HTTPError, an OSError
                 return f"n{node}: {exc}"
@@ -240,7 +261,7 @@ class NatsCluster:
     async def leader(self, stream: str, other_than: int | None = None) -> int:
         """The node (1-3) that leads ``stream``, waiting for one (not ``other_than``) to be
         elected."""
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + RECOVERY_S
         while True:
             try:
                 node = int((await self.run("leader", stream)).removeprefix("n"))
@@ -249,7 +270,9 @@ class NatsCluster:
             except ClusterError:
                 pass
             if time.monotonic() > deadline:
-                raise ClusterError(f"no leader of {stream} (other than {other_than}) after 30s")
+                raise ClusterError(
+                    f"no leader of {stream} (other than {other_than}) after {RECOVERY_S:g}s"
+                )
             await asyncio.sleep(0.2)
 
     async def step_down(self, stream: str) -> int:
@@ -264,21 +287,68 @@ class NatsCluster:
             raise ClusterError(f"stepping down the leader of {stream}: {answer.data!r}")
         return await self.leader(stream, other_than=old)
 
-    async def wait_current(self, stream: str, timeout: float = 30) -> None:
+    async def wait_current(self, stream: str, timeout: float = RECOVERY_S) -> None:
         """Until every replica of ``stream`` is current (none offline or lagging)."""
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                info = await _stream_info(self.servers, stream)
-                cluster = info.cluster
-                replicas = cluster.replicas if cluster is not None and cluster.leader else None
-                if replicas and all(r.current and not r.offline for r in replicas):
-                    return
-            except Exception:  # no leader yet, or reconnecting: poll again
-                pass
+        while not await self._current(stream):
             if time.monotonic() > deadline:
                 raise ClusterError(f"replicas of {stream} not current after {timeout}s")
             await asyncio.sleep(0.2)
+
+    async def wait_streams_current(self, prefix: str, timeout: float = RECOVERY_S) -> float:
+        """Until each stream named with ``prefix`` (a fleet's claims, history and KV buckets)
+        has a leader and every replica current; the seconds it took.
+
+        After a fault each stream's Raft group elects on its own: the claims stream may answer
+        again while the history stream has no leader yet (seen for 35-45 s after a heal on
+        nats-server 2.9 under CPU stress). A fleet stopped then drops the run records it still
+        holds for it (``stop()`` writes them for ``drain_timeout`` only), which the history
+        check then misses: so the fleet is stopped once this returns."""
+        started = time.monotonic()
+        deadline = started + timeout
+        names = await self._stream_names(prefix, deadline)
+        waiting = set(names)
+        while waiting:
+            for name in sorted(waiting):
+                if await self._current(name):
+                    waiting.discard(name)
+            if waiting and time.monotonic() > deadline:
+                raise ClusterError(
+                    f"streams {sorted(waiting)} have no leader or replicas not current after "
+                    f"{timeout}s"
+                )
+            if waiting:
+                await asyncio.sleep(0.2)
+        return time.monotonic() - started
+
+    async def _stream_names(self, prefix: str, deadline: float) -> list[str]:
+        """The streams whose names hold ``prefix``, as the metadata leader lists them (its
+        assignments: a stream without a leader is listed too)."""
+        while True:
+            try:
+                nc = await nats.connect(self.servers, connect_timeout=1)
+                try:
+                    answer = await nc.request("$JS.API.STREAM.NAMES", b"{}", timeout=5)
+                finally:
+                    await nc.close()
+                reply = json.loads(answer.data)
+                if "error" not in reply:
+                    return sorted(name for name in reply.get("streams") or [] if prefix in name)
+            except (OSError, nats.errors.Error):  # no metadata leader yet: ask again
+                pass
+            if time.monotonic() > deadline:
+                raise ClusterError("the metadata leader did not list the streams")
+            await asyncio.sleep(0.2)
+
+    async def _current(self, stream: str) -> bool:
+        try:
+            info = await _stream_info(self.servers, stream)
+        except Exception:  # no leader yet, or reconnecting: not current
+            return False
+        cluster = info.cluster
+        if cluster is None or not cluster.leader or not cluster.replicas:
+            return False
+        return all(r.current and not r.offline for r in cluster.replicas)
 
 
 def _env_array(env: str, name: str) -> list[str]:
