@@ -86,6 +86,8 @@ class Store:
     locked_until: int = -1  # another process holds the write lock (SQLite)
     busy_timeout_ms: int = 5000
     wins: Wins = field(default_factory=dict)
+    # the slots won by a call whose answer was lost and whose caller was cancelled waiting
+    cut: set[tuple[str, int]] = field(default_factory=set)
     # (key, slot, instance, attempt) of the leases whose release reached the store in time
     released: set[tuple[str, int, str, int]] = field(default_factory=set)
     # (key, slot, instance, attempt) -> when its lease expires on the fleet's true time
@@ -131,9 +133,16 @@ class Store:
             if self.held_until <= deadline and self.rng.random() < 0.5:
                 await self.fleet.sleep((self.held_until - now) / 1000)  # a stall: late answer
                 return await apply()
+            taken: set[tuple[str, int]] = set()
             if reaches:
+                before = dict(self.wins)
                 await apply()
-            await self.fleet.sleep(max(deadline - now, 0) / 1000)
+                taken = {slot for slot, win in self.wins.items() if before.get(slot) != win}
+            try:
+                await self.fleet.sleep(max(deadline - now, 0) / 1000)
+            except asyncio.CancelledError:  # a drain's end: the claims it took are answered never
+                self.cut |= taken
+                raise
             raise BackendError("no answer from the store (the link was cut)")
         return await apply()
 

@@ -30,7 +30,7 @@ The invariants, after every step (``Ledger.violations``):
 * at the end, every slot that some instance was refused as ``not-acquired`` was won by a claim
   (a slot that every instance lost to nobody is lost silently); on a claim-only backend,
   every slot won by an instance never killed ran, or that instance said why not (a skip
-  event), or its job was paused, or the stop's drain ended while the store held its answers;
+  event), or its job was paused, or a stop's drain cut its claim, answer lost, as it waited;
 * a job paused for the fleet (``Job.pause()`` on any instance, its write answered) runs no
   scheduled slot whose pre-claim read of the controls began after that answer, until it is
   resumed (unless the store was away meanwhile, or a read sent while it was away still hung, or
@@ -43,6 +43,7 @@ import argparse
 import asyncio
 import itertools
 import logging
+import math
 import random
 import sys
 import time
@@ -184,7 +185,6 @@ class Ledger:
     paused: dict[str, list[list[int | None]]] = field(default_factory=dict)
     stepped: dict[str, list[int]] = field(default_factory=dict)  # instance -> clock steps
     skipped: set[tuple[str, int, str]] = field(default_factory=set)  # key, slot, instance
-    stops: dict[str, tuple[int, int]] = field(default_factory=dict)  # instance -> (when, drain)
 
     def _unreleased(self, run: Run) -> bool:
         """Its handler returned, but its release never reached the store, as the README's
@@ -293,28 +293,23 @@ class Ledger:
             and not fenced(key, slot)
         ]
 
-
-    def dropped(self, wins: Wins, scheduled: Callable[[str, int], bool]) -> list[str]:
+    def dropped(
+        self, wins: Wins, cut: set[tuple[str, int]], scheduled: Callable[[str, int], bool]
+    ) -> list[str]:
         """Claim-only backends: the scheduled slots won by an instance that was never killed,
         which it neither ran nor skipped (an event saying why), its key never paused: nobody
-        else can win them, so they ran nowhere, silently. A stop's drain that ended while the
-        store was away or held its answers may have cut a claim the store took (documented)."""
+        else can win them, so they ran nowhere, silently. ``cut``: the claims a stop's drain
+        cancelled after the store took them, their answers lost (documented)."""
         if self.lease:
             return []
         ran = {(run.key, run.slot_ms) for run in self.runs}
-
-        def cut(winner: str) -> bool:
-            if winner not in self.stops:
-                return False
-            when, drain_ms = self.stops[winner]
-            return any(start <= when + drain_ms < end for start, end in self.outages)
         return [
             f"slot {key}:{slot} was won by {winner} and ran nowhere, with no skip to say why"
             for (key, slot), (winner, _) in sorted(wins.items())
             if scheduled(key, slot)
             and (key, slot) not in ran
             and winner not in self.killed
-            and not cut(winner)
+            and (key, slot) not in cut
             and (key, slot, winner) not in self.skipped
             and key not in self.paused
         ]
@@ -636,7 +631,10 @@ class Simulation:
             await self.start_instance(self._draw_deploy(), self._skew())
         elif roll < 0.12:  # a rolling deploy: one instance replaced by one of the next version
             old = rng.choice(live)
-            self._stop(old)
+            if not self.lease and self.more.random() < 0.3:
+                self._stop_as_claims_stall(old)
+            else:
+                self._stop(old)
             others = [instance for instance in live if instance is not old]
             if others and rng.random() < 0.3:  # a job run by hand as the deploy hands over
                 chosen, index, after_s = rng.choice(others), rng.randrange(2), rng.choice((1, 3, 4))
@@ -797,8 +795,6 @@ class Simulation:
         self.log.append("fleet record deleted")
 
     def _stop(self, instance: Instance) -> None:
-        drain_ms = instance.deploy.drain_s * 1000
-        self.ledger.stops.setdefault(instance.name, (self.fleet.now_ms(), drain_ms))
         instance.stopping = instance.drive(instance.scheduler.stop(), "stop")
         self.log.append(f"stop {instance.name}")
 
@@ -852,6 +848,22 @@ class Simulation:
         """How a lease store can be away as a run completes (a KV bucket has no write lock)."""
         return ("held", "down", "locked") if self.kind == "lease" else ("held", "down")
 
+    def _stop_as_claims_stall(self, instance: Instance) -> None:
+        """The store's answers stall from just before the next slot of every job's grid (a
+        few seconds: cron's 3 s, tick's) and ``instance`` stops just after it: its claims are
+        in flight as its drain begins and answered within it (claim-only backends)."""
+        now, grid = self.fleet.now_ms(), 1000 * math.gcd(self._jobs["tick_s"], 3)
+        instant = (now // grid + 1) * grid
+        span = self.more.choice((300, 800))
+
+        def stall() -> None:
+            self.store.held_until = max(self.store.held_until, self.fleet.monotonic_ms() + span)
+            self.ledger.outages.append((self.fleet.now_ms(), self.fleet.now_ms() + span))
+            self.log.append(f"store stalls for {span}ms from the slot at {instant}")
+
+        self.fleet.call_later(instant - now - 50, stall)
+        self.fleet.call_later(instant - now + 20, lambda: self._stop(instance))
+
     def _blip_as_a_run_completes(self, how: str) -> None:
         """The store away (``how``: held, down or locked) from just before the next run's end
         for less than lease_ttl (issue 24, classes 2 and 3: the release was given up, and the
@@ -893,7 +905,7 @@ class Simulation:
             await self.fleet.advance("20s")
             violations = self.ledger.violations(self.fleet.now_ms())
             violations += self.ledger.lost(self.store.wins, self._scheduled)
-            violations += self.ledger.dropped(self.store.wins, self._scheduled)
+            violations += self.ledger.dropped(self.store.wins, self.store.cut, self._scheduled)
         for instance in self.instances:
             instance.kill()
         await self.fleet.settle()

@@ -81,7 +81,8 @@ def test_a_retry_is_no_new_run_of_its_slot_unless_it_breaks_the_rules() -> None:
 # -- the simulator finds the issue 24 classes on the rules before their fixes -------------------
 #
 # Each test puts one rule back as it was before its fix, in a pure function or in a model of a
-# store (never in the code that ships), and runs a seed that found it (CHANGELOG, issue 24): the
+# store (never in the code that ships), and runs a seed that found it (CHANGELOG, issue 24 and
+# later: "stop", a claim won as stop() began, dropped on a claim-only backend): the
 # violation must be seen, so a change to the simulator that blinds it to a class fails here.
 
 
@@ -138,6 +139,14 @@ def _old_sqlite_now(self: SimLeaseBackend) -> int:
     return self._clock.now_ms()
 
 
+def _old_still_wanted(self: Runner, job: Any, reason: str, *, claimed: bool = False) -> bool:
+    """Before the fix of a claim won as stop() began: dropped, on a claim-only backend too
+    (where nobody else can win it: the slot ran nowhere)."""
+    if self.stopping or job.removed:
+        return False
+    return not (job.halted and reason == "schedule")
+
+
 UNDONE: list[tuple[str, str, int, object, str, object, str]] = [
     # (class, backend, seed, what is patched, attribute, old rule, the violation)
     ("1", "lease", 131, _lease, "_take_over", _old_take_over, "overlap"),
@@ -148,13 +157,15 @@ UNDONE: list[tuple[str, str, int, object, str, object, str]] = [
     ("8", "redis", 20, _claims, "margin_ms", _old_margin_ms, "ran 2 times"),
     ("9", "redis", 3, _RedisConnection, "open", _old_redis_open, "ran 2 times"),
     ("12", "rabbitmq", 0, SimRabbitMQ, "_check_refusal", lambda *_: None, "nobody won it"),
+    ("stop", "nats", 20, Runner, "_still_wanted", _old_still_wanted, "ran nowhere"),
+    ("stop", "rabbitmq", 20, Runner, "_still_wanted", _old_still_wanted, "ran nowhere"),
 ]
 
 
 @pytest.mark.parametrize(
     ("issue_class", "backend", "seed", "owner", "name", "old", "seen"),
     UNDONE,
-    ids=[f"class {row[0]}" for row in UNDONE],
+    ids=[f"class {row[0]} ({row[1]})" for row in UNDONE],
 )
 def test_a_class_of_issue_24_is_found_on_the_rule_before_its_fix(
     monkeypatch: pytest.MonkeyPatch,
