@@ -89,7 +89,8 @@ async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | N
             runner.skip(job, boot_ms, got, run="start")
             return None
         lease = got
-    if runner.stopping or job.removed:
+    # A claim-only window won as the stop began runs within the drain (nobody else can win it).
+    if (runner.stopping and lease is not None) or runner.drained or job.removed:
         if lease is not None:
             await runner.release(lease, handover=False)
         return None

@@ -90,6 +90,7 @@ class Runner:
         self.runs: set[Run] = set()
         self.around_run = around_run  # Scheduler(around_run=...)
         self.stopping = False  # drain() has begun: nothing new runs
+        self.drained = False  # drain_timeout is over: not even a claim won during the drain
         self.fleet: Fleet | None = None  # the fleet's controls, read before each slot's claim
         self._batches = _Batches(self)
         self._releases = _Releases(self)
@@ -218,8 +219,9 @@ class Runner:
     def _still_wanted(self, job: JobState, reason: RunReason, *, claimed: bool = False) -> bool:
         """Whether a slot goes on to run. ``claimed``: won on a claim-only backend, whose
         claim no other instance can win any more: stop() having begun, it runs within
-        ``drain_timeout`` rather than nowhere (a removed or paused job's does not run)."""
-        if job.removed or (job.halted and reason == "schedule"):
+        ``drain_timeout`` (told to stop at once) rather than nowhere; once drain_timeout is
+        over it is lost, as a claim cut then is. A removed or paused job's does not run."""
+        if job.removed or (job.halted and reason == "schedule") or self.drained:
             return False
         return claimed or not self.stopping
 
@@ -299,6 +301,8 @@ class Runner:
         run = Run(ctx, task, lease, self.clock.now_ms(), self.clock.monotonic_ms(), job)
         job.runs[ctx.run_id] = run
         self.runs.add(run)
+        if self.stopping:  # a claim won as the drain began: told at once, like the others
+            self.abort(run, "shutdown")
         renewer = None
         if lease is not None:
             renewer = _Renewer(self, run, run.started_mono if leased_ms is None else leased_ms)
@@ -628,6 +632,7 @@ class Runner:
         for run in list(self.runs):
             self.abort(run, "shutdown")
         await self.clock.wait(self.tasks.pending(), timeout_s)
+        self.drained = True
         # drain_timeout is over: async handlers still going are cancelled; runs already past
         # their handler (releasing, recording) are left alone. Both get a grace to finish.
         graced = [run for run in self.runs if run.finishing or run.job.is_async]

@@ -305,13 +305,19 @@ class GatedClaims(DictClaimBackend):
         return await super().claim(slot, instance_id=instance_id, run_id=run_id, timeout=timeout)
 
 
-async def test_a_claim_won_as_the_stop_begins_runs_in_the_drain() -> None:
+async def test_a_claim_won_as_the_stop_begins_runs_in_the_drain_told_to_stop() -> None:
     """On a claim-only backend no other instance can win a slot once its claim is in: stopped
-    while the claim was in flight, the instance runs it within drain_timeout, not nowhere."""
+    while the claim was in flight, the instance runs it within drain_timeout, not nowhere,
+    and tells it to stop at once, as every run of the drain is told."""
     backend, clock = GatedClaims(), TestClock(START)
     sched = Scheduler(backend, clock=clock, jitter=0, drain_timeout="10s")
-    ran: list[int] = []
-    sched.every("flush", "1m", lambda ctx: ran.append(ctx.slot_ms))
+    told: list[str | None] = []
+
+    @sched.every("flush", "1m")
+    async def flush(ctx: JobContext) -> None:
+        await ctx.wait_aborted(60)
+        told.append(ctx.abort_reason)
+
     await sched.start()
     slot_ms = clock.now_ms() + 30_000  # 08:01:00, the next slot
     due = asyncio.ensure_future(clock.advance("30s"))
@@ -321,8 +327,29 @@ async def test_a_claim_won_as_the_stop_begins_runs_in_the_drain() -> None:
     backend.gate.set()
     await stopping
     await due
-    assert ran == [slot_ms]
+    assert told == ["shutdown"]
     assert [(r.slot_ms, r.outcome) for r in backend.records["flush"]] == [(slot_ms, "completed")]
+
+
+async def test_a_claim_won_in_the_drain_that_outlasts_it_is_cut_and_recorded() -> None:
+    backend, clock = GatedClaims(), TestClock(START)
+    sched = Scheduler(backend, clock=clock, jitter=0, drain_timeout="1s")
+
+    @sched.every("flush", "1m")
+    async def flush(ctx: JobContext) -> None:
+        await asyncio.Event().wait()  # deaf to the stop: cut when drain_timeout ends
+
+    await sched.start()
+    due = asyncio.ensure_future(clock.advance("30s"))
+    await backend.in_flight.wait()
+    stopping = asyncio.ensure_future(sched.stop())
+    await until(lambda: sched.stopping)
+    backend.gate.set()
+    await until(lambda: bool(sched.get("flush").is_running))  # type: ignore[union-attr]
+    await clock.advance("1s")
+    await stopping
+    await due
+    assert [r.outcome for r in backend.records["flush"]] == ["interrupted"]
 
 
 async def test_a_claim_won_after_its_job_was_removed_does_not_run() -> None:
