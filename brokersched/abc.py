@@ -257,11 +257,13 @@ class BrokerBudget:
     """How much of its server's budget a backend's server uses, as last read (``Backend.budget``):
     ``used`` the share of the fullest part (0.0 to 1.0 and beyond), ``state`` ``ok``, ``warn``
     or ``shed`` (the backend creates no new server object and skips what needs one), and what
-    was read (``detail``)."""
+    was read (``detail``). ``shed_used``: the share of the fullest part whose exhaustion sheds
+    (``None``: every part does, so ``used``); shedding lasts until it is back under 60 %."""
 
     used: float
     state: Literal["ok", "warn", "shed"]
     detail: str
+    shed_used: float | None = None
 
 
 _CONTROL_TRIES = 20

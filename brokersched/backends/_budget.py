@@ -72,15 +72,12 @@ def judge(parts: Sequence[Part], *, alarms: Sequence[str] = (), unknown: str) ->
     more; the detail lists the parts, fullest first (``unknown`` when there is none)."""
     ordered = sorted(parts, key=lambda part: part.used, reverse=True)
     used = ordered[0].used if ordered else 0.0
-    state: State = (
-        "shed"
-        if alarms or any(part.sheds and part.used >= SHED for part in parts)
-        else "warn"
-        if used >= WARN
-        else "ok"
-    )
+    shed_used = max((part.used for part in parts if part.sheds), default=0.0)
+    state: State = "shed" if alarms or shed_used >= SHED else "warn" if used >= WARN else "ok"
     details = [part.detail for part in ordered] or [unknown]
-    return BrokerBudget(used=used, state=state, detail="; ".join([*details, *alarms]))
+    return BrokerBudget(
+        used=used, state=state, detail="; ".join([*details, *alarms]), shed_used=shed_used
+    )
 
 
 def share(used: object, limit: object) -> float | None:
@@ -126,7 +123,7 @@ class BudgetWatch:
         self._log = logger
         self._period = period
         self.reading: BrokerBudget | None = None
-        self._failing = False
+        self._failing = self._unforeseen = False  # a failing read is said once
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -157,10 +154,12 @@ class BudgetWatch:
     async def _read_logged(self) -> None:
         try:
             await self.read()
-        except Exception:  # an answer of a shape not foreseen: said, and read again later
-            self._log.exception(
-                "%s: the %s's budget could not be read", self._backend, self._effects.server
-            )
+        except Exception:  # an answer of a shape not foreseen: said once, read again later
+            if not self._unforeseen:
+                self._log.exception(
+                    "%s: the %s's budget could not be read", self._backend, self._effects.server
+                )
+            self._unforeseen = True
 
     async def read(self) -> None:
         """One reading; its change of state logged."""
@@ -176,14 +175,16 @@ class BudgetWatch:
                 )
             self._failing = True
             return
-        self._failing = False
+        self._failing = self._unforeseen = False
         was = "ok" if self.reading is None else self.reading.state
-        if was == "shed" and reading.state == "warn":  # shedding until back under WARN
-            reading = dataclasses.replace(reading, state="shed")
+        shed_used = _shed_used(reading)
+        if was == "shed" and reading.state == "warn" and shed_used >= WARN:
+            reading = dataclasses.replace(reading, state="shed")  # until back under WARN
         self.reading = reading
         if reading.state == was:
             return
-        effects, percent = self._effects, reading.used * 100
+        effects = self._effects
+        percent = (shed_used if reading.state == "shed" else reading.used) * 100
         if reading.state == "shed":
             self._log.error(
                 "%s: shedding: the %s is at %.0f%% of its budget (%s): %s, until it is back "
@@ -209,10 +210,14 @@ class BudgetWatch:
         assert reading is not None
         return BackendError(
             f"{self._backend}: shedding: {what}, the {self._effects.server} being at "
-            f"{reading.used * 100:.0f}% of its budget ({reading.detail}); the slot is skipped, "
-            "not run"
+            f"{_shed_used(reading) * 100:.0f}% of its budget ({reading.detail}); the slot is "
+            "skipped, not run"
         )
 
     def refuse_if_shedding(self, what: str) -> None:
         if self.shedding:
             raise self.shed_error(what)
+
+
+def _shed_used(reading: BrokerBudget) -> float:
+    return reading.used if reading.shed_used is None else reading.shed_used

@@ -1,7 +1,8 @@
 """The PostgreSQL server's budget (issue 28.2), read over the backend's own pool: the client
-connections open (``pg_stat_activity``, ``backend_type = 'client backend'``) against what
-ordinary roles may open, ``max_connections`` less ``superuser_reserved_connections`` (and
-PostgreSQL 16's ``reserved_connections``).
+connections open (``pg_stat_activity``, ``backend_type = 'client backend'``; a role without
+``pg_read_all_stats`` sees other roles' sessions with no type: counted when in a database)
+against what ordinary roles may open, ``max_connections`` less
+``superuser_reserved_connections`` (and PostgreSQL 16's ``reserved_connections``).
 
 Near that limit every application of the server is refused new connections. From ``SHED`` the
 backend's pool opens no new connection for a claim: a claim that finds no idle connection in
@@ -11,6 +12,7 @@ records go on (a run in progress keeps its lease).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -23,7 +25,8 @@ _log = logging.getLogger("brokersched.backends.postgres")
 
 #: One row: ``used``, ``max_connections``, ``superuser_reserved``, ``reserved``, ``version``.
 BUDGET_SQL = """
-SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int
+SELECT (SELECT count(*) FROM pg_stat_activity
+        WHERE backend_type = 'client backend' OR (backend_type IS NULL AND datid IS NOT NULL))::int
            AS used,
        current_setting('max_connections')::int AS max_connections,
        current_setting('superuser_reserved_connections')::int AS superuser_reserved,
@@ -67,7 +70,7 @@ def read_budget(
         taken,
     )
     budget = judge([part], unknown="")
-    return BrokerBudget(used=budget.used, state=budget.state, detail=budget.detail + server)
+    return dataclasses.replace(budget, detail=budget.detail + server)
 
 
 def postgres_budget_watch(

@@ -24,9 +24,10 @@ release never waits past the lease it ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from datetime import timedelta
 from typing import Any, Generic, Literal, Protocol, TypeVar
@@ -489,6 +490,7 @@ class PostgresBackend(SQLLeaseBackend):
         super().__init__(lease_ttl, max_clock_skew)
         self._budget_period = budget_period(budget_interval, backend=self.name)
         self._budget: BudgetWatch | None = None
+        self._claims_in_flight = 0  # holding, or about to take, a connection of the pool
         self._dsn = dsn
         self._redacted = _redact.redact_url(dsn)
         self._secrets = _redact.url_secrets(dsn)
@@ -551,17 +553,36 @@ class PostgresBackend(SQLLeaseBackend):
         async def read(conn: _Connection) -> Row | None:
             return await conn.fetchrow(BUDGET_SQL)
 
+        if self._spare_connections() <= 0:  # shedding: no new connection for this either
+            raise BackendError(
+                f"{self.name}: no idle connection to read the database's budget with while "
+                "shedding (the last reading stands)"
+            )
         row = await self._call("read the database's budget", read)
         assert row is not None  # the SELECT always returns its one row
         return read_budget(**dict(row.items()))
 
-    def _refuse_if_shedding(self, what: str) -> None:
-        """While shedding, no new connection for a claim: one that finds no idle connection in
-        the pool is refused (renewals, releases and records go on)."""
+    def _spare_connections(self) -> int:
+        """While shedding, the pool's idle connections not already promised to a claim in
+        flight; otherwise as many as wanted."""
         budget, pool = self._budget, self._pool
-        if budget is None or not budget.shedding or (pool is not None and pool.get_idle_size()):
-            return
-        budget.refuse_if_shedding(f"{what} is not made, as it needs a new connection")
+        if budget is None or not budget.shedding or pool is None:
+            return 1 << 30
+        return pool.get_idle_size() - self._claims_in_flight
+
+    @contextlib.contextmanager
+    def _claiming(self, what: str) -> Iterator[None]:
+        """A claim's own connection: while shedding, no new one is opened for it, so a claim
+        that finds no idle connection (less those of the claims in flight) is refused;
+        renewals, releases and records go on."""
+        if self._spare_connections() <= 0:
+            assert self._budget is not None
+            self._budget.refuse_if_shedding(f"{what} is not made, as it needs a new connection")
+        self._claims_in_flight += 1
+        try:
+            yield
+        finally:
+            self._claims_in_flight -= 1
 
     async def _prepare_schema(self, conn: _Connection) -> None:
         # The common case: the tables are there; no lock, no DDL (nor the privileges DDL needs).
@@ -800,7 +821,18 @@ class PostgresBackend(SQLLeaseBackend):
         reason: RunReason,
         timeout: float,
     ) -> Lease | Literal["overlap", "not-acquired"]:
-        self._refuse_if_shedding(f"the claim of {slot.key}")
+        with self._claiming(f"the claim of {slot.key}"):
+            return await self._acquire(slot, policy, instance_id, run_id, reason, timeout)
+
+    async def _acquire(
+        self,
+        slot: Slot,
+        policy: JobPolicy,
+        instance_id: str,
+        run_id: str,
+        reason: RunReason,
+        timeout: float,
+    ) -> Lease | Literal["overlap", "not-acquired"]:
         token = new_token()
         sql = {"catch-up": self._sql.acquire_catch_up, "manual": self._sql.acquire_manual}.get(
             reason, self._sql.acquire
@@ -827,14 +859,11 @@ class PostgresBackend(SQLLeaseBackend):
         """Scheduled slots of distinct jobs in one statement (``_ACQUIRE_MANY``); any other
         batch, or one that PostgreSQL refused as a whole (a deadlock with a take-over, say:
         nothing of it was done), claims each slot on its own."""
-        if self._budget is not None and self._budget.shedding:
-            try:
-                self._refuse_if_shedding(f"the claim of {len(claims)} slots")
-            except BackendError as exc:
-                return [exc for _ in claims]
         jobs = {claim.slot.job for claim in claims}
+        shedding = self._budget is not None and self._budget.shedding
         if (
-            len(claims) < 2
+            shedding  # each claim on its own, refused when it finds no idle connection
+            or len(claims) < 2
             or len(jobs) < len(claims)
             or any(c.reason != "schedule" for c in claims)
         ):

@@ -87,6 +87,7 @@ class Store:
     busy_timeout_ms: int = 5000
     wins: Wins = field(default_factory=dict)
     # the slots won by a call whose answer was lost and whose caller was cancelled waiting
+    # (a drain's end, or the caller's own timeout, which then reports the claim skipped)
     cut: set[tuple[str, int]] = field(default_factory=set)
     # (key, slot, instance, attempt) of the leases whose release reached the store in time
     released: set[tuple[str, int, str, int]] = field(default_factory=set)
@@ -140,7 +141,8 @@ class Store:
                 taken = {slot for slot, win in self.wins.items() if before.get(slot) != win}
             try:
                 await self.fleet.sleep(max(deadline - now, 0) / 1000)
-            except asyncio.CancelledError:  # a drain's end: the claims it took are answered never
+            except asyncio.CancelledError:  # its caller gave up (a drain's end, say): the
+                # claims it took are never answered (a claim timing out instead says so)
                 self.cut |= taken
                 raise
             raise BackendError("no answer from the store (the link was cut)")

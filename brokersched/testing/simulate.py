@@ -861,8 +861,12 @@ class Simulation:
             self.ledger.outages.append((self.fleet.now_ms(), self.fleet.now_ms() + span))
             self.log.append(f"store stalls for {span}ms from the slot at {instant}")
 
+        def stop() -> None:
+            if instance.alive:  # not killed nor stopped by another step meanwhile
+                self._stop(instance)
+
         self.fleet.call_later(instant - now - 50, stall)
-        self.fleet.call_later(instant - now + 20, lambda: self._stop(instance))
+        self.fleet.call_later(instant - now + 20, stop)
 
     def _blip_as_a_run_completes(self, how: str) -> None:
         """The store away (``how``: held, down or locked) from just before the next run's end

@@ -15,7 +15,7 @@ from redis._parsers.helpers import parse_info
 
 from brokersched._exceptions import BackendError
 from brokersched.abc import BrokerBudget
-from brokersched.backends._budget import BudgetWatch, Effects
+from brokersched.backends._budget import BudgetWatch, Effects, Part, judge
 from brokersched.backends._postgres_budget import read_budget as postgres_budget
 from brokersched.backends.nats._budget import read_budget as nats_budget
 from brokersched.backends.redis._budget import read_budget as redis_budget
@@ -244,3 +244,32 @@ async def test_a_failing_read_keeps_the_state_and_is_logged_once(
         "B: the server's budget could not be read: no answer",  # once for two failures
         "B: the server's budget could not be read",  # an unforeseen shape: with its traceback
     ]
+
+
+async def test_shedding_ends_with_the_part_that_sheds_whatever_the_parts_that_only_warn() -> None:
+    """Redis under an evicting policy at 85 % sheds; its memory back at 30 % ends it even
+    with clients (a part that only warns) at 70 %; a part that only warns never sheds."""
+    memory, clients = Part("memory", 0.85), Part("clients", 0.7, sheds=False)
+    readings = iter(
+        [
+            judge([memory, clients], unknown=""),
+            judge([Part("memory", 0.7), clients], unknown=""),  # still over WARN: shedding
+            judge([Part("memory", 0.3), clients], unknown=""),
+            judge([Part("memory", 0.3), Part("clients", 0.95, sheds=False)], unknown=""),
+        ]
+    )
+
+    async def read() -> BrokerBudget:
+        return next(readings)
+
+    clock = TestClock("2027-01-01T00:00:00+00:00")
+    watch = BudgetWatch("B", read, EFFECTS, logger=LOGGER, period=30)
+    await watch.start(clock)
+    states = [watch.reading.state if watch.reading else None]
+    try:
+        for _ in range(3):
+            await clock.advance("30s")
+            states.append(watch.reading.state if watch.reading else None)
+    finally:
+        await watch.close()
+    assert states == ["shed", "shed", "warn", "warn"]

@@ -426,6 +426,8 @@ class NATSBackend(ClaimBackend):
         """A boot window's claim: the claims stream's window is raised to ``BOOT_MEMORY`` first
         when shorter (once), then the claim is an ordinary one."""
         _, js = self._client()
+        if self._budget is not None:  # before the window is raised (a write of its own)
+            self._budget.refuse_if_shedding(f"the claim of {slot.key} is not published")
         if self._streams.fleet.memory_ms < to_ms(BOOT_MEMORY):
             async with self._raising_window:
                 if self._streams.fleet.memory_ms < to_ms(BOOT_MEMORY):

@@ -14,6 +14,7 @@ its streams at start. An account without limits reads as unlimited: the server's
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -69,7 +70,7 @@ def read_budget(
     notes = [f"server {version}" if version else "", _payload(max_payload)]
     if any(notes):
         detail = "; ".join([budget.detail, ", ".join(note for note in notes if note)])
-        budget = BrokerBudget(used=budget.used, state=budget.state, detail=detail)
+        budget = dataclasses.replace(budget, detail=detail)
     return budget
 
 

@@ -294,15 +294,17 @@ class RedisConnection:
             memory = await self._on_primaries(client, "INFO", "memory")
             clients = dict(await self._on_primaries(client, "INFO", "clients"))
             nodes: list[tuple[str, dict[str, Any]]] = []
+            limits: dict[str, Any] | None = None  # CONFIG GET maxclients, asked once
             for where, answer in memory:
                 info = {**_info_dict(answer), **_info_dict(clients.get(where))}
                 if "maxclients" not in info:
-                    try:
-                        found = await self._on_primaries(client, *_MAXCLIENTS)
-                    except ResponseError:  # CONFIG disabled or refused: clients not counted
-                        pass
-                    else:
-                        info["maxclients"] = _setting(dict(found).get(where), "maxclients")
+                    if limits is None:
+                        try:
+                            limits = dict(await self._on_primaries(client, *_MAXCLIENTS))
+                        except ResponseError:  # CONFIG disabled or refused: not counted
+                            limits = {}
+                    if where in limits:
+                        info["maxclients"] = _setting(limits[where], "maxclients")
                 nodes.append(("" if where == self.redacted else where, info))
             return nodes
 
