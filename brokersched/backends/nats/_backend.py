@@ -235,6 +235,7 @@ class NATSBackend(ClaimBackend):
             )
             try:
                 await self._budget.start(clock)
+                raise_if_cancelled_since(cancels)  # one the client swallowed (Python 3.11)
             except BaseException:  # cancelled
                 await to_the_end(self._close())
                 raise

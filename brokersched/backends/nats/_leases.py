@@ -195,6 +195,7 @@ class NATSLeaseBackend(LeaseBackendBase):
     async def _open(self, clock: Clock) -> None:
         self._history_lock = asyncio.Lock()
         self._history_size, self._msg_ttl = 0, False
+        cancels = cancel_requests()
         nc = await self._connect()
         try:
             js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
@@ -213,6 +214,7 @@ class NATSLeaseBackend(LeaseBackendBase):
             )
             try:
                 await self._budget.start(clock)
+                raise_if_cancelled_since(cancels)  # one nats-py swallowed (Python 3.11)
             except BaseException:  # cancelled
                 await to_the_end(self._close())
                 raise

@@ -662,7 +662,10 @@ async def test_schedulers_in_a_rolling_raise_run_no_slot_twice_and_skip_none_for
     handed = range(stopping - 500, stopped + 1)
     window = range((began // 250 + 2) * 250, ended - 1000, 250)
     missing = [ms for ms in window if ms not in runs and ms not in late and ms not in handed]
-    assert missing == []
+    assert missing == [], (
+        f"began {began}, old stopped {stopping}-{stopped}, all stopped by {ended}; "
+        f"skips {sorted(skips)}"
+    )
 
 
 # -- defence in depth: no claim of a slot older than the slot memory ---------------------------
