@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -29,8 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["FleetBuckets", "bucket_name", "bucket_streams"]
 
 _READ_S = 5.0  # a read waits this long at most for the bucket's values
-_FETCH_S = 1.0
-_CONSUMER_IDLE_S = 30.0  # server-side clean-up of a reader that died mid-read
 
 
 def bucket_name(prefix: str, kind: FleetKind) -> str:
@@ -90,49 +87,28 @@ class FleetBuckets:
             return bucket
 
     async def read(self, kind: FleetKind) -> dict[str, str]:
-        """Every key's last value: an ephemeral consumer delivers the last message of each
-        subject, fetched until none is pending (as the history is read)."""
+        """Every key's last value: the stream's subjects (its info, filtered), then each one's
+        last message, all from the stream's leader, with no consumer to create (a consumer is
+        a Raft proposal to the metadata leader on a cluster, and this read runs before every
+        slot instant's claims)."""
         with Translated(f"reading the fleet's {kind}s", secrets=self._secrets):
             await self._bucket(kind)
             async with asyncio.timeout(_READ_S):
                 return await self._read(kind)
 
     async def _read(self, kind: FleetKind) -> dict[str, str]:
-        import nats.errors
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
         js, name = self._client(), bucket_name(self._prefix, kind)
         stream, subjects = f"KV_{name}", f"$KV.{name}."
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            ack_policy=AckPolicy.NONE,
-            filter_subject=f"{subjects}>",
-            mem_storage=True,
-            inactive_threshold=_CONSUMER_IDLE_S,
-        )
-        info = await js.add_consumer(stream, config)  # pyright: ignore[reportUnknownMemberType]
-        assert info.name is not None
+        info = await js.stream_info(stream, subjects_filter=f"{subjects}>")
+        names = sorted(info.state.subjects or {})
         found: dict[str, str] = {}
-        pending = info.num_pending or 0
-        sub = await js.pull_subscribe_bind(info.name, stream=stream)
-        try:
-            while pending > 0:
-                try:
-                    msgs = await sub.fetch(min(pending, 256), timeout=_FETCH_S)
-                except nats.errors.TimeoutError:  # purged while we read: nothing more
-                    break
-                for msg in msgs:
-                    key = _text(msg.subject[len(subjects) :])
-                    if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
-                        found.pop(key, None)
-                    elif msg.data:
-                        found[key] = msg.data.decode()
-                pending = msgs[-1].metadata.num_pending if msgs else 0
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-            with contextlib.suppress(Exception):
-                await asyncio.shield(js.delete_consumer(stream, info.name))
+        for subject, msg in zip(
+            names, await asyncio.gather(*(_last(js, stream, s) for s in names)), strict=True
+        ):
+            if msg is None or (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+                continue  # gone since the info was read, or deleted
+            if msg.data:
+                found[_text(subject[len(subjects) :])] = msg.data.decode()
         return found
 
     async def put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
@@ -157,6 +133,16 @@ class FleetBuckets:
             except nats.js.errors.KeyWrongLastSequenceError:
                 return False
             return True
+
+
+async def _last(js: JetStreamContext, stream: str, subject: str) -> Any:
+    """The last message of ``subject``, or ``None`` when it has none any more."""
+    import nats.js.errors
+
+    try:
+        return await js.get_last_msg(stream, subject)
+    except nats.js.errors.NotFoundError:
+        return None
 
 
 async def _entry(bucket: KeyValue, key: str) -> Any:
