@@ -821,18 +821,6 @@ class PostgresBackend(SQLLeaseBackend):
         reason: RunReason,
         timeout: float,
     ) -> Lease | Literal["overlap", "not-acquired"]:
-        with self._claiming(f"the claim of {slot.key}"):
-            return await self._acquire(slot, policy, instance_id, run_id, reason, timeout)
-
-    async def _acquire(
-        self,
-        slot: Slot,
-        policy: JobPolicy,
-        instance_id: str,
-        run_id: str,
-        reason: RunReason,
-        timeout: float,
-    ) -> Lease | Literal["overlap", "not-acquired"]:
         token = new_token()
         sql = {"catch-up": self._sql.acquire_catch_up, "manual": self._sql.acquire_manual}.get(
             reason, self._sql.acquire
@@ -846,7 +834,8 @@ class PostgresBackend(SQLLeaseBackend):
         async def claim(conn: _Connection) -> Row | None:
             return await conn.fetchrow(sql, *args)
 
-        row = await self._call("claim " + slot.key, claim, timeout)
+        with self._claiming(f"the claim of {slot.key}"):
+            row = await self._call("claim " + slot.key, claim, timeout)
         assert row is not None  # the SELECT always returns its one row
         self._check_slot_time(slot, row["now_ms"], self._clock, granted=row["granted"])
         if row["granted"]:
