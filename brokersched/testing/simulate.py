@@ -30,7 +30,7 @@ The invariants, after every step (``Ledger.violations``):
 * at the end, every slot that some instance was refused as ``not-acquired`` was won by a claim
   (a slot that every instance lost to nobody is lost silently); on a claim-only backend,
   every slot won by an instance never killed ran, or that instance said why not (a skip
-  event), or its job was paused, or a stop's drain cut its claim, answer lost, as it waited;
+  event), or its job was paused near it, or a stop's drain cut its claim, answer lost;
 * a job paused for the fleet (``Job.pause()`` on any instance, its write answered) runs no
   scheduled slot whose pre-claim read of the controls began after that answer, until it is
   resumed (unless the store was away meanwhile, or a read sent while it was away still hung, or
@@ -75,6 +75,7 @@ from ._sim_backends import (
 __all__ = ["BACKENDS", "Result", "main", "simulate"]
 
 BACKENDS = ("lease", "redis", "nats", "rabbitmq", "natslease")
+_CLAIM_SPAN_MS = 50_000  # a claim begins within jitter (4 s) and max_late (45 s) of its slot
 #: What a seed draws when no backend is given: the backends before ``natslease`` (chosen with
 #: ``--backend natslease``), so that every seed replays on the backend it drew before.
 _DRAWN = BACKENDS[:4]
@@ -311,8 +312,17 @@ class Ledger:
             and winner not in self.killed
             and (key, slot) not in cut
             and (key, slot, winner) not in self.skipped
-            and key not in self.paused
+            and not self._paused_near(key, slot)
         ]
+
+    def _paused_near(self, key: str, slot: int) -> bool:
+        """A pause of ``key`` that may have reached the winner while its claim was in flight
+        (within the longest max_late and jitter drawn of the slot): not run, and said only
+        in a log line."""
+        return any(
+            (start or 0) <= slot + _CLAIM_SPAN_MS and (end is None or end >= slot - _CLAIM_SPAN_MS)
+            for start, end in self.paused.get(key, [])
+        )
 
 
 async def _quietly(change: Any) -> Any:
