@@ -494,11 +494,14 @@ async def test_purge_rabbitmq_with_management_lists_and_sees_connections(
         assert refused.returncode == 1
         assert "connection(s) named 'brokersched (" in refused.stdout
         assert "not enumerated" not in refused.stdout  # listed, not guessed
-    made = await asyncio.to_thread(rabbitmq_objects, prefix, node)
-    # The management API lists a queue once the node's statistics have it (every 5 s, later
-    # under load): the claim queues were made a moment ago.
-    deadline = time.monotonic() + 30
-    while not {n for n in made if ".claim." in n} <= await listed_queues(management, prefix):
+    # The management API lists a queue once the node's statistics have it (every 5 s, much
+    # later on a machine under CPU stress): the claim queues were made a moment ago. The bound
+    # says "never"; what exists is read again each time (a claim queue may expire meanwhile).
+    deadline = time.monotonic() + 120
+    while True:
+        made = await asyncio.to_thread(rabbitmq_objects, prefix, node)
+        if {n for n in made if ".claim." in n} <= await listed_queues(management, prefix):
+            break
         assert time.monotonic() < deadline, "the management API never listed the claim queues"
         await asyncio.sleep(0.5)
     listed = await cli("purge", APP, "--dry-run", env=env)
