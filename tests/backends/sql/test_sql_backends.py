@@ -579,6 +579,25 @@ async def test_sqlite_renew_answers_within_a_third_of_the_ttl(tmp_path: Path) ->
         await backend.stop()
 
 
+async def test_sqlite_claim_waits_for_the_write_lock_up_to_its_own_timeout(
+    tmp_path: Path,
+) -> None:
+    """Another process holds the write lock for several busy_timeouts: the claim asks again
+    until its caller's timeout, and wins once the lock is free (before, it failed after one
+    busy_timeout: eight racers with lease_ttl 1 s, under CPU stress)."""
+    fleet = Fleet("sqlite", "unused", tmp_path / "wait.db", "")
+    backend = await fleet.start(lease_ttl="300ms")
+    assert backend.busy_timeout == timedelta(milliseconds=100)
+    try:
+        async with hold_write_lock(fleet):
+            claim = asyncio.create_task(acquire(backend, Slot("job", SLOT), timeout=30))
+            await asyncio.sleep(0.4)  # the lock held for four busy_timeouts
+            assert not claim.done(), claim
+        assert isinstance(await claim, Lease)
+    finally:
+        await backend.stop()
+
+
 # -- secrets, configuration ----------------------------------------------------------------
 
 
