@@ -41,7 +41,11 @@ async def _last_body(js: JetStreamContext, stream: str, subject: str) -> list[by
 
 async def _last_bodies(js: JetStreamContext, stream: str, subject: str, count: int) -> list[bytes]:
     """JetStream 2.9 cannot read a subject backwards, so an ephemeral consumer reads the
-    subject's messages (at most ``max_msgs_per_subject``) and keeps the last ``count``."""
+    subject's messages (at most ``max_msgs_per_subject``) and keeps the last ``count``.
+
+    On a cluster the consumer sits on any replica of the stream, one still catching up after a
+    restart or a heal included, which holds only the older part of the subject: the read ends
+    with the stream leader's messages after the last one the consumer gave (``_top_up``)."""
     import nats.js.errors
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
@@ -57,30 +61,59 @@ async def _last_bodies(js: JetStreamContext, stream: str, subject: str, count: i
     except nats.js.errors.NotFoundError:  # no history stream yet
         return []
     assert info.name is not None
+    newest: deque[tuple[int, bytes]] = deque(maxlen=count)  # (stream sequence, body)
     try:
-        pending = info.num_pending or 0
-        return await _drain(js, stream, info.name, pending, count) if pending else []
+        await _drain(js, stream, info.name, info.num_pending or 0, newest)
     finally:
         with contextlib.suppress(Exception):
             await asyncio.shield(js.delete_consumer(stream, info.name))
+    await _top_up(js, stream, subject, newest)
+    return [body for _, body in newest]
 
 
 async def _drain(
-    js: JetStreamContext, stream: str, consumer: str, pending: int, count: int
-) -> list[bytes]:
+    js: JetStreamContext,
+    stream: str,
+    consumer: str,
+    pending: int,
+    newest: deque[tuple[int, bytes]],
+) -> None:
+    """Read ``consumer``'s ``pending`` messages into ``newest``."""
     import nats.errors
 
+    if pending <= 0:
+        return
     sub = await js.pull_subscribe_bind(consumer, stream=stream)
-    newest: deque[bytes] = deque(maxlen=count)
     try:
         while pending > 0:
             try:
                 msgs = await sub.fetch(min(pending, _FETCH_BATCH), timeout=_FETCH_TIMEOUT_S)
             except nats.errors.TimeoutError:  # trimmed while we read: nothing more
                 break
-            newest.extend(msg.data for msg in msgs)
-            pending = msgs[-1].metadata.num_pending if msgs else 0
+            if not msgs:
+                break
+            newest.extend((msg.metadata.sequence.stream, msg.data) for msg in msgs)
+            pending = msgs[-1].metadata.num_pending
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
-    return list(newest)
+
+
+async def _top_up(
+    js: JetStreamContext, stream: str, subject: str, newest: deque[tuple[int, bytes]]
+) -> None:
+    """Append the messages of ``subject`` stored after the last one in ``newest``, read from
+    the stream's leader one by one (``next_by_subj``, nats-server 2.9+): usually none, so one
+    round trip."""
+    import nats.js.errors
+
+    seq = newest[-1][0] + 1 if newest else 1
+    while True:
+        try:
+            msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
+        except nats.js.errors.NotFoundError:  # nothing after it (or the stream is gone)
+            return
+        assert msg.seq is not None
+        if msg.data:
+            newest.append((msg.seq, msg.data))
+        seq = msg.seq + 1

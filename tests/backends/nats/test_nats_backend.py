@@ -25,7 +25,7 @@ from nats.js.api import StorageType, StreamConfig
 from brokersched import BackendError, BackendUnavailableError, ConfigurationError
 from brokersched._clock import SystemClock
 from brokersched.abc import Claim, JobPolicy, RunRecord, Slot
-from brokersched.backends.nats import NATSBackend, redact, subject_token
+from brokersched.backends.nats import NATSBackend, _history, redact, subject_token
 from brokersched.backends.nats._streams import Names
 from tests.support.fleet import run_fleet
 from tests.support.names import unique
@@ -622,6 +622,28 @@ async def test_history_without_prepare(backend: NATSBackend) -> None:
     for i in range(6):
         await backend.record(job, run_record(job.name, i))
     assert [r.slot_ms for r in await backend.history(job, 10)] == [5, 4, 3, 2]
+
+
+async def test_history_reads_what_a_lagging_replica_lacks_from_the_leader(
+    backend: NATSBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a cluster the reading consumer can sit on a replica still catching up after a heal,
+    which holds the older records only (seen on nats-server 2.9): the newest come from the
+    stream leader. The replica's lag is the one thing faked here."""
+    job = JobPolicy("h.lag", history_size=10)
+    for i in range(5):
+        await backend.record(job, run_record(job.name, i))
+    drain = _history._drain
+
+    async def lagging(*args: Any) -> None:
+        await drain(*args)
+        newest = args[-1]
+        assert json.loads(newest[-1][1])["slot_ms"] == 4  # the consumer read them all
+        newest.pop(), newest.pop()  # what the replica has not stored yet
+
+    monkeypatch.setattr(_history, "_drain", lagging)
+    assert [r.slot_ms for r in await backend.history(job, 10)] == [4, 3, 2, 1, 0]
+    assert [r.slot_ms for r in await backend.history(job, 3)] == [4, 3, 2]
 
 
 # -- connection loss (a throwaway server) -----------------------------------------------------
