@@ -1,6 +1,7 @@
-"""What the lease backends' tests share (Redis, SQLite, PostgreSQL): a claim in one call,
-racers at one barrier, a skewed instance clock; for SQLite and PostgreSQL a fleet of backends of
-one namespace, the schema's version and the write lock held."""
+"""What the lease backends' tests share (MemoryBackend, SQLite, PostgreSQL, Redis): a fleet of
+backends of one namespace (``fleet_of``), its store clock stopped, a claim in one call, racers at
+one barrier, a skewed instance clock; for SQLite and PostgreSQL the schema's version and the
+write lock held."""
 
 from __future__ import annotations
 
@@ -16,11 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
+import redis.asyncio
 
 from brokersched._clock import Clock, SystemClock
 from brokersched.abc import JobPolicy, Lease, LeaseBackend, Slot
+from brokersched.backends.memory import MemoryBackend, MemoryStore
 from brokersched.backends.postgres import PostgresBackend
+from brokersched.backends.redis import RedisLeaseBackend
 from brokersched.backends.sqlite import SQLiteBackend
+from tests.support.names import unique
+from tests.support.redis_helpers import delete_keys
 
 SLOT = 1_700_000_000_000  # in the past, as every slot an instance claims
 
@@ -38,28 +45,56 @@ class SkewedClock(SystemClock):
         return super().now_ms() + self.offset_ms
 
 
+class StoppedClock(SystemClock):
+    """A store's clock standing at ``now`` (ms)."""
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def now_ms(self) -> int:
+        return self.now
+
+
 @dataclass
 class Fleet:
-    """Backends of one namespace, each with its own connection, as instances of one fleet."""
+    """Backends of one namespace, each with its own connection, as instances of one fleet:
+    ``kind`` is ``memory`` (one MemoryStore), ``sqlite`` (a file), ``postgres`` (a schema),
+    ``redis`` or ``redis-cluster`` (a key prefix)."""
 
     kind: str
     namespace: str
     path: Path  # the SQLite file
     dsn: str  # the PostgreSQL server
+    url: str = ""  # the Redis server, or a node of the Redis Cluster
+    store: MemoryStore = field(default_factory=MemoryStore)
     started: list[LeaseBackend] = field(default_factory=list)
 
+    @property
+    def cluster(self) -> bool:
+        return self.kind == "redis-cluster"
+
     def build(self, **options: Any) -> LeaseBackend:
+        if self.kind == "memory":
+            # The members' store keeps the system's time, as a server's does; unset, a
+            # MemoryBackend would judge on its own scheduler's clock.
+            options.setdefault("store_clock", SystemClock())
+            return MemoryBackend(store=self.store, **options)
         if self.kind == "sqlite":
             return VirtualClockSQLite(self.path, **options)
-        return PostgresBackend(self.dsn, schema=self.namespace, max_size=2, **options)
+        if self.kind == "postgres":
+            return PostgresBackend(self.dsn, schema=self.namespace, max_size=2, **options)
+        return RedisLeaseBackend(self.url, prefix=self.namespace, cluster=self.cluster, **options)
 
     async def set_store_time(self, now_ms: int) -> None:
         """Stop the store's clock at ``now_ms`` (SQLite's one hook, PostgreSQL's
-        ``store_now()``): time passes for the leases only when the test says so, however long
-        its calls take."""
+        ``store_now()``, the Redis scripts' ``store_time``, MemoryBackend's ``store_clock``):
+        time passes for the leases only when the test says so, however long its calls take.
+        For the members started so far (and every PostgreSQL member: the schema's clock)."""
         for backend in self.started:
-            if isinstance(backend, VirtualClockSQLite):
+            if isinstance(backend, VirtualClockSQLite | RedisLeaseBackend):
                 backend.store_time = now_ms
+            elif isinstance(backend, MemoryBackend):
+                backend.store_clock = StoppedClock(now_ms)
         if self.kind == "postgres":
             await set_postgres_store_time(self.dsn, [self.namespace], now_ms)
 
@@ -72,6 +107,39 @@ class Fleet:
 
     async def many(self, count: int, **options: Any) -> list[LeaseBackend]:
         return list(await asyncio.gather(*(self.start(**options) for _ in range(count))))
+
+    def redis(self) -> Any:
+        """A client of the Redis server or cluster (the caller closes it)."""
+        if self.cluster:
+            return redis.asyncio.RedisCluster.from_url(self.url)
+        return redis.asyncio.Redis.from_url(self.url)
+
+    async def clean_up(self) -> None:
+        """Stop the members, and remove what they left in the store."""
+        for backend in reversed(self.started):
+            await backend.stop()
+        if self.kind == "postgres":
+            await drop_schema(self.dsn, self.namespace)
+        elif self.kind.startswith("redis"):
+            await delete_keys(self.url, self.namespace, cluster=self.cluster)
+
+
+@asynccontextmanager
+async def fleet_of(kind: str, request: pytest.FixtureRequest, tmp: Path) -> AsyncIterator[Fleet]:
+    """A fleet of ``kind`` in a new namespace, cleaned up after. The servers are the session's
+    (``postgres_dsn``, ``redis_url``); a ``redis-cluster`` fleet's is ``redis_cluster_url``,
+    which the test module imports from ``tests.support.redis_helpers``."""
+    namespace = unique("t")
+    dsn = request.getfixturevalue("postgres_dsn") if kind == "postgres" else ""
+    url = ""
+    if kind.startswith("redis"):
+        server = "redis_cluster_url" if kind == "redis-cluster" else "redis_url"
+        url = request.getfixturevalue(server)
+    fleet = Fleet(kind, namespace, tmp / f"{namespace}.db", dsn, url)
+    try:
+        yield fleet
+    finally:
+        await fleet.clean_up()
 
 
 async def drop_schema(dsn: str, schema: str) -> None:

@@ -1,5 +1,7 @@
 """SQLiteBackend and PostgresBackend beyond the conformance suite: races on separate
 connections, fencing, the database clock, the schema, history trimming, failures and secrets.
+The lease rules every lease backend shares (fencing, stale tokens, racing claimers of newer
+slots and racing takers among them) are in tests/backends/multi/test_lease_rules.py.
 
 Every test runs on both backends against the real thing: a SQLite file in the test's temporary
 directory, the PostgreSQL server of ``postgres_dsn`` in a throwaway schema.
@@ -49,9 +51,8 @@ from tests.support.leases import (
     SkewedClock,
     acquire,
     drop_schema,
-    expire,
+    fleet_of,
     hold_write_lock,
-    now_ms,
     race,
     schema_version,
 )
@@ -79,15 +80,8 @@ def with_password(dsn: str, password: str, port: int | None = None) -> str:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 async def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Fleet]:
-    kind: str = request.param
-    namespace = unique("t")
-    dsn = request.getfixturevalue("postgres_dsn") if kind == "postgres" else ""
-    fleet = Fleet(kind, namespace, tmp_path / f"{namespace}.db", dsn)
-    yield fleet
-    for backend in reversed(fleet.started):
-        await backend.stop()
-    if kind == "postgres":
-        await drop_schema(dsn, namespace)
+    async with fleet_of(request.param, request, tmp_path) as fleet:
+        yield fleet
 
 
 # -- races ---------------------------------------------------------------------------------
@@ -106,53 +100,7 @@ async def test_racing_claimers_of_one_slot_have_one_winner(fleet: Fleet) -> None
         assert set(results) - {r for r in results if isinstance(r, Lease)} == {"not-acquired"}
 
 
-async def test_racing_claimers_of_newer_slots_respect_a_just_granted_lease(fleet: Fleet) -> None:
-    """Each claimer asks for a different, newer slot with overlap='skip': the first grant must
-    block every other, although they all read the job before it existed (the race that a
-    check of the leases table from before the lock wait would lose)."""
-    backends = await fleet.many(RACERS)
-    for n in range(6):
-        calls = [
-            partial(acquire, b, Slot("skip", SLOT + n * 1000 + i + 1), instance=f"i{i}")
-            for i, b in enumerate(backends)
-        ]
-        results = await race(calls)
-        leases = [r for r in results if isinstance(r, Lease)]
-        assert len(leases) == 1, results
-        await backends[0].release(leases[0])
-
-
-async def test_racing_takers_share_dead_slots_exactly_once(fleet: Fleet) -> None:
-    backends = await fleet.many(RACERS)
-    policies = [JobPolicy(f"job{n}") for n in range(4)]
-    # the store's clock stands still: eight takers spread over more than a lease's lifetime
-    # (a loaded machine) would otherwise take a slot over twice, rightly
-    now = now_ms()
-    await fleet.set_store_time(now)
-    for policy in policies:
-        assert isinstance(await acquire(backends[0], Slot(policy.name, SLOT), policy), Lease)
-    await fleet.set_store_time(now + TTL // timedelta(milliseconds=1) * 3 // 2)
-    calls = [
-        lambda b=b, i=i: b.take_over(policies, instance_id=f"i{i}") for i, b in enumerate(backends)
-    ]
-    taken = [lease for leases in await race(calls) for lease in leases]
-    assert sorted(lease.job for lease in taken) == [p.name for p in policies]
-    assert {lease.attempt for lease in taken} == {2}
-
-
 # -- fencing and the database clock --------------------------------------------------------
-
-
-async def test_an_older_slot_is_refused_after_a_newer_ones_lease_expired(fleet: Fleet) -> None:
-    one, two = await fleet.many(2)
-    policy = JobPolicy("job")
-    newer = await acquire(one, Slot("job", SLOT + 60_000), policy)
-    assert isinstance(newer, Lease)
-    await expire()  # its runner died: nobody renewed, nobody released
-    assert await acquire(two, Slot("job", SLOT), policy, instance="i2") == "not-acquired"
-    assert await acquire(two, Slot("job", SLOT), policy, reason="catch-up") == "not-acquired"
-    (retry,) = await two.take_over([policy], instance_id="i2")
-    assert (retry.slot_ms, retry.attempt) == (SLOT + 60_000, 2)
 
 
 async def test_a_skewed_instance_clock_cannot_steal_a_live_lease(fleet: Fleet) -> None:
@@ -163,32 +111,6 @@ async def test_a_skewed_instance_clock_cannot_steal_a_live_lease(fleet: Fleet) -
     assert await acquire(ahead, Slot("job", SLOT + 1000), instance="i2") == "overlap"
     assert await ahead.take_over([JobPolicy("job")], instance_id="i2") == []
     assert await honest.renew(lease) is True
-
-
-async def test_a_stale_token_never_touches_the_newer_lease(fleet: Fleet) -> None:
-    dead, alive = await fleet.many(2)
-    policy = JobPolicy("job")
-    old = await acquire(dead, Slot("job", SLOT), policy)
-    assert isinstance(old, Lease)
-    await expire()
-    (new,) = await alive.take_over([policy], instance_id="i2")
-    await dead.release(old, handover=True)  # a stale hand-over...
-    await dead.release(old)  # ... and a stale release change nothing
-    assert await alive.take_over([policy], instance_id="i3") == []
-    assert await acquire(dead, Slot("job", SLOT + 1000), policy) == "overlap"
-    assert await dead.renew(old) is False
-    assert await alive.renew(new) is True
-
-
-async def test_a_handed_over_slot_not_latest_is_dropped(fleet: Fleet) -> None:
-    backend = await fleet.start()
-    policy = JobPolicy("job")
-    lease = await acquire(backend, Slot("job", SLOT), policy)
-    assert isinstance(lease, Lease)
-    await backend.release(lease, handover=True)
-    assert isinstance(await acquire(backend, Slot("job", SLOT + 1000), policy), Lease)
-    assert await backend.take_over([policy], instance_id="i2") == []
-    assert await backend.history(policy, 10) == []
 
 
 # -- schema --------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 * 4: the database's clock stepped back 10 s; every claim was refused as clock skew and the
   warning told the operator to fix the *instance's* clock. ``skew_diagnosis`` tells which clock
   moved (checked here on virtual readings, then through a scheduler whose SQLite store clock is
-  moved by its one hook, ``_store_now_ms``; tests/backends/sql/test_lease_rules.py checks each
-  backend, PostgreSQL's real server included).
+  moved by its one hook, ``_store_now_ms``; tests/backends/multi/test_lease_rules.py checks
+  each lease backend, PostgreSQL's and Redis's real servers included).
 * 5: SQLite's store clock was ``julianday('now')``, the calling process's own time: a process
   run under libfaketime +40 s judged its claims on its own fast clock, fenced 40 s of slots
   and the fleet ran nothing. SQLite now reads the host's kernel clock by a direct system call,
