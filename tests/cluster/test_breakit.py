@@ -9,7 +9,6 @@ kept as a regression test (each failed on the code before its fix). The harness 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import nats
 import nats.js.errors
@@ -31,31 +30,6 @@ from tests.support.tcp_proxy import TcpProxy
 # The reply nats-server sends to a stream update ($JS.API.STREAM.UPDATE.<stream>): the update
 # has been applied when it leaves the server.
 _STREAM_UPDATED = b"io.nats.jetstream.api.v1.stream_update_response"
-
-
-class StallAfter(StallProxy):
-    """A ``StallProxy`` that stalls by itself right after delivering a chunk from the server
-    that matches ``predicate``: the client has its answer, and what it sends next is held
-    (a slow link, a paused VM) until ``resume()``. ``stalled`` is set then."""
-
-    def __init__(self, target_port: int, predicate: Callable[[bytes], bool]) -> None:
-        super().__init__(target_port)
-        self.predicate = predicate
-        self.stalled = asyncio.Event()
-
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                await self._running.wait()
-                writer.write(data)
-                await writer.drain()
-                if not self.stalled.is_set() and self.predicate(data):
-                    self.stalled.set()
-                    self.stall()
-        except OSError:
-            pass
-        finally:
-            writer.transport.abort()
 
 
 async def claims_window(nats_url: str, prefix: str) -> tuple[float, bytes | None]:
@@ -171,7 +145,8 @@ async def test_nats_two_new_members_starting_together_run_an_at_slot_twice(
 
     new_store, new_jobs = with_ttl(store, "60s"), [at("report", slot, max_late="30s")]
     port = int(nats_url.rsplit(":", 1)[1])
-    proxy = StallAfter(port, lambda data: _STREAM_UPDATED in data)
+    proxy = StallProxy(port)
+    proxy.stall_after_downstream(lambda data: _STREAM_UPDATED in data)
     async with proxy:
         slow = {**new_store, "url": f"nats://127.0.0.1:{proxy.port}"}
         await fleet.start(fleet.spec("A", slow, new_jobs, start_at_ms=slot + 4500))

@@ -27,19 +27,12 @@ from brokersched._clock import SystemClock
 from brokersched._logging import configure_logging
 from brokersched._redact import redact_text
 from brokersched.abc import JobPolicy
-from brokersched.backends.rabbitmq import (
-    RabbitMQBackend,
-    fleet_lock_name,
-    fleet_queue_name,
-    history_queue_name,
-    history_stream_name,
-    lock_queue_name,
-    record_queue_name,
-)
+from brokersched.backends.rabbitmq import RabbitMQBackend, history_queue_name
 from brokersched.cli import cli
 from tests.support.cli_apps.process import RunningCLI, brokersched, cli_env
 from tests.support.helpers import IN_CI
 from tests.support.names import unique
+from tests.support.rabbitmq_helpers import delete_queues, fleet_queues
 
 SQLITE_APP = "tests.support.cli_apps.sqlite_app:scheduler"
 RABBITMQ_APP = "tests.support.cli_apps.rabbitmq_app:scheduler"
@@ -458,22 +451,10 @@ def test_run_refuses_a_taken_metrics_port(sqlite_env: dict[str, str]) -> None:
 def rabbitmq_env(amqp_url: str) -> Iterator[dict[str, str]]:
     prefix = unique("brokersched_cli")
     yield {"BROKERSCHED_AMQP_URL": amqp_url, "BROKERSCHED_TEST_PREFIX": prefix}
-    # trigger starts the scheduler, which declares the history queue of every job
+    # trigger starts the scheduler, which declares the history queue of every job; the claim
+    # queues expire by themselves (slot_ttl=20s in the app)
     histories = [history_queue_name(prefix, job) for job in ("greet", "nightly")]
-    fleet = [record_queue_name(prefix), lock_queue_name(prefix), history_stream_name(prefix)]
-    fleet += [fleet_queue_name(prefix), fleet_lock_name(prefix)]  # presence and controls
-    asyncio.run(_delete_queues(amqp_url, histories + fleet))
-
-
-async def _delete_queues(amqp_url: str, names: list[str]) -> None:
-    import aio_pika
-
-    connection = await aio_pika.connect(amqp_url)
-    async with connection:
-        channel = await connection.channel()
-        for name in names:
-            await channel.queue_delete(name)
-    # The claim queues expire by themselves (slot_ttl=20s in the app).
+    asyncio.run(delete_queues(amqp_url, [*histories, *fleet_queues(prefix)]))
 
 
 def test_trigger_and_history_on_rabbitmq(rabbitmq_env: dict[str, str]) -> None:

@@ -55,7 +55,7 @@ from tests.support.cli_apps.ops_app import make_backend, make_scheduler
 from tests.support.cli_apps.process import brokersched
 from tests.support.helpers import missing
 from tests.support.names import unique
-from tests.support.nats_helpers import lease_streams
+from tests.support.nats_helpers import claims_stream, lease_streams
 from tests.support.private_rabbitmq import RABBITMQ_SBIN, PrivateRabbitMQ
 from tests.support.redis_helpers import RedisServer, redis_cluster_url
 
@@ -360,22 +360,13 @@ async def test_doctor_redis_without_persistence_fails(
 @pytest.mark.nats_servers
 async def test_doctor_nats_short_duplicate_window_fails(nats_url: str) -> None:
     import nats
-    from nats.js.api import StorageType, StreamConfig
 
     prefix = unique("nats")
     env = env_of("nats", nats_url, prefix)
     nc = await nats.connect(nats_url)
     try:
         js = nc.jetstream()
-        await js.add_stream(
-            StreamConfig(
-                name=f"{prefix}-claims",
-                subjects=[f"{prefix}.claim.>"],
-                storage=StorageType.FILE,
-                duplicate_window=5,
-                max_age=5,
-            )
-        )
+        await js.add_stream(claims_stream(prefix, duplicate_window=5, max_age=5))
         bad = await cli("doctor", APP, "--json", env=env)
         assert bad.returncode == 1, bad.stdout + bad.stderr
         found = [f for f in findings_of(bad) if f["severity"] == "error"]

@@ -80,6 +80,17 @@ def test_the_start_error_is_raised_to_the_caller_and_the_lifespan_runs_in_the_th
     assert [t for t in threading.enumerate() if t.name == "sched"] == []
 
 
+def program_output(script: str) -> list[str]:
+    """The lines a Python program printed; it must exit with 0 within 10 s."""
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - began < 10
+    return done.stdout.splitlines()
+
+
 def test_a_program_that_forgets_stop_still_exits_after_a_drain() -> None:
     script = textwrap.dedent(
         """
@@ -101,13 +112,7 @@ def test_a_program_that_forgets_stop_still_exits_after_a_drain() -> None:
         print("main ends", flush=True)
         """
     )
-    began = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["main ends", "told shutdown"]
-    assert time.monotonic() - began < 10
+    assert program_output(script) == ["main ends", "told shutdown"]
 
 
 def test_a_sync_handler_abandoned_by_the_drain_does_not_keep_the_program_alive() -> None:
@@ -132,13 +137,7 @@ def test_a_sync_handler_abandoned_by_the_drain_does_not_keep_the_program_alive()
         print("main ends", flush=True)
         """
     )
-    began = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["interrupted", "main ends"]
-    assert time.monotonic() - began < 10
+    assert program_output(script) == ["interrupted", "main ends"]
 
 
 def test_handler_threads_are_reused_and_never_wait_for_one_another() -> None:

@@ -21,18 +21,10 @@ import pytest
 
 from brokersched._clock import SystemClock
 from brokersched.abc import JobPolicy, RunRecord, Slot
-from brokersched.backends.rabbitmq import (
-    RabbitMQBackend,
-    claim_queue_name,
-    fleet_lock_name,
-    fleet_queue_name,
-    history_queue_name,
-    history_stream_name,
-    lock_queue_name,
-    record_queue_name,
-)
+from brokersched.backends.rabbitmq import RabbitMQBackend, claim_queue_name, history_queue_name
 from tests.support.names import unique
 from tests.support.paths import REPO_ROOT
+from tests.support.rabbitmq_helpers import delete_queues, fleet_queues
 
 ROOT = REPO_ROOT
 APP = ROOT / "examples" / "outbox" / "app.py"
@@ -95,26 +87,16 @@ async def names(amqp_url: str) -> AsyncIterator[tuple[str, str]]:
     prefix = unique("outbox_test")
     queue = f"{prefix}.orders"
     yield prefix, queue
-    import aio_pika
-
     history = RabbitMQBackend(amqp_url, prefix=prefix)
     await history.start(SystemClock())
     try:
         slots = [r.slot_ms for r in await history.history(JobPolicy(JOB), 1000)]
     finally:
         await history.stop()
-    connection = await aio_pika.connect(amqp_url)
-    async with connection:
-        channel = await connection.channel()
-        fleet = [record_queue_name(prefix), lock_queue_name(prefix)]  # the fleet's slot memory
-        fleet += [fleet_queue_name(prefix), fleet_lock_name(prefix)]  # presence, controls
-        for name in [
-            queue,
-            history_queue_name(prefix, JOB),
-            history_stream_name(prefix),
-            *fleet,
-        ] + [claim_queue_name(prefix, Slot(JOB, slot)) for slot in slots]:
-            await channel.queue_delete(name)
+    claims = [claim_queue_name(prefix, Slot(JOB, slot)) for slot in slots]
+    await delete_queues(
+        amqp_url, [queue, history_queue_name(prefix, JOB), *fleet_queues(prefix), *claims]
+    )
 
 
 async def consume_message_ids(amqp_url: str, queue: str) -> list[str]:

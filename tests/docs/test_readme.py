@@ -11,20 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import pytest
 from mypy import api as mypy_api
 
-from brokersched.backends.rabbitmq import (
-    fleet_lock_name,
-    fleet_queue_name,
-    history_queue_name,
-    history_stream_name,
-    lock_queue_name,
-    record_queue_name,
-)
+from brokersched.backends.rabbitmq import history_queue_name
 from tests.support.helpers import read_until
 from tests.support.paths import REPO_ROOT
+from tests.support.rabbitmq_helpers import delete_queues, fleet_queues
 
 ROOT = REPO_ROOT
 READMES = [
@@ -119,13 +112,6 @@ def run_until_a_run_completes(app: Path, job: str) -> str:
     return output
 
 
-async def delete_queue(url: str, name: str) -> None:
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        await channel.queue_delete(name)
-
-
 def cli(app: Path, *args: str) -> subprocess.CompletedProcess[str]:
     brokersched = Path(sys.executable).with_name("brokersched")
     return subprocess.run(
@@ -148,13 +134,9 @@ async def test_readme_programs_run_on_rabbitmq_and_stop_cleanly(
     try:
         run_until_a_run_completes(app, job.group(1))
     finally:  # the history queues it left (claim queues expire by themselves)
-        queues = [record_queue_name("brokersched"), lock_queue_name("brokersched")]
-        queues += [fleet_queue_name("brokersched"), fleet_lock_name("brokersched")]
-        queues.append(history_stream_name("brokersched"))
-        for name in re.findall(r'\.(?:every|cron|at)\("([^"]+)"', code):
-            queues.append(history_queue_name("brokersched", name))
-        for queue in queues:
-            await delete_queue(amqp_url, queue)
+        jobs = re.findall(r'\.(?:every|cron|at)\("([^"]+)"', code)
+        histories = [history_queue_name("brokersched", name) for name in jobs]
+        await delete_queues(amqp_url, [*fleet_queues("brokersched"), *histories])
     # the guarded module is what the CLI imports: it lists the jobs instead of running them
     listed = cli(app, "jobs", "app:scheduler")
     assert listed.returncode == 0, listed.stderr

@@ -14,7 +14,7 @@ from typing import IO, NoReturn
 import pytest
 from hypothesis import settings
 
-from brokersched import JobContext
+from brokersched import JobContext, MemoryBackend
 from brokersched._clock import Clock
 from brokersched.abc import Capabilities, ClaimBackend, JobPolicy, RunRecord, Slot
 
@@ -92,6 +92,20 @@ class DictClaimBackend(ClaimBackend):
         return self.records.get(job.name, [])[:limit]
 
 
+class BatchNotingMemory(MemoryBackend):
+    """A MemoryBackend for the tests of a batch call (``acquire_many``, ``release_many``) that
+    its subclass overrides: ``batches``, the jobs of each batch call; ``singles``, the job of
+    each call of its one-lease twin; ``fail``, the job whose part of a batch fails; ``down``,
+    every batch call fails."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[str]] = []
+        self.singles: list[str] = []
+        self.fail: str | None = None
+        self.down = False
+
+
 def read_until(stream: IO[str], text: str, *, timeout: float) -> str:
     """Read ``stream`` (a child's output) line by line until a line holds ``text``; return what
     was read. Fails, with the output so far, if the stream ends or ``timeout`` passes first."""
@@ -128,6 +142,16 @@ class Runs:
 
     def of(self, job: str) -> list[tuple[str, str, datetime]]:
         return [(i, r, at) for i, j, r, at in self.seen if j == job]
+
+
+class SlotRuns:
+    """A handler noting (instance, job, slot) of each run."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, int]] = []  # (instance, job, slot)
+
+    async def __call__(self, ctx: JobContext) -> None:
+        self.seen.append((ctx.instance_id, ctx.job, ctx.slot_ms))
 
 
 def examples(count: int) -> int:

@@ -43,7 +43,7 @@ def _carries(name: str, prefix: str) -> bool:
 
 
 async def remove_rabbitmq(url: str, prefix: str = RUN_PREFIX) -> list[str]:
-    import aio_pika
+    from tests.support.rabbitmq_helpers import delete_queues
 
     parts = urlsplit(url)
     ctl = shutil.which("rabbitmqctl", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
@@ -62,15 +62,9 @@ async def remove_rabbitmq(url: str, prefix: str = RUN_PREFIX) -> list[str]:
             check=True,
         )
         found += [(kind[:-1], name) for name in listed.stdout.split() if _carries(name, prefix)]
-    if found:
-        connection = await aio_pika.connect(url)
-        async with connection:
-            channel = await connection.channel()
-            for kind, name in found:
-                if kind == "queue":
-                    await channel.queue_delete(name)
-                else:
-                    await channel.exchange_delete(name)
+    queues = [name for kind, name in found if kind == "queue"]
+    exchanges = [name for kind, name in found if kind == "exchange"]
+    await delete_queues(url, queues, exchanges)
     return [f"RabbitMQ {kind} {name}" for kind, name in found]
 
 

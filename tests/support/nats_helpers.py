@@ -1,4 +1,5 @@
-"""NATS test helpers: a throwaway nats-server, a fault-injecting TCP proxy, clean-up.
+"""NATS test helpers: a throwaway nats-server, a fault-injecting TCP proxy, clean-up, streams
+made as an operator would.
 
 Everything listens on 127.0.0.1 on a free port and is stopped by the test that started it.
 """
@@ -11,6 +12,7 @@ import dataclasses
 import shutil
 import signal
 from collections.abc import AsyncIterator, Coroutine
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,13 +20,14 @@ from urllib.parse import urlsplit
 import nats
 import nats.errors
 import pytest
-from nats.js.api import StreamConfig
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
 from tests.support.helpers import IN_CI
 from tests.support.wait import free_port, until
 
 NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
+SLOT_TTL = timedelta(minutes=5)  # the slot_ttl whose claims stream ``claims_stream`` makes
 
 
 async def delete_streams(url: str, prefix: str) -> None:
@@ -41,6 +44,43 @@ async def delete_streams(url: str, prefix: str) -> None:
                     await js.delete_stream(name)
     finally:
         await nc.close()
+
+
+def claims_stream(prefix: str, **settings: Any) -> StreamConfig:
+    """A claims stream that a NATSBackend of ``prefix`` (slot_ttl ``SLOT_TTL``) accepts, with
+    ``settings`` changed."""
+    config = StreamConfig(
+        name=f"{prefix}-claims",
+        subjects=[f"{prefix}.claim.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.OLD,
+        duplicate_window=SLOT_TTL.total_seconds(),
+        max_age=SLOT_TTL.total_seconds(),
+    )
+    return with_settings(config, prefix, settings)
+
+
+def history_stream(prefix: str, **settings: Any) -> StreamConfig:
+    """A history stream that a NATSBackend of ``prefix`` accepts, with ``settings`` changed."""
+    config = StreamConfig(
+        name=f"{prefix}-history",
+        subjects=[f"{prefix}.history.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        discard=DiscardPolicy.OLD,
+        max_msgs_per_subject=100,
+    )
+    return with_settings(config, prefix, settings)
+
+
+def with_settings(config: StreamConfig, prefix: str, settings: dict[str, Any]) -> StreamConfig:
+    """``settings`` applied to ``config``; ``{p}`` in a subject stands for the prefix."""
+    for name, value in settings.items():
+        if name == "subjects":
+            value = [subject.format(p=prefix) for subject in value]
+        setattr(config, name, value)
+    return config
 
 
 async def create_stream(url: str, config: StreamConfig, *, seal: bool = False) -> None:

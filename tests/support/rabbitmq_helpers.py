@@ -1,5 +1,6 @@
-"""What the RabbitMQ tests share: slots far in the future, a backend that notes every queue it
-touches (so the test deletes them), queue deletion, a broker URL pointed at a proxy."""
+"""What the RabbitMQ tests share: slots far in the future, a prefix's fleet queues, a backend that
+notes every queue it touches (so the test deletes them), queue deletion and lookup, a broker URL
+pointed at a proxy."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
+import aiormq.exceptions
 from pamqp import commands, frame
 from pamqp.common import FieldTable
 from pamqp.exceptions import UnmarshalingException
@@ -44,21 +46,28 @@ CLAIM_ARGUMENTS: FieldTable = {
 }
 
 
+def fleet_queues(prefix: str) -> list[str]:
+    """The queues the RabbitMQBackends (and schedulers) of ``prefix`` share: the slot memory's
+    record queue and its lock, the history stream, the fleet's presence queue and its lock (a
+    scheduler's). The per-job history queues and the per-slot claim queues are not among them;
+    deleting the record queue deletes its fence exchanges too, and deleting one a fleet never
+    made is not an error."""
+    return [
+        record_queue_name(prefix),
+        lock_queue_name(prefix),
+        history_stream_name(prefix),
+        fleet_queue_name(prefix),
+        fleet_lock_name(prefix),
+    ]
+
+
 class TrackedBackend(RabbitMQBackend):
     """The real backend, noting every queue it touches so that the test can delete them."""
 
     def __init__(self, *args: Any, touched: set[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.touched = touched
-        touched.update(
-            (
-                record_queue_name(self.prefix),
-                lock_queue_name(self.prefix),
-                history_stream_name(self.prefix),
-                fleet_queue_name(self.prefix),
-                fleet_lock_name(self.prefix),
-            )
-        )
+        touched.update(fleet_queues(self.prefix))
 
     async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
         self.touched.add(claim_queue_name(self.prefix, slot))
@@ -77,16 +86,31 @@ class TrackedBackend(RabbitMQBackend):
         await super().record(job, record)
 
 
-async def delete_queues(url: str, names: Iterable[str]) -> None:
-    """Delete ``names`` (deleting a missing queue is not an error on RabbitMQ)."""
-    names = list(names)
-    if not names:
+async def delete_queues(url: str, names: Iterable[str], exchanges: Iterable[str] = ()) -> None:
+    """Delete the queues ``names``, then the exchanges ``exchanges`` (deleting a missing queue
+    or exchange is not an error on RabbitMQ)."""
+    names, exchanges = list(names), list(exchanges)
+    if not names and not exchanges:
         return
     connection = await aio_pika.connect(url)
     async with connection:
         channel = await connection.channel()
         for name in names:
             await channel.queue_delete(name)
+        for name in exchanges:
+            await channel.exchange_delete(name)
+
+
+async def queue_exists(raw: aio_pika.abc.AbstractConnection, queue: str) -> bool:
+    """Whether ``queue`` is on the broker (a passive declare: one on a classic queue with
+    ``x-expires`` renews its lease)."""
+    channel = await raw.channel()
+    try:
+        await channel.declare_queue(queue, passive=True)
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return False
+    await channel.close()
+    return True
 
 
 async def claim(backend: RabbitMQBackend, slot: Slot, *, timeout: float = 5.0) -> bool:

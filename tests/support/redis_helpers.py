@@ -1,5 +1,6 @@
-"""Redis test helpers: removing a test's keys, and throwaway servers (a single one, a cluster)
-started with ``redis-server`` on free ports of 127.0.0.1 in a temporary directory."""
+"""Redis test helpers: started backends of a test's prefix and removing its keys, and throwaway
+servers (a single one, a cluster) started with ``redis-server`` on free ports of 127.0.0.1 in a
+temporary directory."""
 
 from __future__ import annotations
 
@@ -11,16 +12,43 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 import redis.asyncio
 
+from brokersched._clock import SystemClock
+from brokersched.backends.redis import RedisBackend
 from tests.support.paths import REPO_ROOT
 from tests.support.wait import free_port
+
+
+@asynccontextmanager
+async def redis_fleet(
+    url: str, prefix: str, **defaults: Any
+) -> AsyncIterator[Callable[..., Awaitable[RedisBackend]]]:
+    """``await start(**options)``: a started RedisBackend of ``prefix`` on ``url`` (``url=``
+    another way to the server), options over ``defaults``; afterwards all are stopped and the
+    prefix's keys deleted."""
+    started: list[RedisBackend] = []
+
+    async def start(**options: Any) -> RedisBackend:
+        backend = RedisBackend(options.pop("url", url), prefix=prefix, **{**defaults, **options})
+        await backend.start(SystemClock())
+        started.append(backend)
+        return backend
+
+    try:
+        yield start
+    finally:
+        for backend in started:
+            await backend.stop()
+        await delete_keys(url, prefix)
 
 
 async def delete_keys(url: str, prefix: str, *, cluster: bool = False) -> None:

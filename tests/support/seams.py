@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import asyncpg
 import pytest
 
@@ -25,6 +24,7 @@ from tests.support.helpers import faketime
 from tests.support.names import unique
 from tests.support.nats_helpers import delete_streams
 from tests.support.paths import REPO_ROOT
+from tests.support.rabbitmq_helpers import delete_queues, fleet_queues
 from tests.support.redis_helpers import delete_keys
 
 ROOT = REPO_ROOT
@@ -214,17 +214,11 @@ def nats_store(fleet: Fleet, url: str, **options: Any) -> dict[str, Any]:
 def rabbitmq_store(fleet: Fleet, url: str, **options: Any) -> dict[str, Any]:
     prefix = unique("seamq")
 
-    async def delete_queues() -> None:
+    async def remove() -> None:
         names = set(fleet.queues.read_text().split()) if fleet.queues.exists() else set()
-        names |= {f"{prefix}.{name}" for name in ("slot-memory", "fleet")}
-        names |= {f"{prefix}.{name}.lock" for name in ("slot-memory", "fleet")}
-        connection = await aio_pika.connect(url)
-        async with connection:
-            channel = await connection.channel()
-            for name in sorted(names):
-                await channel.queue_delete(name)
+        await delete_queues(url, sorted(names | set(fleet_queues(prefix))))
 
-    fleet.cleanups.append(delete_queues)
+    fleet.cleanups.append(remove)
     return {"kind": "rabbitmq", "url": url, "options": {"prefix": prefix, **options}}
 
 

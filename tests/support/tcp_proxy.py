@@ -1,15 +1,20 @@
-"""A TCP proxy on 127.0.0.1 that tests use to cut a client off its server, and restore it.
+"""A TCP proxy on 127.0.0.1 that tests use to cut a client off its server, and restore it, or
+to stall its links.
 
     async with TcpProxy("127.0.0.1", 5672) as proxy:
         url = f"amqp://guest:guest@127.0.0.1:{proxy.port}/"
         ...                       # the client connects through the proxy
         await proxy.cut()         # every link is reset; new connections are refused
         proxy.restore()           # connections are accepted again
+        proxy.stall()             # what either side sends is held: nothing delivered, no reset
+        proxy.resume()            # what was held is delivered (a slow link, not a lost one)
 
 Fault injection without touching the shared server (a ``stop_app`` would disturb every other
 test running at the time). Optional TLS termination (``ssl=``) lets a test reach a plain-text
 server through ``amqps://``/``tls://``. ``cut_when_downstream(predicate)`` cuts the link at an
-exact moment of the protocol: the chunk from the server that matches is never delivered.
+exact moment of the protocol: the chunk from the server that matches is never delivered;
+``stall_after_downstream(predicate)`` stalls right after delivering it. A stall is a partition,
+not a failure (``tests/support/stall_proxy.py`` says more).
 """
 
 from __future__ import annotations
@@ -56,6 +61,10 @@ class TcpProxy:
         self._accepting = True
         self._cut_when: Callable[[bytes], bool] | None = None
         self._cut_up_when: Callable[[bytes], bool] | None = None
+        self._stall_after: Callable[[bytes], bool] | None = None
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        self.stalled = asyncio.Event()  # set while the links are stalled
         self.port = 0
         self.accepted = 0  # connections forwarded so far
 
@@ -110,6 +119,23 @@ class TcpProxy:
         chunk is dropped, so the server never sees it (the client died as it sent it)."""
         self._cut_up_when = predicate
 
+    def stall(self) -> None:
+        """Hold what either side sends from now on, on every link (new ones too), until
+        ``resume()``: nothing is delivered, nothing is reset."""
+        self._flowing.clear()
+        self.stalled.set()
+
+    def resume(self) -> None:
+        """Deliver what was held, and all that follows."""
+        self.stalled.clear()
+        self._flowing.set()
+
+    def stall_after_downstream(self, predicate: Callable[[bytes], bool]) -> None:
+        """Stall (as ``stall()``) right after delivering a chunk from the server that matches
+        ``predicate``: the client has its answer, and what it sends next is held (a slow link,
+        a paused VM); once."""
+        self._stall_after = predicate
+
     def _reset(self) -> list[asyncio.Task[None]]:
         """Refuse new connections and reset every link, at once (no await: nothing can slip
         in between); returns the pump tasks to wait for."""
@@ -161,12 +187,16 @@ class TcpProxy:
     ) -> None:
         try:
             while data := await reader.read(_CHUNK):
+                await self._flowing.wait()  # held while stalled: no delivery, no reset
                 cut_when = self._cut_when if downstream else self._cut_up_when
                 if cut_when is not None and cut_when(data):
                     self._reset()
                     return
                 writer.write(data)
                 await writer.drain()
+                if downstream and self._stall_after is not None and self._stall_after(data):
+                    self._stall_after = None
+                    self.stall()
         except (ConnectionError, OSError, ssl.SSLError):
             pass
         finally:

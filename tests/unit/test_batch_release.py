@@ -7,24 +7,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from brokersched import BackendError, JobContext, MemoryBackend, Scheduler
+from brokersched import BackendError, JobContext, Scheduler
 from brokersched.abc import JobPolicy, Lease
 from brokersched.testing import TestClock
+from tests.support.helpers import BatchNotingMemory
 
 START = "2027-01-15T08:00:30+00:00"
 JOBS = ("a", "b", "c", "d")
 
 
-class ReleasingMemory(MemoryBackend):
+class ReleasingMemory(BatchNotingMemory):
     """Remembers each batch and each single release; ``fail`` fails one job's release once
     in a batch, ``down`` fails whole batches."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.batches: list[list[str]] = []
-        self.singles: list[str] = []
-        self.fail: str | None = None
-        self.down = False
 
     async def release(self, lease: Lease, **kwargs: Any) -> None:
         self.singles.append(lease.job)

@@ -6,25 +6,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from brokersched import BackendError, JobContext, MemoryBackend, Scheduler, SkipEvent
+from brokersched import BackendError, JobContext, Scheduler, SkipEvent
 from brokersched.abc import Claim, JobPolicy, LeaseOutcome, Slot
 from brokersched.backends._lease import BATCH_CHUNK, in_chunks
 from brokersched.testing import TestClock
-from tests.support.helpers import DictClaimBackend
+from tests.support.helpers import BatchNotingMemory, DictClaimBackend
 
 SLOT_0801 = 1_800_000_060_000  # 2027-01-15T08:01:00Z
 
 
-class BatchingMemory(MemoryBackend):
+class BatchingMemory(BatchNotingMemory):
     """Remembers each batch and each single claim; ``fail`` makes one job's claims fail, and
     ``down`` the whole batch."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.batches: list[list[str]] = []
-        self.singles: list[str] = []
-        self.fail: str | None = None
-        self.down = False
 
     async def acquire(self, slot: Slot, **kwargs: Any) -> Any:
         self.singles.append(slot.job)

@@ -24,6 +24,7 @@ from brokersched.backends.memory import MemoryStore
 from brokersched.testing import TestClock
 from tests.support.clocks import START
 from tests.support.helpers import DictClaimBackend
+from tests.support.leases import acquire
 
 
 def at(text: str) -> datetime:
@@ -530,17 +531,10 @@ async def test_a_dead_runner_is_retried_by_another_instance(clock: TestClock) ->
     store = MemoryStore()
     corpse = MemoryBackend(store=store, lease_ttl="30s")
     await corpse.start(clock)
-    from brokersched.abc import JobPolicy, Slot
+    from brokersched.abc import Slot
 
     slot_ms = int(at("2027-01-15T08:00:00+00:00").timestamp() * 1000)
-    lease = await corpse.acquire(
-        Slot("job", slot_ms),
-        policy=JobPolicy("job"),
-        instance_id="dead",
-        run_id="r1",
-        reason="schedule",
-        timeout=1,
-    )
+    lease = await acquire(corpse, Slot("job", slot_ms), instance="dead", timeout=1)
     assert not isinstance(lease, str)  # acquired, then the process "dies": no renewals
     handler = Recorder()
     sched = Scheduler(MemoryBackend(store=store, lease_ttl="30s"), clock=clock, jitter=0)

@@ -8,68 +8,22 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 
-from brokersched import (
-    JobContext,
-    NATSBackend,
-    PostgresBackend,
-    RabbitMQBackend,
-    RedisBackend,
-    RedisLeaseBackend,
-    Retry,
-    Scheduler,
-    SQLiteBackend,
-)
+from brokersched import JobContext, Retry, Scheduler
 from brokersched.abc import Backend
-from tests.support.leftovers import remove_rabbitmq
-from tests.support.names import unique
-from tests.support.nats_helpers import delete_streams
-from tests.support.redis_helpers import delete_keys
+from tests.support.namespaces import fresh_namespace
 
 KINDS = ["postgres", "sqlite", "rabbitmq", "nats", "redis", "redis-lease"]
-URLS = {"postgres": "postgres_dsn", "rabbitmq": "amqp_url", "nats": "nats_url"}
 
 
 @pytest.fixture(params=KINDS)
-async def make_backend(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[Callable[..., Backend]]:
+async def make_backend(request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., Backend]]:
     """Backends of one fresh namespace on a real server (one per instance)."""
-    kind: str = request.param
-    name = unique("backfill")
-    url = "" if kind == "sqlite" else request.getfixturevalue(URLS.get(kind, "redis_url"))
-
-    def make(**options: Any) -> Backend:
-        if kind == "postgres":
-            return PostgresBackend(url, schema=name, **options)
-        if kind == "sqlite":
-            return SQLiteBackend(tmp_path / "backfill.db", **options)
-        if kind == "rabbitmq":
-            return RabbitMQBackend(url, prefix=name, **options)
-        if kind == "nats":
-            return NATSBackend(url, prefix=name, **options)
-        if kind == "redis":
-            return RedisBackend(url, prefix=name, **options)
-        return RedisLeaseBackend(url, prefix=name, **options)
-
-    yield make
-    if kind == "postgres":
-        conn = await asyncpg.connect(url)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        finally:
-            await conn.close()
-    elif kind == "rabbitmq":
-        await remove_rabbitmq(url, name)
-    elif kind == "nats":
-        await delete_streams(url, name)
-    elif kind.startswith("redis"):
-        await delete_keys(url, name)
+    async with fresh_namespace(request, request.param, "backfill") as make:
+        yield make
 
 
 async def test_a_backfill_twice_runs_each_slot_once(make_backend: Callable[..., Backend]) -> None:

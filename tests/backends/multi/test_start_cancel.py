@@ -25,22 +25,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aio_pika
 import pytest
 
 from brokersched._clock import SystemClock
 from brokersched.abc import ClaimBackend, Slot
 from brokersched.backends.nats import NATSBackend
-from brokersched.backends.rabbitmq import (
-    RabbitMQBackend,
-    claim_queue_name,
-    fleet_lock_name,
-    fleet_queue_name,
-    lock_queue_name,
-    record_queue_name,
-)
+from brokersched.backends.rabbitmq import RabbitMQBackend, claim_queue_name
 from tests.support.names import unique
 from tests.support.nats_helpers import delete_streams
+from tests.support.rabbitmq_helpers import delete_queues, fleet_queues
 
 CLOCK = SystemClock()
 SLOT = 4_102_444_800_000  # 2100-01-01T00:00:00Z: never older than a slot memory
@@ -73,14 +66,8 @@ class Fleet:
         if self.kind == "nats":
             await delete_streams(self.url, self.prefix)
             return
-        names = [record_queue_name(self.prefix), lock_queue_name(self.prefix)]
-        names += [fleet_queue_name(self.prefix), fleet_lock_name(self.prefix)]
-        names += [claim_queue_name(self.prefix, slot) for slot in self.slots]
-        connection = await aio_pika.connect(self.url)
-        async with connection:
-            channel = await connection.channel()
-            for name in names:  # deleting the record queue deletes its fence exchanges too
-                await channel.queue_delete(name)
+        claims = [claim_queue_name(self.prefix, slot) for slot in self.slots]
+        await delete_queues(self.url, [*fleet_queues(self.prefix), *claims])
 
 
 @pytest.fixture(params=["rabbitmq", "nats"])

@@ -31,8 +31,11 @@ from tests.support.fleet import run_fleet
 from tests.support.names import unique
 from tests.support.nats_helpers import (
     FaultProxy,
+    claims_stream,
+    create_stream,
     delete_streams,
     fault_proxy,
+    history_stream,
     nats_server,
 )
 from tests.support.paths import REPO_ROOT
@@ -449,14 +452,6 @@ async def test_held_ack_past_the_deadline_is_a_backend_error(nats_url: str, pref
 # -- streams -----------------------------------------------------------------------------------
 
 
-async def _create_stream(url: str, config: StreamConfig) -> None:
-    nc = await nats.connect(url)
-    try:
-        await nc.jetstream().add_stream(config)
-    finally:
-        await nc.close()
-
-
 async def test_instances_starting_together_on_a_fresh_server_all_start(
     tmp_path: Path, nats_server_binary: str
 ) -> None:
@@ -469,7 +464,7 @@ async def test_instances_starting_together_on_a_fresh_server_all_start(
 
 
 async def test_a_foreign_stream_on_our_subjects_is_named(nats_url: str, prefix: str) -> None:
-    await _create_stream(
+    await create_stream(
         nats_url, StreamConfig(name=f"{prefix}-other", subjects=[f"{prefix}.claim.>"])
     )
     with pytest.raises(ConfigurationError, match="another JetStream stream already uses"):
@@ -477,16 +472,7 @@ async def test_a_foreign_stream_on_our_subjects_is_named(nats_url: str, prefix: 
 
 
 async def test_memory_claims_stream_is_refused_with_a_fix(nats_url: str, prefix: str) -> None:
-    await _create_stream(
-        nats_url,
-        StreamConfig(
-            name=f"{prefix}-claims",
-            subjects=[f"{prefix}.claim.>"],
-            storage=StorageType.MEMORY,
-            duplicate_window=300,
-            max_age=300,
-        ),
-    )
+    await create_stream(nats_url, claims_stream(prefix, storage=StorageType.MEMORY))
     with pytest.raises(ConfigurationError) as info:
         await NATSBackend(nats_url, prefix=prefix).start(CLOCK)
     message = str(info.value)
@@ -495,16 +481,7 @@ async def test_memory_claims_stream_is_refused_with_a_fix(nats_url: str, prefix:
 
 
 async def test_short_duplicate_window_is_raised_to_slot_ttl(nats_url: str, prefix: str) -> None:
-    await _create_stream(
-        nats_url,
-        StreamConfig(
-            name=f"{prefix}-claims",
-            subjects=[f"{prefix}.claim.>"],
-            storage=StorageType.FILE,
-            duplicate_window=60,
-            max_age=60,
-        ),
-    )
+    await create_stream(nats_url, claims_stream(prefix, duplicate_window=60, max_age=60))
     longer = NATSBackend(nats_url, prefix=prefix, slot_ttl="5m")
     await longer.start(CLOCK)
     await longer.stop()
@@ -521,12 +498,7 @@ async def test_short_duplicate_window_is_raised_to_slot_ttl(nats_url: str, prefi
 
 
 async def test_memory_history_stream_fails_at_start(nats_url: str, prefix: str) -> None:
-    await _create_stream(
-        nats_url,
-        StreamConfig(
-            name=f"{prefix}-history", subjects=[f"{prefix}.history.>"], storage=StorageType.MEMORY
-        ),
-    )
+    await create_stream(nats_url, history_stream(prefix, storage=StorageType.MEMORY))
     with pytest.raises(ConfigurationError, match=f"'{prefix}-history'.*storage is 'memory'"):
         await NATSBackend(nats_url, prefix=prefix).start(CLOCK)
 

@@ -22,6 +22,7 @@ from brokersched.backends._budget import SHED
 from brokersched.backends.nats import NATSBackend, NATSLeaseBackend
 from brokersched.testing import TestClock
 from tests.support.budget import read_again
+from tests.support.leases import acquire
 from tests.support.nats_helpers import nats_server_with_account_limits
 
 MAX_FILE = 1024 * 1024
@@ -111,27 +112,13 @@ async def test_the_lease_backend_sheds_new_leases_only(url: str) -> None:
     backend = NATSLeaseBackend(url, bucket="budget-leases", budget_interval="1s")
     await backend.start(clock)
     try:
-        held = await backend.acquire(
-            Slot("job", clock.now_ms()),
-            policy=JobPolicy("job"),
-            instance_id="a",
-            run_id="r1",
-            reason="schedule",
-            timeout=2,
-        )
+        held = await acquire(backend, Slot("job", clock.now_ms()), instance="a", timeout=2)
         assert not isinstance(held, str)
         await fill(url, (SHED + 1) / 2)
         await read_again(backend, clock)
         assert backend.budget is not None and backend.budget.state == "shed"
         with pytest.raises(BackendError, match="shedding: the lease of other:"):
-            await backend.acquire(
-                Slot("other", clock.now_ms()),
-                policy=JobPolicy("other"),
-                instance_id="a",
-                run_id="r2",
-                reason="schedule",
-                timeout=2,
-            )
+            await acquire(backend, Slot("other", clock.now_ms()), instance="a", timeout=2)
         assert await backend.renew(held)  # a lease held goes on
         await backend.release(held)
     finally:

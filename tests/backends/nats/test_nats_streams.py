@@ -43,20 +43,23 @@ from brokersched.backends.nats._streams import (
 )
 from tests.support.names import unique
 from tests.support.nats_helpers import (
+    SLOT_TTL,
+    claims_stream,
     create_stream,
     delete_named_streams,
     delete_streams,
+    history_stream,
     nats_server,
     nats_server_denying_stream_updates,
     stream_config,
     update_stream,
+    with_settings,
 )
 
 # Against both NATS servers, 2.9 and the current one (tests/support/servers.py).
 pytestmark = pytest.mark.nats_servers
 
 CLOCK = SystemClock()
-SLOT_TTL = timedelta(minutes=5)
 MIB = 1024 * 1024
 
 
@@ -75,42 +78,6 @@ def now_ms() -> int:
 def run_record(job: str, slot_ms: int) -> RunRecord:
     at = datetime.now(UTC)
     return RunRecord(job, slot_ms, f"run-{slot_ms}", "i1", "schedule", 1, at, at, "completed")
-
-
-def claims_stream(prefix: str, **settings: Any) -> StreamConfig:
-    """A claims stream that brokersched accepts, with ``settings`` changed."""
-    config = StreamConfig(
-        name=f"{prefix}-claims",
-        subjects=[f"{prefix}.claim.>"],
-        retention=RetentionPolicy.LIMITS,
-        storage=StorageType.FILE,
-        discard=DiscardPolicy.OLD,
-        duplicate_window=SLOT_TTL.total_seconds(),
-        max_age=SLOT_TTL.total_seconds(),
-    )
-    return _with(config, prefix, settings)
-
-
-def history_stream(prefix: str, **settings: Any) -> StreamConfig:
-    """A history stream that brokersched accepts, with ``settings`` changed."""
-    config = StreamConfig(
-        name=f"{prefix}-history",
-        subjects=[f"{prefix}.history.>"],
-        retention=RetentionPolicy.LIMITS,
-        storage=StorageType.FILE,
-        discard=DiscardPolicy.OLD,
-        max_msgs_per_subject=100,
-    )
-    return _with(config, prefix, settings)
-
-
-def _with(config: StreamConfig, prefix: str, settings: dict[str, Any]) -> StreamConfig:
-    """``settings`` applied to ``config``; ``{p}`` in a subject stands for the prefix."""
-    for name, value in settings.items():
-        if name == "subjects":
-            value = [subject.format(p=prefix) for subject in value]
-        setattr(config, name, value)
-    return config
 
 
 async def refused(url: str, prefix: str, *, option: str) -> str:
@@ -242,7 +209,9 @@ CLAIMS_REFUSED = [
 
 
 def _rendered(settings: dict[str, Any], prefix: str) -> dict[str, Any]:
-    return {name: getattr(_with(StreamConfig(), prefix, settings), name) for name in settings}
+    return {
+        name: getattr(with_settings(StreamConfig(), prefix, settings), name) for name in settings
+    }
 
 
 def _same(stored: object, wanted: object) -> bool:

@@ -52,6 +52,7 @@ from tests.support.rabbitmq_helpers import (
     SLOT,
     AckSpotter,
     claim,
+    queue_exists,
     resumed,
     run_record,
     via,
@@ -358,13 +359,7 @@ async def test_a_slot_is_remembered_for_slot_ttl_then_forgotten(
     name = claim_queue_name(one.prefix, slot)
 
     async def expired() -> bool:
-        channel = await raw.channel()
-        try:
-            await channel.declare_queue(name, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            return True
-        await channel.close()
-        return False
+        return not await queue_exists(raw, name)
 
     # a declare, even a passive one, renews the queue's lease: look less often than slot_ttl
     await until(expired, timeout=15, what="the claim queue to expire", every=1.5)

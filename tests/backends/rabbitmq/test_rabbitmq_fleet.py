@@ -32,10 +32,10 @@ from brokersched.backends.rabbitmq import (
     claim_margin_ms,
     claim_queue_name,
     history_queue_name,
-    history_stream_name,
 )
 from brokersched.testing import TestClock
 from tests.support.names import unique
+from tests.support.rabbitmq_helpers import delete_queues
 
 CLOCK = SystemClock()
 SHORT, LONG = "1s", "20s"  # the old and the new slot_ttl of a rolling deploy
@@ -108,18 +108,10 @@ def prefix() -> str:
 
 
 @pytest.fixture
-async def fleet(amqp_url: str, prefix: str) -> AsyncIterator[Callable[..., Any]]:
-    """``await fleet(slot_ttl)``: a started backend of this test's prefix. Afterwards every
-    queue of the prefix the test touched is deleted (the record takes its fences with it)."""
+async def fleet(make: Callable[..., RabbitMQBackend]) -> AsyncIterator[Callable[..., Any]]:
+    """``await fleet(slot_ttl)``: a started backend of this test's prefix (``make``'s: every
+    queue it touched is deleted after the test, the record taking its fences with it)."""
     started: list[RabbitMQBackend] = []
-    claimed: set[str] = set()
-
-    class Tracked(RabbitMQBackend):
-        async def claim(self, slot: Slot, *, instance_id: str, run_id: str, timeout: float) -> bool:
-            claimed.add(claim_queue_name(self.prefix, slot))
-            return await super().claim(
-                slot, instance_id=instance_id, run_id=run_id, timeout=timeout
-            )
 
     async def start(
         slot_ttl: str,
@@ -131,7 +123,7 @@ async def fleet(amqp_url: str, prefix: str) -> AsyncIterator[Callable[..., Any]]
     ) -> Any:
         # One host's clocks: a skew of 100 ms leaves room to claim under a 1 s memory
         options.setdefault("max_clock_skew", f"{SKEW_MS}ms")
-        backend = Tracked(amqp_url, prefix=prefix, slot_ttl=slot_ttl, **options)
+        backend = make(slot_ttl=slot_ttl, **options)
         started.append(backend)
         if started_now:
             await backend.start(clock)
@@ -141,20 +133,6 @@ async def fleet(amqp_url: str, prefix: str) -> AsyncIterator[Callable[..., Any]]
 
     yield start
     await asyncio.gather(*(backend.stop() for backend in started))
-    connection = await aio_pika.connect(amqp_url)
-    async with connection:
-        channel = await connection.channel()
-        history = history_queue_name(prefix, JOB.name)
-        for name in [
-            *claimed,
-            history,
-            history_stream_name(prefix),
-            record_name(prefix),
-            f"{record_name(prefix)}.lock",
-            f"{prefix}.fleet",  # the fleet's presence and controls (a scheduler's)
-            f"{prefix}.fleet.lock",
-        ]:
-            await channel.queue_delete(name)
 
 
 # -- the bug: a longer slot_ttl wins again what a shorter one forgot ----------------------------
@@ -632,12 +610,9 @@ async def test_schedulers_in_a_rolling_raise_run_no_slot_twice_and_skip_none_for
             await member.stop()
         ended = CLOCK.now_ms()
         await fleet(SHORT, started_now=False)  # so that the fixture deletes the record
-        connection = await aio_pika.connect(amqp_url)
-        async with connection:
-            channel = await connection.channel()
-            for ms in range(began // 250 * 250, ended + 250, 250):
-                await channel.queue_delete(claim_queue_name(prefix, Slot("tick", ms)))
-                await channel.queue_delete(f"{prefix}.history.tick")
+        slots = range(began // 250 * 250, ended + 250, 250)
+        claims = [claim_queue_name(prefix, Slot("tick", ms)) for ms in slots]
+        await delete_queues(amqp_url, [*claims, history_queue_name(prefix, "tick")])
     twice = sorted({ms for ms in runs if runs.count(ms) > 1})
     assert twice == [], f"slots run more than once: {twice}"
     # A claim that timed out on a loaded machine (no answer in time, an answer lost, no

@@ -22,7 +22,14 @@ from brokersched.backends.rabbitmq import (
     history_stream_name,
 )
 from tests.support.names import unique
-from tests.support.rabbitmq_helpers import CLOCK, SLOT, run_record
+from tests.support.rabbitmq_helpers import (
+    CLOCK,
+    SLOT,
+    delete_queues,
+    fleet_queues,
+    queue_exists,
+    run_record,
+)
 from tests.support.wait import until
 
 JOBS = ("job", "big", "busy", "rare", "a", "b", "old", "w0", "w1", "w2", "n0", "n1", "n2", "n3")
@@ -34,32 +41,13 @@ def prefix() -> str:
 
 
 @pytest.fixture
-async def backend(
-    amqp_url: str, prefix: str, raw: aio_pika.abc.AbstractConnection
-) -> AsyncIterator[RabbitMQBackend]:
+async def backend(amqp_url: str, prefix: str) -> AsyncIterator[RabbitMQBackend]:
     started = RabbitMQBackend(amqp_url, prefix=prefix, slot_ttl="1m")
     await started.start(CLOCK)
     yield started
     await started.stop()
-    channel = await raw.channel()
-    for job in JOBS:
-        await channel.queue_delete(history_queue_name(prefix, job))
-    for name in (
-        history_stream_name(prefix),
-        f"{prefix}.slot-memory",
-        f"{prefix}.slot-memory.lock",
-    ):
-        await channel.queue_delete(name)
-
-
-async def exists(raw: aio_pika.abc.AbstractConnection, queue: str) -> bool:
-    channel = await raw.channel()
-    try:
-        await channel.declare_queue(queue, passive=True)
-    except aiormq.exceptions.ChannelNotFoundEntity:
-        return False
-    await channel.close()
-    return True
+    histories = [history_queue_name(prefix, job) for job in JOBS]
+    await delete_queues(amqp_url, [*histories, *fleet_queues(prefix)])
 
 
 async def is_stream(raw: aio_pika.abc.AbstractConnection, queue: str) -> bool:
@@ -89,7 +77,7 @@ async def test_every_job_records_into_one_stream_read_newest_first_within_each_b
         await backend.record(large, run_record("b", SLOT + n, 100 + n))
     assert await is_stream(raw, history_stream_name(prefix))
     for job in ("a", "b"):
-        assert not await exists(raw, history_queue_name(prefix, job))
+        assert not await queue_exists(raw, history_queue_name(prefix, job))
     assert ids(await backend.history(small, 10)) == ["run-9", "run-8", "run-7"]
     assert ids(await backend.history(large, 10)) == [f"run-{n}" for n in range(109, 102, -1)]
     assert ids(await backend.history(large, 2)) == ["run-109", "run-108"]
@@ -271,5 +259,5 @@ async def test_a_read_before_any_record_makes_nothing(
 ) -> None:
     """A script that only reads history leaves no object on the broker."""
     assert await backend.history(JobPolicy("job", history_size=5), 5) == []
-    assert not await exists(raw, history_stream_name(prefix))
-    assert not await exists(raw, history_queue_name(prefix, "job"))
+    assert not await queue_exists(raw, history_stream_name(prefix))
+    assert not await queue_exists(raw, history_queue_name(prefix, "job"))

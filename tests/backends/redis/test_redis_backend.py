@@ -37,7 +37,7 @@ from brokersched.backends.redis import (
 )
 from tests.support.fleet import run_fleet
 from tests.support.names import unique
-from tests.support.redis_helpers import RedisServer, delete_keys, redis_cluster_url
+from tests.support.redis_helpers import RedisServer, delete_keys, redis_cluster_url, redis_fleet
 from tests.support.wait import free_port
 
 __all__ = ["redis_cluster_url"]
@@ -56,18 +56,8 @@ def prefix() -> str:
 @pytest.fixture
 async def fleet(redis_url: str, prefix: str) -> AsyncIterator[Callable[..., Any]]:
     """``await fleet(**options)``: a started RedisBackend of this test's prefix."""
-    started: list[RedisBackend] = []
-
-    async def start(**options: Any) -> RedisBackend:
-        backend = RedisBackend(options.pop("url", redis_url), prefix=prefix, **options)
-        await backend.start(CLOCK)
-        started.append(backend)
-        return backend
-
-    yield start
-    for backend in started:
-        await backend.stop()
-    await delete_keys(redis_url, prefix)
+    async with redis_fleet(redis_url, prefix) as start:
+        yield start
 
 
 async def claim(backend: RedisBackend, slot: Slot, timeout: float = 5.0) -> bool:

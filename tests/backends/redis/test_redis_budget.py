@@ -21,6 +21,7 @@ from brokersched.backends._budget import SHED
 from brokersched.backends.redis import RedisBackend, RedisLeaseBackend
 from brokersched.testing import TestClock
 from tests.support.budget import read_again
+from tests.support.leases import acquire
 from tests.support.redis_helpers import RedisServer
 
 MAXMEMORY = 4 * 1024 * 1024
@@ -104,28 +105,15 @@ async def test_the_lease_backend_sheds_new_leases_only(server: RedisServer) -> N
     policy = JobPolicy("job")
     await backend.start(clock)
     try:
-        held = await backend.acquire(
-            Slot("job", clock.now_ms()),
-            policy=policy,
-            instance_id="a",
-            run_id="r1",
-            reason="schedule",
-            timeout=2,
-        )
+        held = await acquire(backend, Slot("job", clock.now_ms()), policy, instance="a", timeout=2)
         assert not isinstance(held, str)
         admin.config_set("maxmemory-policy", "volatile-lru")
         fill(admin, (SHED + 1) / 2)
         await read_again(backend, clock)
         assert backend.budget is not None and backend.budget.state == "shed"
+        later, allowed = Slot("job", clock.now_ms() + 1000), JobPolicy("job", overlap="allow")
         with pytest.raises(BackendError, match="shedding: the lease of job:"):
-            await backend.acquire(
-                Slot("job", clock.now_ms() + 1000),
-                policy=JobPolicy("job", overlap="allow"),
-                instance_id="a",
-                run_id="r2",
-                reason="schedule",
-                timeout=2,
-            )
+            await acquire(backend, later, allowed, instance="a", timeout=2)
         assert await backend.renew(held)  # a lease held goes on
         await backend.release(held)
     finally:

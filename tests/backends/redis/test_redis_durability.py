@@ -16,8 +16,9 @@ import pytest
 
 from brokersched import ConfigurationError
 from brokersched._clock import SystemClock
-from brokersched.abc import JobPolicy, Lease, Slot
+from brokersched.abc import Lease, Slot
 from brokersched.backends.redis import RedisBackend, RedisLeaseBackend
+from tests.support.leases import acquire
 from tests.support.redis_helpers import RedisServer, redis_cluster_url
 
 __all__ = ["redis_cluster_url"]
@@ -60,7 +61,7 @@ async def claim_then_crash(server: RedisServer) -> None:
     await leases.start(CLOCK)
     try:
         assert await claim(claims, Slot("job", SLOT)) is True
-        lease = await acquire(leases, SLOT)
+        lease = await acquire(leases, Slot("lease", SLOT))
         assert isinstance(lease, Lease)
         await leases.release(lease)
     finally:
@@ -68,17 +69,6 @@ async def claim_then_crash(server: RedisServer) -> None:
         await leases.stop()
     server.kill()  # a crash: nothing more is written
     server.start()  # the same directory and settings
-
-
-async def acquire(backend: RedisLeaseBackend, slot_ms: int) -> Lease | str:
-    return await backend.acquire(
-        Slot("lease", slot_ms),
-        policy=JobPolicy("lease"),
-        instance_id="i",
-        run_id="r",
-        reason="schedule",
-        timeout=5.0,
-    )
 
 
 async def test_with_an_append_only_file_a_claimed_slot_stays_claimed_after_a_crash(
@@ -93,8 +83,9 @@ async def test_with_an_append_only_file_a_claimed_slot_stays_claimed_after_a_cra
         await leases.start(CLOCK)
     try:
         assert await claim(late, Slot("job", SLOT)) is False  # remembered: never run twice
-        assert await acquire(leases, SLOT) == "not-acquired"  # the fence survived too
-        assert isinstance(await acquire(leases, SLOT + 1000), Lease)
+        fenced = await acquire(leases, Slot("lease", SLOT))
+        assert fenced == "not-acquired"  # the fence survived too
+        assert isinstance(await acquire(leases, Slot("lease", SLOT + 1000)), Lease)
     finally:
         await late.stop()
         await leases.stop()

@@ -19,7 +19,7 @@ from brokersched.abc import Slot
 from brokersched.backends.redis import RedisBackend, claim_key
 from brokersched.backends.redis._claim import slot_memory_key
 from tests.support.names import unique
-from tests.support.redis_helpers import delete_keys
+from tests.support.redis_helpers import delete_keys, redis_fleet
 
 CLOCK = SystemClock()
 SHORT, LONG = "1s", "20s"
@@ -42,19 +42,10 @@ async def client(redis_url: str) -> AsyncIterator[Any]:
 
 @pytest.fixture
 async def fleet(redis_url: str, prefix: str) -> AsyncIterator[Callable[..., Any]]:
-    started: list[RedisBackend] = []
-
-    async def start(slot_ttl: str) -> RedisBackend:
-        # One host's clocks: a skew of 100 ms leaves room to claim under a 1 s memory
-        backend = RedisBackend(redis_url, prefix=prefix, slot_ttl=slot_ttl, max_clock_skew=SKEW)
-        await backend.start(CLOCK)
-        started.append(backend)
-        return backend
-
-    yield start
-    for backend in started:
-        await backend.stop()
-    await delete_keys(redis_url, prefix)
+    """``await fleet(slot_ttl)``: a started RedisBackend of this test's prefix."""
+    # One host's clocks: a skew of 100 ms leaves room to claim under a 1 s memory
+    async with redis_fleet(redis_url, prefix, max_clock_skew=SKEW) as start:
+        yield lambda slot_ttl: start(slot_ttl=slot_ttl)
 
 
 def now_slot(job: str = "job") -> Slot:
