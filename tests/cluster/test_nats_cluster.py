@@ -142,12 +142,14 @@ async def _check_history(cluster: NatsCluster, prefix: str, fleet: Fleet) -> Non
             records = await read(job)
             recorded = sorted(r.slot_ms for r in records)
             ran = sorted(slot for name, slot in runs if name == job)
-            missing = sorted(set(ran) - set(recorded))
             if recorded != ran:
                 stored = await cluster.stored_on_leader(f"{prefix}-history", job)
+                missing, extra = sorted(set(ran) - set(recorded)), sorted(set(recorded) - set(ran))
+                twice = sorted({slot for slot in recorded if recorded.count(slot) > 1})
                 pytest.fail(
                     f"{job}: history() read {len(recorded)} runs, {len(ran)} ran, the stream "
-                    f"leader stores {stored}; missing {missing}; "
+                    f"leader stores {stored}; missing {missing}, never ran {extra}, read "
+                    f"twice {twice}; "
                     + (fleet.record_problems() or "no member logged a record problem")
                 )
     finally:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
@@ -16,6 +17,19 @@ __all__ = ["read_last"]
 _FETCH_BATCH = 512
 _FETCH_TIMEOUT_S = 2.0
 _CONSUMER_IDLE_S = 30.0  # server-side clean-up of a history reader that died mid-read
+_MSG_ID = "Nats-Msg-Id"
+
+
+class _Stored(NamedTuple):
+    """A message of the subject as read: its stream sequence, message id and body."""
+
+    seq: int
+    msg_id: str | None
+    body: bytes
+
+    @classmethod
+    def of(cls, seq: int, headers: Mapping[str, str] | None, body: bytes) -> _Stored:
+        return cls(seq, (headers or {}).get(_MSG_ID), body)
 
 
 async def read_last(js: JetStreamContext, stream: str, subject: str, count: int) -> list[bytes]:
@@ -45,7 +59,10 @@ async def _last_bodies(js: JetStreamContext, stream: str, subject: str, count: i
 
     On a cluster the consumer sits on any replica of the stream, one still catching up after a
     restart or a heal included, which holds only the older part of the subject: the read ends
-    with the stream leader's messages after the last one the consumer gave (``_top_up``)."""
+    with the stream leader's messages after the last one the consumer gave (``_top_up``). A
+    run is one message id (the publish's ``Nats-Msg-Id``): a copy read twice, which a replica
+    of nats-server 2.9 kept after a partition though the leader stores it once (seen once
+    under load), counts once, at its newest place."""
     import nats.js.errors
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
@@ -61,14 +78,14 @@ async def _last_bodies(js: JetStreamContext, stream: str, subject: str, count: i
     except nats.js.errors.NotFoundError:  # no history stream yet
         return []
     assert info.name is not None
-    newest: deque[tuple[int, bytes]] = deque(maxlen=count)  # (stream sequence, body)
+    newest: deque[_Stored] = deque(maxlen=count)
     try:
         await _drain(js, stream, info.name, info.num_pending or 0, newest)
     finally:
         with contextlib.suppress(Exception):
             await asyncio.shield(js.delete_consumer(stream, info.name))
     await _top_up(js, stream, subject, newest)
-    return [body for _, body in newest]
+    return _once_each(newest)
 
 
 async def _drain(
@@ -76,7 +93,7 @@ async def _drain(
     stream: str,
     consumer: str,
     pending: int,
-    newest: deque[tuple[int, bytes]],
+    newest: deque[_Stored],
 ) -> None:
     """Read ``consumer``'s ``pending`` messages into ``newest``."""
     import nats.errors
@@ -92,22 +109,22 @@ async def _drain(
                 break
             if not msgs:
                 break
-            newest.extend((msg.metadata.sequence.stream, msg.data) for msg in msgs)
+            newest.extend(
+                _Stored.of(msg.metadata.sequence.stream, msg.headers, msg.data) for msg in msgs
+            )
             pending = msgs[-1].metadata.num_pending
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
 
 
-async def _top_up(
-    js: JetStreamContext, stream: str, subject: str, newest: deque[tuple[int, bytes]]
-) -> None:
+async def _top_up(js: JetStreamContext, stream: str, subject: str, newest: deque[_Stored]) -> None:
     """Append the messages of ``subject`` stored after the last one in ``newest``, read from
     the stream's leader one by one (``next_by_subj``, nats-server 2.9+): usually none, so one
     round trip."""
     import nats.js.errors
 
-    seq = newest[-1][0] + 1 if newest else 1
+    seq = newest[-1].seq + 1 if newest else 1
     while True:
         try:
             msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
@@ -115,5 +132,15 @@ async def _top_up(
             return
         assert msg.seq is not None
         if msg.data:
-            newest.append((msg.seq, msg.data))
+            newest.append(_Stored.of(msg.seq, msg.headers, msg.data))
         seq = msg.seq + 1
+
+
+def _once_each(stored: Sequence[_Stored]) -> list[bytes]:
+    """The bodies in stream order, each message id once, at its last place."""
+    last = {message.msg_id: n for n, message in enumerate(stored) if message.msg_id}
+    return [
+        message.body
+        for n, message in enumerate(stored)
+        if not message.msg_id or last[message.msg_id] == n
+    ]

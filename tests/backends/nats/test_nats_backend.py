@@ -610,12 +610,33 @@ async def test_history_reads_what_a_lagging_replica_lacks_from_the_leader(
     async def lagging(*args: Any) -> None:
         await drain(*args)
         newest = args[-1]
-        assert json.loads(newest[-1][1])["slot_ms"] == 4  # the consumer read them all
+        assert json.loads(newest[-1].body)["slot_ms"] == 4  # the consumer read them all
         newest.pop(), newest.pop()  # what the replica has not stored yet
 
     monkeypatch.setattr(_history, "_drain", lagging)
     assert [r.slot_ms for r in await backend.history(job, 10)] == [4, 3, 2, 1, 0]
     assert [r.slot_ms for r in await backend.history(job, 3)] == [4, 3, 2]
+
+
+async def test_history_counts_a_run_once_whatever_a_replica_kept(
+    backend: NATSBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica of nats-server 2.9 gave a run's record twice after a partition, though the
+    leader stored it once (its message id): the history has each run once. The copy is faked."""
+    job = JobPolicy("h.twice", history_size=10)
+    for i in range(4):
+        await backend.record(job, run_record(job.name, i))
+    drain = _history._drain
+
+    async def kept_twice(*args: Any) -> None:
+        await drain(*args)
+        newest = args[-1]
+        newest.insert(2, newest[0])  # the first run again, after the second
+
+    monkeypatch.setattr(_history, "_drain", kept_twice)
+    runs = [r.slot_ms for r in await backend.history(job, 10)]
+    assert sorted(runs) == [0, 1, 2, 3], runs  # once each, where the last copy stood
+    assert runs[:2] == [3, 2]
 
 
 # -- connection loss (a throwaway server) -----------------------------------------------------
