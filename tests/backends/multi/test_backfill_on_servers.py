@@ -58,8 +58,13 @@ async def test_a_backfill_twice_runs_each_slot_once(make_backend: Callable[..., 
     slots = [slot for _, _, slot in runs]
     assert sorted(slots) == [first_ms + 200 * n for n in range(5)], both
     assert {reason for _, reason, _ in runs} == {"backfill"}
-    statuses = [{step.status for step in steps} for steps in both]
-    assert set.union(*statuses) == {"ran", "not-acquired"} or statuses == [{"ran"}, {"ran"}]
+    # Each slot ran by one of the two; the other found it claimed, or (when it read the history
+    # after the first had run and recorded it: one backfill late by a few ms under CPU stress)
+    # already run.
+    steps = [step for each in both for step in each]
+    assert {step.status for step in steps} <= {"ran", "not-acquired", "already-run"}, both
+    ran = sorted(round(step.at.timestamp() * 1000) for step in steps if step.status == "ran")
+    assert ran == [first_ms + 200 * n for n in range(5)], both
     # Run already: in the history, or (a's records may still be on their way) claimed.
     assert {step.status for step in again} <= {"already-run", "not-acquired"}
     assert len(runs) == 5
