@@ -70,7 +70,7 @@ class JobContext:
         self.data = data
         self.instance_id = instance_id
         self._abort_reason: AbortReason | None = None
-        self._waiters: set[asyncio.Future[None]] = set()
+        self._waiters: dict[asyncio.Future[None], None] = {}  # woken in the order they came
         self.logger: logging.LoggerAdapter[logging.Logger] = _RunAdapter(
             _logger, {"job": job, "run_id": run_id}
         )
@@ -96,14 +96,14 @@ class JobContext:
         that ends as soon as the scheduler stops."""
         if self._abort_reason is None and (timeout is None or timeout > 0):
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.add(waiter)
+            self._waiters[waiter] = None
             timer = None
             if timeout is not None:
                 timer = self._clock.call_later(round(timeout * 1000), lambda: resolve(waiter))
             try:
                 await waiter
             finally:
-                self._waiters.discard(waiter)
+                self._waiters.pop(waiter, None)
                 if timer is not None:
                     timer.cancel()
         return self._abort_reason is not None
@@ -124,5 +124,5 @@ def abort(ctx: JobContext, reason: AbortReason) -> None:
     is set and ``ctx.wait_aborted()`` returns (the scheduler also cancels an async handler,
     except on ``shutdown``)."""
     ctx._abort_reason = reason
-    for waiter in ctx._waiters:
+    for waiter in list(ctx._waiters):
         resolve(waiter)

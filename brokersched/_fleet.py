@@ -16,7 +16,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -89,7 +89,7 @@ class FleetLink:
     instance_id: str
     heartbeat: timedelta
     jobs: Callable[[], list[JobState]]
-    runs: Callable[[], set[Run]]
+    runs: Callable[[], Iterable[Run]]
     apply: Callable[[JobState, JobControl], None]
     spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task[Any]]
 

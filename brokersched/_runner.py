@@ -87,7 +87,7 @@ class Runner:
         self.instance_id = instance_id
         self.events = events
         self.tasks = tasks
-        self.runs: set[Run] = set()
+        self.runs: dict[Run, None] = {}  # in the order they began (see _tasks.Tracked)
         self.around_run = around_run  # Scheduler(around_run=...)
         self.stopping = False  # drain() has begun: nothing new runs
         self.drained = False  # drain_timeout is over: not even a claim won during the drain
@@ -300,7 +300,7 @@ class Runner:
         )
         run = Run(ctx, task, lease, self.clock.now_ms(), self.clock.monotonic_ms(), job)
         job.runs[ctx.run_id] = run
-        self.runs.add(run)
+        self.runs[run] = None
         if self.stopping:  # a claim won as the drain began: told at once, like the others
             self.abort(run, "shutdown")
         renewer = None
@@ -329,7 +329,7 @@ class Runner:
             if renewer is not None and not run.abandoned:
                 renewer.cancel()
             job.runs.pop(run.ctx.run_id, None)
-            self.runs.discard(run)
+            self.runs.pop(run, None)
 
     def _emit_start(self, run: Run) -> None:
         ctx = run.ctx
@@ -648,7 +648,7 @@ class Runner:
         for run in self.runs:
             if run.renewer is not None:
                 run.renewer.cancel()  # the lease expires; the slot is then taken over
-        before = self.tasks.pending()
+        before = set(self.tasks.pending())
         for run in abandoned:
             detail = f"abandoned: still running after drain_timeout ({timeout_s:g}s)"
             if run.lease is None:
@@ -656,7 +656,8 @@ class Runner:
             else:  # the lease is left to expire; the instance that takes the slot over records it
                 detail += "; its lease expires and the slot is taken over"
                 await self._finish(run.job, run, "interrupted", detail, record=False)
-        await self.clock.wait(self.tasks.pending() - before, _CUT_GRACE_S)  # their listeners
+        listeners = [task for task in self.tasks.pending() if task not in before]
+        await self.clock.wait(listeners, _CUT_GRACE_S)
         self.tasks.cancel_background()
         tasks = {run.task for run in abandoned}
         for task in self.tasks.pending():

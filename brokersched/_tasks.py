@@ -8,9 +8,28 @@ from typing import Any, TypeVar, cast
 
 from ._clock import Clock
 
-__all__ = ["TaskSet", "cancel_requests", "gather_each", "raise_if_cancelled_since", "to_the_end"]
+__all__ = [
+    "TaskSet",
+    "Tracked",
+    "cancel_requests",
+    "gather_each",
+    "raise_if_cancelled_since",
+    "to_the_end",
+    "track",
+]
 
 T = TypeVar("T")
+
+# Tasks kept in the order they were made: whatever iterates them (to cancel them, to abort their
+# runs) does so in that order, never in an order of memory addresses, which differ between two
+# runs of the same fleet simulator seed (seen: a seed that ran otherwise in a longer process).
+Tracked = dict[asyncio.Task[Any], None]
+
+
+def track(tasks: Tracked, task: asyncio.Task[Any]) -> None:
+    """Keep ``task`` in ``tasks`` until it is done."""
+    tasks[task] = None
+    task.add_done_callback(lambda done: tasks.pop(done, None))
 
 
 class TaskSet:
@@ -19,28 +38,26 @@ class TaskSet:
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
-        self._drained: set[asyncio.Task[Any]] = set()
-        self._background: set[asyncio.Task[Any]] = set()
+        self._drained: Tracked = {}
+        self._background: Tracked = {}
 
     def spawn(
         self, coro: Coroutine[Any, Any, T], *, name: str, drained: bool = True
     ) -> asyncio.Task[T]:
         task = self._clock.spawn(coro, name=name)
-        tasks = self._drained if drained else self._background
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        track(self._drained if drained else self._background, task)
         return task
 
-    def pending(self) -> set[asyncio.Task[Any]]:
-        """The drained tasks not finished yet."""
-        return {task for task in self._drained if not task.done()}
+    def pending(self) -> list[asyncio.Task[Any]]:
+        """The drained tasks not finished yet, oldest first."""
+        return [task for task in self._drained if not task.done()]
 
     def is_drained(self, task: asyncio.Task[Any] | None) -> bool:
         """Whether ``task`` is one that ``stop()`` waits for."""
         return task in self._drained
 
     def cancel_background(self) -> None:
-        for task in self._background:
+        for task in list(self._background):
             task.cancel()
 
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from .._clock import Clock, Timer, datetime_to_ms, resolve
 from .._durations import Duration, parse_duration, to_ms
+from .._tasks import Tracked, track
 
 __all__ = ["FleetClock", "InstanceClock", "TestClock"]
 
@@ -310,11 +311,11 @@ class InstanceClock(Clock):
         self.fleet = fleet
         self.ahead_ms = ahead_ms
         self.dead = False
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: Tracked = {}
 
     def kill(self) -> None:
         self.dead = True
-        for task in self.tasks:
+        for task in list(self.tasks):
             task.cancel()
 
     def _alive(self, callback: Callable[[], object]) -> Callable[[], object]:
@@ -335,8 +336,7 @@ class InstanceClock(Clock):
 
     def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
         task = self.fleet.spawn(coro, name=name)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        track(self.tasks, task)
         if self.dead:
             task.cancel()
         return task

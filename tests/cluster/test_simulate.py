@@ -5,6 +5,7 @@ that fails here is replayed with ``make simulate SEED=<n>``."""
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -40,9 +41,16 @@ def test_the_fleet_keeps_its_invariants(backend: str, seed: int) -> None:
 
 
 def test_a_seed_replays_the_same_run() -> None:
-    first, again = simulate(7, backend="lease"), simulate(7, backend="lease")
-    assert (first.log, first.runs) == (again.log, again.runs)
-    assert first.runs > 20  # it does run jobs
+    """Whatever the process drew before: a retry's jitter and a batch's chunks come from the
+    module-level generator, and seed 1 of the lease backend ran 3 ways in 8 states of it (a
+    seed pinned below found nothing late in a pytest session under CPU stress)."""
+    runs = set()
+    for state in range(8):
+        random.seed(state)
+        result = simulate(1, backend="lease")
+        runs.add((tuple(result.log), result.runs))
+    assert len(runs) == 1, [log[-3:] for log, _ in runs]
+    assert min(count for _, count in runs) > 20  # it does run jobs
 
 
 def test_a_broken_invariant_is_reported_with_the_run() -> None:
@@ -200,8 +208,10 @@ async def _blind_write(self: _SimTable, key: str, value: bytes, last: int, timeo
 
 def test_natslease_rests_on_the_buckets_compare_and_set(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two instances deciding from one revision of a job's row must not both write it: with a
-    bucket that lets them, seed 15 runs a slot again (the simulator sees NATSLeaseBackend's
-    races)."""
+    bucket that lets them, seed 88 runs a slot again (the simulator sees NATSLeaseBackend's
+    races). Seed 15 did while the order of a drain's cancellations followed memory addresses,
+    and found nothing late in a pytest session under load."""
+    assert simulate(88, backend="natslease").ok, "seed 88 fails on the compare-and-set"
     monkeypatch.setattr(_SimTable, "write", _blind_write)
-    result = simulate(15, backend="natslease")
+    result = simulate(88, backend="natslease")
     assert any("ran again" in v or "ran 2 times" in v for v in result.violations), result.log[-5:]
