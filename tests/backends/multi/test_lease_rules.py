@@ -522,17 +522,17 @@ def test_a_lock_wait_longer_than_a_third_of_the_lease_is_refused(tmp_path: Path)
 
 
 async def test_a_release_answers_within_a_third_of_the_lease(sql_fleet: Fleet) -> None:
-    """Another client holds what a release needs: it fails within ttl/3, while the lease is
-    still held (the runner then retries it), never landing after the lease expired."""
+    """Another client holds what a release needs, until the release has answered: the release
+    gives up on its own bound, a third of the ttl, while the lease is still held (the runner
+    then retries it), never landing after the lease expired. (A release that waited for the
+    lock would never answer: the test's timeout fails it. How long it took is not asserted: a
+    process starved of CPU answers late whatever its bound, seen at 1.4 s under stress.)"""
     backend = await sql_fleet.start()
     lease = lease_of(await acquire(backend, Slot("job", SLOT)))
-    loop = asyncio.get_running_loop()
+    assert backend._renew_timeout == TTL.total_seconds() / 3  # type: ignore[attr-defined]
     async with hold_write_lock(sql_fleet):
-        began = loop.time()
-        with pytest.raises(BackendUnavailableError):
+        with pytest.raises(BackendUnavailableError, match="timed out"):
             await backend.release(lease)
-        took = loop.time() - began
-    assert took < TTL.total_seconds() / 3 + 0.3, took
     await backend.release(lease)  # the lock is free: the runner's retry goes through
     assert isinstance(await acquire(backend, Slot("job", SLOT + 1_000)), Lease)
 
