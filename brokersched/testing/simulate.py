@@ -180,6 +180,7 @@ class Ledger:
     refused: dict[tuple[str, int], set[str]] = field(default_factory=dict)  # skip reasons
     found: list[str] = field(default_factory=list)
     killed: dict[str, int] = field(default_factory=dict)  # instance -> when (true time)
+    stopped: dict[str, int] = field(default_factory=dict)  # instance -> its stop() returned
     released: set[tuple[str, int, str, int]] = field(default_factory=set)
     expiry: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
     outages: list[tuple[int, int]] = field(default_factory=list)  # the store unreachable
@@ -188,16 +189,27 @@ class Ledger:
     stepped: dict[str, list[int]] = field(default_factory=dict)  # instance -> clock steps
     skipped: set[tuple[str, int, str]] = field(default_factory=set)  # key, slot, instance
 
-    def _unreleased(self, run: Run) -> bool:
-        """Its handler returned, but its release never reached the store, as the README's
-        Limits allow: its runner was killed first, or the store was out of its reach from
-        the run's end until its lease expired, but for less than one attempt's wait (a third
-        of lease_ttl) and the pause before the next (a tenth)."""
-        if (run.key, run.slot_ms, run.instance, run.attempt) in self.released or run.end is None:
+    def _unreleased(self, run: Run, attempt: int) -> bool:
+        """Its handler returned, but the release of its lease (granted as ``attempt``: a retry
+        after a failed attempt runs under its chain's first attempt's lease) never reached the
+        store, as the README's Limits allow: its runner was killed first; or it was stopped,
+        the store out of its reach from the run's end until the stop gave the release up
+        (drain_timeout and its grace over) but for less than one attempt's wait (at most a
+        second) and the pause before the next (at most a second); or the store was out of its
+        reach from the run's end until its lease expired, but for less than one attempt's wait
+        (a third of lease_ttl) and the pause before the next (a tenth)."""
+        lease = (run.key, run.slot_ms, run.instance, attempt)
+        if lease in self.released or run.end is None:
             return False
         if run.instance in self.killed:
             return True
-        expiry = self.expiry.get((run.key, run.slot_ms, run.instance, run.attempt))
+        stopped = self.stopped.get(run.instance)
+        if stopped is not None and stopped >= run.end:
+            reachable = stopped - run.end - _covered(self.outages, run.end, stopped)
+            ttl = run.lease_ttl_ms
+            if reachable < min(1000, ttl // 3) + min(1000, ttl // 10):
+                return True
+        expiry = self.expiry.get(lease)
         if expiry is None:
             return True
         reachable = expiry - run.end - _covered(self.outages, run.end, expiry)
@@ -217,7 +229,7 @@ class Ledger:
                     found.append(f"slot {key}:{slot} retried beyond its attempts: {_show(runs)}")
             for before, after in itertools.pairwise(chains):
                 done = _done(before)
-                if done is not None and not self._unreleased(done):
+                if done is not None and not self._unreleased(done, before[0].attempt):
                     found.append(f"slot {key}:{slot} ran again after it ended: {_show(runs)}")
                     break
                 if after[0].attempt > after[0].max_attempts:
@@ -805,7 +817,13 @@ class Simulation:
         self.log.append("fleet record deleted")
 
     def _stop(self, instance: Instance) -> None:
-        instance.stopping = instance.drive(instance.scheduler.stop(), "stop")
+        async def stop() -> None:
+            try:
+                await instance.scheduler.stop()
+            finally:  # the process exits: a release that has not landed never will
+                self.ledger.stopped[instance.name] = self.fleet.now_ms()
+
+        instance.stopping = instance.drive(stop(), "stop")
         self.log.append(f"stop {instance.name}")
 
     def _fault(self, roll: float) -> None:

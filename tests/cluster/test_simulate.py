@@ -31,6 +31,13 @@ from brokersched.testing.simulate import BACKENDS, simulate
 # seed.
 SEEDS = range(12)
 CASES = [(b, seed) for b in BACKENDS for seed in (SEEDS if b != "natslease" else SEEDS[:6])]
+# A graceful stop whose drain and grace ended while the store was down (8 s, from before the
+# run's end): its release never landed, the lease expired, and another instance took the
+# completed slot over (the documented limit the ledger once did not recognise).
+CASES += [("natslease", 242)]
+# A retry that returned, its lease (its first attempt's) expired while the store was held, then
+# taken over: the ledger looked for the lease under the retry's attempt, and never found it.
+CASES += [("natslease", 79)]
 
 
 @pytest.mark.parametrize(("backend", "seed"), CASES, ids=[f"{b}-{seed}" for b, seed in CASES])
@@ -82,8 +89,55 @@ def test_a_retry_is_no_new_run_of_its_slot_unless_it_breaks_the_rules() -> None:
     beyond.runs.append(run("a", "retry", 4, "returned", 7))
     assert "retried beyond its attempts" in beyond.violations(now=10)[0]
     last_failed = [*chain, run("a", "retry", 3, "failed", 5), run("b", "retry", 2, "cut", 7)]
-    again = Ledger(lease=True, runs=last_failed, released={("tick", 1000, "a", 3)})
+    again = Ledger(lease=True, runs=last_failed, released={("tick", 1000, "a", 1)})  # its lease
     assert "ran again after it ended" in again.violations(now=10)[0]
+
+
+def test_a_release_given_up_by_a_stop_while_the_store_was_away_is_the_documented_limit() -> None:
+    """A runner stopped gracefully after its handler returned, the store out of its reach from
+    the run's end until the stop gave the release up: the release never lands, and the slot
+    runs again once the lease expires, as after a kill. Had the store been back more than an
+    attempt's wait and a pause before the stop ended, the release must have landed."""
+    from brokersched.testing.simulate import Ledger, Run
+
+    def ledger(outage: tuple[int, int]) -> Ledger:
+        ended = Run("cron", 1000, "schedule", 1, "a", "allow", 2, 0, 30_000, end=1000,
+                    how="returned")  # fmt: skip
+        again = Run("cron", 1000, "retry", 2, "b", "allow", 2, 40_000, 3000)
+        found = Ledger(lease=True, runs=[ended, again], outages=[outage])
+        found.expiry[("cron", 1000, "a", 1)] = 30_000
+        found.stopped["a"] = 6000  # drain_timeout (3 s) and its grace (2 s) over
+        return found
+
+    assert ledger((500, 6500)).violations(now=50_000) == []
+    assert ledger((500, 5500)).violations(now=50_000) == []  # back as the last try was cut
+    [found] = ledger((500, 3000)).violations(now=50_000)  # back 3 s before the stop ended
+    assert "ran again after it ended" in found
+
+
+def test_a_retry_that_returned_is_judged_by_its_chains_lease() -> None:
+    """A retry after a failed attempt runs under the lease of its chain's first attempt: that
+    lease's release and expiry tell whether the slot may run again, not the retry's attempt."""
+    from brokersched.testing.simulate import Ledger, Run
+
+    def ledger(*, released: bool, expiry: int) -> Ledger:
+        def run(instance: str, reason: str, attempt: int, how: str, start: int) -> Run:
+            return Run("slow", 1000, reason, attempt, instance, "allow", 3, start, 3000, 2,
+                       reason, end=start + 800, how=how)  # fmt: skip
+
+        chain = [run("a", "schedule", 1, "failed", 0), run("a", "retry", 2, "returned", 1000)]
+        found = Ledger(lease=True, runs=[*chain, run("b", "retry", 2, "", 9000)])
+        found.runs[-1].end = None
+        found.expiry[("slow", 1000, "a", 1)] = expiry
+        if released:
+            found.released.add(("slow", 1000, "a", 1))
+        return found
+
+    [landed] = ledger(released=True, expiry=3000).violations(now=10_000)
+    assert "ran again after it ended" in landed
+    [reachable] = ledger(released=False, expiry=6000).violations(now=10_000)
+    assert "ran again after it ended" in reachable
+    assert ledger(released=False, expiry=2000).violations(now=10_000) == []  # a moment after
 
 
 # -- the simulator finds the issue 24 classes on the rules before their fixes -------------------
