@@ -291,11 +291,18 @@ class FaultProxy:
         return task
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        connecting = asyncio.current_task()
+        assert connecting is not None
+        self.tasks.add(connecting)  # close() cancels it
         try:
             server_r, server_w = await asyncio.open_connection(self.target_host, self.target_port)
-        except OSError:
+        except (OSError, asyncio.CancelledError) as exc:  # the client is not left open
             client_w.transport.abort()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
             return
+        finally:
+            self.tasks.discard(connecting)
         self.writers.update((client_w, server_w))
         self._spawn(self._pipe(client_r, server_w))
         self._spawn(self._pipe_replies(server_r, client_w))

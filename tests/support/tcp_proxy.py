@@ -58,6 +58,7 @@ class TcpProxy:
         self._server: asyncio.Server | None = None
         self._links: set[_Link] = set()
         self._pumps: set[asyncio.Task[None]] = set()
+        self._connecting: set[asyncio.Task[Any]] = set()  # accepted, connecting to the target
         self._accepting = True
         self._cut_when: Callable[[bytes], bool] | None = None
         self._cut_up_when: Callable[[bytes], bool] | None = None
@@ -90,8 +91,7 @@ class TcpProxy:
         server, self._server = self._server, None
         if server is not None:
             server.close()
-        self._reset()
-        await asyncio.gather(*self._pumps, return_exceptions=True)
+        await asyncio.gather(*self._reset(), *self._pumps, return_exceptions=True)
         if server is not None:
             await server.wait_closed()
 
@@ -136,14 +136,15 @@ class TcpProxy:
         a paused VM); once."""
         self._stall_after = predicate
 
-    def _reset(self) -> list[asyncio.Task[None]]:
+    def _reset(self) -> list[asyncio.Task[Any]]:
         """Refuse new connections and reset every link, at once (no await: nothing can slip
-        in between); returns the pump tasks to wait for."""
+        in between), those still connecting to the target too; returns the tasks to wait for."""
         self._accepting = False
         self._cut_when = self._cut_up_when = None
         links, self._links = list(self._links), set()
         current = asyncio.current_task()
         tasks = [task for link in links for task in link.tasks if task is not current]
+        tasks += self._connecting
         for link in links:
             link.abort()
         for task in tasks:
@@ -154,15 +155,19 @@ class TcpProxy:
         if not self._accepting:
             writer.transport.abort()
             return
+        connecting = asyncio.current_task()
+        assert connecting is not None
+        self._connecting.add(connecting)
         try:
             server_reader, server_writer = await asyncio.open_connection(*self.target)
         except OSError:
             writer.transport.abort()
             return
-        if not self._accepting:  # cut while we were connecting
+        except asyncio.CancelledError:  # cut or stopped meanwhile: the client is not left open
             writer.transport.abort()
-            server_writer.transport.abort()
-            return
+            raise
+        finally:
+            self._connecting.discard(connecting)
         link = _Link(writer, server_writer)
         self._links.add(link)
         self.accepted += 1
