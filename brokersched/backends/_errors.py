@@ -18,6 +18,7 @@ A row may match a ``BaseException`` that is not an ``Exception`` only through a 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TypeAlias
@@ -25,7 +26,7 @@ from typing import TypeAlias
 from .. import _redact
 from .._exceptions import BackendError, BrokerschedError
 
-__all__ = ["ErrorMap", "ErrorRow", "Translating"]
+__all__ = ["ErrorMap", "ErrorRow", "Translating", "Within"]
 
 #: What a row matches: exception classes, or a predicate over the exception.
 Match: TypeAlias = (
@@ -96,3 +97,29 @@ class Translating:
         error = self._map.translate(self._action, exc)
         if error is not None:
             raise error from _redact.chainable(exc, self._map.secrets)
+
+
+class Within:
+    """``asyncio.timeout(seconds)`` whose expiry says its bound: ``TimeoutError("timed out
+    after 2s")``, shown as it is by the rows that translate a timeout. A ``TimeoutError``
+    raised inside, not by the expiry, passes unchanged."""
+
+    __slots__ = ("_seconds", "_timeout")
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._timeout = asyncio.timeout(seconds)
+
+    async def __aenter__(self) -> None:
+        await self._timeout.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self._timeout.__aexit__(exc_type, exc, tb)  # raises only when it expired
+        except TimeoutError as expired:
+            raise TimeoutError(f"timed out after {self._seconds:g}s") from expired

@@ -56,7 +56,7 @@ from ..abc import (
 )
 from . import _postgres_ops
 from ._budget import BudgetWatch, budget_period
-from ._errors import ErrorMap, ErrorRow
+from ._errors import ErrorMap, ErrorRow, Within
 from ._keywords import checked_keywords
 from ._lease import (
     BATCH_CHUNK,
@@ -755,7 +755,9 @@ class PostgresBackend(SQLLeaseBackend):
         def make(action: str, exc: BaseException) -> BackendError:
             kind = BackendUnavailableError if isinstance(exc, unavailable) else BackendError
             detail = (
-                "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+                str(exc) or "timed out"
+                if isinstance(exc, TimeoutError)
+                else f"{type(exc).__name__}: {exc}"
             )
             detail = self._scrub(detail)
             return kind(f"PostgresBackend could not {action} on {self._redacted}: {detail}")
@@ -786,8 +788,8 @@ class PostgresBackend(SQLLeaseBackend):
     async def _bounded(
         self, pool: _Pool, exchange: Callable[[_Connection], Awaitable[T]], limit: float
     ) -> T:
-        """``exchange`` on a connection of ``pool``; ``TimeoutError`` after ``limit`` seconds,
-        whatever the link does.
+        """``exchange`` on a connection of ``pool``; ``TimeoutError`` after ``limit`` seconds
+        (its message says so), whatever the link does.
 
         ``asyncio.timeout`` alone does not bound it: once a query is cut short, asyncpg's
         ``Pool.release()`` waits (shielded) for the server to acknowledge the cancellation,
@@ -803,7 +805,7 @@ class PostgresBackend(SQLLeaseBackend):
         self._calls.add(task)
         task.add_done_callback(_forget(self._calls))
         try:
-            async with asyncio.timeout(limit):
+            async with Within(limit):
                 return await asyncio.shield(task)
         except BaseException:  # timed out, or the caller was cancelled
             call.abandon(task)

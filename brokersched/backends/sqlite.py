@@ -56,7 +56,7 @@ from ..abc import (
     Slot,
 )
 from . import _sqlite_ops
-from ._errors import ErrorMap, ErrorRow
+from ._errors import ErrorMap, ErrorRow, Within
 from ._keywords import checked_keywords
 from ._lease import (
     BATCH_CHUNK,
@@ -526,7 +526,7 @@ class SQLiteBackend(SQLLeaseBackend):
     def _error_rows(self) -> list[ErrorRow]:
         def timed_out(action: str, exc: BaseException) -> BackendError:
             return BackendUnavailableError(
-                f"SQLiteBackend could not {action} in {self._path}: timed out"
+                f"SQLiteBackend could not {action} in {self._path}: {exc or 'timed out'}"
             )
 
         def failed(action: str, exc: BaseException) -> BackendError:
@@ -553,7 +553,7 @@ class SQLiteBackend(SQLLeaseBackend):
         that way never runs, its lease expires and ``take_over`` restarts the slot.)
         """
         with self._translate(action):
-            async with asyncio.timeout(timeout or self._op_timeout):
+            async with Within(timeout or self._op_timeout):
                 await self._lock.acquire()
                 rolling_back = False
                 try:
