@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from types import TracebackType
 from typing import TypeAlias
 
 from .. import _redact
+from .._durations import format_duration
 from .._exceptions import BackendError, BrokerschedError
 
 __all__ = ["ErrorMap", "ErrorRow", "Translating", "Within"]
@@ -101,8 +103,8 @@ class Translating:
 
 class Within:
     """``asyncio.timeout(seconds)`` whose expiry says its bound: ``TimeoutError("timed out
-    after 2s")``, shown as it is by the rows that translate a timeout. A ``TimeoutError``
-    raised inside, not by the expiry, passes unchanged."""
+    after 2s")`` (or ``after 333ms``), shown as it is by the rows that translate a timeout. A
+    ``TimeoutError`` raised inside, not by the expiry, passes unchanged."""
 
     __slots__ = ("_seconds", "_timeout")
 
@@ -122,4 +124,5 @@ class Within:
         try:
             await self._timeout.__aexit__(exc_type, exc, tb)  # raises only when it expired
         except TimeoutError as expired:
-            raise TimeoutError(f"timed out after {self._seconds:g}s") from expired
+            bound = format_duration(timedelta(seconds=self._seconds))
+            raise TimeoutError(f"timed out after {bound}") from expired

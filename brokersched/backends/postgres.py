@@ -609,7 +609,7 @@ class PostgresBackend(SQLLeaseBackend):
     async def _connect(self) -> _Pool:
         try:
             with self._translate("connect"):
-                async with asyncio.timeout(self._op_timeout + 10):
+                async with Within(self._op_timeout + 10):
                     pool: _Pool = await self._asyncpg.create_pool(
                         self._dsn,
                         min_size=self._min_size,
@@ -727,7 +727,7 @@ class PostgresBackend(SQLLeaseBackend):
         """``call(conn, *args)`` on a connection of its own (the backend need not be started)."""
         asyncpg = self._import_asyncpg()
         with self._translate(action):
-            async with asyncio.timeout(self._op_timeout + 10):
+            async with Within(self._op_timeout + 10):
                 conn = await asyncpg.connect(self._dsn, server_settings=self._server_settings())
                 try:
                     return await call(conn, *args)
@@ -754,11 +754,10 @@ class PostgresBackend(SQLLeaseBackend):
 
         def make(action: str, exc: BaseException) -> BackendError:
             kind = BackendUnavailableError if isinstance(exc, unavailable) else BackendError
-            detail = (
-                str(exc) or "timed out"
-                if isinstance(exc, TimeoutError)
-                else f"{type(exc).__name__}: {exc}"
-            )
+            if isinstance(exc, TimeoutError):
+                detail = str(exc) or "timed out"
+            else:
+                detail = f"{type(exc).__name__}: {exc}"
             detail = self._scrub(detail)
             return kind(f"PostgresBackend could not {action} on {self._redacted}: {detail}")
 

@@ -526,7 +526,7 @@ class SQLiteBackend(SQLLeaseBackend):
     def _error_rows(self) -> list[ErrorRow]:
         def timed_out(action: str, exc: BaseException) -> BackendError:
             return BackendUnavailableError(
-                f"SQLiteBackend could not {action} in {self._path}: {exc or 'timed out'}"
+                f"SQLiteBackend could not {action} in {self._path}: {str(exc) or 'timed out'}"
             )
 
         def failed(action: str, exc: BaseException) -> BackendError:

@@ -245,6 +245,7 @@ class FaultProxy:
         self.writers: set[asyncio.StreamWriter] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.server: asyncio.Server | None = None
+        self.closing = False
 
     @property
     def url(self) -> str:
@@ -275,6 +276,7 @@ class FaultProxy:
         self.writers.clear()
 
     async def close(self) -> None:
+        self.closing = True
         if self.server is not None:
             self.server.close()
         self.cut()
@@ -291,15 +293,21 @@ class FaultProxy:
         return task
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        if self.closing:  # accepted just before close(), started after it
+            client_w.transport.abort()
+            return
         connecting = asyncio.current_task()
         assert connecting is not None
         self.tasks.add(connecting)  # close() cancels it
         try:
             server_r, server_w = await asyncio.open_connection(self.target_host, self.target_port)
-        except (OSError, asyncio.CancelledError) as exc:  # the client is not left open
+        except OSError:
             client_w.transport.abort()
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+            return
+        except asyncio.CancelledError:
+            # Closed meanwhile (the proxy is this task's only canceller): the client is not left
+            # open. Not raised: asyncio 3.11 logs a handler's cancellation as an error.
+            client_w.transport.abort()
             return
         finally:
             self.tasks.discard(connecting)

@@ -55,3 +55,15 @@ async def test_an_expired_bound_says_it_and_a_timeout_from_inside_passes_unchang
         async with Within(60):
             raise inside
     assert raised.value is inside
+
+
+async def test_a_cancellation_from_outside_stays_one() -> None:
+    async def call() -> None:
+        async with Within(60):
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(call())
+    await asyncio.sleep(0)  # inside the bound
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

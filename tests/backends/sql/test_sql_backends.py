@@ -331,7 +331,7 @@ async def test_a_claim_that_cannot_answer_in_time_fails_closed(fleet: Fleet) -> 
     async with hold_write_lock(fleet):
         # The answer comes within the claim's timeout, not after busy_timeout or a lock wait.
         async with asyncio.timeout(2.5):
-            with pytest.raises(BackendUnavailableError, match=r"timed out after 0\.3s"):
+            with pytest.raises(BackendUnavailableError, match="timed out after 300ms"):
                 await acquire(backend, Slot("job", SLOT + 1000), timeout=0.3)
     # The connection was not left inside a transaction or a cancelled query.
     later = await acquire(backend, Slot("job", SLOT + 2000), JobPolicy("job", overlap="allow"))
@@ -415,7 +415,7 @@ async def test_postgres_calls_answer_in_time_on_a_stalled_link(postgres_dsn: str
                 await acquire(fleet.a, Slot("job", SLOT + 1000), timeout=1.0)
         # renew() is bounded by a third of lease_ttl (1 s here), not by max(ttl, 5 s)
         async with asyncio.timeout(1.0 + MARGIN_S):
-            with pytest.raises(BackendUnavailableError, match="renew job:"):
+            with pytest.raises(BackendUnavailableError, match=r"renew job:.*timed out after 1s"):
                 await fleet.a.renew(lease)
         fleet.proxy.resume()
         # the stalled connection was terminated: later calls get a working one
@@ -462,7 +462,7 @@ async def test_postgres_a_claim_given_up_behind_a_lock_is_cancelled_on_the_serve
     try:
         assert isinstance(await acquire(backend, Slot("job", SLOT), allow), Lease)
         async with hold_write_lock(fleet):
-            with pytest.raises(BackendUnavailableError, match=r"timed out after 0\.3s"):
+            with pytest.raises(BackendUnavailableError, match="timed out after 300ms"):
                 await acquire(backend, Slot("job", SLOT + 1000), allow, timeout=0.3)
             await until(lambda: not backend._calls)  # the abandoned exchange has ended
         watcher = await asyncpg.connect(postgres_dsn)
