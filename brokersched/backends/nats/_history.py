@@ -57,15 +57,25 @@ async def _last_bodies(js: JetStreamContext, stream: str, subject: str, count: i
     """JetStream 2.9 cannot read a subject backwards, so an ephemeral consumer reads the
     subject's messages (at most ``max_msgs_per_subject``) and keeps the last ``count``.
 
-    On a cluster the consumer sits on any replica of the stream, one still catching up after a
-    restart or a heal included, which holds only the older part of the subject: the read ends
-    with the stream leader's messages after the last one the consumer gave (``_top_up``). A
-    run is one message id (the publish's ``Nats-Msg-Id``): a copy read twice, which a replica
-    of nats-server 2.9 kept after a partition though the leader stores it once (seen once
-    under load), counts once, at its newest place."""
+    On a cluster the consumer sits on any replica of the stream, which may not hold what the
+    stream's leader does: one still catching up after a restart or a heal holds only the older
+    part of the subject, so the read ends with the leader's messages after the last one the
+    consumer gave (``_top_up``); and after a partition a replica of nats-server 2.9 was seen
+    to give a run twice (once, under load) or to lack runs amid the subject (4 of 26, once in
+    a partition test under load). So the leader is asked first how many messages the subject
+    holds, and a read that found fewer distinct ones is made again from the leader alone
+    (``_walk``: a request a message, only then). A run is one message id (the publish's
+    ``Nats-Msg-Id``): a copy read twice counts once, at its newest place."""
     import nats.js.errors
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+    try:
+        info = await js.stream_info(stream, subjects_filter=subject)  # the leader answers
+    except nats.js.errors.NotFoundError:  # no history stream yet
+        return []
+    stored = (info.state.subjects or {}).get(subject, 0)
+    if stored == 0:
+        return []
     config = ConsumerConfig(
         deliver_policy=DeliverPolicy.ALL,
         ack_policy=AckPolicy.NONE,
@@ -74,17 +84,21 @@ async def _last_bodies(js: JetStreamContext, stream: str, subject: str, count: i
         inactive_threshold=_CONSUMER_IDLE_S,
     )
     try:
-        info = await js.add_consumer(stream, config)  # pyright: ignore[reportUnknownMemberType]
-    except nats.js.errors.NotFoundError:  # no history stream yet
+        consumer = await js.add_consumer(stream, config)  # pyright: ignore[reportUnknownMemberType]
+    except nats.js.errors.NotFoundError:  # deleted meanwhile
         return []
-    assert info.name is not None
+    assert consumer.name is not None
     newest: deque[_Stored] = deque(maxlen=count)
+    seen: set[str | int] = set()  # each message read: its id, or its sequence if it has none
     try:
-        await _drain(js, stream, info.name, info.num_pending or 0, newest)
+        await _drain(js, stream, consumer.name, consumer.num_pending or 0, newest, seen)
     finally:
         with contextlib.suppress(Exception):
-            await asyncio.shield(js.delete_consumer(stream, info.name))
-    await _top_up(js, stream, subject, newest)
+            await asyncio.shield(js.delete_consumer(stream, consumer.name))
+    await _walk(js, stream, subject, newest[-1].seq + 1 if newest else 1, newest, seen)
+    if len(seen) < stored:  # the replica lacked some: the leader's alone
+        newest.clear()
+        await _walk(js, stream, subject, 1, newest, set())
     return _once_each(newest)
 
 
@@ -94,8 +108,9 @@ async def _drain(
     consumer: str,
     pending: int,
     newest: deque[_Stored],
+    seen: set[str | int],
 ) -> None:
-    """Read ``consumer``'s ``pending`` messages into ``newest``."""
+    """Read ``consumer``'s ``pending`` messages into ``newest`` (and ``seen``)."""
     import nats.errors
 
     if pending <= 0:
@@ -109,31 +124,41 @@ async def _drain(
                 break
             if not msgs:
                 break
-            newest.extend(
-                _Stored.of(msg.metadata.sequence.stream, msg.headers, msg.data) for msg in msgs
-            )
+            for msg in msgs:
+                _keep(_Stored.of(msg.metadata.sequence.stream, msg.headers, msg.data), newest, seen)
             pending = msgs[-1].metadata.num_pending
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
 
 
-async def _top_up(js: JetStreamContext, stream: str, subject: str, newest: deque[_Stored]) -> None:
-    """Append the messages of ``subject`` stored after the last one in ``newest``, read from
-    the stream's leader one by one (``next_by_subj``, nats-server 2.9+): usually none, so one
-    round trip."""
+async def _walk(
+    js: JetStreamContext,
+    stream: str,
+    subject: str,
+    seq: int,
+    newest: deque[_Stored],
+    seen: set[str | int],
+) -> None:
+    """Append the messages of ``subject`` from sequence ``seq`` on, read from the stream's
+    leader one by one (``next_by_subj``, nats-server 2.9+); after a consumer's read usually
+    none are left: one round trip."""
     import nats.js.errors
 
-    seq = newest[-1].seq + 1 if newest else 1
     while True:
         try:
             msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
         except nats.js.errors.NotFoundError:  # nothing after it (or the stream is gone)
             return
         assert msg.seq is not None
-        if msg.data:
-            newest.append(_Stored.of(msg.seq, msg.headers, msg.data))
+        _keep(_Stored.of(msg.seq, msg.headers, msg.data or b""), newest, seen)
         seq = msg.seq + 1
+
+
+def _keep(message: _Stored, newest: deque[_Stored], seen: set[str | int]) -> None:
+    seen.add(message.msg_id or message.seq)
+    if message.body:
+        newest.append(message)
 
 
 def _once_each(stored: Sequence[_Stored]) -> list[bytes]:

@@ -10,7 +10,8 @@ import re
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -596,44 +597,59 @@ async def test_history_without_prepare(backend: NATSBackend) -> None:
     assert [r.slot_ms for r in await backend.history(job, 10)] == [5, 4, 3, 2]
 
 
+def a_replica(
+    monkeypatch: pytest.MonkeyPatch, gives: Callable[[list[_history._Stored]], list[int]]
+) -> None:
+    """The reading consumer's replica gives ``gives(stored)``: indexes into what the stream
+    stores, in the order given. The replica is the one thing faked."""
+    drain = _history._drain
+
+    async def replica(*args: Any) -> None:
+        stored: deque[_history._Stored] = deque()
+        await drain(*args[:-2], stored, set())
+        for n in gives(list(stored)):
+            _history._keep(stored[n], args[-2], args[-1])
+
+    monkeypatch.setattr(_history, "_drain", replica)
+
+
 async def test_history_reads_what_a_lagging_replica_lacks_from_the_leader(
     backend: NATSBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a cluster the reading consumer can sit on a replica still catching up after a heal,
     which holds the older records only (seen on nats-server 2.9): the newest come from the
-    stream leader. The replica's lag is the one thing faked here."""
+    stream leader."""
     job = JobPolicy("h.lag", history_size=10)
     for i in range(5):
         await backend.record(job, run_record(job.name, i))
-    drain = _history._drain
-
-    async def lagging(*args: Any) -> None:
-        await drain(*args)
-        newest = args[-1]
-        assert json.loads(newest[-1].body)["slot_ms"] == 4  # the consumer read them all
-        newest.pop(), newest.pop()  # what the replica has not stored yet
-
-    monkeypatch.setattr(_history, "_drain", lagging)
+    a_replica(monkeypatch, lambda stored: [0, 1, 2])  # not yet the last two
     assert [r.slot_ms for r in await backend.history(job, 10)] == [4, 3, 2, 1, 0]
     assert [r.slot_ms for r in await backend.history(job, 3)] == [4, 3, 2]
+
+
+async def test_history_reads_from_the_leader_what_a_replica_lacks_amid_the_subject(
+    backend: NATSBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica of nats-server 2.9 lacked runs amid the subject after a partition (4 of 26,
+    under load): the leader says how many the subject holds, and a read that found fewer is
+    made from the leader alone."""
+    job = JobPolicy("h.holes", history_size=10)
+    for i in range(6):
+        await backend.record(job, run_record(job.name, i))
+    a_replica(monkeypatch, lambda stored: [0, 2, 4, 5])
+    assert [r.slot_ms for r in await backend.history(job, 10)] == [5, 4, 3, 2, 1, 0]
+    assert [r.slot_ms for r in await backend.history(job, 4)] == [5, 4, 3, 2]
 
 
 async def test_history_counts_a_run_once_whatever_a_replica_kept(
     backend: NATSBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A replica of nats-server 2.9 gave a run's record twice after a partition, though the
-    leader stored it once (its message id): the history has each run once. The copy is faked."""
+    leader stored it once (its message id): the history has each run once."""
     job = JobPolicy("h.twice", history_size=10)
     for i in range(4):
         await backend.record(job, run_record(job.name, i))
-    drain = _history._drain
-
-    async def kept_twice(*args: Any) -> None:
-        await drain(*args)
-        newest = args[-1]
-        newest.insert(2, newest[0])  # the first run again, after the second
-
-    monkeypatch.setattr(_history, "_drain", kept_twice)
+    a_replica(monkeypatch, lambda stored: [0, 1, 0, 2, 3])  # the first run again
     runs = [r.slot_ms for r in await backend.history(job, 10)]
     assert sorted(runs) == [0, 1, 2, 3], runs  # once each, where the last copy stood
     assert runs[:2] == [3, 2]
