@@ -60,12 +60,13 @@ async def _last_bodies(js: JetStreamContext, stream: str, subject: str, count: i
     On a cluster the consumer sits on any replica of the stream, which may not hold what the
     stream's leader does: one still catching up after a restart or a heal holds only the older
     part of the subject, so the read ends with the leader's messages after the last one the
-    consumer gave (``_top_up``); and after a partition a replica of nats-server 2.9 was seen
-    to give a run twice (once, under load) or to lack runs amid the subject (4 of 26, once in
-    a partition test under load). So the leader is asked first how many messages the subject
-    holds, and a read that found fewer distinct ones is made again from the leader alone
-    (``_walk``: a request a message, only then). A run is one message id (the publish's
-    ``Nats-Msg-Id``): a copy read twice counts once, at its newest place."""
+    consumer gave (``_walk``: usually none, one request); and after a partition a replica of
+    nats-server 2.9 was seen to give a run twice (once, under load) or to lack runs amid the
+    subject (4 of 26, once in a partition test under load). So the leader is asked first how
+    many messages the subject holds, and a read that found fewer distinct ones is made again
+    from the leader alone (``_walk`` from the start: a request a message, only then). A run
+    is one message id (the publish's ``Nats-Msg-Id``): a copy read twice counts once, at its
+    newest place."""
     import nats.js.errors
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
