@@ -80,6 +80,7 @@ class Runner:
         tasks: TaskSet,
         recorder: Recorder,
         around_run: AroundRun | None = None,
+        ended: dict[str, int] | None = None,
     ) -> None:
         self.clock = clock
         self.backend = backend
@@ -95,6 +96,9 @@ class Runner:
         self._batches = _Batches(self)
         self._releases = _Releases(self)
         self._prepares = _Prepares(self)
+        # job key -> the latest slot ended here whose release did not land before its lease
+        # expired (see ended_here); the scheduler's, kept from one start to the next
+        self._ended = {} if ended is None else ended
 
     def skip(
         self,
@@ -504,6 +508,9 @@ class Runner:
         else:  # granted a moment ago
             expires_ms = self.clock.monotonic_ms() + ttl_ms
         retries = _ReleaseRetries(self.clock, lease, handover, ttl_ms, expires_ms)
+        if not handover:
+            ended = self._ended
+            ended[lease.job] = max(ended.get(lease.job, lease.slot_ms), lease.slot_ms)
         try:
             while True:
                 try:
@@ -516,10 +523,20 @@ class Runner:
                         continue
                     return
                 retries.landed()
+                if self.clock.monotonic_ms() < expires_ms and self.ended_here(lease):
+                    del self._ended[lease.job]  # no take-over can have come first
                 return
         except asyncio.CancelledError:
             retries.stopped()
             raise
+
+    def ended_here(self, lease: Lease) -> bool:
+        """Whether ``lease``'s slot was ended here (its run returned or failed for good, or it
+        was skipped once claimed) but its release did not land before its lease expired: a
+        take-over of it by this instance's own sweeper is no dead runner's (see ``Sweeper``).
+        Only the latest such slot of each job is kept: the store offers no other (it takes
+        over only a job's latest claimed slot)."""
+        return self._ended.get(lease.job) == lease.slot_ms
 
     async def _within(
         self, attempt: Coroutine[Any, Any, None], seconds: float, lease: Lease

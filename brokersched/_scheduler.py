@@ -246,6 +246,8 @@ class Scheduler(Generic[B]):
             self.clock, self.backend, self.options.record_buffer, self._events
         )
         self._around_run = _context_factory(around_run, "around_run", sync=True)
+        # The slots ended here whose releases came late (Runner.ended_here): every start's.
+        self._ended: dict[str, int] = {}
         self._lifespan = _context_factory(lifespan, "lifespan", sync=False)
         # The life cycle: its state, what start() opened (closed in reverse by stop()), and
         # what each start made (a runner, on a lease backend a sweeper).
@@ -705,6 +707,7 @@ class Scheduler(Generic[B]):
             self._tasks,
             self._recorder,
             self._around_run,
+            self._ended,
         )
         self._loop = asyncio.get_running_loop()
         fleet = self._fleet = self._make_fleet(runner)

@@ -89,6 +89,18 @@ class Sweeper:
             return
         by_key = {job.settings.key: job for job in self._jobs()}
         for lease in leases:
+            if self._runner.ended_here(lease):
+                # Ended here, but its release came after the lease expired (the store was
+                # away): done, not run again. Taken over elsewhere, it would be (the README's
+                # Limits). Released aside: the store may still be flaky, the others wait not.
+                logger.info(
+                    "took over %s, which ended here before its lease was released: "
+                    "released as ended, not run again",
+                    lease.slot.key,
+                )
+                release = self._runner.release(lease, handover=False)
+                self._spawn(release, f"release:{lease.slot.key}")
+                continue
             state = by_key.get(lease.job)  # leases are kept under the job's key
             if state is None or self._closed or _running_here(state, lease):
                 # A sync handler whose lease was lost may still be running here: not twice.

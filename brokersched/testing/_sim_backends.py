@@ -93,6 +93,9 @@ class Store:
     released: set[tuple[str, int, str, int]] = field(default_factory=set)
     # (key, slot, instance, attempt) -> when its lease expires on the fleet's true time
     expiry: dict[tuple[str, int, str, int], int] = field(default_factory=dict)
+    # the run ids of the leases granted: a run under a lease begins with its lease's run id, a
+    # retry= attempt under it gets one of its own
+    leased: set[str] = field(default_factory=set)
     accepted: dict[str, int] = field(default_factory=dict)  # instance -> its last claim granted
     evicting: bool = False  # Redis: maxmemory-policy evicts keys with a TTL
     stray: set[str] = field(default_factory=set)  # RabbitMQ: queues made beforehand
@@ -253,6 +256,7 @@ class SimLeaseBackend(_SimFleet, MemoryBackend):
             off = self.sim.clock.now_ms() - self.sim.fleet.now_ms()
             key = (lease.job, lease.slot_ms, held.instance_id, held.attempt)
             self.sim.expiry[key] = held.expires_ms - off
+            self.sim.leased.add(held.run_id)
 
     def _held(self, lease: Lease) -> bool:
         """Whether ``lease`` still holds its slot in the store (not taken over)."""
@@ -751,6 +755,7 @@ class SimNATSLease(_SimFleet, NATSLeaseBackend):
     def _expires(self, job: str, slot: int, lease: LeaseRow) -> None:
         off = self.sim.clock.now_ms() - self.sim.fleet.now_ms()
         self.sim.expiry[(job, slot, lease.instance_id, lease.attempt)] = lease.expires_ms - off
+        self.sim.leased.add(lease.run_id)
 
 
 # -- RabbitMQ: a queue per slot, expiring x-expires after its last declare ---------------------

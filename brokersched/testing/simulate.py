@@ -123,25 +123,30 @@ class Run:
     lease_ttl_ms: int = 0
     retries: int = 1  # the job's retry.attempts (1: no retry)
     origin: str = ""  # a failed attempt's retry: the reason of the first attempt; else reason
+    leased: bool = False  # it began a lease of its own (a claim, a take-over), no retry= attempt
     ahead_ms: int = 0  # how far ahead of the fleet's true time its instance's clock was
     end: int | None = None
     # "returned", "failed" (raised), "cut" (cancelled: lease lost, timeout, drain), "killed"
     how: str = ""
 
     def retried_by(self, later: Run) -> bool:
-        """``later`` is the retry of this failed attempt, not a new run of the slot."""
+        """``later`` is the retry of this failed attempt, not a new run of the slot (such as
+        its take-over, attempt + 1 too, by the same instance's sweep once the lease was lost
+        while the retry waited)."""
         return (
             self.how == "failed"
             and later.reason == "retry"
             and later.instance == self.instance
             and later.attempt == self.attempt + 1
+            and not later.leased
         )
 
 
-def _origin(runs: list[Run], instance: str, key: str, ctx: Any) -> str:
+def _origin(runs: list[Run], instance: str, key: str, ctx: Any, leased: bool) -> str:
     """Why the run a handler starts was claimed: a failed attempt's retry keeps its first
-    attempt's reason (the retry of a manual run is no run of a slot at the same instant)."""
-    if ctx.reason == "retry":
+    attempt's reason (the retry of a manual run is no run of a slot at the same instant); a
+    take-over (``leased``) is a retry of its own."""
+    if ctx.reason == "retry" and not leased:
         for run in reversed(runs):
             mine = run.key in (key, f"{key}:start")
             if mine and run.instance == instance and run.slot_ms == ctx.slot_ms:
@@ -229,7 +234,9 @@ class Ledger:
                     found.append(f"slot {key}:{slot} retried beyond its attempts: {_show(runs)}")
             for before, after in itertools.pairwise(chains):
                 done = _done(before)
-                if done is not None and not self._unreleased(done, before[0].attempt):
+                # an instance's own sweeper knows its run ended: never again there
+                again = done is not None and after[0].instance == done.instance
+                if again or (done is not None and not self._unreleased(done, before[0].attempt)):
                     found.append(f"slot {key}:{slot} ran again after it ended: {_show(runs)}")
                     break
                 if after[0].attempt > after[0].max_attempts:
@@ -606,13 +613,14 @@ class Simulation:
             self.ledger.refused.setdefault((key, event.slot_ms), set()).add(event.reason)
 
     def _handler(self, instance: Instance, key: str, options: dict[str, Any]) -> Callable[..., Any]:
-        ledger, fleet, failures = self.ledger, self.fleet, self._failures
+        ledger, fleet, failures, store = self.ledger, self.fleet, self._failures, self.store
         work = self._jobs[{"cron": "cron_work_ms", "slow": "slow_work_ms"}.get(key, "work_ms")]
         retry: Retry | None = options.get("retry")
         fail_rate = self._jobs.get("fail_rate", 0.0) if retry is not None else 0.0
 
         async def handler(ctx: Any) -> None:
-            origin = _origin(ledger.runs, instance.name, key, ctx)
+            leased = ctx.run_id in store.leased
+            origin = _origin(ledger.runs, instance.name, key, ctx, leased)
             run = Run(
                 key=f"{key}:start" if origin == "start" else key,
                 slot_ms=ctx.slot_ms, reason=ctx.reason, attempt=ctx.attempt,
@@ -622,7 +630,7 @@ class Simulation:
                 max_attempts=options.get("max_attempts", 3) if ctx.reason != "start" else 99,
                 start=fleet.now_ms(), lease_ttl_ms=instance.deploy.memory_ms,
                 retries=retry.attempts if retry is not None else 1, origin=origin,
-                ahead_ms=instance.clock.ahead_ms,
+                ahead_ms=instance.clock.ahead_ms, leased=leased,
             )  # fmt: skip
             if origin == "start" and options.get("overlap") == "skip":
                 run.key = key  # holds the job's own lease: it never overlaps the job's slots

@@ -36,8 +36,12 @@ CASES = [(b, seed) for b in BACKENDS for seed in (SEEDS if b != "natslease" else
 # completed slot over (the documented limit the ledger once did not recognise).
 CASES += [("natslease", 242)]
 # A retry that returned, its lease (its first attempt's) expired while the store was held, then
-# taken over: the ledger looked for the lease under the retry's attempt, and never found it.
+# taken over: the ledger looked for the lease under the retry's attempt, and never found it. The
+# taker was the runner's own sweep, which ran the slot again (now it knows the run ended there).
 CASES += [("natslease", 79)]
+# A retry= wait cut by a lease lost on a flaky link, and the slot taken over by the same
+# instance's sweep: the ledger counted the take-over's attempts as retries of the first.
+CASES += [("natslease", 162)]
 
 
 @pytest.mark.parametrize(("backend", "seed"), CASES, ids=[f"{b}-{seed}" for b, seed in CASES])
@@ -91,6 +95,14 @@ def test_a_retry_is_no_new_run_of_its_slot_unless_it_breaks_the_rules() -> None:
     last_failed = [*chain, run("a", "retry", 3, "failed", 5), run("b", "retry", 2, "cut", 7)]
     again = Ledger(lease=True, runs=last_failed, released={("tick", 1000, "a", 1)})  # its lease
     assert "ran again after it ended" in again.violations(now=10)[0]
+    # The same instance's take-over (its lease lost while the retry waited) begins a lease, and
+    # with it a retry= budget of its own (seed 162): no retry, attempt + 1 though it is.
+    taken = run("a", "retry", 2, "failed", 4)
+    taken.leased = True
+    own = [chain[0], taken, run("a", "retry", 3, "failed", 5), run("a", "retry", 4, "failed", 7)]
+    assert Ledger(lease=True, runs=own).violations(now=10) == []
+    taken.leased = False  # as a retry= attempt: four attempts of three
+    assert "retried beyond its attempts" in Ledger(lease=True, runs=own).violations(now=10)[0]
 
 
 def test_a_release_given_up_by_a_stop_while_the_store_was_away_is_the_documented_limit() -> None:
@@ -262,10 +274,11 @@ async def _blind_write(self: _SimTable, key: str, value: bytes, last: int, timeo
 
 def test_natslease_rests_on_the_buckets_compare_and_set(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two instances deciding from one revision of a job's row must not both write it: with a
-    bucket that lets them, seed 88 runs a slot again (the simulator sees NATSLeaseBackend's
-    races). Seed 15 did while the order of a drain's cancellations followed memory addresses,
-    and found nothing late in a pytest session under load."""
-    assert simulate(88, backend="natslease").ok, "seed 88 fails on the compare-and-set"
+    bucket that lets them, seed 109 runs a slot on two instances (the simulator sees
+    NATSLeaseBackend's races). Seed 15 did while the order of a drain's cancellations followed
+    memory addresses, and found nothing late in a pytest session under load; seed 88 did by
+    an instance's own sweep, which now knows the slot ended there."""
+    assert simulate(109, backend="natslease").ok, "seed 109 fails on the compare-and-set"
     monkeypatch.setattr(_SimTable, "write", _blind_write)
-    result = simulate(88, backend="natslease")
+    result = simulate(109, backend="natslease")
     assert any("ran again" in v or "ran 2 times" in v for v in result.violations), result.log[-5:]

@@ -218,3 +218,90 @@ async def test_a_handed_over_lease_is_released_within_the_same_bound() -> None:
     assert release.done()
     assert began + 5700 <= backend.reach.tries[-1] <= began + 6000
     await sched.stop()
+
+
+def alone(**options: Any) -> tuple[TestClock, Outage, Scheduler[Unreachable]]:
+    """One instance alone on its store: only its own sweep can take its slots over."""
+    clock = TestClock(START)
+    outage = Outage(clock)
+    backend = Unreachable(outage, lease_ttl=TTL)
+    return clock, outage, Scheduler(backend, clock=clock, jitter=0, **options)
+
+
+async def test_its_own_sweep_never_reruns_a_run_that_ended_here(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The store away past the give-up (6 s after the slot) and back at 7.45 s: the runner's
+    own sweep takes the expired lease over, as a dead runner's. The runner knows its run ended:
+    it releases the slot as ended instead of running it again (another instance's sweep cannot
+    know that: the README's Limits)."""
+    caplog.set_level(logging.INFO, logger="brokersched")
+    clock, outage, runner = alone()
+    starts: list[int] = []
+
+    async def handler(ctx: JobContext) -> None:
+        starts.append(ctx.attempt)
+        await ctx.sleep(0.45)
+        if ctx.attempt == 1:
+            outage.begin(7)
+        await ctx.sleep(0.05)
+
+    job = runner.at("job", WHEN, handler)
+    await runner.start()
+    await clock.advance("1m")
+    history = [(record.attempt, record.outcome) for record in await job.history(10)]
+    await runner.stop()
+    assert starts == [1]  # before: [1, 2], its own sweep ran it again
+    # The take-over recorded the expired attempt, as it does any: the history says both.
+    assert sorted(history) == [(1, "completed"), (1, "interrupted")]
+    (took,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("took over")]
+    assert f"took over job:{WHEN_MS}, which ended here" in took
+
+
+async def test_its_own_sweep_never_reruns_the_latest_slot_when_an_older_one_ends_after_it() -> None:
+    """overlap="allow": slot A runs 5.6 s, slot B (5 s later) 0.5 s, and the store goes away
+    as B ends, for 7 s; A ends after B, both releases come late. The store offers B (the
+    job's latest claimed slot) to the sweep: B ended here too."""
+    clock, outage, runner = alone()
+    starts: list[tuple[int, int]] = []
+
+    async def handler(ctx: JobContext) -> None:
+        starts.append((ctx.slot_ms, ctx.attempt))
+        if len(starts) == 1:
+            await ctx.sleep(5.6)
+        elif len(starts) == 2:
+            await ctx.sleep(0.45)
+            outage.begin(7)
+            await ctx.sleep(0.05)
+
+    runner.every("job", "5s", handler, overlap="allow")
+    await runner.start()
+    await clock.advance("20s")
+    await runner.stop()
+    (a, _), (b, _) = starts[:2]
+    assert b - a == 5000
+    assert [attempt for slot, attempt in starts if slot == b] == [1]  # before: [1, 2]
+
+
+async def test_its_own_sweep_knows_after_a_stop_and_a_start_that_the_run_ended_here() -> None:
+    """The run ends, its release keeps failing, the scheduler is stopped (the release given
+    up) and started again while the store is still away: its sweep, once the store is back,
+    finds the slot ended by the previous start."""
+    clock, outage, runner = alone(drain_timeout="1s")
+    starts: list[int] = []
+
+    async def handler(ctx: JobContext) -> None:
+        starts.append(ctx.attempt)
+        await ctx.sleep(0.45)
+        if ctx.attempt == 1:
+            outage.begin(7)
+        await ctx.sleep(0.05)
+
+    runner.at("job", WHEN, handler)
+    await runner.start()
+    await clock.advance("31s")  # the slot is at 30 s: the run ended at 30.5 s
+    await runner.stop()
+    await runner.start()
+    await clock.advance("30s")  # the store is back at 37.45 s
+    await runner.stop()
+    assert starts == [1]  # before: [1, 2]
