@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -228,6 +229,22 @@ def alone(**options: Any) -> tuple[TestClock, Outage, Scheduler[Unreachable]]:
     return clock, outage, Scheduler(backend, clock=clock, jitter=0, **options)
 
 
+def ending_as_the_store_goes(
+    outage: Outage, starts: list[int]
+) -> Callable[[JobContext], Awaitable[None]]:
+    """A 0.5 s handler (its attempts noted in ``starts``) whose first attempt takes the store
+    away for 7 s as it ends, past the release's give-up."""
+
+    async def handler(ctx: JobContext) -> None:
+        starts.append(ctx.attempt)
+        await ctx.sleep(0.45)
+        if ctx.attempt == 1:
+            outage.begin(7)
+        await ctx.sleep(0.05)
+
+    return handler
+
+
 async def test_its_own_sweep_never_reruns_a_run_that_ended_here(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -238,14 +255,7 @@ async def test_its_own_sweep_never_reruns_a_run_that_ended_here(
     caplog.set_level(logging.INFO, logger="brokersched")
     clock, outage, runner = alone()
     starts: list[int] = []
-
-    async def handler(ctx: JobContext) -> None:
-        starts.append(ctx.attempt)
-        await ctx.sleep(0.45)
-        if ctx.attempt == 1:
-            outage.begin(7)
-        await ctx.sleep(0.05)
-
+    handler = ending_as_the_store_goes(outage, starts)
     job = runner.at("job", WHEN, handler)
     await runner.start()
     await clock.advance("1m")
@@ -289,14 +299,7 @@ async def test_its_own_sweep_knows_after_a_stop_and_a_start_that_the_run_ended_h
     finds the slot ended by the previous start."""
     clock, outage, runner = alone(drain_timeout="1s")
     starts: list[int] = []
-
-    async def handler(ctx: JobContext) -> None:
-        starts.append(ctx.attempt)
-        await ctx.sleep(0.45)
-        if ctx.attempt == 1:
-            outage.begin(7)
-        await ctx.sleep(0.05)
-
+    handler = ending_as_the_store_goes(outage, starts)
     runner.at("job", WHEN, handler)
     await runner.start()
     await clock.advance("31s")  # the slot is at 30 s: the run ended at 30.5 s
