@@ -235,8 +235,10 @@ class Ledger:
             for before, after in itertools.pairwise(chains):
                 done = _done(before)
                 # an instance's own sweeper knows its run ended: never again there
-                again = done is not None and after[0].instance == done.instance
-                if again or (done is not None and not self._unreleased(done, before[0].attempt)):
+                if done is not None and (
+                    after[0].instance == done.instance
+                    or not self._unreleased(done, before[0].attempt)
+                ):
                     found.append(f"slot {key}:{slot} ran again after it ended: {_show(runs)}")
                     break
                 if after[0].attempt > after[0].max_attempts:
