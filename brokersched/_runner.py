@@ -675,11 +675,11 @@ class Runner:
                 await self._finish(run.job, run, "interrupted", detail, record=False)
         listeners = [task for task in self.tasks.pending() if task not in before]
         await self.clock.wait(listeners, _CUT_GRACE_S)
-        self.tasks.cancel_background()
-        tasks = {run.task for run in abandoned}
-        for task in self.tasks.pending():
-            if task not in tasks:
-                task.cancel()  # a claim, a record or a listener that did not answer in time
+        # Renewals, releases and the fleet's calls; claims, records and listeners that did not
+        # answer in time. The abandoned runs' tasks wait for their threads: they are left.
+        left = {run.task for run in abandoned}
+        cut = [task for task in self.tasks.pending() if task not in left]
+        await self.tasks.cut([*self.tasks.background(), *cut], _CUT_GRACE_S)
 
 
 class _ReleaseRetries:

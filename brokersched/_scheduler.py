@@ -949,6 +949,8 @@ class Scheduler(Generic[B]):
                 logger.exception("backend %s failed to stop cleanly", self.backend.name)
 
     async def _stop_backend(self) -> None:
+        # What began after the drain (a presence a run's end asked for) ends before the backend.
+        await self._tasks.cut(self._tasks.background(), _FLUSH_GRACE_S)
         try:
             await self.backend.stop()
         except Exception:

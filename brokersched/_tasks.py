@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Awaitable, Collection, Coroutine, Sequence
 from typing import Any, TypeVar, cast
 
 from ._clock import Clock
@@ -56,9 +56,19 @@ class TaskSet:
         """Whether ``task`` is one that ``stop()`` waits for."""
         return task in self._drained
 
-    def cancel_background(self) -> None:
-        for task in list(self._background):
+    def background(self) -> list[asyncio.Task[Any]]:
+        """The background tasks not finished yet."""
+        return [task for task in self._background if not task.done()]
+
+    async def cut(self, tasks: Collection[asyncio.Task[Any]], timeout_s: float) -> None:
+        """Cancel ``tasks`` and wait (at most ``timeout_s``) until they have ended: once the
+        backend stops, nothing of this scheduler is still calling it (a client library would
+        open a connection that nobody closes). The calling task is never cut."""
+        current = asyncio.current_task()
+        cut = [task for task in tasks if task is not current and not task.done()]
+        for task in cut:
             task.cancel()
+        await self._clock.wait(cut, timeout_s)
 
 
 def cancel_requests() -> int:

@@ -14,7 +14,7 @@ from types import FrameType
 from typing import Any
 
 from brokersched import BackendUnavailableError, JobContext, MemoryBackend, RunEvent, Scheduler
-from brokersched.abc import JobPolicy, Lease, RunRecord, Slot
+from brokersched.abc import Instance, JobPolicy, Lease, RunRecord, Slot
 from brokersched.testing import TestClock
 from tests.support.helpers import DictClaimBackend
 
@@ -368,3 +368,42 @@ async def test_a_claim_won_after_its_job_was_removed_does_not_run() -> None:
         assert backend.claims  # the claim was won: the slot runs nowhere, at most once
     finally:
         await sched.stop()
+
+
+class WatchedBackend(SlowBackend):
+    """A slow backend (records and presence take a while) that notes how many of its calls
+    were still going when it was stopped."""
+
+    def __init__(self, clock: TestClock, **options: Any) -> None:
+        super().__init__(clock, **options)
+        self.going = 0
+        self.going_at_stop: list[int] = []
+
+    async def publish_instance(self, instance: Instance) -> None:
+        self.going += 1
+        try:
+            if not instance.stopped:  # the last presence is quick
+                await self.clock.sleep(5)
+            await super().publish_instance(instance)
+        finally:
+            self.going -= 1
+
+    async def _close(self) -> None:
+        self.going_at_stop.append(self.going)
+        await super()._close()
+
+
+async def test_nothing_the_scheduler_began_calls_its_backend_once_it_stopped() -> None:
+    """A run's end asks for a presence soon; the soon comes during the stop's last records: the
+    presence it publishes ends (cut) before the backend stops, not on a backend stopped under
+    it (where a client library opens a connection nobody closes)."""
+    clock = TestClock(START)
+    backend = WatchedBackend(clock, record_s=3)
+    sched = Scheduler(backend, clock=clock, jitter=0)
+    ran = asyncio.Event()
+    sched.every("job", "1h", lambda ctx: ran.set())
+    await sched.start()
+    await sched.get("job").trigger()  # type: ignore[union-attr]
+    assert ran.is_set()
+    await sched.stop()
+    assert backend.going_at_stop == [0]

@@ -543,10 +543,11 @@ class RedisConnection:
         if now < self._policy_due_ms:
             return
         self._policy_due_ms = now + _POLICY_RECHECK_MS
+        source = self._policy_source
         try:
-            with self.translate("read maxmemory-policy"):
-                async with asyncio.timeout(_OPERATION_TIMEOUT_S):
-                    policies = await self._read_policies(self._client, self._policy_source)
+            policies = await self.call(
+                "read maxmemory-policy", lambda client: self._read_policies(client, source)
+            )
         except BrokerschedError as exc:
             logger.debug("%s: %s", self.backend, exc)
             return
@@ -586,8 +587,14 @@ class RedisConnection:
         with self.translate(action):
             client = self.client
             limit = _OPERATION_TIMEOUT_S if timeout is None else max(0.0, timeout)
-            async with asyncio.timeout(limit):
-                return await exchange(client)
+            try:
+                async with asyncio.timeout(limit):
+                    return await exchange(client)
+            finally:
+                if client is not self._client:
+                    # Closed meanwhile: redis-py's pool opens a connection for a command sent
+                    # after its close, which nobody would close.
+                    await _close_quietly(client)
 
     def _clocked(self, name: str, args: list[str | int]) -> list[str | int]:
         """A script that reads the clock takes the store time override first (see

@@ -239,6 +239,8 @@ async def test_a_store_away_for_less_than_the_lease_as_a_run_completes_never_rer
                 taken = await backends.probe.take_over([policy], instance_id="probe")
                 await asyncio.wait_for(fault.ended.wait(), 10)
                 await until(lambda: not job.is_running, timeout=10, what="the release")
+                # the record is written after the run (by the recorder, which may be retrying)
+                await until(job.history, timeout=10, what="the run's record")
                 history = await job.history(10)
         finally:
             await backends.probe.stop()

@@ -407,6 +407,31 @@ async def test_a_claim_that_cannot_answer_in_time_fails_closed(
     assert await claim(backend, Slot("slow", SLOT + 2)) is True
 
 
+async def test_a_call_that_outlives_the_backends_stop_leaves_no_connection(
+    fleet: Callable[..., Any], redis_url: str
+) -> None:
+    """A call begun before ``stop()`` that sends its command after it (a task the stop did not
+    wait for) closes what it opened: redis-py's pool would open a fresh connection."""
+    backend = await fleet()
+    go = asyncio.Event()
+
+    async def late(client: Any) -> Any:
+        await go.wait()
+        return await client.ping()
+
+    call = asyncio.ensure_future(backend._redis.call("ping late", late))
+    await asyncio.sleep(0)  # the call has taken the client
+    await backend.stop()
+    go.set()
+    assert await call is True
+    observer = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        names = [client["name"] for client in await observer.client_list()]
+    finally:
+        await observer.aclose()
+    assert backend._redis.client_name not in names
+
+
 BUSY_SECOND = """
 local function now() local t = redis.call('TIME') return t[1] * 1000000 + t[2] end
 local start = now()
