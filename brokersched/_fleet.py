@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from ._clock import Clock, Timer, ms_to_datetime, resolve
+from ._exceptions import BackendUnavailableError
 from ._fleetrecords import ControlAction, ControlChange, Instance, JobControl, RunInProgress
 from ._job import JobState, Run
 from .abc import Backend
@@ -246,8 +247,9 @@ class Fleet:
         return done
 
     async def _write(self, job: JobState, key: str) -> None:
+        queued: list[tuple[ControlChange, asyncio.Future[JobControl]]] = []
         try:
-            while queued := self._queued.pop(key, None):
+            while queued := self._queued.pop(key, []):
                 try:
                     control = await self.link.backend.change_control(*(c for c, _ in queued))
                 except Exception as exc:
@@ -257,6 +259,16 @@ class Fleet:
                 self.link.apply(job, control)
                 for _, done in queued:
                     done.set_result(control)
+        except asyncio.CancelledError:  # the stop cut the write: its waiters are told so
+            for change, done in [*queued, *self._queued.pop(key, [])]:
+                if not done.done():
+                    done.set_exception(
+                        BackendUnavailableError(
+                            f"the scheduler stopped before the {change.action} of job "
+                            f"{job.name} was written through {self.link.backend.name}"
+                        )
+                    )
+            raise
         finally:
             self._writers.discard(key)
 

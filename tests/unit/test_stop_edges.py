@@ -13,8 +13,10 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+import pytest
+
 from brokersched import BackendUnavailableError, JobContext, MemoryBackend, RunEvent, Scheduler
-from brokersched.abc import Instance, JobPolicy, Lease, RunRecord, Slot
+from brokersched.abc import ControlChange, Instance, JobControl, JobPolicy, Lease, RunRecord, Slot
 from brokersched.testing import TestClock
 from tests.support.helpers import DictClaimBackend
 
@@ -407,3 +409,33 @@ async def test_nothing_the_scheduler_began_calls_its_backend_once_it_stopped() -
     assert ran.is_set()
     await sched.stop()
     assert backend.going_at_stop == [0]
+
+
+class SlowControls(MemoryBackend):
+    """A memory backend whose fleet-wide control changes take 5 s (virtual)."""
+
+    def __init__(self, clock: TestClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.writing = asyncio.Event()
+
+    async def change_control(self, *changes: ControlChange) -> JobControl:
+        self.writing.set()
+        await self.clock.sleep(5)
+        return await super().change_control(*changes)
+
+
+async def test_a_control_change_still_being_written_when_the_scheduler_stops_is_answered() -> None:
+    """The admin API's pause waits for the write; the stop cuts the write: the wait ends with
+    an error naming what happened, not never."""
+    clock = TestClock(START)
+    backend = SlowControls(clock)
+    sched = Scheduler(backend, clock=clock, jitter=0)
+    sched.every("job", "1h", lambda ctx: None)
+    await sched.start()
+    asking = asyncio.ensure_future(sched.change_control("job", "pause", by="admin"))
+    await until(backend.writing.is_set)
+    await sched.stop()
+    assert asking.done()
+    with pytest.raises(BackendUnavailableError, match=r"stopped before .* pause of job job"):
+        asking.result()
