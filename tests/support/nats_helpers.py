@@ -19,11 +19,10 @@ from urllib.parse import urlsplit
 
 import nats
 import nats.errors
-import pytest
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
-from tests.support.helpers import IN_CI
+from tests.support.helpers import missing
 from tests.support.wait import free_port, until
 
 NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
@@ -180,10 +179,7 @@ class NatsServer:
         binary: str = NATS_SERVER,
     ) -> None:
         if not Path(binary).exists():
-            message = f"nats-server not found at {binary}"
-            if IN_CI:
-                pytest.fail(message, pytrace=False)
-            pytest.skip(message)
+            missing(f"nats-server not found at {binary}")
         self.binary, self.store = binary, store
         self.port = free_port()
         self.auth = ["--user", user, "--pass", password] if user and password else []

@@ -43,7 +43,7 @@ from brokersched.backends.memory import MemoryStore
 from brokersched.web import TOKEN_ENV, create_app
 from brokersched.web._serve import HTTPServer
 from tests.support.cli_apps.process import ROOT, RunningCLI
-from tests.support.helpers import IN_CI
+from tests.support.helpers import missing
 from tests.support.redis_helpers import delete_keys
 from tests.support.stall_proxy import StallProxy
 
@@ -216,10 +216,7 @@ DEAD_RUN = "dead0000beef0001"
 def browser() -> Iterator[Any]:
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if chromium is None or driver is None:
-        message = "chromium and chromedriver are needed: apt-get install chromium chromium-driver"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("chromium and chromedriver are needed: apt-get install chromium chromium-driver")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
