@@ -24,6 +24,7 @@ import redis.asyncio
 
 from brokersched._clock import SystemClock
 from brokersched.backends.redis import RedisBackend
+from tests.support.helpers import missing
 from tests.support.paths import REPO_ROOT
 from tests.support.wait import free_port
 
@@ -105,7 +106,7 @@ def _die_with_parent() -> None:
 def _need(binary: str) -> str:
     path = shutil.which(binary)
     if path is None:
-        pytest.skip(f"{binary} is not installed")
+        missing(f"{binary} is not installed: apt-get install redis-server")
     return path
 
 
