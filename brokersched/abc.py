@@ -59,6 +59,7 @@ __all__ = [
     "Lease",
     "LeaseBackend",
     "LeaseOutcome",
+    "LeaseState",
     "Liveness",
     "Outcome",
     "Overlap",
@@ -193,6 +194,20 @@ class Lease:
     @property
     def slot(self) -> Slot:
         return Slot(self.job, self.slot_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """What a lease backend holds for one job now (``LeaseBackend.lease_state``).
+
+    ``fence``: the latest scheduled, catch-up or retried slot claimed; ``manual_fence``: the
+    latest manual one (``None``: none yet). ``leased``: the slots that hold a lease: running
+    (live, or expired and not taken over yet) or handed over. A finished run's slot holds none.
+    """
+
+    fence: int | None = None
+    manual_fence: int | None = None
+    leased: frozenset[int] = frozenset()
 
 
 class Claim(NamedTuple):
@@ -630,6 +645,14 @@ class LeaseBackend(Backend):
         event loop (the runs of one instant, on a fleet without jitter).
         """
         return await gather_each([self.release(lease) for lease in leases])
+
+    @abstractmethod
+    async def lease_state(self, job: str) -> LeaseState:
+        """The job's fences and the slots that hold a lease, as the store has them now (a job
+        never claimed: the empty state). A read: it changes nothing. Raises ``BackendError``.
+
+        A backfill reads it to leave alone a slot whose run still holds its lease, and to say
+        beforehand (a dry run) which slots an earlier backfill fenced."""
 
     @abstractmethod
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:

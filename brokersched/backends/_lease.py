@@ -40,6 +40,7 @@ from ..abc import (
     Lease,
     LeaseBackend,
     LeaseOutcome,
+    LeaseState,
     Overlap,
     RunReason,
     RunRecord,
@@ -483,6 +484,10 @@ class JobRow:
 
     def live_except(self, slot_ms: int, now_ms: int) -> bool:
         return any(lease.live(now_ms) for s, lease in self.leases.items() if s != slot_ms)
+
+    def state(self) -> LeaseState:
+        """What ``LeaseBackend.lease_state`` answers for this row."""
+        return LeaseState(self.fence, self.manual_fence, frozenset(self.leases))
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from ..abc import (
     JobPolicy,
     Lease,
     LeaseOutcome,
+    LeaseState,
     RunReason,
     RunRecord,
     Slot,
@@ -164,6 +165,11 @@ class MemoryBackend(LeaseBackendBase):
     async def release(self, lease: Lease, *, handover: bool = False) -> None:
         await asyncio.sleep(0)
         self._decide(lease.job, Release(lease.slot_ms, lease.token, handover))
+
+    async def lease_state(self, job: str) -> LeaseState:
+        await asyncio.sleep(0)
+        self._now()  # raises when not started, as a real backend would
+        return self.store.jobs.get(job, JobRow()).state()
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         await asyncio.sleep(0)

@@ -50,6 +50,7 @@ from ..abc import (
     JobPolicy,
     Lease,
     LeaseOutcome,
+    LeaseState,
     RunReason,
     RunRecord,
     Slot,
@@ -409,6 +410,10 @@ FROM {s}.history
 WHERE job = $1 AND ($2::timestamptz IS NULL OR started_at >= $2::timestamptz)
 ORDER BY n DESC LIMIT $3"""
 
+_LEASE_STATE = """SELECT j.last_slot_ms, j.manual_slot_ms,
+    ARRAY(SELECT slot_ms FROM {s}.leases WHERE job = $1) AS leased
+FROM (VALUES (1)) AS one (x) LEFT JOIN {s}.jobs AS j ON j.job = $1"""
+
 # Errors that mean "cannot get at the server now" rather than "it said no".
 # How long an abandoned statement (see _Call.abandon) may take to be cancelled on the server
 # before its connection is terminated; nobody waits for it.
@@ -459,6 +464,7 @@ class _Statements:
         self.store_now = fill(_STORE_NOW)
         self.record = fill(_RECORD)
         self.history = fill(_HISTORY)
+        self.lease_state = fill(_LEASE_STATE)
 
 
 class PostgresBackend(SQLLeaseBackend):
@@ -1031,6 +1037,19 @@ class PostgresBackend(SQLLeaseBackend):
             return bool(await conn.fetchval(self._sql.fleet_swap, kind, key, new, old))
 
         return await self._call(f"change the {kind} record of {key}", swap)
+
+    async def lease_state(self, job: str) -> LeaseState:
+        async def read(conn: _Connection) -> Row | None:
+            return await conn.fetchrow(self._sql.lease_state, job)
+
+        row = await self._call(f"read the leases of {job}", read)
+        assert row is not None  # the SELECT always returns its one row
+        fence = row["last_slot_ms"]
+        return LeaseState(
+            None if fence in (None, NO_SLOT) else fence,
+            row["manual_slot_ms"],
+            frozenset(row["leased"]),
+        )
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         args = (job.name, history_cutoff(job, self._now()), history_limit(job, limit))

@@ -51,6 +51,7 @@ from ..abc import (
     JobPolicy,
     Lease,
     LeaseOutcome,
+    LeaseState,
     RunReason,
     RunRecord,
     Slot,
@@ -810,6 +811,19 @@ class SQLiteBackend(SQLLeaseBackend):
             grant = key | {"slot_ms": latest.slot_ms, "expires_ms": expires_ms}
             await conn.execute(self._sql.retry_grant, grant)
         return taken.leases
+
+    async def lease_state(self, job: str) -> LeaseState:
+        key = {"job": job}
+
+        async def read(conn: aiosqlite.Connection) -> LeaseState:
+            fences = list(await conn.execute_fetchall(self._sql.job_row, key))
+            leases = await conn.execute_fetchall(self._sql.job_leases, key)
+            fence, manual_fence = fences[0] if fences else (NO_SLOT, None)
+            return LeaseState(
+                None if fence == NO_SLOT else fence, manual_fence, frozenset(r[0] for r in leases)
+            )
+
+        return await self._run(f"read the leases of {job}", read)
 
     # -- history ---------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from ..abc import (
     JobPolicy,
     Lease,
     LeaseBackend,
+    LeaseState,
     RunInProgress,
     RunRecord,
     Slot,
@@ -537,6 +538,30 @@ class LeaseBackendSuite(LeaseProtocolCheck, _Suite[B]):
         await self.expire(clock)
         (taken,) = await two.take_over([JobPolicy("r.kept"), JobPolicy("r.a")], instance_id="i3")
         assert taken.job == "r.kept"  # the released slots were not a dead runner's
+
+    @pytest.mark.asyncio
+    async def test_the_lease_state_shows_fences_and_the_slots_that_hold_a_lease(
+        self, fleet: Factory, clock: Clock
+    ) -> None:
+        one, two = await self.started(fleet), await self.started(fleet)
+        policy = JobPolicy("job", overlap="allow", max_attempts=1)
+        assert await two.lease_state("job") == LeaseState()  # never claimed
+        first = await self.acquire(one, Slot("job", SLOT), policy)
+        second = await self.acquire(one, Slot("job", SLOT + 1000), policy)
+        manual = await self.acquire(one, Slot("job", SLOT + 500), policy, reason="manual")
+        assert isinstance(first, Lease) and isinstance(second, Lease)
+        assert isinstance(manual, Lease)
+        leased = frozenset({SLOT, SLOT + 500, SLOT + 1000})
+        assert await two.lease_state("job") == LeaseState(SLOT + 1000, SLOT + 500, leased)
+        await one.release(manual)
+        await one.release(second, handover=True)  # handed over: still held until taken
+        assert (await two.lease_state("job")).leased == {SLOT, SLOT + 1000}
+        await self.expire(clock)  # expired, not yet taken over: still the slot's
+        assert (await two.lease_state("job")).leased == {SLOT, SLOT + 1000}
+        await two.take_over([policy], instance_id="i2")  # ends the first, restarts the second
+        state = await two.lease_state("job")
+        assert state == LeaseState(SLOT + 1000, SLOT + 500, frozenset({SLOT + 1000}))
+        assert await two.lease_state("other") == LeaseState()
 
     @pytest.mark.asyncio
     async def test_released_slots_are_not_taken_over(self, fleet: Factory, clock: Clock) -> None:

@@ -50,6 +50,7 @@ from ...abc import (
     Inventory,
     JobPolicy,
     Lease,
+    LeaseState,
     RunReason,
     RunRecord,
     Slot,
@@ -409,6 +410,11 @@ class NATSLeaseBackend(LeaseBackendBase):
                 skew_ms=self._skew_ms,
                 timeout=self._renew_timeout,
             )
+
+    async def lease_state(self, job: str) -> LeaseState:
+        rows = self._lease_rows()
+        with self._translated("read the leases of", repr(job)):
+            return (await rows.read(job, _OPERATION_TIMEOUT_S)).state()
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         """Per job with a lease in its row: the lease protocol's take-over, one

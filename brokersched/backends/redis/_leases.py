@@ -15,6 +15,7 @@ from ...abc import (
     JobPolicy,
     Lease,
     LeaseOutcome,
+    LeaseState,
     RunReason,
     RunRecord,
     Slot,
@@ -210,6 +211,15 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
             [runs_key(self.prefix, lease.job)],
             args,
             self._renew_timeout,
+        )
+
+    async def lease_state(self, job: str) -> LeaseState:
+        scan = await self._redis.script(
+            "SCAN_RUNS", f"read the leases of {job}", self._keys(job), []
+        )
+        _, fence, manual, *pairs = scan
+        return LeaseState(
+            _int_or_none(fence), _int_or_none(manual), frozenset(int(s) for s in pairs[::2])
         )
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
