@@ -317,18 +317,23 @@ class Runner:
             outcome, error, recorded = await self._retries(run, outcome, error)
             if run.abandoned:
                 return None  # stop() gave up waiting for it; the lease is left to expire
-            # Lost while the handler ran (a timeout or a stop may have told it first).
+            # Lost while the handler ran (a timeout or a stop may have told it first). A lost
+            # lease is not ours to release or record: it expires, and the instance that takes
+            # the slot over records this attempt (once) and retries it. ``recorded``: a retry's
+            # wait was cut short, and the last attempt, which failed, is recorded already.
             lost = renewer is not None and renewer.lost
+            record = recorded or await self._finish(job, run, outcome, error, record=not lost)
             if lease is not None and not lost:
+                # The record lands before the lease ends: a slot then has a lease or a record,
+                # never neither, which is what a backfill reads to know it ran. The renewer
+                # keeps the lease meanwhile; a record that cannot be written in a lease's time
+                # does not hold the release any longer.
+                await self.recorder.written(run.recorded, self._release_wait_s())
                 # Only a run cut short at an await by a graceful stop is offered to another
                 # instance; a handler that returned or raised has done what it will do.
                 handover = run.cut and run.ctx.abort_reason == "shutdown"
                 await self.release(lease, handover=handover, renewer=renewer)
-            if recorded is not None:  # a retry's wait was cut short: the last attempt failed
-                return recorded
-            # A lost lease is not ours to release or record: it expires, and the instance that
-            # takes the slot over records this attempt (once) and retries it.
-            return await self._finish(job, run, outcome, error, record=not lost)
+            return record
         finally:
             if renewer is not None and not run.abandoned:
                 renewer.cancel()
@@ -530,6 +535,12 @@ class Runner:
             retries.stopped()
             raise
 
+    def _release_wait_s(self) -> float:
+        """How long a lease run's end waits for its record before its release: a lease's time
+        (its renewer keeps it meanwhile)."""
+        assert isinstance(self.backend, LeaseBackend)
+        return self.backend.lease_ttl.total_seconds()
+
     def ended_here(self, lease: Lease) -> bool:
         """Whether ``lease``'s slot was ended here (its run returned or failed for good, or it
         was skipped once claimed) but its release did not land before its lease expired: a
@@ -587,8 +598,8 @@ class Runner:
             error=error,
             traceback=_traceback(run, outcome),
         )
-        if record:
-            self.recorder.put(job.settings.policy, entry)  # written in the background, in order
+        if record:  # written in the background, in order
+            run.recorded = self.recorder.put(job.settings.policy, entry)
         if outcome == "completed":
             job.last_ok_ms = finished_ms
         self._log(job, entry, duration_ms, run.started_ms - ctx.slot_ms, run.exception)

@@ -199,6 +199,12 @@ class MemoryBackend(LeaseBackendBase):
         await asyncio.sleep(0)
         self._append(job, record)
 
+    async def record_many(self, records: Sequence[tuple[JobPolicy, RunRecord]]) -> None:
+        """At one moment, as a database writes a batch in one transaction."""
+        await asyncio.sleep(0)
+        for job, record in records:
+            self._append(job, record)
+
     # -- the fleet's records, in the store: expiry on the store's clock --------------------
 
     async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:

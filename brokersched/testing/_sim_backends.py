@@ -37,6 +37,7 @@ from ..abc import (
     JobPolicy,
     Lease,
     LeaseOutcome,
+    LeaseState,
     RunReason,
     RunRecord,
     Slot,
@@ -300,9 +301,19 @@ class SimLeaseBackend(_SimFleet, MemoryBackend):
 
         return await self.sim.call(self.dead, 5.0, apply, write=True)
 
+    async def lease_state(self, job: str) -> LeaseState:
+        return await self.sim.call(
+            self.dead, 5.0, lambda: MemoryBackend.lease_state(self, job), write=False
+        )
+
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
         await self.sim.call(
             self.dead, 5.0, lambda: MemoryBackend.record(self, job, record), write=True
+        )
+
+    async def record_many(self, records: Sequence[tuple[JobPolicy, RunRecord]]) -> None:
+        await self.sim.call(
+            self.dead, 5.0, lambda: MemoryBackend.record_many(self, records), write=True
         )
 
 
