@@ -9,7 +9,6 @@ from collections.abc import Coroutine, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ._backfill import backfill_claim
 from ._clock import Clock, Timer, ms_to_datetime, resolve
 from ._context import AbortReason, JobContext, abort
 from ._durations import format_duration, to_ms
@@ -51,7 +50,6 @@ _RELEASE_ATTEMPT_S = 1.0  # one release attempt is waited for at most this long
 _RELEASE_RETRY_MIN_S = 0.01
 _RELEASE_RETRY_MAX_S = 1.0
 _CLAIM_SLACK_S = 0.25
-_BACKFILL_CLAIM_TIMEOUT_S = 5.0  # a backfilled slot is past max_late: its claim gets this
 # After drain_timeout, cancelled async runs get this long to release their lease and record.
 _CUT_GRACE_S = 2.0
 # The winner of a job's slot prepares the claims of its next slot this long before it (a
@@ -167,7 +165,7 @@ class Runner:
                 return None
             return await self.execute(job, slot_ms, None, reason=reason, data=data)
         run_id = new_run_id()
-        timeout = self._claim_timeout(job, slot_ms, reason)
+        timeout = self._claim_timeout(job, slot_ms)
         if timeout <= 0:
             self.skip(
                 job, slot_ms, "late", detail="the backend's slot memory is ending", run=reason
@@ -232,14 +230,12 @@ class Runner:
     def _late(self, job: JobState, slot_ms: int) -> bool:
         return bool(self.clock.now_ms() - slot_ms > job.settings.max_late_ms)
 
-    def _claim_timeout(self, job: JobState, slot_ms: int, reason: RunReason) -> float:
-        """What is left of ``max_late``, at least a moment (a backfill's slot: its own
-        allowance), but never past a claim-only backend's deadline for the slot
-        (``ClaimBackend.claim_deadline_ms``): a claim landing after it could win a slot the
-        backend has forgotten."""
+    def _claim_timeout(self, job: JobState, slot_ms: int) -> float:
+        """What is left of ``max_late``, at least a moment, but never past a claim-only
+        backend's deadline for the slot (``ClaimBackend.claim_deadline_ms``): a claim landing
+        after it could win a slot the backend has forgotten."""
         now = self.clock.now_ms()
-        least = _BACKFILL_CLAIM_TIMEOUT_S if reason == "backfill" else _MIN_CLAIM_TIMEOUT_S
-        left_s = max((slot_ms + job.settings.max_late_ms - now) / 1000, least)
+        left_s = max((slot_ms + job.settings.max_late_ms - now) / 1000, _MIN_CLAIM_TIMEOUT_S)
         backend = self.backend
         if isinstance(backend, ClaimBackend):
             deadline = backend.claim_deadline_ms(Slot(job.settings.key, slot_ms))
@@ -260,12 +256,9 @@ class Runner:
         backend, instance_id = self.backend, self.instance_id
         slot, run_id, reason = claim.slot, claim.run_id, claim.reason
         if isinstance(backend, LeaseBackend):
-            policy = claim.policy
-            if reason == "backfill":  # fenced apart from the job's slots (see _backfill)
-                slot, policy = backfill_claim(slot)
             return await backend.acquire(
                 slot,
-                policy=policy,
+                policy=claim.policy,
                 instance_id=instance_id,
                 run_id=run_id,
                 reason=reason,

@@ -521,15 +521,15 @@ class Scheduler(Generic[B]):
             )
         await self._recorder.wait_written(_HISTORY_WAIT_S)
         policy = state.settings.policy
-        history = await self.backend.history(policy, policy.history_size) if slots else []
 
-        def spawn(slot_ms: int) -> asyncio.Task[RunRecord | None]:
-            coro = runner.run_slot(state, slot_ms, "backfill")
-            return self._spawn(coro, name=f"backfill:{name}")
+        def history() -> Awaitable[list[RunRecord]]:
+            return self.backend.history(policy, policy.history_size)
+
+        def spawn(run: Coroutine[Any, Any, RunRecord | None]) -> asyncio.Task[RunRecord | None]:
+            return self._spawn(run, name=f"backfill:{name}")
 
         return await run_backfill(
             runner,
-            self.backend,
             state,
             slots,
             history,

@@ -1139,9 +1139,9 @@ async def _backfill(
             line += f": {step.detail}"
         click.echo(redact_text(line))
 
-    # Paused jobs arm no timer, get no catch-up and no take-over: only the backfill runs.
-    for each in scheduler.jobs():
-        each.pause()
+    # A scheduler that does not schedule arms no timer and makes no catch-up or take-over: only
+    # the backfill runs (pausing the jobs would pause them for the whole fleet).
+    scheduler.enabled = False
     await scheduler.start()
     try:
         return await scheduler.backfill(

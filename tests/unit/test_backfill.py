@@ -26,11 +26,11 @@ class Seen:
         self.runs.append((ctx.instance_id, ctx.reason, ctx.scheduled_at.strftime("%H:%M:%S")))
 
 
-async def drive(clock: TestClock, coro: Any) -> Any:
+async def drive(clock: TestClock, coro: Any, step: str = "10ms") -> Any:
     """Await ``coro`` while the virtual clock runs on (a backfill's pauses are on it)."""
     task = asyncio.ensure_future(coro)
     while not task.done():
-        await clock.advance("10ms")
+        await clock.advance(step)
     return task.result()
 
 
@@ -248,14 +248,212 @@ def test_a_job_cannot_take_the_key_of_another_jobs_backfills(scheduler: Schedule
         scheduler.every("other", "1m", Seen(), key="report:backfill")
 
 
-async def test_on_a_lease_backend_slots_the_fleet_may_still_run_are_skipped(
+async def test_on_a_lease_backend_slots_the_fleet_may_still_claim_on_time_are_left_to_it(
     clock: TestClock,
 ) -> None:
-    """A backfill's claim is not the job's: a slot still within reach of a late claim, a
-    catch-up, a take-over or its record is left alone."""
+    """Younger than ``jitter + max_late`` (and a second for the claim's answer) when the
+    history was read: the fleet's own claim of it may still come."""
     scheduler, _ = await down_for_ten_minutes(clock)  # 08:10:30
-    steps = await drive(clock, scheduler.backfill("report", at("08:09:00"), at("08:10:00")))
-    assert statuses(steps) == [("08:09", "ran"), ("08:10", "skipped")]
+    await clock.advance("35s")  # 08:11:05
+    steps = await drive(clock, scheduler.backfill("report", at("08:10:00"), at("08:11:00")))
+    assert statuses(steps) == [("08:10", "ran"), ("08:11", "skipped")]
     detail = steps[1].detail
-    assert detail is not None and "too recent" in detail and "at least 40s old" in detail
+    assert detail is not None and "too recent" in detail and "at least 11s old" in detail
+    await scheduler.stop()
+
+
+class Slow:
+    """A handler that runs ``seconds`` of virtual time."""
+
+    def __init__(self, clock: TestClock, seconds: float) -> None:
+        self.clock, self.seconds = clock, seconds
+        self.runs: list[tuple[str, str, str]] = []
+
+    async def __call__(self, ctx: JobContext) -> None:
+        self.runs.append((ctx.instance_id, ctx.reason, ctx.scheduled_at.strftime("%H:%M:%S")))
+        await self.clock.sleep(self.seconds)
+
+
+async def fleet_and_operator(
+    clock: TestClock, handler: Any, **options: Any
+) -> tuple[Scheduler[Any], Scheduler[Any]]:
+    """A fleet instance that runs ``tick`` (every 10 s) from 08:02 on, and an operator's
+    scheduler that schedules nothing, on one store; the clock at 08:03:03."""
+    backend = MemoryBackend(lease_ttl="5s")
+    fleet = Scheduler(backend, clock=clock, jitter=0, instance_id="fleet")
+    operator = Scheduler(backend, clock=clock, jitter=0, instance_id="ops", enabled=False)
+    for each in (fleet, operator):
+        each.every("tick", "10s", handler, max_late="5s", catch_up=0, **options)
+    await operator.start()
+    await clock.advance_to(at("08:02:00"))
+    await fleet.start()
+    await clock.advance_to(at("08:03:03"))
+    return fleet, operator
+
+
+def twice(runs: list[tuple[str, str, str]]) -> list[str]:
+    slots = [slot for _, _, slot in runs]
+    return sorted({slot for slot in slots if slots.count(slot) > 1})
+
+
+async def test_a_slot_running_when_the_backfill_began_is_not_run_again(clock: TestClock) -> None:
+    """The 08:03:00 run is going when the history is read; the backfill reaches the slot
+    two minutes later, when it is old enough to take and its record has landed."""
+    slow = Slow(clock, 6)
+    fleet, operator = await fleet_and_operator(clock, slow, timeout="10s")
+    assert ("fleet", "schedule", "08:03:00") in slow.runs
+    steps = await drive(
+        clock, operator.backfill("tick", at("08:00:00"), at("08:03:00"), rate=0.1), "1s"
+    )
+    assert twice(slow.runs) == []
+    said = {step.at.strftime("%H:%M:%S"): step.status for step in steps}
+    assert said["08:03:00"] == "already-run"
+    assert [s.status for s in steps].count("ran") == 13  # 08:00:00 to 08:02:00: missed
+    for each in (fleet, operator):
+        await each.stop()
+
+
+class Lasting(Slow):
+    """The fleet's runs of some slots last longer (``lasting``: slot -> seconds)."""
+
+    def __init__(self, clock: TestClock, lasting: dict[str, float]) -> None:
+        super().__init__(clock, 1)
+        self.lasting = lasting
+
+    async def __call__(self, ctx: JobContext) -> None:
+        slot = ctx.scheduled_at.strftime("%H:%M:%S")
+        self.runs.append((ctx.instance_id, ctx.reason, slot))
+        await self.clock.sleep(self.lasting.get(slot, 1) if ctx.reason == "schedule" else 1)
+
+
+async def test_a_run_without_timeout_is_never_backfilled_while_it_runs_or_once_it_ended(
+    clock: TestClock,
+) -> None:
+    """No timeout bounds the run: the store tells. 08:02:10 runs until 08:03:05, 08:02:20
+    until 08:07:20; the history is read at 08:03:03 and the backfill reaches them after
+    08:03:13 (a slot every 10 s): the first has ended (its record landed before its lease
+    ended), the second still runs (its lease)."""
+    lasting = Lasting(clock, {"08:02:10": 55, "08:02:20": 300})
+    fleet, operator = await fleet_and_operator(clock, lasting, overlap="allow")
+    steps = await drive(
+        clock, operator.backfill("tick", at("08:01:50"), at("08:02:20"), rate=0.1), "1s"
+    )
+    assert twice(lasting.runs) == []
+    said = [(s.at.strftime("%H:%M:%S"), s.status) for s in steps]
+    assert said == [
+        ("08:01:50", "ran"),  # missed: the fleet started at 08:02
+        ("08:02:00", "ran"),
+        ("08:02:10", "already-run"),
+        ("08:02:20", "not-acquired"),
+    ]
+    assert "holds its lease" in (steps[-1].detail or "")
+    for each in (fleet, operator):
+        await each.stop()
+
+
+class SlowRecords(MemoryBackend):
+    """The fleet's records land ``record_s`` (virtual) after they are sent."""
+
+    def __init__(self, clock: TestClock, record_s: float) -> None:
+        super().__init__(lease_ttl="30s")
+        self.clock, self.record_s = clock, record_s
+
+    async def record(self, job: Any, record: Any) -> None:
+        await self.record_many([(job, record)])
+
+    async def record_many(self, records: Any) -> None:
+        if any(record.instance_id == "fleet" for _, record in records):
+            await self.clock.sleep(self.record_s)
+        await super().record_many(records)
+
+
+async def test_a_run_keeps_its_lease_until_its_record_has_landed(clock: TestClock) -> None:
+    """The run of 08:02:10 ends at 08:03:05 and its record takes 20 s: the backfill, there at
+    08:03:13, finds the lease still held, not a slot that holds neither lease nor record."""
+    lasting = Lasting(clock, {"08:02:10": 55})
+    backend = SlowRecords(clock, 20)
+    fleet = Scheduler(backend, clock=clock, jitter=0, instance_id="fleet")
+    operator = Scheduler(backend, clock=clock, jitter=0, instance_id="ops", enabled=False)
+    for each in (fleet, operator):
+        each.every("tick", "10s", lasting, max_late="5s", catch_up=0, overlap="allow")
+    await operator.start()
+    await clock.advance_to(at("08:02:00"))
+    await fleet.start()
+    await clock.advance_to(at("08:03:03"))
+    steps = await drive(
+        clock, operator.backfill("tick", at("08:02:00"), at("08:02:10"), rate=0.1), "1s"
+    )
+    assert [s.status for s in steps] == ["ran", "not-acquired"]
+    assert twice(lasting.runs) == []
+    for each in (fleet, operator):
+        await each.stop()
+
+
+async def test_a_slot_backfilled_on_the_jobs_own_row_is_not_caught_up_at_the_next_start(
+    clock: TestClock,
+) -> None:
+    """The fleet ran, stopped, and the gap was backfilled; a fleet instance that starts within
+    ``catch_up`` of the last slot would catch it up: the backfill's claim, on the job's own
+    row, fenced it."""
+    backend, seen = MemoryBackend(lease_ttl="5s"), Seen()
+    fleet = Scheduler(backend, clock=clock, jitter=0, instance_id="fleet")
+    operator = Scheduler(backend, clock=clock, jitter=0, instance_id="ops", enabled=False)
+    for each in (fleet, operator):
+        each.every("report", "1m", seen, max_late="10s", catch_up="10m")
+    await fleet.start()
+    await operator.start()
+    await clock.advance("2m")  # 08:02:30: the fleet ran 08:01 and 08:02
+    await fleet.stop()
+    await clock.advance("3m")  # 08:05:30
+    steps = await drive(clock, operator.backfill("report", at("08:03:00"), at("08:05:00")))
+    assert statuses(steps) == [("08:03", "ran"), ("08:04", "ran"), ("08:05", "ran")]
+    restarted = Scheduler(backend, clock=clock, jitter=0, instance_id="fleet2")
+    restarted.every("report", "1m", seen, max_late="10s", catch_up="10m")
+    await restarted.start()
+    await clock.advance("10s")
+    assert [r for _, r, _ in seen.runs] == ["schedule"] * 2 + ["backfill"] * 3
+    for each in (restarted, operator):
+        await each.stop()
+
+
+async def test_a_disabled_job_is_not_backfilled_and_a_paused_one_is(clock: TestClock) -> None:
+    """Pausing stops the schedule, not an operator's explicit run (as ``trigger()``);
+    disabling stops both."""
+    scheduler, seen = await down_for_ten_minutes(clock)
+    job = scheduler.get("report")
+    assert job is not None
+    await job.disable(by="ops")
+    steps = await drive(clock, scheduler.backfill("report", at("08:01:00"), at("08:02:00")))
+    assert [(s.status, s.detail) for s in steps] == [
+        ("skipped", "the job is disabled for the fleet (enable it to backfill)")
+    ] * 2
+    dry = await drive(
+        clock, scheduler.backfill("report", at("08:01:00"), at("08:02:00"), dry_run=True)
+    )
+    assert [s.status for s in dry] == ["skipped"] * 2  # a dry run says the same
+    await job.enable(by="ops")
+    await job.pause(by="ops")
+    steps = await drive(clock, scheduler.backfill("report", at("08:01:00"), at("08:02:00")))
+    assert [s.status for s in steps] == ["ran", "ran"]
+    assert len(seen.runs) == 2
+    await scheduler.stop()
+
+
+async def test_a_dry_run_answers_as_the_backfill_then_does(clock: TestClock) -> None:
+    """After a newer range was backfilled, an older one is refused by the backfills' fence: the
+    dry run says so, as the real one then finds; a slot whose run holds its lease likewise."""
+    scheduler, seen = await down_for_ten_minutes(clock)
+    await drive(clock, scheduler.backfill("report", at("08:06:00"), at("08:07:00"), rate=100))
+    dry = await drive(
+        clock, scheduler.backfill("report", at("08:03:00"), at("08:08:00"), dry_run=True)
+    )
+    real = await drive(
+        clock, scheduler.backfill("report", at("08:03:00"), at("08:08:00"), rate=100)
+    )
+    said = [s.status if s.status != "would-run" else "ran" for s in dry]
+    assert said == [s.status for s in real] == [
+        "not-acquired", "not-acquired", "not-acquired", "already-run", "already-run", "ran",
+    ]  # fmt: skip
+    assert dry[0].detail == real[0].detail and "older ranges first" in (dry[0].detail or "")
+    assert len(seen.runs) == 3
     await scheduler.stop()
