@@ -80,7 +80,7 @@ from ._base import (
     logger,
 )
 from ._budget import nats_budget_watch
-from ._fleet import FleetBuckets, bucket_streams
+from ._fleet import FleetBuckets, bucket_streams, presence
 from ._history import read_last
 from ._rows import Conflict, Rows, Table
 from ._streams import Names, history_config, history_problems, limit_value, setting_text
@@ -560,6 +560,11 @@ class NATSLeaseBackend(LeaseBackendBase):
         minute (every decision writes the clock probe)."""
         bucket = self._bucket if namespace is None else _check_bucket(namespace)
         return await self._operation("list its streams", _inventory, bucket)
+
+    async def _presence_records(self, namespace: str | None) -> list[str]:
+        """The presence bucket ``<bucket>-fleet-instance``, read only."""
+        bucket = self._bucket if namespace is None else _check_bucket(namespace)
+        return await self._operation("read the fleet's presence", presence, bucket)
 
     async def purge(self, inventory: Inventory) -> Inventory:
         async def purge(js: JetStreamContext, found: Inventory) -> Inventory:
