@@ -433,6 +433,33 @@ class Backend(ABC):
 
     # -- operations (``brokersched purge`` and ``doctor``): on a backend that is not started --
 
+    async def presence(self, *, namespace: str | None = None) -> list[Instance]:
+        """The presence of this prefix's (or ``namespace``'s) instances, by id, as
+        ``instances()`` answers it: what ``brokersched purge`` judges a running fleet by.
+        Connects for the call, on a backend that is not started, and creates nothing (no
+        records: ``[]``). Raises ``BackendError`` when the records cannot be read, or one is
+        not brokersched's; ``NotImplementedError`` when the backend keeps no presence that can
+        be read that way (``_presence_records``)."""
+        texts = await self._presence_records(namespace)
+        try:
+            return sorted((Instance.from_json(text) for text in texts), key=_by_id)
+        except (ValueError, KeyError, TypeError) as exc:
+            shown = repr(namespace) if namespace is not None else "its prefix"
+            raise BackendError(
+                f"{self.name}: a presence record of {shown} is not brokersched's ({exc!r})"
+            ) from exc
+
+    async def _presence_records(self, namespace: str | None) -> Sequence[str]:
+        """The JSON texts of ``presence()``: every instance record of the prefix (or
+        ``namespace``) not yet expired (``FORGET`` after its last heartbeat). The default:
+        not supported."""
+        if self.fleet:
+            raise NotImplementedError(
+                f"{self.name} does not implement reading its instances' presence without "
+                "starting (Backend._presence_records)"
+            )
+        raise NotImplementedError(f"{self.name} keeps no presence of its instances")
+
     async def inventory(
         self,
         *,

@@ -1209,26 +1209,41 @@ def _warnings(scheduler: Scheduler[Any]) -> list[str]:
 @click.option(
     "--force",
     is_flag=True,
-    help="Remove even while an instance of the prefix seems to run (it may then run a slot twice).",
+    help="Remove even while an instance of the prefix seems to run, or nothing tells whether "
+    "one does (it may then run a slot twice).",
 )
 def purge(app: str, namespace: str | None, dry_run: bool, force: bool) -> None:
     """Remove everything the prefix made on its backend (queues, exchanges, streams, keys,
-    tables); refuses while an instance of the prefix seems to run. Exit 1: refused, or
-    something was left."""
+    tables); refuses while an instance of the prefix seems to run (its presence, as
+    `brokersched instances` shows it, or a recent claim, lease or run), or when its presence
+    cannot be read. Exit 1: refused, or something was left."""
     configure_logging("text", "WARNING", quiet_clients=True)
     scheduler = _load(app, ())
     backend: Backend = scheduler.backend
     jobs = [job.key for job in scheduler.jobs()]
-    found = _run_async(_inventory(backend, namespace, jobs, _recent_slots(scheduler)))
+    found, presence = _run_async(_survey(backend, namespace, jobs, _recent_slots(scheduler)))
+    running = (
+        _running_instances(presence, scheduler.clock.now()) if isinstance(presence, list) else []
+    )
     _show_inventory(found, "would remove" if dry_run else "found")
+    for line in running:
+        click.echo(redact_text(f"live: {line}"))
+    if isinstance(presence, str):
+        click.echo(redact_text(f"presence: cannot tell whether an instance runs: {presence}"))
     if dry_run:
         return
-    if found.live and not force:
+    live = bool(found.live or running)
+    if live and not force:
         _fail(
             "refused: an instance of the prefix seems to run (see above); stop every instance "
             "and run purge again a minute later, or pass --force"
         )
-    if found.live:
+    if isinstance(presence, str) and not force:
+        _fail(
+            "refused: cannot tell whether an instance of the prefix runs (see above); stop "
+            "every instance, then pass --force"
+        )
+    if live or isinstance(presence, str):
         click.echo("warning: --force: removing while an instance may run", err=True)
     if not found.objects:
         click.echo("nothing to remove")
@@ -1243,6 +1258,37 @@ def purge(app: str, namespace: str | None, dry_run: bool, force: bool) -> None:
     if left.objects:
         _show_inventory(left, "left")
         _fail(f"{len(left.objects)} object(s) could not be removed")
+
+
+async def _survey(
+    backend: Backend, namespace: str | None, jobs: list[str], slots: list[Slot]
+) -> tuple[Inventory, list[Instance] | str]:
+    """What the prefix made, and the presence of its instances (or why it cannot be read)."""
+    found = await _inventory(backend, namespace, jobs, slots)
+    try:
+        return found, await backend.presence(namespace=namespace)
+    except NotImplementedError as exc:
+        return found, str(exc)
+    except BackendError as exc:
+        return found, f"its presence could not be read ({exc})"
+
+
+def _running_instances(instances: list[Instance], now: datetime) -> list[str]:
+    """The instances that count as running, each a sentence: alive, or late (a beat or two
+    behind: a loaded host, a slow link), as `brokersched instances` judges them. Not those that
+    said they stopped, nor the dead (three heartbeats without one)."""
+    signs: list[str] = []
+    for instance in instances:
+        liveness = instance.liveness(now)
+        if liveness not in ("alive", "late"):
+            continue
+        seen = instance.last_seen
+        signs.append(
+            f"instance {instance.id!r} (host {instance.host}, pid {instance.pid}) is {liveness}: "
+            f"last seen {_ago(now - seen)} ago, at {_utc(seen)} (heartbeat "
+            f"{format_duration(instance.heartbeat)})"
+        )
+    return signs
 
 
 async def _inventory(

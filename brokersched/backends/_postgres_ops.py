@@ -13,7 +13,7 @@ from ..abc import Finding, Inventory, StoredObject
 from ._ops import LIVE_WINDOW, server_finding
 from ._sql import schema_finding
 
-__all__ = ["MIN_VERSION", "TABLES", "doctor", "inventory", "purge"]
+__all__ = ["MIN_VERSION", "TABLES", "doctor", "inventory", "presence", "purge"]
 
 _BACKEND = "PostgresBackend"
 #: Every table the backend makes in its schema, with columns that only brokersched's has: a
@@ -75,6 +75,26 @@ async def inventory(conn: Any, schema: str) -> Inventory:
         if newest is not None:
             live.append(f"a run started at {newest.isoformat()} was recorded ({schema}.history)")
     return Inventory(_BACKEND, schema, tuple(objects), unknown, tuple(live))
+
+
+async def presence(conn: Any, schema: str) -> list[str]:
+    """The instance records of the schema's ``fleet`` table not yet expired, on the database's
+    clock (none without brokersched's table)."""
+    columns = {
+        column
+        for (column,) in await conn.fetch(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_schema = $1 AND table_name = 'fleet'",
+            schema,
+        )
+    }
+    if not _ours("fleet", columns):
+        return []
+    rows = await conn.fetch(
+        f"SELECT value FROM \"{schema}\".fleet WHERE kind = 'instance'"
+        " AND (expires_at IS NULL OR expires_at > clock_timestamp())"
+    )
+    return [row["value"] for row in rows]
 
 
 def _ours(table: str, columns: set[str]) -> bool:

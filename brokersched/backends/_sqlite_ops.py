@@ -12,7 +12,7 @@ from ..abc import Finding, Inventory, StoredObject
 from ._ops import LIVE_WINDOW_MS, ago
 from ._sql import schema_finding
 
-__all__ = ["doctor", "inventory", "purge", "table_names"]
+__all__ = ["doctor", "inventory", "presence", "purge", "table_names"]
 
 _BACKEND = "SQLiteBackend"
 # File systems on which SQLite's locks do not work (SQLite's FAQ: "not over a network").
@@ -80,6 +80,29 @@ def _inventory(conn: sqlite3.Connection, prefix: str, now_ms: int) -> Inventory:
         if newest is not None and newest // 1000 > now_ms - LIVE_WINDOW_MS:
             live.append(f"a run started {ago(newest // 1000, now_ms)} was recorded ({history})")
     return Inventory(_BACKEND, prefix, objects, live=tuple(live))
+
+
+def presence(path: str, prefix: str, now_ms: int) -> list[str]:
+    """The instance records of the prefix's ``fleet`` table not yet expired (none without the
+    file or the table)."""
+    conn = _connect(path)
+    if conn is None:
+        return []
+    try:
+        fleet = f"{prefix}fleet"
+        found = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (fleet,)
+        ).fetchone()
+        if found is None:
+            return []
+        rows = conn.execute(
+            f"SELECT value FROM \"{fleet}\" WHERE kind = 'instance' "
+            "AND (expires_ms IS NULL OR expires_ms > ?)",
+            (now_ms,),
+        )
+        return [value for (value,) in rows]
+    finally:
+        conn.close()
 
 
 def purge(path: str, found: Inventory, now_ms: int) -> Inventory:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Literal, cast
 
-from .._clock import Clock
+from .._clock import Clock, host_time_ms
 from .._durations import Duration, to_ms
 from .._exceptions import BackendError, BackendUnavailableError
 from ..abc import (
@@ -237,6 +237,16 @@ class MemoryBackend(LeaseBackendBase):
     ) -> Inventory:
         """Nothing: its state lives in this process and ends with it."""
         return Inventory(self.name, namespace or "memory", unknown=(_IN_PROCESS,))
+
+    async def _presence_records(self, namespace: str | None) -> list[str]:
+        """The instances of this process's store (in ``brokersched purge``: none)."""
+        await asyncio.sleep(0)
+        now = host_time_ms() if self._clock is None else self._now()
+        return [
+            value
+            for (kind, _), (value, expires) in self.store.fleet.items()
+            if kind == "instance" and (expires is None or expires > now)
+        ]
 
     async def purge(self, inventory: Inventory) -> Inventory:
         return Inventory(self.name, inventory.namespace, unknown=(_IN_PROCESS,))

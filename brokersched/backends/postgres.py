@@ -704,10 +704,18 @@ class PostgresBackend(SQLLeaseBackend):
     ) -> Inventory:
         """brokersched's tables and function in the schema (or ``namespace``, another
         schema). Live: a lease live in the last minute, or a run going on."""
-        schema = self._schema
-        if namespace is not None:
-            schema = check_identifier(namespace, option="schema", backend=self.name, max_length=63)
+        schema = self._ops_schema(namespace)
         return await self._operation("list its tables", _postgres_ops.inventory, schema)
+
+    async def _presence_records(self, namespace: str | None) -> list[str]:
+        return await self._operation(
+            "read the fleet's presence", _postgres_ops.presence, self._ops_schema(namespace)
+        )
+
+    def _ops_schema(self, namespace: str | None) -> str:
+        if namespace is None:
+            return self._schema
+        return check_identifier(namespace, option="schema", backend=self.name, max_length=63)
 
     async def purge(self, inventory: Inventory) -> Inventory:
         """Drop the tables and the function of ``inventory``, then the schema if it is empty."""

@@ -501,6 +501,14 @@ class SQLiteBackend(SQLLeaseBackend):
                 _sqlite_ops.inventory, self._path, prefix, self._store_now_ms()
             )
 
+    async def _presence_records(self, namespace: str | None) -> list[str]:
+        """The ``fleet`` table's instance records; never creates the file."""
+        prefix = self._namespace(namespace)
+        with self._translate("read the fleet's presence"):
+            return await asyncio.to_thread(
+                _sqlite_ops.presence, self._path, prefix, self._store_now_ms()
+            )
+
     async def purge(self, inventory: Inventory) -> Inventory:
         """Drop the tables of ``inventory``; the file stays (it may hold other tables)."""
         with self._translate("drop its tables"):

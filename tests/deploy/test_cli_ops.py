@@ -52,16 +52,18 @@ from brokersched.backends.rabbitmq._ops import (
 )
 from brokersched.testing import TestClock
 from tests.support.cli_apps.ops_app import make_backend, make_scheduler
-from tests.support.cli_apps.process import brokersched
+from tests.support.cli_apps.process import RunningCLI, brokersched
 from tests.support.helpers import missing
 from tests.support.names import unique
 from tests.support.nats_helpers import claims_stream, lease_streams
 from tests.support.private_rabbitmq import RABBITMQ_SBIN, PrivateRabbitMQ
 from tests.support.redis_helpers import RedisServer, redis_cluster_url
+from tests.support.wait import until
 
 __all__ = ["redis_cluster_url"]  # a fixture
 
 APP = "tests.support.cli_apps.ops_app:create"
+QUIET_APP = "tests.support.cli_apps.quiet_app:create"
 
 
 def ops_name(kind: str) -> str:
@@ -124,7 +126,8 @@ def rabbitmq_objects(prefix: str, node: PrivateRabbitMQ | None = None) -> set[st
 async def nats_objects(url: str, prefix: str, *, lease: bool = False) -> set[str]:
     import nats
 
-    made = set(lease_streams(prefix)) if lease else {f"{prefix}-claims"}
+    fleet = {f"KV_{prefix}-fleet-instance", f"KV_{prefix}-fleet-control"}
+    made = set(lease_streams(prefix)) if lease else {f"{prefix}-claims", *fleet}
     nc = await nats.connect(url)
     try:
         js = nc.jetstream()
@@ -244,6 +247,48 @@ async def test_purge_refuses_while_running_then_removes_everything(server: Serve
         await cli("purge", APP, "--force", env=env)
     if server.kind == "sqlite":
         assert sqlite_objects(server.url, "ops_app_") == {"ops_app_users"}  # not the app's
+
+
+async def test_purge_refuses_while_an_instance_publishes_its_presence(server: Server) -> None:
+    """An instance of the prefix runs in a process of its own and does nothing else (its one
+    job is due in 2100): no claim, lease, run or connection name says so, only the presence
+    that `brokersched instances` lists. Purge refuses, names it and leaves everything; once it
+    stopped, purge removes everything without --force."""
+    prefix = ops_name(server.kind)
+    instance = f"{prefix}-member"
+    env = {**env_of(server.kind, server.url, prefix), "BROKERSCHED_TEST_INSTANCE": instance}
+    member = RunningCLI("run", QUIET_APP, env=env)
+    try:
+
+        async def alive() -> bool:
+            if member.process.poll() is not None:
+                member.stop()
+                pytest.fail(f"the instance exited:\n{member.output()}")
+            listed = await cli("instances", QUIET_APP, "--json", env=env)
+            rows = [json.loads(line) for line in listed.stdout.splitlines()]
+            return any(r["id"] == instance and r["liveness"] == "alive" for r in rows)
+
+        await until(alive, timeout=60, what="the instance listed alive", every=0.2)
+        made = await server.objects(prefix)
+        assert made, "the instance made nothing on the server"
+        listed = await cli("purge", QUIET_APP, "--dry-run", env=env)
+        assert listed.returncode == 0, listed.stdout + listed.stderr
+        assert f"live: instance {instance!r} (host " in listed.stdout, listed.stdout
+        refused = await cli("purge", QUIET_APP, env=env)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "refused: an instance of the prefix seems to run" in refused.stderr
+        [sign] = [line for line in refused.stdout.splitlines() if instance in line]
+        assert sign.startswith(f"live: instance {instance!r}"), refused.stdout
+        assert "is alive: last seen" in sign, sign
+        assert await server.objects(prefix) == made  # nothing removed
+        assert member.stop() == 0, member.output()
+        purged = await cli("purge", QUIET_APP, env=env)
+        assert purged.returncode == 0, purged.stdout + purged.stderr
+        assert "removed" in purged.stdout and instance not in purged.stdout, purged.stdout
+        assert await server.objects(prefix) == set()
+    finally:
+        member.kill()
+        await cli("purge", QUIET_APP, "--force", env=env)
 
 
 @pytest.mark.parametrize("kind", ["redis", "rabbitmq"])

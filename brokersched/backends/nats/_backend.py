@@ -52,7 +52,7 @@ from ._base import (
     redact,
 )
 from ._budget import nats_budget_watch
-from ._fleet import FleetBuckets
+from ._fleet import FleetBuckets, presence
 from ._history import read_last
 from ._streams import Names, Streams
 
@@ -355,6 +355,11 @@ class NATSBackend(ClaimBackend):
         minute (a claim, the fleet's record, a run)."""
         names = self._names if namespace is None else Names(self._check_prefix(namespace))
         return await self._operation("list its streams", _ops.inventory, names)
+
+    async def _presence_records(self, namespace: str | None) -> list[str]:
+        """The presence bucket ``<prefix>-fleet-instance``, read only."""
+        prefix = self._names.prefix if namespace is None else self._check_prefix(namespace)
+        return await self._operation("read the fleet's presence", presence, prefix)
 
     async def purge(self, inventory: Inventory) -> Inventory:
         return await self._operation("delete its streams", _ops.purge, inventory)

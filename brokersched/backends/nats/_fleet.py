@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from nats.js.client import JetStreamContext
     from nats.js.kv import KeyValue
 
-__all__ = ["FleetBuckets", "bucket_name", "bucket_streams"]
+__all__ = ["FleetBuckets", "bucket_name", "bucket_streams", "presence", "read_records"]
 
 _READ_S = 5.0  # a read waits this long at most for the bucket's values
 
@@ -97,19 +97,7 @@ class FleetBuckets:
                 return await self._read(kind)
 
     async def _read(self, kind: FleetKind) -> dict[str, str]:
-        js, name = self._client(), bucket_name(self._prefix, kind)
-        stream, subjects = f"KV_{name}", f"$KV.{name}."
-        info = await js.stream_info(stream, subjects_filter=f"{subjects}>")
-        names = sorted(info.state.subjects or {})
-        found: dict[str, str] = {}
-        for subject, msg in zip(
-            names, await asyncio.gather(*(_last(js, stream, s) for s in names)), strict=True
-        ):
-            if msg is None or (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
-                continue  # gone since the info was read, or deleted
-            if msg.data:
-                found[_text(subject[len(subjects) :])] = msg.data.decode()
-        return found
+        return await read_records(self._client(), self._prefix, kind)
 
     async def put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
         # ttl: the bucket's own (FORGET): nats-server 2.9 keeps no TTL per key.
@@ -133,6 +121,35 @@ class FleetBuckets:
             except nats.js.errors.KeyWrongLastSequenceError:
                 return False
             return True
+
+
+async def read_records(js: JetStreamContext, prefix: str, kind: FleetKind) -> dict[str, str]:
+    """Every key's last value in the bucket of ``kind`` (``NotFoundError`` without it)."""
+    name = bucket_name(prefix, kind)
+    stream, subjects = f"KV_{name}", f"$KV.{name}."
+    info = await js.stream_info(stream, subjects_filter=f"{subjects}>")
+    names = sorted(info.state.subjects or {})
+    found: dict[str, str] = {}
+    for subject, msg in zip(
+        names, await asyncio.gather(*(_last(js, stream, s) for s in names)), strict=True
+    ):
+        if msg is None or (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+            continue  # gone since the info was read, or deleted
+        if msg.data:
+            found[_text(subject[len(subjects) :])] = msg.data.decode()
+    return found
+
+
+async def presence(js: JetStreamContext, prefix: str) -> list[str]:
+    """The instance records of the presence bucket (the bucket's TTL drops the expired ones;
+    none without the bucket): read only, nothing made."""
+    import nats.js.errors
+
+    try:
+        records = await read_records(js, prefix, "instance")
+    except nats.js.errors.NotFoundError:
+        return []
+    return list(records.values())
 
 
 async def _last(js: JetStreamContext, stream: str, subject: str) -> Any:

@@ -81,10 +81,10 @@ from ._base import (
     logger,
 )
 from ._budget import nats_budget_watch
-from ._fleet import FleetBuckets, bucket_streams
+from ._fleet import FleetBuckets, bucket_streams, presence
 from ._history import read_last
 from ._rows import Conflict, Rows, Table
-from ._streams import Names, history_config, history_problems
+from ._streams import Names, history_config, history_problems, limit_value, setting_text
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATSClient
@@ -299,12 +299,12 @@ class NATSLeaseBackend(LeaseBackendBase):
 
         for _ in range(3):
             try:
-                kv = await js.key_value(self._bucket)
-            except nats.js.errors.BucketNotFoundError:
-                pass
-            else:
+                # Checked first: nats-py refuses some of what is checked (an unlimited
+                # history) with a less telling error of its own.
                 await self._check_bucket(js, nc)
-                return kv
+                return await js.key_value(self._bucket)
+            except nats.js.errors.NotFoundError:  # the bucket's stream, or the bucket
+                pass
             try:
                 return await js.create_key_value(  # pyright: ignore[reportUnknownMemberType]
                     bucket=self._bucket,
@@ -321,7 +321,7 @@ class NATSLeaseBackend(LeaseBackendBase):
     async def _check_bucket(self, js: JetStreamContext, nc: NATSClient) -> None:
         config = (await js.stream_info(_kv_stream(self._bucket))).config
         self._check_replicas(config.num_replicas or 1, nc)
-        problems = bucket_problems(config)
+        problems = bucket_problems(config, nc.max_payload)
         if problems:
             raise ConfigurationError(
                 f"{BACKEND}: the existing KV bucket {self._bucket!r} cannot be used: "
@@ -567,6 +567,11 @@ class NATSLeaseBackend(LeaseBackendBase):
         bucket = self._bucket if namespace is None else _check_bucket(namespace)
         return await self._operation("list its streams", _inventory, bucket)
 
+    async def _presence_records(self, namespace: str | None) -> list[str]:
+        """The presence bucket ``<bucket>-fleet-instance``, read only."""
+        bucket = self._bucket if namespace is None else _check_bucket(namespace)
+        return await self._operation("read the fleet's presence", presence, bucket)
+
     async def purge(self, inventory: Inventory) -> Inventory:
         async def purge(js: JetStreamContext, found: Inventory) -> Inventory:
             await _ops.delete_streams(js, found, _streams(found.namespace))
@@ -588,7 +593,9 @@ class NATSLeaseBackend(LeaseBackendBase):
                     )
                 )
             else:
-                findings += _ops.problem_findings(stream, bucket_problems(info.config))
+                findings += _ops.problem_findings(
+                    stream, bucket_problems(info.config, nc.max_payload)
+                )
                 findings.append(_ops.replicas_finding(stream, info, self._replicas))
                 replicas = info.config.num_replicas or 1
                 old = version is not None and (version.major, version.minor) < _SERIAL_CAS
@@ -721,9 +728,21 @@ def _streams(bucket: str) -> tuple[str, ...]:
     return _kv_stream(bucket), Names(bucket).history, *bucket_streams(bucket)
 
 
-def bucket_problems(config: Any) -> list[str]:
+def bucket_problems(config: Any, max_payload: int | None = None) -> list[str]:
     """What breaks the rows in an existing bucket: they must stay (file storage, no TTL, no
-    limit that drops them) and be read from the leader."""
+    limit that drops them), every write must be taken (no limit that refuses one), and rows
+    must be read from the leader. ``max_payload``: the connected server's, the largest message
+    it takes anyway (a ``max_msg_size`` at least that large limits nothing more).
+
+    What the backend writes to the bucket: a row per job (``job.<job>``: its fences and a lease
+    per slot running or handed over, so with no fixed size: ``overlap="allow"`` and manual runs
+    add leases) and the clock probe (``clock``), written by every decision; each key's last
+    revision is all it reads. So a count or size limit of the stream either drops rows (discard
+    'old': their fences with them, and a late instance runs a slot again) or refuses writes
+    once reached (discard 'new': every claim fails and every slot is skipped, with no other
+    sign); a value size limit refuses the rows that outgrow it; a per-key history must be kept
+    (1 is enough), but not unlimited, nor refuse a key's next revision.
+    """
     stream = config.name
     problems: list[str] = []
     if str(getattr(config.storage, "value", config.storage)) != "file":
@@ -741,6 +760,54 @@ def bucket_problems(config: Any) -> list[str]:
         problems.append(
             "allow_direct is true (rows read from a lagging replica could abort healthy runs): "
             f"run `nats stream edit {stream} --no-allow-direct`"
+        )
+    discard = setting_text(config.discard)
+    for setting, flag in (("max_bytes", "--max-bytes"), ("max_msgs", "--max-msgs")):
+        value = limit_value(getattr(config, setting))
+        if not value:
+            continue
+        if discard == "new":
+            why = (
+                "with discard 'new' the bucket refuses every write once full: every claim fails "
+                "and every slot is skipped"
+            )
+        else:
+            why = (
+                f"with discard {discard!r} it drops the oldest rows once full, their fences "
+                "with them, and a late instance runs a slot again"
+            )
+        problems.append(
+            f"{setting} is {value} ({why}; only unlimited, -1, is accepted): run `nats stream "
+            f"edit {stream} {flag}=-1`"
+        )
+    size = limit_value(config.max_msg_size)
+    if size and (max_payload is None or size < max_payload):
+        server = f"the server's max_payload {max_payload}" if max_payload else "max_payload"
+        problems.append(
+            f"max_msg_size is {size} bytes (the bucket's max_value_size: a row holds a lease "
+            "per slot running or handed over and has no fixed size, and a row that outgrows "
+            "it is refused, its job's slots skipped; accepted: -1, unlimited, or at least "
+            f"{server}): run `nats stream edit {stream} --max-msg-size=-1`"
+        )
+    per_key = limit_value(config.max_msgs_per_subject)
+    if not per_key:
+        problems.append(
+            "max_msgs_per_subject is unlimited (the bucket's history: every decision writes "
+            "the clock probe again, and each revision would be kept: the bucket grows for ever; "
+            f"accepted: a limit, 1 is enough): run `nats stream edit {stream} "
+            "--max-msgs-per-subject=1`"
+        )
+    elif config.discard_new_per_subject:
+        problems.append(
+            "discard_new_per_subject is true (with max_msgs_per_subject, the bucket's "
+            f"history, at {per_key}, a key holding that many revisions refuses the next: its "
+            "row can no longer change and its slots are skipped; accepted: false): run `nats "
+            f"stream edit {stream} --no-discard-per-subject`"
+        )
+    if config.sealed:
+        problems.append(
+            "sealed is true (it takes no more writes: every claim fails and every slot is "
+            "skipped): use another bucket"
         )
     return problems
 

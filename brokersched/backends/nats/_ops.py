@@ -1,7 +1,7 @@
-"""``NATSBackend.inventory()``, ``purge()`` and ``doctor()``: the prefix's two streams (claims
-and history: all the backend makes), the signs that an instance of the prefix runs (a message
-stored in the last minute), and the checks ``start()`` makes of existing streams, as findings
-(``claims_problems``, ``history_problems``)."""
+"""``NATSBackend.inventory()``, ``purge()`` and ``doctor()``: the prefix's streams (claims,
+history and the fleet's two buckets: all the backend makes), the signs that an instance of the
+prefix runs (a claim or a run stored in the last minute), and the checks ``start()`` makes of
+existing streams, as findings (``claims_problems``, ``history_problems``)."""
 
 from __future__ import annotations
 
@@ -66,14 +66,21 @@ async def streams_inventory(
     streams: Sequence[str],
     window: Callable[[str, Any], timedelta] = lambda _stream, _info: LIVE_WINDOW,
 ) -> Inventory:
-    """Which of ``streams`` exist; live: one that stored a message within its ``window``."""
+    """Which of ``streams`` exist; live: one that stored a message within its ``window``.
+
+    Not the fleet's buckets: an instance writes its presence every heartbeat, its last one
+    when it stops, so when presence was written says nothing; ``purge`` judges the presence
+    records themselves (``Backend.presence``). A control is written by an operator too."""
     objects: list[StoredObject] = []
     live: list[str] = []
+    fleet = set(bucket_streams(namespace))
     for stream in streams:
         info = await stream_info_or_none(js, stream)
         if info is None:
             continue
         objects.append(StoredObject("stream", stream))
+        if stream in fleet:
+            continue
         last = await last_stored(js, stream, info)
         if last is not None and last > datetime.now(last.tzinfo) - window(stream, info):
             seconds = (datetime.now(last.tzinfo) - last).total_seconds()

@@ -42,6 +42,8 @@ __all__ = [
     "claims_problems",
     "history_config",
     "history_problems",
+    "limit_value",
+    "setting_text",
     "subject_token",
 ]
 
@@ -129,12 +131,12 @@ _LIMIT_FLAGS = {
 }
 
 
-def _text(value: object) -> str:
+def setting_text(value: object) -> str:
     """An enum setting (storage, retention, discard, ...) as the server spells it."""
     return str(getattr(value, "value", value))
 
 
-def _limit(value: int | None) -> int:
+def limit_value(value: int | None) -> int:
     """A count or size limit, every spelling of "unlimited" (None, 0, -1) as 0."""
     return value if value is not None and value > 0 else 0
 
@@ -184,7 +186,7 @@ def claims_problems(config: StreamConfig, names: Names, slot_ttl: timedelta) -> 
             f"{stream} --max-age {keep}`"
         )
     problems += _claim_limit_problems(config, stream)
-    persist_mode = _text(config.persist_mode)
+    persist_mode = setting_text(config.persist_mode)
     if config.persist_mode is not None and persist_mode != "default":
         problems.append(
             f"persist_mode is {persist_mode!r}, not 'default' (claims acknowledged just before "
@@ -201,9 +203,9 @@ def claims_problems(config: StreamConfig, names: Names, slot_ttl: timedelta) -> 
 
 def _claim_limit_problems(config: StreamConfig, stream: str) -> list[str]:
     problems: list[str] = []
-    discard_new = _text(config.discard) == "new"
+    discard_new = setting_text(config.discard) == "new"
     for setting, flag in _LIMIT_FLAGS.items():
-        value = _limit(getattr(config, setting))
+        value = limit_value(getattr(config, setting))
         if not value:
             continue
         if discard_new and (setting != "max_msgs_per_subject" or config.discard_new_per_subject):
@@ -224,7 +226,7 @@ def _claim_limit_problems(config: StreamConfig, stream: str) -> list[str]:
 
 
 def _msg_size_problems(config: StreamConfig, stream: str) -> list[str]:
-    size = _limit(config.max_msg_size)
+    size = limit_value(config.max_msg_size)
     if not size or size >= _MIN_MSG_SIZE:
         return []
     return [
@@ -238,14 +240,14 @@ def _common_problems(
 ) -> list[str]:
     """What breaks both streams; ``what`` is written to each (a claim, a run record)."""
     problems: list[str] = []
-    storage = _text(config.storage)
+    storage = setting_text(config.storage)
     if storage != "file":
         problems.append(
             f"storage is {storage!r}, not 'file' (it would be lost on a server restart); storage "
             f"cannot be edited: delete the stream (`nats stream rm {stream}`, which forgets "
             f"{forgets}) while no scheduler runs, or use another prefix"
         )
-    retention = _text(config.retention)
+    retention = setting_text(config.retention)
     if retention != "limits":
         problems.append(
             f"retention is {retention!r}, not 'limits' (messages would be removed by consumers, "
@@ -290,17 +292,17 @@ def history_problems(config: StreamConfig, names: Names, size: int | None = None
     stream = names.history
     forgets = "the run history"
     problems = _common_problems(config, stream, names.history_subjects, "run record", forgets)
-    if not _limit(config.max_msgs_per_subject):
+    if not limit_value(config.max_msgs_per_subject):
         problems.append(
             "max_msgs_per_subject is unlimited (it is what trims each job's history; without it "
             f"the history grows for ever): run `nats stream edit {stream} "
             f"--max-msgs-per-subject={size or _DEFAULT_HISTORY_SIZE}`, or "
             f"{_recreate(stream, forgets)}"
         )
-    if _text(config.discard) == "new":
-        limits = [f"{s}={_limit(getattr(config, s))}" for s in ("max_msgs", "max_bytes")]
+    if setting_text(config.discard) == "new":
+        limits = [f"{s}={limit_value(getattr(config, s))}" for s in ("max_msgs", "max_bytes")]
         if config.discard_new_per_subject:
-            limits.append(f"max_msgs_per_subject={_limit(config.max_msgs_per_subject)}")
+            limits.append(f"max_msgs_per_subject={limit_value(config.max_msgs_per_subject)}")
         limits = [limit for limit in limits if not limit.endswith("=0")]
         if limits:
             problems.append(

@@ -425,6 +425,15 @@ class RabbitMQBackend(ClaimQueues):
 
         return await self._operation("listing its queues", call)
 
+    async def _presence_records(self, namespace: str | None) -> list[str]:
+        """The records of ``<prefix>.fleet``, read under its lock, declaring nothing."""
+        prefix = self._prefix if namespace is None else check_prefix(namespace, self.name)
+
+        async def call(channels: _ops.Channels, _: dict[str, Any]) -> list[str]:
+            return await _ops.read_presence(channels, self._NAMES, prefix, host_time_ms())
+
+        return await self._operation("reading the fleet's presence", call)
+
     async def purge(self, inventory: Inventory) -> Inventory:
         """Delete the queues and exchanges of ``inventory``; what is left of them (listed
         again with ``management_url``)."""

@@ -32,6 +32,7 @@ from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationE
 from ...abc import Finding, Inventory, Slot, StoredObject
 from .._ops import recent_claims, server_finding, slot_memory_finding
 from ._fleet import take_lock
+from ._records import live_instances, newest
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel
@@ -54,6 +55,7 @@ __all__ = [
     "purge",
     "quorum_budget",
     "read_memory",
+    "read_presence",
 ]
 
 _BACKEND = "RabbitMQBackend"
@@ -228,6 +230,55 @@ async def read_memory(
                 return await _read_locked(channel, names.record(prefix), parse)
         await asyncio.sleep(0.05)
     return None
+
+
+async def read_presence(channels: Channels, names: Names, prefix: str, now_ms: int) -> list[str]:
+    """The instance records of the fleet's record queue not yet expired at ``now_ms``, read
+    under its lock and put back (none when no instance ever wrote one). Raises
+    ``BackendError`` when the lock is not free within a few seconds."""
+    from aio_pika.exceptions import ChannelNotFoundEntity
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _LOCK_WAIT_S
+    while loop.time() < deadline:
+        missing = False
+        async with channels() as channel:
+            try:
+                lock = await channel.declare_queue(names.fleet_lock(prefix), passive=True)
+            except ChannelNotFoundEntity:  # no instance ever wrote a record under it
+                missing = True  # (and the answer closed the channel)
+            else:
+                if await take_lock(lock):
+                    return await _read_presence_locked(channel, names.fleet(prefix), now_ms)
+        if missing:
+            async with channels() as channel:
+                return await _read_presence_locked(channel, names.fleet(prefix), now_ms)
+        await asyncio.sleep(0.05)
+    raise BackendError(
+        f"{_BACKEND}: the lock of the fleet's records ({names.fleet_lock(prefix)}) stayed "
+        f"taken for {_LOCK_WAIT_S:g}s"
+    )
+
+
+async def _read_presence_locked(channel: AbstractChannel, queue: str, now_ms: int) -> list[str]:
+    """On the channel holding the lock (when there is one): every state message, the newest
+    read, all put back."""
+    from aio_pika.exceptions import ChannelNotFoundEntity
+
+    try:
+        records = await channel.declare_queue(queue, passive=True)
+    except ChannelNotFoundEntity:
+        return []
+    held = []
+    try:
+        for _ in range(records.declaration_result.message_count or 0):
+            message = await records.get(no_ack=False, fail=False, timeout=5)
+            if message is not None:
+                held.append(message)
+        return live_instances(newest(held), now_ms)
+    finally:
+        for message in held:
+            await message.reject(requeue=True)
 
 
 async def _read_locked(

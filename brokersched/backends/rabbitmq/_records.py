@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
     from pamqp.common import FieldTable
 
-__all__ = ["FleetRecords", "fleet_lock_name", "fleet_queue_name"]
+__all__ = ["FleetRecords", "fleet_lock_name", "fleet_queue_name", "live_instances", "newest"]
 
 _LOCK_RETRY_S = (0.005, 0.05)
 _PLAIN: FieldTable = {"x-queue-type": "classic"}
@@ -128,7 +128,7 @@ class FleetRecords:
             message = await queue.get(no_ack=False, fail=False)
             if message is not None:
                 held.append(message)
-        state = _newest(held)
+        state = newest(held)
         if not change(state, self._now_ms()):
             for message in held:
                 await message.reject(requeue=True)
@@ -151,7 +151,12 @@ class FleetRecords:
         await channel.default_exchange.publish(message, name, mandatory=True)
 
 
-def _newest(messages: list[AbstractIncomingMessage]) -> State:
+def live_instances(state: State, now_ms: int) -> list[str]:
+    """The instance records of ``state`` not yet expired at ``now_ms`` (the writers' clock)."""
+    return [text for expires, text in state["instance"].values() if expires > now_ms]
+
+
+def newest(messages: list[AbstractIncomingMessage]) -> State:
     """The state of the highest version among ``messages`` (empty if none parses)."""
     best = _empty()
     for message in messages:

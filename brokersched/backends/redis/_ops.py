@@ -10,9 +10,11 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from ..._clock import host_time_ms
 from ...abc import BrokerBudget, Finding, Inventory, Slot, StoredObject
 from .._ops import LIVE_WINDOW_MS, ago, recent_claims, server_finding, slot_memory_finding
 from ._base import RedisConnection
+from ._fleet import fleet_key
 
 __all__ = [
     "MIN_VERSION",
@@ -22,6 +24,7 @@ __all__ = [
     "purge",
     "run_doctor",
     "run_inventory",
+    "run_presence",
     "run_purge",
 ]
 
@@ -189,6 +192,23 @@ async def run_inventory(redis: RedisConnection, namespace: str | None) -> Invent
     return await redis.operate("list its keys", call)
 
 
+async def run_presence(redis: RedisConnection, namespace: str | None) -> list[str]:
+    """The instance records of the prefix's fleet hash not yet expired (on the writers' clock,
+    as ``FleetRecords`` judges them), left as they are."""
+    key = fleet_key(redis.namespace(namespace), "instance")
+
+    async def call(client: Any) -> list[str]:
+        now = host_time_ms()
+        found: list[str] = []
+        for raw in (await client.hgetall(key)).values():
+            expires, _, value = raw.decode().partition(":")
+            if expires == "0" or int(expires) > now:
+                found.append(value)
+        return found
+
+    return await redis.operate("read the fleet's presence", call)
+
+
 async def run_purge(redis: RedisConnection, found: Inventory) -> Inventory:
     async def call(client: Any) -> Inventory:
         await purge(client, redis.cluster, found)
@@ -237,6 +257,9 @@ class Operations:
         slot of the last minute, a lease live in the last minute, a run recorded in the last
         minute, a connection named ``brokersched:<prefix>``."""
         return await run_inventory(self._redis, namespace)
+
+    async def _presence_records(self, namespace: str | None) -> list[str]:
+        return await run_presence(self._redis, namespace)
 
     async def purge(self, inventory: Inventory) -> Inventory:
         return await run_purge(self._redis, inventory)
