@@ -319,8 +319,8 @@ class Runner:
             if lease is not None and not lost:
                 # The record lands before the lease ends: a slot then has a lease or a record,
                 # never neither, which is what a backfill reads to know it ran. The renewer
-                # keeps the lease meanwhile; a record that cannot be written in a lease's time
-                # does not hold the release any longer.
+                # keeps the lease meanwhile; a record slower than one release attempt (a store
+                # that drops calls) no longer holds the release, whose retries are quicker.
                 await self.recorder.written(run.recorded, self._release_wait_s())
                 # Only a run cut short at an await by a graceful stop is offered to another
                 # instance; a handler that returned or raised has done what it will do.
@@ -529,10 +529,10 @@ class Runner:
             raise
 
     def _release_wait_s(self) -> float:
-        """How long a lease run's end waits for its record before its release: a lease's time
-        (its renewer keeps it meanwhile)."""
+        """How long a lease run's end waits for its record before its release: as long as one
+        release attempt is waited for."""
         assert isinstance(self.backend, LeaseBackend)
-        return self.backend.lease_ttl.total_seconds()
+        return _release_attempt_s(to_ms(self.backend.lease_ttl))
 
     def ended_here(self, lease: Lease) -> bool:
         """Whether ``lease``'s slot was ended here (its run returned or failed for good, or it

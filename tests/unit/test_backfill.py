@@ -368,10 +368,10 @@ class SlowRecords(MemoryBackend):
 
 
 async def test_a_run_keeps_its_lease_until_its_record_has_landed(clock: TestClock) -> None:
-    """The run of 08:02:10 ends at 08:03:05 and its record takes 20 s: the backfill, there at
-    08:03:13, finds the lease still held, not a slot that holds neither lease nor record."""
-    lasting = Lasting(clock, {"08:02:10": 55})
-    backend = SlowRecords(clock, 20)
+    """The run of 08:02:10 ends at 08:03:12.5 and its record takes 0.8 s: the backfill, there
+    at 08:03:13, finds the lease still held, not a slot that holds neither lease nor record."""
+    lasting = Lasting(clock, {"08:02:10": 62.5})
+    backend = SlowRecords(clock, 0.8)
     fleet = Scheduler(backend, clock=clock, jitter=0, instance_id="fleet")
     operator = Scheduler(backend, clock=clock, jitter=0, instance_id="ops", enabled=False)
     for each in (fleet, operator):
