@@ -374,7 +374,9 @@ class History:
         chunk's first message has arrived, the answer to a declare sent afterwards comes after
         every message that step read; if fewer than the prefetch are unacknowledged then, the
         credit did not run out: the step met the end, which lies after every record confirmed
-        before the read began. Otherwise the reader acknowledges them and asks again.
+        before the read began (read through the stream leader's node; a replica elsewhere may
+        lag it by the replication's delay). Otherwise the reader acknowledges them and asks
+        again.
 
         Fallbacks, each with a marker (an empty message with a header of its own, skipped by
         every reader) that the reader reads up to: an empty stream sends no first message
