@@ -6,8 +6,9 @@ lease backend's acquire + release (two Lua scripts) for scale.
 
 "raw" is one ``SET key value NX PX 300000`` on a redis-py client of its own (the floor);
 "claim" is ``RedisBackend.claim()`` (key naming, the deadline, error translation around the
-same command); "claim + record read" the same for a slot later than the instance's last read
-of the fleet's slot memory, which it reads in the same round trip (a pipeline, HMGET + SET);
+same command, run in a script behind the eviction guard, which reads ``INFO memory`` and
+``INFO stats``); "claim + record read" the same for a slot later than the instance's last read
+of the fleet's slot memory, which it reads first (HMGET, one more round trip);
 "lease" is ``RedisLeaseBackend.acquire()`` then ``release()`` (a job of its own per call, so
 that concurrent calls are not refused by fencing).
 They take turns (and turns at going first) over the rounds: one call at a time (latency, p50
@@ -95,7 +96,7 @@ async def main() -> None:
 
     async def claim_read(n: int) -> bool:
         # a slot later than this instance's last read of the fleet's slot memory record: the
-        # claim reads it in the same round trip (HMGET + SET in one pipeline)
+        # claim reads it first (HMGET, then the claim's script)
         slot = Slot("bench.claim.read", ahead + n)
         return await claims.claim(slot, instance_id="bench", run_id="r", timeout=5.0)
 

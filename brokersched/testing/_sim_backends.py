@@ -55,6 +55,7 @@ from ..backends.memory import MemoryBackend, MemoryStore
 from ..backends.nats import NATSLeaseBackend
 from ..backends.nats._rows import Conflict, Rows, Table, decode_row
 from ..backends.redis import RedisBackend
+from ..backends.redis._base import RedisConnection
 from ._clock import FleetClock, InstanceClock
 
 __all__ = [
@@ -98,7 +99,10 @@ class Store:
     # retry= attempt under it gets one of its own
     leased: set[str] = field(default_factory=set)
     accepted: dict[str, int] = field(default_factory=dict)  # instance -> its last claim granted
-    evicting: bool = False  # Redis: maxmemory-policy evicts keys with a TTL
+    # Redis: this server's maxmemory-policy is set to evict while the fleet runs (and back),
+    # at its eviction steps; ``policy_evicts``: it evicts now
+    evicting: bool = False
+    policy_evicts: bool = False
     stray: set[str] = field(default_factory=set)  # RabbitMQ: queues made beforehand
     # the fleet's records (presence, controls): (kind, key) -> (JSON, expiry on the store's clock)
     records: dict[tuple[str, str], tuple[str, int | None]] = field(default_factory=dict)
@@ -332,6 +336,7 @@ class _RedisData:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.keys: dict[str, _Key] = {}
+        self.evicted = 0  # INFO stats evicted_keys
 
     def now(self) -> int:
         return self.store.clock.now_ms()
@@ -345,13 +350,33 @@ class _RedisData:
             return None
         return key.value
 
-    def set_nx(self, name: str, value: Any, px: int) -> bool:
+    def claim(self, name: str, record: str, value: Any, px: int, start: int) -> list[bytes]:
+        """The CLAIM script (``redis/_scripts.py``): ``SET NX PX`` behind the eviction
+        guard."""
         if self.get(name) is not None:
-            return False
+            return [b"lost"]
+        refused = self.guard(record, start)
+        if refused is not None:
+            return refused
         self.keys[name] = _Key(value, self.now() + px)
         job, _, slot = name.partition(":{")[2].rpartition("}:claim:")
         self.store.won(job, int(slot), json.loads(value)["instance_id"])
-        return True
+        return [b"won"]
+
+    def guard(self, record: str, start: int) -> list[bytes] | None:
+        """The eviction guard (``redis/_scripts._GUARD``): the policy in force, then the
+        eviction count against the job's record of it."""
+        if self.store.policy_evicts:
+            return [b"evicting", b"volatile-lru"]
+        seen = self.get(record)
+        since = None if seen is None else int(seen["since"])
+        if seen is None or int(seen["count"]) != self.evicted:
+            since = 0 if seen is None and self.evicted == 0 else self.now()
+            self.keys[record] = _Key({"count": str(self.evicted), "since": str(since)}, None)
+        assert since is not None
+        if since <= start:
+            return None
+        return [b"evicted", str(self.evicted).encode(), str(since).encode()]
 
     def pexpire(self, name: str, px: int) -> None:
         if self.get(name) is not None:
@@ -378,13 +403,19 @@ class _RedisData:
         return [str(memory).encode(), json.dumps(raises).encode(), (created or "0").encode(),
                 str(before).encode()]  # fmt: skip
 
-    def evict(self, rng: random.Random) -> int:
-        """An evicting maxmemory policy at work: some keys with a TTL go."""
+    def evict(self, rng: random.Random) -> str:
+        """The policy set to evict (``volatile-lru``) and at work: some keys with a TTL go;
+        or, when it evicts already, set back to ``noeviction``."""
+        if self.store.policy_evicts:
+            self.store.policy_evicts = False
+            return "maxmemory-policy back to noeviction"
+        self.store.policy_evicts = True
         volatile = [name for name, key in self.keys.items() if key.expires_ms is not None]
         gone = [name for name in volatile if rng.random() < 0.5]
         for name in gone:
             del self.keys[name]
-        return len(gone)
+        self.evicted += len(gone)
+        return f"maxmemory-policy volatile-lru: {len(gone)} keys evicted"
 
 
 class _Pipeline:
@@ -398,10 +429,6 @@ class _Pipeline:
             return [None if f not in values else str(values[f]).encode() for f in fields]
 
         self._commands.append(run)
-
-    def set(self, name: str, value: str, *, nx: bool, px: int) -> None:
-        assert nx
-        self._commands.append(lambda: self._data.set_nx(name, value, px) or None)
 
     def pexpire(self, name: str, px: int) -> None:
         self._commands.append(lambda: self._data.pexpire(name, px))
@@ -420,15 +447,15 @@ class _Client:
     async def pexpire(self, name: str, px: int) -> None:
         self._data.pexpire(name, px)
 
-    async def set(self, name: str, value: str, *, nx: bool, px: int) -> bool | None:
-        return self._data.set_nx(name, value, px) or None
-
 
 class _RedisConnection:
     """What ``RedisBackend`` uses of its connection, over ``_RedisData``."""
 
+    refusal = RedisConnection.refusal  # the eviction guard's refusal as the real one words it
+
     def __init__(self, store: Store, data: _RedisData, prefix: str, owner: SimRedis) -> None:
         self.store, self.data, self.prefix, self.owner = store, data, prefix, owner
+        self.backend = "RedisBackend"
         self.cluster = False
         self.redacted = "redis://sim"
         self.clock: Clock | None = None
@@ -436,7 +463,7 @@ class _RedisConnection:
         self.budget = None  # the server's budget is not modelled (RedisConnection.budget)
 
     async def open(self, clock: Clock) -> None:
-        if self.store.evicting:  # RedisConnection.open's check of maxmemory-policy
+        if self.store.policy_evicts:  # RedisConnection.open's check of maxmemory-policy
             raise ConfigurationError("maxmemory-policy evicts keys", option="maxmemory-policy")
         self.clock = clock
 
@@ -463,6 +490,24 @@ class _RedisConnection:
             return self.data.fleet_memory(keys[0], int(args[0]), int(args[1]))
 
         return await self.store.call(self.owner.dead, 5.0, run, write=True)
+
+    async def scripts(
+        self,
+        name: str,
+        action: str,
+        calls: Sequence[tuple[list[str], list[Any]]],
+        timeout: Any = None,
+    ) -> list[Any]:
+        assert name == "CLAIM", name
+
+        async def run() -> list[Any]:
+            return [
+                self.data.claim(keys[0], keys[1], args[0], int(args[1]), int(args[2]))
+                for keys, args in calls
+            ]
+
+        limit = 5.0 if timeout is None else max(0.0, timeout)
+        return await self.store.call(self.owner.dead, limit, run, write=True)
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
         self.history.setdefault(job.name, []).insert(0, record)

@@ -17,7 +17,7 @@ deploys that change ``slot_ttl`` or ``lease_ttl``, jitter, ``max_late``, a job's
 kept ``key``, ``declare_ahead``; kill -9, graceful stops, manual triggers, backfills of recent
 and older ranges; clocks skewed or
 stepped on instances and on the store; the store held, cut, restarted, locked, its fleet record
-deleted or its keys evicted.
+deleted, its maxmemory-policy set to evict (keys evicted) and back.
 
 The invariants, after every step (``Ledger.violations``):
 
@@ -869,7 +869,7 @@ class Simulation:
             self._store_steps.append((self.fleet.now_ms(), delta))
             self.log.append(f"store clock stepped {delta}ms")
         elif self.kind == "redis" and self.store.evicting and roll < 0.92:
-            self.log.append(f"{self._data.evict(rng)} keys evicted")
+            self.log.append(self._data.evict(rng))
         elif self.kind == "redis":
             self._delete_record()
         elif self.kind == "rabbitmq" and roll < 0.92:

@@ -20,7 +20,7 @@ from brokersched.testing._sim_backends import (
     SimNATS,
     SimRabbitMQ,
     _job_of,
-    _RedisConnection,
+    _RedisData,
     _SimTable,
 )
 from brokersched.testing.simulate import BACKENDS, simulate
@@ -201,9 +201,10 @@ def _old_margin_ms(limit_ms: int, *, skew_ms: int, lead_ms: int = 0) -> int:
     return min(skew_ms, limit_ms // 8) + min(250, limit_ms // 8) + lead_ms
 
 
-async def _old_redis_open(self: Any, clock: Any) -> None:
-    """Before 6b6b2ac: Redis started whatever its maxmemory-policy (class 9)."""
-    self.clock = clock
+def _no_eviction_guard(self: _RedisData, record: str, start: int) -> None:
+    """Before the eviction guard: a Redis claim was a bare ``SET NX PX``, whatever the policy
+    set while the fleet runs and the keys it evicted (class 9: before 6b6b2ac Redis also
+    started whatever its policy; the guard now refuses such claims by itself)."""
 
 
 def _old_sqlite_now(self: SimLeaseBackend) -> int:
@@ -229,7 +230,7 @@ UNDONE: list[tuple[str, str, int, object, str, object, str]] = [
     ("5", "lease", 0, SimLeaseBackend, "_now", _old_sqlite_now, "overlap"),
     ("6", "nats", 71, SimNATS, "_read", _old_nats_read, "slot once:"),
     ("8", "redis", 20, _claims, "margin_ms", _old_margin_ms, "ran 2 times"),
-    ("9", "redis", 3, _RedisConnection, "open", _old_redis_open, "ran 2 times"),
+    ("9", "redis", 45, _RedisData, "guard", _no_eviction_guard, "ran 2 times"),
     ("12", "rabbitmq", 0, SimRabbitMQ, "_check_refusal", lambda *_: None, "nobody won it"),
     ("stop", "nats", 20, Runner, "_still_wanted", _old_still_wanted, "ran nowhere"),
     ("stop", "rabbitmq", 20, Runner, "_still_wanted", _old_still_wanted, "ran nowhere"),

@@ -4,8 +4,8 @@ One stream ``<prefix>.history`` per prefix (``x-queue-type: stream``, 16 MiB kep
 segments), every job's records in it with the job in a header: replicated, so a cluster keeps
 recording and reading it while a node is down, and it costs the broker no handle of its
 file-handle cache (a quorum queue per job held 3, and a 3.x node with the Debian open-files
-limit of 1024 stopped answering at ~310 of them: issue 28). A read finds the end with a marker
-it appends and steps back from there until it has the job's newest ``min(limit,
+limit of 1024 stopped answering at ~310 of them: issue 28). A read finds the end of the stream
+without writing to it and steps back from there until it has the job's newest ``min(limit,
 history_size)`` records (see ``History._read_stream``); records are trimmed by count only, so
 ``history_ttl`` is refused. The per-job quorum history queue of an earlier brokersched is still
 read, merged with the stream, and reported once per job.
@@ -18,6 +18,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..._exceptions import BackendError
@@ -28,6 +29,7 @@ from ._names import history_queue_name, history_stream_name
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractIncomingMessage
+    from aiormq.abc import DeliveredMessage
     from pamqp.common import FieldTable
 
 __all__ = ["History"]
@@ -46,9 +48,26 @@ _HISTORY_PREFETCH = 1000  # stream deliveries in flight to a reader (acked by ha
 _HISTORY_STEP = 256  # a read steps back at least this many offsets at a time
 _NO_LOCAL_REPLICA = "does not have a replica on the local node"  # a stream's replica starting
 _REPLICA_RETRY_S = 0.05
+# Finding the end (History._read_end): how long the stream's last chunk may take to arrive
+# before the reader writes a marker to have something arrive (an empty stream), and how many
+# rounds of its prefetch a reader chases writers before it writes one to stop at.
+_END_PROBE_S = 2.0
+_END_ROUNDS = 4
 _JOB_HEADER = "bs-job"  # a history record's job
 _MARK_HEADER = "bs-mark"  # a reader's end marker (no record): skipped by every reader
 _MAX_PREFETCH = 65535  # AMQP's prefetch count is 16 bits
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """What one read of the stream found: the records of the jobs asked for (by job, oldest
+    first), the offset where the read began, whether that is the stream's first retained
+    message (nothing older exists), and how many records (not end markers) it read."""
+
+    found: dict[str, list[bytes]]
+    start: int
+    at_first: bool
+    records: int
 
 
 class _StreamReads:
@@ -234,17 +253,17 @@ class History:
         (``_StreamReads``: the reads asked for together, as a page listing every job's last
         run does, share it).
 
-        The end: a stream consumer over AMQP 0-9-1 is never told it has caught up, so the
-        reader attaches at the stream's last chunk and then appends a marker (an empty message
-        with a header of its own, skipped by every reader): reaching its own marker is reaching
-        the end as it was when the read began. Then it steps back: it reads the window
-        ``[start - step, start)`` (the step doubling each time) until it has every job's
-        records, or the broker starts it past where it asked (the stream's first retained
-        record is within the window: nothing older exists), or it has stepped back
-        ``_HISTORY_SCAN_MAX`` offsets (each message read costs the broker ~0.15 ms of CPU).
+        The end: the reader attaches at the stream's last chunk and reads to the end without
+        writing (``_read_end``). Then it steps back: it reads the window ``[start - step,
+        start)`` (the step doubling each time) until it has every job's records, or the broker
+        starts it past where it asked (the stream's first retained record is within the
+        window: nothing older exists), or it has read ``_HISTORY_SCAN_MAX`` records (each
+        message read costs the broker ~0.15 ms of CPU). End markers (``_read_end``'s rare
+        ones; one per read in earlier releases) are read over, not counted: reads never push a
+        record out of that bound, and, writing nothing, nor out of the stream's retention.
         """
         newest: dict[str, list[bytes]] = {job: [] for job in wants}  # newest first
-        window = await self._read_window(newest.keys(), None, None)
+        window = await self._read_window(newest.keys(), None, None)  # the last chunk, to the end
         if window is None:  # a read declares nothing: no stream yet, no record
             return newest
 
@@ -255,27 +274,26 @@ class History:
             for job, bodies in found.items():
                 newest[job].extend(reversed(bodies))
 
-        found, start, at_first = window
-        add(found)
+        add(window.found)
+        start, at_first, records = window.start, window.at_first, window.records
         step = max(_HISTORY_STEP, 4 * max(wants.values()))
-        floor = max(0, start - _HISTORY_SCAN_MAX)  # a read's bound on the broker's work
-        while short() and not at_first and start > floor:
+        while short() and not at_first and records < _HISTORY_SCAN_MAX:
             wanted = [job for job, want in wants.items() if len(newest[job]) < want]
-            window = await self._read_window(wanted, max(floor, start - step), start)
+            # A window of n offsets holds n records at most: the bound is never overshot.
+            size = min(step, _HISTORY_SCAN_MAX - records)
+            window = await self._read_window(wanted, max(0, start - size), start)
             if window is None:
                 break
-            found, start, at_first = window
-            add(found)
+            add(window.found)
+            start, at_first, records = window.start, window.at_first, records + window.records
             step *= 2
         return {job: newest[job][:want] for job, want in wants.items()}
 
     async def _read_window(
         self, jobs: Iterable[str], begin: int | None, stop: int | None
-    ) -> tuple[dict[str, list[bytes]], int, bool] | None:
-        """The records of ``jobs`` (by job, oldest first) at offsets ``[begin, stop)``, where
-        the read began, and whether that is the stream's first retained record.
-        ``begin=None``: from the last chunk to a marker appended now. ``None`` when the stream
-        is empty or gone.
+    ) -> _Window | None:
+        """The records of ``jobs`` at offsets ``[begin, stop)`` (``_Window``); ``begin=None``:
+        from the last chunk to the end (``_read_end``). ``None`` when the stream is gone.
 
         A stream just made (by another instance's first record), or whose replica on this node
         is still starting (a node back in its cluster), refuses consumers for a moment ("does
@@ -286,6 +304,9 @@ class History:
         wanted, pause = list(jobs), _REPLICA_RETRY_S
         while True:
             try:
+                if begin is None:
+                    return await self._read_end(wanted)
+                assert stop is not None
                 return await self._read_window_once(wanted, begin, stop)
             except ChannelPreconditionFailed as exc:
                 if _NO_LOCAL_REPLICA not in str(exc):
@@ -293,18 +314,14 @@ class History:
             await asyncio.sleep(pause)
             pause = min(2 * pause, 1.0)
 
-    async def _read_window_once(
-        self, jobs: Iterable[str], begin: int | None, stop: int | None
-    ) -> tuple[dict[str, list[bytes]], int, bool] | None:
-        from aio_pika import Message
+    async def _read_window_once(self, jobs: Iterable[str], begin: int, stop: int) -> _Window | None:
         from aio_pika.exceptions import ChannelNotFoundEntity
 
         stream = history_stream_name(self._prefix)
-        mark = uuid.uuid4().hex
         found: dict[str, list[bytes]] = {job: [] for job in jobs}
         done = asyncio.Event()
         first: list[int] = []
-        seen = 0
+        seen = records = 0
 
         async with self._channels() as channel:
             await channel.set_qos(prefetch_count=_HISTORY_PREFETCH)
@@ -316,7 +333,7 @@ class History:
 
             async def collect(message: AbstractIncomingMessage) -> None:
                 # Everything before the first await: deliveries are handled in their order.
-                nonlocal seen
+                nonlocal seen, records
                 if done.is_set():
                     return
                 headers = message.headers or {}
@@ -325,11 +342,11 @@ class History:
                     return
                 if not first:
                     first.append(offset)
-                if (stop is not None and offset >= stop) or _text(
-                    headers.get(_MARK_HEADER)
-                ) == mark:
+                if offset >= stop:
                     done.set()
                     return
+                if _MARK_HEADER not in headers:  # a record, of any job
+                    records += 1
                 bodies = found.get(_text(headers.get(_JOB_HEADER)) or "")
                 if bodies is not None:
                     bodies.append(message.body)
@@ -337,21 +354,114 @@ class History:
                 if seen % (_HISTORY_PREFETCH // 2) == 0:  # streams need acks to deliver more
                     await message.ack(multiple=True)
 
-            where: int | str = "last" if begin is None else begin
-            await queue.consume(collect, arguments={"x-stream-offset": where})
-            if begin is None:
-                async with self._channels(confirms=True) as writer:
-                    await writer.default_exchange.publish(
-                        Message(b"", headers={_MARK_HEADER: mark}),
-                        stream,
-                        mandatory=True,
-                    )
+            await queue.consume(collect, arguments={"x-stream-offset": begin})
             await done.wait()
         if not first:
             return None
         # The broker starts a read that asks for an offset it no longer holds at its first one.
-        at_first = first[0] == 0 or (begin is not None and first[0] > begin)
-        return found, first[0], at_first
+        return _Window(found, first[0], first[0] == 0 or first[0] > begin, records)
+
+    async def _read_end(self, jobs: Iterable[str]) -> _Window | None:
+        """The records of ``jobs`` from the stream's last chunk to its end (``_Window``);
+        ``None`` when the stream is gone. Nothing is written to the stream unless it is empty
+        or writers outrun the read.
+
+        A stream consumer over AMQP 0-9-1 is never told it has caught up, but a synchronous
+        method on its channel (a passive declare) tells as much: the broker's channel hands a
+        stream consumer, in one step, every message it can read until the consumer's credit
+        (the prefetch, less the messages not yet acknowledged) runs out or the stream ends,
+        and it answers the channel's methods in order with those steps. So once the last
+        chunk's first message has arrived, the answer to a declare sent afterwards comes after
+        every message that step read; if fewer than the prefetch are unacknowledged then, the
+        credit did not run out: the step met the end, which lies after every record confirmed
+        before the read began (read through the stream leader's node; a replica elsewhere may
+        lag it by the replication's delay). Otherwise the reader acknowledges them and asks
+        again.
+
+        Fallbacks, each with a marker (an empty message with a header of its own, skipped by
+        every reader) that the reader reads up to: an empty stream sends no first message
+        (none within ``_END_PROBE_S``), and writers faster than the reader keep the credit
+        spent (``_END_ROUNDS`` rounds): both are rare, and the second writes a marker only
+        among many records.
+
+        The consumer is aiormq's (its callback runs in a task of its own, started in the
+        order of the deliveries and before the declare's answer is handed on, so every
+        delivery is counted when the declare returns); aio-pika's runs the callback one task
+        further."""
+        from aio_pika.exceptions import ChannelNotFoundEntity
+
+        stream = history_stream_name(self._prefix)
+        found: dict[str, list[bytes]] = {job: [] for job in jobs}
+        first: list[int] = []
+        arrived, marked = asyncio.Event(), asyncio.Event()
+        mark: str | None = None
+        delivered = last_tag = records = 0
+
+        async def collect(message: DeliveredMessage) -> None:
+            # Synchronous, so done by the time a later answer of the channel is handed on.
+            nonlocal delivered, last_tag, records
+            delivered += 1
+            tag = getattr(message.delivery, "delivery_tag", None)  # a Basic.Deliver's
+            last_tag = tag if isinstance(tag, int) else last_tag
+            headers = message.header.properties.headers or {}
+            offset = headers.get("x-stream-offset")
+            if isinstance(offset, int) and not first:
+                first.append(offset)
+            arrived.set()
+            if mark is not None and _text(headers.get(_MARK_HEADER)) == mark:
+                marked.set()
+            if marked.is_set():  # written after the read began
+                return
+            if _MARK_HEADER not in headers:  # a record, of any job
+                records += 1
+            bodies = found.get(_text(headers.get(_JOB_HEADER)) or "")
+            if bodies is not None:
+                bodies.append(message.body)
+
+        async with self._channels() as channel:
+            await channel.set_qos(prefetch_count=_HISTORY_PREFETCH)
+            try:
+                await channel.declare_queue(stream, passive=True)
+            except ChannelNotFoundEntity:
+                self._ready = False
+                return None
+            amqp = await channel.get_underlay_channel()
+            await amqp.basic_consume(stream, collect, arguments={"x-stream-offset": "last"})
+            acked = 0
+            try:
+                async with asyncio.timeout(_END_PROBE_S):
+                    await arrived.wait()
+            except TimeoutError:
+                mark = uuid.uuid4().hex  # known before it can arrive
+                await self._append_mark(stream, mark)
+            for _ in range(_END_ROUNDS):
+                if mark is not None:
+                    break
+                await arrived.wait()
+                await amqp.queue_declare(stream, passive=True)  # after what the broker sent
+                if delivered - acked < _HISTORY_PREFETCH:
+                    return _Window(found, first[0], first[0] == 0, records)
+                await amqp.basic_ack(last_tag, multiple=True)
+                acked = delivered
+            if mark is None:
+                mark = uuid.uuid4().hex
+                await self._append_mark(stream, mark)
+            while not marked.is_set():  # up to the marker, acknowledging as it goes
+                await arrived.wait()
+                if delivered > acked:
+                    await amqp.basic_ack(last_tag, multiple=True)
+                    acked = delivered
+                await amqp.queue_declare(stream, passive=True)
+        return _Window(found, first[0], first[0] == 0, records)
+
+    async def _append_mark(self, stream: str, mark: str) -> None:
+        """Append the end marker ``mark`` to ``stream`` (confirmed)."""
+        from aio_pika import Message
+
+        async with self._channels(confirms=True) as writer:
+            await writer.default_exchange.publish(
+                Message(b"", headers={_MARK_HEADER: mark}), stream, mandatory=True
+            )
 
     async def _read_old_queue(self, job: str) -> list[bytes]:
         """The records of ``job``'s per-job history queue of an earlier brokersched

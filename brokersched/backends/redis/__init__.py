@@ -1,12 +1,13 @@
 """Redis backends: ``RedisBackend`` (claim-only) and ``RedisLeaseBackend`` (leases).
 
 Claims (``RedisBackend``)
-    A claim is one ``SET <prefix>:{<job>}:claim:<slot_ms> <instance, run> NX PX <memory>``:
-    the first wins, every later one gets nil while Redis remembers the key (on the server's
-    clock). ``<memory>`` is the fleet's slot memory, the longest ``slot_ttl`` of the instances
-    of the prefix (``<prefix>:slot-memory``; see ``_claim``), so that instances with different
-    ``slot_ttl`` never both win a slot. No retries by the client: an answer lost on the way (a
-    cut connection, a timeout) raises ``BackendError``, and the scheduler skips the slot.
+    A claim is one script (``_scripts.CLAIM``): ``SET <prefix>:{<job>}:claim:<slot_ms>
+    <instance, run> NX PX <memory>``, the first wins, every later one loses while Redis
+    remembers the key (on the server's clock). ``<memory>`` is the fleet's slot memory, the
+    longest ``slot_ttl`` of the instances of the prefix (``<prefix>:slot-memory``; see
+    ``_claim``), so that instances with different ``slot_ttl`` never both win a slot. No
+    retries by the client: an answer lost on the way (a cut connection, a timeout) raises
+    ``BackendError``, and the scheduler skips the slot.
 
 Leases (``RedisLeaseBackend``)
     Each decision (claim, renew, release, the take-over's read and its commit) is one Lua
@@ -23,6 +24,13 @@ Cluster (``cluster=True``)
 Servers
     Redis 5.0 or later (or Valkey): the scripts read ``TIME`` before they write, which needs
     scripts replicated by their effects, the default since 5.0.
+
+Eviction
+    Both backends refuse to start on a ``maxmemory-policy`` other than ``noeviction``, and a
+    claim that would win reads, in the same script, the policy and the server's count of
+    evicted keys (``_scripts._GUARD``): it is not made while the policy evicts, nor when keys
+    were evicted since the slot could first be claimed (its claim, fence or lease may be
+    among them).
 
 Durability
     Redis acknowledges a write before it reaches the disk, and replicas asynchronously: a

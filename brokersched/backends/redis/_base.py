@@ -3,10 +3,12 @@ checks of the server at start (persistence, eviction policy), history.
 
 Key layout (``P`` the prefix, ``J`` the escaped job name)::
 
-    P:{J}:claim:<slot_ms>   RedisBackend: a claimed slot (SET NX PX slot_ttl)
+    P:{J}:claim:<slot_ms>   RedisBackend: a claimed slot (SET NX PX the fleet's slot memory)
     P:{J}:job               RedisLeaseBackend: hash of the fences (fence, manual)
     P:{J}:runs              RedisLeaseBackend: hash slot_ms -> the run being run or handed over
     P:{J}:history           both: list of runs, newest first
+    P:{J}:evictions         both: the eviction count a claim of the job last saw, and since
+                            when (``_scripts._GUARD``)
 
 Every key of a job carries the job's hash tag ``{J}``: on a Redis Cluster every operation on a
 job touches one hash slot, and jobs spread over the nodes. The prefix comes first so that an
@@ -26,7 +28,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ... import _redact
-from ..._clock import Clock, datetime_to_ms
+from ..._clock import Clock, datetime_to_ms, ms_to_datetime
 from ..._durations import Duration, to_ms
 from ..._exceptions import (
     BackendError,
@@ -45,6 +47,7 @@ __all__ = [
     "RedisConnection",
     "check_client_options",
     "claim_key",
+    "evictions_key",
     "hash_tag",
     "history_entry",
     "history_key",
@@ -145,6 +148,10 @@ def runs_key(prefix: str, job: str) -> str:
 
 def history_key(prefix: str, job: str) -> str:
     return f"{prefix}:{hash_tag(job)}:history"
+
+
+def evictions_key(prefix: str, job: str) -> str:
+    return f"{prefix}:{hash_tag(job)}:evictions"
 
 
 # -- options -----------------------------------------------------------------------------------
@@ -499,6 +506,8 @@ class RedisConnection:
                 refusals.append(f"{' '.join(source)} gave no policy for {', '.join(unknown)}")
                 continue
             self._policy_source = source
+            if source == _POLICY_CONFIG:
+                await self._check_guard(client)
             return
         logger.warning(
             "%s could not check the eviction policy of %s (%s): if its maxmemory-policy is not "
@@ -506,6 +515,22 @@ class RedisConnection:
             "would run twice; make sure it is noeviction",
             self.backend, self.redacted, "; ".join(refusals),
         )  # fmt: skip
+
+    async def _check_guard(self, client: Any) -> None:
+        """Claims read the policy and the eviction count with ``INFO`` (``_scripts._GUARD``):
+        where only ``CONFIG`` answers, say that a policy set to evict while running goes
+        unseen."""
+        from redis.exceptions import ResponseError
+
+        try:
+            await self._on_primaries(client, "INFO", "stats")
+        except ResponseError as exc:
+            logger.warning(
+                "%s: INFO is refused on %s (%s): claims cannot read the eviction policy and "
+                "count with each claim, and one set to evict while the backend runs would go "
+                "unseen (a slot could run twice); allow INFO for this user (+info)",
+                self.backend, self.redacted, self._describe(exc),
+            )  # fmt: skip
 
     async def _read_policies(
         self, client: Any, source: tuple[str, ...]
@@ -626,18 +651,59 @@ class RedisConnection:
         calls: Sequence[tuple[list[str], list[str | int]]],
         timeout: float | None = None,
     ) -> list[Any]:
-        """The script once per ``(keys, args)``, pipelined: one round trip (after a check
-        that the script is loaded); per call, its answer or its error. Not on a cluster."""
+        """The script once per ``(keys, args)``, pipelined (``EVALSHA``; on a cluster, to the
+        node of each call's keys): one round trip, two when a node had not loaded it (it is
+        loaded, and the calls it refused with ``NOSCRIPT``, which ran nothing, are sent
+        again); per call, its answer or its error."""
+        script = self._scripts[name]
+        sent = [(keys, self._clocked(name, args)) for keys, args in calls]
 
-        async def run(client: Any) -> list[Any]:
+        async def send(client: Any, which: Sequence[int]) -> list[Any]:
             pipe = client.pipeline(transaction=False)
-            for keys, args in calls:
-                args = self._clocked(name, args)
-                await self._scripts[name](keys=keys, args=args, client=pipe)
+            for n in which:
+                keys, args = sent[n]
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
             answers: list[Any] = await pipe.execute(raise_on_error=False)
             return answers
 
+        async def run(client: Any) -> list[Any]:
+            from redis.exceptions import NoScriptError
+
+            answers = await send(client, range(len(sent)))
+            again = [n for n, answer in enumerate(answers) if isinstance(answer, NoScriptError)]
+            if again:
+                await client.script_load(script.script)  # every primary of a cluster
+                for n, answer in zip(again, await send(client, again), strict=True):
+                    answers[n] = answer
+            return answers
+
         return await self.call(action, run, timeout)
+
+    def refusal(self, answer: Sequence[Any], what: str) -> BackendError | None:
+        """The eviction guard's refusal (``_scripts._GUARD``) as the error that skips the
+        slot, ``what`` saying what was not done ("the claim of job:1700000000000"); ``None``
+        for any other answer."""
+        kind = _text(answer[0]) if answer else None
+        if kind == "evicting":
+            return BackendError(
+                f"{self.backend}: {what} is not made: {self.redacted} may evict keys "
+                f"(maxmemory-policy {_text(answer[1])}, read with the claim): Redis could "
+                "evict the claims, fences and leases brokersched keeps, and the slot would "
+                "run twice; only maxmemory-policy noeviction is accepted (CONFIG SET "
+                "maxmemory-policy noeviction, and in redis.conf or the managed service's "
+                "parameter group)"
+            )
+        if kind == "evicted":
+            count, since = _text(answer[1]), int(_text(answer[2]))
+            return BackendError(
+                f"{self.backend}: {what} is not made: {self.redacted} may have evicted keys "
+                "since a claim of this slot could have been made (evicted_keys "
+                f"{count} in INFO stats, first seen by a claim of this job at {_utc(since)}, "
+                "the server's clock): that claim may have been evicted and the slot run "
+                "already; slots that fall due later are claimed again. Redis evicts keys only "
+                "under a maxmemory-policy other than noeviction: keep noeviction"
+            )
+        return None
 
     def translate(self, action: str) -> AbstractContextManager[None]:
         """redis-py's errors (and timeouts) become ``BackendError``, with the password
@@ -789,6 +855,15 @@ def _info_dict(answer: object) -> dict[str, Any]:
 def _evicting(policies: Sequence[tuple[str, str | None]]) -> list[tuple[str, str]]:
     """The ``(where, policy)`` that may evict a key: any known policy but ``noeviction``."""
     return [(where, p) for where, p in policies if p is not None and p != "noeviction"]
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _utc(ms: int) -> str:
+    """An instant of the server's clock as ``2026-01-02T03:04:05.678Z``."""
+    return ms_to_datetime(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _says_auth(exc: BaseException) -> bool:

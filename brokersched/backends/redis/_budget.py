@@ -8,9 +8,12 @@ Memory sheds only under an evicting policy: near ``maxmemory`` Redis evicts keys
 a claim or a lease written then can be evicted and its slot run twice, so from ``SHED`` the
 backend makes no new claim (``RedisBackend``) nor lease (``RedisLeaseBackend``): those slots
 are skipped (``backend-error``, "shedding"), never run twice. (Both backends refuse to start
-on an evicting policy; this covers one set while they run.) Under ``noeviction`` a full Redis
-refuses writes and claims fail closed by themselves: the reading only warns. Clients only
-warn: a full server refuses new connections, and claims fail closed.
+on an evicting policy, and each claim reads the policy itself and refuses one set while they
+run (``_scripts._GUARD``): a reading every ``budget_interval`` could not, as a burst between
+two readings evicts claims made before it; the shedding adds the warning and the metric.)
+Under ``noeviction`` a full Redis refuses writes and claims fail closed by themselves: the
+reading only warns. Clients only warn: a full server refuses new connections, and claims fail
+closed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""RedisBackend: claim-only, one ``SET key value NX PX <memory>`` per slot.
+"""RedisBackend: claim-only, one ``SET key value NX PX <memory>`` per slot, in a script
+behind the eviction guard (``_scripts.CLAIM``).
 
 One slot memory per fleet (the rules: ``backends/_claims.py``)
     A claim key lives as long as its *winner* said. Were that each instance's own
@@ -10,12 +11,12 @@ One slot memory per fleet (the rules: ``backends/_claims.py``)
 
     * ``start()`` adopts the record's memory when it is longer than ``slot_ttl``, and raises
       it (``FLEET_MEMORY``, one script) when ``slot_ttl`` is longer; no record: it makes it.
-    * A claim reads the record in the same round trip (a pipeline: ``HMGET`` then the
-      ``SET``) unless this instance read it ``max_clock_skew`` after the slot fell due already
-      (the common case when several jobs share an instant; a claim is then the ``SET`` alone):
+    * A claim reads the record first (one more round trip, shared by the claims of one
+      instant) unless this instance read it ``max_clock_skew`` after the slot fell due already
+      (the common case when several jobs share an instant; a claim is then its script alone):
       any change of the record that matters to a slot is then in the view. If the read shows a
-      longer memory (a raise this instance had not seen), a claim that won extends its key to
-      it (``PEXPIRE``) and the instance adopts it for later claims.
+      longer memory (a raise this instance had not seen), the instance adopts it, and the
+      claim is made with it.
     * Every claim is made before its deadline (``_claims.claim_deadline_ms``): a slot that
       fell due before a raise from ``m`` (within the clocks' skew) is claimed at most ``m``
       late, one that fell due before the record was made not late at all (fail closed,
@@ -56,7 +57,7 @@ from .._claims import (
 from .._keywords import own_options
 from .._lease import check_max_clock_skew
 from . import _ops
-from ._base import RedisConnection, check_client_options, claim_key
+from ._base import RedisConnection, check_client_options, claim_key, evictions_key
 from ._fleet import FleetRecords
 
 __all__ = ["RedisBackend", "slot_memory_key"]
@@ -97,8 +98,8 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
     (``retry`` and ``decode_responses`` are brokersched's own: given ones are ignored).
     History: a list per job, trimmed to ``history_size`` (and ``history_ttl``) on each write.
     ``budget_interval``: how often the server's budget (``budget``) is read while started
-    (``None``: never); under an evicting policy, from 80 % of ``maxmemory`` no claim is made
-    (the slot is skipped, never run twice) until back under 60 % (``_budget``).
+    (``None``: never); under an evicting policy, from 80 % of ``maxmemory`` it sheds until back
+    under 60 % (``_budget``), though each claim refuses such a policy by itself.
     """
 
     def __init__(
@@ -234,7 +235,7 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
     async def claim_many(
         self, claims: Sequence[Claim], *, instance_id: str, timeout: float
     ) -> list[bool | Exception]:
-        """One pipelined round trip: a ``SET NX`` per claim, after a read of the fleet's slot
+        """One pipelined round trip: a claim's script per claim, after a read of the fleet's slot
         memory unless it is known for every slot (as ``claim()`` does for each)."""
         pairs = [(claim.slot, claim.run_id) for claim in claims]
         return await self._claim(pairs, instance_id, timeout, memory_ms=None)
@@ -271,8 +272,12 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
         memory = self._memory
         assert memory is not None
         px = max(memory.memory_ms, memory_ms or 0)
+        # The earliest a claim of the slot can have been made (the eviction guard's window): a
+        # boot window is claimed within BOOT_MEMORY before the instant that names it.
+        before_ms = self._skew_ms + (0 if memory_ms is None else to_ms(BOOT_MEMORY))
         outcomes: list[bool | Exception] = []
-        sent: list[tuple[int, str, str]] = []  # (index, key, value)
+        sent: list[tuple[int, Slot]] = []  # (index, slot)
+        calls: list[tuple[list[str], list[str | int]]] = []
         for n, (slot, run_id) in enumerate(claims):
             try:
                 if memory_ms is None:
@@ -284,34 +289,29 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
                 continue
             outcomes.append(False)
             value = json.dumps({"instance_id": instance_id, "run_id": run_id}, separators=_COMPACT)
-            sent.append((n, claim_key(self.prefix, slot), value))
+            keys = [claim_key(self.prefix, slot), evictions_key(self.prefix, slot.job)]
+            calls.append((keys, [value, px, slot.slot_ms - before_ms]))
+            sent.append((n, slot))
         if not sent:
             return outcomes
-
-        async def set_all(client: Any) -> list[Any]:
-            pipe = client.pipeline(transaction=False)
-            for _, key, value in sent:
-                pipe.set(key, value, nx=True, px=px)
-            answers: list[Any] = await pipe.execute(raise_on_error=False)
-            return answers
-
         action = f"claim {claims[0][0].key}" if len(claims) == 1 else f"claim {len(sent)} slots"
         try:
-            answers = await self._redis.call(action, set_all, timeout)
+            answers = await self._redis.scripts("CLAIM", action, calls, timeout)
         except BackendError as exc:
             if len(claims) == 1:
                 raise
-            for n, _, _ in sent:
+            for n, _ in sent:
                 outcomes[n] = exc
             return outcomes
-        for (n, key, _), answer in zip(sent, answers, strict=True):
-            if isinstance(answer, Exception):
-                error = BackendError(f"{self.name} could not claim {key}: {answer}")
-                if len(claims) == 1:
-                    raise error
-                outcomes[n] = error
-            else:
-                outcomes[n] = answer is True
+        for (n, slot), answer in zip(sent, answers, strict=True):
+            failed = (
+                BackendError(f"{self.name} could not claim {slot.key}: {answer}")
+                if isinstance(answer, Exception)
+                else self._redis.refusal(answer, f"the claim of {slot.key}")
+            )
+            if failed is not None and len(claims) == 1:
+                raise failed
+            outcomes[n] = failed if failed is not None else answer[0] == b"won"
         return outcomes
 
     async def _read_record(self, timeout: float) -> None:

@@ -37,6 +37,7 @@ from . import _ops
 from ._base import (
     RedisConnection,
     check_client_options,
+    evictions_key,
     history_entry,
     history_key,
     job_key,
@@ -117,9 +118,15 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         if (budget := self._redis.budget) is not None:
             budget.refuse_if_shedding(what)
 
-    def _keys(self, job: str, *, history: bool = False) -> list[str]:
+    def _keys(self, job: str, *, history: bool = False, guard: bool = False) -> list[str]:
+        """The job's fences and runs, then its history (``history``), then its eviction
+        record (``guard``: for the scripts that pass the eviction guard)."""
         keys = [job_key(self.prefix, job), runs_key(self.prefix, job)]
-        return [*keys, history_key(self.prefix, job)] if history else keys
+        if history:
+            keys.append(history_key(self.prefix, job))
+        if guard:
+            keys.append(evictions_key(self.prefix, job))
+        return keys
 
     # -- leases ------------------------------------------------------------------------------
 
@@ -136,10 +143,10 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         self._refuse_if_shedding(f"the lease of {slot.key} is not taken")
         token, claim = new_token(), Claim(slot, run_id, policy, reason)
         args = self._acquire_args(claim, token, instance_id)
-        status, now = await self._redis.script(
-            "ACQUIRE", "claim " + slot.key, self._keys(slot.job), args, timeout
+        answer = await self._redis.script(
+            "ACQUIRE", "claim " + slot.key, self._keys(slot.job, guard=True), args, timeout
         )
-        return self._granted(claim, token, status, now)
+        return self._granted(claim, token, answer)
 
     def _acquire_args(self, claim: Claim, token: str, instance_id: str) -> list[str | int]:
         return [
@@ -149,9 +156,12 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         ]  # fmt: skip
 
     def _granted(
-        self, claim: Claim, token: str, status: bytes, now: bytes
+        self, claim: Claim, token: str, answer: list[bytes]
     ) -> Lease | Literal["overlap", "not-acquired"]:
         slot = claim.slot
+        if (refused := self._redis.refusal(answer, f"the lease of {slot.key}")) is not None:
+            raise refused
+        status, now = answer
         granted = status == b"granted"
         self._check_slot_time(slot, int(now), self._redis.clock, granted=granted)
         if granted:
@@ -170,7 +180,7 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
             return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
         tokens = [new_token() for _ in claims]
         calls = [
-            (self._keys(claim.slot.job), self._acquire_args(claim, token, instance_id))
+            (self._keys(claim.slot.job, guard=True), self._acquire_args(claim, token, instance_id))
             for claim, token in zip(claims, tokens, strict=True)
         ]
         try:
@@ -186,8 +196,8 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
                 outcomes.append(BackendError(f"{self.name} could not claim {key}: {answer}"))
                 continue
             try:
-                outcomes.append(self._granted(claim, token, *answer))
-            except BackendError as exc:  # ClockSkewError
+                outcomes.append(self._granted(claim, token, answer))
+            except BackendError as exc:  # ClockSkewError, the eviction guard's refusal
                 outcomes.append(exc)
         return outcomes
 
@@ -243,7 +253,7 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
     async def _take_over_job(self, policy: JobPolicy, instance_id: str) -> list[Lease]:
         """One script reads the job's runs (and the server's clock), the lease protocol
         decides (``_lease.decide``), one script commits what changed if nothing else did."""
-        keys = self._keys(policy.name, history=True)
+        keys = self._keys(policy.name, history=True, guard=True)
         scan = await self._redis.script(
             "SCAN_RUNS", f"look for dead runs of {policy.name}", keys[:2], []
         )
@@ -280,10 +290,13 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
                 restart.attempt if restart else 0, started,
                 "" if record is None else history_entry(record),
             ]  # fmt: skip
-        committed = await self._redis.script(
+        answer = await self._redis.script(
             "COMMIT_TAKE_OVER", f"take over the slots of {policy.name}", keys, args
         )
-        return [restarts[int(slot)] for slot in committed if int(slot) in restarts]
+        what = f"the take-over of {', '.join(lease.slot.key for lease in taken.leases)}"
+        if (refused := self._redis.refusal(answer, what)) is not None:
+            raise refused
+        return [restarts[int(slot)] for slot in answer[1:] if int(slot) in restarts]
 
     # -- history -----------------------------------------------------------------------------
 

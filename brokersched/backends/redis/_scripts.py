@@ -11,12 +11,16 @@ A run in ``<job>:runs`` (field: the slot in ms) is a JSON object of strings: ``s
 (``running`` or ``handover``), ``token``, ``run_id``, ``instance_id``, ``attempt``,
 ``reason``, ``started`` (ms, the scheduler's clock, for the history) and ``expires`` (ms, the
 server's clock). A run that ends is deleted: the fences in ``<job>:job`` keep its slot claimed.
+
+A claim (``CLAIM``, ``ACQUIRE``) that would win, and a take-over (``COMMIT_TAKE_OVER``) that
+would restart a run, first pass the eviction guard (``_GUARD``), in the same atomic step.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "ACQUIRE",
+    "CLAIM",
     "CLOCKED",
     "COMMIT_TAKE_OVER",
     "FLEET_MEMORY",
@@ -41,6 +45,63 @@ local function num(value)
   return string.format('%.0f', value)
 end
 """
+
+# The eviction guard. A claim rests on keys being there: a claim key, a fence, a live lease. Only
+# eviction makes Redis drop such a key before its time (besides a restart without an append-only
+# file, or a hand), and Redis evicts only under a maxmemory-policy other than noeviction, and
+# counts every key it evicts (evicted_keys in INFO stats; since the server started or CONFIG
+# RESETSTAT). So, read in the same atomic step as the decision (no eviction can come between):
+# * an evicting policy refuses the decision, and nothing is written: {'evicting', policy};
+# * otherwise the count must be what it was at the job's record (KEYS: <job>:evictions, a hash:
+#   count, and since: when, on the server's clock, a decision first saw that count) since
+#   before `start`, the earliest time a key this decision rests on can have been written: no
+#   key of the job was evicted since then. A count not seen before (a policy that was evicting,
+#   and is noeviction again) is noted as seen now: decisions resting on keys written before
+#   are refused {'evicted', count, since}; slots of later times pass. A record made while the
+#   count is 0 says "since ever" (0): nothing was ever evicted.
+# INFO refused (an ACL, a renamed command) leaves the decision unguarded, as a start that
+# could not read the policy warned. The record carries no TTL: an evicting policy other than
+# allkeys-* cannot evict it, and evicting it moves the count.
+_GUARD = """
+local function info_field(section, name)
+  local info = redis.pcall('INFO', section)
+  if type(info) ~= 'string' then return nil end
+  local at = string.find(info, '\\n' .. name .. ':', 1, true)
+  if not at then return nil end
+  return string.match(info, '^[%w%-]+', at + #name + 2)
+end
+local function eviction_guard(record, start, now)
+  local policy = info_field('memory', 'maxmemory_policy')
+  if policy and policy ~= 'noeviction' then return {'evicting', policy} end
+  local count = info_field('stats', 'evicted_keys')
+  if not count then return nil end
+  local seen = redis.call('HMGET', record, 'count', 'since')
+  local since = tonumber(seen[2])
+  if seen[1] ~= count then
+    since = now
+    if not seen[1] and count == '0' then since = 0 end
+    redis.call('HSET', record, 'count', count, 'since', num(since))
+  end
+  if since <= start then return nil end
+  return {'evicted', count, num(since)}
+end
+"""
+
+#: KEYS: the claim, the job's evictions record. ARGV: the claim's value, its memory (ms), the
+#: earliest time (ms) a claim of the slot can have been made. Returns {'won'}, {'lost'} (the
+#: key was there) or the guard's refusal (``_GUARD``): ``SET NX PX`` behind the guard, which
+#: only a claim that would win pays for.
+CLAIM = (
+    _NOW
+    + _GUARD
+    + """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'lost'} end
+local refused = eviction_guard(KEYS[2], tonumber(ARGV[3]), now_ms())
+if refused then return refused end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {'won'}
+"""
+)
 
 # Newest first; trimmed to the size, then (with a cutoff) from the oldest end while the oldest
 # started before the cutoff; the whole list expires history_ttl after its last write, when
@@ -74,13 +135,17 @@ return 1
 """
 )
 
-#: KEYS: job, runs. ARGV: slot, reason, allow ('1': overlap allowed), ttl ms, max skew ms,
-#: token, run_id, instance_id, started ms. Returns {status, now}: status 'granted', 'overlap',
-#: 'not-acquired' or 'skew' (the slot is further ahead of the server's clock than the skew).
+#: KEYS: job, runs, evictions. ARGV: slot, reason, allow ('1': overlap allowed), ttl ms, max
+#: skew ms, token, run_id, instance_id, started ms. Returns {status, now}: status 'granted',
+#: 'overlap', 'not-acquired' or 'skew' (the slot is further ahead of the server's clock than the
+#: skew); or, instead of a grant, the guard's refusal (``_GUARD``: a fence of the slot was
+#: written from the slot less the skew on, and a live lease that overlap rests on within the
+#: last ttl, as its runner notices an evicted lease at its next renewal).
 #: Mirrors MemoryBackend.acquire: the fence of the reason (manual runs have their own), a
 #: catch-up only for a job claimed before, a slot whose run is still there, overlap.
 ACQUIRE = (
     _NOW
+    + _GUARD
     + """
 local now = now_ms()
 local slot = tonumber(ARGV[1])
@@ -109,6 +174,9 @@ if ARGV[3] ~= '1' then
     end
   end
 end
+local start = math.min(slot - tonumber(ARGV[5]), now - tonumber(ARGV[4]))
+local refused = eviction_guard(KEYS[3], start, now)
+if refused then return refused end
 redis.call('HSET', KEYS[1], field, ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[1], cjson.encode({
   state = 'running', token = ARGV[6], run_id = ARGV[7], instance_id = ARGV[8],
@@ -169,11 +237,12 @@ return out
 """
 )
 
-#: KEYS: job, runs, history. ARGV: the fence and manual fence SCAN_RUNS saw ('' for none),
-#: ttl ms, history_size, cutoff ms or '', history_ttl ms or '', overlap skip ('1' or '0'), then
-#: 8 per dead run: slot, its token, the new token ('' drops the run), run_id, instance_id,
-#: attempt, started ms, the interrupted record's history entry ('' for none). Returns the slots
-#: committed.
+#: KEYS: job, runs, history, evictions. ARGV: the fence and manual fence SCAN_RUNS saw ('' for
+#: none), ttl ms, history_size, cutoff ms or '', history_ttl ms or '', overlap skip ('1' or
+#: '0'), then 8 per dead run: slot, its token, the new token ('' drops the run), run_id,
+#: instance_id, attempt, started ms, the interrupted record's history entry ('' for none).
+#: Returns {'ok', the slots committed...}, or the guard's refusal (``_GUARD``, over the last
+#: ttl: a live lease the overlap check rests on) when a run would be restarted.
 #:
 #: Optimistic: nothing is written if a fence moved since the scan (the decision whether a slot
 #: is still the latest may be wrong), or, with overlap skip, if a restart would overlap a run
@@ -183,27 +252,32 @@ return out
 COMMIT_TAKE_OVER = (
     _NOW
     + _PUSH
+    + _GUARD
     + """
 local fence = redis.call('HGET', KEYS[1], 'fence') or ''
 local manual = redis.call('HGET', KEYS[1], 'manual') or ''
-if fence ~= ARGV[1] or manual ~= ARGV[2] then return {} end
+if fence ~= ARGV[1] or manual ~= ARGV[2] then return {'ok'} end
 local now = now_ms()
 local ttl = tonumber(ARGV[3])
+local restarting = {}
+for i = 8, #ARGV, 8 do
+  if ARGV[i + 2] ~= '' then restarting[ARGV[i]] = true end
+end
 if ARGV[7] == '1' then
-  local restarting = {}
-  for i = 8, #ARGV, 8 do
-    if ARGV[i + 2] ~= '' then restarting[ARGV[i]] = true end
-  end
   local runs = redis.call('HGETALL', KEYS[2])
   for i = 1, #runs, 2 do
     local run = cjson.decode(runs[i + 1])
     if next(restarting) and not restarting[runs[i]] and run.state == 'running'
         and tonumber(run.expires) > now then
-      return {}
+      return {'ok'}
     end
   end
 end
-local done = {}
+if next(restarting) then
+  local refused = eviction_guard(KEYS[4], now - ttl, now)
+  if refused then return refused end
+end
+local done = {'ok'}
 for i = 8, #ARGV, 8 do
   local slot = ARGV[i]
   local raw = redis.call('HGET', KEYS[2], slot)
@@ -233,7 +307,7 @@ return done
 
 #: The scripts whose first argument is the store time override (see ``_NOW``).
 CLOCKED = frozenset(
-    ("ACQUIRE", "RENEW", "RELEASE", "SCAN_RUNS", "COMMIT_TAKE_OVER", "FLEET_MEMORY")
+    ("ACQUIRE", "CLAIM", "RENEW", "RELEASE", "SCAN_RUNS", "COMMIT_TAKE_OVER", "FLEET_MEMORY")
 )
 
 #: KEYS: the fleet's slot memory record (a hash). ARGV: this instance's slot_ttl ms, the

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 import aio_pika
 import aiormq.exceptions
@@ -18,6 +19,7 @@ from brokersched import BackendError
 from brokersched.abc import JobPolicy
 from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
+    _history,
     history_queue_name,
     history_stream_name,
 )
@@ -133,11 +135,24 @@ async def stream_headers(
 
 
 async def test_reads_asked_together_share_one_scan(
-    backend: RabbitMQBackend, raw: aio_pika.abc.AbstractConnection, prefix: str
+    backend: RabbitMQBackend,
+    raw: aio_pika.abc.AbstractConnection,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A page listing every job's last run asks for all of them at once; jobs that never ran
     make a read step back over the whole stream. The reads asked together are one scan (one
-    end marker appended), each answered with its own job's records."""
+    read of the stream's end), each answered with its own job's records, and they write
+    nothing to the stream."""
+    ends = 0
+    read_end = _history.History._read_end
+
+    async def counted(self: _history.History, jobs: Iterable[str]) -> Any:
+        nonlocal ends
+        ends += 1
+        return await read_end(self, jobs)
+
+    monkeypatch.setattr(_history.History, "_read_end", counted)
     a, busy = JobPolicy("a", history_size=10), JobPolicy("busy", history_size=10)
     never = [JobPolicy(f"n{k}", history_size=10) for k in range(4)]
     await backend.record(a, run_record("a", SLOT, 0))
@@ -156,7 +171,8 @@ async def test_reads_asked_together_share_one_scan(
         backend.history(a, 1), backend.history(busy, 2), *(backend.history(p, 1) for p in never)
     )
     assert [ids(answer) for answer in answers] == [["run-0"], ["run-299", "run-298"]] + [[]] * 4
-    assert marks(await stream_headers(raw, stream)) - before == 1
+    assert ends == 1
+    assert marks(await stream_headers(raw, stream)) == before == 0
 
 
 async def test_concurrent_writers_and_readers_of_several_jobs(
@@ -238,6 +254,58 @@ async def test_an_old_per_job_history_queue_is_read_with_the_stream_and_reported
     while (await channel.declare_queue(queue, passive=True)).declaration_result.message_count != 3:
         assert asyncio.get_running_loop().time() < deadline, "the old queue did not hold 3 again"
         await asyncio.sleep(0.05)
+
+
+async def test_reads_alone_never_push_a_rare_jobs_run_out_of_the_scan(
+    backend: RabbitMQBackend,
+    raw: aio_pika.abc.AbstractConnection,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A read steps back over a bounded number of records (32,000; 300 here): a rare job's
+    only run, followed by 250 of a busy job's, is in view, and stays in view however often
+    the history is read (a dashboard every 10 s) while nothing is recorded. Fails when each
+    read appends an end marker: 100 reads push the rare run past the bound. The 100 markers
+    that reads of an earlier release appended are read over, not counted."""
+    monkeypatch.setattr(_history, "_HISTORY_SCAN_MAX", 300)
+    rare, busy = JobPolicy("rare", history_size=5), JobPolicy("busy", history_size=5)
+    await backend.record(rare, run_record("rare", SLOT, 0))
+    semaphore = asyncio.Semaphore(32)
+
+    async def write(n: int) -> None:
+        async with semaphore:
+            await backend.record(busy, run_record("busy", SLOT + n, 100 + n))
+
+    await asyncio.gather(*(write(n) for n in range(1, 251)))
+    assert ids(await backend.history(rare, 5)) == ["run-0"]
+    for _ in range(100):
+        assert len(await backend.history(busy, 1)) == 1
+    assert ids(await backend.history(rare, 5)) == ["run-0"]
+    stream = history_stream_name(prefix)
+    headers = await stream_headers(raw, stream)
+    assert sum("bs-job" in each for each in headers) == 251
+
+    channel = await raw.channel(publisher_confirms=True)
+    for n in range(100):  # as each read of an earlier release did
+        await channel.default_exchange.publish(
+            aio_pika.Message(b"", headers={"bs-mark": f"{n}"}), stream
+        )
+    await channel.close()
+    assert ids(await backend.history(rare, 5)) == ["run-0"]
+
+
+async def test_a_read_of_an_empty_stream_ends(
+    backend: RabbitMQBackend, raw: aio_pika.abc.AbstractConnection, prefix: str
+) -> None:
+    """A stream made at start before any record sends a reader nothing to find its end by:
+    the read appends one end marker and answers; later reads find the end without one."""
+    await backend.prepare([JobPolicy("job")])  # declares the history stream
+    stream = history_stream_name(prefix)
+    assert await queue_exists(raw, stream)
+    for _ in range(3):
+        assert await backend.history(JobPolicy("job", history_size=5), 5) == []
+    headers = await stream_headers(raw, stream)
+    assert [sorted(each) for each in headers] == [["bs-mark", "x-stream-offset"]]
 
 
 async def test_a_history_longer_than_a_window_is_read_whole(backend: RabbitMQBackend) -> None:

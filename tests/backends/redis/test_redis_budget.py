@@ -2,7 +2,8 @@
 --maxmemory 4mb``, a free port, stopped at the end), read at start and every
 ``budget_interval`` of the backend's virtual clock: filled under an evicting policy, the
 backend sheds (no new claim nor lease: the slot is skipped, never run twice) and the metric
-says so; emptied, it claims again; under ``noeviction`` a full server only warns."""
+says so; emptied, it sheds no more (though every claim, reading the policy itself, is refused
+until it is ``noeviction`` again); under ``noeviction`` a full server only warns."""
 
 from __future__ import annotations
 
@@ -92,6 +93,10 @@ async def test_an_evicting_server_near_maxmemory_sheds_claims_and_the_metric_sho
         assert backend.budget is not None and backend.budget.state == "ok"
         assert sample("brokersched_broker_shedding") == 0.0
         third = Slot("tick", first.slot_ms + 2000)
+        # No longer shedding, but each claim reads the policy itself: still refused ...
+        with pytest.raises(BackendError, match=r"\(maxmemory-policy allkeys-lru, read with"):
+            await backend.claim(third, instance_id="a", run_id="r3", timeout=2)
+        admin.config_set("maxmemory-policy", "noeviction")  # ... until it is noeviction
         assert await backend.claim(third, instance_id="a", run_id="r3", timeout=2)
     finally:
         admin.close()

@@ -8,21 +8,25 @@ session's cluster and puts it back.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from brokersched import ConfigurationError
-from brokersched._clock import SystemClock
-from brokersched.abc import JobPolicy
+from brokersched import BackendError, ConfigurationError, JobContext, Scheduler, SkipEvent
+from brokersched._clock import SystemClock, ms_to_datetime
+from brokersched.abc import JobPolicy, Slot
 from brokersched.backends.redis import RedisBackend, RedisLeaseBackend
 from brokersched.testing import TestClock
 from brokersched.testing.conformance import make_record
+from tests.support.leases import acquire
 from tests.support.redis_helpers import RedisServer, readme_acl, redis_cluster_url
+from tests.support.wait import until
 
 __all__ = ["redis_cluster_url"]
 
@@ -206,3 +210,234 @@ async def test_every_primary_of_a_cluster_is_checked(redis_cluster_url: str) -> 
     backend = RedisBackend(redis_cluster_url, cluster=True)
     await backend.start(CLOCK)  # every primary noeviction again
     await backend.stop()
+
+
+# -- a policy set to evict while the backends run ------------------------------------------------
+
+HIDDEN_CONFIG = ("--rename-command", "CONFIG", "admin-config")  # managed Redis: no CONFIG
+
+
+def set_policy(admin: redis.Redis, policy: str, *, hidden: bool) -> None:
+    command = "admin-config" if hidden else "CONFIG"
+    admin.execute_command(command, "SET", "maxmemory-policy", policy)  # type: ignore[no-untyped-call]
+
+
+def evict(admin: redis.Redis, key: str) -> int:
+    """Write filler keys (8 KB, no TTL) until Redis has evicted ``key``; how many."""
+    count = 0
+    while admin.exists(key):
+        try:
+            admin.set(f"fill:{count}", b"x" * 8192)
+        except redis.exceptions.OutOfMemoryError:  # nothing left it may evict: it must be gone
+            break
+        count += 1
+        assert count < 20_000, f"{key} was never evicted"
+    assert admin.exists(key) == 0
+    return count
+
+
+def unfill(admin: redis.Redis) -> None:
+    keys = list(admin.scan_iter("fill:*", count=1000))
+    for start in range(0, len(keys), 500):
+        admin.delete(*keys[start : start + 500])
+
+
+async def claim(backend: Backend, slot: Slot, instance: str) -> bool:
+    """The slot's claim by ``instance``: won (a lease is released at once: its run ended)."""
+    if isinstance(backend, RedisBackend):
+        return await backend.claim(slot, instance_id=instance, run_id=instance, timeout=5)
+    lease = await acquire(backend, slot, instance=instance, timeout=5)
+    if isinstance(lease, str):
+        return False
+    await backend.release(lease)
+    return True
+
+
+async def due(slot_ms: int) -> Slot:
+    """The slot of job ``job`` at ``slot_ms``, once it has fallen due (real time: the
+    eviction guard judges a claim against the server's clock)."""
+    await until(lambda: CLOCK.now_ms() >= slot_ms, what="the slot to fall due")
+    return Slot("job", slot_ms)
+
+
+async def claims(backends: list[Backend], slot: Slot) -> list[bool | BaseException]:
+    """Every backend claims ``slot`` at the same moment."""
+    return await asyncio.gather(
+        *(claim(backend, slot, f"late{n}") for n, backend in enumerate(backends)),
+        return_exceptions=True,
+    )
+
+
+@pytest.mark.parametrize("hidden", [False, True], ids=["config", "no-config"])
+@pytest.mark.parametrize(
+    ("kind", "policy"),
+    [(RedisBackend, "volatile-lru"), (RedisLeaseBackend, "allkeys-lru")],
+    ids=["claims", "leases"],
+)
+async def test_a_policy_set_to_evict_while_running_runs_no_slot_twice(
+    servers: list[RedisServer], tmp_path: Path, kind: type[Backend], policy: str, hidden: bool
+) -> None:
+    """A slot is claimed and run; then the policy is set to evict (``volatile-lru`` evicts
+    RedisBackend's claim keys, the only keys with a TTL; ``allkeys-lru`` the lease backend's
+    fences) and a burst evicts that claim. Late claims of the slot, made together by three
+    other instances, are refused naming the policy, as they read it with the claim (through
+    INFO where CONFIG is disabled); once the policy is noeviction again, they are refused
+    naming the evictions; a slot that falls due afterwards is claimed again."""
+    args = HIDDEN_CONFIG if hidden else ()
+    server = start_server(servers, tmp_path / "runtime", "noeviction", "--maxmemory", "4mb", *args)
+    admin = redis.Redis(port=server.port)
+    extra = {"lease_ttl": "2s", "max_clock_skew": "1s"} if kind is RedisLeaseBackend else {}
+    backends = [kind(server.url, prefix="evict", budget_interval=None, **extra) for _ in range(4)]
+    for backend in backends:
+        await backend.start(CLOCK)
+    winner, late = backends[0], backends[1:]
+    try:
+        slot = await due(CLOCK.now_ms() + 500)  # after the fleet's record was made
+        assert await claim(winner, slot, "winner")  # ... and run
+        decided = (
+            f"evict:{{job}}:claim:{slot.slot_ms}" if kind is RedisBackend else "evict:{job}:job"
+        )
+        set_policy(admin, policy, hidden=hidden)
+        evict(admin, decided)
+
+        refused = await claims(late, slot)
+        assert all(isinstance(outcome, BackendError) for outcome in refused), refused
+        for outcome in refused:
+            message = str(outcome)
+            assert message.startswith(f"{kind.__name__}: the ") and " is not made: " in message
+            assert f"(maxmemory-policy {policy}, read with the claim)" in message
+            assert "only maxmemory-policy noeviction is accepted" in message
+        assert admin.exists(decided) == 0  # a refused claim writes nothing
+
+        set_policy(admin, "noeviction", hidden=hidden)
+        unfill(admin)
+        refused = await claims(late, slot)
+        assert all(isinstance(outcome, BackendError) for outcome in refused), refused
+        evicted = admin.info("stats")["evicted_keys"]
+        for outcome in refused:
+            assert f"(evicted_keys {evicted} in INFO stats, first seen by a claim" in str(outcome)
+            assert "keep noeviction" in str(outcome)
+
+        later = await due(CLOCK.now_ms() + 2500)  # past the clocks' skew and a lease's life
+        assert sorted(await claims(late, later), key=str) == [False, False, True]
+    finally:
+        admin.close()
+        for backend in backends:
+            await backend.stop()
+
+
+@pytest.mark.parametrize(
+    ("kind", "policy"),
+    [(RedisBackend, "volatile-lru"), (RedisLeaseBackend, "allkeys-lru")],
+    ids=["claims", "leases"],
+)
+async def test_an_evicting_policy_set_under_a_running_fleet_runs_no_slot_twice(
+    servers: list[RedisServer], tmp_path: Path, kind: type[Backend], policy: str
+) -> None:
+    """Three schedulers run one job; each has a virtual clock of its own, kept on real time
+    (the guard judges claims on the server's): A runs a slot; the policy is set to evict and a
+    burst evicts A's claim; B's clock reaches that slot late, then, with the policy back to
+    noeviction, C's. The slot ran once: B and C skip it as ``backend-error``, saying why; the
+    next slot runs once."""
+    server = start_server(servers, tmp_path / "fleet", "noeviction", "--maxmemory", "4mb")
+    admin = redis.Redis(port=server.port)
+    extra = {"lease_ttl": "2s", "max_clock_skew": "1s"} if kind is RedisLeaseBackend else {}
+    runs: list[tuple[str, int]] = []
+    skips: dict[str, list[SkipEvent]] = {"a": [], "b": [], "c": []}
+    clocks = {name: TestClock(datetime.now(UTC)) for name in skips}
+    fleet: dict[str, Scheduler[Any]] = {}
+    for name, clock in clocks.items():
+        backend = kind(server.url, prefix="fleet", budget_interval=None, **extra)
+        scheduler = Scheduler(backend, clock=clock, jitter=0, instance_id=name)
+
+        async def tick(ctx: JobContext) -> None:
+            runs.append((ctx.instance_id, ctx.slot_ms))
+
+        scheduler.every("tick", "4s", tick)
+        scheduler.on("skip", skips[name].append)
+        fleet[name] = scheduler
+    try:
+        for scheduler in fleet.values():
+            await scheduler.start()
+        first = (CLOCK.now_ms() // 4000 + 1) * 4000  # the first slot after the fleet's start
+        await due(first)
+        await clocks["a"].advance_to(ms_to_datetime(first))
+        assert runs == [("a", first)]
+
+        admin.config_set("maxmemory-policy", policy)
+        evict(
+            admin, f"fleet:{{tick}}:claim:{first}" if kind is RedisBackend else "fleet:{tick}:job"
+        )
+        await clocks["b"].advance_to(ms_to_datetime(first + 500))  # late, within max_late
+        admin.config_set("maxmemory-policy", "noeviction")
+        unfill(admin)
+        await clocks["c"].advance_to(ms_to_datetime(first + 600))
+        assert runs == [("a", first)]
+        (b,) = [skip for skip in skips["b"] if skip.slot_ms == first]
+        (c,) = [skip for skip in skips["c"] if skip.slot_ms == first]
+        assert b.reason == c.reason == "backend-error"
+        assert f"(maxmemory-policy {policy}, read with the claim)" in (b.detail or "")
+        assert "may have evicted keys since a claim of this slot" in (
+            c.detail or ""
+        ) and "keep noeviction" in (c.detail or "")
+
+        after = first + 4000
+        await due(after)
+        for clock in clocks.values():
+            await clock.advance_to(ms_to_datetime(after))
+        assert [slot for _, slot in runs] == [first, after]
+    finally:
+        for scheduler in fleet.values():
+            await scheduler.stop()
+        admin.close()
+
+
+async def test_a_take_over_restarts_no_run_while_keys_may_be_evicted(
+    servers: list[RedisServer], tmp_path: Path
+) -> None:
+    """A take-over restarting a dead run writes a lease as a claim does: refused while the
+    policy evicts, it restarts the run once the policy is noeviction again (nothing was
+    evicted meanwhile)."""
+    server = start_server(servers, tmp_path / "take-over", "noeviction")
+    admin = redis.Redis(port=server.port)
+    backend = RedisLeaseBackend(server.url, prefix="dead", budget_interval=None, lease_ttl="2s")
+    await backend.start(CLOCK)
+    try:
+        policy = JobPolicy("job")
+        held = await acquire(backend, Slot("job", CLOCK.now_ms()), policy, instance="dead")
+        assert not isinstance(held, str)
+        backend.store_time = CLOCK.now_ms() + 10_000  # its runner died: the lease expired
+        admin.config_set("maxmemory-policy", "volatile-lfu")
+        with pytest.raises(BackendError) as refused:
+            await backend.take_over([policy], instance_id="b")
+        assert str(refused.value).startswith(
+            f"RedisLeaseBackend: the take-over of job:{held.slot_ms} is not made: "
+        )
+        assert "(maxmemory-policy volatile-lfu, read with the claim)" in str(refused.value)
+        admin.config_set("maxmemory-policy", "noeviction")
+        (restarted,) = await backend.take_over([policy], instance_id="b")
+        assert (restarted.slot_ms, restarted.attempt) == (held.slot_ms, 2)
+    finally:
+        admin.close()
+        await backend.stop()
+
+
+async def test_where_only_config_answers_start_says_claims_go_unguarded(
+    servers: list[RedisServer], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CONFIG tells the policy at start, but claims read it (and the eviction count) with
+    INFO: without INFO, a policy set to evict later goes unseen, and start says so."""
+    server = start_server(
+        servers, tmp_path / "no-info", "noeviction", "--appendonly", "yes",
+        "--rename-command", "INFO", "",
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for backend in both(server.url, budget_interval=None):
+            await backend.start(CLOCK)
+            await backend.stop()
+    messages = records_of(caplog, logging.WARNING)
+    assert len(messages) == 2
+    for name, message in zip(("RedisBackend", "RedisLeaseBackend"), messages, strict=True):
+        assert message.startswith(f"{name}: INFO is refused on {server.url} (ResponseError: ")
+        assert "one set to evict while the backend runs would go unseen" in message
+        assert message.endswith("allow INFO for this user (+info)")
