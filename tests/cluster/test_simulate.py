@@ -275,10 +275,10 @@ async def _blind_write(self: _SimTable, key: str, value: bytes, last: int, timeo
 
 def test_natslease_rests_on_the_buckets_compare_and_set(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two instances deciding from one revision of a job's row must not both write it: with a
-    bucket that lets them, seed 53 runs a slot on two instances (the simulator sees
+    bucket that lets them, seed 211 runs a slot on two instances (the simulator sees
     NATSLeaseBackend's races). The seed changes when the runs' timing does (a run now ends its
     lease after its record has landed); the CHANGELOG keeps the earlier ones."""
-    assert simulate(53, backend="natslease").ok, "seed 53 fails on the compare-and-set"
+    assert simulate(211, backend="natslease").ok, "seed 211 fails on the compare-and-set"
     monkeypatch.setattr(_SimTable, "write", _blind_write)
-    result = simulate(53, backend="natslease")
+    result = simulate(211, backend="natslease")
     assert any("ran again" in v or "ran 2 times" in v for v in result.violations), result.log[-5:]
