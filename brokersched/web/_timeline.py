@@ -26,6 +26,7 @@ __all__ = ["MAX_SLOTS", "Pauses", "Window", "compact_run", "timeline"]
 
 MAX_SLOTS = 2000  # slots classified per job and window: the newest ones
 _NOT_SLOTS = ("manual", "start")  # runs that are no slot of the schedule: the rest are
+_NOT_JUDGED = (*_NOT_SLOTS, "backfill")  # runs the schedule did not make
 _ERROR_CHARS = 300
 
 
@@ -144,17 +145,19 @@ def timeline(
     (at most ``read_limit``); ``overlap_skips``: whether a slot falling during a run is skipped
     by design.
 
-    Slots are judged from the oldest record on (before it, the job may not have existed);
-    ``known_from_ms`` is that record's slot when older records may have been trimmed (or not
-    read), ``None`` when the records go back to the job's first run."""
+    Slots are judged from the oldest run the fleet made of its own on (before it, the job may
+    not have existed: a backfill of an older range says nothing of the slots between);
+    ``known_from_ms`` is the oldest record's slot when older records may have been trimmed (or
+    not read), ``None`` when the records go back to the job's first run."""
     runs = [
         r for r in records if window.holds(r.slot_ms) or window.holds(datetime_to_ms(r.started_at))
     ]
     lanes = sorted({here, *(r.instance_id for r in runs)})
     marks: list[dict[str, Any]] = []
     first = min((r.slot_ms for r in records), default=None)
-    if first is not None:
-        marks = _slot_marks(job, records, window, now_ms, first, skips, pauses, overlap_skips)
+    own = min((r.slot_ms for r in records if r.reason not in _NOT_JUDGED), default=None)
+    if own is not None:
+        marks = _slot_marks(job, records, window, now_ms, own, skips, pauses, overlap_skips)
     kept = min(read_limit, job.settings.policy.history_size)
     trimmed = len(records) >= kept or job.settings.policy.history_ttl is not None
     return {

@@ -105,17 +105,31 @@ RuntimeError: payments batch 3 failed after 3 retries
 async def seed_history(scheduler: Scheduler[Any], minutes: int = 15) -> int:
     """The last ``minutes`` of the fleet's history, as the backend would hold it after a while:
     runs on both instances, some failed or cut by their timeout, a slow job whose next slots
-    are skipped (overlap), one slot nobody ran. Written before the schedulers start."""
+    are skipped (overlap), one slot nobody ran, and one skipped slow slot an operator
+    backfilled. Written before the schedulers start."""
     chance = random.Random(7)
     now = int(time.time() * 1000)
     for job in scheduler.jobs():
         slot = job.schedule.next_ms(now - minutes * 60_000)
         busy_until = 0
+        backfilled = job.name != "export.slow"  # one of its skipped slots, 5 minutes ago
         while slot is not None and slot < now - 1000:
             lost = (
                 job.name == "outbox.flush" and (now - slot) // 60_000 == 8 and slot % 10_000 < 2000
             )
-            if slot >= busy_until and not lost:
+            backfill = not backfilled and slot < busy_until and now - slot < 300_000
+            if backfill:
+                backfilled = True
+                started = now - 60_000 + chance.randrange(5, 120)
+                await scheduler.backend.record(
+                    job.settings.policy,
+                    RunRecord(
+                        job=job.name, slot_ms=slot, run_id=new_run_id(), instance_id="ops",
+                        reason="backfill", attempt=1, started_at=ms_to_datetime(started),
+                        finished_at=ms_to_datetime(started + 100), outcome="completed",
+                    ),
+                )  # fmt: skip
+            elif slot >= busy_until and not lost:
                 took = {"export.slow": 2500, "invoices.render": 300}.get(job.name, 40)
                 outcome, error, traceback = "completed", None, None
                 if job.name == "payments.sync" and chance.random() < 0.2:
@@ -387,6 +401,10 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
         found["slow_missed"] = page.js(
             "return document.querySelectorAll('#job-timeline svg.timeline .mark-missed').length"
         )
+        found["backfilled"] = page.js(  # an operator's run of a past slot is ringed
+            "return [...document.querySelectorAll('#job-timeline svg.timeline .backfilled')]"
+            ".map(e => e.querySelector('title').textContent)"
+        )
         # the history's filters are in the URL too
         page.open(f"{fleet}#/jobs/payments.sync?outcome=failed", "#history tr[data-outcome]")
         found["filtered"] = page.js(
@@ -447,6 +465,7 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
         flush = (await http.get("jobs/outbox.flush/timeline?window=15m")).json()["slots"]
     assert {mark["state"] for mark in slow} == {"overlap"}  # skipped by design, not missed
     assert found["slow_missed"] == 0
+    assert len(found["backfilled"]) == 1 and "on ops · backfill" in found["backfilled"][0]
     seeded = [mark["state"] for mark in flush if mark["slot_ms"] < SEEDED_UNTIL[fleet]]
     assert seeded == ["missed"] * 6  # the seeded gap, nothing else
     assert found["lanes"][:2] == ["not run", "web-1 (here)"]  # web-2 too once it ran one

@@ -343,6 +343,32 @@ def test_why_this_instance_skipped_a_slot_is_shown_and_a_lost_claim_is_no_fault(
     ]
 
 
+def test_a_backfilled_older_range_marks_no_slot_missed_before_the_fleet_began() -> None:
+    """The fleet ran from 12:10; an operator backfilled 11:00-11:04: the slots between are no
+    fault of the fleet's (it did not exist), and the backfilled ones ran."""
+    scheduler = Scheduler(instance_id="web-a")
+    job = scheduler.every("sync", "1m", noop)
+    backfilled = [
+        _record("sync", START_MS - n * MINUTE, f"b{n}", "ops", reason="backfill")
+        for n in (56, 57, 58, 59, 60)
+    ]
+    records = [_record("sync", START_MS + n * MINUTE, f"r{n}", "web-a") for n in (12, 11, 10)]
+    now = START_MS + 13 * MINUTE
+    body = timeline(
+        job,
+        [*records, *backfilled],
+        window=Window(now - 3 * 3_600_000, now),
+        now_ms=now,
+        here="web-a",
+        skips=[],
+        pauses=Pauses(),
+        overlap_skips=False,
+        read_limit=1000,
+    )
+    assert [mark["state"] for mark in body["slots"]] == []  # 12:13: within max_late
+    assert len(body["runs"]) == 8
+
+
 def test_records_cut_by_the_read_limit_say_from_when_the_timeline_is_known() -> None:
     scheduler = Scheduler(instance_id="web-a")
     job = scheduler.every("sync", "1m", noop)

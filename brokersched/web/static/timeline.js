@@ -37,6 +37,7 @@ export function runMark(run, jobName, { withJob = false } = {}) {
     title: runTitle(run, withJob ? jobName : null),
     href: run.run_id && run.outcome ? `#/jobs/${encodeURIComponent(jobName)}/runs/${encodeURIComponent(run.run_id)}` : null,
     runId: run.run_id,
+    backfilled: run.reason === "backfill", // an operator's run of a past slot: ringed
   };
 }
 
@@ -145,6 +146,10 @@ export function drawChart(box, { from, to, now, rows, knownFrom = null, ariaLabe
       }
       node.append(tip);
       if (worst.runId) node.dataset.runId = worst.runId;
+      if (worst.backfilled) {
+        node.classList.add("backfilled");
+        node.append(svgNode("circle", { r: 8, class: "backfill-ring" }));
+      }
       node.dataset.count = group.marks.length;
       if (worst.href) {
         const link = svgNode("a", { href: worst.href, tabindex: "-1" });
