@@ -144,6 +144,10 @@ def rabbitmq_server_id() -> str:
     return chosen
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    rabbitmq_server_id()  # a misspelt RABBITMQ_SERVER stops the run before it begins
+
+
 def pytest_report_header() -> str:
     chosen = rabbitmq_server_id()
     parts = urlsplit(RABBITMQ_SERVERS[chosen].url)
