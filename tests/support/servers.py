@@ -96,7 +96,7 @@ class RabbitMQServer:
     def rabbitmqctl(self) -> list[str] | None:
         """The command that runs rabbitmqctl on this broker; ``None`` when it is elsewhere (its
         URL set) or its rabbitmqctl cannot run here."""
-        if self.env in os.environ and os.environ[self.env] != self.default:
+        if self.url != self.default:
             return None
         found = shutil.which(self.ctl[0], path=f"{os.environ.get('PATH', '')}:/usr/sbin")
         if found is None or (self.ctl[0] == "bash" and os.geteuid() != 0):
