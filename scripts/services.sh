@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Make the local servers the tests need ready, idempotently: start PostgreSQL, RabbitMQ, NATS
 # JetStream and Redis on 127.0.0.1 if they are installed but down, wait until they answer, and
-# create the PostgreSQL database the tests use. Run it as often as you like.
+# create the PostgreSQL database the tests use; start the RabbitMQ 4.0 nodes the RabbitMQ tests
+# also run on (scripts/rabbitmq4.sh: 127.0.0.1:5673 with Mnesia, 127.0.0.1:5674 with Khepri; the
+# first run builds their Debian 13 root, a few minutes). Run it as often as you like.
 #
-# - BROKERSCHED_POSTGRES_DSN, BROKERSCHED_AMQP_URL, BROKERSCHED_NATS_URL, BROKERSCHED_REDIS_URL:
-#   a server pointed at elsewhere (docker compose, a CI service) is left alone.
+# - BROKERSCHED_POSTGRES_DSN, BROKERSCHED_AMQP_URL, BROKERSCHED_NATS_URL, BROKERSCHED_REDIS_URL,
+#   BROKERSCHED_AMQP4_MNESIA_URL, BROKERSCHED_AMQP4_KHEPRI_URL: a server pointed at elsewhere
+#   (docker compose, a CI service) is left alone.
+# - The RabbitMQ 4.0 nodes need root (debootstrap, chroot): elsewhere their tests skip, saying
+#   so; in CI (CI=true) a node that cannot be started fails this script.
 # - BROKERSCHED_TEST_DATABASE: the database to create (default test, the one named by the
 #   default DSN of tests/support/servers.py); psql runs as user postgres on 127.0.0.1.
 # - A server that is neither up nor installed is not an error when Docker answers: the tests
@@ -85,6 +90,23 @@ ensure_database() {  # name
     [ "$(psql_postgres "SELECT 1 FROM pg_database WHERE datname = '$name'")" = 1 ]
 }
 
+# RabbitMQ 4.0 beside 3.10: the nodes of scripts/rabbitmq4.sh not pointed at elsewhere.
+rabbitmq4() {
+  local nodes=()
+  [ -n "${BROKERSCHED_AMQP4_MNESIA_URL:-}" ] || nodes+=(mnesia)
+  [ -n "${BROKERSCHED_AMQP4_KHEPRI_URL:-}" ] || nodes+=(khepri)
+  [ ${#nodes[@]} -gt 0 ] || return 0
+  if [ "$(id -u)" != 0 ]; then
+    local reason="the RabbitMQ 4.0 nodes (scripts/rabbitmq4.sh) need root"
+    if [ "${CI:-}" = true ]; then echo "services: $reason" >&2; return 1; fi
+    echo "services: $reason; their tests will skip"
+    return 0
+  fi
+  local here
+  here=$(dirname "${BASH_SOURCE[0]}")
+  bash "$here/rabbitmq4.sh" up "${nodes[@]}" | sed 's/^/services: RabbitMQ 4.0 is up at /'
+}
+
 main() {
   local failed=() status
   if [ -z "${BROKERSCHED_POSTGRES_DSN:-}" ]; then
@@ -108,6 +130,7 @@ main() {
     start RabbitMQ 5672 120 rabbitmq-server rabbitmq-server -detached ||
       [ $? = 2 ] || failed+=(RabbitMQ)
   fi
+  rabbitmq4 || failed+=("RabbitMQ 4.0 (scripts/rabbitmq4.sh)")
   if [ -z "${BROKERSCHED_NATS_URL:-}" ]; then
     start NATS 4222 30 /usr/sbin/nats-server start-stop-daemon --start --oknodo --background \
       --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server \

@@ -4,9 +4,14 @@
 # processes, not CPU, so the lanes share 2 cores well and the suite fits CI's budget. The lanes
 # are of about the same length on this project's 2-core machine:
 #   lane 1: tests/unit tests/docs (property tests, type checkers), then tests/deploy
-#   lane 2: tests/backends/rabbitmq tests/backends/nats, then the fleet simulator (tests/cluster)
-#   lane 3: the other backends (redis, sql, multi), then tests/web
+#   lane 2: tests/backends/rabbitmq tests/backends/nats, then the fleet simulator (tests/cluster),
+#           then the RabbitMQ tests again on RabbitMQ 4.0 with Mnesia
+#   lane 3: the other backends (redis, sql, multi), then tests/web, then the RabbitMQ tests again
+#           on RabbitMQ 4.0 with Khepri
 #   lane 4: the rest of tests/cluster, then the NATS cluster tests again on the current server
+# The RabbitMQ tests are tests/backends/rabbitmq and the RabbitMQ ones of tests/backends/multi;
+# RABBITMQ_SERVER chooses the broker (tests/support/servers.py; scripts/rabbitmq4.sh, which
+# scripts/services.sh runs, starts the 4.0 nodes).
 # Each lane's output is printed when it ends; the last thing printed is the summary of all
 # (failures first), ending with one line `tests: N passed, N failed`. Exit status: non-zero if
 # any lane failed (pytest's 5, no test ran, included). Extra pytest arguments go to every run:
@@ -32,6 +37,14 @@ part() { # a titled pytest run within a lane: part TITLE [VAR=value...] -- PYTES
 	return $status
 }
 
+rabbitmq4() { # the RabbitMQ tests on a RabbitMQ 4.0 node of scripts/rabbitmq4.sh: NODE ARGS...
+	local node=$1 store
+	shift
+	store=${node^}
+	part "tests/backends/rabbitmq, multi -k rabbitmq on RabbitMQ 4.0 ($store)" \
+		"RABBITMQ_SERVER=4-$node" -- "$@" tests/backends/rabbitmq tests/backends/multi -k rabbitmq
+}
+
 lane1() {
 	local status=0
 	part "tests/unit tests/docs" -- "$@" tests/unit tests/docs || status=1
@@ -43,6 +56,7 @@ lane2() {
 	part "tests/backends: rabbitmq, nats" -- "$@" tests/backends/rabbitmq tests/backends/nats ||
 		status=1
 	part "tests/cluster: the fleet simulator" -- "$@" tests/cluster/test_simulate.py || status=1
+	rabbitmq4 mnesia "$@" || status=1
 	return $status
 }
 lane3() {
@@ -50,6 +64,7 @@ lane3() {
 	part "tests/backends: the others" -- "$@" tests/backends \
 		--ignore=tests/backends/rabbitmq --ignore=tests/backends/nats || status=1
 	part "tests/web" -- "$@" tests/web || status=1
+	rabbitmq4 khepri "$@" || status=1
 	return $status
 }
 lane4() {

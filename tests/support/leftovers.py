@@ -3,17 +3,20 @@ tests/conftest.py).
 
 Every name a test gives what it makes starts with this run's prefix (``names.RUN_PREFIX``), so
 at the session's end this plugin lists, on each shared server the run used, what still carries
-that prefix: RabbitMQ queues and exchanges (``rabbitmqctl``, on a local broker: AMQP cannot
-list), NATS streams (KV buckets included), Redis keys, PostgreSQL schemas, and files in the
-temporary directory. It removes them, through ``brokersched purge``'s machinery where the
-backend has it (``Backend.inventory()``/``purge()`` of each prefix found, then by name), so an
-interrupted run cleans up too, and fails the run naming each one: a test that leaves something
-behind is a bug. Objects of other runs (other prefixes) and of anything else are never touched.
+that prefix: RabbitMQ queues and exchanges (on a local broker, through the node that serves
+the run's AMQP port: its management API, beside it on the port 10000 higher, else this
+machine's ``rabbitmqctl``; AMQP cannot list), NATS streams (KV buckets included), Redis keys,
+PostgreSQL schemas, and files in the temporary directory. It removes them, through
+``brokersched purge``'s machinery where the backend has it (``Backend.inventory()``/``purge()``
+of each prefix found, then by name), so an interrupted run cleans up too, and fails the run
+naming each one: a test that leaves something behind is a bug. Objects of other runs (other
+prefixes) and of anything else are never touched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -46,26 +49,84 @@ async def remove_rabbitmq(url: str, prefix: str = RUN_PREFIX) -> list[str]:
     from tests.support.rabbitmq_helpers import delete_queues
 
     parts = urlsplit(url)
-    ctl = shutil.which("rabbitmqctl", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
-    if parts.hostname not in {"127.0.0.1", "localhost", "::1"} or ctl is None:
-        _NOT_CHECKED.append(f"RabbitMQ at {parts.hostname}: rabbitmqctl cannot list it here")
+    port = parts.port or 5672
+    if parts.hostname not in {"127.0.0.1", "localhost", "::1"}:
+        _NOT_CHECKED.append(f"RabbitMQ at {parts.hostname}: AMQP cannot list it from here")
         return []
     vhost = unquote(parts.path[1:]) or "/"
-    found: list[tuple[str, str]] = []
-    for kind in ("queues", "exchanges"):
-        listed = await asyncio.to_thread(
-            subprocess.run,
-            [ctl, "-s", f"list_{kind}", "-p", vhost, "name"],
-            capture_output=True,
-            text=True,
-            timeout=_BOUND_S,
-            check=True,
+    listed = await _rabbitmq_by_management(url, vhost)
+    if listed is None:
+        listed = await _rabbitmq_by_rabbitmqctl(port, vhost)
+    if listed is None:
+        _NOT_CHECKED.append(
+            f"RabbitMQ at {parts.hostname}:{port}: neither a management API on port "
+            f"{port + _MANAGEMENT_OFFSET} nor this machine's rabbitmqctl serves it"
         )
-        found += [(kind[:-1], name) for name in listed.stdout.split() if _carries(name, prefix)]
+        return []
+    found = [(kind, name) for kind, name in listed if _carries(name, prefix)]
     queues = [name for kind, name in found if kind == "queue"]
     exchanges = [name for kind, name in found if kind == "exchange"]
     await delete_queues(url, queues, exchanges)
     return [f"RabbitMQ {kind} {name}" for kind, name in found]
+
+
+# The management plugin's port beside an AMQP port, as RabbitMQ's defaults have it (5672 and
+# 15672) and scripts/rabbitmq4.sh's nodes (5673 and 15673, 5674 and 15674).
+_MANAGEMENT_OFFSET = 10_000
+
+
+async def _rabbitmq_by_management(url: str, vhost: str) -> list[tuple[str, str]] | None:
+    """The queues and exchanges of ``vhost`` as the management API of the node serving ``url``
+    lists them; ``None`` when no management API answers beside its AMQP port, or the one there
+    belongs to a node that does not serve that port."""
+    from brokersched._exceptions import BackendError
+    from brokersched.backends.rabbitmq._ops import Management
+
+    parts = urlsplit(url)
+    port = parts.port or 5672
+    credentials = parts.netloc.rpartition("@")[0]
+    management = Management(f"http://{credentials}@127.0.0.1:{port + _MANAGEMENT_OFFSET}/", vhost)
+    try:
+        overview = await management.get("overview")
+    except BackendError:
+        return None
+    served = {
+        listener.get("port")
+        for listener in overview.get("listeners", [])
+        if listener.get("protocol") == "amqp"
+    }
+    if port not in served:
+        return None
+    found: list[tuple[str, str]] = []
+    for kind in ("queue", "exchange"):
+        rows = await management.get(f"{kind}s/{management.vhost}?columns=name")
+        found += [(kind, row["name"]) for row in rows]
+    return found
+
+
+async def _rabbitmq_by_rabbitmqctl(port: int, vhost: str) -> list[tuple[str, str]] | None:
+    """The queues and exchanges of ``vhost`` as this machine's ``rabbitmqctl`` lists them on its
+    default node; ``None`` when there is no rabbitmqctl, or its node does not serve ``port``."""
+    ctl = shutil.which("rabbitmqctl", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
+    if ctl is None:
+        return None
+
+    def run(*args: str) -> str:
+        return subprocess.run(
+            [ctl, "-s", *args], capture_output=True, text=True, timeout=_BOUND_S, check=True
+        ).stdout
+
+    status = json.loads(await asyncio.to_thread(run, "status", "--formatter", "json"))
+    if not any(
+        listener.get("protocol") == "amqp" and listener.get("port") == port
+        for listener in status.get("listeners", [])
+    ):
+        return None
+    found: list[tuple[str, str]] = []
+    for kind in ("queue", "exchange"):
+        listed = await asyncio.to_thread(run, f"list_{kind}s", "-p", vhost, "name")
+        found += [(kind, name) for name in listed.split()]
+    return found
 
 
 async def remove_nats(url: str, prefix: str = RUN_PREFIX) -> list[str]:

@@ -1,10 +1,11 @@
 """What the RabbitMQ tests share: slots far in the future, a prefix's fleet queues, a backend that
-notes every queue it touches (so the test deletes them), queue deletion and lookup, a broker URL
-pointed at a proxy."""
+notes every queue it touches (so the test deletes them), queue deletion and lookup, a declare
+that skips where the broker denies a deprecated feature, a broker URL pointed at a proxy."""
 
 from __future__ import annotations
 
 import itertools
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 import aiormq.exceptions
+import pytest
 from pamqp import commands, frame
 from pamqp.common import FieldTable
 from pamqp.exceptions import UnmarshalingException
@@ -99,6 +101,29 @@ async def delete_queues(url: str, names: Iterable[str], exchanges: Iterable[str]
             await channel.queue_delete(name)
         for name in exchanges:
             await channel.exchange_delete(name)
+
+
+# How RabbitMQ refuses a deprecated feature it does not permit: 4.3 on, by default, for transient
+# non-exclusive queues (RabbitMQ 4.0 when configured so); it closes the whole connection with
+# INTERNAL_ERROR - Feature `transient_nonexcl_queues` is deprecated.
+_DENIED_FEATURE = re.compile(r"Feature `(\w+)` is deprecated")
+
+
+async def declare_or_skip(
+    channel: aio_pika.abc.AbstractChannel, queue: str, *, durable: bool, arguments: FieldTable
+) -> aio_pika.abc.AbstractQueue:
+    """Declare ``queue`` as a test needs it, or skip the test, naming the deprecated feature
+    the broker denies (a transient non-exclusive queue): the broker decides, not its version."""
+    try:
+        return await channel.declare_queue(queue, durable=durable, arguments=arguments)
+    except aiormq.exceptions.AMQPError as exc:
+        denied = _DENIED_FEATURE.search(str(exc))
+        if denied is None:
+            raise
+        pytest.skip(
+            f"the broker denies the deprecated feature {denied[1]} that this test needs: "
+            f"{str(exc).splitlines()[0]}"
+        )
 
 
 async def queue_exists(raw: aio_pika.abc.AbstractConnection, queue: str) -> bool:

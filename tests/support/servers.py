@@ -5,6 +5,11 @@ Each backend's URL comes from the environment (``BROKERSCHED_AMQP_URL``, ``BROKE
 else a testcontainers container for people with Docker (``scripts/services.sh`` says when that
 will happen). A server that cannot be reached skips its tests, saying why no container could be
 started either; in CI (``CI=true``) it fails them: CI never silently skips.
+
+``RABBITMQ_SERVER`` chooses the RabbitMQ broker of a run (``make test`` runs the RabbitMQ tests
+once on each): ``3.10`` (the default: the machine's service, above), ``4-mnesia`` or
+``4-khepri``, the RabbitMQ 4.0 nodes that ``scripts/rabbitmq4.sh`` starts (or the brokers at
+``BROKERSCHED_AMQP4_MNESIA_URL``, ``BROKERSCHED_AMQP4_KHEPRI_URL``).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import gc
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sysconfig
@@ -21,6 +27,7 @@ import time
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, cast
 from urllib.parse import quote, urlsplit
@@ -66,6 +73,85 @@ _IMAGES = {
     "postgres": "postgres:16",
     "redis": "redis:7",
 }
+
+
+# -- RabbitMQ: 3.10 and 4.x ---------------------------------------------------------------------
+RABBITMQ_SERVER_ENV = "RABBITMQ_SERVER"
+
+
+@dataclass(frozen=True)
+class RabbitMQServer:
+    """A RabbitMQ broker a run can be made against (``RABBITMQ_SERVER``)."""
+
+    env: str  # the variable that points at it elsewhere
+    default: str  # where it is on this machine
+    major: str | None  # what its version must start with (None: any, a container included)
+    made_by: str  # how it comes to be on this machine
+    ctl: tuple[str, ...]  # the rabbitmqctl of the node on this machine
+
+    @property
+    def url(self) -> str:
+        return os.environ.get(self.env, self.default)
+
+    def rabbitmqctl(self) -> list[str] | None:
+        """The command that runs rabbitmqctl on this broker; ``None`` when it is elsewhere (its
+        URL set) or its rabbitmqctl cannot run here."""
+        if self.url != self.default:
+            return None
+        found = shutil.which(self.ctl[0], path=f"{os.environ.get('PATH', '')}:/usr/sbin")
+        if found is None or (self.ctl[0] == "bash" and os.geteuid() != 0):
+            return None
+        return [found, *self.ctl[1:]]
+
+
+_RABBITMQ4 = str(Path(__file__).parents[2] / "scripts" / "rabbitmq4.sh")
+RABBITMQ_SERVERS = {
+    "3.10": RabbitMQServer(
+        *_DEFAULTS["amqp"],
+        None,
+        "the machine's rabbitmq-server (scripts/services.sh)",
+        ("rabbitmqctl",),
+    ),
+    "4-mnesia": RabbitMQServer(
+        "BROKERSCHED_AMQP4_MNESIA_URL",
+        "amqp://guest:guest@127.0.0.1:5673/",
+        "4.",
+        "scripts/rabbitmq4.sh (node mnesia)",
+        ("bash", _RABBITMQ4, "ctl", "mnesia"),
+    ),
+    "4-khepri": RabbitMQServer(
+        "BROKERSCHED_AMQP4_KHEPRI_URL",
+        "amqp://guest:guest@127.0.0.1:5674/",
+        "4.",
+        "scripts/rabbitmq4.sh (node khepri)",
+        ("bash", _RABBITMQ4, "ctl", "khepri"),
+    ),
+}
+
+
+def rabbitmq_server() -> RabbitMQServer:
+    """The RabbitMQ broker of this run (``RABBITMQ_SERVER``)."""
+    return RABBITMQ_SERVERS[rabbitmq_server_id()]
+
+
+def rabbitmq_server_id() -> str:
+    """The RabbitMQ broker of this run: ``RABBITMQ_SERVER``, checked (default ``3.10``)."""
+    chosen = os.environ.get(RABBITMQ_SERVER_ENV, "3.10")
+    if chosen not in RABBITMQ_SERVERS:
+        raise pytest.UsageError(
+            f"{RABBITMQ_SERVER_ENV}={chosen!r} is not one of {', '.join(RABBITMQ_SERVERS)}"
+        )
+    return chosen
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    rabbitmq_server_id()  # a misspelt RABBITMQ_SERVER stops the run before it begins
+
+
+def pytest_report_header() -> str:
+    chosen = rabbitmq_server_id()
+    parts = urlsplit(RABBITMQ_SERVERS[chosen].url)
+    return f"rabbitmq: {chosen} at {parts.hostname}:{parts.port or 5672} ({RABBITMQ_SERVER_ENV})"
 
 
 class _NoContainer(Exception):
@@ -200,7 +286,57 @@ def _servers() -> Iterator[ExitStack]:
 
 @pytest.fixture(scope="session")
 def amqp_url(_servers: ExitStack) -> str:
-    return server_url("amqp", _servers)
+    """The broker of this run (``RABBITMQ_SERVER``): the 3.10 one unless told otherwise."""
+    chosen = rabbitmq_server_id()
+    if chosen == "3.10":
+        return server_url("amqp", _servers)
+    server = RABBITMQ_SERVERS[chosen]
+    url = server.url
+    parts = urlsplit(url)
+    if not _reachable(url):
+        _unavailable(
+            f"RabbitMQ {chosen} not reachable at {parts.hostname}:{parts.port} (start it with "
+            f"{server.made_by}, or set {server.env})"
+        )
+    version = _rabbitmq_version(url)
+    if server.major is not None and not version.startswith(server.major):
+        pytest.fail(
+            f"RabbitMQ {chosen}: the broker at {parts.hostname}:{parts.port} is RabbitMQ "
+            f"{version}, not {server.major}x ({server.env})",
+            pytrace=False,
+        )
+    leftovers.USED["amqp"] = url
+    return url
+
+
+def _rabbitmq_version(url: str) -> str:
+    """The version the broker at ``url`` tells in its AMQP handshake."""
+    found: list[str] = []
+    error: list[BaseException] = []
+
+    async def ask() -> None:
+        connection = await aio_pika.connect(url, timeout=10)
+        async with connection:
+            properties = connection.transport.connection.server_properties
+            found.append(str(properties.get("version", "")))
+
+    def run() -> None:  # a thread of its own: a test's event loop may be running in this one
+        try:
+            asyncio.run(ask())
+        except BaseException as exc:
+            error.append(exc)
+
+    thread = threading.Thread(target=run, name="rabbitmq-version")
+    thread.start()
+    thread.join()
+    if error:
+        parts = urlsplit(url)  # never the password
+        pytest.fail(
+            f"no AMQP handshake with the broker at {parts.hostname}:{parts.port}: "
+            f"{type(error[0]).__name__}: {error[0]}",
+            pytrace=False,
+        )
+    return found[0]
 
 
 @pytest.fixture

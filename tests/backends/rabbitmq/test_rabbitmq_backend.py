@@ -57,6 +57,7 @@ from tests.support.rabbitmq_helpers import (
     run_record,
     via,
 )
+from tests.support.servers import rabbitmq_server
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.wait import until
 
@@ -682,13 +683,18 @@ async def test_amqps_works(amqp_url: str, fleet: Callable[..., Any], tmp_path: P
 # -- a real broker restart (opt-in: it disturbs everyone using the shared broker) ---------------
 
 
+_RABBITMQCTL = rabbitmq_server().rabbitmqctl()  # the run's broker's (RABBITMQ_SERVER)
+
+
 def _rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=120)
+    assert _RABBITMQCTL is not None
+    subprocess.run([*_RABBITMQCTL, *args], check=True, capture_output=True, timeout=120)
 
 
 @pytest.mark.skipif(
-    os.environ.get("BROKERSCHED_RABBITMQ_RESTART_TEST") != "1" or not shutil.which("rabbitmqctl"),
-    reason="stops the shared broker; set BROKERSCHED_RABBITMQ_RESTART_TEST=1 (needs rabbitmqctl)",
+    os.environ.get("BROKERSCHED_RABBITMQ_RESTART_TEST") != "1" or _RABBITMQCTL is None,
+    reason="stops the shared broker; set BROKERSCHED_RABBITMQ_RESTART_TEST=1 (needs the "
+    "broker's rabbitmqctl on this machine)",
 )
 async def test_a_broker_restart_forgets_no_claim(fleet: Callable[..., Any]) -> None:
     backend = await fleet(slot_ttl="5m")
@@ -704,6 +710,23 @@ async def test_a_broker_restart_forgets_no_claim(fleet: Callable[..., Any]) -> N
     logging.getLogger(__name__).info("claims resumed %.1fs after start_app", took)
     assert await claim(backend, won) is False  # durable queue, persistent message
     assert await claim(await fleet(slot_ttl="5m"), won) is False
+
+
+# -- the end-of-run check ----------------------------------------------------------------------
+
+
+async def test_the_end_of_run_check_cleans_the_broker_the_url_names(
+    amqp_url: str, raw: aio_pika.abc.AbstractConnection, prefix: str
+) -> None:
+    """tests/support/leftovers.py lists what carries a prefix on the node that serves the URL's
+    port (on this machine: 3.10 on 5672, 4.0 on 5673 and 5674), not on the machine's default
+    node, and removes it there."""
+    channel = await raw.channel()
+    await channel.declare_queue(f"{prefix}.left", durable=True)
+    await channel.declare_exchange(f"{prefix}.left", aio_pika.ExchangeType.FANOUT, durable=True)
+    found = await remove_rabbitmq(amqp_url, prefix)
+    assert sorted(found) == [f"RabbitMQ exchange {prefix}.left", f"RabbitMQ queue {prefix}.left"]
+    assert not await queue_exists(raw, f"{prefix}.left")
 
 
 # -- a fleet of schedulers in separate processes -----------------------------------------------

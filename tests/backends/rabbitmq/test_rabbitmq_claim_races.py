@@ -39,6 +39,7 @@ from tests.support.rabbitmq_helpers import (
     SLOT,
     AckSpotter,
     TrackedBackend,
+    declare_or_skip,
     resumed,
     run_record,
     via,
@@ -166,7 +167,7 @@ async def test_a_queue_made_beforehand_with_other_arguments_lets_nobody_win(
         slot = fresh_slot()
         queue = claim_queue_name(racers[0].prefix, slot)
         racers[0].touched.add(queue)  # type: ignore[attr-defined]
-        await channel.declare_queue(queue, durable=durable, arguments=arguments)
+        await declare_or_skip(channel, queue, durable=durable, arguments=arguments)
         outcomes, _ = await race(racers, slot)
         assert True not in outcomes, f"{slot.key}: {outcomes.count(True)} winners"
         assert any(isinstance(outcome, BackendError) for outcome in outcomes)
@@ -225,7 +226,7 @@ async def made_beforehand(
     queue = claim_queue_name(backend.prefix, slot)
     backend.touched.add(queue)  # type: ignore[attr-defined]
     channel = await raw.channel()
-    await channel.declare_queue(queue, durable=durable, arguments=arguments)
+    await declare_or_skip(channel, queue, durable=durable, arguments=arguments)
     if stray is not None:
         await channel.default_exchange.publish(aio_pika.Message(stray), queue)
     await channel.close()
