@@ -85,6 +85,7 @@ class Store:
     down_until: int = -1  # monotonic ms: calls refused at once (restarting)
     held_until: int = -1  # calls held: answered late, or lost (a link that drops or stalls)
     locked_until: int = -1  # another process holds the write lock (SQLite)
+    shed_until: int = -1  # the backend sheds: no new claim (near its server's budget)
     busy_timeout_ms: int = 5000
     wins: Wins = field(default_factory=dict)
     # the slots won by a call whose answer was lost and whose caller was cancelled waiting
