@@ -93,7 +93,7 @@ OPERATIONS: dict[str, Kind] = {
         ),
     ),
     "schedule": Kind("a scheduled run of a slot (every, cron, at, after, run_on_start)"),
-    "retry": Kind("a retry= attempt after a failed one", calls=("Job.update",)),
+    "retry": Kind("a retry= attempt after a failed one (or a timed out one)"),
     "trigger": Kind("a manual run", calls=("Job.trigger", "cli trigger")),
     "backfill": Kind(
         "a backfill: recent ranges ending now, ranges over live slots, old ones, fast and slow "
@@ -173,10 +173,6 @@ NOT_DRAWN: dict[str, str] = {
     },
     "Scheduler.start_in_thread": "start() on a thread of its own: the simulator's fleet is one "
     "event loop on virtual time; the thread's hand-over is tested in tests/unit",
-    "Scheduler.options": "the scheduler's options as given at construction: a deploy draws them",
-    "Scheduler.clock": "the clock the scheduler was given: the simulator's virtual clocks",
-    "Scheduler.backend": "the backend it was given: the simulator's models of the stores",
-    "Scheduler.instance_id": "its name in the fleet, given at construction",
     **{
         f"cli {name}": "reads only: what it prints changes nothing of the fleet"
         for name in ("jobs", "next", "history", "instances", "check", "doctor")

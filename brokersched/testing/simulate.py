@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import json
 import logging
-import math
 import random
 import sys
 import time
@@ -64,6 +63,7 @@ from ._sim_backends import (
     Store,
 )
 from ._sim_coverage import EFFECT_MS, Coverage, format_table, reachable, to_json
+from ._sim_faults import Faults
 from ._sim_ledger import LEASE_SKEW_MS, Ledger, Run, origin_of
 from ._sim_operations import Operator
 
@@ -178,13 +178,13 @@ class Simulation:
             "redis": SimRedis.data, "nats": SimNATS.stream, "rabbitmq": SimRabbitMQ.broker,
             "natslease": SimNATSLease.data,
         }  # fmt: skip
-        self._data: Any = makers[self.kind](self.store) if self.kind in makers else None
+        self.data: Any = makers[self.kind](self.store) if self.kind in makers else None
         # What later releases added to the draws (retries, backfills, catch_up) comes from an
         # RNG of its own, so that the steps a seed drew before stay the same.
         self.more = random.Random(seed + 3)
         self._jobs = self._draw_jobs()
         self._failures = random.Random(seed + 2)  # which attempts fail
-        self._store_steps: list[tuple[int, int]] = []
+        self.faults = Faults(self)
         self._instance_steps: dict[str, list[int]] = self.ledger.stepped
         self._pauses = 0  # pause and resume requests so far
         self._began = self.fleet.now()
@@ -275,14 +275,14 @@ class Simulation:
         if self.kind == "lease":
             backend = SimLeaseBackend(self.store, self._rows, lease_ttl=memory, instance=name)
         elif self.kind == "natslease":
-            backend = SimNATSLease(self.store, self._data, lease_ttl=memory, instance=name)
+            backend = SimNATSLease(self.store, self.data, lease_ttl=memory, instance=name)
         elif self.kind == "redis":
-            backend = SimRedis(self.store, self._data, slot_ttl=memory, prefix="sim")
+            backend = SimRedis(self.store, self.data, slot_ttl=memory, prefix="sim")
         elif self.kind == "nats":
-            backend = SimNATS(self.store, self._data, slot_ttl=memory)
+            backend = SimNATS(self.store, self.data, slot_ttl=memory)
         else:
             backend = SimRabbitMQ(
-                self.store, self._data, slot_ttl=memory, declare_ahead=deploy.declare_ahead
+                self.store, self.data, slot_ttl=memory, declare_ahead=deploy.declare_ahead
             )
         self._watch_claims(backend, name)
         return backend
@@ -477,9 +477,9 @@ class Simulation:
             now = self.fleet.now_ms()
             self.coverage.op("deploy", now, end=now + EFFECT_MS, instance=old.name)
             if not self.lease and self.more.random() < 0.3:
-                self._stop_as_claims_stall(old)
+                self.faults.stop_as_claims_stall(old)
             else:
-                self._stop(old)
+                self.stop(old)
             others = [instance for instance in live if instance is not old]
             if others and rng.random() < 0.3:  # a job run by hand as the deploy hands over
                 chosen, index, after_s = rng.choice(others), rng.randrange(2), rng.choice((1, 3, 4))
@@ -491,7 +491,7 @@ class Simulation:
                 running = [instance for instance in live if self._expiring(instance)]
                 if running and rng.random() < 0.5:
                     victim = rng.choice(running)
-            self.kill(victim)
+            self.faults.kill(victim)
             others = [instance for instance in live if instance is not victim]
             if others and rng.random() < 0.5:  # an operator runs the job by hand meanwhile
                 chosen, key = rng.choice(others), ("tick", "cron")[rng.randrange(2)]
@@ -501,7 +501,7 @@ class Simulation:
                     key, after_ms = expiring  # ... as the dead runner's lease expires
                 self._trigger_later(chosen, key, after_ms)
         elif roll < 0.18:
-            self._stop(rng.choice(live))
+            self.stop(rng.choice(live))
         elif roll < 0.26:
             instance = rng.choice(live)
             self.trigger(instance, ("tick", "cron")[rng.randrange(2)])
@@ -513,11 +513,11 @@ class Simulation:
             self.coverage.fault("clock step", now, now + EFFECT_MS, instance.name)
             self.log.append(f"{instance.name} clock now {instance.clock.ahead_ms}ms ahead")
         elif roll < 0.37:
-            self._fault(rng.random())
+            self.faults.draw(rng.random())
         elif roll < 0.39 and self.kind in ("redis", "rabbitmq"):
             # The README's way to lower slot_ttl, done early: the record deleted while instances
             # with the longer slot_ttl still run, and one with the shorter started.
-            self._delete_record()
+            self.faults.delete_record()
             await self.start_instance(replace(self._draw_deploy(), memory_ms=3000), self._skew())
         elif roll < 0.42:
             self._backfill(self.more.choice(live))
@@ -639,14 +639,6 @@ class Simulation:
     def _trigger_later(self, instance: Instance, key: str, after_ms: int) -> None:
         self.fleet.call_later(after_ms, lambda: self.trigger(instance, key))
 
-    def kill(self, victim: Instance) -> None:
-        """kill -9: its leases are left to expire, its claims unanswered."""
-        victim.kill()
-        now = self.fleet.now_ms()
-        self.ledger.killed[victim.name] = now
-        self.coverage.fault("kill -9", now, now + victim.deploy.memory_ms, victim.name)
-        self.log.append(f"kill -9 {victim.name}")
-
     def live(self) -> list[Instance]:
         return self._live()
 
@@ -679,7 +671,7 @@ class Simulation:
             return
         now = self.fleet.now_ms()
         stepped = any(accepted < at <= now for at in self._instance_steps.get(instance.name, []))
-        back = sum(delta for at, delta in self._store_steps if accepted < at <= now)
+        back = sum(delta for at, delta in self.faults.store_steps if accepted < at <= now)
         detail = event.detail or ""
         blames = "this instance's clock is fast:" in detail or "instance's clock stepped" in detail
         if not stepped and back < -LEASE_SKEW_MS and blames:
@@ -688,33 +680,7 @@ class Simulation:
                 f"{-back}ms: {event.detail}"
             )
 
-    def _delete_record(self) -> None:
-        if self.kind == "redis":
-            self._data.keys.pop("sim:slot-memory", None)
-        else:
-            self._data.record = None
-        self._instant_fault("record deleted", "fleet record deleted")
-
-    def _instant_fault(self, kind: str, said: str) -> None:
-        now = self.fleet.now_ms()
-        self.coverage.fault(kind, now, now + EFFECT_MS)
-        self.log.append(said)
-
-    def _away(self, how: str, span_ms: int, said: str, *, extend: bool = False) -> None:
-        """The store away for ``span_ms`` from now: ``held``, ``down``, ``locked`` (an
-        outage of the fleet's calls too) or ``flaky`` (the NATS KV bucket's link); ``extend``:
-        an earlier span that lasts longer stands."""
-        mono, now = self.fleet.monotonic_ms(), self.fleet.now_ms()
-        owner = self._data if how == "flaky" else self.store
-        until = f"{how}_until"
-        longer = getattr(owner, until) if extend else -1
-        setattr(owner, until, max(longer, mono + span_ms))
-        if how != "flaky":
-            self.ledger.outages.append((now, now + span_ms))
-        self.coverage.fault(how, now, now + span_ms)
-        self.log.append(said.format(until=getattr(owner, until)))
-
-    def _stop(self, instance: Instance) -> None:
+    def stop(self, instance: Instance) -> None:
         op = self.coverage.op("stop", self.fleet.now_ms(), instance=instance.name)
 
         async def stop() -> None:
@@ -725,83 +691,6 @@ class Simulation:
 
         instance.stopping = instance.drive(stop(), "stop")
         self.log.append(f"stop {instance.name}")
-
-    def _fault(self, roll: float) -> None:
-        store, rng = self.store, self.rng
-        if roll < (0.2 if self.lease else 0.35):
-            self._away("held", rng.choice((200, 900, 2500, 6000)), "store held until {until}")
-        elif roll < 0.35:  # a lease store: the next run's end
-            self._blip_as_a_run_completes(rng.choice(self._blips()))
-        elif roll < 0.55:
-            self._away("down", rng.choice((500, 2000, 8000)), "store down until {until}")
-        elif roll < 0.7 and self.kind == "natslease":
-            self._away("flaky", rng.choice((1000, 4000, 10_000)), "bucket link flaky until {until}")
-        elif roll < 0.7 and self.kind == "lease":
-            self._away("locked", rng.choice((500, 2000, 5000)), "store locked until {until}")
-        elif roll < 0.85 and self.lease:
-            # Backwards only: a forward step shortens every live lease by the step (the README's
-            # Clocks section: a store's clock is slewed, not stepped forward).
-            delta = rng.choice((-10_000, -2000, -500))
-            store.clock.step(delta)
-            self._store_steps.append((self.fleet.now_ms(), delta))
-            self._instant_fault("store clock", f"store clock stepped {delta}ms")
-        elif self.kind == "redis" and self.store.evicting and roll < 0.92:
-            self._instant_fault("evicted", f"{self._data.evict(rng)} keys evicted")
-        elif self.kind == "redis":
-            self._delete_record()
-        elif self.kind == "rabbitmq" and roll < 0.92:
-            tick = self._jobs["tick_s"] * 1000
-            slot = self.fleet.now_ms() - self.fleet.now_ms() % tick + tick * rng.randint(1, 3)
-            self._data.stray(f"tick:{slot}")
-            self._instant_fault("stray queue", f"a queue made beforehand for tick:{slot}")
-        elif self.kind == "rabbitmq":
-            self._delete_record()
-        elif self.lease:
-            self._blip_as_a_run_completes(rng.choice(self._blips()))
-
-    def _blips(self) -> tuple[str, ...]:
-        """How a lease store can be away as a run completes (a KV bucket has no write lock)."""
-        return ("held", "down", "locked") if self.kind == "lease" else ("held", "down")
-
-    def _stop_as_claims_stall(self, instance: Instance) -> None:
-        """The store's answers stall from just before the next slot of every job's grid (a
-        few seconds: cron's 3 s, tick's) and ``instance`` stops just after it: its claims are
-        in flight as its drain begins and answered within it (claim-only backends)."""
-        now, grid = self.fleet.now_ms(), 1000 * math.gcd(self._jobs["tick_s"], 3)
-        instant = (now // grid + 1) * grid
-        span = self.more.choice((300, 800))
-
-        def stall() -> None:
-            self._away(
-                "held", span, f"store stalls for {span}ms from the slot at {instant}", extend=True
-            )
-
-        def stop() -> None:
-            if instance.alive:  # not killed nor stopped by another step meanwhile
-                self._stop(instance)
-
-        self.fleet.call_later(instant - now - 50, stall)
-        self.fleet.call_later(instant - now + 20, stop)
-
-    def _blip_as_a_run_completes(self, how: str) -> None:
-        """The store away (``how``: held, down or locked) from just before the next run's end
-        for less than lease_ttl (issue 24, classes 2 and 3: the release was given up, and the
-        completed slot ran again)."""
-        now, works = self.fleet.now_ms(), {"cron": "cron_work_ms", "slow": "slow_work_ms"}
-        ends = [
-            (run.key != "slow", run.start + self._jobs[works.get(run.key, "work_ms")] - now)
-            for run in self.ledger.runs
-            if run.end is None and run.key in ("tick", "cron", "once", "slow")
-        ]
-        ahead = [left for _, left in sorted(ends) if left > 100][:1]  # the slow job's first
-        if not ahead:
-            return
-        span = self.rng.choice((1500, 2400))
-
-        def blip() -> None:
-            self._away(how, span, f"store {how} for {span}ms as a run completes", extend=True)
-
-        self.fleet.call_later(ahead[0] - 100, blip)
 
     # -- the whole run -----------------------------------------------------------------------
 
@@ -815,7 +704,7 @@ class Simulation:
                 break
         if not violations:
             for instance in self._live():
-                self._stop(instance)
+                self.stop(instance)
             await self.fleet.advance("20s")
             violations = self.ledger.violations(self.fleet.now_ms())
             violations += self.ledger.lost(self.store.wins, self._scheduled)
