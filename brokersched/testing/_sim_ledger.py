@@ -68,7 +68,8 @@ class Run:
     leased: bool = False  # it began a lease of its own (a claim, a take-over), no retry= attempt
     ahead_ms: int = 0  # how far ahead of the fleet's true time its instance's clock was
     end: int | None = None
-    # "returned", "failed" (raised), "cut" (cancelled: lease lost, timeout, drain), "killed"
+    # "returned", "failed" (raised), "timed-out" (cut by its timeout: a failed attempt that
+    # retry= retries, but cut short), "cut" (cancelled: lease lost, drain, abort), "killed"
     how: str = ""
     run_id: str = ""
 
@@ -87,7 +88,7 @@ class Run:
         its take-over, attempt + 1 too, by the same instance's sweep once the lease was lost
         while the retry waited)."""
         return (
-            self.how == "failed"
+            self.how in ("failed", "timed-out")
             and later.reason == "retry"
             and later.instance == self.instance
             and later.attempt == self.attempt + 1
@@ -103,7 +104,7 @@ def origin_of(runs: list[Run], instance: str, key: str, ctx: Any, leased: bool) 
         for run in reversed(runs):
             mine = run.key in (key, f"{key}:start")
             if mine and run.instance == instance and run.slot_ms == ctx.slot_ms:
-                if run.how == "failed" and run.attempt == ctx.attempt - 1:
+                if run.how in ("failed", "timed-out") and run.attempt == ctx.attempt - 1:
                     return run.origin
                 break
     return str(ctx.reason)

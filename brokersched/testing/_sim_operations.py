@@ -139,12 +139,13 @@ class Operator:
         undo = action in ("resume", "enable")
         if undo and spans and spans[-1][1] is None:
             spans[-1][1] = now  # from the moment it is asked
-        if admin:
-            change: Any = instance.scheduler.change_control(job.name, action, by=instance.name)  # type: ignore[arg-type]
-        else:
-            change = getattr(job, action)(by=instance.name)
+        # The admin API's change is sent by its task (a coroutine); Job's applies here at once.
+        applied: Any = None if admin else getattr(job, action)(by=instance.name)
 
         async def changed() -> None:
+            change = applied
+            if change is None:
+                change = instance.scheduler.change_control(job.name, action, by=instance.name)  # type: ignore[arg-type]
             try:
                 control = await _answer(change)
             finally:

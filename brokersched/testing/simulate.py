@@ -455,7 +455,7 @@ class Simulation:
             finally:
                 run.end = fleet.now_ms()
                 if ctx.abort_reason == "timeout":  # a failed attempt (retry= catches it)
-                    how = "failed"
+                    how = "timed-out"
                 run.how = "killed" if instance.clock.dead else how
 
         return handler
