@@ -12,9 +12,11 @@ a new kind of fault is one line of ``_sim_coverage.FAULTS`` and one branch of ``
 from __future__ import annotations
 
 import math
+import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._sim_coverage import EFFECT_MS
+from ._sim_coverage import EFFECT_MS, FAULTS
 
 if TYPE_CHECKING:
     from .simulate import Instance, Simulation
@@ -58,45 +60,96 @@ class Faults:
         until = f"{how}_until"
         longer = getattr(owner, until) if extend else -1
         setattr(owner, until, max(longer, mono + span_ms))
-        if how != "flaky":
+        if how in ("held", "down", "locked"):  # the fleet's calls are refused too
             self.sim.ledger.outages.append((now, now + span_ms))
         self.sim.coverage.fault(how, now, now + span_ms)
         self.sim.log.append(said.format(until=getattr(owner, until)))
 
     def draw(self, roll: float) -> None:
-        store, rng = self.sim.store, self.sim.rng
-        if roll < (0.2 if self.sim.lease else 0.35):
-            self.away("held", rng.choice((200, 900, 2500, 6000)), "store held until {until}")
+        """The fault of a step (``roll``: the seed's draw), on the seed's own RNG."""
+        rng, kind, lease = self.sim.rng, self.sim.kind, self.sim.lease
+        if roll < (0.2 if lease else 0.35):
+            self.held(rng)
         elif roll < 0.35:  # a lease store: the next run's end
             self.blip_as_a_run_completes(rng.choice(self.blips()))
         elif roll < 0.55:
-            self.away("down", rng.choice((500, 2000, 8000)), "store down until {until}")
-        elif roll < 0.7 and self.sim.kind == "natslease":
-            self.away("flaky", rng.choice((1000, 4000, 10_000)), "bucket link flaky until {until}")
-        elif roll < 0.7 and self.sim.kind == "lease":
-            self.away("locked", rng.choice((500, 2000, 5000)), "store locked until {until}")
-        elif roll < 0.85 and self.sim.lease:
-            # Backwards only: a forward step shortens every live lease by the step (the README's
-            # Clocks section: a store's clock is slewed, not stepped forward).
-            delta = rng.choice((-10_000, -2000, -500))
-            store.clock.step(delta)
-            self.store_steps.append((self.sim.fleet.now_ms(), delta))
-            self.instant("store clock", f"store clock stepped {delta}ms")
-        elif self.sim.kind == "redis" and self.sim.store.evicting and roll < 0.92:
-            self.instant("evicted", f"{self.sim.data.evict(rng)} keys evicted")
-        elif self.sim.kind == "redis":
+            self.down(rng)
+        elif roll < 0.7 and kind == "natslease":
+            self.flaky(rng)
+        elif roll < 0.7 and kind == "lease":
+            self.locked(rng)
+        elif roll < 0.85 and lease:
+            self.store_clock(rng)
+        elif kind == "redis" and self.sim.store.evicting and roll < 0.92:
+            self.evicted(rng)
+        elif kind == "redis":
             self.delete_record()
-        elif self.sim.kind == "rabbitmq" and roll < 0.92:
-            tick = self.sim.jobs["tick_s"] * 1000
-            slot = (
-                self.sim.fleet.now_ms() - self.sim.fleet.now_ms() % tick + tick * rng.randint(1, 3)
-            )
-            self.sim.data.stray(f"tick:{slot}")
-            self.instant("stray queue", f"a queue made beforehand for tick:{slot}")
-        elif self.sim.kind == "rabbitmq":
+        elif kind == "rabbitmq" and roll < 0.92:
+            self.stray_queue(rng)
+        elif kind == "rabbitmq":
             self.delete_record()
-        elif self.sim.lease:
+        elif lease:
             self.blip_as_a_run_completes(rng.choice(self.blips()))
+
+    def during(self, rng: random.Random) -> None:
+        """A fault drawn to fall within an operation just begun: any kind this backend has."""
+        kinds = [kind for kind in _INJECT if self.sim.kind in FAULTS[kind].backends]
+        _INJECT[rng.choice(kinds)](self, rng)
+
+    # -- each kind ---------------------------------------------------------------------------
+
+    def held(self, rng: random.Random) -> None:
+        self.away("held", rng.choice((200, 900, 2500, 6000)), "store held until {until}")
+
+    def down(self, rng: random.Random) -> None:
+        self.away("down", rng.choice((500, 2000, 8000)), "store down until {until}")
+
+    def flaky(self, rng: random.Random) -> None:
+        self.away("flaky", rng.choice((1000, 4000, 10_000)), "bucket link flaky until {until}")
+
+    def locked(self, rng: random.Random) -> None:
+        self.away("locked", rng.choice((500, 2000, 5000)), "store locked until {until}")
+
+    def store_clock(self, rng: random.Random) -> None:
+        # Backwards only: a forward step shortens every live lease by the step (the README's
+        # Clocks section: a store's clock is slewed, not stepped forward).
+        delta = rng.choice((-10_000, -2000, -500))
+        self.sim.store.clock.step(delta)
+        self.store_steps.append((self.sim.fleet.now_ms(), delta))
+        self.instant("store clock", f"store clock stepped {delta}ms")
+
+    def evicted(self, rng: random.Random) -> None:
+        self.instant("evicted", f"{self.sim.data.evict(rng)} keys evicted")
+
+    def stray_queue(self, rng: random.Random) -> None:
+        now, tick = self.sim.fleet.now_ms(), self.sim.jobs["tick_s"] * 1000
+        slot = now - now % tick + tick * rng.randint(1, 3)
+        self.sim.data.stray(f"tick:{slot}")
+        self.instant("stray queue", f"a queue made beforehand for tick:{slot}")
+
+    def step_clock(self, instance: Instance, ahead_ms: int) -> None:
+        """``instance``'s clock stepped to ``ahead_ms`` ahead of the fleet's true time."""
+        instance.clock.step(ahead_ms - instance.clock.ahead_ms)
+        now = self.sim.fleet.now_ms()
+        self.sim.ledger.stepped.setdefault(instance.name, []).append(now)
+        self.sim.coverage.fault("clock step", now, now + EFFECT_MS, instance.name)
+        self.sim.log.append(f"{instance.name} clock now {instance.clock.ahead_ms}ms ahead")
+
+    def _kill_one(self, rng: random.Random) -> None:
+        live = self.sim.live()
+        if len(live) > 1:
+            self.kill(rng.choice(live))
+
+    def _step_one(self, rng: random.Random) -> None:
+        if live := self.sim.live():
+            far = self.sim.lease and rng.random() < 0.2
+            self.step_clock(
+                rng.choice(live), rng.randint(*(-30_000, 30_000) if far else (-500, 500))
+            )
+
+    def _shed(self, rng: random.Random) -> None:
+        span = rng.choice((1000, 5000, 20_000))
+        self.away("shed", span, f"the backend sheds for {span}ms", extend=True)
 
     def blips(self) -> tuple[str, ...]:
         """How a lease store can be away as a run completes (a KV bucket has no write lock)."""
@@ -141,3 +194,19 @@ class Faults:
             self.away(how, span, f"store {how} for {span}ms as a run completes", extend=True)
 
         self.sim.fleet.call_later(ahead[0] - 100, blip)
+
+
+#: How to inject each kind of fault of ``_sim_coverage.FAULTS`` now, on a given RNG (kinds a
+#: fleet cannot meet while it runs, as an evicting Redis that no instance starts on, apart).
+_INJECT: dict[str, Callable[[Faults, random.Random], None]] = {
+    "kill -9": Faults._kill_one,
+    "held": Faults.held,
+    "down": Faults.down,
+    "locked": Faults.locked,
+    "flaky": Faults.flaky,
+    "shed": Faults._shed,
+    "clock step": Faults._step_one,
+    "store clock": Faults.store_clock,
+    "record deleted": lambda faults, _: faults.delete_record(),
+    "stray queue": Faults.stray_queue,
+}

@@ -85,7 +85,10 @@ class Operator:
         elif roll < 0.14:
             self.abort(rng.choice(live))
         elif roll < 0.16:
-            self.shed()
+            self.sim.faults.during(rng)  # the backend sheds, say, as nothing else happens
+        if roll < 0.14 and rng.random() < 0.3:  # a fault within the operation just begun
+            after = rng.choice((0, 300, 1500))
+            self.sim.fleet.call_later(after, lambda: self.sim.faults.during(rng))
 
     # -- backfill ----------------------------------------------------------------------------
 
@@ -230,14 +233,3 @@ class Operator:
 
         instance.drive(abort(), "abort")
         sim.log.append(f"abort {run.key}:{run.slot_ms} on {run.instance} through {instance.name}")
-
-    # -- the backend's budget ----------------------------------------------------------------
-
-    def shed(self) -> None:
-        """The backend sheds for a while: no new claim (as near its server's budget)."""
-        sim = self.sim
-        span = self.rng.choice((1000, 5000, 20_000))
-        mono, now = sim.fleet.monotonic_ms(), sim.fleet.now_ms()
-        sim.store.shed_until = max(sim.store.shed_until, mono + span)
-        sim.coverage.fault("shed", now, now + span)
-        sim.log.append(f"the backend sheds for {span}ms")

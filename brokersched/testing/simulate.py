@@ -506,12 +506,7 @@ class Simulation:
             instance = rng.choice(live)
             self.trigger(instance, ("tick", "cron")[rng.randrange(2)])
         elif roll < 0.31:
-            instance = rng.choice(live)
-            instance.clock.step(self._skew() - instance.clock.ahead_ms)
-            now = self.fleet.now_ms()
-            self._instance_steps.setdefault(instance.name, []).append(now)
-            self.coverage.fault("clock step", now, now + EFFECT_MS, instance.name)
-            self.log.append(f"{instance.name} clock now {instance.clock.ahead_ms}ms ahead")
+            self.faults.step_clock(rng.choice(live), self._skew())
         elif roll < 0.37:
             self.faults.draw(rng.random())
         elif roll < 0.39 and self.kind in ("redis", "rabbitmq"):
