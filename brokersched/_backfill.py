@@ -282,11 +282,9 @@ class _Backfill:
 
     async def _controls(self) -> _Verdict | None:
         """The verdict of the fleet's controls, read within the last second: a disabled job's
-        slot is skipped. A backfill waits for that read (as long as a fleet call may take),
-        whatever the last one did: it keeps no slot's time, and an instance that schedules
-        nothing (the CLI's) reads the controls at no other moment."""
+        slot is skipped."""
         if self.runner.fleet is not None:
-            await self.runner.fleet.refresh(self.clock.now_ms() - 1000, within_ms=None)
+            await self.runner.fleet.refresh(self.clock.now_ms() - 1000, within_ms=1000)
         if self.job.disabled:
             return "skipped", _DISABLED
         return None
