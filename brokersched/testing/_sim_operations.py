@@ -11,7 +11,8 @@ these operations existed stay as they were):
 * a job removed at run time (its runs aborted or not), and registered again a while later;
 * ``Job.update()`` of its jitter, max_late and timeout;
 * an abort of a run going on somewhere in the fleet (``Scheduler.abort``);
-* the backend shedding new claims for a while (near its server's budget);
+* a fault of any kind within an operation just begun (``Faults.during``: the backend shedding
+  new claims near its server's budget among them);
 * in the deploys: ``timeout``, ``retry=`` on or off, an instance that schedules nothing
   (``enabled=False``); in the jobs: runs far longer than a backfill's settle delay.
 """

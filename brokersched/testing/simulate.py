@@ -21,8 +21,9 @@ deleted or its keys evicted.
 
 What users do is drawn too, at the shapes they do it (``_sim_operations``): backfills fast and
 slow over ranges that end now, straddle live slots or lie long ago, two at once; jobs disabled
-and enabled, removed and added again, updated, their runs aborted; the backend shedding new
-claims near its budget.
+and enabled, removed and added again, updated, their runs aborted; faults drawn to fall within
+an operation just begun (``_sim_faults``), the backend shedding new claims near its budget
+among them.
 
 The invariants, after every step, are the ledger's (``_sim_ledger``). What the seeds reached,
 each operation against each fault, is counted (``_sim_coverage``) and printed as a table after
