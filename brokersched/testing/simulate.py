@@ -45,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from .._backfill import BackfillSlot
 from .._clock import datetime_to_ms, ms_to_datetime
 from .._durations import format_duration
 from .._events import SkipEvent
@@ -600,11 +601,17 @@ class Simulation:
             slots=(start_ms, end_ms),
         )  # fmt: skip
 
+        def said(step: BackfillSlot) -> None:
+            """A slot the backfill did not run, and said why (its claim won, answer lost, say)."""
+            if step.status != "ran":
+                self.ledger.skipped.add((key, datetime_to_ms(step.at), instance.name))
+
         async def backfill() -> None:
             try:
                 steps = await scheduler.backfill(
-                    name, ms_to_datetime(start_ms), ms_to_datetime(end_ms), rate=rate
-                )
+                    name, ms_to_datetime(start_ms), ms_to_datetime(end_ms), rate=rate,
+                    progress=said,
+                )  # fmt: skip
             except Exception as exc:  # a stop meanwhile, a refused range
                 self.log.append(f"backfill {name} on {instance.name}: {exc!r}")
                 return
