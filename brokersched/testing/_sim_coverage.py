@@ -45,6 +45,7 @@ __all__ = [
     "Coverage",
     "format_table",
     "reachable",
+    "to_json",
 ]
 
 ALL = ("lease", "redis", "nats", "rabbitmq", "natslease")

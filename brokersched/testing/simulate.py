@@ -69,7 +69,7 @@ from ._sim_faults import Faults
 from ._sim_ledger import LEASE_SKEW_MS, Ledger, Run, origin_of
 from ._sim_operations import Operator
 
-__all__ = ["BACKENDS", "Result", "main", "simulate"]
+__all__ = ["BACKENDS", "Deploy", "Instance", "Result", "Simulation", "main", "simulate"]
 
 BACKENDS = ("lease", "redis", "nats", "rabbitmq", "natslease")
 #: What a seed draws when no backend is given: the backends before ``natslease`` (chosen with
