@@ -48,7 +48,8 @@ chaos: $(STAMP)
 	$(BIN)/python bench/chaos_nats.py 10
 
 # The fleet simulator (brokersched.testing.simulate): SEEDS=N runs seeds 0..N-1 (FIRST=K to
-# start elsewhere), SEED=n replays one (BACKEND=lease|redis|nats|rabbitmq, STEPS=120, VERBOSE=1).
+# start elsewhere) and prints what they reached (operation x fault), SEED=n replays one
+# (BACKEND=lease|redis|nats|rabbitmq|natslease, STEPS=120, VERBOSE=1).
 SEEDS ?= 200
 simulate: $(STAMP)
 	PYTHONHASHSEED=0 $(BIN)/python -m brokersched.testing.simulate \

@@ -247,7 +247,8 @@ class _Backfill:
                 if (wait_ms := next_ms - self.clock.monotonic_ms()) > 0:
                     await self.clock.sleep(wait_ms / 1000)
                 next_ms = self.clock.monotonic_ms() + pace_ms
-                status, detail = await self._on_store(slot_ms)
+                # After the wait (seconds at a slow rate), the controls are read again.
+                status, detail = await self._controls() or await self._on_store(slot_ms)
                 if (stopped := self._stopped()) is not None:
                     status, detail = "stopped", stopped
                 elif status == "would-run":
@@ -277,11 +278,16 @@ class _Backfill:
                 f"too recent: the fleet may still claim or run it (on this job, a backfill "
                 f"takes slots at least {wait} old)"
             )
-        if self.runner.fleet is not None:  # the fleet's controls, read within the last second
+        return await self._controls() or ("would-run", None)
+
+    async def _controls(self) -> _Verdict | None:
+        """The verdict of the fleet's controls, read within the last second: a disabled job's
+        slot is skipped."""
+        if self.runner.fleet is not None:
             await self.runner.fleet.refresh(self.clock.now_ms() - 1000, within_ms=1000)
         if self.job.disabled:
             return "skipped", _DISABLED
-        return "would-run", None
+        return None
 
     async def _on_store(self, slot_ms: int) -> _Verdict:
         """The verdict from the store, right before the claim: ``would-run`` means claim it

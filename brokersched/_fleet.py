@@ -205,8 +205,13 @@ class Fleet:
             with self.link.clock.blocking():
                 await asyncio.shield(read.task)
             return
-        if self._failing is not None or within_ms <= 0:
-            return  # the backend is away (or no wait asked): no slot is made later by it
+        if within_ms <= 0:
+            return
+        if self._failing is not None and self._started:
+            # The backend is away (its last call failed, a heartbeat ago at most): no slot is
+            # made later by it. An instance without heartbeats (enabled=False: the CLI's
+            # trigger) may have failed long ago: its read is waited for.
+            return
         # A slot waits for the read at most _SLOT_WAIT_MS on the scheduler's clock, then goes on
         # with the last known controls (the read goes on, and applies what it finds).
         waited: asyncio.Future[None] = asyncio.get_running_loop().create_future()

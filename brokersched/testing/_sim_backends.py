@@ -86,6 +86,7 @@ class Store:
     down_until: int = -1  # monotonic ms: calls refused at once (restarting)
     held_until: int = -1  # calls held: answered late, or lost (a link that drops or stalls)
     locked_until: int = -1  # another process holds the write lock (SQLite)
+    shed_until: int = -1  # the backend sheds: no new claim (near its server's budget)
     busy_timeout_ms: int = 5000
     wins: Wins = field(default_factory=dict)
     # the slots won by a call whose answer was lost and whose caller was cancelled waiting
@@ -908,8 +909,8 @@ class SimRabbitMQ(_SimFleet, ClaimBackend):
 
     def claim_deadline_ms(self, slot: Slot) -> int | None:
         view = self._view
-        if view is None:
-            return None
+        if view is None:  # as RabbitMQBackend: its own slot_ttl until it reads the record
+            return super().claim_deadline_ms(slot)
         limit = view.limit_ms(slot.slot_ms, self._skew_ms)
         lead = self._lead(view.memory_ms)
         return slot.slot_ms + limit - margin_ms(limit, skew_ms=self._skew_ms, lead_ms=lead)
@@ -934,6 +935,10 @@ class SimRabbitMQ(_SimFleet, ClaimBackend):
                 if record is None or self._view is None or record != self._view:
                     await self._settle()  # the fence is gone: read the record again
                     continue
+                late = None if boot else self.claim_deadline_ms(slot)
+                if late is not None and self._clock is not None and self._clock.now_ms() > late:
+                    # As RabbitMQBackend's claim budget, again under the view just read.
+                    raise BackendError(f"slot {slot.key} is too late to claim safely")
                 memory = to_ms(BOOT_MEMORY) if boot else self._view.memory_ms
                 queue = self.data.queue(slot.key)
                 if queue is not None and queue.held_by is not None:

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from brokersched._backfill import _Backfill, settle_ms
 from brokersched._runner import Runner
+from brokersched._scheduler import Job, Scheduler
 from brokersched.abc import Lease
 from brokersched.backends import _claims, _lease
 from brokersched.backends._claims import FleetMemory
+from brokersched.cli import cli
 from brokersched.testing._sim_backends import (
     SimLeaseBackend,
     SimNATS,
@@ -23,12 +27,21 @@ from brokersched.testing._sim_backends import (
     _RedisData,
     _SimTable,
 )
-from brokersched.testing.simulate import BACKENDS, simulate
+from brokersched.testing._sim_coverage import (
+    NOT_DRAWN,
+    OPERATIONS,
+    Coverage,
+    format_table,
+    reachable,
+)
+from brokersched.testing.simulate import BACKENDS, Result, simulate
 
-# About 0.6 s a seed on this repository's idle 2-core machine (several times that under load):
-# 4 x 12 seeds, and 6 of natslease (1-3 s each), stay within CI's minute and a half. One test a
-# seed, so that a slow machine never runs one test past its timeout, and a failure names its
-# seed.
+# About 1 s a seed on this repository's idle 2-core machine (several times that under load):
+# 4 x 12 seeds, and 6 of natslease, stay within CI's budget (the file takes a minute and a
+# half). One test a seed, so that a slow machine never runs one test past its timeout, and a
+# failure names its seed. With them, every pair of the coverage table that can be reached is
+# (the last test here checks it; lease 10 and 11 bring an abort as SQLite's lock is held and an
+# enable as the fleet claims the job).
 SEEDS = range(12)
 CASES = [(b, seed) for b in BACKENDS for seed in (SEEDS if b != "natslease" else SEEDS[:6])]
 # A graceful stop whose drain and grace ended while the store was down (8 s, from before the
@@ -42,11 +55,15 @@ CASES += [("natslease", 79)]
 # A retry= wait cut by a lease lost on a flaky link, and the slot taken over by the same
 # instance's sweep: the ledger counted the take-over's attempts as retries of the first.
 CASES += [("natslease", 162)]
+# Redis with its maxmemory-policy set to evict while the fleet runs, during every operation.
+CASES += [("redis", seed) for seed in (13, 18, 21, 28)]
+# Each seed's result, for the coverage of all of them (test_the_ci_seeds_reach_...).
+_RESULTS: dict[tuple[str, int], Result] = {}
 
 
 @pytest.mark.parametrize(("backend", "seed"), CASES, ids=[f"{b}-{seed}" for b, seed in CASES])
 def test_the_fleet_keeps_its_invariants(backend: str, seed: int) -> None:
-    result = simulate(seed, backend=backend)
+    result = _RESULTS[backend, seed] = simulate(seed, backend=backend)
     replay = f"replay: make simulate SEED={seed} BACKEND={backend}"
     assert result.ok, "\n".join([*result.violations[:3], replay])
 
@@ -65,7 +82,7 @@ def test_a_seed_replays_the_same_run() -> None:
 
 
 def test_a_broken_invariant_is_reported_with_the_run() -> None:
-    from brokersched.testing.simulate import Ledger, Run
+    from brokersched.testing._sim_ledger import Ledger, Run
 
     ledger = Ledger(lease=False)
     for instance in ("a", "b"):
@@ -78,7 +95,7 @@ def test_a_retry_is_no_new_run_of_its_slot_unless_it_breaks_the_rules() -> None:
     """A failed attempt's retry on the same instance (attempt + 1, within its attempts) is the
     same run of the slot; elsewhere, beyond its attempts, or after the last retry failed on a
     lease backend, it is a second run."""
-    from brokersched.testing.simulate import Ledger, Run
+    from brokersched.testing._sim_ledger import Ledger, Run
 
     def run(instance: str, reason: str, attempt: int, how: str, start: int) -> Run:
         return Run("tick", 1000, reason, attempt, instance, "allow", 3, start, 3000, 3, reason,
@@ -110,7 +127,7 @@ def test_a_release_given_up_by_a_stop_while_the_store_was_away_is_the_documented
     the run's end until the stop gave the release up: the release never lands, and the slot
     runs again once the lease expires, as after a kill. Had the store been back more than an
     attempt's wait and a pause before the stop ended, the release must have landed."""
-    from brokersched.testing.simulate import Ledger, Run
+    from brokersched.testing._sim_ledger import Ledger, Run
 
     def ledger(outage: tuple[int, int]) -> Ledger:
         ended = Run("cron", 1000, "schedule", 1, "a", "allow", 2, 0, 30_000, end=1000,
@@ -130,7 +147,7 @@ def test_a_release_given_up_by_a_stop_while_the_store_was_away_is_the_documented
 def test_a_retry_that_returned_is_judged_by_its_chains_lease() -> None:
     """A retry after a failed attempt runs under the lease of its chain's first attempt: that
     lease's release and expiry tell whether the slot may run again, not the retry's attempt."""
-    from brokersched.testing.simulate import Ledger, Run
+    from brokersched.testing._sim_ledger import Ledger, Run
 
     def ledger(*, released: bool, expiry: int) -> Ledger:
         def run(instance: str, reason: str, attempt: int, how: str, start: int) -> Run:
@@ -275,10 +292,198 @@ async def _blind_write(self: _SimTable, key: str, value: bytes, last: int, timeo
 
 def test_natslease_rests_on_the_buckets_compare_and_set(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two instances deciding from one revision of a job's row must not both write it: with a
-    bucket that lets them, seed 211 runs a slot on two instances (the simulator sees
-    NATSLeaseBackend's races). The seed changes when the runs' timing does (a run now ends its
-    lease after its record has landed); the CHANGELOG keeps the earlier ones."""
-    assert simulate(211, backend="natslease").ok, "seed 211 fails on the compare-and-set"
+    bucket that lets them, seed 52 runs a slot on two instances at once (two backfills of it:
+    the simulator sees NATSLeaseBackend's races). The seed changes when the runs' timing or the
+    generator does; the CHANGELOG keeps the earlier ones."""
+    assert simulate(52, backend="natslease").ok, "seed 52 fails on the compare-and-set"
     monkeypatch.setattr(_SimTable, "write", _blind_write)
-    result = simulate(211, backend="natslease")
-    assert any("ran again" in v or "ran 2 times" in v for v in result.violations), result.log[-5:]
+    result = simulate(52, backend="natslease")
+    seen = ("ran again", "ran 2 times", "ran twice at once")
+    assert any(s in v for v in result.violations for s in seen), result.log[-5:]
+
+
+# -- the simulator finds the backfill's seams on the rules before their fixes ------------------
+
+
+async def _old_backfill_before(self: _Backfill, slot_ms: int) -> Any:
+    """Before the backfill judged each slot on the store: a slot "too recent" against now at
+    its turn (with the history read once, at the start)."""
+    if slot_ms in self.ran:
+        return "already-run", None
+    if (stopped := self._stopped()) is not None:
+        return "stopped", stopped
+    if (too_old := self._too_old(slot_ms)) is not None:
+        return "skipped", too_old
+    if (settle := settle_ms(self.job, self.backend)) and slot_ms > self.clock.now_ms() - settle:
+        return "skipped", "too recent"
+    return await self._controls() or ("would-run", None)
+
+
+async def _old_backfill_on_store(self: _Backfill, slot_ms: int) -> Any:
+    """... and no read of the slot's lease nor of its record before the claim."""
+    return "would-run", None
+
+
+async def _no_controls(self: _Backfill) -> None:
+    """Before the backfill read the fleet's controls: a disabled job was backfilled."""
+    return None
+
+
+BACKFILL_UNDONE: list[tuple[str, str, int, list[tuple[str, object]], tuple[str, ...]]] = [
+    # (what, backend, seed, the old rules, a violation that says it)
+    (
+        "a slot whose run goes on backfilled again",
+        "lease",
+        2,
+        [("_before", _old_backfill_before), ("_on_store", _old_backfill_on_store)],
+        ("ran twice at once",),
+    ),
+    (
+        "a disabled job backfilled",
+        "lease",
+        3,
+        [("_controls", _no_controls)],
+        ("ran while disabled",),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "backend", "seed", "old", "seen"),
+    BACKFILL_UNDONE,
+    ids=[row[0] for row in BACKFILL_UNDONE],
+)
+def test_a_backfill_seam_is_found_on_the_rule_before_its_fix(
+    monkeypatch: pytest.MonkeyPatch,
+    what: str,
+    backend: str,
+    seed: int,
+    old: list[tuple[str, object]],
+    seen: tuple[str, ...],
+) -> None:
+    assert simulate(seed, backend=backend).ok, f"seed {seed} fails on the fixed rule"
+    for name, rule in old:
+        monkeypatch.setattr(_Backfill, name, rule)
+    result = simulate(seed, backend=backend)
+    assert any(s in v for v in result.violations for s in seen), result.violations
+
+
+# -- the generator covers the public API, and the CI seeds reach what it can -------------------
+
+
+def _public(owner: type) -> set[str]:
+    names = {name for name in vars(owner) if not name.startswith("_")}
+    return names | {name for name in ("__aenter__", "__aexit__") if name in vars(owner)}
+
+
+def test_every_public_operation_is_drawn_by_the_generator_or_says_why_not() -> None:
+    """A new method of ``Scheduler`` or ``Job``, or a new command of the CLI, fails here until
+    the generator draws it (``_sim_coverage.OPERATIONS``) or says why not (``NOT_DRAWN``)."""
+    drawn = {call for kind in OPERATIONS.values() for call in kind.calls}
+    public = {f"Scheduler.{name}" for name in _public(Scheduler)}
+    public |= {f"Job.{name}" for name in _public(Job)}
+    public |= {f"cli {name}" for name in cli.commands}
+    assert public - drawn - set(NOT_DRAWN) == set(), "neither drawn nor said why not"
+    assert (drawn | set(NOT_DRAWN)) - public == set(), "no such public operation any more"
+    assert drawn & set(NOT_DRAWN) == set(), "drawn, and said why not"
+
+
+def test_a_fault_or_an_operation_the_generator_injects_must_be_registered() -> None:
+    coverage = Coverage()
+    with pytest.raises(AssertionError):
+        coverage.fault("a fault nobody registered", 0, 1)
+    with pytest.raises(AssertionError):
+        coverage.op("an operation nobody registered", 0)
+
+
+def test_the_ci_seeds_reach_every_reachable_operation_and_fault() -> None:
+    """Summed over the CI seeds (those run above, reused), each pair the coverage table says
+    is reachable was reached at least once: a change that makes the generator miss one (an
+    operation it stops drawing, a fault it no longer injects during one) fails here."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for backend, seed in CASES:
+        result = _RESULTS.get((backend, seed)) or simulate(seed, backend=backend)
+        counts.update(result.coverage)
+    missed = [pair for pair in reachable() if not counts[pair]]
+    assert missed == [], format_table(counts, reachable())
+
+
+# -- the ledger sees what it must ------------------------------------------------------------
+
+
+def _run(instance: str, reason: str, start: int, end: int | None, **more: Any) -> Any:
+    from brokersched.testing._sim_ledger import Run
+
+    how = "returned" if end is not None else ""
+    return Run("cron", 3000, reason, 1, instance, "allow", 3, start, 30_000, end=end, how=how,
+               leased=True, **more)  # fmt: skip
+
+
+def test_two_runs_of_a_slot_at_once_are_seen_while_the_first_goes_on() -> None:
+    """On a lease backend a slot may run again after a run that was cut short, never beside
+    one: a backfill of a slot whose scheduled run still goes is seen at once (not only once
+    the first has ended, nor never when the first is then cut)."""
+    from brokersched.testing._sim_ledger import Ledger
+
+    going = _run("a", "schedule", 1000, None)
+    backfill = _run("b", "backfill", 5000, None)
+    [found] = Ledger(lease=True, runs=[going, backfill]).violations(now=6000)
+    assert "ran twice at once" in found
+    going.end, going.how = 7000, "killed"  # cut short later: still, they ran side by side
+    assert "ran twice at once" in Ledger(lease=True, runs=[going, backfill]).violations(8000)[0]
+    going.end = 4000  # cut short first: the backfill may run it (it never completed)
+    assert Ledger(lease=True, runs=[going, backfill]).violations(now=8000) == []
+
+
+def test_runs_of_an_overlap_skip_job_overlapping_one_that_goes_on_are_seen() -> None:
+    from brokersched.testing._sim_ledger import Ledger, Run
+
+    def run(slot: int, start: int, end: int | None) -> Run:
+        return Run("tick", slot, "schedule", 1, "a", "skip", 3, start, 30_000, end=end)
+
+    [found] = Ledger(lease=True, runs=[run(1000, 1000, None), run(2000, 2000, 2500)]).violations(
+        now=3000
+    )
+    assert "runs of tick overlap" in found
+    assert (
+        Ledger(lease=True, runs=[run(1000, 1000, 1900), run(2000, 2000, None)]).violations(now=3000)
+        == []
+    )
+
+
+def test_a_pause_is_seen_all_the_while_it_lasts_an_outage_excuses_only_near_it() -> None:
+    """The store away near a slot's read of the controls excuses the slot (the last known
+    controls stand until a read succeeds, within a heartbeat); an outage long before it,
+    during the same pause, does not blind the ledger for the rest of the pause."""
+    from brokersched.testing._sim_ledger import Ledger, Run
+
+    def ledger(slot: int) -> Ledger:
+        run = Run("tick", slot, "schedule", 1, "a", "allow", 3, slot + 10, 30_000, end=slot + 20)
+        return Ledger(lease=True, runs=[run], paused={"tick": [[0, None]]},
+                      outages=[(1000, 2000)])  # fmt: skip
+
+    [found] = ledger(60_000).violations(now=70_000)
+    assert "ran while paused" in found
+    assert ledger(9000).violations(now=70_000) == []  # a read a moment after the outage
+    resumed = ledger(60_000)
+    resumed.paused["tick"][0][1] = 50_000
+    assert resumed.violations(now=70_000) == []
+
+
+def test_a_disabled_job_runs_nothing_but_the_retries_of_its_runs() -> None:
+    """Disabled for the fleet: no scheduled run, no manual run, no backfill (whose read of
+    the controls is within a second before its run), while a retry= attempt goes on."""
+    from brokersched.testing._sim_ledger import Ledger
+
+    def ledger(reason: str, *, leased: bool = True) -> Ledger:
+        run = _run("a", reason, 20_000, 21_000)
+        run.slot_ms, run.leased = 19_900, leased
+        return Ledger(lease=True, runs=[run], disabled={"cron": [[10_000, None]]})
+
+    for reason in ("schedule", "manual", "backfill"):
+        [found] = ledger(reason).violations(now=30_000)
+        assert "ran while disabled" in found, reason
+    assert ledger("retry", leased=False).violations(now=30_000) == []
+    paused = ledger("backfill")
+    paused.paused, paused.disabled = paused.disabled, {}
+    assert paused.violations(now=30_000) == []  # a paused job is backfilled (README)

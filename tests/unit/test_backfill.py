@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from brokersched import ConfigurationError, JobContext, MemoryBackend, Scheduler
+from brokersched._exceptions import BackendUnavailableError
+from brokersched.backends.memory import MemoryStore
 from brokersched.testing import TestClock
 from tests.support.helpers import DictClaimBackend
 
@@ -38,10 +40,12 @@ def statuses(steps: list[Any]) -> list[tuple[str, str]]:
     return [(step.at.strftime("%H:%M"), step.status) for step in steps]
 
 
-async def down_for_ten_minutes(clock: TestClock, **options: Any) -> tuple[Scheduler[Any], Seen]:
+async def down_for_ten_minutes(
+    clock: TestClock, store: MemoryStore | None = None, **options: Any
+) -> tuple[Scheduler[Any], Seen]:
     """A scheduler that did not schedule (disabled) while ten slots of ``every 1m`` passed."""
     seen = Seen()
-    backend = MemoryBackend(lease_ttl="5s")
+    backend = MemoryBackend(lease_ttl="5s", store=store)
     scheduler = Scheduler(backend, clock=clock, jitter=0, instance_id="me", enabled=False)
     # A slot 40 s old (2 x max_late, 2 x lease_ttl, 10 s for records) may be backfilled.
     scheduler.every("report", "1m", seen, **{"catch_up": 0, "max_late": "10s", **options})
@@ -456,4 +460,67 @@ async def test_a_dry_run_answers_as_the_backfill_then_does(clock: TestClock) -> 
     ]  # fmt: skip
     assert dry[0].detail == real[0].detail and "older ranges first" in (dry[0].detail or "")
     assert len(seen.runs) == 3
+    await scheduler.stop()
+
+
+async def test_a_job_disabled_while_the_backfill_waits_for_its_rate_runs_no_more(
+    clock: TestClock,
+) -> None:
+    """At 0.5 slot a second the backfill waits 2 s before each slot: a disable made then (here
+    or on any instance) stops the next slot, not only the one after."""
+    scheduler, seen = await down_for_ten_minutes(clock)
+    job = scheduler.get("report")
+    assert job is not None
+
+    async def disable_a_second_later() -> None:
+        await clock.sleep(1)
+        await job.disable(by="ops")
+
+    disabling = asyncio.ensure_future(disable_a_second_later())
+    steps = await drive(
+        clock, scheduler.backfill("report", at("08:01:00"), at("08:03:00"), rate=0.5)
+    )
+    await disabling
+    assert [s.status for s in steps] == ["ran", "skipped", "skipped"]
+    assert len(seen.runs) == 1
+    await scheduler.stop()
+
+
+async def test_a_backfill_waits_for_its_read_of_the_controls_after_a_failed_one(
+    clock: TestClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An instance that schedules nothing (the CLI's) reads the fleet's controls only when it
+    runs something: once a read failed, the next is still waited for, so a job disabled for
+    the fleet since (by another instance) is not backfilled."""
+    store = MemoryStore()
+    scheduler, seen = await down_for_ten_minutes(clock, store=store)
+    other = Scheduler(MemoryBackend(lease_ttl="5s", store=store), clock=clock, jitter=0,
+                      instance_id="ops", enabled=False)  # fmt: skip
+    other.every("report", "1m", Seen(), catch_up=0, max_late="10s")
+    await other.start()
+    backend = scheduler.backend
+    read = backend.controls
+
+    async def away() -> Any:
+        raise BackendUnavailableError("the store is away")
+
+    job, other_job = scheduler.get("report"), other.get("report")
+    assert job is not None and other_job is not None
+    await other_job.disable(by="ops")
+
+    async def fail_a_read() -> None:  # a dry run: nothing runs, nothing else is published
+        monkeypatch.setattr(backend, "controls", away)
+        await drive(
+            clock, scheduler.backfill("report", at("08:01:00"), at("08:01:00"), dry_run=True)
+        )
+        monkeypatch.setattr(backend, "controls", read)
+        await clock.advance("2s")  # the failed read is no read of the last second
+
+    await fail_a_read()
+    assert await drive(clock, job.trigger()) is None  # not run by hand
+    await fail_a_read()
+    steps = await drive(clock, scheduler.backfill("report", at("08:01:00"), at("08:01:00")))
+    assert [s.status for s in steps] == ["skipped"]  # nor backfilled
+    assert seen.runs == []
+    await other.stop()
     await scheduler.stop()
