@@ -418,7 +418,7 @@ class _Backfill:
             instance_id=self.runner.instance_id,
             run_id=run_id,
             reason="backfill",
-            timeout=_CLAIM_TIMEOUT_S,
+            timeout=self.runner.lease_bound(_CLAIM_TIMEOUT_S),
         )
         return answer if isinstance(answer, Lease) else None
 
