@@ -1075,14 +1075,16 @@ class _Renewer:
         self._schedule(leased_ms)
 
     def _schedule(self, valid_from_ms: int) -> None:
-        """The next renewal, for a lease known valid from ``valid_from_ms``. Its deadline is
-        armed only when it would come before that renewal, else when the renewal is sent:
-        most runs end before their first renewal, and a timer per run that never fires costs
-        the event loop."""
+        """The next renewal, for a lease known valid from ``valid_from_ms``: a period after
+        that, not after its answer came, so a lease answered late is renewed at once, before
+        the deadline its lateness brought near. The deadline is armed only when it would come
+        before that renewal, else when the renewal is sent: most runs end before their first
+        renewal, and a timer per run that never fires costs the event loop."""
         self._valid_from_ms = valid_from_ms
-        self._timer = self._clock.call_later(self._period_ms, self._due)
-        lose_ms = valid_from_ms + self._valid_ms
-        if lose_ms <= self._clock.monotonic_ms() + self._period_ms:
+        now = self._clock.monotonic_ms()
+        due_ms = max(valid_from_ms + self._period_ms, now)
+        self._timer = self._clock.call_later(due_ms - now, self._due)
+        if valid_from_ms + self._valid_ms <= due_ms:
             self._deadline = self._lose_at(valid_from_ms)
 
     def _due(self) -> None:

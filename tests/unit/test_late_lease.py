@@ -162,3 +162,29 @@ async def test_a_claim_is_given_no_longer_than_its_lease_to_answer() -> None:
         await clock.advance_to(WHEN)
         await job.trigger()
     assert timeouts and all(timeout <= 27 for timeout in timeouts)
+
+
+async def test_a_lease_answered_late_but_in_time_is_renewed_at_once() -> None:
+    """Answered 24 s after the claim was sent, a 30 s lease is counted on for 3 s more: its
+    first renewal is due a third of lease_ttl after the claim was sent, so it goes at once, and
+    the run keeps its lease (not lost 3 s later, then taken over and run again)."""
+    clock, store = TestClock(START), MemoryStore()
+    starts: Starts = []
+    ends: list[str | None] = []
+
+    async def long(ctx: JobContext) -> None:
+        starts.append((ctx.instance_id, ctx.job, ctx.attempt, ctx.reason, ctx.run_id))
+        await ctx.sleep(60)
+        ends.append(ctx.abort_reason)
+
+    late = Scheduler(
+        LateClaims(24, store=store, lease_ttl=TTL_S), clock=clock, jitter=0, instance_id="A"
+    )
+    other = Scheduler(MemoryBackend(store=store, lease_ttl=TTL_S), clock=clock, instance_id="B")
+    late.at("a", WHEN, long)
+    other.at("a", WHEN + timedelta(days=1), long)
+    async with late, other:
+        await clock.advance_to(WHEN)
+        await clock.advance("3m")
+    assert [(instance, reason) for instance, _, _, reason, _ in starts] == [("A", "schedule")]
+    assert ends == [None]  # it ran to its end, never told it lost its lease
