@@ -17,10 +17,13 @@ deploys that change ``slot_ttl`` or ``lease_ttl``, jitter, ``max_late``, a job's
 kept ``key``, ``declare_ahead``; kill -9, graceful stops, manual triggers, backfills of recent
 and older ranges; clocks skewed or
 stepped on instances and on the store; the store held, cut, restarted, locked, its fleet record
-deleted, its maxmemory-policy set to evict (keys evicted) and back.
+deleted, its maxmemory-policy set to evict (keys evicted) and back; a lease store answering later
+than a lease lasts (from a generator of its own: ``late_answers=False`` runs a seed as before it
+was drawn).
 
 The invariants, after every step (``Ledger.violations``):
 
+* no handler starts on a lease that has expired (on the fleet's true time);
 * a slot of a key runs once on a claim-only backend; on a lease backend it runs again only
   after its run was cut short (killed, its lease lost, a drain's cut), at attempts within
   ``max_attempts``: a slot whose handler returned never runs again. A ``retry`` after a
@@ -417,13 +420,21 @@ class Result:
 
 class Simulation:
     def __init__(
-        self, seed: int, *, backend: str | None = None, steps: int = 120, pauses: bool = True
+        self,
+        seed: int,
+        *,
+        backend: str | None = None,
+        steps: int = 120,
+        pauses: bool = True,
+        late_answers: bool = True,
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         # Pauses and resumes are drawn apart, so that without them a seed runs as before they
-        # were added (the seeds that found the classes of issue 24 among them).
+        # were added (the seeds that found the classes of issue 24 among them). So are late
+        # answers.
         self._pause_rng = random.Random(seed + 4) if pauses else None
+        self._late_rng = random.Random(seed + 5) if late_answers else None
         self.kind = backend or self.rng.choice(_DRAWN)
         self.lease = self.kind in _LEASES
         self.steps = steps
@@ -622,6 +633,12 @@ class Simulation:
 
         async def handler(ctx: Any) -> None:
             leased = ctx.run_id in store.leased
+            expired = store.run_expiry.get(ctx.run_id, fleet.now_ms() + 1)
+            if fleet.now_ms() >= expired:  # another instance may have taken the slot over
+                ledger.found.append(
+                    f"{instance.name} started {key}:{ctx.slot_ms} attempt {ctx.attempt} at "
+                    f"{fleet.now_ms()} on a lease that expired at {expired}"
+                )
             origin = _origin(ledger.runs, instance.name, key, ctx, leased)
             run = Run(
                 key=f"{key}:start" if origin == "start" else key,
@@ -838,6 +855,8 @@ class Simulation:
 
     def _fault(self, roll: float) -> None:
         store, rng, now = self.store, self.rng, self.fleet.monotonic_ms()
+        if self.lease and self._late_rng is not None and self._late_rng.random() < 0.3:
+            self._answers_late()  # besides the fault drawn below, which draws as before
         if roll < (0.2 if self.lease else 0.35):
             store.held_until = now + rng.choice((200, 900, 2500, 6000))
             self.ledger.outages.append(
@@ -881,6 +900,18 @@ class Simulation:
             self._delete_record()
         elif self.lease:
             self._blip_as_a_run_completes(rng.choice(self._blips()))
+
+    def _answers_late(self) -> None:
+        """For a moment, the lease store applies every call at once and answers it later than
+        a lease lasts (a link that delays or drops answers): a claim or a take-over may come
+        back with a lease that has expired, and its slot taken over by another instance."""
+        assert self._late_rng is not None
+        span = self._late_rng.choice((500, 2000, 5000))
+        self.store.late_ms = self._late_rng.choice((3500, 12_000, 35_000))
+        self.store.late_until = max(self.store.late_until, self.fleet.monotonic_ms() + span)
+        # Out of reach for what is sent meanwhile (a release among them: the README's Limits).
+        self.ledger.outages.append((self.fleet.now_ms(), self.fleet.now_ms() + span))
+        self.log.append(f"store answers {self.store.late_ms}ms late until {self.store.late_until}")
 
     def _blips(self) -> tuple[str, ...]:
         """How a lease store can be away as a run completes (a KV bucket has no write lock)."""
@@ -955,11 +986,17 @@ class Simulation:
 
 
 def simulate(
-    seed: int, *, backend: str | None = None, steps: int = 120, pauses: bool = True
+    seed: int,
+    *,
+    backend: str | None = None,
+    steps: int = 120,
+    pauses: bool = True,
+    late_answers: bool = True,
 ) -> Result:
     """Run one seed; the result lists the invariants it broke (none: ``result.ok``).
-    ``pauses=False``: no fleet-wide pause or resume is drawn (the seed runs as before they
-    were added to the generator)."""
+    ``pauses=False``: no fleet-wide pause or resume is drawn; ``late_answers=False``: no lease
+    store answers later than a lease (the seed runs as before each was added to the
+    generator)."""
     logger = logging.getLogger("brokersched")
     level = logger.level
     logger.setLevel(logging.CRITICAL)
@@ -969,7 +1006,9 @@ def simulate(
     state = random.getstate()
     random.seed(f"brokersched.simulate:{seed}")
     try:
-        simulation = Simulation(seed, backend=backend, steps=steps, pauses=pauses)
+        simulation = Simulation(
+            seed, backend=backend, steps=steps, pauses=pauses, late_answers=late_answers
+        )
         return asyncio.run(simulation.run())
     finally:
         random.setstate(state)

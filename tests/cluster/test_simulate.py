@@ -42,11 +42,14 @@ CASES += [("natslease", 79)]
 # A retry= wait cut by a lease lost on a flaky link, and the slot taken over by the same
 # instance's sweep: the ledger counted the take-over's attempts as retries of the first.
 CASES += [("natslease", 162)]
+# Pinned seeds replay as they were found: before late answers were drawn.
+FOUND_BEFORE_LATE_ANSWERS = {("natslease", 242), ("natslease", 79), ("natslease", 162)}
 
 
 @pytest.mark.parametrize(("backend", "seed"), CASES, ids=[f"{b}-{seed}" for b, seed in CASES])
 def test_the_fleet_keeps_its_invariants(backend: str, seed: int) -> None:
-    result = simulate(seed, backend=backend)
+    late_answers = (backend, seed) not in FOUND_BEFORE_LATE_ANSWERS
+    result = simulate(seed, backend=backend, late_answers=late_answers)
     replay = f"replay: make simulate SEED={seed} BACKEND={backend}"
     assert result.ok, "\n".join([*result.violations[:3], replay])
 
@@ -252,10 +255,11 @@ def test_a_class_of_issue_24_is_found_on_the_rule_before_its_fix(
     old: object,
     seen: str,
 ) -> None:
-    # Found before pauses were drawn (issue 25): replayed without them, as they were found.
-    assert simulate(seed, backend=backend, pauses=False).ok, f"seed {seed} fails on the fixed rule"
+    # Found before pauses (issue 25) and late answers were drawn: replayed without them.
+    found_as = {"pauses": False, "late_answers": False}
+    assert simulate(seed, backend=backend, **found_as).ok, f"seed {seed} fails on the fixed rule"
     monkeypatch.setattr(owner, name, old)
-    result = simulate(seed, backend=backend, pauses=False)
+    result = simulate(seed, backend=backend, **found_as)
     assert any(seen in violation for violation in result.violations), result.violations
 
 
@@ -278,7 +282,26 @@ def test_natslease_rests_on_the_buckets_compare_and_set(monkeypatch: pytest.Monk
     bucket that lets them, seed 211 runs a slot on two instances (the simulator sees
     NATSLeaseBackend's races). The seed changes when the runs' timing does (a run now ends its
     lease after its record has landed); the CHANGELOG keeps the earlier ones."""
-    assert simulate(211, backend="natslease").ok, "seed 211 fails on the compare-and-set"
+    assert simulate(211, backend="natslease", late_answers=False).ok, "seed 211 fails"
     monkeypatch.setattr(_SimTable, "write", _blind_write)
-    result = simulate(211, backend="natslease")
+    result = simulate(211, backend="natslease", late_answers=False)
     assert any("ran again" in v or "ran 2 times" in v for v in result.violations), result.log[-5:]
+
+
+@pytest.mark.parametrize(
+    ("seed", "bounded"), [(157, True), (16, False)], ids=["a take-over", "a claim"]
+)
+def test_a_lease_answered_after_it_could_expire_is_found_without_the_runners_check(
+    monkeypatch: pytest.MonkeyPatch, seed: int, bounded: bool
+) -> None:
+    """A lease store that answers later than a lease lasts: without the runner's check of a
+    lease's deadline before the handler starts, seed 157 starts a take-over answered 3.5 s
+    after it was sent, on a 3 s lease that had expired (the take-over is bounded by 5 s, not by
+    the lease); seed 16 a claim, once claims are no longer bounded by the lease either. On a
+    sync handler, which no abort stops, that is the slot run twice."""
+    assert simulate(seed, backend="lease").ok, f"seed {seed} fails with the check"
+    monkeypatch.setattr(Runner, "_lapsed", lambda self, leased_ms: False)
+    if not bounded:
+        monkeypatch.setattr(Runner, "lease_bound", lambda self, timeout: timeout)
+    result = simulate(seed, backend="lease")
+    assert any("on a lease that expired" in v for v in result.violations), result.violations
