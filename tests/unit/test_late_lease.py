@@ -188,3 +188,25 @@ async def test_a_lease_answered_late_but_in_time_is_renewed_at_once() -> None:
         await clock.advance("3m")
     assert [(instance, reason) for instance, _, _, reason, _ in starts] == [("A", "schedule")]
     assert ends == [None]  # it ran to its end, never told it lost its lease
+
+
+async def test_a_backfill_whose_claim_is_answered_after_its_lease_could_expire_runs_nothing() -> (
+    None
+):
+    clock = TestClock(START)
+    starts: Starts = []
+    backend = LateClaims(6, lease_ttl="5s")  # counted on for 4.5 s
+    sched = Scheduler(backend, clock=clock, jitter=0, enabled=False)
+    sched.every("report", "1m", handler("async", starts), catch_up=0, max_late="10s")
+    async with sched:
+        await clock.advance("10m")
+        backfill = asyncio.ensure_future(
+            sched.backfill("report", WHEN, WHEN + timedelta(minutes=1), rate=100)
+        )
+        while not backfill.done():
+            await clock.advance("1s")
+        steps = backfill.result()
+    assert starts == []
+    assert [(step.status, step.detail) for step in steps] == [
+        ("skipped", "the backend failed: its lease was answered too late")
+    ] * 2
