@@ -161,10 +161,11 @@ class SlowClaimAnswer(SQLiteBackend):
         self.fault.deliver = delivered.set
 
         async def answered_late(sql: str, *args: Any) -> Any:
+            if self.fault.held.is_set():
+                await delivered.wait()  # nothing more is sent meanwhile (no lock is taken)
             result = await execute(sql, *args)
             if sql == "COMMIT" and _CLAIMING.get():
                 self.fault.held.set()
-            if self.fault.held.is_set():
                 await delivered.wait()
             return result
 
