@@ -377,7 +377,10 @@ class _Backfill:
         )
         record = await asyncio.shield(self.spawn(run))  # a cancelled backfill cuts no run
         if record is None:
-            return "stopped", self._stopped() or "the scheduler stopped", None
+            if (stopped := self._stopped()) is not None:
+                return "stopped", stopped, None
+            # Not run, and not stopped: its lease came too late to run on (Runner.execute).
+            return "skipped", "the backend failed: its lease was answered too late", None
         return "ran", None, record
 
     async def _claim(self, slot_ms: int, run_id: str) -> Lease | bool | _Verdict:
@@ -424,7 +427,7 @@ class _Backfill:
             instance_id=self.runner.instance_id,
             run_id=run_id,
             reason="backfill",
-            timeout=_CLAIM_TIMEOUT_S,
+            timeout=self.runner.lease_bound(_CLAIM_TIMEOUT_S),
         )
         return answer if isinstance(answer, Lease) else None
 

@@ -81,9 +81,11 @@ async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | N
     key = boot_key(job.settings.key)
     policy = JobPolicy(name=key, overlap="allow", max_attempts=1)
     lease: Lease | None = None
+    leased_ms = None  # when the claim of the lease kept was sent (monotonic)
     for slot_ms in (cell - window, cell):
         if lease is not None:
             await runner.release(lease, handover=False)
+        leased_ms = runner.clock.monotonic_ms()
         got = await _claim(runner, job, Slot(key, slot_ms), policy, run_id)
         if isinstance(got, str):
             runner.skip(job, boot_ms, got, run="start")
@@ -99,12 +101,15 @@ async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | N
         # boot run and the job's slots never overlap anywhere in the fleet.
         await runner.release(lease, handover=False)
         slot = Slot(job.settings.key, runner.clock.now_ms())
+        leased_ms = runner.clock.monotonic_ms()
         got = await _claim(runner, job, slot, job.settings.policy, run_id, reason="manual")
         if isinstance(got, str):
             runner.skip(job, boot_ms, "overlap" if got == "not-acquired" else got, run="start")
             return None
         lease = got
-    return await runner.execute(job, boot_ms, lease, reason="start", run_id=run_id)
+    return await runner.execute(
+        job, boot_ms, lease, reason="start", run_id=run_id, leased_ms=leased_ms
+    )
 
 
 async def _claim(
@@ -116,7 +121,8 @@ async def _claim(
     reason: RunReason = "start",
 ) -> Lease | SkipReason | None:
     """A lease (lease backends), ``None`` (a won claim), or why the boot run is skipped."""
-    backend, timeout = runner.backend, max(job.settings.max_late_ms / 1000, _MIN_CLAIM_TIMEOUT_S)
+    backend = runner.backend
+    timeout = runner.lease_bound(max(job.settings.max_late_ms / 1000, _MIN_CLAIM_TIMEOUT_S))
     try:
         async with asyncio.timeout(timeout + 0.25):
             if isinstance(backend, LeaseBackend):

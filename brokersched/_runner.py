@@ -1,4 +1,12 @@
-"""The life of a slot on one instance: late check, claim, run, record; and the drain on stop."""
+"""The life of a slot on one instance: late check, claim, run, record; and the drain on stop.
+
+On a lease backend no handler starts on a lease that may have expired: a lease is counted on
+only until ``_valid_ms`` after the request that granted it was *sent* (the store set its expiry
+later than that, never earlier), so a claim, a batch of claims or a take-over answered after
+that is not run (``execute``: handed back, and skipped as ``backend-error``). A claim is given
+no longer than that to answer (``Runner.lease_bound``), and the renewer aborts a run shortly
+before its lease can expire by the same rule.
+"""
 
 from __future__ import annotations
 
@@ -41,7 +49,8 @@ __all__ = ["JOB_DATA", "Runner"]
 
 logger = logging.getLogger("brokersched")
 
-# A claim gets what is left of max_late, but never less than this (the backend needs a moment).
+# A claim gets what is left of max_late, but never less than this (the backend needs a moment),
+# unless the lease it would grant is shorter (Runner.lease_bound).
 _MIN_CLAIM_TIMEOUT_S = 0.5
 # A failed release is retried after _RELEASE_RETRY_S, doubling, up to a tenth of lease_ttl
 # within these bounds (see _release_delays).
@@ -233,7 +242,8 @@ class Runner:
     def _claim_timeout(self, job: JobState, slot_ms: int) -> float:
         """What is left of ``max_late``, at least a moment, but never past a claim-only
         backend's deadline for the slot (``ClaimBackend.claim_deadline_ms``): a claim landing
-        after it could win a slot the backend has forgotten."""
+        after it could win a slot the backend has forgotten; nor, on a lease backend, past the
+        lease (``lease_bound``)."""
         now = self.clock.now_ms()
         left_s = max((slot_ms + job.settings.max_late_ms - now) / 1000, _MIN_CLAIM_TIMEOUT_S)
         backend = self.backend
@@ -241,7 +251,18 @@ class Runner:
             deadline = backend.claim_deadline_ms(Slot(job.settings.key, slot_ms))
             if deadline is not None:
                 left_s = min(left_s, (deadline - now) / 1000)
-        return left_s
+        return self.lease_bound(left_s)
+
+    def lease_bound(self, timeout: float) -> float:
+        """``timeout`` for a request that grants a lease, but on a lease backend no longer
+        than such a lease is counted on (``_valid_ms``): a later answer is not run
+        (``execute``), so waiting for it would only keep the slot from the rest of the fleet
+        (whatever is left of ``max_late``: a NATS claim retries its compare-and-set until
+        then)."""
+        backend = self.backend
+        if isinstance(backend, LeaseBackend):
+            return min(timeout, _valid_ms(to_ms(backend.lease_ttl)) / 1000)
+        return timeout
 
     async def _claim(
         self, job: JobState, slot: Slot, run_id: str, reason: RunReason, timeout: float
@@ -282,7 +303,11 @@ class Runner:
         data: Any = JOB_DATA,
     ) -> RunRecord | None:
         """Run a claimed slot. ``leased_ms``: when the request that got ``lease`` was sent, on
-        the monotonic clock."""
+        the monotonic clock; a lease whose answer came too late to be counted on is not run
+        (``_lapsed``)."""
+        if lease is not None and leased_ms is not None and self._lapsed(leased_ms):
+            await self._not_run(job, slot_ms, lease, reason or lease.reason, leased_ms)
+            return None
         task = asyncio.current_task()
         assert task is not None
         ctx = JobContext(
@@ -332,6 +357,35 @@ class Runner:
                 renewer.cancel()
             job.runs.pop(run.ctx.run_id, None)
             self.runs.pop(run, None)
+
+    def _lapsed(self, leased_ms: int) -> bool:
+        """Whether a lease granted by a request sent at ``leased_ms`` (monotonic) may have
+        expired by now, by the rule the renewer aborts a run on (``_valid_ms``)."""
+        assert isinstance(self.backend, LeaseBackend)
+        valid_ms = _valid_ms(to_ms(self.backend.lease_ttl))
+        return bool(self.clock.monotonic_ms() >= leased_ms + valid_ms)
+
+    async def _not_run(
+        self, job: JobState, slot_ms: int, lease: Lease, reason: RunReason, leased_ms: int
+    ) -> None:
+        """Skip a slot whose lease came too late to run on: another instance may already run
+        it (the lease expired, and it took the slot over), or will once the lease expires.
+
+        The lease is handed over when the fleet's sweep takes over its key (the job's): a
+        hand-over that lands, the lease still valid or expired but not yet taken over (a release
+        after the expiry still ends it), restarts the slot at once elsewhere or here, as a
+        retry at the same attempt; one taken over first is stale, and changes nothing. A boot
+        window's or a backfill's lease (keys of their own, never swept) is ended.
+        """
+        assert isinstance(self.backend, LeaseBackend)
+        took = timedelta(milliseconds=self.clock.monotonic_ms() - leased_ms)
+        ttl = format_duration(self.backend.lease_ttl)
+        detail = (
+            f"the answer granting its lease came {format_duration(took)} after it was asked, "
+            f"when the lease (lease_ttl {ttl}) could have expired: not run here"
+        )
+        self.skip(job, slot_ms, "backend-error", detail=detail, run=reason)
+        await self.release(lease, handover=lease.job == job.settings.key)
 
     def _emit_start(self, run: Run) -> None:
         ctx = run.ctx
@@ -759,6 +813,14 @@ class _ReleaseRetries:
         )
 
 
+def _valid_ms(ttl_ms: int) -> int:
+    """How long a lease is counted on after the request that granted or extended it was sent
+    (monotonic): ``lease_ttl`` (the store set its expiry on receiving the request, so never
+    earlier than that), less a tenth of it (at least 5 ms) for the clocks' drift and for an
+    abort to reach the handler before another instance can take the slot over."""
+    return ttl_ms - max(ttl_ms // 10, 5)
+
+
 def _release_attempt_s(ttl_ms: int) -> float:
     """How long one release attempt is waited for: a second, or a third of lease_ttl if less
     (the backends bound a release to that themselves)."""
@@ -1006,21 +1068,23 @@ class _Renewer:
         self._lease = run.lease
         self._ttl_ms = to_ms(backend.lease_ttl)
         self._period_ms = max(self._ttl_ms // 3, 10)
-        self._margin_ms = max(self._ttl_ms // 10, 5)
+        self._valid_ms = _valid_ms(self._ttl_ms)
         self.lost = False
         self._cancelled = False  # released, or given up by stop()
         self._deadline: Timer | None = None
         self._schedule(leased_ms)
 
     def _schedule(self, valid_from_ms: int) -> None:
-        """The next renewal, for a lease known valid from ``valid_from_ms``. Its deadline is
-        armed only when it would come before that renewal, else when the renewal is sent:
-        most runs end before their first renewal, and a timer per run that never fires costs
-        the event loop."""
+        """The next renewal, for a lease known valid from ``valid_from_ms``: a period after
+        that, not after its answer came, so a lease answered late is renewed at once, before
+        the deadline its lateness brought near. The deadline is armed only when it would come
+        before that renewal, else when the renewal is sent: most runs end before their first
+        renewal, and a timer per run that never fires costs the event loop."""
         self._valid_from_ms = valid_from_ms
-        self._timer = self._clock.call_later(self._period_ms, self._due)
-        lose_ms = valid_from_ms + self._ttl_ms - self._margin_ms
-        if lose_ms <= self._clock.monotonic_ms() + self._period_ms:
+        now = self._clock.monotonic_ms()
+        due_ms = max(valid_from_ms + self._period_ms, now)
+        self._timer = self._clock.call_later(due_ms - now, self._due)
+        if valid_from_ms + self._valid_ms <= due_ms:
             self._deadline = self._lose_at(valid_from_ms)
 
     def _due(self) -> None:
@@ -1052,8 +1116,8 @@ class _Renewer:
 
     def _lose_at(self, sent_ms: int) -> Timer:
         """Abort shortly before the lease granted by a request sent at ``sent_ms`` (monotonic)
-        can have expired in the store."""
-        due = sent_ms + self._ttl_ms - self._margin_ms
+        can have expired in the store (``_valid_ms``)."""
+        due = sent_ms + self._valid_ms
         return self._clock.call_later(due - self._clock.monotonic_ms(), self._lose)
 
     def _lose(self) -> None:

@@ -79,6 +79,8 @@ class Sweeper:
         jobs = [s for s in self._jobs() if s.settings.claim and not s.halted and s.spec.enabled]
         if not jobs:
             return
+        # The leases it grants are counted on from here: one answered too late to run on is
+        # handed back by the runner (``Runner.execute``), not run.
         leased_ms = self._clock.monotonic_ms()
         try:
             leases = await self._backend.take_over(

@@ -614,7 +614,9 @@ class LeaseBackend(Backend):
         Refused with ``"overlap"`` when the fencing test passed but a live lease blocked it, else
         ``"not-acquired"``. With ``reason == "catch-up"`` it is granted only for a job that was
         claimed before (a job never seen has missed nothing). The lease starts at attempt 1.
-        Raises ``BackendError`` when it cannot answer within ``timeout`` seconds.
+        Raises ``BackendError`` when it cannot answer within ``timeout`` seconds, retries
+        included: the scheduler gives no longer than the lease it asks for is counted on, and
+        runs no lease answered later (see ``backends/_lease.py``).
         """
 
     async def acquire_many(

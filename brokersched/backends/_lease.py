@@ -16,6 +16,15 @@ storage.
   was handed over, or since the dead runner's lease expired), and (for a dead runner) within
   ``max_attempts``; the dead attempt is recorded ``interrupted`` by the taker, which is the only
   one who knows.
+* **A lease is counted on from when its request was sent.** The store sets a lease's expiry
+  ``lease_ttl`` after it *receives* the request that grants or extends it, so the holder knows
+  it valid only until ``lease_ttl`` after it *sent* that request, however late the answer
+  comes. No handler starts on a lease that may have expired by then (the scheduler keeps a
+  tenth of ``lease_ttl`` in hand, as its renewals do): a claim, a batch of claims or a
+  take-over answered later is not run, and its lease is handed back (a hand-over that lands
+  restarts the slot elsewhere; one the fleet's sweep came before changes nothing). Another
+  instance may already run that slot as a dead runner's. So a claim is given no longer than
+  that to answer, retries included, whatever is left of ``max_late``.
 * **Configuration.** ``lease_ttl`` and ``max_clock_skew``, and a lock wait that fits in one
   renewal period.
 """

@@ -9,7 +9,9 @@ RabbitMQ claim queues by their ``x-expires`` counted from their last declare. Th
 
 Faults apply to every call of a store: down (refused at once), held (answered late, or not at
 all within the caller's timeout: the call may have been applied), a lock held by another
-process (SQLite). A killed instance's backend answers nothing, ever.
+process (SQLite), answers later than a lease (the call applied at once, its answer delivered
+``late_ms`` later, or never if its caller stops waiting first). A killed instance's backend
+answers nothing, ever.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ class Store:
     held_until: int = -1  # calls held: answered late, or lost (a link that drops or stalls)
     locked_until: int = -1  # another process holds the write lock (SQLite)
     shed_until: int = -1  # the backend sheds: no new claim (near its server's budget)
+    late_until: int = -1  # calls applied at once, answered late_ms later (or never)
+    late_ms: int = 0
     busy_timeout_ms: int = 5000
     wins: Wins = field(default_factory=dict)
     # the slots won by a call whose answer was lost and whose caller was cancelled waiting
@@ -99,6 +103,8 @@ class Store:
     # the run ids of the leases granted: a run under a lease begins with its lease's run id, a
     # retry= attempt under it gets one of its own
     leased: set[str] = field(default_factory=set)
+    # run id -> when its lease expires on the fleet's true time (granted or last renewed)
+    run_expiry: dict[str, int] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)  # instance -> its last claim granted
     # Redis: this server's maxmemory-policy is set to evict while the fleet runs (and back),
     # at its eviction steps; ``policy_evicts``: it evicts now
@@ -155,7 +161,25 @@ class Store:
                 self.cut |= taken
                 raise
             raise BackendError("no answer from the store (the link was cut)")
+        if now < self.late_until:
+            return await self._answer_late(apply, now + self.late_ms, deadline)
         return await apply()
+
+    async def _answer_late(
+        self, apply: Callable[[], Awaitable[T]], answer_at: int, deadline: int
+    ) -> T:
+        """``apply`` now, its answer (or its error) at ``answer_at`` (monotonic); none if that
+        is past its caller's ``deadline``."""
+        try:
+            answer: T | Exception = await apply()
+        except Exception as exc:
+            answer = exc
+        await self.fleet.sleep(max(min(answer_at, deadline) - self.fleet.monotonic_ms(), 0) / 1000)
+        if answer_at > deadline:
+            raise BackendError("no answer from the store in time (it came too late)")
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
 
 class _SimFleet:
@@ -263,6 +287,7 @@ class SimLeaseBackend(_SimFleet, MemoryBackend):
             key = (lease.job, lease.slot_ms, held.instance_id, held.attempt)
             self.sim.expiry[key] = held.expires_ms - off
             self.sim.leased.add(held.run_id)
+            self.sim.run_expiry[held.run_id] = held.expires_ms - off
 
     def _held(self, lease: Lease) -> bool:
         """Whether ``lease`` still holds its slot in the store (not taken over)."""
@@ -813,6 +838,7 @@ class SimNATSLease(_SimFleet, NATSLeaseBackend):
         off = self.sim.clock.now_ms() - self.sim.fleet.now_ms()
         self.sim.expiry[(job, slot, lease.instance_id, lease.attempt)] = lease.expires_ms - off
         self.sim.leased.add(lease.run_id)
+        self.sim.run_expiry[lease.run_id] = lease.expires_ms - off
 
 
 # -- RabbitMQ: a queue per slot, expiring x-expires after its last declare ---------------------

@@ -126,6 +126,10 @@ FAULTS: dict[str, Kind] = {
     "down": Kind("the store restarting: calls refused at once"),
     "locked": Kind("another process holds SQLite's write lock", ("lease",)),
     "flaky": Kind("the link to the NATS KV bucket flaky", ("natslease",)),
+    "late answer": Kind(
+        "a lease store applies each call at once and answers it later than a lease lasts",
+        LEASES,
+    ),
     "shed": Kind("the backend sheds: no new claim while its server is near its budget"),
     "clock step": Kind("an instance's clock stepped or skewed"),
     "store clock": Kind("the store's clock stepped back", LEASES),

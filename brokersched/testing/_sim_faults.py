@@ -1,7 +1,9 @@
 """The faults of the fleet simulator (``brokersched.testing.simulate``): what the world does to
 a fleet, drawn from the seed's own RNG (``Faults.draw``): the store held (answers late or lost),
 down (restarting), locked (SQLite's write lock), its link flaky (the NATS KV bucket), its clock
-stepped back (lease stores); Redis evicting keys, the fleet's slot memory record deleted, a
+stepped back (lease stores), or its answers later than a lease lasts (lease stores, from a
+generator of their own: ``Simulation.late_rng``); Redis evicting keys, the fleet's slot memory
+record deleted, a
 RabbitMQ claim queue made beforehand; kill -9 of an instance; and the store away exactly as a
 run completes or as an instance stops with claims in flight.
 
@@ -60,14 +62,19 @@ class Faults:
         until = f"{how}_until"
         longer = getattr(owner, until) if extend else -1
         setattr(owner, until, max(longer, mono + span_ms))
-        if how in ("held", "down", "locked"):  # the fleet's calls are refused too
+        # The fleet's calls are refused too (held, down, locked), or a release sent meanwhile
+        # is out of reach (late: the README's Limits).
+        if how in ("held", "down", "locked", "late"):
             self.sim.ledger.outages.append((now, now + span_ms))
-        self.sim.coverage.fault(how, now, now + span_ms)
+        self.sim.coverage.fault("late answer" if how == "late" else how, now, now + span_ms)
         self.sim.log.append(said.format(until=getattr(owner, until)))
 
     def draw(self, roll: float) -> None:
         """The fault of a step (``roll``: the seed's draw), on the seed's own RNG."""
         rng, kind, lease = self.sim.rng, self.sim.kind, self.sim.lease
+        late = self.sim.late_rng
+        if lease and late is not None and late.random() < 0.3:
+            self.late_answers(late)  # besides the fault drawn below, which draws as before
         if roll < (0.2 if lease else 0.35):
             self.held(rng)
         elif roll < 0.35:  # a lease store: the next run's end
@@ -109,6 +116,14 @@ class Faults:
 
     def locked(self, rng: random.Random) -> None:
         self.away("locked", rng.choice((500, 2000, 5000)), "store locked until {until}")
+
+    def late_answers(self, rng: random.Random) -> None:
+        """For a moment, the lease store applies every call at once and answers it later than
+        a lease lasts (a link that delays or drops answers): a claim or a take-over may come
+        back with a lease that has expired, and its slot taken over by another instance."""
+        span = rng.choice((500, 2000, 5000))
+        self.sim.store.late_ms = late_ms = rng.choice((3500, 12_000, 35_000))
+        self.away("late", span, f"store answers {late_ms}ms late until {{until}}", extend=True)
 
     def store_clock(self, rng: random.Random) -> None:
         # Backwards only: a forward step shortens every live lease by the step (the README's
@@ -204,6 +219,7 @@ _INJECT: dict[str, Callable[[Faults, random.Random], None]] = {
     "down": Faults.down,
     "locked": Faults.locked,
     "flaky": Faults.flaky,
+    "late answer": Faults.late_answers,
     "shed": Faults._shed,
     "clock step": Faults._step_one,
     "store clock": Faults.store_clock,

@@ -17,7 +17,9 @@ deploys that change ``slot_ttl`` or ``lease_ttl``, jitter, ``max_late``, a job's
 kept ``key``, ``declare_ahead``; kill -9, graceful stops, manual triggers, backfills of recent
 and older ranges; clocks skewed or
 stepped on instances and on the store; the store held, cut, restarted, locked, its fleet record
-deleted, its maxmemory-policy set to evict (keys evicted) and back.
+deleted, its maxmemory-policy set to evict (keys evicted) and back; a lease store answering later
+than a lease lasts (from a generator of its own: ``late_answers=False`` runs a seed as before it
+was drawn).
 
 What users do is drawn too, at the shapes they do it (``_sim_operations``): backfills fast and
 slow over ranges that end now, straddle live slots or lie long ago, two at once; jobs disabled
@@ -154,15 +156,23 @@ class Result:
 
 class Simulation:
     def __init__(
-        self, seed: int, *, backend: str | None = None, steps: int = 120, pauses: bool = True
+        self,
+        seed: int,
+        *,
+        backend: str | None = None,
+        steps: int = 120,
+        pauses: bool = True,
+        late_answers: bool = True,
     ) -> None:
         """``pauses=False``: the generator as it was before the fleet's controls (no pause,
         nor any operation drawn since: the seeds found then replay as they were)."""
         self.seed = seed
         self.rng = random.Random(seed)
         # Pauses and resumes are drawn apart, so that without them a seed runs as before they
-        # were added (the seeds that found the classes of issue 24 among them).
+        # were added (the seeds that found the classes of issue 24 among them). So are late
+        # answers.
         self._pause_rng = random.Random(seed + 4) if pauses else None
+        self.late_rng = random.Random(seed + 6) if late_answers else None
         self.kind = backend or self.rng.choice(_DRAWN)
         self.lease = self.kind in _LEASES
         self.steps = steps
@@ -433,6 +443,12 @@ class Simulation:
 
         async def handler(ctx: Any) -> None:
             leased = ctx.run_id in store.leased
+            expired = store.run_expiry.get(ctx.run_id, fleet.now_ms() + 1)
+            if fleet.now_ms() >= expired:  # another instance may have taken the slot over
+                ledger.found.append(
+                    f"{instance.name} started {key}:{ctx.slot_ms} attempt {ctx.attempt} at "
+                    f"{fleet.now_ms()} on a lease that expired at {expired}"
+                )
             origin = origin_of(ledger.runs, instance.name, key, ctx, leased)
             run = Run(
                 key=f"{key}:start" if origin == "start" else key,
@@ -722,11 +738,17 @@ class Simulation:
 
 
 def simulate(
-    seed: int, *, backend: str | None = None, steps: int = 120, pauses: bool = True
+    seed: int,
+    *,
+    backend: str | None = None,
+    steps: int = 120,
+    pauses: bool = True,
+    late_answers: bool = True,
 ) -> Result:
     """Run one seed; the result lists the invariants it broke (none: ``result.ok``) and what
     it reached (``result.coverage``). ``pauses=False``: no fleet-wide pause or resume is drawn,
-    nor any operation added since (the seed runs as before they were added to the
+    nor any operation added since; ``late_answers=False``: no lease store answers later than a
+    lease (the seed runs as before each was added to the
     generator)."""
     logger = logging.getLogger("brokersched")
     level = logger.level
@@ -737,7 +759,9 @@ def simulate(
     state = random.getstate()
     random.seed(f"brokersched.simulate:{seed}")
     try:
-        simulation = Simulation(seed, backend=backend, steps=steps, pauses=pauses)
+        simulation = Simulation(
+            seed, backend=backend, steps=steps, pauses=pauses, late_answers=late_answers
+        )
         return asyncio.run(simulation.run())
     finally:
         random.setstate(state)

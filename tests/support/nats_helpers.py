@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import shutil
 import signal
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -242,6 +242,8 @@ class FaultProxy:
         self.tasks: set[asyncio.Task[None]] = set()
         self.server: asyncio.Server | None = None
         self.closing = False
+        self._hold_after: Callable[[bytes], bool] | None = None
+        self.answers_held = asyncio.Event()  # set once hold_replies_after() held the replies
 
     @property
     def url(self) -> str:
@@ -254,6 +256,11 @@ class FaultProxy:
         """Keep what the server sends (acks included) from reaching the client. The server's
         side is still read (into ``held``), so every answer sent while held can be seen."""
         self.replies_flowing.clear()
+
+    def hold_replies_after(self, predicate: Callable[[bytes], bool]) -> None:
+        """``hold_replies()`` as soon as a chunk the client sends matches ``predicate``, once
+        that chunk reached the server (a request that lands, its answer held); once."""
+        self._hold_after = predicate
 
     def release_replies(self) -> None:
         """Deliver what was held, in order (unless ``cut()`` dropped it), then flow again."""
@@ -318,6 +325,10 @@ class FaultProxy:
                 if writer.transport.is_closing():
                     break
                 writer.write(data)
+                if self._hold_after is not None and self._hold_after(data):
+                    self._hold_after = None
+                    self.hold_replies()  # before any await: its answer cannot slip through
+                    self.answers_held.set()
                 await writer.drain()
         except (OSError, asyncio.IncompleteReadError):
             pass

@@ -14,7 +14,10 @@ test running at the time). Optional TLS termination (``ssl=``) lets a test reach
 server through ``amqps://``/``tls://``. ``cut_when_downstream(predicate)`` cuts the link at an
 exact moment of the protocol: the chunk from the server that matches is never delivered;
 ``stall_after_downstream(predicate)`` stalls right after delivering it. A stall is a partition,
-not a failure (``tests/support/stall_proxy.py`` says more).
+not a failure (``tests/support/stall_proxy.py`` says more). ``hold_answers_after(predicate)``
+and ``hold_answers_from(predicate)`` hold only what the server sends, from a request that matches
+(delivered) or from an answer that matches (held with the rest): the requests land, their answers
+come late (at ``resume()``), as on a link that drops or delays answers.
 """
 
 from __future__ import annotations
@@ -63,9 +66,14 @@ class TcpProxy:
         self._cut_when: Callable[[bytes], bool] | None = None
         self._cut_up_when: Callable[[bytes], bool] | None = None
         self._stall_after: Callable[[bytes], bool] | None = None
+        self._hold_after: Callable[[bytes], bool] | None = None
+        self._hold_from: Callable[[bytes], bool] | None = None
         self._flowing = asyncio.Event()
         self._flowing.set()
+        self._answering = asyncio.Event()  # cleared while the server's answers are held
+        self._answering.set()
         self.stalled = asyncio.Event()  # set while the links are stalled
+        self.answers_held = asyncio.Event()  # set while the server's answers are held
         self.port = 0
         self.accepted = 0  # connections forwarded so far
 
@@ -129,6 +137,24 @@ class TcpProxy:
         """Deliver what was held, and all that follows."""
         self.stalled.clear()
         self._flowing.set()
+        self.answers_held.clear()
+        self._answering.set()
+
+    def hold_answers_after(self, predicate: Callable[[bytes], bool]) -> None:
+        """Once a chunk from the client that matches ``predicate`` is delivered to the server,
+        hold everything the server sends, on every link, until ``resume()``; the clients'
+        requests still reach the server (they land, unanswered); once."""
+        self._hold_after = predicate
+
+    def hold_answers_from(self, predicate: Callable[[bytes], bool]) -> None:
+        """As ``hold_answers_after``, from a chunk from the server that matches ``predicate``:
+        that answer is held too; once."""
+        self._hold_from = predicate
+
+    def _hold_answers(self) -> None:
+        self._hold_after = self._hold_from = None
+        self._answering.clear()
+        self.answers_held.set()
 
     def stall_after_downstream(self, predicate: Callable[[bytes], bool]) -> None:
         """Stall (as ``stall()``) right after delivering a chunk from the server that matches
@@ -194,12 +220,18 @@ class TcpProxy:
     ) -> None:
         try:
             while data := await reader.read(_CHUNK):
+                if downstream and self._hold_from is not None and self._hold_from(data):
+                    self._hold_answers()
                 await self._flowing.wait()  # held while stalled: no delivery, no reset
+                if downstream:
+                    await self._answering.wait()
                 cut_when = self._cut_when if downstream else self._cut_up_when
                 if cut_when is not None and cut_when(data):
                     self._reset()
                     return
                 writer.write(data)
+                if not downstream and self._hold_after is not None and self._hold_after(data):
+                    self._hold_answers()  # before any await: its answer cannot slip through
                 await writer.drain()
                 if downstream and self._stall_after is not None and self._stall_after(data):
                     self._stall_after = None

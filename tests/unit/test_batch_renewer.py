@@ -7,20 +7,26 @@ import asyncio
 from typing import Any
 
 from brokersched import JobContext, MemoryBackend, Scheduler
-from brokersched.abc import Slot
+from brokersched.abc import Lease, Slot
 from brokersched.testing import TestClock
 
 START = "2027-01-15T08:00:30+00:00"
 
 
 class LateAnswer(MemoryBackend):
-    """Grants a lease, then answers 25 s later (a claim stuck on a slow link)."""
+    """Grants a lease, then answers 25 s later (a claim stuck on a slow link); its renewals,
+    sent at once, are answered an hour later."""
 
     async def acquire(self, slot: Slot, **kwargs: Any) -> Any:
         lease = await super().acquire(slot, **kwargs)
         assert self._clock is not None
         await self._clock.sleep(25)
         return lease
+
+    async def renew(self, lease: Lease) -> bool:
+        assert self._clock is not None
+        await self._clock.sleep(3600)  # the link still stalls
+        return await super().renew(lease)
 
 
 async def test_a_lease_answered_late_is_given_up_before_it_can_expire() -> None:
