@@ -128,7 +128,7 @@ async def test_a_broker_at_its_warning_level_gets_no_claim_queue_ahead_and_claim
         assert await queue_exists(raw, claim_queue_name(prefix, at_ease))
         channel = await raw.channel()
         for name in fillers:
-            await channel.declare_queue(name, durable=True, arguments=QUORUM)
+            await channel.declare_queue(name, durable=True, arguments={"x-queue-type": "quorum"})
         await until(lambda: backend.budget and backend.budget.state == "warn", what="warning")
         slots.append(warned := next_slot())
         await backend.prepare_claims([warned])
