@@ -215,7 +215,8 @@ async def test_a_lease_granted_after_its_claimer_gave_up_is_handed_over_and_runs
         await clock.advance("30s")  # 08:01: the claims give up, then the store answers
         assert sorted(seen) == [(job, "backend-error", "TimeoutError") for job in ("a", "b")]
         await clock.advance("15s")  # lease_ttl / 2: a sweep has looked for handed-over slots
-    assert sorted(ran) == [("a", "retry", "08:01"), ("b", "retry", "08:01")]
+    expected = [("a", "retry", "08:01"), ("b", "retry", "08:01")]
+    assert sorted(ran) == expected, "a slot leased to a claimer that gave up did not run once"
 
 
 async def test_sql_batches_go_in_random_chunks_answered_in_order() -> None:

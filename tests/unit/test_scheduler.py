@@ -543,7 +543,8 @@ async def test_a_job_paused_for_the_fleet_is_not_caught_up_at_start(clock: TestC
     job = second.every("daily-ish", "1m", handler, catch_up="2m")
     await second.start()
     await clock.advance("5s")
-    assert [(c.reason, f"{c.scheduled_at:%H:%M}") for c in handler.contexts] == []
+    caught_up = [(c.reason, f"{c.scheduled_at:%H:%M}") for c in handler.contexts]
+    assert caught_up == [], "a job paused for the fleet ran at start"
     await job.resume(by="ops")
     await clock.advance("1m")
     assert [(c.reason, f"{c.scheduled_at:%H:%M}") for c in handler.contexts] == [
