@@ -420,6 +420,35 @@ async def test_a_slot_backfilled_on_the_jobs_own_row_is_not_caught_up_at_the_nex
         await each.stop()
 
 
+async def test_a_slot_run_by_a_catch_up_is_not_backfilled(clock: TestClock) -> None:
+    """The fleet ran 08:01 and stopped; the instance that starts at 08:04:50 catches up 08:04
+    (``catch_up``). A backfill of 08:02 to 08:04 then runs the two slots nobody ran, not 08:04
+    again."""
+    backend, seen = MemoryBackend(lease_ttl="5s"), Seen()
+    first = Scheduler(backend, clock=clock, jitter=0, instance_id="first")
+    restarted = Scheduler(backend, clock=clock, jitter=0, instance_id="restarted")
+    operator = Scheduler(backend, clock=clock, jitter=0, instance_id="ops", enabled=False)
+    for each in (first, restarted, operator):
+        each.every("report", "1m", seen, max_late="10s", catch_up="2m")
+    await first.start()
+    await operator.start()
+    await clock.advance("1m")  # 08:01:30: 08:01 ran
+    await first.stop()
+    await clock.advance("3m20s")  # 08:04:50
+    await restarted.start()
+    await clock.advance("30s")  # 08:05:20: 08:04 was caught up, 08:05 ran on schedule
+    assert [(r, s) for _, r, s in seen.runs] == [
+        ("schedule", "08:01:00"),
+        ("catch-up", "08:04:00"),
+        ("schedule", "08:05:00"),
+    ]
+    steps = await drive(clock, operator.backfill("report", at("08:02:00"), at("08:04:00")))
+    assert twice(seen.runs) == [], "a slot ran twice"
+    assert statuses(steps) == [("08:02", "ran"), ("08:03", "ran"), ("08:04", "already-run")]
+    for each in (restarted, operator):
+        await each.stop()
+
+
 async def test_a_disabled_job_is_not_backfilled_and_a_paused_one_is(clock: TestClock) -> None:
     """Pausing stops the schedule, not an operator's explicit run (as ``trigger()``);
     disabling stops both."""

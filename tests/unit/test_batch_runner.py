@@ -3,10 +3,11 @@ each job keeps its own outcome. The backends' side is in the conformance suites.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from brokersched import BackendError, JobContext, Scheduler, SkipEvent
+from brokersched import BackendError, JobContext, MemoryBackend, Scheduler, SkipEvent
 from brokersched.abc import Claim, JobPolicy, LeaseOutcome, Slot
 from brokersched.backends._lease import BATCH_CHUNK, in_chunks
 from brokersched.testing import TestClock
@@ -172,6 +173,50 @@ async def test_with_jitter_slots_due_within_a_moment_share_a_batch(clock: TestCl
     assert sent <= 17, (backend.batches, backend.singles)
     assert sorted(job for job, _ in started) == sorted(f"j{n}" for n in range(50))
     assert all(0 <= late_ms <= 320 for _, late_ms in started), started
+
+
+class AnswersLate(MemoryBackend):
+    """A store that decides a batch of claims only once ``answer`` is set: for a claimer that
+    gave up waiting meanwhile, the lease it is granted has nobody to run it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = asyncio.Event()
+
+    async def acquire_many(
+        self, claims: Sequence[Claim], *, instance_id: str, timeout: float
+    ) -> list[LeaseOutcome]:
+        await self.answer.wait()
+        return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
+
+
+async def test_a_lease_granted_after_its_claimer_gave_up_is_handed_over_and_runs(
+    clock: TestClock,
+) -> None:
+    """Two jobs' slots go in one batch, which the store decides only after both claimers gave
+    up waiting (their ``max_late`` of 500 ms, in real time: a claim's bound is the event
+    loop's). Each lease granted then is handed over, so the fleet's next sweep runs its slot,
+    once (``retry``); ended as done instead, the slot would run nowhere."""
+    backend = AnswersLate()
+    ran: list[tuple[str, str, str]] = []
+
+    async def handler(ctx: JobContext) -> None:
+        ran.append((ctx.job, ctx.reason, f"{ctx.scheduled_at:%H:%M}"))
+
+    def gave_up(event: SkipEvent) -> None:
+        if len(seen) == 2:  # both claimers: the store answers now
+            backend.answer.set()
+
+    async with Scheduler(backend, clock=clock, jitter=0) as sched:
+        seen = skips(sched)
+        sched.on("skip", gave_up)
+        for name in ("a", "b"):
+            sched.every(name, "1m", handler, max_late="500ms", catch_up=0)
+        await clock.advance("30s")  # 08:01: the claims give up, then the store answers
+        assert sorted(seen) == [(job, "backend-error", "TimeoutError") for job in ("a", "b")]
+        await clock.advance("15s")  # lease_ttl / 2: a sweep has looked for handed-over slots
+    expected = [("a", "retry", "08:01"), ("b", "retry", "08:01")]
+    assert sorted(ran) == expected, "a slot leased to a claimer that gave up did not run once"
 
 
 async def test_sql_batches_go_in_random_chunks_answered_in_order() -> None:

@@ -265,6 +265,36 @@ def test_retries_that_would_reach_the_next_slot_are_refused_with_overlap_skip(
     claims.every("tight", "1m", Flaky(0), retry=retry)
 
 
+async def test_retries_ending_exactly_at_the_next_slot_are_refused_and_a_moment_less_is_not(
+    scheduler: Scheduler[MemoryBackend], clock: TestClock
+) -> None:
+    """With ``overlap='skip'`` a slot's retries hold it until the last one ends: a worst case
+    ending exactly at the next slot would skip that slot, and is refused. A millisecond less is
+    accepted, and the next slot runs on time after retries that took every bit of it."""
+    with pytest.raises(ConfigurationError, match=r"= 1m\) does not end before the next slot"):
+        scheduler.every(
+            "exact", "1m", Flaky(0), retry=Retry(attempts=2, backoff="50s"), timeout="5s"
+        )
+    runs: list[tuple[str, int, str]] = []
+
+    async def hangs(ctx: JobContext) -> None:
+        runs.append(
+            (ctx.reason, ctx.attempt, f"{ctx.scheduled_at:%H:%M} at {clock.now():%M:%S.%f}")
+        )
+        if ctx.scheduled_at.minute == 1:
+            await ctx.sleep(3600)  # each attempt of 08:01 times out
+
+    retry = Retry(attempts=2, backoff="49999ms")  # 49.999s + 2 runs of up to 5s
+    scheduler.every("under", "1m", hangs, retry=retry, timeout="5s")
+    await scheduler.start()
+    await clock.advance("1m31s")
+    assert runs == [
+        ("schedule", 1, "08:01 at 01:00.000000"),
+        ("retry", 2, "08:01 at 01:54.999000"),
+        ("schedule", 1, "08:02 at 02:00.000000"),  # the last attempt ended 1 ms before
+    ]
+
+
 def test_the_worst_case_counts_max_backoff_and_jitter() -> None:
     retry = Retry(attempts=5, backoff="10s", max_backoff="25s", jitter="1s")
     # 10+1, 20+1, 25+1, 25+1

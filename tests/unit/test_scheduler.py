@@ -527,6 +527,32 @@ async def test_catch_up_runs_the_latest_missed_slot(clock: TestClock) -> None:
     await second.stop()
 
 
+async def test_a_job_paused_for_the_fleet_is_not_caught_up_at_start(clock: TestClock) -> None:
+    """Paused while the fleet was down: an instance starting within ``catch_up`` of the missed
+    slot does not run it; resumed, the job runs its next slot."""
+    store = MemoryStore()
+    first = Scheduler(MemoryBackend(store=store), clock=clock, jitter=0)
+    paused = first.every("daily-ish", "1m", Recorder())
+    await first.start()
+    await clock.advance("1m")  # 08:01 ran
+    await paused.pause(by="ops")
+    await first.stop()
+    await clock.advance("3m20s")  # 08:02, 08:03, 08:04 missed; now 08:04:50
+    handler = Recorder()
+    second = Scheduler(MemoryBackend(store=store), clock=clock, jitter=0)
+    job = second.every("daily-ish", "1m", handler, catch_up="2m")
+    await second.start()
+    await clock.advance("5s")
+    caught_up = [(c.reason, f"{c.scheduled_at:%H:%M}") for c in handler.contexts]
+    assert caught_up == [], "a job paused for the fleet ran at start"
+    await job.resume(by="ops")
+    await clock.advance("1m")
+    assert [(c.reason, f"{c.scheduled_at:%H:%M}") for c in handler.contexts] == [
+        ("schedule", "08:05")
+    ]
+    await second.stop()
+
+
 async def test_a_dead_runner_is_retried_by_another_instance(clock: TestClock) -> None:
     store = MemoryStore()
     corpse = MemoryBackend(store=store, lease_ttl="30s")

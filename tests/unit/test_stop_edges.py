@@ -17,6 +17,7 @@ import pytest
 
 from brokersched import BackendUnavailableError, JobContext, MemoryBackend, RunEvent, Scheduler
 from brokersched.abc import ControlChange, Instance, JobControl, JobPolicy, Lease, RunRecord, Slot
+from brokersched.backends.memory import MemoryStore
 from brokersched.testing import TestClock
 from tests.support.helpers import DictClaimBackend
 
@@ -127,6 +128,41 @@ async def test_a_sync_run_recording_when_drain_timeout_ends_is_recorded_once() -
     await trigger
     assert seen == [("completed", None)]  # not abandoned as well
     assert await history(backend, sched, "sync") == ["completed"]
+
+
+async def test_a_run_releasing_when_drain_timeout_ends_is_not_cut_nor_run_again() -> None:
+    """The run returns half a second before drain_timeout ends, as the store goes away for a
+    second: its release is still being retried when drain_timeout ends. It is left to land
+    (within the stop's grace), so the completed slot is not taken over: a successor, there
+    once the lease would have expired, does not run it again."""
+    clock = TestClock(START)
+    store = MemoryStore()
+    backend = SlowBackend(clock, store=store)
+    sched = Scheduler(backend, clock=clock, jitter=0, drain_timeout="10s")
+    seen = outcomes(sched)
+    ran: list[int] = []
+
+    def store_back() -> None:
+        backend.failing_releases = False
+
+    @sched.every("flush", "1m", catch_up=0)
+    async def flush(ctx: JobContext) -> None:
+        ran.append(ctx.slot_ms)
+        await ctx.sleep(9.5)  # finishes its flush although told to stop
+        backend.failing_releases = True  # the store is away for a second as it returns
+        clock.call_later(1000, store_back)
+
+    await sched.start()
+    await clock.advance("30s")  # 08:01:00 runs
+    await sched.stop()
+    assert seen == [("completed", None)]
+    successor = Scheduler(MemoryBackend(store=store), clock=clock, jitter=0)
+    again: list[tuple[str, int]] = []
+    successor.every("flush", "1m", lambda ctx: again.append((ctx.reason, ctx.slot_ms)))
+    await successor.start()
+    await clock.advance("1m")  # the lease would have expired, and been swept, by then
+    await successor.stop()
+    assert [run for run in again if run[1] in ran] == [], "the completed slot ran again"
 
 
 async def test_a_release_that_keeps_failing_ends_with_the_stop() -> None:

@@ -15,11 +15,12 @@ import redis.asyncio
 
 from brokersched import BackendError
 from brokersched._clock import SystemClock
-from brokersched.abc import Slot
+from brokersched.abc import Claim, JobPolicy, Slot
 from brokersched.backends.redis import RedisBackend, claim_key
 from brokersched.backends.redis._claim import slot_memory_key
 from tests.support.names import unique
 from tests.support.redis_helpers import delete_keys, redis_fleet
+from tests.support.wait import until
 
 CLOCK = SystemClock()
 SHORT, LONG = "1s", "20s"
@@ -120,6 +121,29 @@ async def test_a_raise_is_seen_by_the_next_claim_which_extends_its_key(
     assert 19_000 < await client.pttl(claim_key(prefix, slot)) <= 20_000
     assert short.fleet_slot_memory == long.slot_ttl
     assert await claim(long, slot) is False
+
+
+async def test_a_batch_claims_its_new_slot_under_a_raise_its_earlier_slot_predates(
+    redis_url: str, prefix: str
+) -> None:
+    """One batch holds a slot this instance's last read of the record covers (it fell due
+    before the instance started) and one falling due after another instance raised the
+    fleet's memory: the batch reads the record for the new slot, whose claim then lives the
+    raised memory, so a late claim once the old memory is over does not win it again. On one
+    host (``max_clock_skew`` 0) the start's read covers every slot due before it."""
+    async with redis_fleet(redis_url, prefix, max_clock_skew="0s") as start:
+        await start(slot_ttl=SHORT)  # an older instance: the record is made
+        earlier = now_slot("earlier")
+        short = await start(slot_ttl=SHORT)  # its read covers ``earlier``
+        long = await start(slot_ttl=LONG)  # raises the fleet's memory; short has not looked
+        raised_by_ms = CLOCK.now_ms()
+        await until(lambda: CLOCK.now_ms() > raised_by_ms, what="the next millisecond")
+        fresh = now_slot("fresh")  # falls due after the raise
+        claims = [Claim(slot, "r", JobPolicy(slot.job)) for slot in (earlier, fresh)]
+        outcomes = await short.claim_many(claims, instance_id="i", timeout=5.0)
+        assert outcomes[1] is True, outcomes
+        await asyncio.sleep(EXPIRED_S)  # the point: Redis would expire a key made under SHORT
+        assert await claim(long, fresh) is False, "the slot was won twice"
 
 
 async def test_a_lost_record_is_made_again_by_the_next_claim(
