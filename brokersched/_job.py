@@ -97,7 +97,6 @@ class Run:
     waiting: bool = False  # between a failed attempt and its retry (an abort ends the wait)
     exception: Exception | None = None  # what the handler raised
     cancelled: BaseException | None = None  # the cancellation that cut it (where it was)
-    recorded: int = 0  # its last record's number in the recorder (``Recorder.written``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,9 +5,6 @@ network partition) would otherwise keep each run busy for as long as the write t
 and a ``claim=False`` job would skip its next slots as ``overlap``. Records wait in a bounded
 buffer (``record_buffer``) while the backend is away; beyond it they are dropped, each one
 counted and logged. ``stop()`` writes what it can within ``drain_timeout``.
-
-A lease run waits for its own record (``written``) before it ends its lease: a slot then either
-holds a lease or has its run in the history, never neither (what a backfill relies on).
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import itertools
 import logging
 from collections import deque
 
-from ._clock import Clock, resolve
+from ._clock import Clock
 from ._events import Events, RecordDroppedEvent
 from ._exceptions import BackendError
 from .abc import Backend, JobPolicy, RunRecord
@@ -46,55 +43,22 @@ class Recorder:
         self._most = _BATCH if batches else 1
         self._batch = self._most
         self.dropped = 0  # records never written, since this scheduler was made
-        self._queued = 0  # records put so far
-        self._done = 0  # records written or dropped so far (they leave the queue in order)
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     @property
     def pending(self) -> int:
         """Records waiting to be written."""
         return len(self._queue)
 
-    def put(self, policy: JobPolicy, record: RunRecord) -> int:
-        """Queue ``record``; drop it (counted, logged) when ``size`` records wait already.
-        Returns its number, for ``written``."""
-        self._queued += 1
+    def put(self, policy: JobPolicy, record: RunRecord) -> None:
+        """Queue ``record``; drop it (counted, logged) when ``size`` records wait already."""
         if len(self._queue) >= self.size:
             self._drop(record, f"{len(self._queue)} records wait already (record_buffer)")
-            self._settle(1)
-            return self._queued
+            return
         self._queue.append((policy, record))
         if self._writer is None or self._writer.done():
             # Not a task of the scheduler's TaskSet: stop() flushes it itself, after the drain.
             loop = asyncio.get_running_loop()
             self._writer = loop.create_task(self._write(), name="brokersched:record")
-        return self._queued
-
-    async def written(self, number: int, timeout_s: float) -> None:
-        """Wait, at most ``timeout_s`` on the scheduler's clock, until the record ``put``
-        answered ``number`` for has been written (or dropped)."""
-        if self._done >= number:
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((number, future))
-        timer = self._clock.call_later(round(timeout_s * 1000), lambda: resolve(future))
-        try:
-            with self._clock.blocking():  # a virtual clock: the write (or the timer) wakes it
-                await future
-        finally:
-            timer.cancel()
-
-    def _settle(self, count: int) -> None:
-        """``count`` more records left the queue: wake who waits for them."""
-        self._done += count
-        waiting, self._waiters = self._waiters, []
-        for number, future in waiting:
-            if future.done():
-                continue
-            if number <= self._done:
-                future.set_result(None)
-            else:
-                self._waiters.append((number, future))
 
     def _drop(self, record: RunRecord, why: str) -> None:
         self.dropped += 1
@@ -151,7 +115,6 @@ class Recorder:
                     delays = itertools.chain(_RETRY_DELAYS_S, itertools.repeat(5.0))
             for _ in range(count):
                 self._queue.popleft()
-            self._settle(count)
             self._batch = self._most
 
     async def wait_written(self, timeout_s: float) -> None:
@@ -172,6 +135,5 @@ class Recorder:
                 await asyncio.gather(writer, return_exceptions=True)
         for _, record in self._queue:
             self._drop(record, f"stop() could not write it within {timeout_s:g}s")
-        self._settle(len(self._queue))
         self._queue.clear()
         self._writer = None

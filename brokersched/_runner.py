@@ -33,6 +33,7 @@ from .abc import (
     Backend,
     Claim,
     ClaimBackend,
+    JobPolicy,
     Lease,
     LeaseBackend,
     Outcome,
@@ -73,6 +74,8 @@ _ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
 }
 # ``JobContext.data`` of a manual run given none: the job's own ``data``.
 JOB_DATA: Any = object()
+# A run's record, written with its lease's release (``LeaseBackend.release``), if any.
+Ending = tuple[JobPolicy, RunRecord] | None
 
 
 class Runner:
@@ -340,17 +343,17 @@ class Runner:
             # the slot over records this attempt (once) and retries it. ``recorded``: a retry's
             # wait was cut short, and the last attempt, which failed, is recorded already.
             lost = renewer is not None and renewer.lost
-            record = recorded or await self._finish(job, run, outcome, error, record=not lost)
-            if lease is not None and not lost:
-                # The record lands before the lease ends: a slot then has a lease or a record,
-                # never neither, which is what a backfill reads to know it ran. The renewer
-                # keeps the lease meanwhile; a record slower than one release attempt (a store
-                # that drops calls) no longer holds the release, whose retries are quicker.
-                await self.recorder.written(run.recorded, self._release_wait_s())
-                # Only a run cut short at an await by a graceful stop is offered to another
-                # instance; a handler that returned or raised has done what it will do.
-                handover = run.cut and run.ctx.abort_reason == "shutdown"
-                await self.release(lease, handover=handover, renewer=renewer)
+            if lease is None or lost:
+                return recorded or self._finish(job, run, outcome, error, record=not lost)
+            # The run's record ends its lease, in one step (``LeaseBackend.release``): a slot
+            # then holds its lease or has its record, never neither, which is what a backfill
+            # reads to know it ran. Only a run cut short at an await by a graceful stop is
+            # offered to another instance; a handler that returned or raised has done what it
+            # will do.
+            record = recorded or self._finish(job, run, outcome, error, record=False)
+            ending = None if recorded else (job.settings.policy, record)
+            handover = run.cut and run.ctx.abort_reason == "shutdown"
+            await self.release(lease, handover=handover, renewer=renewer, record=ending)
             return record
         finally:
             if renewer is not None and not run.abandoned:
@@ -406,7 +409,7 @@ class Runner:
             delay = self._retry_delay(run, retry, outcome, tries)
             if delay is None:
                 break
-            record = await self._finish(run.job, run, outcome, error)
+            record = self._finish(run.job, run, outcome, error)
             self._next_attempt(run)
             logger.info(
                 "retry job=%s slot=%d attempt=%d in %s",
@@ -536,9 +539,15 @@ class Runner:
             run.task.cancel()  # a thread cannot be cancelled: sync handlers watch abort_reason
 
     async def release(
-        self, lease: Lease, *, handover: bool, renewer: _Renewer | None = None
+        self,
+        lease: Lease,
+        *,
+        handover: bool,
+        renewer: _Renewer | None = None,
+        record: Ending = None,
     ) -> None:
-        """End a lease, retrying until it lands.
+        """End a lease, retrying until it lands; with ``record``, the run's record is written
+        with it (``LeaseBackend.release``), or queued for the history if it never lands.
 
         A lease left marked running looks like a dead runner's once it expires: another
         instance takes the slot over and runs it again, though this run may have completed. A
@@ -567,12 +576,13 @@ class Runner:
             while True:
                 try:
                     attempt = self._release_once(
-                        lease, handover=handover, batched=not retries.tries
+                        lease, handover=handover, batched=not retries.tries, record=record
                     )
                     await self._within(attempt, _release_attempt_s(ttl_ms), lease)
                 except Exception as exc:
                     if await retries.wait_after(exc):
                         continue
+                    self._record_anyway(record)
                     return
                 retries.landed()
                 if self.clock.monotonic_ms() < expires_ms and self.ended_here(lease):
@@ -580,13 +590,15 @@ class Runner:
                 return
         except asyncio.CancelledError:
             retries.stopped()
+            self._record_anyway(record)
             raise
 
-    def _release_wait_s(self) -> float:
-        """How long a lease run's end waits for its record before its release: as long as one
-        release attempt is waited for."""
-        assert isinstance(self.backend, LeaseBackend)
-        return _release_attempt_s(to_ms(self.backend.lease_ttl))
+    def _record_anyway(self, record: Ending) -> None:
+        """A release that never landed (given up, or cut by the stop) leaves its record to the
+        history's writer: the run happened. (Had it landed unanswered, the record is there
+        twice.)"""
+        if record is not None:
+            self.recorder.put(*record)
 
     def ended_here(self, lease: Lease) -> bool:
         """Whether ``lease``'s slot was ended here (its run returned or failed for good, or it
@@ -619,16 +631,20 @@ class Runner:
             raise TimeoutError(f"no answer within {seconds:g}s")
         task.result()
 
-    async def _release_once(self, lease: Lease, *, handover: bool, batched: bool) -> None:
+    async def _release_once(
+        self, lease: Lease, *, handover: bool, batched: bool, record: Ending
+    ) -> None:
         assert isinstance(self.backend, LeaseBackend)
         if batched and not handover and self._releases.enabled:
-            await self._releases.release(lease)  # with the others of this loop turn
+            await self._releases.release(lease, record)  # with the others of this loop turn
         else:
-            await self.backend.release(lease, handover=handover)
+            await self.backend.release(lease, handover=handover, record=record)
 
-    async def _finish(
+    def _finish(
         self, job: JobState, run: Run, outcome: Outcome, error: str | None, *, record: bool = True
     ) -> RunRecord:
+        """The run's record, logged and told to the listeners; ``record``: queued for the
+        history (else its lease's release writes it)."""
         ctx = run.ctx
         finished_ms = self.clock.now_ms()
         duration_ms = self.clock.monotonic_ms() - run.started_mono
@@ -645,8 +661,8 @@ class Runner:
             error=error,
             traceback=_traceback(run, outcome),
         )
-        if record:  # written in the background, in order
-            run.recorded = self.recorder.put(job.settings.policy, entry)
+        if record:
+            self.recorder.put(job.settings.policy, entry)  # written in the background, in order
         if outcome == "completed":
             job.last_ok_ms = finished_ms
         self._log(job, entry, duration_ms, run.started_ms - ctx.slot_ms, run.exception)
@@ -727,10 +743,10 @@ class Runner:
         for run in abandoned:
             detail = f"abandoned: still running after drain_timeout ({timeout_s:g}s)"
             if run.lease is None:
-                await self._finish(run.job, run, "interrupted", detail)
+                self._finish(run.job, run, "interrupted", detail)
             else:  # the lease is left to expire; the instance that takes the slot over records it
                 detail += "; its lease expires and the slot is taken over"
-                await self._finish(run.job, run, "interrupted", detail, record=False)
+                self._finish(run.job, run, "interrupted", detail, record=False)
         listeners = [task for task in self.tasks.pending() if task not in before]
         await self.clock.wait(listeners, _CUT_GRACE_S)
         # Renewals, releases and the fleet's calls; claims, records and listeners that did not
@@ -998,14 +1014,14 @@ class _Releases:
     def __init__(self, runner: Runner) -> None:
         self._runner = runner
         self.enabled = _overrides(runner.backend, LeaseBackend, "release_many")
-        self._waiting: list[tuple[Lease, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[Lease, Ending, asyncio.Future[None]]] = []
 
-    async def release(self, lease: Lease) -> None:
+    async def release(self, lease: Lease, record: Ending) -> None:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         if not self._waiting:
             loop.call_soon(self._send)
-        self._waiting.append((lease, future))
+        self._waiting.append((lease, record, future))
         with self._runner.clock.blocking():  # a virtual clock: the backend answers
             await future
 
@@ -1013,17 +1029,18 @@ class _Releases:
         batch, self._waiting = self._waiting, []
         self._runner.tasks.spawn(self._exchange(batch), name="release-batch")
 
-    async def _exchange(self, batch: list[tuple[Lease, asyncio.Future[None]]]) -> None:
+    async def _exchange(self, batch: list[tuple[Lease, Ending, asyncio.Future[None]]]) -> None:
         backend = self._runner.backend
         assert isinstance(backend, LeaseBackend)
         try:
             if len(batch) == 1:
-                await backend.release(batch[0][0])
+                await backend.release(batch[0][0], record=batch[0][1])
                 answers: list[Exception | None] = [None]
             else:
-                answers = await backend.release_many([lease for lease, _ in batch])
+                leases, records = [lease for lease, _, _ in batch], [r for _, r, _ in batch]
+                answers = await backend.release_many(leases, records)
         except BaseException as exc:  # the whole batch failed (or this task was cancelled)
-            for _, future in batch:
+            for _, _, future in batch:
                 if future.done():
                     continue
                 if isinstance(exc, Exception):
@@ -1036,7 +1053,7 @@ class _Releases:
         if len(answers) != len(batch):
             error = BackendError(f"{backend.name} answered {len(answers)} of {len(batch)}")
             answers = [error for _ in batch]
-        for (_, future), answer in zip(batch, answers, strict=True):
+        for (_, _, future), answer in zip(batch, answers, strict=True):
             if future.done():
                 continue  # its run was cancelled meanwhile
             if answer is None:

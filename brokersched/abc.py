@@ -652,10 +652,22 @@ class LeaseBackend(Backend):
         token now (the runner must abort with ``lock-lost``). Raises ``BackendError``."""
 
     @abstractmethod
-    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        handover: bool = False,
+        record: tuple[JobPolicy, RunRecord] | None = None,
+    ) -> None:
         """End ``lease``; the slot stays claimed. With ``handover`` (a graceful stop cut the run
         short), the slot is offered to ``take_over()`` at once, without counting an attempt.
         A stale lease (another token holds the slot now) is left untouched.
+
+        ``record``, the run's, goes into its job's history with the release: in the same
+        transaction (or script) where the store has one, and only if the release takes effect;
+        where it has none (a stream beside a bucket), just before it, written once however
+        often the release is tried. So a slot holds its lease or has its record, never
+        neither: what a backfill reads to know whether it ran.
 
         A lease that has expired but that ``take_over()`` has not taken yet still holds its
         slot (its token is still the slot's): releasing it ends the run as if it had not
@@ -664,16 +676,24 @@ class LeaseBackend(Backend):
         expiry (a store that was away as the run ended); it must land whenever no take-over
         came first."""
 
-    async def release_many(self, leases: Sequence[Lease]) -> list[Exception | None]:
-        """End several leases of distinct slots (no hand-over), as ``release()`` would each;
-        per lease, in order, ``None`` or the error its ``release()`` would raise (one lease's
-        error never fails the others; a stale lease is left untouched, as by ``release()``).
+    async def release_many(
+        self,
+        leases: Sequence[Lease],
+        records: Sequence[tuple[JobPolicy, RunRecord] | None] | None = None,
+    ) -> list[Exception | None]:
+        """End several leases of distinct slots (no hand-over), each with its record (``records``,
+        in the order of ``leases``, if given), as ``release()`` would each; per lease, in order,
+        ``None`` or the error its ``release()`` would raise (one lease's error never fails the
+        others; a stale lease is left untouched, as by ``release()``).
 
         The default releases them concurrently. A backend overrides it to end them in one
         round trip; the scheduler calls it for the runs that finish within one turn of the
         event loop (the runs of one instant, on a fleet without jitter).
         """
-        return await gather_each([self.release(lease) for lease in leases])
+        ends = records if records is not None else [None] * len(leases)
+        return await gather_each(
+            [self.release(lease, record=end) for lease, end in zip(leases, ends, strict=True)]
+        )
 
     @abstractmethod
     async def lease_state(self, job: str) -> LeaseState:

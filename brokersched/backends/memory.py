@@ -162,9 +162,26 @@ class MemoryBackend(LeaseBackendBase):
         await asyncio.sleep(0)
         return self._decide(lease.job, Renew(lease.slot_ms, lease.token)) is True
 
-    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        handover: bool = False,
+        record: tuple[JobPolicy, RunRecord] | None = None,
+    ) -> None:
         await asyncio.sleep(0)
+        self._end(lease, handover, record)
+
+    def _end(
+        self, lease: Lease, handover: bool, record: tuple[JobPolicy, RunRecord] | None
+    ) -> None:
+        """The release and its record at one moment: the record only if the lease was still
+        this token's."""
+        row = self.store.jobs.get(lease.job)
+        held = row is not None and row.leases.get(lease.slot_ms)
         self._decide(lease.job, Release(lease.slot_ms, lease.token, handover))
+        if held and held.token == lease.token and record is not None:
+            self._append(*record)
 
     async def lease_state(self, job: str) -> LeaseState:
         await asyncio.sleep(0)

@@ -404,6 +404,36 @@ _RECORD = """WITH counted AS (
 )
 DELETE FROM {s}.history WHERE job = $1 AND started_at < $12::timestamptz"""
 
+# A release (or hand-over) of lease $14:$15 with token $16 ($17: a hand-over), and, if it took
+# effect and $18, the run's record ($1-$13 as ``_RECORD``'s) in the same statement.
+_RELEASE_RECORDED = """WITH ended AS (
+    DELETE FROM {s}.leases
+    WHERE job = $14 AND slot_ms = $15 AND token = $16 AND NOT $17::boolean
+    RETURNING slot_ms
+), handed AS (
+    UPDATE {s}.leases SET state = 'handover', expires_at = {now}
+    WHERE job = $14 AND slot_ms = $15 AND token = $16 AND $17::boolean
+    RETURNING slot_ms
+), done AS (
+    SELECT slot_ms FROM ended UNION ALL SELECT slot_ms FROM handed
+), grant_ended AS (
+    UPDATE {s}.jobs AS j SET lease_until = '-infinity'
+    FROM done WHERE j.job = $14 AND j.grant_slot_ms = done.slot_ms
+), counted AS (
+    INSERT INTO {s}.history_counters AS c (job, n)
+    SELECT $1::text, 1 WHERE $18::boolean AND EXISTS (SELECT FROM done)
+    ON CONFLICT (job) DO UPDATE SET n = c.n + 1
+    RETURNING c.n
+), inserted AS (
+    INSERT INTO {s}.history (job, n, slot_ms, run_id, instance_id, reason, attempt, started_at,
+        finished_at, outcome, error, traceback)
+    SELECT $1, n, $2, $3, $4, $5, $6, $7, $8, $9, $10, $13 FROM counted
+), too_many AS (
+    DELETE FROM {s}.history WHERE job = $1 AND n <= (SELECT n FROM counted) - $11::bigint
+)
+DELETE FROM {s}.history WHERE job = $1 AND started_at < $12::timestamptz
+    AND EXISTS (SELECT FROM counted)"""
+
 _HISTORY = """SELECT job, slot_ms, run_id, instance_id, reason, attempt, outcome, error,
     traceback, started_at, finished_at
 FROM {s}.history
@@ -457,6 +487,7 @@ class _Statements:
         self.acquire_many = fill(_ACQUIRE_MANY)
         self.renew = fill(_RENEW)
         self.release = fill(_RELEASE)
+        self.release_recorded = fill(_RELEASE_RECORDED)
         self.hand_over = fill(_HAND_OVER)
         self.dead_jobs = fill(_DEAD_JOBS)
         self.lock_jobs = fill(_LOCK_JOBS)
@@ -923,24 +954,39 @@ class PostgresBackend(SQLLeaseBackend):
 
         return await self._call("renew " + lease.slot.key, renew, self._renew_timeout)
 
-    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        handover: bool = False,
+        record: tuple[JobPolicy, RunRecord] | None = None,
+    ) -> None:
         sql = self._sql.hand_over if handover else self._sql.release
 
         async def release(conn: _Connection) -> None:
-            await conn.execute(sql, lease.job, lease.slot_ms, lease.token)
+            if record is None:
+                await conn.execute(sql, lease.job, lease.slot_ms, lease.token)
+            else:
+                args = self._release_args(lease, record, handover=handover)
+                await conn.execute(self._sql.release_recorded, *args)
 
         # Within a third of the ttl (see _renew_timeout): a stuck release gives way to the
         # runner's next try, in time to land before the lease expires.
         await self._call("release " + lease.slot.key, release, self._renew_timeout)
 
-    async def release_many(self, leases: Sequence[Lease]) -> list[Exception | None]:
+    async def release_many(
+        self,
+        leases: Sequence[Lease],
+        records: Sequence[tuple[JobPolicy, RunRecord] | None] | None = None,
+    ) -> list[Exception | None]:
         """One pipelined round trip, in one transaction (all or none), in the order of job
         names: each release locks its job's row until the commit."""
-        args = [(lease.job, lease.slot_ms, lease.token) for lease in leases]
-        args.sort(key=lambda arg: (arg[0], arg[1]))
+        ends = records if records is not None else [None] * len(leases)
+        ordered = sorted(zip(leases, ends, strict=True), key=lambda e: (e[0].job, e[0].slot_ms))
+        args = [self._release_args(lease, record) for lease, record in ordered]
 
         async def release(conn: _Connection) -> None:
-            await conn.executemany(self._sql.release, args)
+            await conn.executemany(self._sql.release_recorded, args)
 
         try:
             await self._call(f"release {len(args)} leases", release, self._renew_timeout)
@@ -994,6 +1040,19 @@ class PostgresBackend(SQLLeaseBackend):
         ]
 
     # -- history ---------------------------------------------------------------------------
+
+    def _release_args(
+        self,
+        lease: Lease,
+        record: tuple[JobPolicy, RunRecord] | None,
+        *,
+        handover: bool = False,
+    ) -> tuple[object, ...]:
+        """``_RELEASE_RECORDED``'s arguments: the record's (none: no record written), then the
+        lease's."""
+        written = () if record is None else self._record_args(*record)
+        padded = written or (None,) * 13
+        return (*padded, lease.job, lease.slot_ms, lease.token, handover, bool(written))
 
     def _record_args(self, job: JobPolicy, record: RunRecord) -> tuple[object, ...]:
         return (

@@ -723,14 +723,17 @@ class SQLiteBackend(SQLLeaseBackend):
         # waiting that long for another process's write lock would outlive the lease.
         return await self._run("renew " + lease.slot.key, renew, timeout=self._renew_timeout)
 
-    async def release(self, lease: Lease, *, handover: bool = False) -> None:
-        params = _lease_params(lease)
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        handover: bool = False,
+        record: tuple[JobPolicy, RunRecord] | None = None,
+    ) -> None:
         end = self._sql.hand_over if handover else self._sql.delete_lease
 
         async def release(conn: aiosqlite.Connection) -> None:
-            now = params | {"now": self._store_now_ms()}
-            await conn.execute(self._sql.end_grant, now)
-            await conn.execute(end, now)
+            await self._end(conn, lease, end, record)
 
         # Within a third of the ttl (see _renew_timeout): a stuck release gives way to the
         # runner's next try, in time to land before the lease expires.
@@ -738,14 +741,17 @@ class SQLiteBackend(SQLLeaseBackend):
             "release " + lease.slot.key, release, timeout=self._renew_timeout, transaction=True
         )
 
-    async def release_many(self, leases: Sequence[Lease]) -> list[Exception | None]:
+    async def release_many(
+        self,
+        leases: Sequence[Lease],
+        records: Sequence[tuple[JobPolicy, RunRecord] | None] | None = None,
+    ) -> list[Exception | None]:
         """One transaction: all or none."""
+        ends = records if records is not None else [None] * len(leases)
 
         async def release(conn: aiosqlite.Connection) -> None:
-            for lease in leases:
-                params = _lease_params(lease)
-                await conn.execute(self._sql.end_grant, params)
-                await conn.execute(self._sql.delete_lease, params)
+            for lease, record in zip(leases, ends, strict=True):
+                await self._end(conn, lease, self._sql.delete_lease, record)
 
         try:
             await self._run(
@@ -757,6 +763,21 @@ class SQLiteBackend(SQLLeaseBackend):
         except BackendError as exc:
             return [exc for _ in leases]
         return [None for _ in leases]
+
+    async def _end(
+        self,
+        conn: aiosqlite.Connection,
+        lease: Lease,
+        end: str,
+        record: tuple[JobPolicy, RunRecord] | None,
+    ) -> None:
+        """End ``lease`` (``end``: delete or hand over), inside the caller's transaction, and
+        write ``record`` if that took effect (the lease was still this token's)."""
+        params = _lease_params(lease) | {"now": self._store_now_ms()}
+        await conn.execute(self._sql.end_grant, params)
+        ended = await conn.execute(end, params)
+        if record is not None and ended.rowcount:
+            await self._append(conn, *record)
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         """In one transaction, each job with a dead lease: its row read, the lease protocol's

@@ -295,28 +295,41 @@ class SimLeaseBackend(_SimFleet, MemoryBackend):
         held = row.leases.get(lease.slot_ms) if row is not None else None
         return held is not None and held.token == lease.token
 
-    async def _release(self, lease: Lease) -> None:
-        """End ``lease`` and note it released if that took effect: the memory backend yields
-        before it decides, so a take-over may come first (the release is then stale)."""
+    async def _release(self, lease: Lease, record: tuple[JobPolicy, RunRecord] | None) -> None:
+        """End ``lease`` (with its run's record) and note it released if that took effect: the
+        memory backend yields before it decides, so a take-over may come first (the release
+        is then stale)."""
         held = self._held(lease)
-        await MemoryBackend.release(self, lease)
+        await MemoryBackend.release(self, lease, record=record)
         row = self.store.jobs.get(lease.job)
         if held and (row is None or lease.slot_ms not in row.leases):
             self.sim.released.add((lease.job, lease.slot_ms, self.instance, lease.attempt))
 
-    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        handover: bool = False,
+        record: tuple[JobPolicy, RunRecord] | None = None,
+    ) -> None:
         async def apply() -> None:
             if handover:
-                await MemoryBackend.release(self, lease, handover=handover)
+                await MemoryBackend.release(self, lease, handover=handover, record=record)
             else:
-                await self._release(lease)
+                await self._release(lease, record)
 
         await self.sim.call(self.dead, self._bound(), apply, write=True)
 
-    async def release_many(self, leases: Sequence[Lease]) -> list[Exception | None]:
+    async def release_many(
+        self,
+        leases: Sequence[Lease],
+        records: Sequence[tuple[JobPolicy, RunRecord] | None] | None = None,
+    ) -> list[Exception | None]:
+        ends = records if records is not None else [None] * len(leases)
+
         async def apply() -> list[Exception | None]:
-            for lease in leases:  # one transaction: each as release() would end it
-                await self._release(lease)
+            for lease, end in zip(leases, ends, strict=True):  # one transaction
+                await self._release(lease, end)
             return [None for _ in leases]
 
         return await self.sim.call(self.dead, self._bound(), apply, write=True)
@@ -810,10 +823,16 @@ class SimNATSLease(_SimFleet, NATSLeaseBackend):
 
         return await self.sim.call(self.dead, 5.0, read, write=False)
 
-    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        handover: bool = False,
+        record: tuple[JobPolicy, RunRecord] | None = None,
+    ) -> None:
         mark = _RELEASING.set(_RELEASING.get() if handover else frozenset({lease.token}))
         try:
-            await super().release(lease, handover=handover)
+            await super().release(lease, handover=handover, record=record)
         finally:
             _RELEASING.reset(mark)
 

@@ -564,6 +564,36 @@ class LeaseBackendSuite(LeaseProtocolCheck, _Suite[B]):
         assert await two.lease_state("other") == LeaseState()
 
     @pytest.mark.asyncio
+    async def test_a_release_writes_its_runs_record_once_and_only_if_it_ends_the_lease(
+        self, fleet: Factory, clock: Clock
+    ) -> None:
+        """A slot holds its lease or has its record, never neither: the record comes with
+        the release, a release tried again writes it no second time, and a stale one (the
+        slot taken over) writes none."""
+        one, two = await self.started(fleet), await self.started(fleet)
+        policies = [JobPolicy(job, max_attempts=2) for job in ("single", "batch", "stale")]
+        single, batch, stale = [await self.acquire(one, Slot(p.name, SLOT)) for p in policies]
+        assert isinstance(single, Lease) and isinstance(batch, Lease)
+        assert isinstance(stale, Lease)
+
+        def ended(lease: Lease) -> RunRecord:
+            return replace(make_record(lease.job, SLOT), run_id=lease.run_id)
+
+        await one.release(single, record=(policies[0], ended(single)))
+        await one.release(single, record=(policies[0], ended(single)))  # its answer was lost
+        assert [r.run_id for r in await two.history(policies[0], 10)] == [single.run_id]
+        assert (await two.lease_state("single")).leased == frozenset()
+        answers = await one.release_many([batch], [(policies[1], ended(batch))])
+        assert answers == [None]
+        assert [r.run_id for r in await two.history(policies[1], 10)] == [batch.run_id]
+        await self.expire(clock)
+        (retry,) = await two.take_over([policies[2]], instance_id="i2")
+        await one.release(stale, record=(policies[2], ended(stale)))  # too late: taken over
+        records = await two.history(policies[2], 10)
+        assert [(r.run_id, r.outcome) for r in records] == [(stale.run_id, "interrupted")]
+        assert (await two.lease_state("stale")).leased == frozenset({retry.slot_ms})
+
+    @pytest.mark.asyncio
     async def test_released_slots_are_not_taken_over(self, fleet: Factory, clock: Clock) -> None:
         backend = await self.started(fleet)
         lease = await self.acquire(backend, Slot("job", SLOT))

@@ -356,7 +356,8 @@ async def test_a_run_without_timeout_is_never_backfilled_while_it_runs_or_once_i
 
 
 class SlowRecords(MemoryBackend):
-    """The fleet's records land ``record_s`` (virtual) after they are sent."""
+    """The fleet's records written apart from a release land ``record_s`` (virtual) after they
+    are sent."""
 
     def __init__(self, clock: TestClock, record_s: float) -> None:
         super().__init__(lease_ttl="30s")
@@ -371,9 +372,10 @@ class SlowRecords(MemoryBackend):
         await super().record_many(records)
 
 
-async def test_a_run_keeps_its_lease_until_its_record_has_landed(clock: TestClock) -> None:
-    """The run of 08:02:10 ends at 08:03:12.5 and its record takes 0.8 s: the backfill, there
-    at 08:03:13, finds the lease still held, not a slot that holds neither lease nor record."""
+async def test_a_runs_record_comes_with_the_end_of_its_lease(clock: TestClock) -> None:
+    """The run of 08:02:10 ends at 08:03:12.5; a record written apart from its release would
+    land 0.8 s later: the backfill, there at 08:03:13, finds the record, not a slot that holds
+    neither lease nor record (which it would run again)."""
     lasting = Lasting(clock, {"08:02:10": 62.5})
     backend = SlowRecords(clock, 0.8)
     fleet = Scheduler(backend, clock=clock, jitter=0, instance_id="fleet")
@@ -387,7 +389,7 @@ async def test_a_run_keeps_its_lease_until_its_record_has_landed(clock: TestCloc
     steps = await drive(
         clock, operator.backfill("tick", at("08:02:00"), at("08:02:10"), rate=0.1), "1s"
     )
-    assert [s.status for s in steps] == ["ran", "not-acquired"]
+    assert [s.status for s in steps] == ["ran", "already-run"]
     assert twice(lasting.runs) == []
     for each in (fleet, operator):
         await each.stop()

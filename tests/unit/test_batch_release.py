@@ -24,16 +24,18 @@ class ReleasingMemory(BatchNotingMemory):
         self.singles.append(lease.job)
         await super().release(lease, **kwargs)
 
-    async def release_many(self, leases: Sequence[Lease]) -> list[Exception | None]:
+    async def release_many(
+        self, leases: Sequence[Lease], records: Sequence[Any] | None = None
+    ) -> list[Exception | None]:
         self.batches.append(sorted(lease.job for lease in leases))
         if self.down:
             raise BackendError("database away")
         answers: list[Exception | None] = []
-        for lease in leases:
+        for lease, record in zip(leases, records or [None] * len(leases), strict=True):
             if lease.job == self.fail:
                 answers.append(BackendError(f"{lease.job} is broken"))
             else:
-                await super().release(lease)
+                await super().release(lease, record=record)
                 answers.append(None)
         return answers
 

@@ -69,10 +69,10 @@ class Unreachable(MemoryBackend):
         self.outage.check("renew")
         return await super().renew(lease)
 
-    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+    async def release(self, lease: Lease, **options: Any) -> None:
         self.reach.tries.append(self.outage.clock.monotonic_ms())
         self.outage.check("release")
-        await super().release(lease, handover=handover)
+        await super().release(lease, **options)
         self.reach.released.append(self.outage.clock.monotonic_ms())
 
     async def take_over(self, *args: Any, **kwargs: Any) -> list[Lease]:

@@ -66,11 +66,11 @@ async def test_a_scheduler_restarted_after_stop_fires_again() -> None:
 class FlakyRelease(MemoryBackend):
     failures = 1
 
-    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+    async def release(self, lease: Lease, **options: Any) -> None:
         if self.failures:
             self.failures -= 1
             raise BackendError("connection reset")
-        await super().release(lease, handover=handover)
+        await super().release(lease, **options)
 
 
 async def test_a_failed_release_is_retried_so_the_slot_is_not_rerun() -> None:
@@ -100,10 +100,10 @@ class SlowRelease(MemoryBackend):
         super().__init__(**options)
         self.entered = asyncio.Event()
 
-    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+    async def release(self, lease: Lease, **options: Any) -> None:
         self.entered.set()
         await asyncio.sleep(0.05)  # a network round trip
-        await super().release(lease, handover=handover)
+        await super().release(lease, **options)
 
 
 async def test_stop_waits_for_a_release_in_flight() -> None:
@@ -276,11 +276,11 @@ async def test_a_run_whose_renewals_never_answer_is_aborted_before_its_lease_exp
 class FailingReleases(MemoryBackend):
     failures = 3
 
-    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+    async def release(self, lease: Lease, **options: Any) -> None:
         if self.failures:
             self.failures -= 1
             raise BackendError("database restarting")
-        await super().release(lease, handover=handover)
+        await super().release(lease, **options)
 
 
 async def test_releases_are_retried_while_the_lease_is_held() -> None:

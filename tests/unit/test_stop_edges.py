@@ -40,11 +40,11 @@ class SlowBackend(MemoryBackend):
         await self.clock.sleep(self.record_s)
         await super().record(job, record)
 
-    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+    async def release(self, lease: Lease, **options: Any) -> None:
         self.releases += 1
         if self.failing_releases:
             raise BackendUnavailableError("the store is away")
-        await super().release(lease, handover=handover)
+        await super().release(lease, **options)
 
     async def renew(self, lease: Lease) -> bool:
         return False if self.refusing_renewals else await super().renew(lease)
@@ -100,7 +100,7 @@ async def test_a_run_recording_when_drain_timeout_ends_is_not_cut() -> None:
     sched = Scheduler(backend, clock=clock, jitter=0, drain_timeout="10s")
     seen = outcomes(sched)
 
-    @sched.every("flush", "1h")
+    @sched.every("flush", "1h", claim=False)  # no lease: its record goes by the recorder
     async def flush(ctx: JobContext) -> None:
         await ctx.sleep(9)  # finishes its flush although told to stop; its record takes 2.5 s
 
@@ -120,7 +120,7 @@ async def test_a_sync_run_recording_when_drain_timeout_ends_is_recorded_once() -
     seen = outcomes(sched)
 
     entered = threading.Event()
-    sched.every("sync", "1h", lambda ctx: until_told(ctx, entered))
+    sched.every("sync", "1h", lambda ctx: until_told(ctx, entered), claim=False)
     await sched.start()
     trigger = asyncio.ensure_future(sched.get("sync").trigger())  # type: ignore[union-attr]
     await began(entered)

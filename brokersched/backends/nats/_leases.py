@@ -400,8 +400,18 @@ class NATSLeaseBackend(LeaseBackendBase):
             )
         return answer is True
 
-    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        handover: bool = False,
+        record: tuple[JobPolicy, RunRecord] | None = None,
+    ) -> None:
+        """The run's record first (a stream beside the bucket: no write spans both): its
+        message id makes a retried release write it once."""
         rows = self._lease_rows()
+        if record is not None:
+            await self.record(*record)
         with self._translated("release", lease.slot.key):
             await rows.decide(
                 lease.job,

@@ -213,14 +213,25 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         )
         return bool(renewed)
 
-    async def release(self, lease: Lease, *, handover: bool = False) -> None:
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        handover: bool = False,
+        record: tuple[JobPolicy, RunRecord] | None = None,
+    ) -> None:
+        """With ``record``, in one script, unless the record is another job's (a backfill's
+        fence lease): then the record first (a cluster keeps the two jobs on other nodes)."""
+        keys = [runs_key(self.prefix, lease.job)]
         args: list[str | int] = [lease.slot_ms, lease.token, "1" if handover else "0"]
+        if record is not None and record[0].name == lease.job:
+            policy, run = record
+            keys.append(history_key(self.prefix, policy.name))
+            args += [history_entry(run), policy.history_size, *self._redis.history_ttl_args(policy)]
+        elif record is not None:
+            await self._redis.record(*record)
         await self._redis.script(
-            "RELEASE",
-            "release " + lease.slot.key,
-            [runs_key(self.prefix, lease.job)],
-            args,
-            self._renew_timeout,
+            "RELEASE", "release " + lease.slot.key, keys, args, self._renew_timeout
         )
 
     async def lease_state(self, job: str) -> LeaseState:

@@ -203,10 +203,13 @@ return 1
 """
 )
 
-#: KEYS: runs. ARGV: slot, token, handover ('1'). A stale token touches nothing. A finished run
-#: is deleted; a handed-over one stays, expired now, for take_over.
+#: KEYS: runs (, history). ARGV: slot, token, handover ('1') (, the run's history entry,
+#: history_size, cutoff ms or '', history_ttl ms or ''). A stale token touches nothing. A
+#: finished run is deleted; a handed-over one stays, expired now, for take_over; with a history
+#: key, the run's record is pushed in the same step.
 RELEASE = (
     _NOW
+    + _PUSH
     + """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return 0 end
@@ -218,6 +221,9 @@ if ARGV[3] == '1' then
   redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(run))
 else
   redis.call('HDEL', KEYS[1], ARGV[1])
+end
+if KEYS[2] then
+  push(KEYS[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 end
 return 1
 """
