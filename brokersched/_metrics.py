@@ -12,7 +12,7 @@ Series (``job`` is capped, see ``max_jobs``):
 - ``brokersched_retries_total{job}``: runs started again (``reason == "retry"``): after a
   failed attempt (``retry=``), or on taking over a dead runner's slot
 - ``brokersched_skips_total{job,reason}``: skipped slots (``late``, ``overlap``,
-  ``not-acquired``, ``paused``, ``backend-error``)
+  ``not-acquired``, ``paused``, ``backend-error``, ``clock-skew``: ``SkipReason``)
 - ``brokersched_run_duration_seconds{job}``: how long handlers ran (histogram)
 - ``brokersched_run_lateness_seconds{job}``: start minus slot, on the scheduler's clock, for
   scheduled runs only (jitter plus claim time; catch-up, retries and manual runs are late or

@@ -23,7 +23,7 @@ from ._params import HistoryParams, RunsParams, WindowParams
 from ._reply import Reply
 from ._vocabulary import Vocabulary
 
-__all__ = ["OPERATIONS", "Operation", "UndocumentedAnswerError", "openapi_document"]
+__all__ = ["OPERATIONS", "Handler", "Operation", "UndocumentedAnswerError", "openapi_document"]
 
 Handler = Callable[[Request], Awaitable["Response | Reply"]]
 Answers = Mapping[int, tuple[Any, str]]  # status: (body type, or None for no JSON; description)

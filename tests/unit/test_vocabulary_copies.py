@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
+from brokersched import _metrics
 from brokersched._metrics import PrometheusMetrics
 from brokersched._options import JobOptions
 
@@ -162,6 +163,16 @@ def test_the_vocabularies_are_found() -> None:
         "brokersched_runs_total"
         in next(v for v in vocabularies() if v.name == "metric names").words
     )
+
+
+def test_the_metrics_are_documented_as_the_registry_names_them() -> None:
+    """The series' names are defined once, by the collectors; the module's docstring and
+    docs/operations.md name each of them, and no other."""
+    names = set(metric_names())
+    operations = (PACKAGE.parent / "docs" / "operations.md").read_text()
+    for where, text in (("docs/operations.md", operations), ("_metrics", _metrics.__doc__ or "")):
+        named = set(re.findall(r"brokersched_[a-z_]+", text))
+        assert (where, sorted(names - named), sorted(named - names)) == (where, [], [])
 
 
 def test_no_vocabulary_is_copied_in_the_python_source() -> None:

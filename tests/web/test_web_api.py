@@ -19,6 +19,7 @@ from brokersched.abc import JobPolicy
 from brokersched.backends.memory import MemoryStore
 from brokersched.testing import TestClock
 from brokersched.web import TOKEN_ENV, create_app
+from brokersched.web._openapi import openapi_document
 
 TOKEN = "test-admin-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -257,8 +258,13 @@ async def test_openapi_describes_every_route(api: httpx.AsyncClient) -> None:
     }
     described = {(path, method) for path, item in schema["paths"].items() for method in item}
     assert described == api_routes
+    assert (
+        schema == openapi_document()
+    )  # made from the routes' own models (Schemathesis: test_web_schemathesis.py)
     for path in ("/jobs/{name}/trigger", "/jobs/{name}/pause", "/jobs/{name}/resume"):
         assert schema["paths"][path]["post"]["security"] == [{"bearer": []}]
+    trigger = schema["paths"]["/jobs/{name}/trigger"]["post"]["responses"]
+    assert sorted(trigger) == ["202", "400", "401", "403", "404", "409", "413"]
 
 
 async def test_unknown_routes_and_methods_answer_in_json(api: httpx.AsyncClient) -> None:
