@@ -420,7 +420,7 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
             "const done = arguments[arguments.length - 1];"
             "import('./static/shapes.js').then((m) => { const b = m.badge('replaced');"
             " done([b.textContent, m.look('replaced').shape, b.querySelector('svg g') !== null]);"
-            "});"
+            "}).catch((error) => done(String(error)));"
         )
         # by keyboard: a page takes the focus when it opens; Tab, Enter open the latest failure
         page.open(f"{fleet}#/", "#failures tbody tr")
