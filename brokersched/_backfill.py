@@ -49,6 +49,7 @@ from .abc import (
     Lease,
     LeaseBackend,
     LeaseState,
+    RunReason,
     RunRecord,
     Slot,
     new_run_id,
@@ -79,7 +80,7 @@ _CLAIM_SLACK_MS = 1000
 # A backfilled slot is past max_late: its claim gets this long.
 _CLAIM_TIMEOUT_S = 5.0
 # History runs that count as a run of their slot (a manual or boot run is at its own instant).
-_SLOT_RUNS = ("schedule", "catch-up", "retry", "backfill")
+_SLOT_RUNS: tuple[RunReason, ...] = ("schedule", "catch-up", "retry", "backfill")
 
 Status = Literal["ran", "already-run", "not-acquired", "skipped", "would-run", "stopped"]
 _Verdict = tuple[Status, str | None]

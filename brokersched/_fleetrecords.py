@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
 __all__ = [
     "CONTROL_ACTIONS",
@@ -30,7 +30,7 @@ __all__ = [
 FleetKind = Literal["instance", "control"]
 Liveness = Literal["alive", "late", "dead", "stopped"]
 ControlAction = Literal["pause", "resume", "disable", "enable", "abort"]
-CONTROL_ACTIONS: tuple[ControlAction, ...] = ("pause", "resume", "disable", "enable", "abort")
+CONTROL_ACTIONS: tuple[ControlAction, ...] = get_args(ControlAction)
 
 #: An instance record is kept this long after its last heartbeat (a dead instance stays listed
 #: as ``dead`` for that long, then is forgotten).

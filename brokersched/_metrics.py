@@ -12,7 +12,7 @@ Series (``job`` is capped, see ``max_jobs``):
 - ``brokersched_retries_total{job}``: runs started again (``reason == "retry"``): after a
   failed attempt (``retry=``), or on taking over a dead runner's slot
 - ``brokersched_skips_total{job,reason}``: skipped slots (``late``, ``overlap``,
-  ``not-acquired``, ``paused``, ``backend-error``)
+  ``not-acquired``, ``paused``, ``backend-error``, ``clock-skew``: ``SkipReason``)
 - ``brokersched_run_duration_seconds{job}``: how long handlers ran (histogram)
 - ``brokersched_run_lateness_seconds{job}``: start minus slot, on the scheduler's clock, for
   scheduled runs only (jitter plus claim time; catch-up, retries and manual runs are late or
@@ -47,10 +47,11 @@ summed, ``brokersched_active_runs`` over the live processes (``livesum``) and
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from ._events import ClaimEvent, Event, RunEvent, SkipEvent, StartEvent
 from ._exceptions import ConfigurationError
+from .abc import Outcome
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -61,7 +62,6 @@ if TYPE_CHECKING:
 __all__ = ["OTHER_JOB", "PrometheusMetrics", "backend_label"]
 
 OTHER_JOB = "_other"
-_OUTCOMES = ("completed", "failed", "timed-out", "interrupted")
 
 # Handlers run from milliseconds (a flush) to an hour (a nightly batch).
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -219,7 +219,7 @@ class PrometheusMetrics:
 
     def _declare(self, label: str) -> None:
         """Create a known job's series at zero: ``increase()`` then sees its first run."""
-        for outcome in _OUTCOMES:
+        for outcome in get_args(Outcome):
             self.runs.labels(label, outcome)
         self.retries.labels(label)
         self.active.labels(label)

@@ -43,6 +43,7 @@ from ._tasks import gather_each
 from .backends._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, margin_ms
 
 __all__ = [
+    "FAILURES",
     "Backend",
     "BrokerBudget",
     "Capabilities",
@@ -76,6 +77,8 @@ __all__ = [
 _DEFAULT_SKEW_MS = round(DEFAULT_CLAIM_SKEW.total_seconds() * 1000)
 
 Outcome = Literal["completed", "failed", "timed-out", "interrupted"]
+#: The outcomes that are failures (the dashboard's failures, the CLI's exit code).
+FAILURES: frozenset[Outcome] = frozenset({"failed", "timed-out", "interrupted"})
 RunReason = Literal["schedule", "catch-up", "retry", "manual", "start", "backfill"]
 Overlap = Literal["skip", "allow"]
 

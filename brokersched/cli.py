@@ -48,7 +48,7 @@ from ._redact import MASK, redact_text
 from ._registry import collect_errors, past_at
 from ._scheduler import Job, Scheduler
 from ._timezones import parse_timezone, timezone_name
-from .abc import Backend, Finding, Instance, Inventory, RunRecord, Slot
+from .abc import FAILURES, Backend, Finding, Instance, Inventory, RunRecord, Slot
 from .triggers.base import Trigger
 from .triggers.cron import CronTrigger, parse_cron
 from .triggers.interval import IntervalTrigger
@@ -85,6 +85,7 @@ _SKIP_EXPLAINED = {
     "late": "the claim answered too late",
     "paused": "the job is paused",
     "backend-error": "the backend failed",
+    "clock-skew": "this instance's clock is too far from the backend's",
 }
 
 
@@ -1085,7 +1086,7 @@ def backfill(
     said = ", ".join(f"{count} {key}" for key, count in counts.items()) or "no slot in the range"
     verb = "would backfill" if dry_run else "backfilled"
     click.echo(f"{verb} job '{job.name}': {said}")
-    if any(key in counts for key in ("failed", "timed-out", "interrupted", "skipped", "stopped")):
+    if any(key in FAILURES or key in ("skipped", "stopped") for key in counts):
         sys.exit(EXIT_FAILED)
 
 

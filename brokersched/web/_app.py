@@ -8,7 +8,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from importlib.resources import files
-from typing import Any
+from typing import Any, get_args
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -20,12 +20,14 @@ from .._exceptions import BackendError
 from .._redact import redact_text
 from .._scheduler import Job, Scheduler
 from ..abc import ControlAction, JobControl, RunRecord
-from ._openapi import openapi_schema
-from ._reads import Reads, error
+from ._openapi import OPERATIONS, Handler, openapi_document
+from ._reads import Reads
+from ._reply import Reply, error
 from ._security import PROXIES_ENV, Authorize, Guard, TrustedProxies
 from ._stream import EventHub, EventStreamResponse
 from ._timeline import Pauses
 from ._views import control_json, job_state
+from ._vocabulary import VOCABULARY
 from ._watch import BackendWatch
 
 __all__ = ["TOKEN_ENV", "create_app"]
@@ -73,32 +75,19 @@ def create_app(
         TrustedProxies(trusted_proxies),
     )
     api = _AdminAPI(scheduler, guard)
-    reads = api.reads
+    handlers = api.handlers()
+    assert handlers.keys() == {op.key for op in OPERATIONS}, "every operation has its handler"
     routes = [
         Route("/", api.page),
         Route("/static/{file}", api.static_file),
         Route("/openapi.json", api.openapi),
-        Route("/health", reads.health),
-        Route("/session", reads.session),
-        Route("/overview", reads.overview),
-        Route("/events", api.events),
-        Route("/jobs", reads.jobs),
-        Route("/jobs/{name}", reads.job),
-        Route("/jobs/{name}/history", reads.history),
-        Route("/jobs/{name}/timeline", reads.job_timeline),
-        Route("/jobs/{name}/runs/{run_id}", reads.run),
-        Route("/jobs/{name}/trigger", api.trigger, methods=["POST"]),
-        Route("/jobs/{name}/audit", reads.audit),
         *(
-            Route(f"/jobs/{{name}}/{action}", api.control_route(action), methods=["POST"])
-            for action in _ACTIONS
+            Route(op.path, op.endpoint(handlers[op.key]), methods=[op.method.upper()])
+            for op in OPERATIONS
         ),
-        Route("/instances", reads.instances),
-        Route("/runs", reads.runs),
-        Route("/runs/{run_id}/abort", api.abort, methods=["POST"]),
     ]
-    handlers = {HTTPException: _http_error, Exception: _internal_error}
-    app = Starlette(routes=routes, exception_handlers=handlers)
+    errors = {HTTPException: _http_error, Exception: _internal_error}
+    app = Starlette(routes=routes, exception_handlers=errors)
     app.state.events = api.hub
     return app
 
@@ -115,10 +104,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     # The server logs the exception (its traceback may name secrets): the client learns nothing.
-    return error(500, "internal error (the server's log has the details)")
+    return JSONResponse({"error": "internal error (the server's log has the details)"}, 500)
 
 
-_ACTIONS: tuple[ControlAction, ...] = ("pause", "resume", "disable", "enable")
+# The control actions on a job, each its own route (an abort is of a run: /runs/{run_id}/abort).
+_JOB_ACTIONS: tuple[ControlAction, ...] = tuple(a for a in get_args(ControlAction) if a != "abort")
 _NO_DATA: Any = object()
 MAX_TRIGGER_BODY = 64 * 1024
 
@@ -161,23 +151,49 @@ class _AdminAPI:
         self._static = _static_files()
         self._triggers: set[asyncio.Task[RunRecord | None]] = set()
 
-    async def events(self, request: Request) -> Response:
+    def handlers(self) -> dict[tuple[str, str], Handler]:
+        """The handler of each operation (``_openapi.OPERATIONS``), by method and path."""
+        reads = self.reads
+        return {
+            ("get", "/health"): reads.health,
+            ("get", "/session"): reads.session,
+            ("get", "/vocabulary"): self.vocabulary,
+            ("get", "/overview"): reads.overview,
+            ("get", "/events"): self.events,
+            ("get", "/jobs"): reads.jobs,
+            ("get", "/jobs/{name}"): reads.job,
+            ("get", "/jobs/{name}/history"): reads.history,
+            ("get", "/jobs/{name}/timeline"): reads.job_timeline,
+            ("get", "/jobs/{name}/runs/{run_id}"): reads.run,
+            ("post", "/jobs/{name}/trigger"): self.trigger,
+            **{
+                ("post", f"/jobs/{{name}}/{action}"): self.control_route(action)
+                for action in _JOB_ACTIONS
+            },
+            ("get", "/jobs/{name}/audit"): reads.audit,
+            ("get", "/instances"): reads.instances,
+            ("get", "/runs"): reads.runs,
+            ("post", "/runs/{run_id}/abort"): self.abort,
+        }
+
+    async def events(self, request: Request) -> Response | Reply:
         if request.method == "HEAD":  # the headers only: a stream would hold the connection
             return Response(media_type="text/event-stream", headers=_STREAM_HEADERS)
         client = self.hub.open()
         if client is None:  # reading is open: nobody may hold every connection and queue
-            return JSONResponse(
-                {
-                    "error": f"too many event-stream clients ({self.hub.clients}); close "
-                    "another dashboard tab or try again later"
-                },
-                status_code=503,
+            return error(
+                503,
+                f"too many event-stream clients ({self.hub.clients}); close another dashboard "
+                "tab or try again later",
                 headers={"Retry-After": "10"},
             )
         return EventStreamResponse(self.hub, client, _STREAM_HEADERS)
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(openapi_schema())
+        return JSONResponse(openapi_document())
+
+    async def vocabulary(self, request: Request) -> Reply:
+        return Reply(VOCABULARY)
 
     async def page(self, request: Request) -> Response:
         html = _STATIC.joinpath("dashboard.html").read_text(encoding="utf-8")
@@ -186,46 +202,47 @@ class _AdminAPI:
     async def static_file(self, request: Request) -> Response:
         name = request.path_params["file"]
         if name not in self._static:
-            return error(404, f"no such route: {request.method} {request.url.path}")
+            message = f"no such route: {request.method} {request.url.path}"
+            return JSONResponse({"error": message}, 404)
         return self._file(name)
 
     def _file(self, name: str) -> Response:
         text = _STATIC.joinpath(name).read_text(encoding="utf-8")
         return Response(text, media_type=self._static[name], headers=_PAGE_HEADERS)
 
-    def _job(self, request: Request) -> Job | Response:
+    def _job(self, request: Request) -> Job | Reply:
         return self.reads.job_of(request)
 
     # -- changing (authorised, same-origin) ----------------------------------------------
 
-    async def _authorised_job(self, request: Request) -> Job | Response:
+    async def _authorised_job(self, request: Request) -> Job | Reply:
         if refusal := await self.guard.refuse(request):
             return refusal
         return self._job(request)
 
-    async def trigger(self, request: Request) -> Response:
+    async def trigger(self, request: Request) -> Reply:
         job = await self._authorised_job(request)
-        if isinstance(job, Response):
+        if isinstance(job, Reply):
             return job
         if not self.scheduler.running:
             return error(409, f"cannot trigger job {job.name!r}: the scheduler is not running")
         if job.disabled:
             return error(409, f"cannot trigger job {job.name!r}: it is disabled (enable it first)")
         data = await _trigger_data(request, job)
-        if isinstance(data, Response):
+        if isinstance(data, Reply):
             return data
         run = job.trigger() if data is _NO_DATA else job.trigger(data)
         task = asyncio.create_task(run, name=f"brokersched:web:trigger:{job.name}")
         self._triggers.add(task)
         task.add_done_callback(self._trigger_done)
-        return JSONResponse(
+        return Reply(
             {
                 "job": job.name,
                 "accepted": True,
                 "detail": "the run goes through the claim (another instance may hold the slot);"
                 " watch /events or the job's history",
             },
-            status_code=202,
+            202,
         )
 
     def _trigger_done(self, task: asyncio.Task[RunRecord | None]) -> None:
@@ -233,17 +250,17 @@ class _AdminAPI:
         if not task.cancelled() and (exc := task.exception()) is not None:
             logger.error("manual run of a job failed to start: %s", redact_text(str(exc)))
 
-    def control_route(self, action: ControlAction) -> Callable[[Request], Awaitable[Response]]:
-        async def route(request: Request) -> Response:
+    def control_route(self, action: ControlAction) -> Callable[[Request], Awaitable[Reply]]:
+        async def route(request: Request) -> Reply:
             return await self.control(request, action)
 
         return route
 
-    async def control(self, request: Request, action: ControlAction) -> Response:
+    async def control(self, request: Request, action: ControlAction) -> Reply:
         """``POST /jobs/{name}/pause|resume|disable|enable``: for the whole fleet, through the
         backend (this instance only on a backend that keeps no fleet records)."""
         job = await self._authorised_job(request)
-        if isinstance(job, Response):
+        if isinstance(job, Reply):
             return job
         actor = self.guard.actor(request)
         scheduler = self.scheduler
@@ -274,9 +291,9 @@ class _AdminAPI:
         shown = control or job.control
         if shown is not None:
             body["control"] = control_json(shown)
-        return JSONResponse(body)
+        return Reply(body)
 
-    async def abort(self, request: Request) -> Response:
+    async def abort(self, request: Request) -> Reply:
         """``POST /runs/{run_id}/abort``: ask the run to stop, wherever it runs (cooperative:
         its context is aborted when its instance next reads the fleet's controls)."""
         if refusal := await self.guard.refuse(request):
@@ -292,7 +309,7 @@ class _AdminAPI:
                 f"no run {run_id!r} in progress on any instance (as the instances last "
                 "published themselves)",
             )
-        return JSONResponse(
+        return Reply(
             {
                 "run_id": run.run_id,
                 "job": run.job,
@@ -300,5 +317,5 @@ class _AdminAPI:
                 "detail": "the run's context is aborted when its instance next reads the "
                 "fleet's controls (within a heartbeat); watch its history",
             },
-            status_code=202,
+            202,
         )

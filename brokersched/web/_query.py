@@ -5,37 +5,49 @@ with a parameter; applying is a pure function of the records read."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import get_args
 
 from .._clock import datetime_to_ms
 from .._durations import parse_duration, to_ms
-from .._exceptions import ConfigurationError
 from ..abc import Outcome, RunReason, RunRecord
 
 __all__ = [
-    "FAILED",
+    "CURSOR_PATTERN",
     "MAX_HISTORY",
-    "MAX_WINDOW_MS",
+    "MAX_INSTANCE",
     "OUTCOMES",
     "REASONS",
+    "WINDOW_PATTERN",
     "Page",
     "Query",
     "QueryError",
+    "choices",
+    "cursor",
     "cursor_of",
+    "parse_before",
+    "parse_instances",
     "parse_limit",
-    "parse_query",
+    "parse_state",
     "parse_window",
+    "window_ms",
 ]
 
 MAX_HISTORY = 1000  # records per answer, and records scanned to filter, page or find a run
-MAX_WINDOW_MS = 7 * 86_400_000
-OUTCOMES: tuple[str, ...] = get_args(Outcome)
-REASONS: tuple[str, ...] = get_args(RunReason)
-FAILED = frozenset({"failed", "timed-out", "interrupted"})
-_CURSOR = re.compile(r"(\d{1,16})-([0-9A-Za-z_.:-]{1,128})")
-_MAX_INSTANCE = 256
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+REASONS: tuple[RunReason, ...] = get_args(RunReason)
+#: A page's cursor: the start (ms) and the run id of the last record of the previous page.
+CURSOR_PATTERN = r"^([0-9]{1,16})-([0-9A-Za-z_.:-]{1,128})$"
+#: A window: a whole number of minutes, hours, days or weeks, from 1 minute to 7 days (1-10080
+#: minutes, 1-168 hours, 1-7 days, 1 week), without leading zeros.
+WINDOW_PATTERN = (
+    r"^(?:(?:[1-9][0-9]{0,3}|100[0-7][0-9]|10080)m|(?:[1-9][0-9]?|1[0-5][0-9]|16[0-8])h"
+    r"|[1-7]d|1w)$"
+)
+MAX_INSTANCE = 256
+_CURSOR = re.compile(CURSOR_PATTERN)
+_WINDOW = re.compile(WINDOW_PATTERN)
 
 
 class QueryError(ValueError):
@@ -53,28 +65,54 @@ def parse_limit(raw: str) -> int:
     raise QueryError(f"limit {_shown(raw)} is invalid: use a whole number from 1 to {MAX_HISTORY}")
 
 
-def parse_window(raw: str) -> int:
-    """A window (``15m``, ``1h``, ``24h``) in ms: from 1 minute to 7 days."""
-    try:
-        window = to_ms(parse_duration(raw[:32], name="window"))
-    except ConfigurationError:
-        window = -1
-    if not 60_000 <= window <= MAX_WINDOW_MS:
+def parse_window(raw: str) -> str:
+    """A window (``15m``, ``1h``, ``24h``): a whole number of minutes, hours, days or weeks,
+    from 1 minute to 7 days."""
+    if not _WINDOW.fullmatch(raw):
         raise QueryError(
-            f"window {_shown(raw)} is invalid: use a duration from 1m to 7d, e.g. 15m, 1h, 24h"
+            f"window {_shown(raw)} is invalid: use a duration from 1m to 7d, e.g. 15m, 1h, 24h "
+            "(a whole number of m, h, d or w)"
         )
-    return window
+    return raw
 
 
-def _choices(params: Mapping[str, str], name: str, accepted: Sequence[str]) -> frozenset[str]:
-    raw = params.get(name, "")
-    chosen = frozenset(value.strip() for value in raw.split(",") if value.strip())
-    if unknown := sorted(chosen - set(accepted)):
+def window_ms(window: str) -> int:
+    return to_ms(parse_duration(window, name="window"))
+
+
+def choices(name: str, raw: str, accepted: Sequence[str]) -> list[str]:
+    """A comma-separated list of ``accepted`` words (empty: none)."""
+    chosen = raw.split(",") if raw else []
+    if unknown := [value for value in chosen if value not in accepted]:
         raise QueryError(
             f"{name} {_shown(unknown[0])} is invalid: use one or more of {', '.join(accepted)} "
             "(comma-separated)"
         )
     return chosen
+
+
+def parse_instances(raw: str) -> list[str]:
+    instances = [value.strip() for value in raw.split(",") if value.strip()]
+    if any(len(value) > MAX_INSTANCE for value in instances):
+        raise QueryError(f"instance is invalid: an instance id has at most {MAX_INSTANCE} chars")
+    return instances
+
+
+def parse_before(raw: str) -> str:
+    if _CURSOR.fullmatch(raw) is None:
+        raise QueryError(
+            f"before {_shown(raw)} is invalid: pass the `next` value of the previous page"
+        )
+    return raw
+
+
+def parse_state(raw: str) -> str:
+    if raw != "running":
+        raise QueryError(
+            f"state={raw[:32]!r} is not supported: the fleet's runs in progress are "
+            "state=running (finished runs: GET /jobs/{name}/history)"
+        )
+    return raw
 
 
 def cursor_of(record: RunRecord) -> str:
@@ -132,25 +170,7 @@ class Query:
         return Page(shown, cursor_of(shown[-1]) if more else None, matched, len(records))
 
 
-def parse_query(params: Mapping[str, str]) -> Query:
-    limit = parse_limit(params.get("limit", "50"))
-    before = None
-    if raw := params.get("before"):
-        found = _CURSOR.fullmatch(raw)
-        if found is None:
-            raise QueryError(
-                f"before {_shown(raw)} is invalid: pass the `next` value of the previous page"
-            )
-        before = (int(found.group(1)), found.group(2))
-    instances = frozenset(
-        value.strip() for value in params.get("instance", "").split(",") if value.strip()
-    )
-    if any(len(value) > _MAX_INSTANCE for value in instances):
-        raise QueryError(f"instance is invalid: an instance id has at most {_MAX_INSTANCE} chars")
-    return Query(
-        limit=limit,
-        outcomes=_choices(params, "outcome", OUTCOMES),
-        reasons=_choices(params, "reason", REASONS),
-        instances=instances,
-        before=before,
-    )
+def cursor(raw: str | None) -> tuple[int, str] | None:
+    """A cursor checked by ``parse_before``, as (started ms, run id)."""
+    found = _CURSOR.fullmatch(raw) if raw else None
+    return (int(found.group(1)), found.group(2)) if found else None

@@ -11,22 +11,14 @@ from datetime import timedelta
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 
 from .._clock import datetime_to_ms
 from .._redact import redact_text
 from .._scheduler import Job, Scheduler
-from ..abc import RunRecord
-from ._query import (
-    FAILED,
-    MAX_HISTORY,
-    OUTCOMES,
-    REASONS,
-    QueryError,
-    cursor_of,
-    parse_query,
-    parse_window,
-)
+from ..abc import FAILURES, RunRecord
+from ._params import HistoryParams, RunsParams, WindowParams, parse
+from ._query import MAX_HISTORY, OUTCOMES, REASONS, Query, QueryError, cursor, cursor_of, window_ms
+from ._reply import Reply, error
 from ._security import Guard
 from ._stream import EventHub
 from ._timeline import Pauses, Window, timeline
@@ -41,7 +33,7 @@ from ._views import (
 )
 from ._watch import BackendUnreachableError, BackendWatch
 
-__all__ = ["MAX_NAME", "Reads", "error", "shown_name"]
+__all__ = ["MAX_NAME", "Reads", "shown_name"]
 
 MAX_NAME = 128  # the longest job name (see check_name)
 FEWEST_RECORDS = 20  # per job, read for the overview whatever its schedule
@@ -50,10 +42,6 @@ FAILURE_GROUPS_SHOWN = 20
 NEXT_RUNS_SHOWN = 50
 HOUR_MS = 3_600_000
 logger = logging.getLogger("brokersched.web")
-
-
-def error(status: int, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": message, **extra}, status_code=status)
 
 
 def shown_name(name: str) -> str:
@@ -86,7 +74,7 @@ class Reads:
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    def job_of(self, request: Request) -> Job | JSONResponse:
+    def job_of(self, request: Request) -> Job | Reply:
         name = request.path_params["name"]
         job = self.scheduler.get(name)
         if job is None:
@@ -103,7 +91,7 @@ class Reads:
         except Exception as exc:  # one job's history must not take the whole page down
             return [], _why(exc)
 
-    def _unreadable(self, job: Job, exc: Exception) -> JSONResponse:
+    def _unreadable(self, job: Job, exc: Exception) -> Reply:
         return error(
             503,
             f"cannot read the history of job {job.name!r}: {_why(exc)}",
@@ -128,9 +116,9 @@ class Reads:
             read_limit=read_limit,
         )
 
-    def _window(self, request: Request) -> Window | JSONResponse:
+    def _window(self, request: Request) -> Window | Reply:
         try:
-            span = parse_window(request.query_params.get("window", "1h"))
+            span = window_ms(parse(WindowParams, request.query_params).window)
         except QueryError as exc:
             return error(400, str(exc))
         now = self.scheduler.clock.now_ms()
@@ -155,25 +143,32 @@ class Reads:
             data["history_error"] = why
         return data
 
-    async def jobs(self, request: Request) -> Response:
+    async def jobs(self, request: Request) -> Reply:
         jobs = self.scheduler.jobs()
         listed = await asyncio.gather(*(self._job_json(job, 5) for job in jobs))
-        return JSONResponse({**self._about(), "jobs": listed})
+        return Reply({**self._about(), "jobs": listed})
 
-    async def job(self, request: Request) -> Response:
+    async def job(self, request: Request) -> Reply:
         job = self.job_of(request)
-        if isinstance(job, Response):
+        if isinstance(job, Reply):
             return job
-        return JSONResponse(await self._job_json(job, 10))
+        return Reply(await self._job_json(job, 10))
 
-    async def history(self, request: Request) -> Response:
+    async def history(self, request: Request) -> Reply:
         job = self.job_of(request)
-        if isinstance(job, Response):
+        if isinstance(job, Reply):
             return job
         try:
-            query = parse_query(request.query_params)
+            params = parse(HistoryParams, request.query_params)
         except QueryError as exc:
             return error(400, str(exc))
+        query = Query(
+            limit=params.limit,
+            outcomes=frozenset(params.outcome),
+            reasons=frozenset(params.reason),
+            instances=frozenset(params.instance),
+            before=cursor(params.before),
+        )
         # The first page unfiltered reads what it shows (and one more: is there a next page?);
         # filters and later pages look through every kept record, up to MAX_HISTORY.
         want = MAX_HISTORY if query.scans else query.limit + 1
@@ -194,24 +189,24 @@ class Reads:
         body["choices"] = {"outcome": list(OUTCOMES), "reason": list(REASONS)}
         body["slots"] = timeline_slots(job, shown, now_ms)
         body["now_ms"] = now_ms
-        return JSONResponse(body)
+        return Reply(body)
 
-    async def job_timeline(self, request: Request) -> Response:
+    async def job_timeline(self, request: Request) -> Reply:
         job = self.job_of(request)
-        if isinstance(job, Response):
+        if isinstance(job, Reply):
             return job
         window = self._window(request)
-        if isinstance(window, Response):
+        if isinstance(window, Reply):
             return window
         try:
             records = await self.records(job, MAX_HISTORY)
         except Exception as exc:
             return self._unreadable(job, exc)
-        return JSONResponse(self._timeline(job, records, window, MAX_HISTORY))
+        return Reply(self._timeline(job, records, window, MAX_HISTORY))
 
-    async def run(self, request: Request) -> Response:
+    async def run(self, request: Request) -> Reply:
         job = self.job_of(request)
-        if isinstance(job, Response):
+        if isinstance(job, Reply):
             return job
         run_id = request.path_params["run_id"]
         try:
@@ -232,7 +227,7 @@ class Reads:
             (r for r in records if r.slot_ms == record.slot_ms and _family(r) == family),
             key=lambda r: (r.attempt, r.started_at),
         )
-        return JSONResponse(
+        return Reply(
             {
                 "job": job_json(self.scheduler, job, records[0], runs=3),
                 "run": record_json(record, job),
@@ -261,14 +256,14 @@ class Reads:
         )
         return listed
 
-    async def instances(self, request: Request) -> Response:
+    async def instances(self, request: Request) -> Reply:
         """``GET /instances``: every instance of the fleet that published itself in the last
         10 minutes, with its liveness (alive, late, dead, stopped) and runs in progress."""
         try:
             listed = await self._presence()
         except Exception as exc:
             return error(503, f"cannot read the fleet's presence: {_why(exc)}")
-        return JSONResponse(
+        return Reply(
             {
                 "supported": self.scheduler.backend.fleet,
                 "now_ms": self.scheduler.clock.now_ms(),
@@ -276,17 +271,14 @@ class Reads:
             }
         )
 
-    async def runs(self, request: Request) -> Response:
+    async def runs(self, request: Request) -> Reply:
         """``GET /runs?state=running``: the runs in progress anywhere in the fleet, oldest
         first, each with its instance and that instance's liveness (a dead instance's leased
         run is ``held``: its lease keeps the slot until it expires)."""
-        state = request.query_params.get("state", "running")
-        if state != "running":
-            return error(
-                400,
-                f"state={state[:32]!r} is not supported: the fleet's runs in progress are "
-                "state=running (finished runs: GET /jobs/{name}/history)",
-            )
+        try:
+            parse(RunsParams, request.query_params)
+        except QueryError as exc:
+            return error(400, str(exc))
         try:
             listed = await self._presence()
         except Exception as exc:
@@ -302,7 +294,7 @@ class Reads:
             for run in entry["running"]
         ]
         runs.sort(key=lambda run: run["started_at"])
-        return JSONResponse(
+        return Reply(
             {
                 "supported": self.scheduler.backend.fleet,
                 "now_ms": self.scheduler.clock.now_ms(),
@@ -310,11 +302,11 @@ class Reads:
             }
         )
 
-    async def audit(self, request: Request) -> Response:
+    async def audit(self, request: Request) -> Reply:
         """``GET /jobs/{name}/audit``: the job's fleet-wide control and who changed it when,
         newest first, read from the backend."""
         job = self.job_of(request)
-        if isinstance(job, Response):
+        if isinstance(job, Reply):
             return job
         backend = self.scheduler.backend
         if not backend.fleet:
@@ -325,7 +317,7 @@ class Reads:
             except Exception as exc:
                 return error(503, f"cannot read the controls of job {job.name!r}: {_why(exc)}")
             control = controls.get(job.key)
-        return JSONResponse(
+        return Reply(
             {
                 "job": job.name,
                 "scope": "fleet" if backend.fleet else "instance",
@@ -335,9 +327,9 @@ class Reads:
 
     # -- the fleet overview ----------------------------------------------------------------------
 
-    async def overview(self, request: Request) -> Response:
+    async def overview(self, request: Request) -> Reply:
         window = self._window(request)
-        if isinstance(window, Response):
+        if isinstance(window, Reply):
             return window
         jobs = self.scheduler.jobs()
         span = window.to_ms - window.from_ms
@@ -358,11 +350,11 @@ class Reads:
             in_window = [r for r in records if window.holds(r.slot_ms)]
             data["counts"] = dict(Counter(r.outcome for r in in_window))
             listed.append(data)
-            failures += [(r, job) for r in records if r.outcome in FAILED and _ended(r) >= hour]
+            failures += [(r, job) for r in records if r.outcome in FAILURES and _ended(r) >= hour]
             if len(records) >= limit and _ended(records[-1]) >= hour:
                 complete = False  # older runs of the hour were not read
         failures.sort(key=lambda pair: _ended(pair[0]), reverse=True)
-        return JSONResponse(
+        return Reply(
             {
                 **self._about(),
                 "window": {"from_ms": window.from_ms, "to_ms": window.to_ms},
@@ -422,14 +414,14 @@ class Reads:
             entry["last_run_ms"] = max(entry["last_run_ms"], _ended(record))
             if window.holds(record.slot_ms):
                 entry["runs"] += 1
-                entry["failures"] += record.outcome in FAILED
+                entry["failures"] += record.outcome in FAILURES
         mine = seen.pop(here, {"instance_id": here, "last_run_ms": None, "runs": 0, "failures": 0})
         others = sorted(seen.values(), key=lambda entry: -entry["last_run_ms"])
         return [{**mine, "here": True}, *({**entry, "here": False} for entry in others)]
 
     # -- session, health -------------------------------------------------------------------------
 
-    async def session(self, request: Request) -> Response:
+    async def session(self, request: Request) -> Reply:
         try:
             body = await self.guard.session(request)
         except Exception:  # the host application's check failed: not authorised, and logged
@@ -440,7 +432,7 @@ class Reads:
                 "authorized": False,
                 "via": None,
             }
-        return JSONResponse(
+        return Reply(
             {
                 **body,
                 "instance_id": self.scheduler.instance_id,
@@ -448,12 +440,10 @@ class Reads:
             }
         )
 
-    async def health(self, request: Request) -> Response:
+    async def health(self, request: Request) -> Reply:
         now_ms = self.scheduler.clock.now_ms()
         if not self.scheduler.running:
-            return JSONResponse(
-                {"status": "stopped", "overdue": [], "now_ms": now_ms}, status_code=503
-            )
+            return Reply({"status": "stopped", "overdue": [], "now_ms": now_ms}, 503)
         await self.watch.probe()
         overdue = [
             {"job": job.name, "schedule": job.describe(), "state": job_state(self.scheduler, job)}
@@ -465,7 +455,7 @@ class Reads:
             status = "unreachable"
         elif overdue:
             status = "degraded"
-        return JSONResponse(
+        return Reply(
             {
                 "status": status,
                 "instance_id": self.scheduler.instance_id,
@@ -473,7 +463,7 @@ class Reads:
                 "overdue": overdue,
                 "now_ms": now_ms,
             },
-            status_code=503 if status == "unreachable" else 200,
+            503 if status == "unreachable" else 200,
         )
 
 

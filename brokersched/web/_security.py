@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._exceptions import ConfigurationError
+from ._reply import Reply, error
 
 __all__ = [
     "HOSTS_ENV",
@@ -140,22 +141,20 @@ class Guard:
             "via": via,
         }
 
-    async def refuse(self, request: Request) -> JSONResponse | None:
+    async def refuse(self, request: Request) -> Reply | None:
         if why := _cross_site(request, self._proxies):
-            return JSONResponse({"error": f"cross-site request refused: {why}"}, status_code=403)
+            return error(403, f"cross-site request refused: {why}")
         if not self.configured:
-            return JSONResponse(
-                {
-                    "error": "changes are disabled: no admin token is configured (set "
-                    "BROKERSCHED_ADMIN_TOKEN, or pass token= or authorize= to create_app)"
-                },
-                status_code=403,
+            return error(
+                403,
+                "changes are disabled: no admin token is configured (set "
+                "BROKERSCHED_ADMIN_TOKEN, or pass token= or authorize= to create_app)",
             )
         if self._token_matches(request) or await self._host_allows(request):
             return None
-        return JSONResponse(
-            {"error": "missing or wrong admin token (send Authorization: Bearer <token>)"},
-            status_code=401,
+        return error(
+            401,
+            "missing or wrong admin token (send Authorization: Bearer <token>)",
             headers={"WWW-Authenticate": 'Bearer realm="brokersched"'},
         )
 

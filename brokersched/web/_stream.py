@@ -12,7 +12,7 @@ import asyncio
 import json
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -21,7 +21,10 @@ from .._events import Event, RunEvent, SkipEvent, StartEvent
 from .._json import shown_error
 from .._scheduler import Job, Scheduler
 
-__all__ = ["EventHub", "EventStreamResponse", "event_json"]
+__all__ = ["EventHub", "EventStreamResponse", "StreamEvent", "event_json"]
+
+#: The events the stream carries (``event:`` of each message).
+StreamEvent = Literal["skip", "start", "complete", "fail"]
 
 QUEUE_SIZE = 256
 SKIPS_KEPT = 200  # per job: the timeline shows why this instance skipped a slot
@@ -30,7 +33,9 @@ KEEPALIVE_S = 15.0  # a comment line now and then: a proxy keeps the stream, a d
 RETRY_MS = 2000
 
 
-def event_json(kind: str, event: Event, instance_id: str, job: Job | None) -> dict[str, Any]:
+def event_json(
+    kind: StreamEvent, event: Event, instance_id: str, job: Job | None
+) -> dict[str, Any]:
     data: dict[str, Any] = {
         "type": kind,
         "job": event.job,
@@ -109,7 +114,7 @@ class EventHub:
         for client in self._clients:
             client.end()
 
-    def _publish(self, kind: str, event: Event) -> None:
+    def _publish(self, kind: StreamEvent, event: Event) -> None:
         job = self._scheduler.get(event.job)
         data = json.dumps(event_json(kind, event, self._instance_id, job), separators=(",", ":"))
         message = f"event: {kind}\ndata: {data}\n\n"

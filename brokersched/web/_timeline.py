@@ -14,15 +14,19 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 from .._clock import datetime_to_ms
-from .._events import SkipEvent
+from .._events import SkipEvent, SkipReason
 from .._json import shown_error
 from .._scheduler import Job
 from ..abc import JobControl, RunRecord
 
-__all__ = ["MAX_SLOTS", "Pauses", "Window", "compact_run", "timeline"]
+__all__ = ["MAX_SLOTS", "Pauses", "SlotState", "Window", "compact_run", "timeline"]
+
+#: What became of a slot no instance ran: ``missed`` (nobody ran it), why this instance skipped
+#: it, or ``double`` (it ran twice with the same attempt number).
+SlotState = Literal["missed", SkipReason, "double"]
 
 MAX_SLOTS = 2000  # slots classified per job and window: the newest ones
 _NOT_SLOTS = ("manual", "start")  # runs that are no slot of the schedule: the rest are

@@ -17,6 +17,7 @@ from ..abc import Backend, Instance, JobControl, RunRecord
 from ..triggers.cron import CronTrigger
 
 __all__ = [
+    "JobState",
     "backend_text",
     "control_json",
     "instance_json",

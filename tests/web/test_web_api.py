@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.routing import Route
 
@@ -19,6 +20,8 @@ from brokersched.abc import JobPolicy
 from brokersched.backends.memory import MemoryStore
 from brokersched.testing import TestClock
 from brokersched.web import TOKEN_ENV, create_app
+from brokersched.web._openapi import OPERATIONS, UndocumentedAnswerError, openapi_document
+from brokersched.web._reply import Reply
 
 TOKEN = "test-admin-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -257,8 +260,13 @@ async def test_openapi_describes_every_route(api: httpx.AsyncClient) -> None:
     }
     described = {(path, method) for path, item in schema["paths"].items() for method in item}
     assert described == api_routes
+    assert (
+        schema == openapi_document()
+    )  # made from the routes' own models (Schemathesis: test_web_schemathesis.py)
     for path in ("/jobs/{name}/trigger", "/jobs/{name}/pause", "/jobs/{name}/resume"):
         assert schema["paths"][path]["post"]["security"] == [{"bearer": []}]
+    trigger = schema["paths"]["/jobs/{name}/trigger"]["post"]["responses"]
+    assert sorted(trigger) == ["202", "400", "401", "403", "404", "409", "413"]
 
 
 async def test_unknown_routes_and_methods_answer_in_json(api: httpx.AsyncClient) -> None:
@@ -431,3 +439,15 @@ async def test_mounted_in_a_host_application(
     assert page.status_code == 200 and 'src="static/app.js"' in page.text
     assert [job["name"] for job in listed.json()["jobs"]] == ["outbox.flush", ODD]
     assert (paused.status_code, refused.status_code) == (200, 401)
+
+
+def test_an_answer_goes_through_the_body_its_document_declares_for_its_status() -> None:
+    trigger = next(op for op in OPERATIONS if op.key == ("post", "/jobs/{name}/trigger"))
+    accepted = {"job": "a", "accepted": True, "detail": "the run goes through the claim"}
+    assert json.loads(trigger.render(Reply(accepted, 202)).body) == accepted
+    with pytest.raises(UndocumentedAnswerError, match="answered 200; its OpenAPI document"):
+        trigger.render(Reply(accepted, 200))  # a status the document does not declare
+    with pytest.raises(ValidationError):
+        trigger.render(Reply({**accepted, "extra": 1}, 202))  # a key it does not declare
+    with pytest.raises(ValidationError):
+        trigger.render(Reply({"job": "a"}, 202))  # keys it forgot

@@ -412,6 +412,16 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
             ".map(e => e.dataset.outcome)"
         )
         found["filter_shown"] = page.find("#filter-outcome").get_attribute("value")
+        found["reasons"] = page.js(
+            "return [...document.querySelectorAll('#filter-reason option')].map(e => e.value)"
+        )
+        # a word the API may send that the page has no shape for: a shape and its own name
+        found["unknown"] = page.driver.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            "import('./static/shapes.js').then((m) => { const b = m.badge('replaced');"
+            " done([b.textContent, m.look('replaced').shape, b.querySelector('svg g') !== null]);"
+            "}).catch((error) => done(String(error)));"
+        )
         # by keyboard: a page takes the focus when it opens; Tab, Enter open the latest failure
         page.open(f"{fleet}#/", "#failures tbody tr")
         page.until(lambda d: page.js("return document.activeElement.id") == "view", "focus")
@@ -482,6 +492,11 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
     assert "ran on" in found["run"] and "lateness" in found["run"]
     assert found["filtered"] and set(found["filtered"]) == {"failed"}
     assert found["filter_shown"] == "failed"
+    async with httpx.AsyncClient(base_url=fleet) as http:
+        vocabulary = (await http.get("vocabulary")).json()
+    assert found["reasons"] == ["", *vocabulary["run_reasons"]]  # "": any
+    assert "backfill" in found["reasons"]
+    assert found["unknown"] == ["replaced", "diamond", True]
     assert found["first_focus"] == "run-link"
     assert LIVE_ERROR in found["by_keyboard"]
     assert all(path.stat().st_size > 10_000 for path in found["shots"])

@@ -5,6 +5,7 @@ schedulers on the embedded backend, in virtual time, through httpx's ASGI transp
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -19,6 +20,7 @@ from brokersched.abc import JobPolicy, RunRecord
 from brokersched.backends.memory import MemoryStore
 from brokersched.testing import TestClock
 from brokersched.web import TOKEN_ENV, create_app
+from brokersched.web._query import WINDOW_PATTERN, QueryError, parse_window, window_ms
 from brokersched.web._timeline import Pauses, Window, timeline
 
 TOKEN = "test-admin-token-0123456789"
@@ -517,3 +519,18 @@ async def test_a_failing_host_check_is_no_session(caplog: pytest.LogCaptureFixtu
         body = (await api.get("/session")).json()
     assert (body["authorized"], body["via"]) == (False, None)
     assert "the host application's authorize() failed" in caplog.text
+
+
+def test_a_window_is_a_whole_number_of_minutes_hours_days_or_weeks_from_1m_to_7d() -> None:
+    week_ms = 7 * 86_400_000
+    for unit, unit_ms in (("m", 60_000), ("h", 3_600_000), ("d", 86_400_000), ("w", week_ms)):
+        for count in range(week_ms // unit_ms + 50):
+            window = f"{count}{unit}"
+            taken = 60_000 <= count * unit_ms <= week_ms
+            assert bool(re.fullmatch(WINDOW_PATTERN, window)) == taken, window
+            if taken:
+                assert parse_window(window) == window
+                assert window_ms(window) == count * unit_ms
+    for refused in ("01h", "1h30m", "1.5h", "90M", " 1h", "1h ", "60s", "1h\n"):
+        with pytest.raises(QueryError):
+            parse_window(refused)

@@ -16,6 +16,9 @@ const LIVE_DEBOUNCE_MS = 1500; // a busy fleet's events redraw the page at most 
 export const app = {
   about: { instance_id: "", running: true, backend_status: { reachable: null } },
   session: { changes_enabled: false, token_accepted: false, authorized: false, via: null },
+  // The words of the API (GET /vocabulary): outcomes, reasons, states, events... The page has
+  // no list of its own; until they are read, it knows none.
+  vocabulary: null,
   live: {}, // job -> run_id -> a run going on here (from "start" events)
   prefs: { window: localStorage.getItem("brokersched-window") || "1h" },
   page: null,
@@ -210,6 +213,10 @@ async function update(page) {
 }
 
 function route() {
+  if (!app.vocabulary) { // the pages draw their filters and legends from the API's words
+    loadVocabulary().then(route, (error) => say(`Cannot read the API's words (GET vocabulary): ${error.message}; retrying.`, true));
+    return;
+  }
   const info = parseRoute();
   const picked = info.params.get("window");
   if (picked && WINDOWS.some(([name]) => name === picked)) {
@@ -266,12 +273,20 @@ function connect() {
     app.live = {}; // what runs here is read again once reconnected
     renderHeader();
   };
-  for (const kind of ["start", "complete", "fail", "skip"]) {
+  for (const kind of app.vocabulary.events) {
     source.addEventListener(kind, (message) => onEvent(kind, message));
   }
 }
 
 // -- changes and sign-in -------------------------------------------------------------------------
+
+async function loadVocabulary() {
+  const words = await get("vocabulary");
+  if (!app.vocabulary) {
+    app.vocabulary = words;
+    connect(); // the stream's events are among the words
+  }
+}
 
 async function loadSession() {
   try {
@@ -382,9 +397,6 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   document.addEventListener("visibilitychange", () => !document.hidden && refreshSoon(0));
   renderHeader();
-  loadSession().then(() => {
-    route();
-    connect();
-  });
-  setInterval(() => refreshSoon(0), REFRESH_MS);
+  Promise.all([loadSession(), loadVocabulary().catch(() => null)]).then(() => route());
+  setInterval(() => (app.vocabulary ? refreshSoon(0) : route()), REFRESH_MS);
 });

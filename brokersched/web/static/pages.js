@@ -5,11 +5,8 @@
 
 import { get, jobPath } from "./api.js";
 import { WINDOWS, duration, el, present, relative, text, time, windowMs } from "./format.js";
-import { KINDS, RUN_KINDS, SLOT_KINDS, badge, legend } from "./shapes.js";
+import { badge, legend, runKinds, word } from "./shapes.js";
 import { drawChart, runMark, slotMark } from "./timeline.js";
-
-const FAILED = ["failed", "timed-out", "interrupted"];
-const REASONS = ["schedule", "catch-up", "retry", "manual", "start"];
 
 export const jobHref = (name) => `#/jobs/${encodeURIComponent(name)}`;
 export const runHref = (name, runId) => `${jobHref(name)}/runs/${encodeURIComponent(runId)}`;
@@ -168,7 +165,7 @@ export class OverviewPage {
     });
     this.chartBox = el("div", { className: "timeline-box" });
     this.chart.body.append(this.chartBox,
-      legend([...RUN_KINDS, "missed", "overlap", "paused", "late", "double", "next"]));
+      legend([...runKinds(this.app.vocabulary), ...this.app.vocabulary.slot_states, "next"]));
     this.instances = panel("Instances", { id: "instances", flush: true });
     this.next = panel("Next runs", { id: "next-runs", flush: true });
     view.replaceChildren(
@@ -233,7 +230,7 @@ export class OverviewPage {
           : `${app.about.instance_id} serves this page${seen > 1 ? ` · ${seen - 1} more seen in runs` : ""}`,
         gone.some((inst) => inst.liveness === "dead") ? "bad" : ""),
       card("Jobs", String(data.jobs.length),
-        ["running", "paused", "disabled"].filter((s) => states[s]).map((s) => `${states[s]} ${s}`).join(" · ") || "all armed"),
+        app.vocabulary.job_states.filter((s) => !["armed", "idle"].includes(s) && states[s]).map((s) => `${states[s]} ${s}`).join(" · ") || "all armed"),
       card("Failures, last hour", `${failures.complete ? "" : "≥ "}${failures.count}`,
         latest ? `latest: ${latest.job}, ${relative(Date.parse(latest.finished_at || latest.started_at), app.now())}` : "none",
         failures.count ? "bad" : "good"),
@@ -260,7 +257,7 @@ export class OverviewPage {
         el("a", { href: runHref(group.job, latest.run_id), className: "run-link", "aria-label": `latest ${group.outcome} run of ${group.job}` },
           outcomeBadge(latest), el("span", { className: "sub" }, relative(at, this.app.now()))),
         el("a", { href: jobHref(group.job), className: "mono" }, group.job),
-        errorLine(group.error || KINDS[group.outcome].word),
+        errorLine(group.error || word(group.outcome)),
         el("a", { href: `${jobHref(group.job)}?outcome=${encodeURIComponent(group.outcome)}`, title: "all of them, in the job's history" },
           `${group.count}×`),
         el("span", { className: "mono" }, group.instances.join(", ")),
@@ -276,7 +273,8 @@ export class OverviewPage {
     const app = this.app;
     const labels = ["job", "state", "~last run", "~next run", `~runs (${this.window})`, ""];
     const rows = data.jobs.map((job) => {
-      const counts = RUN_KINDS.filter((kind) => job.counts[kind])
+      const kinds = new Set([...runKinds(app.vocabulary), ...Object.keys(job.counts)]);
+      const counts = [...kinds].filter((kind) => job.counts[kind])
         .map((kind) => badge(kind, String(job.counts[kind])));
       const last = job.last
         ? el("a", { href: runHref(job.name, job.last.run_id) }, outcomeBadge(job.last),
@@ -416,7 +414,7 @@ export class JobPage {
     });
     this.chartBox = el("div", { className: "timeline-box" });
     this.chartNote = el("p", { className: "note padded" });
-    this.chart.body.append(this.chartBox, this.chartNote, legend([...RUN_KINDS, ...SLOT_KINDS, "next"]));
+    this.chart.body.append(this.chartBox, this.chartNote, legend([...runKinds(this.app.vocabulary), ...this.app.vocabulary.slot_states, "next"]));
     this.history = panel("History", { id: "history", flush: true, tools: [this.filters()] });
     this.historyBody = el("div");
     this.pager = el("div", { className: "pager" });
@@ -442,10 +440,11 @@ export class JobPage {
       return el("label", { for: id }, label, node);
     };
     this.instanceSelect = select("instance", "instance", []);
+    const words = this.app.vocabulary;
     return el("div", { className: "filters", role: "group", "aria-label": "filter the history" },
-      select("outcome", "outcome", [["failed,timed-out,interrupted", "any failure"],
-        ...["completed", ...FAILED].map((o) => [o, KINDS[o].word])]),
-      select("reason", "reason", REASONS.map((r) => [r, r])),
+      select("outcome", "outcome", [[words.failures.join(","), "any failure"],
+        ...words.outcomes.map((o) => [o, word(o)])]),
+      select("reason", "reason", words.run_reasons.map((r) => [r, r])),
       this.instanceSelect);
   }
 
@@ -492,7 +491,7 @@ export class JobPage {
       if (!select) continue;
       const have = new Set([...select.options].map((option) => option.value));
       for (const value of values) {
-        if (!have.has(value)) select.append(el("option", { value }, KINDS[value] ? KINDS[value].word : value));
+        if (!have.has(value)) select.append(el("option", { value }, word(value)));
       }
     }
   }
@@ -530,7 +529,7 @@ export class JobPage {
         el("dt", {}, "time zone"), el("dd", {}, zone, zone !== "UTC" ? el("span", { className: "muted" }, " (and UTC below)") : null)),
       paused,
       el("h3", { className: "subhead" }, "Next slots"),
-      table(headers, rows, { className: "compact", empty: ["paused", "disabled", "idle"].includes(job.state) ? `none: the job is ${job.state} here` : "it will not fire again" })]));
+      table(headers, rows, { className: "compact", empty: !["armed", "running"].includes(job.state) ? `none: the job is ${job.state} here` : "it will not fire again" })]));
   }
 
   renderOptions(job) {
@@ -566,7 +565,7 @@ export class JobPage {
     const counts = {};
     for (const mark of rows.flatMap((r) => r.marks)) counts[mark.kind] = (counts[mark.kind] || 0) + 1;
     const parts = Object.entries(counts).filter(([kind]) => kind !== "next")
-      .map(([kind, n]) => `${n} ${KINDS[kind] ? KINDS[kind].word : kind}`);
+      .map(([kind, n]) => `${n} ${word(kind)}`);
     const stale = tl.stale ? `Not refreshed: ${tl.stale}. ` : "";
     this.chartNote.textContent = `${stale}${parts.length ? `${parts.join(" · ")}.` : "Nothing in this window."} A slot is drawn on the lane of the instance that ran it; "not run" holds the slots of the schedule no instance ran, and why.`;
     const lanes = [...new Set([...tl.lanes])];
@@ -663,7 +662,7 @@ export class RunPage {
     if (run.traceback) {
       trace.body.append(el("pre", { className: "traceback", tabIndex: 0, "aria-label": "traceback" }, run.traceback));
     } else {
-      const why = FAILED.includes(run.outcome)
+      const why = app.vocabulary.failures.includes(run.outcome)
         ? (run.outcome === "interrupted" ? "An interrupted run has no traceback: its runner stopped or died (see attempts)." : "No traceback was recorded for this run (a record written by an earlier release, or by an instance that cut it).")
         : "The run did not fail: there is no traceback.";
       trace.body.append(el("p", { className: "empty" }, why));

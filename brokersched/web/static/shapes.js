@@ -1,25 +1,28 @@
 // One shape and one colour per outcome, slot state and job state: the timelines, the badges and
-// the legends draw from this table, so a colour-blind reader tells them apart by shape.
+// the legends draw from this table, so a colour-blind reader tells them apart by shape. Which
+// words there are comes from the API (GET /vocabulary, app.vocabulary): this table only says how
+// each is drawn, and a word it lacks (a newer release's) gets the default shape and itself as
+// its word, so it is never left out of a legend or a filter.
 "use strict";
 
 const SVG = "http://www.w3.org/2000/svg";
 
 export const KINDS = {
   // runs
-  completed: { shape: "circle", colour: "var(--completed)", word: "completed" },
-  failed: { shape: "cross", colour: "var(--failed)", word: "failed" },
-  "timed-out": { shape: "hourglass", colour: "var(--timed-out)", word: "timed out" },
-  interrupted: { shape: "square", colour: "var(--interrupted)", word: "interrupted" },
-  running: { shape: "ring", colour: "var(--running)", word: "running" },
+  completed: { shape: "circle", colour: "var(--completed)", word: "completed", cls: "o-completed" },
+  failed: { shape: "cross", colour: "var(--failed)", word: "failed", cls: "o-failed" },
+  "timed-out": { shape: "hourglass", colour: "var(--timed-out)", word: "timed out", cls: "o-timed-out" },
+  interrupted: { shape: "square", colour: "var(--interrupted)", word: "interrupted", cls: "o-interrupted" },
+  running: { shape: "ring", colour: "var(--running)", word: "running", cls: "o-running" },
   // slots no instance ran
-  missed: { shape: "hollow-square", colour: "var(--failed)", word: "missed: nobody ran it" },
+  missed: { shape: "hollow-square", colour: "var(--failed)", word: "missed: nobody ran it", cls: "o-missed" },
   overlap: { shape: "dash", colour: "var(--neutral)", word: "skipped: previous run still going" },
   paused: { shape: "bars", colour: "var(--warn)", word: "skipped: paused" },
   late: { shape: "hollow-triangle", colour: "var(--warn)", word: "skipped here: late" },
   "backend-error": { shape: "hollow-triangle", colour: "var(--failed)", word: "skipped here: backend error" },
   "clock-skew": { shape: "hollow-triangle", colour: "var(--neutral)", word: "skipped here: clock skew" },
   "not-acquired": { shape: "small-ring", colour: "var(--neutral)", word: "claimed elsewhere, no record yet" },
-  double: { shape: "double", colour: "var(--failed)", word: "ran more than once" },
+  double: { shape: "double", colour: "var(--failed)", word: "ran more than once", cls: "o-missed" },
   next: { shape: "dotted-ring", colour: "var(--neutral)", word: "next slot" },
   // job states
   armed: { shape: "circle", colour: "var(--completed)", word: "armed" },
@@ -29,10 +32,20 @@ export const KINDS = {
   "state-paused": { shape: "bars", colour: "var(--warn)", word: "paused" },
 };
 
-export const RUN_KINDS = ["completed", "failed", "timed-out", "interrupted", "running"];
-export const SLOT_KINDS = ["missed", "overlap", "paused", "late", "backend-error", "not-acquired", "double"];
+// A word this table lacks: drawn as a neutral diamond, named as the API names it.
+const UNKNOWN = { shape: "diamond", colour: "var(--neutral)", cls: "o-neutral" };
 // Which outcome stands for a crowd of runs drawn as one mark: the worst.
 export const SEVERITY = { failed: 5, "timed-out": 4, interrupted: 3, running: 2, completed: 1 };
+
+// How `kind` is drawn and named.
+export function look(kind) {
+  return KINDS[kind] || { ...UNKNOWN, word: kind };
+}
+
+export const word = (kind) => look(kind).word;
+
+// The kinds of run marks: the API's outcomes, and a run still going.
+export const runKinds = (vocabulary) => [...vocabulary.outcomes, "running"];
 
 export function svgNode(tag, attrs = {}) {
   const node = document.createElementNS(SVG, tag);
@@ -42,7 +55,7 @@ export function svgNode(tag, attrs = {}) {
 
 // The shape of `kind` centred on (0, 0), `s` its half-size, as one SVG group.
 export function shape(kind, s = 6) {
-  const { shape: form, colour } = KINDS[kind] || KINDS.missed;
+  const { shape: form, colour } = look(kind);
   const g = svgNode("g", { class: `mark mark-${kind}`, "data-kind": kind });
   const fill = { fill: colour, stroke: "none" };
   const line = (w) => ({ fill: "none", stroke: colour, "stroke-width": w, "stroke-linecap": "round" });
@@ -66,6 +79,7 @@ export function shape(kind, s = 6) {
       g.append(svgNode("circle", { cx: -s * 0.45, r: s * 0.75, ...line(1.8), fill: "none" }),
                svgNode("circle", { cx: s * 0.45, r: s * 0.75, ...line(1.8), fill: "none" }));
       break;
+    case "diamond": g.append(svgNode("path", { d: `M0,${-s}L${s},0L0,${s}L${-s},0Z`, ...line(1.8), fill: "#fff", "stroke-linejoin": "round" })); break;
     case "play": g.append(svgNode("path", { d: `M${-s * 0.7},${-s}L${s},0L${-s * 0.7},${s}Z`, ...fill })); break;
     case "slashed":
       g.append(svgNode("circle", { r: s - 1, ...line(1.8), fill: "none" }),
@@ -89,9 +103,9 @@ const STATE_KIND = { running: "state-running", paused: "state-paused" };
 // "● completed": a shape, a colour and a word; `label` replaces the word.
 export function badge(kind, label = null, { big = false, state = false } = {}) {
   const key = state ? STATE_KIND[kind] || kind : kind;
-  const info = KINDS[key] || { word: kind };
+  const info = look(key);
   const span = document.createElement("span");
-  const cls = state ? `s-${kind}` : RUN_KINDS.includes(kind) ? `o-${kind}` : kind === "missed" || kind === "double" ? "o-missed" : "o-neutral";
+  const cls = state ? `s-${kind}` : info.cls || "o-neutral";
   span.className = `badge ${cls}${big ? " big" : ""}`;
   span.dataset.kind = kind;
   span.append(icon(key, big ? 14 : 12), document.createTextNode(label ?? info.word));
@@ -104,7 +118,7 @@ export function legend(kinds) {
   box.setAttribute("aria-label", "legend");
   for (const kind of kinds) {
     const item = document.createElement("span");
-    item.append(icon(kind, 12), document.createTextNode(KINDS[kind].word));
+    item.append(icon(kind, 12), document.createTextNode(word(kind)));
     box.append(item);
   }
   return box;

@@ -5,7 +5,7 @@
 "use strict";
 
 import { axisLabel, duration, time, zoneOffsetMs } from "./format.js";
-import { KINDS, SEVERITY, shape, svgNode } from "./shapes.js";
+import { SEVERITY, shape, svgNode, word } from "./shapes.js";
 
 const STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800]
   .map((s) => s * 1000);
@@ -20,7 +20,7 @@ function severity(mark) {
 
 function runTitle(run, job = null) {
   const lines = [
-    `${job ? `${job} · ` : ""}${KINDS[run.outcome || "running"].word}`,
+    `${job ? `${job} · ` : ""}${word(run.outcome || "running")}`,
     `slot ${time(run.slot_ms)}`,
     `on ${run.instance_id} · ${run.reason}${run.attempt > 1 ? `, attempt ${run.attempt}` : ""}`,
   ];
@@ -42,9 +42,9 @@ export function runMark(run, jobName, { withJob = false } = {}) {
 }
 
 export function slotMark(slot) {
-  const word = KINDS[slot.state] ? KINDS[slot.state].word : slot.state;
-  const detail = slot.detail && !word.includes(slot.detail) ? `\n${slot.detail}` : "";
-  return { ms: slot.slot_ms, kind: slot.state, title: `slot ${time(slot.slot_ms)}: ${word}${detail}`, href: null };
+  const named = word(slot.state);
+  const detail = slot.detail && !named.includes(slot.detail) ? `\n${slot.detail}` : "";
+  return { ms: slot.slot_ms, kind: slot.state, title: `slot ${time(slot.slot_ms)}: ${named}${detail}`, href: null };
 }
 
 function clusters(marks, x) {
@@ -67,7 +67,7 @@ function describeGroup(group) {
   const counts = {};
   for (const mark of group.marks) counts[mark.kind] = (counts[mark.kind] || 0) + 1;
   const parts = Object.entries(counts).sort((a, b) => b[1] - a[1])
-    .map(([kind, n]) => `${n} ${KINDS[kind] ? KINDS[kind].word : kind}`);
+    .map(([kind, n]) => `${n} ${word(kind)}`);
   const first = group.marks[0].ms, last = group.marks[group.marks.length - 1].ms;
   return `${group.marks.length} marks, ${time(first)} – ${time(last, { date: false })}\n${parts.join(", ")}`;
 }

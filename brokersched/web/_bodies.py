@@ -1,0 +1,436 @@
+"""The JSON bodies the admin API answers with, as ``TypedDict``s: the routes build them, every
+answer is validated and serialised through its type (``_openapi.Operation``), and the OpenAPI
+document's schemas are made from the same types (pydantic's ``TypeAdapter``). A key a route adds
+or forgets fails validation: the document cannot disagree with what is sent.
+
+Words read from the backend (a run's ``outcome``, ``reason``, a control change's ``action``)
+may come from an instance of a newer release: they are one of this release's words or another
+string, never refused."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, NotRequired
+
+from pydantic import ConfigDict, Field, with_config
+from typing_extensions import TypedDict
+
+from .._options import Kind
+from ..abc import ControlAction, Liveness, Outcome, Overlap, RunReason
+from ._timeline import SlotState
+from ._views import JobState
+
+__all__ = [
+    "AbortRequested",
+    "ActiveRun",
+    "Audit",
+    "Change",
+    "Error",
+    "Health",
+    "History",
+    "InstanceEntry",
+    "Instances",
+    "JobEntry",
+    "Jobs",
+    "Overview",
+    "RunPage",
+    "Runs",
+    "Session",
+    "Timeline",
+    "TriggerAccepted",
+]
+
+_closed = with_config(ConfigDict(extra="forbid", use_attribute_docstrings=True))
+_NEWER = "one of these, or a word of a newer release"
+OutcomeWord = Annotated[Outcome | str, Field(description=f"The run's outcome: {_NEWER}")]
+ReasonWord = Annotated[RunReason | str, Field(description=f"Why it ran: {_NEWER}")]
+ActionWord = Annotated[ControlAction | str, Field(description=f"The change: {_NEWER}")]
+Time = Annotated[str, Field(description="ISO 8601, UTC", json_schema_extra={"format": "date-time"})]
+Ms = Annotated[int, Field(description="Unix time, milliseconds")]
+
+
+@_closed
+class Error(TypedDict):
+    """An error: ``error`` says what and why."""
+
+    error: str
+    backend: NotRequired[BackendStatus]
+
+
+@_closed
+class BackendStatus(TypedDict):
+    """What this instance knows of its backend: from its own reads (bounded to 2 s) and its
+    events (a claim that failed, a record dropped, a claimed run)."""
+
+    reachable: bool | None
+    """``null``: not known yet."""
+    since_ms: Ms | None
+    """When it last changed."""
+    error: str | None
+    checked_s_ago: float | None
+
+
+@_closed
+class Record(TypedDict):
+    """One run of a slot, on whichever instance ran it."""
+
+    job: str
+    slot_ms: Ms
+    slot: Time
+    run_id: str
+    instance_id: str
+    reason: ReasonWord
+    attempt: int
+    started_at: Time
+    finished_at: Time | None
+    duration_ms: int | None
+    """``finished_at - started_at``."""
+    late_ms: int
+    """``started_at - slot``."""
+    outcome: OutcomeWord
+    error: str | None
+    traceback: str | None
+    """A failed or timed-out run's, redacted and size-capped."""
+
+
+@_closed
+class ControlChange(TypedDict):
+    action: ActionWord
+    actor: str
+    at: Time
+    run_id: NotRequired[str]
+    """The run an ``abort`` asked to stop."""
+
+
+@_closed
+class LatestControl(TypedDict):
+    """The job's fleet-wide control as last read here (the whole trail: ``GET
+    /jobs/{name}/audit``)."""
+
+    paused: bool
+    disabled: bool
+    latest: ControlChange | None
+
+
+@_closed
+class Control(TypedDict):
+    """A job's fleet-wide control record: paused, disabled, its changes (newest first)."""
+
+    paused: bool
+    disabled: bool
+    changes: list[ControlChange]
+
+
+@_closed
+class ShownOptions(TypedDict):
+    """A job's options resolved against the defaults; ``data`` is never shown, only ``***``;
+    ``overlap``, ``max_attempts`` and ``catch_up`` on a lease backend."""
+
+    jitter: str
+    max_late: str
+    timeout: str | None
+    claim: bool
+    history_size: int
+    overlap: NotRequired[Overlap]
+    max_attempts: NotRequired[int]
+    catch_up: NotRequired[str]
+    retry: NotRequired[str]
+    data: NotRequired[Literal["***"]]
+
+
+@_closed
+class JobEntry(TypedDict):
+    name: str
+    kind: Kind
+    schedule: str
+    zone: str
+    options: ShownOptions
+    state: JobState
+    next_runs: list[Time]
+    last: Record | None
+    control: LatestControl | None
+    history_error: NotRequired[str]
+    """Why its last run could not be read."""
+
+
+@_closed
+class About(TypedDict):
+    """This instance and its scheduler."""
+
+    instance_id: str
+    backend: str
+    backend_status: BackendStatus
+    running: bool
+    changes_enabled: bool
+    now_ms: Ms
+
+
+@_closed
+class Jobs(About):
+    jobs: list[JobEntry]
+
+
+@_closed
+class Choices(TypedDict):
+    """The values the filters take."""
+
+    outcome: list[Outcome]
+    reason: list[RunReason]
+
+
+@_closed
+class History(TypedDict):
+    job: str
+    records: list[Record]
+    choices: Choices
+    slots: list[Ms]
+    """The schedule's slots since the oldest record that should have run by now."""
+    now_ms: Ms
+    next: str | None
+    """Pass as ``before`` for the next (older) page."""
+    matched: NotRequired[int]
+    """With filters or ``before``: the records that match, of those scanned."""
+    scanned: NotRequired[int]
+
+
+@_closed
+class CompactRun(TypedDict):
+    """A run as a timeline draws it."""
+
+    run_id: str
+    slot_ms: Ms
+    started_ms: Ms
+    finished_ms: Ms | None
+    instance_id: str
+    outcome: OutcomeWord
+    reason: ReasonWord
+    attempt: int
+    late_ms: int
+    error: str | None
+
+
+@_closed
+class SlotMark(TypedDict):
+    """A slot of the schedule no instance ran, and why."""
+
+    slot_ms: Ms
+    state: SlotState
+    detail: str
+
+
+@_closed
+class Timeline(TypedDict):
+    job: str
+    from_ms: Ms
+    to_ms: Ms
+    now_ms: Ms
+    here: str
+    """This instance's id."""
+    lanes: list[str]
+    """The instances that ran the job in the window, and this one."""
+    first_ms: Ms | None
+    """The oldest record's slot."""
+    known_from_ms: Ms | None
+    """The oldest record's slot when older ones may be trimmed."""
+    runs: list[CompactRun]
+    slots: list[SlotMark]
+
+
+@_closed
+class RunPage(TypedDict):
+    job: JobEntry
+    run: Record
+    attempts: list[Record]
+    """The attempts at its slot."""
+    newer: str | None
+    older: str | None
+    max_attempts: int | None
+
+
+@_closed
+class RunningHere(TypedDict):
+    """A run going on an instance, as it published it."""
+
+    job: str
+    run_id: str
+    slot_ms: Ms
+    started_at: Time
+    reason: ReasonWord
+    attempt: int
+    leased: bool
+    held: bool
+    """A leased run of a dead instance: its lease keeps the slot until it expires."""
+
+
+@_closed
+class InstanceEntry(TypedDict):
+    id: str
+    host: str
+    pid: int
+    version: str
+    started_at: Time
+    last_seen: Time
+    heartbeat_ms: int
+    running: list[RunningHere]
+    stopped: bool
+    jobs: int
+    liveness: Liveness
+    age_ms: int
+    here: bool
+
+
+@_closed
+class FleetRun(RunningHere):
+    instance_id: str
+    liveness: Liveness
+
+
+@_closed
+class ActiveRun(FleetRun):
+    host: str
+
+
+@_closed
+class Fleet(TypedDict):
+    supported: bool
+    instances: list[InstanceEntry]
+    runs: list[FleetRun]
+    error: NotRequired[str]
+
+
+@_closed
+class OverviewJob(JobEntry):
+    timeline: Timeline
+    counts: dict[str, int]
+    """Runs in the window by outcome."""
+
+
+@_closed
+class Window(TypedDict):
+    from_ms: Ms
+    to_ms: Ms
+
+
+@_closed
+class FailureGroup(TypedDict):
+    """Failures alike: one job, outcome and error."""
+
+    job: str
+    outcome: OutcomeWord
+    error: str | None
+    count: int
+    instances: list[str]
+    latest: Record
+    first_ms: Ms
+
+
+@_closed
+class Failures(TypedDict):
+    """Failed, timed-out and interrupted runs of the last hour; ``complete`` is false when a
+    job ran more often than the records read cover."""
+
+    since_ms: Ms
+    count: int
+    complete: bool
+    runs: list[Record]
+    """Newest first, 50 at most."""
+    groups: list[FailureGroup]
+
+
+@_closed
+class NextRun(TypedDict):
+    job: str
+    at_ms: Ms
+
+
+@_closed
+class SeenInstance(TypedDict):
+    """An instance seen in the runs read."""
+
+    instance_id: str
+    last_run_ms: Ms | None
+    runs: int
+    failures: int
+    here: bool
+
+
+@_closed
+class Overview(About):
+    window: Window
+    jobs: list[OverviewJob]
+    failures: Failures
+    next_runs: list[NextRun]
+    instances: list[SeenInstance]
+    fleet: Fleet
+
+
+@_closed
+class Instances(TypedDict):
+    supported: bool
+    """Whether the backend keeps the fleet's presence."""
+    now_ms: Ms
+    instances: list[InstanceEntry]
+
+
+@_closed
+class Runs(TypedDict):
+    supported: bool
+    now_ms: Ms
+    runs: list[ActiveRun]
+
+
+@_closed
+class Audit(TypedDict):
+    job: str
+    scope: Literal["fleet", "instance"]
+    control: Control | None
+
+
+@_closed
+class Change(TypedDict):
+    job: str
+    state: JobState
+    scope: str
+    """The fleet, or this instance only."""
+    control: NotRequired[Control]
+
+
+@_closed
+class TriggerAccepted(TypedDict):
+    job: str
+    accepted: bool
+    detail: str
+
+
+@_closed
+class AbortRequested(TypedDict):
+    run_id: str
+    job: str
+    requested: bool
+    detail: str
+
+
+@_closed
+class Session(TypedDict):
+    changes_enabled: bool
+    token_accepted: bool
+    """Whether an admin token is configured (the page asks for it)."""
+    authorized: bool
+    via: Literal["token", "host"] | None
+    instance_id: str
+    backend: str
+
+
+@_closed
+class Overdue(TypedDict):
+    job: str
+    schedule: str
+    state: JobState
+
+
+@_closed
+class Health(TypedDict):
+    status: Literal["ok", "degraded", "unreachable", "stopped"]
+    instance_id: NotRequired[str]
+    backend: NotRequired[BackendStatus]
+    overdue: list[Overdue]
+    now_ms: Ms

@@ -1,0 +1,105 @@
+"""The query parameters of the admin API's routes, as pydantic models: the routes validate
+their query with them (``parse``), and the OpenAPI document describes each parameter from the
+same field (``_openapi``). The validators are ``_query``'s parsers, so an error names the
+parameter, the value and what would do; each field's type and constraints say exactly what the
+parser takes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Literal, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from ..abc import Outcome, RunReason
+from ._query import (
+    CURSOR_PATTERN,
+    MAX_HISTORY,
+    MAX_INSTANCE,
+    OUTCOMES,
+    REASONS,
+    WINDOW_PATTERN,
+    QueryError,
+    choices,
+    parse_before,
+    parse_instances,
+    parse_limit,
+    parse_state,
+    parse_window,
+)
+
+__all__ = ["HistoryParams", "RunsParams", "WindowParams", "parse"]
+
+M = TypeVar("M", bound=BaseModel)
+_CONFIG = ConfigDict(extra="ignore", frozen=True)
+
+
+class HistoryParams(BaseModel):
+    model_config = _CONFIG
+
+    limit: Annotated[
+        int,
+        Field(ge=1, le=MAX_HISTORY, description="Records per page"),
+        BeforeValidator(parse_limit),
+    ] = 50
+    outcome: Annotated[
+        list[Outcome],
+        Field(description="Only these outcomes (comma-separated)"),
+        BeforeValidator(lambda raw: choices("outcome", raw, OUTCOMES)),
+    ] = []
+    reason: Annotated[
+        list[RunReason],
+        Field(description="Only these reasons (comma-separated)"),
+        BeforeValidator(lambda raw: choices("reason", raw, REASONS)),
+    ] = []
+    instance: Annotated[
+        list[Annotated[str, Field(max_length=MAX_INSTANCE)]],
+        Field(description="Only runs of these instances (comma-separated)"),
+        BeforeValidator(parse_instances),
+    ] = []
+    before: Annotated[
+        str | None,
+        Field(
+            pattern=CURSOR_PATTERN,
+            description="The `next` of the previous page: the runs older than it",
+        ),
+        BeforeValidator(parse_before),
+    ] = None
+
+
+class WindowParams(BaseModel):
+    model_config = _CONFIG
+
+    window: Annotated[
+        str,
+        Field(
+            pattern=WINDOW_PATTERN,
+            description="How far back: a whole number of minutes (m), hours (h), days (d) or "
+            "weeks (w), from 1m to 7d",
+            examples=["15m", "1h", "24h"],
+        ),
+        BeforeValidator(parse_window),
+    ] = "1h"
+
+
+class RunsParams(BaseModel):
+    model_config = _CONFIG
+
+    state: Annotated[
+        Literal["running"],
+        Field(description="The runs in progress (finished runs: a job's history)"),
+        BeforeValidator(parse_state),
+    ] = "running"
+
+
+def parse(model: type[M], params: Mapping[str, str]) -> M:
+    """``params`` validated by ``model``; a ``QueryError`` naming the first bad parameter."""
+    try:
+        return model.model_validate(dict(params))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        cause = first.get("ctx", {}).get("error")
+        if isinstance(cause, QueryError):
+            raise cause from None
+        name = ".".join(str(part) for part in first["loc"])
+        raise QueryError(f"{name} is invalid: {first['msg']}") from None
