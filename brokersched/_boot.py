@@ -24,7 +24,6 @@ overlaps its slots (and, like a manual run, is retried elsewhere when its runner
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from ._events import SkipReason
@@ -124,7 +123,7 @@ async def _claim(
     backend = runner.backend
     timeout = runner.lease_bound(max(job.settings.max_late_ms / 1000, _MIN_CLAIM_TIMEOUT_S))
     try:
-        async with asyncio.timeout(timeout + 0.25):
+        async with runner.clock.timeout(timeout + 0.25):
             if isinstance(backend, LeaseBackend):
                 lease = await backend.acquire(
                     slot,

@@ -15,8 +15,8 @@ import random
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
@@ -155,6 +155,23 @@ class Clock(ABC):
             await future
         finally:
             timer.cancel()
+
+    @asynccontextmanager
+    async def timeout(self, seconds: float) -> AsyncIterator[None]:
+        """``asyncio.timeout`` on this clock: the block is cut (``TimeoutError``) once
+        ``seconds`` have passed on the monotonic clock. On a virtual clock a bound is virtual
+        too, so that how busy the machine is never decides what a simulated fleet does."""
+        async with asyncio.timeout(None) as bound:
+
+            def expire() -> None:
+                if bound.expired() is False and bound.when() is None:
+                    bound.reschedule(asyncio.get_running_loop().time())
+
+            timer = self.call_later(round(seconds * 1000), expire)
+            try:
+                yield
+            finally:
+                timer.cancel()
 
     async def wait(self, tasks: Collection[asyncio.Task[Any]], timeout: float) -> None:
         """Wait until ``tasks`` are done, at most ``timeout`` seconds (monotonic)."""

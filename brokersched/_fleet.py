@@ -282,7 +282,7 @@ class Fleet:
     async def _call(self, what: str, call: Awaitable[Any], timeout: float | None = None) -> Any:
         """``call``'s answer, or ``None`` when it failed (logged once per kind of failure)."""
         try:
-            async with asyncio.timeout(timeout or max(_CALL_S, self._beat_ms / 1000)):
+            async with self.link.clock.timeout(timeout or max(_CALL_S, self._beat_ms / 1000)):
                 answer = await call
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"

@@ -186,7 +186,7 @@ class Runner:
         began, leased_ms = time.perf_counter(), self.clock.monotonic_ms()
         try:
             # The backend's own deadline comes first; this one only bounds a backend that hangs.
-            async with asyncio.timeout(timeout + _CLAIM_SLACK_S):
+            async with self.clock.timeout(timeout + _CLAIM_SLACK_S):
                 lease = await self._claim(
                     job, Slot(job.settings.key, slot_ms), run_id, reason, timeout
                 )

@@ -186,7 +186,9 @@ class AnswersLate(MemoryBackend):
     async def acquire_many(
         self, claims: Sequence[Claim], *, instance_id: str, timeout: float
     ) -> list[LeaseOutcome]:
-        await self.answer.wait()
+        assert self._clock is not None
+        with self._clock.blocking():  # a virtual clock runs on meanwhile: the claims give up
+            await self.answer.wait()
         return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
 
 
@@ -194,9 +196,9 @@ async def test_a_lease_granted_after_its_claimer_gave_up_is_handed_over_and_runs
     clock: TestClock,
 ) -> None:
     """Two jobs' slots go in one batch, which the store decides only after both claimers gave
-    up waiting (their ``max_late`` of 500 ms, in real time: a claim's bound is the event
-    loop's). Each lease granted then is handed over, so the fleet's next sweep runs its slot,
-    once (``retry``); ended as done instead, the slot would run nowhere."""
+    up waiting (their ``max_late`` of 500 ms). Each lease granted then is handed over, so the
+    fleet's next sweep runs its slot, once (``retry``); ended as done instead, the slot would
+    run nowhere."""
     backend = AnswersLate()
     ran: list[tuple[str, str, str]] = []
 
@@ -212,7 +214,7 @@ async def test_a_lease_granted_after_its_claimer_gave_up_is_handed_over_and_runs
         sched.on("skip", gave_up)
         for name in ("a", "b"):
             sched.every(name, "1m", handler, max_late="500ms", catch_up=0)
-        await clock.advance("30s")  # 08:01: the claims give up, then the store answers
+        await clock.advance("31s")  # 08:01: the claims give up, then the store answers
         assert sorted(seen) == [(job, "backend-error", "TimeoutError") for job in ("a", "b")]
         await clock.advance("15s")  # lease_ttl / 2: a sweep has looked for handed-over slots
     expected = [("a", "retry", "08:01"), ("b", "retry", "08:01")]
