@@ -18,10 +18,10 @@ from __future__ import annotations
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any, Protocol
 
-from brokersched._clock import Clock, datetime_to_ms, ms_to_datetime
+from brokersched._clock import Clock, ms_to_datetime
 from brokersched._fleetrecords import ControlChange, Instance
 from brokersched.abc import (
     Backend,
@@ -29,6 +29,7 @@ from brokersched.abc import (
     ClaimBackend,
     JobPolicy,
     Lease,
+    LeaseBackend,
     RunRecord,
     Slot,
 )
@@ -37,7 +38,7 @@ from brokersched.testing._clock import FleetClock
 from brokersched.testing._sim_backends import Store
 
 START = "2030-06-01T12:00:00+00:00"
-SEEDS = (1, 2, 3)  # the seeds CI runs; any other replays with MODEL_SEED=<n> (see the tests)
+SEEDS = (1, 2, 3)  # a few seeds in CI: each scenario takes about a second
 JOBS = ("tick", "cron", "job.with spaces")
 HISTORY_SIZES = {"tick": 3, "cron": 5, "job.with spaces": 2}
 STEP_MS = 1000  # slots are on a grid of this step
@@ -231,12 +232,15 @@ class Side:
     clocks: Clocks
     make: Callable[[int], Backend]  # a backend of the fleet with this slot memory (ms)
     forget: Callable[[], Awaitable[None]] | None = None  # delete the fleet's memory record
+    started: Callable[[], Awaitable[None]] | None = None  # after each start (the store's clock)
     backends: list[Backend] = field(default_factory=list)
 
     async def start(self, memory_ms: int) -> Backend:
         backend = self.make(memory_ms)
         await backend.start(self.clocks.instance())
         self.backends.append(backend)
+        if self.started is not None:
+            await self.started()
         return backend
 
     async def stop(self) -> None:
@@ -310,6 +314,123 @@ async def run_claims(side: Side, program: list[Step], memories: Sequence[int]) -
     return out
 
 
+def lease_program(seed: int, instances: int, ttl_ms: int) -> list[Step]:
+    """Claims (schedule, manual, catch-up; overlap skip or allow; single and batched),
+    renewals, releases with their records (one, several, hand-overs), take-overs, lease
+    states, history reads, the fleet's records, and the store's clock moving past leases."""
+    rng = random.Random(seed)
+    steps: list[Step] = []
+    reasons = ("schedule", "schedule", "schedule", "manual", "catch-up")
+    for _ in range(70):
+        via = rng.randrange(instances)
+        roll = rng.random()
+        lease = rng.randrange(1000)  # an index into the leases granted so far
+        if roll < 0.25:
+            k = rng.choice((0, 0, 1, 2, 3, -1, 12))  # k < 0: ahead; 12: beyond the skew
+            reason, skip = rng.choice(reasons), rng.random() < 0.5
+            steps.append(("acquire", via, rng.choice(JOBS), -k if k == 12 else k, reason, skip))
+        elif roll < 0.33:
+            steps.append(("acquire-many", via, [(job, rng.choice((0, 1, 2))) for job in JOBS]))
+        elif roll < 0.43:
+            steps.append(("renew", lease))
+        elif roll < 0.55:
+            steps.append(("release", lease, rng.random() < 0.25, rng.random() < 0.8))
+        elif roll < 0.6:
+            steps.append(("release-many", [lease, rng.randrange(1000)]))
+        elif roll < 0.68:
+            steps.append(("take-over", via, rng.choice((1, 2, 3)), rng.random() < 0.5))
+        elif roll < 0.8:
+            ms = rng.choice((300, 1500, ttl_ms // 3, ttl_ms + 1000))
+            steps.append(("advance", ms))
+        elif roll < 0.85:
+            steps.append(("state", via, rng.choice(JOBS)))
+        elif roll < 0.9:
+            steps.append(("history", via, rng.choice(JOBS), rng.choice((1, 10))))
+        else:
+            steps.append(_fleet_steps(rng, via))
+    return steps
+
+
+async def run_leases(side: Side, program: list[Step], instances: int, ttl_ms: int) -> Transcript:
+    """``program`` on ``instances`` lease backends of ``side`` with ``lease_ttl`` ``ttl_ms``."""
+    out = Transcript()
+    live: list[LeaseBackend] = []
+    for _ in range(instances):
+        backend = await side.start(ttl_ms)
+        assert isinstance(backend, LeaseBackend)
+        live.append(backend)
+    leases: list[Lease] = []
+    records = 0
+
+    def chosen(index: int) -> Lease | None:
+        return leases[index % len(leases)] if leases else None
+
+    def ended(lease: Lease) -> tuple[JobPolicy, RunRecord]:
+        nonlocal records
+        records += 1
+        now = side.clocks.now_ms()
+        return policy(lease.job), record_of(lease.job, lease.slot_ms, records, "end", now)
+
+    for step in program:
+        kind, now = step[0], side.clocks.now_ms()
+        grid = now - now % STEP_MS
+        if kind == "advance":
+            await side.clocks.advance(step[1])
+            out.add(f"advance {step[1]}ms", None)
+        elif kind == "acquire":
+            _, via, job, k, reason, skip = step
+            rules = policy(job, overlap="skip" if skip else "allow")
+            slot = Slot(job, grid - k * STEP_MS)
+            got = await answer(live[via].acquire(
+                slot, policy=rules, instance_id=f"i{via}", run_id=f"r{len(leases)}",
+                reason=reason, timeout=5.0,
+            ))  # fmt: skip
+            out.add(f"i{via} acquire {slot.key} {reason} {rules.overlap}", got)
+            leases += [got] if isinstance(got, Lease) else []
+        elif kind == "acquire-many":
+            claims = [Claim(Slot(j, grid - k * STEP_MS), "r", policy(j)) for j, k in step[2]]
+            got = await answer(live[step[1]].acquire_many(claims, instance_id=f"i{step[1]}",
+                                                          timeout=5.0))  # fmt: skip
+            out.add(f"i{step[1]} acquire {[c.slot.key for c in claims]}", got)
+            leases += [g for g in got if isinstance(g, Lease)] if isinstance(got, list) else []
+        elif kind == "renew":
+            if (lease := chosen(step[1])) is not None:
+                out.add(f"renew {lease.slot.key} #{lease.attempt}", await answer(
+                    live[0].renew(lease)
+                ))  # fmt: skip
+        elif kind == "release":
+            if (lease := chosen(step[1])) is not None:
+                record = ended(lease) if step[3] and not step[2] else None
+                done = await answer(live[-1].release(lease, handover=step[2], record=record))
+                out.add(f"release {lease.slot.key} handover={step[2]} record={bool(record)}", done)
+        elif kind == "release-many":
+            picked = {lease.slot: lease for i in step[1] if (lease := chosen(i)) is not None}
+            if picked:
+                ends = [ended(lease) for lease in picked.values()]
+                done = await answer(live[0].release_many(list(picked.values()), ends))
+                out.add(f"release {[slot.key for slot in picked]}", done)
+        elif kind == "take-over":
+            _, via, attempts, skip = step
+            rules = [policy(job, overlap="skip" if skip else "allow", max_attempts=attempts)
+                     for job in JOBS]  # fmt: skip
+            got = await answer(live[via].take_over(rules, instance_id=f"i{via}"))
+            out.add(f"i{via} take over {attempts} {skip}", sorted(map(str, shape(got))))  # type: ignore[arg-type]
+            leases += got if isinstance(got, list) else []
+        elif kind == "state":
+            got = await answer(live[step[1]].lease_state(step[2]))
+            out.add(f"i{step[1]} lease state of {step[2]}", got)
+        elif kind == "history":
+            found = await answer(live[step[1]].history(policy(step[2]), step[3]))
+            out.add(f"i{step[1]} history {step[2]} {step[3]}", found)
+        else:
+            await fleet_step(live[step[1]], step, now, out)
+    for job in JOBS:
+        out.add(f"lease state of {job}", await answer(live[0].lease_state(job)))
+        out.add(f"history of {job}", await answer(live[0].history(policy(job), 100)))
+    out.add("controls", await answer(live[0].controls()))
+    return out
+
+
 async def fleet_step(backend: Backend, step: Step, now: int, out: Transcript) -> None:
     kind, name = step[0], f"i{step[1]}"
     if kind == "presence":
@@ -329,10 +450,6 @@ def fleet_memory(backend: Backend) -> object:
     return None if memory is None else round(memory / timedelta(milliseconds=1))
 
 
-def now_utc() -> datetime:
-    return datetime.now(UTC)
-
-
 __all__ = [
     "JOBS",
     "SEEDS",
@@ -344,10 +461,11 @@ __all__ = [
     "answer",
     "assert_same",
     "claim_program",
-    "datetime_to_ms",
     "fleet_step",
     "instance_of",
+    "lease_program",
     "policy",
     "record_of",
     "run_claims",
+    "run_leases",
 ]
