@@ -192,6 +192,26 @@ class Store:
         return answer
 
 
+class _History:
+    """A history stream of runs per job, newest first, as the claim backends keep it: each
+    job's subject holds the largest ``history_size`` any record asked for (NATS's
+    ``max_msgs_per_subject``; RabbitMQ's reader bounds it by job); a read takes at most the
+    job's own. Not behind the store's faults (the simulator keeps its own ledger of runs)."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, list[RunRecord]] = {}
+        self.size = 0
+
+    def record(self, job: JobPolicy, record: RunRecord) -> None:
+        self.size = max(self.size, job.history_size)
+        kept = self.runs.setdefault(job.name, [])
+        kept.insert(0, record)
+        del kept[self.size :]
+
+    def read(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        return self.runs.get(job.name, [])[: max(0, min(limit, job.history_size))]
+
+
 async def _records_read(store: Store, dead: bool, kind: FleetKind) -> dict[str, str]:
     """The fleet's records (presence, controls) of ``kind`` the store keeps, not expired on
     its clock; refused while it is away (``Store.fleet_call``)."""
@@ -648,6 +668,7 @@ class _NATSData:
         self.windows: list[tuple[int, int]] = []  # (since, window ms) on the store's clock
         self.ids: dict[str, int] = {}  # message id -> when stored
         self.raises: FleetMemory | None = None
+        self.history = _History()
 
     def window(self) -> int:
         return self.windows[-1][1] if self.windows else 0
@@ -747,10 +768,10 @@ class SimNATS(_SimFleet, ClaimBackend):
         return await self.claim(slot, instance_id=instance_id, run_id=run_id, timeout=timeout)
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
-        pass
+        self.data.history.record(job, record)
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
-        return []
+        return self.data.history.read(job, limit)
 
 
 # -- NATS KV leases: the real NATSLeaseBackend's rows over a model of the bucket --------------
@@ -938,6 +959,7 @@ class _RabbitData:
         self.store = store
         self.queues: dict[str, _Queue] = {}
         self.record: FleetMemory | None = None
+        self.history = _History()
 
     def queue(self, name: str) -> _Queue | None:
         queue = self.queues.get(name)
@@ -1009,6 +1031,14 @@ class SimRabbitMQ(_SimFleet, ClaimBackend):
 
     async def _close(self) -> None:
         self._clock = None
+
+    @property
+    def fleet_slot_memory(self) -> timedelta | None:
+        """As ``RabbitMQBackend``'s: the fleet's slot memory as last read."""
+        view = self._view
+        return (
+            None if view is None or self._clock is None else timedelta(milliseconds=view.memory_ms)
+        )
 
     def _lead(self, memory_ms: int) -> int:
         return min(self._LEAD_MS, memory_ms // 4)
@@ -1082,7 +1112,7 @@ class SimRabbitMQ(_SimFleet, ClaimBackend):
         await self.sim.call(self.dead, 5.0, declare, write=True)
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
-        pass
+        self.data.history.record(job, record)
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
-        return []
+        return self.data.history.read(job, limit)

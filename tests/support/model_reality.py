@@ -39,8 +39,8 @@ from brokersched.testing._sim_backends import Store
 
 START = "2030-06-01T12:00:00+00:00"
 SEEDS = (1, 2, 3)  # a few seeds in CI: each scenario takes about a second
-JOBS = ("tick", "cron", "job.with spaces")
-HISTORY_SIZES = {"tick": 3, "cron": 5, "job.with spaces": 2}
+JOBS = ("tick", "cron", "report.daily:$eu")
+HISTORY_SIZES = {"tick": 3, "cron": 5, "report.daily:$eu": 2}
 STEP_MS = 1000  # slots are on a grid of this step
 
 Step = tuple[Any, ...]
@@ -204,8 +204,9 @@ def claim_program(
             k = rng.choice((0, 0, 1, 2, 3, -1, late - 3, late - 1, late, late + 2))
             steps.append(("claim", via, rng.choice(JOBS), k))
         elif roll < 0.42:
-            ks = [(rng.choice(JOBS), rng.choice((0, 1, 2, late))) for _ in range(3)]
-            steps.append(("claim-many", via, ks))
+            # distinct slots, as a scheduler's batch of one instant has them
+            ks = {(rng.choice(JOBS), rng.choice((0, 1, 2, late))) for _ in range(3)}
+            steps.append(("claim-many", via, sorted(ks)))
         elif roll < 0.47:
             steps.append(("boot", via, rng.choice(JOBS), rng.choice((0, 1))))
         elif roll < 0.6 and passed < budget:
@@ -238,6 +239,7 @@ class Side:
     async def start(self, memory_ms: int) -> Backend:
         backend = self.make(memory_ms)
         await backend.start(self.clocks.instance())
+        await backend.prepare([policy(job) for job in JOBS])  # as a scheduler's start does
         self.backends.append(backend)
         if self.started is not None:
             await self.started()
