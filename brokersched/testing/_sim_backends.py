@@ -64,6 +64,7 @@ from ..backends.redis._link import RedisLink
 from ._clock import FleetClock, InstanceClock
 
 __all__ = [
+    "RedisData",
     "RedisModel",
     "SimLeaseBackend",
     "SimNATS",
@@ -418,7 +419,7 @@ class _Key:
     expires_ms: int | None  # the store's clock
 
 
-class _RedisData:
+class RedisData:
     """The keys of one Redis server, expiring on its clock."""
 
     def __init__(self, store: Store) -> None:
@@ -508,7 +509,7 @@ class _RedisData:
 
 
 class _Pipeline:
-    def __init__(self, data: _RedisData) -> None:
+    def __init__(self, data: RedisData) -> None:
         self._data = data
         self._commands: list[Callable[[], Any]] = []
 
@@ -527,7 +528,7 @@ class _Pipeline:
 
 
 class _Client:
-    def __init__(self, data: _RedisData) -> None:
+    def __init__(self, data: RedisData) -> None:
         self._data = data
 
     def pipeline(self, transaction: bool = False) -> _Pipeline:
@@ -540,13 +541,13 @@ class _Client:
 class RedisModel:
     """A model of one Redis server as ``RedisBackend`` sees it through its ``RedisLink``
     (``backends/redis/_link.py``): the scripts it sends (``CLAIM``, ``FLEET_MEMORY``) as rules
-    over ``_RedisData``, the commands of its exchanges (``_Client``), its history lists and the
+    over ``RedisData``, the commands of its exchanges (``_Client``), its history lists and the
     fleet's records. Calls are answered behind the store's faults (``Store.call``); the
     history and the fleet's records draw none (the simulator keeps its own ledger of runs,
     and its seeds were found with them so). ``dead``: the instance was killed (no answer,
     ever)."""
 
-    def __init__(self, store: Store, data: _RedisData, prefix: str) -> None:
+    def __init__(self, store: Store, data: RedisData, prefix: str) -> None:
         self.store, self.data, self.prefix = store, data, prefix
         self.backend = "RedisBackend"
         self.cluster = False
@@ -647,7 +648,7 @@ class RedisModel:
 
 
 def sim_redis(
-    store: Store, data: _RedisData, *, slot_ttl: timedelta, prefix: str
+    store: Store, data: RedisData, *, slot_ttl: timedelta, prefix: str
 ) -> tuple[RedisBackend, RedisModel]:
     """The real ``RedisBackend`` (its fleet memory, claim deadlines, read shortcut, history
     and fleet's records) over a model of one Redis server, and that model (its ``dead`` is

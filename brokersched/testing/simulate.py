@@ -59,12 +59,12 @@ from ..abc import Backend
 from ..backends.memory import MemoryStore
 from ._clock import FleetClock, InstanceClock
 from ._sim_backends import (
+    RedisData,
     SimLeaseBackend,
     SimNATS,
     SimNATSLease,
     SimRabbitMQ,
     Store,
-    _RedisData,
     sim_redis,
 )
 from ._sim_coverage import EFFECT_MS, Coverage, format_table, reachable, to_json
@@ -189,7 +189,7 @@ class Simulation:
         self._names = 0
         self._rows = MemoryStore()
         makers: dict[str, Callable[[Store], Any]] = {
-            "redis": _RedisData, "nats": SimNATS.stream, "rabbitmq": SimRabbitMQ.broker,
+            "redis": RedisData, "nats": SimNATS.stream, "rabbitmq": SimRabbitMQ.broker,
             "natslease": SimNATSLease.data,
         }  # fmt: skip
         self.data: Any = makers[self.kind](self.store) if self.kind in makers else None

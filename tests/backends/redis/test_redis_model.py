@@ -15,7 +15,7 @@ import redis.asyncio
 from brokersched.abc import Backend
 from brokersched.backends.redis import RedisBackend
 from brokersched.backends.redis._base import RedisConnection
-from brokersched.testing._sim_backends import _RedisData, sim_redis
+from brokersched.testing._sim_backends import RedisData, sim_redis
 from tests.support.model_reality import (
     SEEDS,
     ModelClocks,
@@ -77,7 +77,7 @@ async def on_server(url: str, prefix: str, program: list[tuple[object, ...]]) ->
 
 async def on_model(prefix: str, program: list[tuple[object, ...]], evicted: int) -> Transcript:
     clocks = ModelClocks()
-    data = _RedisData(clocks.store)
+    data = RedisData(clocks.store)
     data.evicted = evicted
 
     def make(memory_ms: int) -> Backend:
