@@ -26,15 +26,16 @@ import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from .._clock import Clock
+from .._clock import Clock, datetime_to_ms
 from .._durations import to_ms
 from .._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..abc import (
     Capabilities,
     Claim,
     ClaimBackend,
+    Finding,
     FleetKind,
     JobPolicy,
     Lease,
@@ -44,6 +45,7 @@ from ..abc import (
     RunRecord,
     Slot,
 )
+from ..backends._budget import BudgetWatch
 from ..backends._claims import (
     BOOT_MEMORY,
     DEFAULT_CLAIM_SKEW,
@@ -57,20 +59,29 @@ from ..backends.memory import MemoryBackend, MemoryStore
 from ..backends.nats import NATSLeaseBackend
 from ..backends.nats._rows import Conflict, Rows, Table, decode_row
 from ..backends.redis import RedisBackend
-from ..backends.redis._base import RedisConnection
+from ..backends.redis._base import RedisConnection, guard_refusal
+from ..backends.redis._link import RedisLink
 from ._clock import FleetClock, InstanceClock
 
 __all__ = [
+    "RedisData",
+    "RedisModel",
     "SimLeaseBackend",
     "SimNATS",
     "SimNATSLease",
     "SimRabbitMQ",
-    "SimRedis",
     "Store",
     "Wins",
+    "sim_redis",
 ]
 
 T = TypeVar("T")
+
+if TYPE_CHECKING:  # both sides of each seam implement its Protocol (mypy checks it here)
+
+    def _links(real: RedisConnection, model: RedisModel) -> list[RedisLink]:
+        return [real, model]
+
 
 #: The slots won by a claim, applied by the store whether or not its answer came back:
 #: (key, slot_ms) -> (instance, the store's clock at the win), for the invariant that every
@@ -182,39 +193,78 @@ class Store:
         return answer
 
 
+class _History:
+    """A history stream of runs per job, newest first, as the claim backends keep it: each
+    job's subject holds the largest ``history_size`` any record asked for (NATS's
+    ``max_msgs_per_subject``; RabbitMQ's reader bounds it by job); a read takes at most the
+    job's own. Not behind the store's faults (the simulator keeps its own ledger of runs)."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, list[RunRecord]] = {}
+        self.size = 0
+
+    def record(self, job: JobPolicy, record: RunRecord) -> None:
+        self.size = max(self.size, job.history_size)
+        kept = self.runs.setdefault(job.name, [])
+        kept.insert(0, record)
+        del kept[self.size :]
+
+    def read(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        return self.runs.get(job.name, [])[: max(0, min(limit, job.history_size))]
+
+
+async def _records_read(store: Store, dead: bool, kind: FleetKind) -> dict[str, str]:
+    """The fleet's records (presence, controls) of ``kind`` the store keeps, not expired on
+    its clock; refused while it is away (``Store.fleet_call``)."""
+
+    async def apply() -> dict[str, str]:
+        now = store.clock.now_ms()
+        return {
+            key: value
+            for (k, key), (value, expires) in store.records.items()
+            if k == kind and (expires is None or expires > now)
+        }
+
+    return await store.fleet_call(dead, apply)
+
+
+async def _records_put(
+    store: Store, dead: bool, kind: FleetKind, key: str, value: str, ttl: timedelta
+) -> None:
+    async def apply() -> None:
+        store.records[kind, key] = (value, store.clock.now_ms() + to_ms(ttl))
+
+    await store.fleet_call(dead, apply)
+
+
+async def _records_swap(
+    store: Store, dead: bool, kind: FleetKind, key: str, old: str | None, new: str
+) -> bool:
+    async def apply() -> bool:
+        held = store.records.get((kind, key))
+        if (held[0] if held is not None else None) != old:
+            return False
+        store.records[kind, key] = (new, None)
+        return True
+
+    return await store.fleet_call(dead, apply)
+
+
 class _SimFleet:
-    """The fleet's records (presence, controls: issue 25) kept by the store, refused while it
-    is away (``Store.fleet_call``), for every simulated backend."""
+    """The fleet's records kept by the store (``_records_read`` and its neighbours), for the
+    simulated backends that model the whole backend."""
 
     sim: Store
     dead: bool
 
     async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
-        async def apply() -> dict[str, str]:
-            now = self.sim.clock.now_ms()
-            return {
-                key: value
-                for (k, key), (value, expires) in self.sim.records.items()
-                if k == kind and (expires is None or expires > now)
-            }
-
-        return await self.sim.fleet_call(self.dead, apply)
+        return await _records_read(self.sim, self.dead, kind)
 
     async def _fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
-        async def apply() -> None:
-            self.sim.records[kind, key] = (value, self.sim.clock.now_ms() + to_ms(ttl))
-
-        await self.sim.fleet_call(self.dead, apply)
+        await _records_put(self.sim, self.dead, kind, key, value, ttl)
 
     async def _fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
-        async def apply() -> bool:
-            held = self.sim.records.get((kind, key))
-            if (held[0] if held is not None else None) != old:
-                return False
-            self.sim.records[kind, key] = (new, None)
-            return True
-
-        return await self.sim.fleet_call(self.dead, apply)
+        return await _records_swap(self.sim, self.dead, kind, key, old, new)
 
 
 class SimLeaseBackend(_SimFleet, MemoryBackend):
@@ -369,13 +419,14 @@ class _Key:
     expires_ms: int | None  # the store's clock
 
 
-class _RedisData:
+class RedisData:
     """The keys of one Redis server, expiring on its clock."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.keys: dict[str, _Key] = {}
         self.evicted = 0  # INFO stats evicted_keys
+        self.history: dict[str, list[RunRecord]] = {}  # the history lists, newest first
 
     def now(self) -> int:
         return self.store.clock.now_ms()
@@ -458,7 +509,7 @@ class _RedisData:
 
 
 class _Pipeline:
-    def __init__(self, data: _RedisData) -> None:
+    def __init__(self, data: RedisData) -> None:
         self._data = data
         self._commands: list[Callable[[], Any]] = []
 
@@ -477,7 +528,7 @@ class _Pipeline:
 
 
 class _Client:
-    def __init__(self, data: _RedisData) -> None:
+    def __init__(self, data: RedisData) -> None:
         self._data = data
 
     def pipeline(self, transaction: bool = False) -> _Pipeline:
@@ -487,19 +538,23 @@ class _Client:
         self._data.pexpire(name, px)
 
 
-class _RedisConnection:
-    """What ``RedisBackend`` uses of its connection, over ``_RedisData``."""
+class RedisModel:
+    """A model of one Redis server as ``RedisBackend`` sees it through its ``RedisLink``
+    (``backends/redis/_link.py``): the scripts it sends (``CLAIM``, ``FLEET_MEMORY``) as rules
+    over ``RedisData``, the commands of its exchanges (``_Client``), its history lists and the
+    fleet's records. Calls are answered behind the store's faults (``Store.call``); the
+    history and the fleet's records draw none (the simulator keeps its own ledger of runs,
+    and its seeds were found with them so). ``dead``: the instance was killed (no answer,
+    ever)."""
 
-    refusal = RedisConnection.refusal  # the eviction guard's refusal as the real one words it
-
-    def __init__(self, store: Store, data: _RedisData, prefix: str, owner: SimRedis) -> None:
-        self.store, self.data, self.prefix, self.owner = store, data, prefix, owner
+    def __init__(self, store: Store, data: RedisData, prefix: str) -> None:
+        self.store, self.data, self.prefix = store, data, prefix
         self.backend = "RedisBackend"
         self.cluster = False
         self.redacted = "redis://sim"
         self.clock: Clock | None = None
-        self.history: dict[str, list[RunRecord]] = {}
-        self.budget = None  # the server's budget is not modelled (RedisConnection.budget)
+        self.budget: BudgetWatch | None = None  # the server's budget is not modelled
+        self.dead = False
 
     async def open(self, clock: Clock) -> None:
         if self.store.policy_evicts:  # RedisConnection.open's check of maxmemory-policy
@@ -511,68 +566,95 @@ class _RedisConnection:
 
     def now_ms(self) -> int:
         if self.clock is None:
-            raise BackendUnavailableError("not started")
+            raise BackendUnavailableError(f"{self.backend} is not started")
         return self.clock.now_ms()
 
-    async def call(self, action: str, exchange: Callable[[Any], Awaitable[T]], timeout: Any) -> T:
+    async def call(
+        self, action: str, exchange: Callable[[Any], Awaitable[T]], timeout: float | None = None
+    ) -> T:
         limit = 5.0 if timeout is None else max(0.0, timeout)
         return await self.store.call(
-            self.owner.dead, limit, lambda: exchange(_Client(self.data)), write=True
+            self.dead, limit, lambda: exchange(_Client(self.data)), write=True
         )
 
     async def script(
-        self, name: str, action: str, keys: list[str], args: list[Any], timeout: Any = None
+        self,
+        name: str,
+        action: str,
+        keys: list[str],
+        args: list[str | int],
+        timeout: float | None = None,
     ) -> Any:
-        assert name == "FLEET_MEMORY", name
+        if name != "FLEET_MEMORY":
+            raise BackendError(f"{self.backend}: script {name} is not modelled")
 
         async def run() -> list[Any]:
             return self.data.fleet_memory(keys[0], int(args[0]), int(args[1]))
 
-        return await self.store.call(self.owner.dead, 5.0, run, write=True)
+        return await self.store.call(self.dead, 5.0, run, write=True)
 
     async def scripts(
         self,
         name: str,
         action: str,
-        calls: Sequence[tuple[list[str], list[Any]]],
-        timeout: Any = None,
+        calls: Sequence[tuple[list[str], list[str | int]]],
+        timeout: float | None = None,
     ) -> list[Any]:
-        assert name == "CLAIM", name
+        if name != "CLAIM":
+            raise BackendError(f"{self.backend}: script {name} is not modelled")
 
         async def run() -> list[Any]:
             return [
-                self.data.claim(keys[0], keys[1], args[0], int(args[1]), int(args[2]))
+                self.data.claim(keys[0], keys[1], str(args[0]), int(args[1]), int(args[2]))
                 for keys, args in calls
             ]
 
         limit = 5.0 if timeout is None else max(0.0, timeout)
-        return await self.store.call(self.owner.dead, limit, run, write=True)
+        return await self.store.call(self.dead, limit, run, write=True)
+
+    def refusal(self, answer: Sequence[Any], what: str) -> BackendError | None:
+        return guard_refusal(self.backend, self.redacted, answer, what)
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
-        self.history.setdefault(job.name, []).insert(0, record)
-
-    async def history_of(self, job: JobPolicy, limit: int) -> list[RunRecord]:
-        return self.history.get(job.name, [])[:limit]
-
-
-class SimRedis(_SimFleet, RedisBackend):
-    """The real ``RedisBackend`` (its fleet memory, claim deadlines, read shortcut) over a
-    model of the commands it sends to one Redis server."""
-
-    def __init__(self, store: Store, data: _RedisData, *, slot_ttl: timedelta, prefix: str) -> None:
-        super().__init__(slot_ttl=slot_ttl, prefix=prefix)
-        self.sim, self.dead = store, False
-        self._redis = _RedisConnection(store, data, prefix, self)  # type: ignore[assignment]
-
-    @staticmethod
-    def data(store: Store) -> _RedisData:
-        return _RedisData(store)
-
-    async def record(self, job: JobPolicy, record: RunRecord) -> None:
-        pass  # the simulator keeps its own ledger
+        """``RECORD``: newest first, trimmed to the job's size."""
+        kept = self.data.history.setdefault(job.name, [])
+        kept.insert(0, record)
+        del kept[job.history_size :]
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        kept = self.data.history.get(job.name, [])[: max(0, min(limit, job.history_size))]
+        if job.history_ttl is None:
+            return list(kept)
+        cutoff = self.now_ms() - to_ms(job.history_ttl)
+        return [record for record in kept if datetime_to_ms(record.started_at) >= cutoff]
+
+    async def fleet_read(self, kind: FleetKind) -> dict[str, str]:
+        return await _records_read(self.store, self.dead, kind)
+
+    async def fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
+        await _records_put(self.store, self.dead, kind, key, value, ttl)
+
+    async def fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
+        return await _records_swap(self.store, self.dead, kind, key, old, new)
+
+    def namespace(self, namespace: str | None) -> str:
+        return self.prefix if namespace is None else namespace
+
+    async def operate(self, action: str, call: Callable[[Any], Awaitable[T]]) -> T:
+        raise BackendError(f"{self.backend} could not {action}: the model keeps no server")
+
+    async def server_findings(self, client: Any) -> list[Finding]:
         return []
+
+
+def sim_redis(
+    store: Store, data: RedisData, *, slot_ttl: timedelta, prefix: str
+) -> tuple[RedisBackend, RedisModel]:
+    """The real ``RedisBackend`` (its fleet memory, claim deadlines, read shortcut, history
+    and fleet's records) over a model of one Redis server, and that model (its ``dead`` is
+    the instance's kill)."""
+    model = RedisModel(store, data, prefix)
+    return RedisBackend.over(model, slot_ttl=slot_ttl), model
 
 
 # -- NATS: message ids deduplicated within the claims stream's window ---------------------------
@@ -587,6 +669,7 @@ class _NATSData:
         self.windows: list[tuple[int, int]] = []  # (since, window ms) on the store's clock
         self.ids: dict[str, int] = {}  # message id -> when stored
         self.raises: FleetMemory | None = None
+        self.history = _History()
 
     def window(self) -> int:
         return self.windows[-1][1] if self.windows else 0
@@ -686,10 +769,10 @@ class SimNATS(_SimFleet, ClaimBackend):
         return await self.claim(slot, instance_id=instance_id, run_id=run_id, timeout=timeout)
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
-        pass
+        self.data.history.record(job, record)
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
-        return []
+        return self.data.history.read(job, limit)
 
 
 # -- NATS KV leases: the real NATSLeaseBackend's rows over a model of the bucket --------------
@@ -877,6 +960,7 @@ class _RabbitData:
         self.store = store
         self.queues: dict[str, _Queue] = {}
         self.record: FleetMemory | None = None
+        self.history = _History()
 
     def queue(self, name: str) -> _Queue | None:
         queue = self.queues.get(name)
@@ -948,6 +1032,14 @@ class SimRabbitMQ(_SimFleet, ClaimBackend):
 
     async def _close(self) -> None:
         self._clock = None
+
+    @property
+    def fleet_slot_memory(self) -> timedelta | None:
+        """As ``RabbitMQBackend``'s: the fleet's slot memory as last read."""
+        view = self._view
+        return (
+            None if view is None or self._clock is None else timedelta(milliseconds=view.memory_ms)
+        )
 
     def _lead(self, memory_ms: int) -> int:
         return min(self._LEAD_MS, memory_ms // 4)
@@ -1021,7 +1113,7 @@ class SimRabbitMQ(_SimFleet, ClaimBackend):
         await self.sim.call(self.dead, 5.0, declare, write=True)
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
-        pass
+        self.data.history.record(job, record)
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
-        return []
+        return self.data.history.read(job, limit)

@@ -59,12 +59,13 @@ from ..abc import Backend
 from ..backends.memory import MemoryStore
 from ._clock import FleetClock, InstanceClock
 from ._sim_backends import (
+    RedisData,
     SimLeaseBackend,
     SimNATS,
     SimNATSLease,
     SimRabbitMQ,
-    SimRedis,
     Store,
+    sim_redis,
 )
 from ._sim_coverage import EFFECT_MS, Coverage, format_table, reachable, to_json
 from ._sim_faults import Faults
@@ -117,6 +118,7 @@ class Instance:
     clock: InstanceClock
     backend: Any
     scheduler: Scheduler[Any]
+    link: Any  # what a kill cuts: the model of the store, or the modelled backend (``dead``)
     stopping: asyncio.Task[None] | None = None
     driven: Tracked = field(default_factory=dict)  # started by the driver
 
@@ -129,7 +131,7 @@ class Instance:
 
     def kill(self) -> None:
         self.clock.kill()
-        self.backend.dead = True
+        self.link.dead = True
         for task in list(self.driven):
             task.cancel()
 
@@ -187,7 +189,7 @@ class Simulation:
         self._names = 0
         self._rows = MemoryStore()
         makers: dict[str, Callable[[Store], Any]] = {
-            "redis": SimRedis.data, "nats": SimNATS.stream, "rabbitmq": SimRabbitMQ.broker,
+            "redis": RedisData, "nats": SimNATS.stream, "rabbitmq": SimRabbitMQ.broker,
             "natslease": SimNATSLease.data,
         }  # fmt: skip
         self.data: Any = makers[self.kind](self.store) if self.kind in makers else None
@@ -281,15 +283,19 @@ class Simulation:
 
     # -- instances ---------------------------------------------------------------------------
 
-    def _backend(self, deploy: Deploy, name: str) -> Backend:
+    def _backend(self, deploy: Deploy, name: str) -> tuple[Backend, Any]:
+        """The instance's backend, and what a kill cuts: the model of the store it talks
+        through, or the modelled backend itself (each has a ``dead`` flag)."""
         memory = timedelta(milliseconds=deploy.memory_ms)
         backend: Backend
+        if self.kind == "redis":
+            backend, model = sim_redis(self.store, self.data, slot_ttl=memory, prefix="sim")
+            self._watch_claims(backend, name)
+            return backend, model
         if self.kind == "lease":
             backend = SimLeaseBackend(self.store, self._rows, lease_ttl=memory, instance=name)
         elif self.kind == "natslease":
             backend = SimNATSLease(self.store, self.data, lease_ttl=memory, instance=name)
-        elif self.kind == "redis":
-            backend = SimRedis(self.store, self.data, slot_ttl=memory, prefix="sim")
         elif self.kind == "nats":
             backend = SimNATS(self.store, self.data, slot_ttl=memory)
         else:
@@ -297,7 +303,7 @@ class Simulation:
                 self.store, self.data, slot_ttl=memory, declare_ahead=deploy.declare_ahead
             )
         self._watch_claims(backend, name)
-        return backend
+        return backend, backend
 
     def _watch_claims(self, backend: Backend, instance: str) -> None:
         """Note each claim's span for the coverage (a claim in flight), and refuse new claims
@@ -339,12 +345,12 @@ class Simulation:
         self._names += 1
         name = f"i{self._names}"
         clock = self.fleet.instance(ahead_ms)
-        backend = self._backend(deploy, name)
+        backend, link = self._backend(deploy, name)
         scheduler: Scheduler[Any] = Scheduler(
             backend, clock=clock, instance_id=name, drain_timeout=f"{deploy.drain_s}s",
             enabled=deploy.schedules,
         )  # fmt: skip
-        instance = Instance(name, deploy, clock, backend, scheduler)
+        instance = Instance(name, deploy, clock, backend, scheduler, link)
         try:
             self._register(instance)
         except ConfigurationError as exc:  # the generator draws configurations the README allows

@@ -20,11 +20,11 @@ from brokersched.backends import _claims, _lease
 from brokersched.backends._claims import FleetMemory
 from brokersched.cli import cli
 from brokersched.testing._sim_backends import (
+    RedisData,
     SimLeaseBackend,
     SimNATS,
     SimRabbitMQ,
     _job_of,
-    _RedisData,
     _SimTable,
 )
 from brokersched.testing._sim_coverage import (
@@ -221,7 +221,7 @@ def _old_margin_ms(limit_ms: int, *, skew_ms: int, lead_ms: int = 0) -> int:
     return min(skew_ms, limit_ms // 8) + min(250, limit_ms // 8) + lead_ms
 
 
-def _no_eviction_guard(self: _RedisData, record: str, start: int) -> None:
+def _no_eviction_guard(self: RedisData, record: str, start: int) -> None:
     """Before the eviction guard: a Redis claim was a bare ``SET NX PX``, whatever the policy
     set while the fleet runs and the keys it evicted (class 9: before 6b6b2ac Redis also
     started whatever its policy; the guard now refuses such claims by itself)."""
@@ -250,7 +250,7 @@ UNDONE: list[tuple[str, str, int, object, str, object, str]] = [
     ("5", "lease", 0, SimLeaseBackend, "_now", _old_sqlite_now, "overlap"),
     ("6", "nats", 71, SimNATS, "_read", _old_nats_read, "slot once:"),
     ("8", "redis", 20, _claims, "margin_ms", _old_margin_ms, "ran 2 times"),
-    ("9", "redis", 45, _RedisData, "guard", _no_eviction_guard, "ran 2 times"),
+    ("9", "redis", 45, RedisData, "guard", _no_eviction_guard, "ran 2 times"),
     ("12", "rabbitmq", 0, SimRabbitMQ, "_check_refusal", lambda *_: None, "nobody won it"),
     ("stop", "nats", 20, Runner, "_still_wanted", _old_still_wanted, "ran nowhere"),
     ("stop", "rabbitmq", 20, Runner, "_still_wanted", _old_still_wanted, "ran nowhere"),

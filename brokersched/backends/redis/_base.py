@@ -24,6 +24,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from datetime import timedelta
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -36,7 +37,7 @@ from ..._exceptions import (
     BrokerschedError,
     ConfigurationError,
 )
-from ...abc import BrokerBudget, Finding, JobPolicy, RunRecord, Slot
+from ...abc import BrokerBudget, Finding, FleetKind, JobPolicy, RunRecord, Slot
 from .._budget import BudgetWatch, budget_period
 from .._errors import ErrorMap, ErrorRow
 from .._keywords import parameter_names, refuse_unknown
@@ -48,6 +49,8 @@ __all__ = [
     "check_client_options",
     "claim_key",
     "evictions_key",
+    "fleet_key",
+    "guard_refusal",
     "hash_tag",
     "history_entry",
     "history_key",
@@ -152,6 +155,11 @@ def history_key(prefix: str, job: str) -> str:
 
 def evictions_key(prefix: str, job: str) -> str:
     return f"{prefix}:{hash_tag(job)}:evictions"
+
+
+def fleet_key(prefix: str, kind: FleetKind) -> str:
+    """The hash of the fleet's records of ``kind`` (``_fleet``)."""
+    return f"{prefix}:{{%fleet}}:{kind}"
 
 
 # -- options -----------------------------------------------------------------------------------
@@ -683,27 +691,7 @@ class RedisConnection:
         """The eviction guard's refusal (``_scripts._GUARD``) as the error that skips the
         slot, ``what`` saying what was not done ("the claim of job:1700000000000"); ``None``
         for any other answer."""
-        kind = _text(answer[0]) if answer else None
-        if kind == "evicting":
-            return BackendError(
-                f"{self.backend}: {what} is not made: {self.redacted} may evict keys "
-                f"(maxmemory-policy {_text(answer[1])}, read with the claim): Redis could "
-                "evict the claims, fences and leases brokersched keeps, and the slot would "
-                "run twice; only maxmemory-policy noeviction is accepted (CONFIG SET "
-                "maxmemory-policy noeviction, and in redis.conf or the managed service's "
-                "parameter group)"
-            )
-        if kind == "evicted":
-            count, since = _text(answer[1]), int(_text(answer[2]))
-            return BackendError(
-                f"{self.backend}: {what} is not made: {self.redacted} may have evicted keys "
-                "since a claim of this slot could have been made (evicted_keys "
-                f"{count} in INFO stats, first seen by a claim of this job at {_utc(since)}, "
-                "the server's clock): that claim may have been evicted and the slot run "
-                "already; slots that fall due later are claimed again. Redis evicts keys only "
-                "under a maxmemory-policy other than noeviction: keep noeviction"
-            )
-        return None
+        return guard_refusal(self.backend, self.redacted, answer, what)
 
     def translate(self, action: str) -> AbstractContextManager[None]:
         """redis-py's errors (and timeouts) become ``BackendError``, with the password
@@ -810,6 +798,74 @@ class RedisConnection:
                 continue
             records.append(RunRecord.from_json(text))
         return records
+
+    # -- the fleet's records (``_fleet``) ----------------------------------------------------
+
+    async def fleet_read(self, kind: FleetKind) -> dict[str, str]:
+        key = fleet_key(self.prefix, kind)
+        now = self.now_ms()
+
+        async def read(client: Any) -> dict[str, str]:
+            found: dict[str, str] = {}
+            expired: list[bytes] = []
+            for field, raw in (await client.hgetall(key)).items():
+                expires, _, value = raw.decode().partition(":")
+                if expires != "0" and int(expires) <= now:
+                    expired.append(field)
+                else:
+                    found[field.decode()] = value
+            if expired:
+                await client.hdel(key, *expired)
+            return found
+
+        return await self.call(f"read the fleet's {kind}s", read)
+
+    async def fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
+        name = fleet_key(self.prefix, kind)
+        ttl_ms = to_ms(ttl)
+        stored = f"{self.now_ms() + ttl_ms}:{value}"
+
+        async def put(client: Any) -> None:
+            pipe = client.pipeline(transaction=False)  # (MULTI is not in the README's ACL)
+            pipe.hset(name, key, stored)
+            pipe.pexpire(name, ttl_ms)
+            await pipe.execute()
+
+        await self.call(f"write its {kind} record", put)
+
+    async def fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
+        name = fleet_key(self.prefix, kind)
+        held = "" if old is None else f"0:{old}"
+        action = f"change the {kind} record of {key}"
+        return bool(await self.script("FLEET_SWAP", action, [name], [key, held, f"0:{new}"]))
+
+
+def guard_refusal(
+    backend: str, redacted: str, answer: Sequence[Any], what: str
+) -> BackendError | None:
+    """``RedisLink.refusal``: the eviction guard's answer in words, for ``backend`` on the
+    server ``redacted``."""
+    kind = _text(answer[0]) if answer else None
+    if kind == "evicting":
+        return BackendError(
+            f"{backend}: {what} is not made: {redacted} may evict keys "
+            f"(maxmemory-policy {_text(answer[1])}, read with the claim): Redis could "
+            "evict the claims, fences and leases brokersched keeps, and the slot would "
+            "run twice; only maxmemory-policy noeviction is accepted (CONFIG SET "
+            "maxmemory-policy noeviction, and in redis.conf or the managed service's "
+            "parameter group)"
+        )
+    if kind == "evicted":
+        count, since = _text(answer[1]), int(_text(answer[2]))
+        return BackendError(
+            f"{backend}: {what} is not made: {redacted} may have evicted keys "
+            "since a claim of this slot could have been made (evicted_keys "
+            f"{count} in INFO stats, first seen by a claim of this job at {_utc(since)}, "
+            "the server's clock): that claim may have been evicted and the slot run "
+            "already; slots that fall due later are claimed again. Redis evicts keys only "
+            "under a maxmemory-policy other than noeviction: keep noeviction"
+        )
+    return None
 
 
 def history_entry(record: RunRecord) -> str:

@@ -34,7 +34,7 @@ import json
 import logging
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Self
 
 from ..._clock import Clock
 from ..._durations import Duration, format_duration, positive_duration, to_ms
@@ -59,6 +59,7 @@ from .._lease import check_max_clock_skew
 from . import _ops
 from ._base import RedisConnection, check_client_options, claim_key, evictions_key
 from ._fleet import FleetRecords
+from ._link import RedisLink
 
 __all__ = ["RedisBackend", "slot_memory_key"]
 
@@ -114,16 +115,9 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
         budget_interval: Duration | None = "30s",
         **client_options: Any,
     ) -> None:
-        super().__init__()
-        self._slot_ttl = positive_duration(slot_ttl, option="slot_ttl", backend=self.name)
-        self._skew_ms = to_ms(check_max_clock_skew(max_clock_skew, backend=self.name))
-        self._memory: FleetMemory | None = None
-        self._raising: asyncio.Lock = asyncio.Lock()
-        # When (this instance's clock) the record was last read, as sent: a claim of a slot
-        # that fell due max_clock_skew before that needs no read of its own.
-        self._read_sent_ms = -(2**63)
+        self._setup(slot_ttl, max_clock_skew)
         check_client_options(self.name, own_options(RedisBackend), client_options, cluster=cluster)
-        self._redis = RedisConnection(
+        self._redis: RedisLink = RedisConnection(
             self.name,
             url,
             prefix=prefix,
@@ -132,6 +126,32 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
             client_options=client_options,
             budget_interval=budget_interval,
         )
+
+    @classmethod
+    def over(
+        cls,
+        link: RedisLink,
+        *,
+        slot_ttl: Duration = "5m",
+        max_clock_skew: Duration = DEFAULT_CLAIM_SKEW,
+    ) -> Self:
+        """A backend that talks to Redis through ``link`` instead of a connection of its own
+        (the prefix, the server and its checks are the link's): the fleet simulator makes
+        the real backend over its model of a server this way (``_link``)."""
+        backend = cls.__new__(cls)
+        backend._setup(slot_ttl, max_clock_skew)
+        backend._redis = link
+        return backend
+
+    def _setup(self, slot_ttl: Duration, max_clock_skew: Duration) -> None:
+        super().__init__()
+        self._slot_ttl = positive_duration(slot_ttl, option="slot_ttl", backend=self.name)
+        self._skew_ms = to_ms(check_max_clock_skew(max_clock_skew, backend=self.name))
+        self._memory: FleetMemory | None = None
+        self._raising: asyncio.Lock = asyncio.Lock()
+        # When (this instance's clock) the record was last read, as sent: a claim of a slot
+        # that fell due max_clock_skew before that needs no read of its own.
+        self._read_sent_ms = -(2**63)
 
     def __repr__(self) -> str:
         cluster = ", cluster=True" if self._redis.cluster else ""

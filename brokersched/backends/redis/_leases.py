@@ -78,7 +78,7 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         check_client_options(
             self.name, own_options(RedisLeaseBackend), client_options, cluster=cluster
         )
-        self._redis = RedisConnection(
+        self._redis: RedisConnection = RedisConnection(
             self.name,
             url,
             prefix=prefix,

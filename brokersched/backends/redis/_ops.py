@@ -13,8 +13,8 @@ from typing import Any
 from ..._clock import host_time_ms
 from ...abc import BrokerBudget, Finding, Inventory, Slot, StoredObject
 from .._ops import LIVE_WINDOW_MS, ago, recent_claims, server_finding, slot_memory_finding
-from ._base import RedisConnection
-from ._fleet import fleet_key
+from ._base import fleet_key
+from ._link import RedisLink
 
 __all__ = [
     "MIN_VERSION",
@@ -182,7 +182,7 @@ def _field(info: Any, name: str) -> str | None:
 # -- what the backends call ---------------------------------------------------------------------
 
 
-async def run_inventory(redis: RedisConnection, namespace: str | None) -> Inventory:
+async def run_inventory(redis: RedisLink, namespace: str | None) -> Inventory:
     prefix = redis.namespace(namespace)
     name = f"brokersched:{prefix}"
 
@@ -192,7 +192,7 @@ async def run_inventory(redis: RedisConnection, namespace: str | None) -> Invent
     return await redis.operate("list its keys", call)
 
 
-async def run_presence(redis: RedisConnection, namespace: str | None) -> list[str]:
+async def run_presence(redis: RedisLink, namespace: str | None) -> list[str]:
     """The instance records of the prefix's fleet hash not yet expired (on the writers' clock,
     as ``FleetRecords`` judges them), left as they are."""
     key = fleet_key(redis.namespace(namespace), "instance")
@@ -209,7 +209,7 @@ async def run_presence(redis: RedisConnection, namespace: str | None) -> list[st
     return await redis.operate("read the fleet's presence", call)
 
 
-async def run_purge(redis: RedisConnection, found: Inventory) -> Inventory:
+async def run_purge(redis: RedisLink, found: Inventory) -> Inventory:
     async def call(client: Any) -> Inventory:
         await purge(client, redis.cluster, found)
         name = f"brokersched:{found.namespace}"
@@ -219,7 +219,7 @@ async def run_purge(redis: RedisConnection, found: Inventory) -> Inventory:
 
 
 async def run_doctor(
-    redis: RedisConnection, memory_key: str | None, slot_ttl: timedelta | None
+    redis: RedisLink, memory_key: str | None, slot_ttl: timedelta | None
 ) -> list[Finding]:
     async def call(client: Any) -> list[Finding]:
         findings = await doctor(client, redis.cluster, memory_key, slot_ttl)
@@ -230,9 +230,9 @@ async def run_doctor(
 
 class Operations:
     """``inventory()``, ``purge()``, ``doctor()`` and ``budget`` of both Redis backends, over their
-    ``RedisConnection``; a backend with a fleet slot memory names it in ``_slot_memory()``."""
+    ``RedisLink``; a backend with a fleet slot memory names it in ``_slot_memory()``."""
 
-    _redis: RedisConnection
+    _redis: RedisLink
 
     def _slot_memory(self) -> tuple[str | None, timedelta | None]:
         """The key of the fleet's slot memory record and this instance's ``slot_ttl``."""
