@@ -190,7 +190,7 @@ class Runner:
                 lease = await self._claim(
                     job, Slot(job.settings.key, slot_ms), run_id, reason, timeout
                 )
-        except ClockSkewError as exc:  # a clock moved; the message says which (issue 24)
+        except ClockSkewError as exc:  # a clock moved; the message says which
             self.skip(job, slot_ms, "clock-skew", detail=str(exc), run=reason)
             return None
         except (BackendError, TimeoutError) as exc:

@@ -173,7 +173,7 @@ _TRACEBACK_COLUMN = "ALTER TABLE {s}.history ADD COLUMN IF NOT EXISTS traceback 
 _HAS_TRACEBACK = """SELECT EXISTS (SELECT FROM pg_attribute
     WHERE attrelid = to_regclass($1) AND attname = 'traceback' AND NOT attisdropped)"""
 
-# The fleet's records (presence, controls: issue 25), added at start when missing, as above.
+# The fleet's records (presence, controls), added at start when missing, as above.
 # Expiry is judged on the database's clock.
 _FLEET_TABLE = """CREATE TABLE IF NOT EXISTS {s}.fleet (
     kind text NOT NULL,
@@ -1082,7 +1082,7 @@ class PostgresBackend(SQLLeaseBackend):
 
         await self._call(f"record {len(args)} runs", record_runs)
 
-    # -- the fleet's records (issue 25) ------------------------------------------------------
+    # -- the fleet's records -----------------------------------------------------------------
 
     async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
         async def read(conn: _Connection) -> list[Row]:

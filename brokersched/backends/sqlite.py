@@ -144,7 +144,7 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_V1, _SCHEMA_V2)
 # version change: instances of an earlier release name their columns, so they neither write nor
 # read it, and keep starting.
 _TRACEBACK_COLUMN = "ALTER TABLE {history} ADD COLUMN traceback TEXT"
-# The fleet's records (presence, controls: issue 25), added at start when missing, as above.
+# The fleet's records (presence, controls), added at start when missing, as above.
 _FLEET_TABLE = """CREATE TABLE IF NOT EXISTS {fleet} (
     kind TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -896,7 +896,7 @@ class SQLiteBackend(SQLLeaseBackend):
             params = {"job": job.name, "cutoff_us": datetime_to_us(cutoff)}
             await conn.execute(self._sql.trim_age, params)
 
-    # -- the fleet's records (issue 25): expiry on the host's clock --------------------------
+    # -- the fleet's records: expiry on the host's clock -------------------------------------
 
     async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
         params = {"kind": kind, "now": self._store_now_ms()}

@@ -1,4 +1,4 @@
-"""The servers' budgets (issue 28.2) without a server: each backend's pure ``read_budget``
+"""The servers' budgets without a server: each backend's pure ``read_budget``
 from its server's real reply shapes (Redis 7.0 ``INFO`` as redis-py parses it, NATS
 ``$JS.API.INFO`` answers of nats-server 2.9 and 2.15, PostgreSQL's row), and the shared
 ``BudgetWatch``'s states on the virtual clock (warn, shed, hysteresis, failing reads)."""

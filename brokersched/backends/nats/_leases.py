@@ -332,7 +332,7 @@ class NATSLeaseBackend(LeaseBackendBase):
                 backend=BACKEND,
             )
 
-    # -- the fleet's records (issue 25): the key-value buckets ``<bucket>-fleet-instance`` and
+    # -- the fleet's records: the key-value buckets ``<bucket>-fleet-instance`` and
     # ``<bucket>-fleet-control``, made on first use, as NATSBackend's -------------------------
 
     def _fleet(self) -> FleetBuckets:

@@ -1,4 +1,4 @@
-"""PostgreSQL's budget (issue 28.2) read on the tests' server: the figures are coherent (this
+"""PostgreSQL's budget read on the tests' server: the figures are coherent (this
 backend's own connection counted, the limit what ordinary roles may open); the states are
 the pure function's (tests/unit/test_server_budgets.py)."""
 
