@@ -28,9 +28,7 @@ KNOWN_CITING_FILES: set[str] = {
     "testing/_sim_faults.py",
     "testing/simulate.py",
 }
-KNOWN_TEST_NAMES: set[str] = {
-    "cluster/test_simulate.py::test_a_class_of_issue_24_is_found_on_the_rule_before_its_fix",
-}
+KNOWN_TEST_NAMES: set[str] = set()
 
 
 @functools.cache
