@@ -16,8 +16,8 @@ from redis._parsers.helpers import parse_info
 from brokersched._exceptions import BackendError
 from brokersched.abc import BrokerBudget
 from brokersched.backends._budget import BudgetWatch, Effects, Part, judge
-from brokersched.backends._postgres_budget import read_budget as postgres_budget
 from brokersched.backends.nats._budget import read_budget as nats_budget
+from brokersched.backends.postgres._budget import read_budget as postgres_budget
 from brokersched.backends.redis._budget import read_budget as redis_budget
 from brokersched.testing import TestClock
 

@@ -51,10 +51,10 @@ from brokersched.abc import JobPolicy, Lease, Slot
 from brokersched.backends._sql import SCHEMA_VERSION
 from brokersched.backends.memory import MemoryBackend
 from brokersched.backends.postgres import PostgresBackend
-from brokersched.backends.postgres import _Statements as PostgresStatements
+from brokersched.backends.postgres._statements import Statements as PostgresStatements
 from brokersched.backends.redis import RedisLeaseBackend, runs_key
 from brokersched.backends.sqlite import SQLiteBackend
-from brokersched.backends.sqlite import _Statements as SQLiteStatements
+from brokersched.backends.sqlite._statements import Statements as SQLiteStatements
 from tests.support.leases import (
     SLOT,
     TTL,

@@ -12,8 +12,8 @@ import asyncpg
 
 from brokersched import BackendError
 from brokersched.abc import BrokerBudget, JobPolicy, Lease, Slot
-from brokersched.backends._postgres_budget import BUDGET_SQL
 from brokersched.backends.postgres import PostgresBackend
+from brokersched.backends.postgres._budget import BUDGET_SQL
 from brokersched.testing import TestClock
 from tests.support.leases import drop_schema
 from tests.support.names import unique

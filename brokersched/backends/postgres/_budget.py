@@ -16,8 +16,8 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 
-from ..abc import BrokerBudget
-from ._budget import SHED, BudgetWatch, Effects, Part, judge, share
+from ...abc import BrokerBudget
+from .._budget import SHED, BudgetWatch, Effects, Part, judge, share
 
 __all__ = ["BUDGET_SQL", "EFFECTS", "postgres_budget_watch", "read_budget"]
 
