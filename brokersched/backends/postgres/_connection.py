@@ -19,7 +19,7 @@ from .._errors import Within
 from .._sql import SQLLeaseBackend
 from ._statements import Statements
 
-__all__ = ["Call", "Connection", "Pool", "PostgresCalls", "Row", "forget", "keep_session"]
+__all__ = ["Connection", "Pool", "PostgresCalls", "Row", "keep_session"]
 
 logger = logging.getLogger("brokersched.backends.postgres")
 
@@ -49,7 +49,7 @@ class Pool(Protocol):
     def get_idle_size(self) -> int: ...
 
 
-# How long an abandoned statement (see Call.abandon) may take to be cancelled on the server
+# How long an abandoned statement (see _Call.abandon) may take to be cancelled on the server
 # before its connection is terminated; nobody waits for it.
 _CANCEL_WAIT_S = 5.0
 
@@ -120,15 +120,15 @@ class PostgresCalls(SQLLeaseBackend):
         ``Pool.release()`` waits (shielded) for the server to acknowledge the cancellation,
         which a stalled link (packets dropped, no reset) never does. So the exchange runs in a
         task of its own that the caller stops waiting for; an abandoned exchange ends in the
-        background (see ``Call.abandon``), its connection terminated if the server does not
+        background (see ``_Call.abandon``), its connection terminated if the server does not
         answer, and the pool opens a fresh one for a later call. A statement that the server
         completes before the cancellation reaches it stands, as when an answer is lost: a
         claim granted that way is never run, its lease expires and ``take_over`` restarts it.
         """
-        call = Call(pool, exchange, limit)
+        call = _Call(pool, exchange, limit)
         task = asyncio.get_running_loop().create_task(call.run())
         self._calls.add(task)
-        task.add_done_callback(forget(self._calls))
+        task.add_done_callback(_forget(self._calls))
         try:
             async with Within(limit):
                 return await asyncio.shield(task)
@@ -150,7 +150,7 @@ async def keep_session(conn: Connection) -> None:
     on every call; asyncpg still rolls back a transaction left open."""
 
 
-class Call(Generic[T]):
+class _Call(Generic[T]):
     """One exchange on a pooled connection, run in a task of its own (see ``_bounded``)."""
 
     def __init__(
@@ -196,7 +196,7 @@ class Call(Generic[T]):
             logger.debug("terminating an abandoned connection failed", exc_info=True)
 
 
-def forget(calls: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
+def _forget(calls: set[asyncio.Task[Any]]) -> Callable[[asyncio.Task[Any]], None]:
     """A done-callback: drop the task from ``calls`` and retrieve its outcome, so that an
     abandoned exchange's error is not reported as never retrieved."""
 
