@@ -129,13 +129,14 @@ class Arming:
 
 @dataclass(slots=True, eq=False)
 class JobState:
-    """A registered job on this instance; the application holds a ``Job``
-    (``brokersched._scheduler``), which shows only the public API.
+    """A registered job on this instance; the application holds a ``Job`` (``_jobhandle``),
+    which shows only the public API.
 
     Each part has one writer: ``spec`` the registry (``_registry``, replaced whole), ``arming``
-    the timer heap (``_timers``), ``runs`` and ``last_ok_ms`` the runner (``_runner``, ``_runlog``),
-    ``paused``, ``disabled`` and ``control`` the scheduler (``Job``, the fleet's control
-    records), ``removed`` ``remove()``."""
+    the timer heap (``_timers``), ``runs`` and ``last_ok_ms`` the runner (``_runner``,
+    ``_runlog``), ``paused``, ``disabled`` and ``control`` the fleet's controls (``_controls``:
+    ``Job.pause()`` and friends, the fleet's control records), ``removed`` ``remove()`` (the
+    life cycle, ``_lifecycle``)."""
 
     spec: JobSpec
     handler: Handler
