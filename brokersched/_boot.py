@@ -45,7 +45,7 @@ __all__ = ["BOOT_WINDOW_MS", "boot_key", "run_boot"]
 
 logger = logging.getLogger("brokersched")
 
-BOOT_WINDOW_MS = 60_000  # BOOT_MEMORY (backends/_claims.py) is three of them
+BOOT_WINDOW_MS = 60_000  # BOOT_MEMORY (_slotmemory.py) is three of them
 _MIN_CLAIM_TIMEOUT_S = 0.5
 
 

@@ -39,8 +39,8 @@ from ._fleetrecords import (
     Liveness,
     RunInProgress,
 )
+from ._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, margin_ms
 from ._tasks import gather_each
-from .backends._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, margin_ms
 
 __all__ = [
     "FAILURES",
@@ -111,7 +111,7 @@ class Capabilities:
     history_ttl: bool
     history_size_per_job: bool
     #: Claim-only: how long before a slot is ``slot_memory`` old its claims stop (the clocks'
-    #: skew, a claim's flight, what the backend does ahead of a slot: ``_claims.margin_ms``).
+    #: skew, a claim's flight, what the backend does ahead of a slot: ``_slotmemory.margin_ms``).
     claim_margin: timedelta = timedelta(0)
 
 
@@ -508,7 +508,7 @@ class ClaimBackend(Backend):
 
     Its claims are remembered for a while, the fleet's slot memory; the rules that keep two
     claims of a slot from both winning across changes of that memory, lost records and skewed
-    clocks are written once in ``brokersched.backends._claims`` (``FleetMemory``,
+    clocks are written once in ``brokersched._slotmemory`` (``FleetMemory``,
     ``claim_deadline_ms``) and followed by every claim-only backend of brokersched.
     """
 
@@ -547,7 +547,7 @@ class ClaimBackend(Backend):
     def claim_deadline_ms(self, slot: Slot) -> int | None:
         """The last instant (this instance's wall clock, ms) at which ``slot`` may still be
         claimed safely: its claims must all land while the backend remembers the first one
-        (``backends._claims.claim_deadline_ms``). The scheduler sends no claim after it (the
+        (``_slotmemory.claim_deadline_ms``). The scheduler sends no claim after it (the
         slot is skipped as ``late``). The default: the slot memory of ``capabilities`` less
         ``capabilities.claim_margin`` (or a margin for clocks one second apart); a backend with
         a fleet-wide record of its memory answers from that record."""

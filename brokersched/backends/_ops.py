@@ -52,7 +52,7 @@ def recent_claims(slots_ms: list[int], now_ms: int, where: str) -> list[str]:
 def slot_memory_finding(
     backend: str, where: str, fleet_ms: int | None, slot_ttl: timedelta
 ) -> Finding:
-    """The fleet's slot memory record (``_claims.FleetMemory``) against this app's ``slot_ttl``.
+    """The fleet's slot memory record (``_slotmemory.FleetMemory``) against this app's ``slot_ttl``.
 
     No state of the record can run a slot twice (the claim rules adopt the longest memory): a
     difference is told so that the operator knows which memory the fleet claims under."""

@@ -4,7 +4,7 @@ Each model keeps what its real store keeps, on the store's own clock, and forget
 forgets: leases by the lease protocol itself (``MemoryBackend``), Redis keys by their
 ``PX``, NATS message ids by the duplicate window in force when JetStream purges them,
 RabbitMQ claim queues by their ``x-expires`` counted from their last declare. The claim rules
-(``backends/_claims.py``) and the scheduler are the real code; the Redis model runs the real
+(``_slotmemory.py``) and the scheduler are the real code; the Redis model runs the real
 ``RedisBackend`` over a model of the Redis commands it sends.
 
 Faults apply to every call of a store: down (refused at once), held (answered late, or not at
@@ -31,6 +31,14 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from .._clock import Clock, datetime_to_ms
 from .._durations import to_ms
 from .._exceptions import BackendError, BackendUnavailableError, ConfigurationError
+from .._slotmemory import (
+    BOOT_MEMORY,
+    DEFAULT_CLAIM_SKEW,
+    FleetMemory,
+    claim_deadline_ms,
+    claim_margin,
+    margin_ms,
+)
 from ..abc import (
     Capabilities,
     Claim,
@@ -46,14 +54,6 @@ from ..abc import (
     Slot,
 )
 from ..backends._budget import BudgetWatch
-from ..backends._claims import (
-    BOOT_MEMORY,
-    DEFAULT_CLAIM_SKEW,
-    FleetMemory,
-    claim_deadline_ms,
-    claim_margin,
-    margin_ms,
-)
 from ..backends._lease import LeaseRow
 from ..backends.memory import MemoryBackend, MemoryStore
 from ..backends.nats import NATSLeaseBackend

@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
+from brokersched import _slotmemory
 from brokersched._backfill import _Backfill, settle_ms
 from brokersched._runner import Runner
 from brokersched._scheduler import Job, Scheduler
+from brokersched._slotmemory import FleetMemory
 from brokersched.abc import Lease
-from brokersched.backends import _claims, _lease
-from brokersched.backends._claims import FleetMemory
+from brokersched.backends import _lease
 from brokersched.cli import cli
 from brokersched.testing._sim_backends import (
     RedisData,
@@ -267,7 +268,7 @@ UNDONE: list[tuple[str, str, int, object, str, object, str]] = [
     ),
     ("caller's clock", "lease", 0, SimLeaseBackend, "_now", _old_sqlite_now, "overlap"),
     ("window raise forgotten", "nats", 71, SimNATS, "_read", _old_nats_read, "slot once:"),
-    ("small memory's margin", "redis", 20, _claims, "margin_ms", _old_margin_ms, "ran 2 times"),
+    ("small memory's margin", "redis", 20, _slotmemory, "margin_ms", _old_margin_ms, "ran 2 times"),
     ("eviction", "redis", 45, RedisData, "guard", _no_eviction_guard, "ran 2 times"),
     (
         "stray message",

@@ -20,6 +20,7 @@ from ... import _redact
 from ..._clock import Clock
 from ..._durations import Duration, positive_duration, to_ms
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
+from ..._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms, claim_margin
 from ..._tasks import cancel_requests, gather_each, raise_if_cancelled_since, to_the_end
 from ...abc import (
     BrokerBudget,
@@ -34,7 +35,6 @@ from ...abc import (
     Slot,
 )
 from .._budget import BudgetWatch, budget_period
-from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms, claim_margin
 from .._keywords import own_options, refuse_unknown
 from .._lease import check_max_clock_skew
 from . import _ops
@@ -398,7 +398,7 @@ class NATSBackend(ClaimBackend):
 
     def claim_deadline_ms(self, slot: Slot) -> int | None:
         """From the claims stream's window and the raises noted in its record, as read at start
-        (``_claims``): a slot that fell due before a raise is claimed at most the old window
+        (``_slotmemory``): a slot that fell due before a raise is claimed at most the old window
         late."""
         if self._js is None:
             return super().claim_deadline_ms(slot)

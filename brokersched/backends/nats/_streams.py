@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ..._durations import format_duration
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..._options import NAME_PATTERN
-from .._claims import FleetMemory
+from ..._slotmemory import FleetMemory
 from ._base import BACKEND, describe, logger
 
 if TYPE_CHECKING:

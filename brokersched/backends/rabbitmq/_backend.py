@@ -17,6 +17,7 @@ from ... import _redact
 from ..._clock import Clock, host_time_ms
 from ..._durations import Duration, format_duration, positive_duration, to_ms
 from ..._exceptions import BackendUnavailableError, ConfigurationError
+from ..._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW
 from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
 from ...abc import (
     BrokerBudget,
@@ -29,7 +30,6 @@ from ...abc import (
     Slot,
 )
 from .._budget import budget_period
-from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW
 from .._errors import ErrorMap
 from .._keywords import own_options, refuse_unknown
 from .._lease import check_max_clock_skew

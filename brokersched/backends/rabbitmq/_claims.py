@@ -91,8 +91,8 @@ from typing import TYPE_CHECKING, Literal
 from ..._clock import Clock
 from ..._durations import format_duration, to_ms
 from ..._exceptions import BackendError
+from ..._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, margin_ms
 from ...abc import ClaimBackend, Slot
-from .._claims import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, margin_ms
 from ._connection import OPERATION_TIMEOUT_S, ChannelPool, Overloaded
 from ._fleet import SlotMemory, View, shown
 from ._names import claim_queue_name

@@ -67,7 +67,7 @@ from ... import _redact
 from ..._clock import Clock
 from ..._durations import format_duration, to_ms
 from ..._exceptions import BackendError
-from .._claims import FleetMemory
+from ..._slotmemory import FleetMemory
 from ._connection import OPERATION_TIMEOUT_S, retrieve
 from ._names import fence_exchange_name, lock_queue_name, record_queue_name
 

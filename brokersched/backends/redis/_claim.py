@@ -1,7 +1,7 @@
 """RedisBackend: claim-only, one ``SET key value NX PX <memory>`` per slot, in a script
 behind the eviction guard (``_scripts.CLAIM``).
 
-One slot memory per fleet (the rules: ``backends/_claims.py``)
+One slot memory per fleet (the rules: ``brokersched/_slotmemory.py``)
     A claim key lives as long as its *winner* said. Were that each instance's own
     ``slot_ttl``, an instance with 2s would win a slot, Redis would forget it 2s later, and an
     instance with 20s, later by jitter but within its larger ``max_late``, would win it again.
@@ -17,7 +17,7 @@ One slot memory per fleet (the rules: ``backends/_claims.py``)
       any change of the record that matters to a slot is then in the view. If the read shows a
       longer memory (a raise this instance had not seen), the instance adopts it, and the
       claim is made with it.
-    * Every claim is made before its deadline (``_claims.claim_deadline_ms``): a slot that
+    * Every claim is made before its deadline (``_slotmemory.claim_deadline_ms``): a slot that
       fell due before a raise from ``m`` (within the clocks' skew) is claimed at most ``m``
       late, one that fell due before the record was made not late at all (fail closed,
       ``BackendError``: the slot is skipped), never twice.
@@ -39,6 +39,13 @@ from typing import Any, Self
 from ..._clock import Clock
 from ..._durations import Duration, format_duration, positive_duration, to_ms
 from ..._exceptions import BackendError
+from ..._slotmemory import (
+    BOOT_MEMORY,
+    DEFAULT_CLAIM_SKEW,
+    FleetMemory,
+    claim_deadline_ms,
+    claim_margin,
+)
 from ...abc import (
     Capabilities,
     Claim,
@@ -46,13 +53,6 @@ from ...abc import (
     JobPolicy,
     RunRecord,
     Slot,
-)
-from .._claims import (
-    BOOT_MEMORY,
-    DEFAULT_CLAIM_SKEW,
-    FleetMemory,
-    claim_deadline_ms,
-    claim_margin,
 )
 from .._keywords import own_options
 from .._lease import check_max_clock_skew
@@ -92,7 +92,7 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
     ``url``: ``redis://``, ``rediss://`` (TLS) or ``unix://``; its password never appears in a
     log, an error or ``repr``. ``cluster=True``: a Redis Cluster (``redis.asyncio.cluster``),
     reached through any of its nodes. ``max_clock_skew``: how far the clocks of the fleet's
-    instances (and the server's) may disagree (see ``_claims``). ``require_persistence``:
+    instances (and the server's) may disagree (see ``_slotmemory``). ``require_persistence``:
     refuse to start on a server without an append-only file (by default a warning is logged).
     Other keyword arguments go to redis-py's ``from_url`` (``ssl_ca_certs``,
     ``max_connections``, ``username``...); one it does not accept is refused at construction

@@ -319,7 +319,7 @@ CLOCKED = frozenset(
 #: KEYS: the fleet's slot memory record (a hash). ARGV: this instance's slot_ttl ms, the
 #: clock skew ms. Makes the record (``created_ms``: now) when there is none, or raises its memory
 #: to this slot_ttl when that is longer, noting the raise as {at, from} in ``raises`` (those
-#: that can no longer limit a claim dropped: see ``_claims.FleetMemory.raised``). Never lowers
+#: that can no longer limit a claim dropped: see ``_slotmemory.FleetMemory.raised``). Never lowers
 #: it. Returns {memory, raises, created, the memory before ('0': no record)}.
 FLEET_MEMORY = (
     _NOW

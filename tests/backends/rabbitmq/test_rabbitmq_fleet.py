@@ -521,7 +521,7 @@ async def test_a_start_waits_for_the_instance_holding_the_lock(
 
 
 def test_the_record_says_how_late_a_slot_may_still_be_claimed() -> None:
-    from brokersched.backends._claims import FleetMemory
+    from brokersched._slotmemory import FleetMemory
     from brokersched.backends.rabbitmq._fleet import record_from_json as _record_from_json
     from brokersched.backends.rabbitmq._fleet import record_json as _record_json
 
