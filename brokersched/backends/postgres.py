@@ -752,7 +752,7 @@ class PostgresBackend(SQLLeaseBackend):
         """Drop the tables and the function of ``inventory``, then the schema if it is empty."""
         return await self._operation("drop its tables", _postgres_ops.purge, inventory)
 
-    async def doctor(self) -> list[Finding]:
+    async def doctor(self, *, slots: Sequence[Slot] = ()) -> list[Finding]:
         return await self._operation(
             "check the database", _postgres_ops.doctor, self._schema, self._max_clock_skew
         )

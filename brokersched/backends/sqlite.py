@@ -516,7 +516,7 @@ class SQLiteBackend(SQLLeaseBackend):
                 _sqlite_ops.purge, self._path, inventory, self._store_now_ms()
             )
 
-    async def doctor(self) -> list[Finding]:
+    async def doctor(self, *, slots: Sequence[Slot] = ()) -> list[Finding]:
         with self._translate("check the database"):
             return await asyncio.to_thread(_sqlite_ops.doctor, self._path, self._prefix)
 

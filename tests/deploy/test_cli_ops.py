@@ -636,10 +636,11 @@ def test_claim_policy_findings() -> None:
 
 
 def test_fd_finding_against_the_quorum_queue_budget() -> None:
-    node = {"name": "n", "fd_total": 1024, "fd_used": 100}
-    assert fd_finding(node, 300).severity == "error"  # (1024 - 97) / 3 = 309
-    assert fd_finding(node, 10).severity == "warning"
-    assert fd_finding({**node, "fd_total": 65536}, 300).severity == "ok"
+    node = {"name": "n", "fd_total": 1024, "fd_used": 100}  # no version told: both rules
+    quorum = [{"type": "quorum"}]
+    assert fd_finding(node, quorum * 300).severity == "error"  # (1024 - 97) / 3 = 309
+    assert fd_finding(node, quorum * 10).severity == "warning"
+    assert fd_finding({**node, "fd_total": 65536}, quorum * 300).severity == "ok"
 
 
 async def test_purge_redis_cluster_removes_keys_on_every_node(redis_cluster_url: str) -> None:

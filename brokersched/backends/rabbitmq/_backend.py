@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 from ... import _redact
 from ..._clock import Clock, host_time_ms
 from ..._durations import Duration, format_duration, positive_duration, to_ms
-from ..._exceptions import BackendUnavailableError, ConfigurationError
+from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
 from ...abc import (
     BrokerBudget,
@@ -444,8 +444,18 @@ class RabbitMQBackend(ClaimQueues):
 
         return await self._operation("deleting its queues", call)
 
-    async def doctor(self) -> list[Finding]:
+    async def doctor(self, *, slots: Sequence[Slot] = ()) -> list[Finding]:
+        """The checks of ``brokersched doctor``; with ``slots`` (the application's claimed
+        slots of one slot memory) it names the open-files limit the node needs for them."""
+
         async def call(channels: _ops.Channels, properties: dict[str, Any]) -> list[Finding]:
+            instances = 1
+            if slots:  # a connection per instance: the running ones, or this one
+                with contextlib.suppress(BackendError):
+                    found = await _ops.read_presence(
+                        channels, self._NAMES, self._prefix, host_time_ms()
+                    )
+                    instances = max(1, len(found))
             return await _ops.doctor(
                 channels,
                 properties,
@@ -454,6 +464,8 @@ class RabbitMQBackend(ClaimQueues):
                 slot_ttl=self._slot_ttl,
                 parse=memory_of,
                 management=self._management,
+                slots=slots,
+                instances=instances,
             )
 
         return await self._operation("checking the broker", call)
