@@ -564,7 +564,7 @@ async def test_doctor_rabbitmq_policy_on_claim_queues_fails(
     assert good.returncode == 0, good.stdout + good.stderr
     found = {f["check"]: f for f in findings_of(good)}
     assert found["policies"]["severity"] == "ok"
-    assert "open-files limit 1024" in found["file descriptors"]["found"]
+    assert "open-files limit (1024)" in found["file descriptors"]["found"]
     assert found["file descriptors"]["severity"] == "warning"  # 1024: below 4096
     assert found["footprint"]["found"].startswith(f"prefix {prefix!r}: 0 claim queue(s)")
     definition = json.dumps({"message-ttl": 1000, "max-length": 5})
