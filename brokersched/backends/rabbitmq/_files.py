@@ -195,7 +195,7 @@ class Need:
     parts: tuple[tuple[str, int], ...]
 
     def __str__(self) -> str:
-        return ", ".join(f"{count} for {what}" for what, count in self.parts if count)
+        return ", ".join(f"{what}: {count}" for what, count in self.parts if count)
 
 
 def files_needed(
@@ -222,16 +222,16 @@ def files_needed(
     if major < 4:
         parts = (
             ("the node", NODE_FILES_3),
-            (f"{quorum} quorum queues", QUORUM_HANDLES_3 * quorum),
-            (f"{connections} connections", connections),
+            (f"{quorum} quorum queue(s)", QUORUM_HANDLES_3 * quorum),
+            (f"{connections} connection(s)", connections),
         )
     else:
         parts = (
             ("the node", NODE_FILES_4),
-            (f"{claim_queues} live claim queues", claim_queues),
-            (f"{others} other classic queues holding a persistent message", others),
-            (f"{streams} streams", STREAM_FILES_4 * streams),
-            (f"{connections} connections", connections),
+            (f"{claim_queues} live claim queue(s)", claim_queues),
+            (f"{others} other classic queue(s) holding a persistent message", others),
+            (f"{streams} stream(s)", STREAM_FILES_4 * streams),
+            (f"{connections} connection(s)", connections),
         )
     return Need(major, sum(count for _, count in parts), parts)
 
