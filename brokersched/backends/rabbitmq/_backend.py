@@ -101,7 +101,8 @@ class RabbitMQBackend(ClaimQueues):
     half second of a ``slot_ttl`` raise then fail closed (skipped, never twice).
     ``management_url``: the management plugin's API (``http://user:password@host:15672/``),
     read by ``brokersched purge`` (to list every queue of the prefix and see running
-    instances), ``brokersched doctor`` (file descriptors, partitions, policies) and, while the
+    instances), ``brokersched doctor`` (open files by the node's version and the limit the
+    jobs need, partitions, policies) and, while the
     backend runs, every ``budget_interval`` for the broker's budget (``budget``): from 60 % of
     it claim queues are no longer declared ahead, from 80 % (or under a memory or disk alarm)
     no new claim queue is declared, and slots whose queue does not exist yet are skipped
@@ -234,9 +235,10 @@ class RabbitMQBackend(ClaimQueues):
     @property
     def budget(self) -> BrokerBudget | None:
         """The broker's budget as last read (``management_url`` given, started): the fullest
-        node's share of the quorum queues its open-files limit holds, or of its sockets. From
-        60 % claim queues are no longer declared ahead, from 80 % (or under an alarm) none is
-        declared (slots whose queue does not exist are skipped)."""
+        node's share of its open files by the rule of its version (``_files``: 3.x the quorum
+        queues its limit holds, or its sockets; 4.x the files it holds, each live claim queue
+        one). From 60 % claim queues are no longer declared ahead, from 80 % (or under an
+        alarm) none is declared (slots whose queue does not exist are skipped)."""
         return None if self._budget is None else self._budget.reading
 
     # -- lifecycle -------------------------------------------------------------------------

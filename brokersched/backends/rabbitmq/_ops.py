@@ -436,8 +436,9 @@ async def doctor(
                 "management API",
                 "no management_url: the file-descriptor budget, partitions and policies "
                 "matching claim queues were not checked (AMQP does not tell them)",
-                "a policy on claim queues can run a slot twice, and too many quorum queues "
-                "for the node's open-files limit hang the broker, unseen here",
+                "a policy on claim queues can run a slot twice, and a node out of open files "
+                "(3.x: too many quorum queues; 4.x: too many live claim queues) stops serving "
+                "its clients, unseen here",
                 "pass management_url='http://user:password@host:15672/' to RabbitMQBackend "
                 "(rabbitmq-plugins enable rabbitmq_management)",
             )
