@@ -5,9 +5,10 @@ plugin, so that neither the shared broker nor its limit is touched:
 
 - idle quorum queues: on 3.x they hold the file-handle budget ((1024 - 97) / 3 = 309), so 260
   shed; on 4.x they hold no file, so the same 260 read ``ok``;
-- live claim queues, made by the backend's own claims: on 4.x each holds an open file (the
-  count read is checked against the node process's own, in /proc), so 780 of them shed and the
-  next new slot is skipped; on 3.x the handle cache closes them, so they read ``ok``;
+- live claim queues, made by the claims of an instance of the fleet: on 4.x each holds an open
+  file (the count read is checked against the node process's own, in /proc), so 780 of them
+  shed, and the watching instance skips the next new slot while its claims into existing
+  queues go on; on 3.x the handle cache closes them, so they read ``ok``;
 - ``doctor`` names the open-files limit that 40 one-second jobs with a 5-minute ``slot_ttl``
   need on that version: an error at 1024 on 4.x, none on 3.x.
 """
@@ -120,12 +121,15 @@ async def test_live_claim_queues_count_against_the_open_files_limit_on_4x_only(
     slots = [Slot("live", SLOT + 1000 * n) for n in range(CLAIM_QUEUES)]
     queues = [claim_queue_name(backend.prefix, slot) for slot in slots]
     before = open_files(node.beam_pid)
+    # another instance of the fleet makes them, one that does not watch the budget (the
+    # watched one would shed its own last claims of the batch)
+    maker = RabbitMQBackend(node.amqp_url, prefix=backend.prefix, slot_ttl="1m", channels=16)
+    await maker.start(SystemClock())
     try:
         for start in range(0, len(slots), 16):
-            won = await asyncio.gather(
-                *(claim(backend, slot) for slot in slots[start : start + 16])
-            )
+            won = await asyncio.gather(*(claim(maker, slot) for slot in slots[start : start + 16]))
             assert all(won)
+        await maker.stop()
         held = open_files(node.beam_pid) - before
         if major >= 4:
             # each live claim queue holds a file of the node process
@@ -151,6 +155,7 @@ async def test_live_claim_queues_count_against_the_open_files_limit_on_4x_only(
                 claim_queue_name(backend.prefix, Slot("live", SLOT + 1000 * CLAIM_QUEUES))
             )
     finally:
+        await maker.stop()
         async with asyncio.timeout(120):
             await delete_queues(node.amqp_url, queues)
     if major >= 4:  # the files are given back, and so is the budget
