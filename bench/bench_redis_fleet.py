@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_redis_fleet.py [--url URL] [--seconds 15] [--serial]
 
-Issue 12: 3 processes x 20 jobs every 1s, 0 duplicates, on a single server and on a cluster.
+The bar: 3 processes x 20 jobs every 1s, 0 duplicates, on a single server and on a cluster.
 For each backend kind (``RedisBackend``, then ``RedisLeaseBackend``) and each target (the server
 at ``--url``, and a 3-master Redis Cluster this script starts from the installed
 ``redis-server`` on free ports of 127.0.0.1), three OS processes each run

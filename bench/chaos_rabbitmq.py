@@ -1,4 +1,4 @@
-"""Chaos soak on a 3-node RabbitMQ cluster (issue 16): slots run twice, lost, time to resume.
+"""Chaos soak on a 3-node RabbitMQ cluster: slots run twice, lost, time to resume.
 
     .venv/bin/python bench/chaos_rabbitmq.py [--kills 10] [--partitions 2] [--ticktimes 60,10]
 

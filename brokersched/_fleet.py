@@ -1,4 +1,4 @@
-"""The fleet through the backend, for one scheduler (issue 25): its presence, published every
+"""The fleet through the backend, for one scheduler: its presence, published every
 heartbeat, and the fleet-wide control of its jobs (pause, disable, abort), read every heartbeat
 and before each scheduled slot is claimed.
 

@@ -1,4 +1,4 @@
-"""What the fleet knows of itself through its backend (issue 25): each instance's presence
+"""What the fleet knows of itself through its backend: each instance's presence
 (``Instance``, published every heartbeat) and each job's fleet-wide control (``JobControl``:
 paused, disabled, the runs asked to abort, and who changed what when).
 

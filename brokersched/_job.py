@@ -90,7 +90,7 @@ class Run:
     started_ms: int  # wall clock: the record's started_at
     started_mono: int  # monotonic: the run's duration
     job: JobState
-    renewer: Any = None  # the _Renewer keeping its lease, if any
+    renewer: Any = None  # the Renewer keeping its lease, if any (``_leasekeeping``)
     finishing: bool = False  # the handler is done; its release and record are under way
     cut: bool = False  # cancelled at an await by an abort
     abandoned: bool = False  # stop() stopped waiting for it
@@ -129,13 +129,14 @@ class Arming:
 
 @dataclass(slots=True, eq=False)
 class JobState:
-    """A registered job on this instance; the application holds a ``Job``
-    (``brokersched._scheduler``), which shows only the public API.
+    """A registered job on this instance; the application holds a ``Job`` (``_jobhandle``),
+    which shows only the public API.
 
     Each part has one writer: ``spec`` the registry (``_registry``, replaced whole), ``arming``
-    the timer heap (``_timers``), ``runs`` and ``last_ok_ms`` the runner (``_runner``),
-    ``paused``, ``disabled`` and ``control`` the scheduler (``Job``, the fleet's control
-    records), ``removed`` ``remove()``."""
+    the timer heap (``_timers``), ``runs`` and ``last_ok_ms`` the runner (``_runner``,
+    ``_runlog``), ``paused``, ``disabled`` and ``control`` the fleet's controls (``_controls``:
+    ``Job.pause()`` and friends, the fleet's control records), ``removed`` ``remove()`` (the
+    life cycle, ``_lifecycle``)."""
 
     spec: JobSpec
     handler: Handler

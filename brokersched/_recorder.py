@@ -118,11 +118,11 @@ class Recorder:
             self._batch = self._most
 
     async def wait_written(self, timeout_s: float) -> None:
-        """Wait, at most ``timeout_s`` real seconds, until the records queued so far are
-        written (``job.history()`` then shows the runs that have finished)."""
+        """Wait, at most ``timeout_s`` seconds on the scheduler's clock, until the records
+        queued so far are written (``job.history()`` then shows the runs that have finished)."""
         writer = self._writer
         if writer is not None and not writer.done():
-            await asyncio.wait({writer}, timeout=timeout_s)
+            await self._clock.wait({writer}, timeout_s)
 
     async def flush(self, timeout_s: float) -> None:
         """Write what can be written within ``timeout_s`` (on the scheduler's clock); the

@@ -1,7 +1,7 @@
 """The life of a slot on one instance: late check, claim, run, record; and the drain on stop.
 
 On a lease backend no handler starts on a lease that may have expired: a lease is counted on
-only until ``_valid_ms`` after the request that granted it was *sent* (the store set its expiry
+only until ``valid_ms`` after the request that granted it was *sent* (the store set its expiry
 later than that, never earlier), so a claim, a batch of claims or a take-over answered after
 that is not run (``execute``: handed back, and skipped as ``backend-error``). A claim is given
 no longer than that to answer (``Runner.lease_bound``), and the renewer aborts a run shortly
@@ -13,27 +13,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ._clock import Clock, Timer, ms_to_datetime, resolve
+from ._batching import ClaimBatches, ClaimPrepares, Ending, ReleaseBatches
+from ._clock import Clock, resolve
 from ._context import AbortReason, JobContext, abort
 from ._durations import format_duration, to_ms
-from ._events import ClaimEvent, Events, RunEvent, SkipEvent, SkipReason, StartEvent
+from ._events import ClaimEvent, Events, SkipReason
 from ._exceptions import BackendError, ClockSkewError
 from ._job import AroundRun, JobState, Run, call_sync
+from ._leasekeeping import ReleaseRetries, Renewer, release_attempt_s, valid_ms
 from ._recorder import Recorder
 from ._redact import data_secrets
 from ._retry import Retry
+from ._runlog import RunLog
 from ._tasks import TaskSet
-from ._tracebacks import error_text, run_traceback
+from ._tracebacks import error_text
 from ._tracing import finish_span, run_span
 from .abc import (
     Backend,
     Claim,
     ClaimBackend,
-    JobPolicy,
     Lease,
     LeaseBackend,
     Outcome,
@@ -53,18 +55,9 @@ logger = logging.getLogger("brokersched")
 # A claim gets what is left of max_late, but never less than this (the backend needs a moment),
 # unless the lease it would grant is shorter (Runner.lease_bound).
 _MIN_CLAIM_TIMEOUT_S = 0.5
-# A failed release is retried after _RELEASE_RETRY_S, doubling, up to a tenth of lease_ttl
-# within these bounds (see _release_delays).
-_RELEASE_RETRY_S = 0.2
-_RELEASE_ATTEMPT_S = 1.0  # one release attempt is waited for at most this long
-_RELEASE_RETRY_MIN_S = 0.01
-_RELEASE_RETRY_MAX_S = 1.0
 _CLAIM_SLACK_S = 0.25
 # After drain_timeout, cancelled async runs get this long to release their lease and record.
 _CUT_GRACE_S = 2.0
-# The winner of a job's slot prepares the claims of its next slot this long before it (a
-# backend that creates something for a slot's first claim then creates it ahead of the instant).
-_PREPARE_AHEAD_MS = 500
 _ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
     "timeout": "timed-out",
     "lock-lost": "interrupted",
@@ -74,8 +67,6 @@ _ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
 }
 # ``JobContext.data`` of a manual run given none: the job's own ``data``.
 JOB_DATA: Any = object()
-# A run's record, written with its lease's release (``LeaseBackend.release``), if any.
-Ending = tuple[JobPolicy, RunRecord] | None
 
 
 class Runner:
@@ -103,9 +94,17 @@ class Runner:
         self.stopping = False  # drain() has begun: nothing new runs
         self.drained = False  # drain_timeout is over: not even a claim won during the drain
         self.fleet: Fleet | None = None  # the fleet's controls, read before each slot's claim
-        self._batches = _Batches(self)
-        self._releases = _Releases(self)
-        self._prepares = _Prepares(self)
+        self._batches = ClaimBatches(
+            backend,
+            clock,
+            tasks,
+            instance_id,
+            self.claim_one,
+            lambda lease: self.release(lease, handover=True),
+        )
+        self._releases = ReleaseBatches(backend, clock, tasks)
+        self._prepares = ClaimPrepares(backend, clock, tasks, lambda: self.stopping)
+        self.runlog = RunLog(clock, instance_id, events, recorder)  # skips, starts, ends
         # job key -> the latest slot ended here whose release did not land before its lease
         # expired (see ended_here); the scheduler's, kept from one start to the next
         self._ended = {} if ended is None else ended
@@ -121,33 +120,7 @@ class Runner:
     ) -> None:
         """Log and emit a skip of a run for ``run`` (a slot, a boot run, a manual run...);
         ``not-acquired`` is at debug level (the fleet has the slot)."""
-        level = logging.DEBUG if reason == "not-acquired" else logging.INFO
-        if reason in ("backend-error", "clock-skew"):
-            level = logging.WARNING
-        if reason == "not-acquired":  # another instance has it: the fleet is handling the job
-            job.last_ok_ms = max(job.last_ok_ms or slot_ms, slot_ms)
-        self.events.emit("skip", SkipEvent(job.name, slot_ms, reason, detail, run))
-        if not logger.isEnabledFor(level):
-            return  # the common case on every instance that lost the claim: nothing to build
-        late_ms = self.clock.now_ms() - slot_ms
-        logger.log(
-            level,
-            "skip job=%s slot=%d reason=%s late_ms=%d instance_id=%s%s",
-            job.name,
-            slot_ms,
-            reason,
-            late_ms,
-            self.instance_id,
-            f" detail={detail}" if detail else "",
-            extra={
-                "event": "skip",
-                "job": job.name,
-                "slot": slot_ms,
-                "reason": reason,
-                "late_ms": late_ms,
-                "instance_id": self.instance_id,
-            },
-        )
+        self.runlog.skip(job, slot_ms, reason, detail, run=run)
 
     # -- claim ---------------------------------------------------------------------------
 
@@ -190,7 +163,7 @@ class Runner:
                 lease = await self._claim(
                     job, Slot(job.settings.key, slot_ms), run_id, reason, timeout
                 )
-        except ClockSkewError as exc:  # a clock moved; the message says which (issue 24)
+        except ClockSkewError as exc:  # a clock moved; the message says which
             self.skip(job, slot_ms, "clock-skew", detail=str(exc), run=reason)
             return None
         except (BackendError, TimeoutError) as exc:
@@ -258,13 +231,13 @@ class Runner:
 
     def lease_bound(self, timeout: float) -> float:
         """``timeout`` for a request that grants a lease, but on a lease backend no longer
-        than such a lease is counted on (``_valid_ms``): a later answer is not run
+        than such a lease is counted on (``valid_ms``): a later answer is not run
         (``execute``), so waiting for it would only keep the slot from the rest of the fleet
         (whatever is left of ``max_late``: a NATS claim retries its compare-and-set until
         then)."""
         backend = self.backend
         if isinstance(backend, LeaseBackend):
-            return min(timeout, _valid_ms(to_ms(backend.lease_ttl)) / 1000)
+            return min(timeout, valid_ms(to_ms(backend.lease_ttl)) / 1000)
         return timeout
 
     async def _claim(
@@ -274,9 +247,11 @@ class Runner:
         if reason == "schedule" and self._batches.enabled:  # slots due at one instant: together
             claim = Claim(slot, run_id, job.settings.policy)
             return await self._batches.claim(claim, timeout)
-        return await self._claim_one(Claim(slot, run_id, job.settings.policy, reason), timeout)
+        return await self.claim_one(Claim(slot, run_id, job.settings.policy, reason), timeout)
 
-    async def _claim_one(self, claim: Claim, timeout: float) -> Lease | str | None:
+    async def claim_one(self, claim: Claim, timeout: float) -> Lease | str | None:
+        """One claim, sent on its own: a lease (lease backends), ``None`` (a won claim), or the
+        skip reason."""
         backend, instance_id = self.backend, self.instance_id
         slot, run_id, reason = claim.slot, claim.run_id, claim.reason
         if isinstance(backend, LeaseBackend):
@@ -330,10 +305,18 @@ class Runner:
             self.abort(run, "shutdown")
         renewer = None
         if lease is not None:
-            renewer = _Renewer(self, run, run.started_mono if leased_ms is None else leased_ms)
+            valid_from_ms = run.started_mono if leased_ms is None else leased_ms
+            renewer = Renewer(
+                self.clock,
+                self.backend,
+                self.tasks,
+                run,
+                valid_from_ms,
+                lambda: self.abort(run, "lock-lost"),
+            )
             run.renewer = renewer
         try:
-            self._emit_start(run)
+            self.runlog.started(run)
             outcome, error = await self._run_handler(run)
             outcome, error, recorded = await self._retries(run, outcome, error)
             if run.abandoned:
@@ -344,13 +327,13 @@ class Runner:
             # wait was cut short, and the last attempt, which failed, is recorded already.
             lost = renewer is not None and renewer.lost
             if lease is None or lost:
-                return recorded or self._finish(job, run, outcome, error, record=not lost)
+                return recorded or self.runlog.finished(job, run, outcome, error, record=not lost)
             # The run's record ends its lease, in one step (``LeaseBackend.release``): a slot
             # then holds its lease or has its record, never neither, which is what a backfill
             # reads to know it ran. Only a run cut short at an await by a graceful stop is
             # offered to another instance; a handler that returned or raised has done what it
             # will do.
-            record = recorded or self._finish(job, run, outcome, error, record=False)
+            record = recorded or self.runlog.finished(job, run, outcome, error, record=False)
             ending = None if recorded else (job.settings.policy, record)
             handover = run.cut and run.ctx.abort_reason == "shutdown"
             await self.release(lease, handover=handover, renewer=renewer, record=ending)
@@ -363,10 +346,10 @@ class Runner:
 
     def _lapsed(self, leased_ms: int) -> bool:
         """Whether a lease granted by a request sent at ``leased_ms`` (monotonic) may have
-        expired by now, by the rule the renewer aborts a run on (``_valid_ms``)."""
+        expired by now, by the rule the renewer aborts a run on (``valid_ms``)."""
         assert isinstance(self.backend, LeaseBackend)
-        valid_ms = _valid_ms(to_ms(self.backend.lease_ttl))
-        return bool(self.clock.monotonic_ms() >= leased_ms + valid_ms)
+        valid = valid_ms(to_ms(self.backend.lease_ttl))
+        return bool(self.clock.monotonic_ms() >= leased_ms + valid)
 
     async def _not_run(
         self, job: JobState, slot_ms: int, lease: Lease, reason: RunReason, leased_ms: int
@@ -390,12 +373,6 @@ class Runner:
         self.skip(job, slot_ms, "backend-error", detail=detail, run=reason)
         await self.release(lease, handover=lease.job == job.settings.key)
 
-    def _emit_start(self, run: Run) -> None:
-        ctx = run.ctx
-        self.events.emit(
-            "start", StartEvent(run.job.name, ctx.slot_ms, ctx.run_id, ctx.reason, ctx.attempt)
-        )
-
     async def _retries(
         self, run: Run, outcome: Outcome, error: str | None
     ) -> tuple[Outcome, str | None, RunRecord | None]:
@@ -409,7 +386,7 @@ class Runner:
             delay = self._retry_delay(run, retry, outcome, tries)
             if delay is None:
                 break
-            record = self._finish(run.job, run, outcome, error)
+            record = self.runlog.finished(run.job, run, outcome, error)
             self._next_attempt(run)
             logger.info(
                 "retry job=%s slot=%d attempt=%d in %s",
@@ -427,7 +404,7 @@ class Runner:
                 run.waiting = False
             tries += 1
             run.started_ms, run.started_mono = self.clock.now_ms(), self.clock.monotonic_ms()
-            self._emit_start(run)
+            self.runlog.started(run)
             outcome, error = await self._run_handler(run)
         return outcome, error, None
 
@@ -543,7 +520,7 @@ class Runner:
         lease: Lease,
         *,
         handover: bool,
-        renewer: _Renewer | None = None,
+        renewer: Renewer | None = None,
         record: Ending = None,
     ) -> None:
         """End a lease, retrying until it lands; with ``record``, the run's record is written
@@ -554,7 +531,7 @@ class Runner:
         release that lands after the expiry still ends the run as long as nobody took the
         slot over first (``LeaseBackend.release``), and the fleet looks for dead runners only
         every ``lease_ttl / 2``. So a failed release is retried, at short intervals
-        (``_release_delays``), until one ``lease_ttl`` after the lease is known to expire.
+        (``release_delays``), until one ``lease_ttl`` after the lease is known to expire.
 
         ``renewer``, the run's, stops here: its failures must not end the release, and a
         renewal would not help it either (it needs the store the release needs, so it lands
@@ -568,7 +545,7 @@ class Runner:
             expires_ms = renewer.expires_ms
         else:  # granted a moment ago
             expires_ms = self.clock.monotonic_ms() + ttl_ms
-        retries = _ReleaseRetries(self.clock, lease, handover, ttl_ms, expires_ms)
+        retries = ReleaseRetries(self.clock, lease, handover, ttl_ms, expires_ms)
         if not handover:
             ended = self._ended
             ended[lease.job] = max(ended.get(lease.job, lease.slot_ms), lease.slot_ms)
@@ -578,7 +555,7 @@ class Runner:
                     attempt = self._release_once(
                         lease, handover=handover, batched=not retries.tries, record=record
                     )
-                    await self._within(attempt, _release_attempt_s(ttl_ms), lease)
+                    await self._within(attempt, release_attempt_s(ttl_ms), lease)
                 except Exception as exc:
                     if await retries.wait_after(exc):
                         continue
@@ -640,78 +617,6 @@ class Runner:
         else:
             await self.backend.release(lease, handover=handover, record=record)
 
-    def _finish(
-        self, job: JobState, run: Run, outcome: Outcome, error: str | None, *, record: bool = True
-    ) -> RunRecord:
-        """The run's record, logged and told to the listeners; ``record``: queued for the
-        history (else its lease's release writes it)."""
-        ctx = run.ctx
-        finished_ms = self.clock.now_ms()
-        duration_ms = self.clock.monotonic_ms() - run.started_mono
-        entry = RunRecord(
-            job=job.settings.key,  # the history is the key's: a renamed job keeps it
-            slot_ms=ctx.slot_ms,
-            run_id=ctx.run_id,
-            instance_id=ctx.instance_id,
-            reason=ctx.reason,
-            attempt=ctx.attempt,
-            started_at=ms_to_datetime(run.started_ms),
-            finished_at=ms_to_datetime(finished_ms),
-            outcome=outcome,
-            error=error,
-            traceback=_traceback(run, outcome),
-        )
-        if record:
-            self.recorder.put(job.settings.policy, entry)  # written in the background, in order
-        if outcome == "completed":
-            job.last_ok_ms = finished_ms
-        self._log(job, entry, duration_ms, run.started_ms - ctx.slot_ms, run.exception)
-        event = RunEvent(
-            job.name,
-            ctx.slot_ms,
-            ctx.run_id,
-            ctx.reason,
-            ctx.attempt,
-            outcome,
-            error,
-            duration_ms,
-            run.exception,
-        )
-        self.events.emit("complete" if outcome == "completed" else "fail", event)
-        return entry
-
-    def _log(
-        self,
-        job: JobState,
-        record: RunRecord,
-        duration_ms: int,
-        late_ms: int,
-        exception: BaseException | None,
-    ) -> None:
-        """One line per run; a handler's exception adds its traceback to that line (the history
-        record keeps it redacted and capped). The job is named by its name (the record has its
-        key)."""
-        level = logging.INFO if record.outcome == "completed" else logging.WARNING
-        if not logger.isEnabledFor(level):
-            return
-        fields = {
-            "event": "run",
-            "job": job.name,
-            "run_id": record.run_id,
-            "slot": record.slot_ms,
-            "reason": record.reason,
-            "attempt": record.attempt,
-            "outcome": record.outcome,
-            "duration_ms": duration_ms,
-            "late_ms": late_ms,
-            "instance_id": record.instance_id,
-        }
-        text = " ".join(f"{key}={value}" for key, value in fields.items() if key != "event")
-        if record.error:
-            text += f" error={record.error!r}"
-        fields["error"] = record.error
-        logger.log(level, "run %s", text, extra=fields, exc_info=exception)
-
     # -- drain ---------------------------------------------------------------------------
 
     async def drain(self, timeout_s: float) -> None:
@@ -743,10 +648,10 @@ class Runner:
         for run in abandoned:
             detail = f"abandoned: still running after drain_timeout ({timeout_s:g}s)"
             if run.lease is None:
-                self._finish(run.job, run, "interrupted", detail)
+                self.runlog.finished(run.job, run, "interrupted", detail)
             else:  # the lease is left to expire; the instance that takes the slot over records it
                 detail += "; its lease expires and the slot is taken over"
-                self._finish(run.job, run, "interrupted", detail, record=False)
+                self.runlog.finished(run.job, run, "interrupted", detail, record=False)
         listeners = [task for task in self.tasks.pending() if task not in before]
         await self.clock.wait(listeners, _CUT_GRACE_S)
         # Renewals, releases and the fleet's calls; claims, records and listeners that did not
@@ -754,415 +659,3 @@ class Runner:
         left = {run.task for run in abandoned}
         cut = [task for task in self.tasks.pending() if task not in left]
         await self.tasks.cut([*self.tasks.background(), *cut], _CUT_GRACE_S)
-
-
-class _ReleaseRetries:
-    """The retries of one lease's release: when to try again, when to give up, and the log
-    lines (one warning at the first failure, one error if it never lands)."""
-
-    def __init__(
-        self, clock: Clock, lease: Lease, handover: bool, ttl_ms: int, expires_ms: int
-    ) -> None:
-        self._clock = clock
-        self._lease = lease
-        self._handover = handover
-        self._began_ms = clock.monotonic_ms()
-        self._expires_ms = expires_ms
-        # One lease_ttl past the expiry: the fleet has swept for dead runners twice by then.
-        self._give_up_ms = expires_ms + ttl_ms
-        self._delays = _release_delays(ttl_ms)
-        self._last: Exception | None = None
-        self.tries = 0  # failed so far
-
-    async def wait_after(self, error: Exception) -> bool:
-        """Note a failed try and wait before the next; ``False``: give up now."""
-        self.tries, self._last = self.tries + 1, error
-        key = self._lease.slot.key
-        left_ms = self._give_up_ms - self._clock.monotonic_ms()
-        if left_ms <= 0:
-            self._lost("gave up")
-            return False
-        if self.tries == 1:
-            left = format_duration(timedelta(milliseconds=left_ms))
-            logger.warning("release of %s failed (%s); retrying for up to %s", key, error, left)
-        else:
-            logger.debug("release of %s failed again: %s", key, error)
-        await self._clock.sleep(min(next(self._delays), left_ms / 1000))
-        return True
-
-    def landed(self) -> None:
-        if not self.tries:
-            return
-        key, now_ms = self._lease.slot.key, self._clock.monotonic_ms()
-        took = format_duration(timedelta(milliseconds=now_ms - self._began_ms))
-        if now_ms < self._expires_ms:
-            logger.info("released the lease of %s after %d tries (%s)", key, self.tries, took)
-            return
-        logger.warning(
-            "released the lease of %s after %d tries (%s), after the lease may have expired: "
-            "if another instance took the slot over meanwhile, it runs it again",
-            key,
-            self.tries,
-            took,
-        )
-
-    def stopped(self) -> None:
-        """Cancelled (the stop's grace ran out): said only if a try had failed."""
-        if self._last is not None:
-            self._lost("the scheduler stopped before it landed")
-
-    def _lost(self, why: str) -> None:
-        lease = self._lease
-        then = (
-            "it is taken over once its lease expires, counted as a new attempt"
-            if self._handover
-            else "once its lease expires another instance may take the slot over and run it "
-            f"again (attempt {lease.attempt + 1}), though this run has ended"
-        )
-        logger.error(
-            "could not release the lease of %s (%d tries, %s; last error: %s): %s",
-            lease.slot.key,
-            self.tries,
-            why,
-            self._last,
-            then,
-        )
-
-
-def _valid_ms(ttl_ms: int) -> int:
-    """How long a lease is counted on after the request that granted or extended it was sent
-    (monotonic): ``lease_ttl`` (the store set its expiry on receiving the request, so never
-    earlier than that), less a tenth of it (at least 5 ms) for the clocks' drift and for an
-    abort to reach the handler before another instance can take the slot over."""
-    return ttl_ms - max(ttl_ms // 10, 5)
-
-
-def _release_attempt_s(ttl_ms: int) -> float:
-    """How long one release attempt is waited for: a second, or a third of lease_ttl if less
-    (the backends bound a release to that themselves)."""
-    return min(_RELEASE_ATTEMPT_S, max(ttl_ms / 3000, _RELEASE_RETRY_S))
-
-
-def _release_delays(ttl_ms: int) -> Iterator[float]:
-    """The pauses between a failed release's tries: 0.2 s, then twice as long each time, up
-    to a tenth of ``lease_ttl`` (at most 1 s), so that a release lands within that of the
-    store coming back, well before the fleet's next sweep (every ``lease_ttl / 2``)."""
-    cap = min(_RELEASE_RETRY_MAX_S, max(ttl_ms / 10_000, _RELEASE_RETRY_MIN_S))
-    delay = min(_RELEASE_RETRY_S, cap)
-    while True:
-        yield delay
-        delay = min(delay * 2, cap)
-
-
-def _overrides(backend: Backend, base: type, method: str) -> bool:
-    """Whether ``backend`` is a ``base`` whose class has its own ``method`` (a batch method, a
-    hook): the runner uses it only then."""
-    return isinstance(backend, base) and getattr(type(backend), method) is not getattr(base, method)
-
-
-_Answer = Lease | str | None | Exception
-_Waiting = tuple[Claim, float, "asyncio.Future[Lease | str | None]"]
-
-
-class _Batches:
-    """Scheduled claims made within one turn of the event loop (the slots of several jobs due
-    at one instant) go to the backend together, as one ``acquire_many``/``claim_many``.
-
-    Each claim keeps its own outcome and its own error; a claimer that stopped waiting (its
-    timeout, a stop) is answered nothing, and a lease granted to it is handed over at once.
-    """
-
-    def __init__(self, runner: Runner) -> None:
-        self._runner = runner
-        #: Only a backend that claims a batch in fewer round trips than its claims gets them
-        #: batched; with any other, each slot's task claims its slot (as concurrently).
-        backend = runner.backend
-        self.enabled = _overrides(backend, LeaseBackend, "acquire_many") or _overrides(
-            backend, ClaimBackend, "claim_many"
-        )
-        self._waiting: list[_Waiting] = []
-        self._sending = False
-
-    async def claim(self, claim: Claim, timeout: float) -> Lease | str | None:
-        """The claim's answer; the batch leaves at the end of this turn of the loop, with every
-        claim made in it (the scheduler fires slots due within a moment of each other in one
-        turn: see ``Timers._on_timer``)."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Lease | str | None] = loop.create_future()
-        self._waiting.append((claim, timeout, future))
-        if not self._sending:
-            self._sending = True
-            loop.call_soon(self._send)
-        with self._runner.clock.blocking():  # a virtual clock: the batch's answer wakes it
-            return await future
-
-    def _send(self) -> None:
-        """Send what waits, one claim per job (a job's later slot goes in the next batch)."""
-        self._sending = False
-        batch: dict[str, _Waiting] = {}
-        later = []
-        for waiting in self._waiting:
-            if waiting[2].done():
-                continue  # the claimer stopped waiting before it was sent
-            if waiting[0].slot.job in batch:
-                later.append(waiting)
-            else:
-                batch[waiting[0].slot.job] = waiting
-        self._waiting = later
-        if later:
-            self._sending = True
-            asyncio.get_running_loop().call_soon(self._send)
-        if batch:
-            self._runner.tasks.spawn(self._exchange(list(batch.values())), name="claim-batch")
-
-    async def _exchange(self, batch: list[_Waiting]) -> None:
-        claims = [claim for claim, _, _ in batch]
-        timeout = min(timeout for _, timeout, _ in batch)
-        try:
-            answers = await self._ask(claims, timeout)
-        except BaseException as exc:  # the whole batch failed (or this task was cancelled)
-            for _, _, future in batch:
-                self._answer(future, exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for (_, _, future), answer in zip(batch, answers, strict=True):
-            self._answer(future, answer)
-
-    async def _ask(self, claims: list[Claim], timeout: float) -> list[_Answer]:
-        """Per claim: a lease, ``None`` (a won claim), the skip reason, or the claim's error."""
-        runner = self._runner
-        backend, instance_id = runner.backend, runner.instance_id
-        if len(claims) == 1:
-            try:
-                return [await runner._claim_one(claims[0], timeout)]
-            except Exception as exc:
-                return [exc]
-        answers: list[_Answer] = []
-        if isinstance(backend, LeaseBackend):
-            answers.extend(
-                await backend.acquire_many(claims, instance_id=instance_id, timeout=timeout)
-            )
-        else:
-            assert isinstance(backend, ClaimBackend)
-            won = await backend.claim_many(claims, instance_id=instance_id, timeout=timeout)
-            answers.extend(
-                w if isinstance(w, Exception) else None if w else "not-acquired" for w in won
-            )
-        if len(answers) != len(claims):
-            raise BackendError(f"{backend.name} answered {len(answers)} of {len(claims)} claims")
-        return answers
-
-    def _answer(
-        self, future: asyncio.Future[Lease | str | None], answer: _Answer | BaseException
-    ) -> None:
-        if future.done():  # the claimer stopped waiting: a slot leased to it is handed over
-            if isinstance(answer, Lease):
-                name = f"handover:{answer.slot.key}"
-                self._runner.tasks.spawn(self._runner.release(answer, handover=True), name=name)
-            return
-        if isinstance(answer, Exception):
-            future.set_exception(answer)
-        elif isinstance(answer, BaseException):
-            future.cancel()  # the batch was cancelled: so is each claim
-        else:
-            future.set_result(answer)
-
-
-class _Prepares:
-    """After a won claim, the claims of the job's next slot are prepared (``prepare_claims``)
-    ``_PREPARE_AHEAD_MS`` before it, those of one moment together, in the background."""
-
-    def __init__(self, runner: Runner) -> None:
-        self._runner = runner
-        self.enabled = _overrides(runner.backend, ClaimBackend, "prepare_claims")
-        self._due: dict[int, list[Slot]] = {}  # the slots to prepare, by when
-
-    def after_win(self, job: JobState) -> None:
-        armed_ms = job.arming.armed_ms
-        if armed_ms is None:
-            return  # no next slot (an at() job, paused, removed)
-        slot = Slot(job.settings.key, armed_ms)
-        when_ms = slot.slot_ms - _PREPARE_AHEAD_MS
-        due = self._due.get(when_ms)
-        if due is None:  # one timer per moment, whatever the number of its slots
-            due = self._due[when_ms] = []
-            delay_ms = when_ms - self._runner.clock.now_ms()
-            self._runner.clock.call_later(max(delay_ms, 0), lambda: self._send(when_ms))
-        due.append(slot)
-
-    def _send(self, when_ms: int) -> None:
-        slots = self._due.pop(when_ms, [])
-        if slots and not self._runner.stopping:
-            name = "prepare-claims"
-            self._runner.tasks.spawn(self._prepare(slots), name=name, drained=False)
-
-    async def _prepare(self, slots: list[Slot]) -> None:
-        backend = self._runner.backend
-        assert isinstance(backend, ClaimBackend)
-        try:
-            await backend.prepare_claims(slots)
-        except Exception as exc:  # only a head start was lost: the claims work without it
-            logger.debug("could not prepare the claims of %d slots: %r", len(slots), exc)
-
-
-class _Releases:
-    """Leases ended within one turn of the event loop (the runs of one instant finish
-    together) go to the backend together, as one ``release_many``; each gets its own answer,
-    and ``Runner.release`` retries one that failed on its own."""
-
-    def __init__(self, runner: Runner) -> None:
-        self._runner = runner
-        self.enabled = _overrides(runner.backend, LeaseBackend, "release_many")
-        self._waiting: list[tuple[Lease, Ending, asyncio.Future[None]]] = []
-
-    async def release(self, lease: Lease, record: Ending) -> None:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        if not self._waiting:
-            loop.call_soon(self._send)
-        self._waiting.append((lease, record, future))
-        with self._runner.clock.blocking():  # a virtual clock: the backend answers
-            await future
-
-    def _send(self) -> None:
-        batch, self._waiting = self._waiting, []
-        self._runner.tasks.spawn(self._exchange(batch), name="release-batch")
-
-    async def _exchange(self, batch: list[tuple[Lease, Ending, asyncio.Future[None]]]) -> None:
-        backend = self._runner.backend
-        assert isinstance(backend, LeaseBackend)
-        try:
-            if len(batch) == 1:
-                await backend.release(batch[0][0], record=batch[0][1])
-                answers: list[Exception | None] = [None]
-            else:
-                leases, records = [lease for lease, _, _ in batch], [r for _, r, _ in batch]
-                answers = await backend.release_many(leases, records)
-        except BaseException as exc:  # the whole batch failed (or this task was cancelled)
-            for _, _, future in batch:
-                if future.done():
-                    continue
-                if isinstance(exc, Exception):
-                    future.set_exception(exc)
-                else:
-                    future.cancel()
-            if not isinstance(exc, Exception):
-                raise
-            return
-        if len(answers) != len(batch):
-            error = BackendError(f"{backend.name} answered {len(answers)} of {len(batch)}")
-            answers = [error for _ in batch]
-        for (_, _, future), answer in zip(batch, answers, strict=True):
-            if future.done():
-                continue  # its run was cancelled meanwhile
-            if answer is None:
-                future.set_result(None)
-            else:
-                future.set_exception(answer)
-
-
-class _Renewer:
-    """Keeps a run's lease: renews it every ``lease_ttl / 3`` until the run is released.
-
-    A renewal that fails or is refused aborts the run (``lock-lost``). So does silence: the lease
-    is known to be valid only until ``lease_ttl`` after the last renewal that succeeded was *sent*
-    (the database extended it later than that), so the run is aborted shortly before then even if
-    the backend never answers, before another instance could take the slot over.
-
-    Once the handler has finished, ``Runner.release`` stops it: from then on the lease only
-    needs to end, and the release is retried on its own terms.
-    """
-
-    def __init__(self, runner: Runner, run: Run, leased_ms: int) -> None:
-        backend = runner.backend
-        assert isinstance(backend, LeaseBackend)
-        assert run.lease is not None
-        self._runner = runner
-        self._clock = runner.clock
-        self._backend = backend
-        self._run = run
-        self._lease = run.lease
-        self._ttl_ms = to_ms(backend.lease_ttl)
-        self._period_ms = max(self._ttl_ms // 3, 10)
-        self._valid_ms = _valid_ms(self._ttl_ms)
-        self.lost = False
-        self._cancelled = False  # released, or given up by stop()
-        self._deadline: Timer | None = None
-        self._schedule(leased_ms)
-
-    def _schedule(self, valid_from_ms: int) -> None:
-        """The next renewal, for a lease known valid from ``valid_from_ms``: a period after
-        that, not after its answer came, so a lease answered late is renewed at once, before
-        the deadline its lateness brought near. The deadline is armed only when it would come
-        before that renewal, else when the renewal is sent: most runs end before their first
-        renewal, and a timer per run that never fires costs the event loop."""
-        self._valid_from_ms = valid_from_ms
-        now = self._clock.monotonic_ms()
-        due_ms = max(valid_from_ms + self._period_ms, now)
-        self._timer = self._clock.call_later(due_ms - now, self._due)
-        if valid_from_ms + self._valid_ms <= due_ms:
-            self._deadline = self._lose_at(valid_from_ms)
-
-    def _due(self) -> None:
-        if not self._cancelled:
-            if self._deadline is None:
-                self._deadline = self._lose_at(self._valid_from_ms)
-            name = f"renew:{self._lease.slot.key}"
-            self._runner.tasks.spawn(self._renew(), name=name, drained=False)
-
-    async def _renew(self) -> None:
-        sent_ms = self._clock.monotonic_ms()
-        try:
-            ok = await self._backend.renew(self._lease)
-        except Exception as exc:
-            logger.warning("lease renewal of %s failed: %s", self._lease.slot.key, exc)
-            ok = False
-        if self._cancelled or self.lost:
-            return
-        if not ok:
-            self._lose()
-            return
-        self._deadline = self._cancel(self._deadline)
-        self._schedule(sent_ms)
-
-    @staticmethod
-    def _cancel(timer: Timer | None) -> None:
-        if timer is not None:
-            timer.cancel()
-
-    def _lose_at(self, sent_ms: int) -> Timer:
-        """Abort shortly before the lease granted by a request sent at ``sent_ms`` (monotonic)
-        can have expired in the store (``_valid_ms``)."""
-        due = sent_ms + self._valid_ms
-        return self._clock.call_later(due - self._clock.monotonic_ms(), self._lose)
-
-    def _lose(self) -> None:
-        if self._cancelled or self.lost:
-            return
-        self.lost = True
-        self._timer.cancel()
-        self._deadline = self._cancel(self._deadline)
-        self._runner.abort(self._run, "lock-lost")
-
-    @property
-    def expires_ms(self) -> int:
-        """The earliest the lease can have expired in the store (monotonic): ``lease_ttl``
-        after the request that last extended it was sent."""
-        return self._valid_from_ms + self._ttl_ms
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        self._timer.cancel()
-        self._deadline = self._cancel(self._deadline)
-
-
-def _traceback(run: Run, outcome: Outcome) -> str | None:
-    """What a failed or timed-out run's record keeps of its exception (a timed-out async
-    handler: the cancellation, which shows where it was waiting), redacted and capped."""
-    if outcome not in ("failed", "timed-out"):
-        return None
-    exc = run.exception or (run.cancelled if outcome == "timed-out" else None)
-    if exc is None:
-        return None  # a sync handler that is still running in its thread
-    return run_traceback(exc, data_secrets(run.ctx.data))

@@ -375,7 +375,7 @@ class Backend(ABC):
         ``backends/_budget.py``), exported as metrics; ``None``: not read."""
         return None
 
-    # -- the fleet: presence and fleet-wide control (issue 25) -------------------------------
+    # -- the fleet: presence and fleet-wide control -------------------------------------------
 
     @property
     def fleet(self) -> bool:

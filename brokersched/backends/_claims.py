@@ -24,7 +24,7 @@ Changing the record: a raise is written with the time it is made and the memory 
 record is never lowered in place: to lower it, the operator deletes it (every instance then
 adopts the record made again from the ``slot_ttl`` of the instances that run, and slots that
 fell due before it are not claimed late). An instance never writes back a record it believed:
-that is how a lowering took no effect (issue 24, class 10).
+that would restore the memory the operator deleted, and the lowering would take no effect.
 """
 
 from __future__ import annotations

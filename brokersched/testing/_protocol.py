@@ -70,7 +70,7 @@ PROGRAMS = st.lists(STEPS, min_size=1, max_size=30)
 
 #: Programs every backend is checked on before the random ones: the seams found so far.
 SEAMS = (
-    # Issue 24, class 1: a manual run granted while a dead runner's slot waits for its
+    # A manual run granted while a dead runner's slot waits for its
     # take-over; the take-over must not restart the slot beside it (overlap="skip").
     [("acquire", 0, 0, 0, "schedule", True), ("advance", 1600),
      ("acquire", 1, 0, 0, "manual", True), ("take-over", 0, 3, True, None)],

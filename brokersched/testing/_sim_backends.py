@@ -882,6 +882,7 @@ class SimNATSLease(_SimFleet, NATSLeaseBackend):
             lambda: fleet.monotonic_ms() / 1000,
             fleet.sleep,
             clock.blocking,
+            clock.timeout,
         )
 
     async def _close(self) -> None:

@@ -112,7 +112,7 @@ class _Suite(ABC, Generic[B]):
     async def test_fleet_records_presence_and_control(self, fleet: Factory) -> None:
         """Presence as published (the latest record of each instance), every control change
         of concurrent writers kept, a stale compare-and-set refused, and another namespace
-        isolated (issue 25)."""
+        isolated."""
         a, b = await fleet(), await fleet()
         if not a.fleet:
             pytest.skip(f"{a.name} keeps no fleet records")

@@ -1,8 +1,8 @@
-"""Adversarial seams found after issue 24 (real servers, one process per fleet member).
+"""Adversarial seams of exactly-once (real servers, one process per fleet member).
 
 Each test is a way the README's promise "a slot runs at most once on a claim-only backend"
 (or the lease backends' equivalent) broke, reproduced the way an operator would meet it, and
-kept as a regression test (each failed on the code before its fix). The harness is
+kept as a regression test (each fails on code without its fix). The harness is
 ``tests/cluster/test_seams_real.py``'s (``Fleet``, ``tests/support/seam_worker.py``).
 """
 
@@ -51,14 +51,15 @@ async def claims_window(nats_url: str, prefix: str) -> tuple[float, bytes | None
 async def test_nats_a_window_raise_cut_before_it_is_noted_runs_an_at_slot_twice(
     fleet: Fleet, nats_url: str
 ) -> None:
-    """Issue 24 class 6 with one fault. OLD (slot_ttl 3 s) runs an at() slot. After the 3 s
-    window has forgotten the slot's id, NEW (slot_ttl 60 s, max_late 30 s) starts and raises
-    the claims stream's window to 60 s, but its link to NATS is cut as the update's answer
-    comes back (kill -9 at that moment, an OOM, a network blip do the same). NEW starts again
-    (its supervisor restarts it) and finds a 60 s window. When the raise was noted on
-    ``<prefix>.claim.fleet.memory`` only after the update, that note was never written: NEW
-    believed the slot remembered 60 s, claimed it 7 s late and won (NATS forgot OLD's id at
-    3 s): the slot ran twice. The note now comes before the update."""
+    """An at() slot across a rolling deploy that raises the claims window, with one fault. OLD
+    (slot_ttl 3 s) runs an at() slot. After the 3 s window has forgotten the slot's id, NEW
+    (slot_ttl 60 s, max_late 30 s) starts and raises the claims stream's window to 60 s, but its
+    link to NATS is cut as the update's answer comes back (kill -9 at that moment, an OOM, a
+    network blip do the same). NEW starts again (its supervisor restarts it) and finds a 60 s
+    window. Were the raise noted on ``<prefix>.claim.fleet.memory`` only after the update, that
+    note would never be written: NEW would believe the slot remembered 60 s, claim it 7 s late
+    and win (NATS forgot OLD's id at 3 s): the slot would run twice. The note comes before the
+    update."""
     store = nats_store(fleet, nats_url)
     prefix = store["options"]["prefix"]
     old = fleet.spec("OLD", with_ttl(store, "3s"), [at("report", LEAD_MS, max_late="1s")])

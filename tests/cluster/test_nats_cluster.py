@@ -361,7 +361,7 @@ async def test_a_stream_with_other_storage_and_subjects_is_refused_not_raised(
 async def test_node_partitioned_then_healed(nats_cluster: NatsCluster, prefix: str) -> None:
     """A follower of the claims stream is cut off silently, then comes back. While cut off it
     raises its Raft term; back, it makes the leader step down (nats-server 2.9): the fleet has
-    no leader for seconds *after* the heal, which is where the issue lost 84 slots."""
+    no leader for seconds *after* the heal, where a claim that gave up after 2 s lost 84 slots."""
     cluster, stream = nats_cluster, f"{prefix}-claims"
     if cluster.mode != "netns":
         unavailable(

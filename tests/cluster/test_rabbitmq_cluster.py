@@ -1,4 +1,4 @@
-"""Chaos on a real 3-node RabbitMQ cluster (issue 16): exactly-once under node loss.
+"""Chaos on a real 3-node RabbitMQ cluster: exactly-once under node loss.
 
 The cluster is started once per session by scripts/cluster.sh rabbitmq (from the installed
 rabbitmq-server package, each node in its own network namespace where the machine allows,

@@ -1,5 +1,5 @@
-"""A RabbitMQ node that hangs (accepts frames, answers none, as a node out of file handles does:
-issue 28) must not be made worse by the library: the channel pool does not open a channel for
+"""A RabbitMQ node that hangs (accepts frames, answers none, as a node out of file handles does)
+must not be made worse by the library: the channel pool does not open a channel for
 every timed-out claim, and a failed start leaves no connection behind. The hang is a private
 node of this test (never the shared broker) whose Erlang VM is stopped with SIGSTOP."""
 

@@ -1,15 +1,16 @@
-"""Issue 24, part 4: the seams of classes 1, 6, 7, 8, 10 and 11 on the real servers, each fleet
+"""Seams of exactly-once on the real servers, where the servers' own timers decide: each fleet
 member a process of its own (``tests/support/seam_worker.py``): killed with SIGKILL, frozen with
 SIGSTOP (as a paused VM, or a claim late by its jitter), or run fast under libfaketime where the
-class needs it, and ``brokersched trigger`` for a manual run.
+seam needs it, and ``brokersched trigger`` for a manual run.
 
 Every member appends its runs and skips to one JSON-lines file; a test waits (bounded) until
 each member has decided the slots it cares about, then counts the runs. Real time is used
 because the servers' own timers are the point: a claim key's or queue's expiry, NATS's duplicate
 window, a lease's expiry and the take-over sweep.
 
-Each test failed on the commit before its fix (the file and ``seam_worker.py`` copied into a
-worktree of that commit, run there with ``PYTHONPATH`` at it).
+Each test fails on code without the rule it checks (to see it fail: the file and
+``seam_worker.py`` copied into a worktree of a commit without the rule, run there with
+``PYTHONPATH`` at it).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from tests.support.seams import (
 # -- the stores: a backend spec for the workers, deleted after the test ------------------------
 
 
-# -- 1: a manual run granted while a dead runner's slot waits for the take-over sweep ----------
+# -- a manual run granted while a dead runner's slot waits for the take-over sweep -------------
 
 LEASE_TTL = "3s"
 MANUAL_HOLD_S = 5.0  # long enough for the sweeper to start, and sweep, while it runs
@@ -124,14 +125,14 @@ async def trigger_until_granted(fleet: Fleet, spec: dict[str, Any], job: str) ->
 
 
 @pytest.mark.parametrize("kind", ["postgres", "sqlite", "redis-lease"])
-async def test_1_a_manual_run_granted_while_a_dead_slot_waits_never_overlaps_its_restart(
+async def test_a_manual_run_granted_while_a_dead_slot_waits_never_overlaps_its_restart(
     fleet: Fleet, request: pytest.FixtureRequest, kind: str
 ) -> None:
     """A runs the job's slot and is killed (SIGKILL). Once its lease has expired, and before
     any instance sweeps, ``brokersched trigger`` is granted a manual run (``overlap='skip'``
     sees no live lease). B then starts and sweeps while the manual run is live: the dead slot
     must wait, and be restarted (attempt 2) once the manual run has ended, A's attempt
-    recorded ``interrupted``. Before the fix B restarted it at once: two runs overlapped."""
+    recorded ``interrupted``. Restarted at once, it would overlap the manual run."""
     store, backend = lease_store(fleet, request, kind)
     slot = now_ms() // 1000 * 1000 + 3000
     job = [at("report", slot, max_late="30s")]
@@ -170,16 +171,16 @@ async def test_1_a_manual_run_granted_while_a_dead_slot_waits_never_overlaps_its
     ]
 
 
-# -- 6: NATS, an at() slot across a rolling deploy that raises slot_ttl ----------------------
+# -- NATS, an at() slot across a rolling deploy that raises slot_ttl -------------------------
 
 
-async def test_6_an_at_slot_is_not_claimed_again_after_the_old_window_forgot_it(
+async def test_an_at_slot_is_not_claimed_again_after_the_old_window_forgot_it(
     fleet: Fleet, nats_url: str
 ) -> None:
     """OLD (slot_ttl 3 s) runs an at() slot; NEW (slot_ttl 60 s, max_late 30 s) starts once
     the old window has forgotten the slot's id, raises the window and reaches the slot late;
     OLD is stopped (a rolling deploy). NEW must not claim it: the raise is noted in the claims
-    stream, so the slot is claimed at most the old window late. Before the fix it ran twice."""
+    stream, so the slot is claimed at most the old window late. Otherwise it runs twice."""
     store = nats_store(fleet, nats_url)
     old = fleet.spec("OLD", with_ttl(store, "3s"), [at("report", LEAD_MS, max_late="1s")])
     await fleet.start({**old, "relative": True})
@@ -198,10 +199,10 @@ async def test_6_an_at_slot_is_not_claimed_again_after_the_old_window_forgot_it(
     assert skip["reason"] == "late", skip
 
 
-# -- 7 and 11: boot runs of instances whose slot_ttl differ, after() with a short slot_ttl ----
+# -- boot runs of instances whose slot_ttl differ, after() with a short slot_ttl --------------
 
 CLAIM_ONLY = ["nats", "redis", "rabbitmq"]
-# The issue's pairs of slot_ttl, each pair a fleet whose members start 1 s apart: the shorter
+# Pairs of slot_ttl, each pair a fleet whose members start 1 s apart: the shorter
 # first in one, the longer first in the other.
 BOOT_PAIRS = [("20s", "5m"), ("4m", "1m")]
 BOOT_SCHEDULER = {"jitter": 0, "max_late": "5s"}
@@ -243,13 +244,12 @@ async def boot_fleets(
 
 @pytest.mark.parametrize("boot", ["run_on_start", "after"])
 @pytest.mark.parametrize("backend", CLAIM_ONLY)
-async def test_7_a_boot_run_of_members_whose_slot_ttl_differ_runs_once_per_fleet(
+async def test_a_boot_run_of_members_whose_slot_ttl_differ_runs_once_per_fleet(
     fleet: Fleet, request: pytest.FixtureRequest, backend: str, boot: str
 ) -> None:
     """Members 1 s apart, one with slot_ttl 20 s and one with 5 m (and 4 m, then 1 m): their
     boot runs share one-minute windows whatever their slot_ttl, so each fleet runs it once.
-    Before the fix the window followed each member's slot_ttl: both ran it, every round (and
-    ``after()`` was refused with a slot_ttl of 62 s or less, class 11)."""
+    Windows that followed each member's slot_ttl let both run it, every round."""
     pairs = await boot_fleets(fleet, request, backend, boot, BOOT_PAIRS)
     runs = fleet.runs("sweep")
     assert all(run["reason"] == "start" for run in runs), runs
@@ -259,19 +259,18 @@ async def test_7_a_boot_run_of_members_whose_slot_ttl_differ_runs_once_per_fleet
 
 
 @pytest.mark.parametrize("backend", CLAIM_ONLY)
-async def test_11_after_with_a_slot_ttl_of_62s_or_less_runs_once_per_fleet(
+async def test_after_with_a_slot_ttl_of_62s_or_less_runs_once_per_fleet(
     fleet: Fleet, request: pytest.FixtureRequest, backend: str
 ) -> None:
     """``after()`` on members with slot_ttl 5 s and 62 s and the scheduler's defaults runs
-    once between them. Before the fix it was refused at registration: the scheduler's jitter
-    (2 s) + max_late (1 m) had to be under slot_ttl, though a boot run has no slot to be late
-    on."""
+    once between them. It is not held at registration to the scheduler's jitter (2 s) +
+    max_late (1 m) under slot_ttl: a boot run has no slot to be late on."""
     [pair] = await boot_fleets(fleet, request, backend, "after", [("5s", "62s")], {})
     ran = [run["instance"] for run in fleet.runs("sweep")]
     assert ran in ([pair[0]], [pair[1]]), f"ran on {ran}\n{fleet.diagnostics()}"
 
 
-# -- 8: clock skew within max_clock_skew, and a slot_ttl raise just before a slot -------------
+# -- clock skew within max_clock_skew, and a slot_ttl raise just before a slot ----------------
 
 SLOTS = 20
 
@@ -297,7 +296,7 @@ SKEWS = {
 
 @pytest.mark.parametrize("skew", list(SKEWS))
 @pytest.mark.parametrize("backend", ["rabbitmq", "redis"])
-async def test_8_a_fast_clock_and_a_raise_just_before_a_slot_never_run_it_twice(
+async def test_a_fast_clock_and_a_raise_just_before_a_slot_never_run_it_twice(
     fleet: Fleet, request: pytest.FixtureRequest, backend: str, skew: str
 ) -> None:
     """20 at() jobs fall due at one instant. FAST (a clock ``skew`` ahead, as max_clock_skew
@@ -327,7 +326,7 @@ async def test_8_a_fast_clock_and_a_raise_just_before_a_slot_never_run_it_twice(
     assert {run["instance"] for run in fleet.runs()} == {"FAST"}
 
 
-async def test_8_redis_a_skew_of_1s_with_an_old_slot_ttl_of_3s_never_runs_a_slot_twice(
+async def test_redis_a_skew_of_1s_with_an_old_slot_ttl_of_3s_never_runs_a_slot_twice(
     fleet: Fleet, redis_url: str
 ) -> None:
     """As above with the old slot_ttl 3 s (FAST: max_late 1 s, so the README's bound on the
@@ -361,17 +360,17 @@ async def test_8_redis_a_skew_of_1s_with_an_old_slot_ttl_of_3s_never_runs_a_slot
     assert not twice, f"{len(twice)} of {SLOTS} slots ran twice\n{fleet.diagnostics()}"
 
 
-# -- 10: Redis, the fleet's record deleted by hand ------------------------------------------
+# -- Redis, the fleet's record deleted by hand ----------------------------------------------
 
 
-async def test_10_a_record_deleted_then_a_shorter_member_never_runs_an_at_slot_twice(
+async def test_a_record_deleted_then_a_shorter_member_never_runs_an_at_slot_twice(
     fleet: Fleet, redis_url: str
 ) -> None:
     """LONG (slot_ttl 20 s) has an at() slot; its process is frozen across the slot (as a VM
     paused, or jitter), so it claims the slot late. Meanwhile the record is deleted by hand and
     SHORT (slot_ttl 3 s) starts just after the slot: it makes the record again, and must not
-    claim the slot late, as it may have been claimed under the lost record. Before the fix
-    SHORT won it under 3 s and LONG, thawed after Redis forgot that, won it again."""
+    claim the slot late, as it may have been claimed under the lost record. Were it claimed,
+    SHORT would win it under 3 s and LONG, thawed after Redis forgot that, would win it again."""
     store = redis_store(fleet, redis_url, "redis")
     prefix = store["options"]["prefix"]
     long = [at("report", LEAD_MS, max_late="10s")]
@@ -409,7 +408,7 @@ def ran_at_most_once_or_failed_closed(fleet: Fleet) -> None:
         assert reasons <= {"late", "backend-error"}, fleet.diagnostics()
 
 
-async def test_10_a_record_deleted_while_a_longer_member_runs_never_runs_an_at_slot_twice(
+async def test_a_record_deleted_while_a_longer_member_runs_never_runs_an_at_slot_twice(
     fleet: Fleet, redis_url: str
 ) -> None:
     """As above, but SHORT starts a second before the slot: it makes the record again (3 s)
@@ -443,13 +442,13 @@ async def test_10_a_record_deleted_while_a_longer_member_runs_never_runs_an_at_s
     assert ran == ["SHORT"], f"the slot ran on {ran}\n{fleet.diagnostics()}"
 
 
-async def test_10_lowering_slot_ttl_the_readme_way_takes_effect_on_the_running_members(
+async def test_lowering_slot_ttl_the_readme_way_takes_effect_on_the_running_members(
     fleet: Fleet, redis_url: str
 ) -> None:
     """The README's way to lower slot_ttl on Redis: deploy the shorter slot_ttl everywhere,
     then ``DEL <prefix>:slot-memory``. The running members adopt the record made again (3 s),
-    and claim under it. Before the fix they restored the 20 s they believed: the lowering had
-    no effect. Every slot runs once throughout."""
+    and claim under it: were they to restore the 20 s they believed, the lowering would have no
+    effect. Every slot runs once throughout."""
     store = redis_store(fleet, redis_url, "redis")
     prefix = store["options"]["prefix"]
     tick = [{"kind": "every", "name": "tick", "every": "500ms", "options": {"max_late": "1s"}}]

@@ -57,6 +57,8 @@ CASES += [("natslease", 79)]
 CASES += [("natslease", 162)]
 # Redis with its maxmemory-policy set to evict while the fleet runs, during every operation.
 CASES += [("redis", seed) for seed in (13, 18, 21, 28)]
+# An enable while nothing else goes wrong, and a retry= chain while the store answers late.
+CASES += [("lease", 14), ("lease", 15)]
 # Each seed's result, for the coverage of all of them (test_the_ci_seeds_reach_...).
 _RESULTS: dict[tuple[str, int], Result] = {}
 # Pinned seeds replay as they were found: before late answers were drawn.
@@ -172,27 +174,27 @@ def test_a_retry_that_returned_is_judged_by_its_chains_lease() -> None:
     assert ledger(released=False, expiry=2000).violations(now=10_000) == []  # a moment after
 
 
-# -- the simulator finds the issue 24 classes on the rules before their fixes -------------------
+# -- the simulator finds the known seams on the rules before their fixes ----------------------
 #
 # Each test puts one rule back as it was before its fix, in a pure function or in a model of a
-# store (never in the code that ships), and runs a seed that found it (CHANGELOG, issue 24 and
-# later: "stop", a claim won as stop() began, dropped on a claim-only backend): the
-# violation must be seen, so a change to the simulator that blinds it to a class fails here.
+# store (never in the code that ships), and runs a seed that found it (the CHANGELOG tells
+# each one's story): the violation must be seen, so a change to the simulator that blinds it
+# to a seam fails here.
 
 
 _take_over = _lease._take_over
 
 
 def _old_take_over(job: str, row: Any, take: Any, store: Any) -> Any:
-    """Before 5b4bb61: a take-over restarted a dead slot whatever other run of the job was live
-    (its only use of ``overlap``), a manual run granted meanwhile included (class 1)."""
+    """The old rule: a take-over restarted a dead slot whatever other run of the job was live
+    (its only use of ``overlap``), a manual run granted meanwhile included."""
     allow = replace(take, policy=replace(take.policy, overlap="allow"))
     return _take_over(job, row, allow, store)
 
 
 async def _old_release(self: Runner, lease: Lease, *, handover: bool, renewer: Any = None) -> None:
-    """Before 252f96e: a failed release was tried twice more (0.2 s, then 1 s later) once the
-    run's renewer no longer held the lease, which one failed renewal ends (classes 2 and 3)."""
+    """The old rule: a failed release was tried twice more (0.2 s, then 1 s later) once the
+    run's renewer no longer held the lease, which one failed renewal ends."""
     tries = 0
     while True:
         try:
@@ -207,35 +209,35 @@ async def _old_release(self: Runner, lease: Lease, *, handover: bool, renewer: A
 
 
 def _old_skew_diagnosis(*_args: object) -> tuple[None, str]:
-    """Before ee4fdc0: every clock-skew refusal blamed this instance's clock (class 4)."""
+    """The old rule: every clock-skew refusal blamed this instance's clock."""
     return None, "this instance's clock is fast: fix its time sync (NTP), or raise max_clock_skew"
 
 
 def _old_nats_read(self: SimNATS, data: Any) -> None:
-    """Before aa6e1dc: NATS kept no note of its window's raises (class 6)."""
+    """The old rule: NATS kept no note of its window's raises."""
     self._view = FleetMemory(data.window(), 0)
 
 
 def _old_margin_ms(limit_ms: int, *, skew_ms: int, lead_ms: int = 0) -> int:
-    """Before 19a3a02: a memory under 8 s tolerated only an eighth of it as skew (class 8)."""
+    """The old rule: a memory under 8 s tolerated only an eighth of it as skew."""
     return min(skew_ms, limit_ms // 8) + min(250, limit_ms // 8) + lead_ms
 
 
 def _no_eviction_guard(self: RedisData, record: str, start: int) -> None:
     """Before the eviction guard: a Redis claim was a bare ``SET NX PX``, whatever the policy
-    set while the fleet runs and the keys it evicted (class 9: before 6b6b2ac Redis also
-    started whatever its policy; the guard now refuses such claims by itself)."""
+    set while the fleet runs and the keys it evicted (Redis also started whatever its policy
+    then; the guard now refuses such claims by itself)."""
 
 
 def _old_sqlite_now(self: SimLeaseBackend) -> int:
-    """Before ee4fdc0: SQLite judged leases on julianday('now'), the calling process's own
-    clock (class 5)."""
+    """The old rule: SQLite judged leases on julianday('now'), the calling process's own
+    clock."""
     assert self._clock is not None
     return self._clock.now_ms()
 
 
 def _old_still_wanted(self: Runner, job: Any, reason: str, *, claimed: bool = False) -> bool:
-    """Before the fix of a claim won as stop() began: dropped, on a claim-only backend too
+    """The old rule for a claim won as stop() began: dropped, on a claim-only backend too
     (where nobody else can win it: the slot ran nowhere)."""
     if self.stopping or job.removed:
         return False
@@ -243,28 +245,60 @@ def _old_still_wanted(self: Runner, job: Any, reason: str, *, claimed: bool = Fa
 
 
 UNDONE: list[tuple[str, str, int, object, str, object, str]] = [
-    # (class, backend, seed, what is patched, attribute, old rule, the violation)
-    ("1", "lease", 131, _lease, "_take_over", _old_take_over, "overlap"),
-    ("2, 3", "lease", 9, Runner, "release", _old_release, "ran again after it ended"),
-    ("4", "lease", 3, _lease, "skew_diagnosis", _old_skew_diagnosis, "blamed the wrong clock"),
-    ("5", "lease", 0, SimLeaseBackend, "_now", _old_sqlite_now, "overlap"),
-    ("6", "nats", 71, SimNATS, "_read", _old_nats_read, "slot once:"),
-    ("8", "redis", 20, _claims, "margin_ms", _old_margin_ms, "ran 2 times"),
-    ("9", "redis", 45, RedisData, "guard", _no_eviction_guard, "ran 2 times"),
-    ("12", "rabbitmq", 0, SimRabbitMQ, "_check_refusal", lambda *_: None, "nobody won it"),
-    ("stop", "nats", 20, Runner, "_still_wanted", _old_still_wanted, "ran nowhere"),
-    ("stop", "rabbitmq", 20, Runner, "_still_wanted", _old_still_wanted, "ran nowhere"),
+    # (the seam, backend, seed, what is patched, attribute, old rule, the violation)
+    (
+        "take-over beside a manual run",
+        "lease",
+        131,
+        _lease,
+        "_take_over",
+        _old_take_over,
+        "overlap",
+    ),
+    ("release given up", "lease", 9, Runner, "release", _old_release, "ran again after it ended"),
+    (
+        "wrong clock blamed",
+        "lease",
+        3,
+        _lease,
+        "skew_diagnosis",
+        _old_skew_diagnosis,
+        "blamed the wrong clock",
+    ),
+    ("caller's clock", "lease", 0, SimLeaseBackend, "_now", _old_sqlite_now, "overlap"),
+    ("window raise forgotten", "nats", 71, SimNATS, "_read", _old_nats_read, "slot once:"),
+    ("small memory's margin", "redis", 20, _claims, "margin_ms", _old_margin_ms, "ran 2 times"),
+    ("eviction", "redis", 45, RedisData, "guard", _no_eviction_guard, "ran 2 times"),
+    (
+        "stray message",
+        "rabbitmq",
+        0,
+        SimRabbitMQ,
+        "_check_refusal",
+        lambda *_: None,
+        "nobody won it",
+    ),
+    ("claim won at stop", "nats", 20, Runner, "_still_wanted", _old_still_wanted, "ran nowhere"),
+    (
+        "claim won at stop",
+        "rabbitmq",
+        20,
+        Runner,
+        "_still_wanted",
+        _old_still_wanted,
+        "ran nowhere",
+    ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("issue_class", "backend", "seed", "owner", "name", "old", "seen"),
+    ("seam", "backend", "seed", "owner", "name", "old", "seen"),
     UNDONE,
-    ids=[f"class {row[0]} ({row[1]})" for row in UNDONE],
+    ids=[f"{row[0]} ({row[1]})" for row in UNDONE],
 )
-def test_a_class_of_issue_24_is_found_on_the_rule_before_its_fix(
+def test_a_known_seam_is_found_on_the_rule_before_its_fix(
     monkeypatch: pytest.MonkeyPatch,
-    issue_class: str,
+    seam: str,
     backend: str,
     seed: int,
     owner: object,
@@ -272,7 +306,7 @@ def test_a_class_of_issue_24_is_found_on_the_rule_before_its_fix(
     old: object,
     seen: str,
 ) -> None:
-    # Found before pauses (issue 25) and late answers were drawn: replayed without them.
+    # Found before pauses and late answers were drawn: replayed without them.
     found_as = {"pauses": False, "late_answers": False}
     assert simulate(seed, backend=backend, **found_as).ok, f"seed {seed} fails on the fixed rule"
     monkeypatch.setattr(owner, name, old)
@@ -296,12 +330,12 @@ async def _blind_write(self: _SimTable, key: str, value: bytes, last: int, timeo
 
 def test_natslease_rests_on_the_buckets_compare_and_set(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two instances deciding from one revision of a job's row must not both write it: with a
-    bucket that lets them, seed 52 runs a slot on two instances at once (two backfills of it:
+    bucket that lets them, seed 29 runs a slot on two instances at once (two backfills of it:
     the simulator sees NATSLeaseBackend's races). The seed changes when the runs' timing or the
     generator does; the CHANGELOG keeps the earlier ones."""
-    assert simulate(52, backend="natslease").ok, "seed 52 fails on the compare-and-set"
+    assert simulate(29, backend="natslease").ok, "seed 29 fails on the compare-and-set"
     monkeypatch.setattr(_SimTable, "write", _blind_write)
-    result = simulate(52, backend="natslease")
+    result = simulate(29, backend="natslease")
     seen = ("ran again", "ran 2 times", "ran twice at once")
     assert any(s in v for v in result.violations for s in seen), result.log[-5:]
 
@@ -338,7 +372,7 @@ BACKFILL_UNDONE: list[tuple[str, str, int, list[tuple[str, object]], tuple[str, 
     (
         "a slot whose run goes on backfilled again",
         "lease",
-        2,
+        28,
         [("_before", _old_backfill_before), ("_on_store", _old_backfill_on_store)],
         ("ran twice at once",),
     ),
@@ -494,16 +528,16 @@ def test_a_disabled_job_runs_nothing_but_the_retries_of_its_runs() -> None:
 
 
 @pytest.mark.parametrize(
-    ("seed", "bounded"), [(157, True), (16, False)], ids=["a take-over", "a claim"]
+    ("seed", "bounded"), [(101, True), (3, False)], ids=["a take-over", "a claim"]
 )
 def test_a_lease_answered_after_it_could_expire_is_found_without_the_runners_check(
     monkeypatch: pytest.MonkeyPatch, seed: int, bounded: bool
 ) -> None:
     """A lease store that answers later than a lease lasts: without the runner's check of a
-    lease's deadline before the handler starts, seed 157 starts a take-over answered 3.5 s
-    after it was sent, on a 3 s lease that had expired (the take-over is bounded by 5 s, not by
-    the lease); seed 16 a claim, once claims are no longer bounded by the lease either. On a
-    sync handler, which no abort stops, that is the slot run twice."""
+    lease's deadline before the handler starts, seed 101 starts a slot taken over on a lease
+    that had expired by the time the take-over's answer came (a take-over is bounded by its
+    own timeout, not by the lease); seed 3 a claim's, once claims are no longer bounded by
+    the lease either. On a sync handler, which no abort stops, that is the slot run twice."""
     assert simulate(seed, backend="lease").ok, f"seed {seed} fails with the check"
     monkeypatch.setattr(Runner, "_lapsed", lambda self, leased_ms: False)
     if not bounded:

@@ -1,5 +1,4 @@
-"""``brokersched purge`` and ``brokersched doctor`` against the real servers (issue 28, points 3
-and 4).
+"""``brokersched purge`` and ``brokersched doctor`` against the real servers.
 
 Purge, on every backend: a scheduler of the prefix runs a slot (the objects are made by the
 backend itself); ``purge`` refuses while it runs; ``--dry-run`` lists and leaves everything;

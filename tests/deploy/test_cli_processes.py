@@ -158,7 +158,7 @@ def test_a_killed_instance_shows_as_dead_with_its_lease_held_within_a_second(
     tmp_path: Path,
 ) -> None:
     """Two processes beating every 200 ms; the one holding a leased run is killed with -9: the
-    other's view of the fleet says dead, its run held, within 3 heartbeats (issue 25)."""
+    other's view of the fleet says dead, its run held, within 3 heartbeats."""
     import asyncio
     import time
 

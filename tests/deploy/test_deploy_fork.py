@@ -150,7 +150,7 @@ def test_gunicorn_preload_workers_differ(tmp_path: Path) -> None:
     for pid, each in ids.items():
         assert f":{pid}:" in next(iter(each))
     # Jitter of 0-900 ms drawn by each worker: with one shared RNG the first two runs of every
-    # worker were late by the same few milliseconds (393/394/394 in the issue).
+    # worker were late by the same few milliseconds (393/394/394 ms).
     firsts = sorted(tuple(late for _, late in each[:2]) for each in runs.values())
     spread = [max(run[i] for run in firsts) - min(run[i] for run in firsts) for i in range(2)]
     assert max(spread) > 20, firsts

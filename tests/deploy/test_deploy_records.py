@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -36,14 +37,15 @@ class AwayBackend(MemoryBackend):
         super().__init__()
         self.clock = clock
         self.away = False
-        self.attempts = 0
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
-        self.attempts += 1
+        await self.record_many([(job, record)])
+
+    async def record_many(self, records: Sequence[tuple[JobPolicy, RunRecord]]) -> None:
         if self.away:
             await self.clock.sleep(10)
             raise BackendUnavailableError("the broker is away")
-        await super().record(job, record)
+        await super().record_many(records)
 
 
 def tick(ctx: JobContext) -> None: ...

@@ -1,5 +1,5 @@
-"""A run's lease deadline is armed only when it could come before the next renewal (issue 13:
-no timer per run that never fires), and still aborts the run before its lease can expire."""
+"""A run's lease deadline is armed only when it could come before the next renewal (no
+timer per run that never fires), and still aborts the run before its lease can expire."""
 
 from __future__ import annotations
 

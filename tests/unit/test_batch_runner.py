@@ -1,4 +1,4 @@
-"""Slots of several jobs due at one instant are claimed in one batch (issue 13), on virtual time;
+"""Slots of several jobs due at one instant are claimed in one batch, on virtual time;
 each job keeps its own outcome. The backends' side is in the conformance suites."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The fleet through the backend (issue 25) on the memory backend and virtual time: presence
+"""The fleet through the backend on the memory backend and virtual time: presence
 and liveness, fleet-wide pause / resume / disable / enable with their audit trail, abort of a
 run on another instance, trigger with data."""
 

@@ -1,9 +1,9 @@
-"""A release that fails as a run completes is retried until it lands (issue 24, classes 2
-and 3), on virtual time: through an outage shorter than ``lease_ttl`` with a failing renewer
-beside it, past the lease's expiry until the fleet's next sweep, and within a bound when the
-store never comes back. The real servers (a cut link, a held SQLite lock) are in
-test_release_blip.py; the backends' side (a release of an expired lease not yet taken over
-still ends the run) is in the conformance suite."""
+"""A release that fails as a run completes is retried until it lands, so the completed slot is
+not taken over and run again. On virtual time: through an outage shorter than ``lease_ttl``
+with a failing renewer beside it, past the lease's expiry until the fleet's next sweep, and
+within a bound when the store never comes back. The real servers (a cut link, a held SQLite
+lock) are in test_release_blip.py; the backends' side (a release of an expired lease not yet
+taken over still ends the run) is in the conformance suite."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ class Fleet:
         self.starts.append((ctx.instance_id, ctx.attempt))
         await ctx.sleep(0.45)
         if (ctx.instance_id, ctx.attempt) == ("runner", 1):
-            self.outage.begin(self.outage_s)  # 0.45 s into the run, as in the issue
+            self.outage.begin(self.outage_s)  # 0.45 s into the run
         await ctx.sleep(0.05)
 
     async def run(self, seconds: str = "1m") -> list[tuple[int, str]]:

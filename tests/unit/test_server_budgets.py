@@ -1,4 +1,4 @@
-"""The servers' budgets (issue 28.2) without a server: each backend's pure ``read_budget``
+"""The servers' budgets without a server: each backend's pure ``read_budget``
 from its server's real reply shapes (Redis 7.0 ``INFO`` as redis-py parses it, NATS
 ``$JS.API.INFO`` answers of nats-server 2.9 and 2.15, PostgreSQL's row), and the shared
 ``BudgetWatch``'s states on the virtual clock (warn, shed, hysteresis, failing reads)."""
@@ -16,8 +16,8 @@ from redis._parsers.helpers import parse_info
 from brokersched._exceptions import BackendError
 from brokersched.abc import BrokerBudget
 from brokersched.backends._budget import BudgetWatch, Effects, Part, judge
-from brokersched.backends._postgres_budget import read_budget as postgres_budget
 from brokersched.backends.nats._budget import read_budget as nats_budget
+from brokersched.backends.postgres._budget import read_budget as postgres_budget
 from brokersched.backends.redis._budget import read_budget as redis_budget
 from brokersched.testing import TestClock
 

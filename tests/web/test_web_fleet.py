@@ -1,4 +1,4 @@
-"""The admin API's view of the fleet (issue 25): instances and their liveness, runs in progress
+"""The admin API's view of the fleet: instances and their liveness, runs in progress
 anywhere, fleet-wide pause with its audit trail, abort of a run on another instance, trigger
 with data. Two instances on one memory store, on virtual time."""
 

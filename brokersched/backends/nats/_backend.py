@@ -83,8 +83,8 @@ _API_TIMEOUT_S = 5.0
 # stream has no leader for seconds after its leader dies, and again after a partitioned node
 # comes back (it has raised its Raft term while cut off, so the leader steps down and a new
 # election runs; measured here on nats-server 2.9.10: 2-12 s). A claim that gives up after 2 s
-# then loses every slot of the election (the issue's "84 slots lost just after the link came
-# back"); one that waits runs them late instead, within max_late, still exactly once.
+# then loses every slot of the election (in one run, 84 slots lost just after the link came
+# back); one that waits runs them late instead, within max_late, still exactly once.
 _CLAIM_TIMEOUT = "2s"
 _CLUSTER_CLAIM_TIMEOUT = "30s"
 
@@ -319,7 +319,7 @@ class NATSBackend(ClaimBackend):
         if self._nc is not None:
             logger.error("NATS connection closed for good; claims fail until restart")
 
-    # -- the fleet's records (issue 25): key-value buckets, made on first use -----------------
+    # -- the fleet's records: key-value buckets, made on first use ----------------------------
 
     def _buckets(self) -> FleetBuckets:
         if self._fleet_buckets is None:

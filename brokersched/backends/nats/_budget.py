@@ -1,4 +1,4 @@
-"""The JetStream account's budget (issue 28.2), read over the backend's own connection
+"""The JetStream account's budget, read over the backend's own connection
 (``js.account_info()``, ``$JS.API.INFO``): storage and memory used against the account's
 limits, and its streams against ``max_streams``, of the account or of each of its tiers
 (``R1``, ``R3``...) when its limits are tiered; a limit of -1 (or 0) is no limit. The server's

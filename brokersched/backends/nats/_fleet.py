@@ -1,4 +1,4 @@
-"""The fleet's records of ``NATSBackend`` (issue 25): two JetStream key-value buckets per
+"""The fleet's records of ``NATSBackend``: two JetStream key-value buckets per
 prefix, made on first use, one value kept per key (``history=1``):
 
 * ``<prefix>-fleet-instance``: presence, with the bucket's TTL (``FORGET``, on the server's

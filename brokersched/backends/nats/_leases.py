@@ -208,7 +208,9 @@ class NATSLeaseBackend(LeaseBackendBase):
             await to_the_end(_close_client(nc))
             raise
         self._nc, self._js, self._clock = nc, js, clock
-        self._rows = Rows(_KVTable(self, js, kv), BACKEND, blocking=clock.blocking)
+        self._rows = Rows(
+            _KVTable(self, js, kv), BACKEND, blocking=clock.blocking, bound=clock.timeout
+        )
         if self._budget_period is not None:
             self._budget = nats_budget_watch(
                 BACKEND, self._connection, self._secrets, self._budget_period
@@ -330,7 +332,7 @@ class NATSLeaseBackend(LeaseBackendBase):
                 backend=BACKEND,
             )
 
-    # -- the fleet's records (issue 25): the key-value buckets ``<bucket>-fleet-instance`` and
+    # -- the fleet's records: the key-value buckets ``<bucket>-fleet-instance`` and
     # ``<bucket>-fleet-control``, made on first use, as NATSBackend's -------------------------
 
     def _fleet(self) -> FleetBuckets:

@@ -19,7 +19,7 @@ import secrets
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Literal, cast
 
 from ..._exceptions import BackendError, BackendUnavailableError
@@ -111,8 +111,8 @@ class Rows:
     atomically (a compare-and-set on its revision).
 
     ``monotonic`` (seconds) and ``sleep`` are the time the retries are bounded and paced by,
-    ``blocking`` marks a wait on another claim (the scheduler's clock's: the fleet simulator's
-    are virtual)."""
+    ``bound`` the timeout of a wait on another claim, which ``blocking`` marks (the scheduler's
+    clock's: the fleet simulator's are virtual)."""
 
     def __init__(
         self,
@@ -121,12 +121,14 @@ class Rows:
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         blocking: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+        bound: Callable[[float], AbstractAsyncContextManager[object]] = asyncio.timeout,
     ) -> None:
         self.table = table
         self.backend = backend
         self._monotonic = monotonic
         self._sleep = sleep
         self._blocking = blocking
+        self._bound = bound
         self._claiming: dict[str, asyncio.Lock] = {}  # by job: this instance's claims in turn
 
     async def read(self, job: str, timeout: float) -> JobRow:
@@ -146,7 +148,8 @@ class Rows:
         lock = self._claiming.setdefault(job, asyncio.Lock())
         try:
             with self._blocking():  # a virtual clock: waiting on another claim, not on time
-                await asyncio.wait_for(lock.acquire(), max(timeout, 0.0))
+                async with self._bound(max(timeout, 0.0)):
+                    await lock.acquire()
         except TimeoutError as exc:
             raise BackendUnavailableError(
                 f"{self.backend}: an earlier claim of {job!r} still waits for an answer"

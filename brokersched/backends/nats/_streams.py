@@ -591,20 +591,20 @@ class Streams:
         shorter (a rolling deploy that raises ``slot_ttl``), or refuse as ``claims_problems``
         says when NATS refuses the update.
 
-        Why raising is safe for the fleet: the scheduler calls ``start()``, then ``prepare()``,
-        and only then arms its jobs, each at its next slot after *now* (``Scheduler._start``,
-        ``_arm``); a claim-only instance never claims a slot from before its start. So every slot
-        this instance claims is first claimed, by anyone, after the raise (clocks agreeing to
-        better than the old window, as claim-only backends require anyway), and every claim
-        message from then on is deduplicated under the longer window. JetStream purges a message
-        id once its age reaches the window in force at purge time (an update re-runs the purge
-        with the new window), so the raise also extends the ids stored before it; only ids
-        already purged under the old window are gone, and their slots are older than this
-        instance. A longer window never hurts the instances with a shorter ``slot_ttl``: they
-        accept it (``_raised_window`` never lowers). ``max_age`` grows too: a restarted server
-        rebuilds its ids from the stored messages only. The one way around it is
-        ``Job.resume()`` within its jitter of ``start()`` of a job paused before it:
-        ``Timers.rearm`` may arm a slot still in its jitter window from before the start.
+        Why raising is safe for the fleet: the scheduler calls ``start()``, then ``prepare()``, and
+        only then arms its jobs, each at its next slot after *now* (``LifeCycle._start``,
+        ``Timers.arm``); a claim-only instance never claims a slot from before its start. So every
+        slot this instance claims is first claimed, by anyone, after the raise (clocks agreeing to
+        better than the old window, as claim-only backends require anyway), and every claim message
+        from then on is deduplicated under the longer window. JetStream purges a message id once its
+        age reaches the window in force at purge time (an update re-runs the purge with the new
+        window), so the raise also extends the ids stored before it; only ids already purged under
+        the old window are gone, and their slots are older than this instance. A longer window never
+        hurts the instances with a shorter ``slot_ttl``: they accept it (``_raised_window`` never
+        lowers). ``max_age`` grows too: a restarted server rebuilds its ids from the stored messages
+        only. The one way around it is ``Job.resume()`` within its jitter of ``start()`` of a job
+        paused before it: ``Timers.rearm`` may arm a slot still in its jitter window from before the
+        start.
 
         NATS 2.9 has no conditional update: an instance that read the stream before our update
         can overwrite it with its own, smaller raise. So the stream is read again after each

@@ -374,7 +374,7 @@ class RabbitMQBackend(ClaimQueues):
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         return await self._history.history(job, limit)
 
-    # -- the fleet's records (issue 25): one queue of the prefix, under a lock ----------------
+    # -- the fleet's records: one queue of the prefix, under a lock ---------------------------
 
     async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
         return await self._records.read(kind)

@@ -46,8 +46,8 @@ Why each detail (measured on RabbitMQ 3.10)
       claim declare the queue.
     * Plain channels on the robust connection, never robust channels: a robust channel would
       re-declare every slot queue it ever saw after a reconnect (a leak, and a way to
-      resurrect a forgotten slot); a plain channel remembers nothing (the ``robust=False``
-      declare of the issue, for every declare).
+      resurrect a forgotten slot); a plain channel remembers nothing (what ``robust=False``
+      does for one declare, for every declare).
     * A pool of channels, each used by one operation at a time: synchronous AMQP methods
       serialise per channel, and a channel error (``404`` from a fence that is gone, ``406``
       from a claim queue declared with another memory) closes only the channel it happened

@@ -1,7 +1,7 @@
 """The fleet's slot memory: how long the claim queues of every instance of a prefix remember
 a claimed slot.
 
-One slot memory per fleet (issue 18)
+One slot memory per fleet
     A claim queue keeps the ``x-expires`` of whoever declared it first. Were that each
     instance's own ``slot_ttl``, an instance with 2s would win a slot, its queue would vanish
     after 2s, and an instance with 20s, later by jitter but within its larger ``max_late``,

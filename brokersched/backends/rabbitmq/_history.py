@@ -4,7 +4,7 @@ One stream ``<prefix>.history`` per prefix (``x-queue-type: stream``, 16 MiB kep
 segments), every job's records in it with the job in a header: replicated, so a cluster keeps
 recording and reading it while a node is down, and it costs the broker no handle of its
 file-handle cache (a quorum queue per job held 3, and a 3.x node with the Debian open-files
-limit of 1024 stopped answering at ~310 of them: issue 28). A read finds the end of the stream
+limit of 1024 stopped answering at ~310 of them). A read finds the end of the stream
 without writing to it and steps back from there until it has the job's newest ``min(limit,
 history_size)`` records (see ``History._read_stream``); records are trimmed by count only, so
 ``history_ttl`` is refused. The per-job quorum history queue of an earlier brokersched is still

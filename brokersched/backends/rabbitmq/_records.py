@@ -1,6 +1,6 @@
-"""The fleet's records of ``RabbitMQBackend`` (issue 25): presence and controls.
+"""The fleet's records of ``RabbitMQBackend``: presence and controls.
 
-Two queues per prefix, whatever the number of jobs and instances (issue 28: no broker object
+Two queues per prefix, whatever the number of jobs and instances (no broker object
 per job or instance): ``<prefix>.fleet``, a durable classic queue holding one JSON message, the
 state of every record (``{"version": n, "instance": {id: [expires_ms, JSON]}, "control":
 {job: JSON}}``), and ``<prefix>.fleet.lock``, whose exclusive consumer is the lock every read

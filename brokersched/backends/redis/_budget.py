@@ -1,4 +1,4 @@
-"""The Redis server's budget (issue 28.2), read over the backend's own connection: ``INFO
+"""The Redis server's budget, read over the backend's own connection: ``INFO
 memory`` (``used_memory`` against ``maxmemory``, ``maxmemory_policy``) and ``INFO clients``
 (``connected_clients`` against ``maxclients``: in ``INFO`` since Redis 7, else ``CONFIG GET
 maxclients`` where it is allowed, else not counted), of the server or of every primary of a

@@ -274,7 +274,7 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
         The record is read first when this instance last read it too early to know what it
         says of these slots: a claim decided on an outdated view (a record made again with a
         shorter memory meanwhile) could win a slot whose first claim Redis has forgotten
-        already (issue 24, class 10). The read and the claims are then two round trips; a
+        already, and run it twice. The read and the claims are then two round trips; a
         raise between them only limits these slots to the memory they are claimed with."""
         if self._memory is None:
             raise BackendError(f"{self.name} is not started")

@@ -1,9 +1,9 @@
-"""The lease rules of issue 18 on every lease backend against the real thing (the ``fleet``
+"""The lease rules on every lease backend against the real thing (the ``fleet``
 fixture: MemoryBackend, a SQLite file, the PostgreSQL server of ``postgres_dsn``, the Redis server
 of ``redis_url`` and the Redis Cluster of ``redis_cluster_url``):
 
 * a slot far ahead of the backend's clock is refused, so a fast clock cannot fence a job, and
-  the refusal names the clock that moved (issue 24);
+  the refusal names the clock that moved;
 * manual runs never move the fence scheduled slots must pass, and are restarted only while they
   are the job's latest run;
 * a take-over leaves a slot that waited longer than the job's retry window for a runner;
@@ -12,8 +12,8 @@ of ``redis_url`` and the Redis Cluster of ``redis_cluster_url``):
 
 On SQLite and PostgreSQL only (``sql_fleet``), what is a database's: a lock wait must fit in a
 third of the lease, and a release answers within it; a lost attempt is recorded in the
-take-over's own transaction; tables of version 1 are upgraded; and issue 18 end to end, a
-Scheduler 2 minutes fast beside an honest one. What only Redis has (the optimistic take-over's
+take-over's own transaction; tables of version 1 are upgraded; and, end to end, a Scheduler 2
+minutes fast beside an honest one. What only Redis has (the optimistic take-over's
 commit, a stalled link, a killed runner process) is in tests/backends/redis/test_redis_lease.py.
 
 Slot times are built from the backend's clock (the host's: the servers run here), with margins
@@ -51,10 +51,10 @@ from brokersched.abc import JobPolicy, Lease, Slot
 from brokersched.backends._sql import SCHEMA_VERSION
 from brokersched.backends.memory import MemoryBackend
 from brokersched.backends.postgres import PostgresBackend
-from brokersched.backends.postgres import _Statements as PostgresStatements
+from brokersched.backends.postgres._statements import Statements as PostgresStatements
 from brokersched.backends.redis import RedisLeaseBackend, runs_key
 from brokersched.backends.sqlite import SQLiteBackend
-from brokersched.backends.sqlite import _Statements as SQLiteStatements
+from brokersched.backends.sqlite._statements import Statements as SQLiteStatements
 from tests.support.leases import (
     SLOT,
     TTL,
@@ -74,8 +74,8 @@ from tests.support.wait import until
 
 __all__ = ["redis_cluster_url"]
 
-AHEAD_MS = 120_000  # the operator's machine in issue 18 was 2 minutes fast
-OLD_MS = 32_000  # the slot in issue 18 restarted 32 s late...
+AHEAD_MS = 120_000  # a member's machine 2 minutes fast
+OLD_MS = 32_000  # a slot handed over, restarted 32 s late...
 WINDOW = timedelta(seconds=5)  # ... with catch_up=0, max_late=5s
 TTL_MS = TTL // timedelta(milliseconds=1)
 RACERS = 8
@@ -127,11 +127,11 @@ async def test_the_bound_reads_the_backends_clock_not_the_instances(fleet: Fleet
 
 
 async def test_a_fast_fleet_member_no_longer_silences_the_job(sql_fleet: Fleet) -> None:
-    """Issue 18: a member 2 minutes fast claimed every slot 2 minutes ahead, and the honest
-    members were refused every slot. Now its claims (scheduled, and manual as from
-    ``brokersched trigger``) are skipped with the reason, and the honest member runs the job.
-    On the SQL stores only, where issue 18 was met: a Scheduler test of seconds, whose store
-    rule the two tests around it check on every backend."""
+    """A member 2 minutes fast claimed every slot 2 minutes ahead, and the honest members were
+    refused every slot. Its claims (scheduled, and manual as from ``brokersched trigger``) are
+    skipped with the reason, and the honest member runs the job. On the SQL stores only: a
+    Scheduler test of seconds, whose store rule the two tests around it check on every
+    backend."""
     ran: dict[str, list[int]] = {"honest": [], "fast": []}
     skips: list[tuple[str, str | None]] = []
     members = {
@@ -192,12 +192,13 @@ def test_max_clock_skew_is_validated(tmp_path: Path) -> None:
         assert caught.value.option == "max_clock_skew"
 
 
-# -- issue 24, class 4: the refusal names the clock that moved --------------------------------
+# -- the refusal names the clock that moved -------------------------------------------------
 
 
 async def test_a_store_clock_stepped_back_is_named(fleet: Fleet) -> None:
-    """Issue 24 (4): the store's clock stepped back 10 s; every claim was refused and the
-    warning told the operator to fix the instance's clock. It names the store's clock now."""
+    """The store's clock stepped back 10 s: every claim is refused, and the warning names the
+    store's clock, not the instance's (whose clocks kept time), so the operator fixes the right
+    one."""
     backend = await fleet.start()
     await backend.release(lease_of(await acquire(backend, Slot("job", now_ms()))))
     await fleet.set_store_time(now_ms() - 10_000)  # this instance's clocks keep time
@@ -353,7 +354,7 @@ async def backdate(fleet: Fleet, slot: Slot, ms: int) -> None:
 async def test_a_slot_handed_over_at_a_full_fleet_stop_is_not_rerun_later(
     fleet: Fleet,
 ) -> None:
-    """Issue 18: the whole fleet stopped, handing the slot over; nobody took it; the next start
+    """The whole fleet stopped, handing the slot over; nobody took it; the next start
     comes 32 s later, with catch_up=0 and max_late=5s: it is not restarted (its runner
     recorded it interrupted when it stopped)."""
     stopping, starting = await fleet.start(), await fleet.start()

@@ -1,5 +1,5 @@
-"""A run completes just as its store goes away for less than ``lease_ttl`` (issue 24, classes
-2 and 3): a connection blip (PostgreSQL, Redis, NATS, through a TcpProxy that cuts and restores the
+"""A run completes just as its store goes away for less than ``lease_ttl``: a
+connection blip (PostgreSQL, Redis, NATS, through a TcpProxy that cuts and restores the
 runner's link) or another process holding SQLite's write lock. The runner keeps retrying the
 release until it lands, so the completed slot is never taken over and run again.
 

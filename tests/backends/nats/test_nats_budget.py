@@ -1,4 +1,4 @@
-"""The JetStream account's budget (issue 28.2) on a nats-server of the test's own (a free
+"""The JetStream account's budget on a nats-server of the test's own (a free
 port, stopped at the end) whose account has JetStream limits: another application's stream
 fills the account's storage, and both NATS backends, reading the account at start and every
 ``budget_interval`` of their virtual clock, shed (no new claim published, no new lease taken:

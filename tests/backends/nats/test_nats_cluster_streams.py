@@ -1,4 +1,4 @@
-"""``replicas`` against the server and an existing stream (issue 16, item 3), on the machine's
+"""``replicas`` against the server and an existing stream, on the machine's
 single NATS server: a replicated stream it cannot have fails ``start()`` with one
 ``ConfigurationError`` naming the stream, both counts and what to do. Raising an existing
 stream's count on a real cluster is in tests/cluster/test_nats_cluster.py.

@@ -1,5 +1,5 @@
 """Stream settings that break the claim guarantee, its bounded size or the history are refused by
-``NATSBackend.start()`` (issue 18, item 2), against the real NATS server.
+``NATSBackend.start()``, against the real NATS server.
 
 Each refused setting is pre-created as an operator would, under a unique prefix; the error must
 name the stream, the setting, its value and the fix, and the fix (applied as ``nats stream edit``
@@ -451,7 +451,7 @@ async def test_a_current_server_keeps_those_settings_and_start_refuses_the_strea
         await delete_streams(current_nats_url, prefix)
 
 
-# -- issue 18, item 2, end to end --------------------------------------------------------------
+# -- a claims stream that forgets claims on a restart, end to end -----------------------------
 
 
 async def test_a_claims_stream_with_max_msgs_forgets_claims_on_restart_so_start_refuses_it(
@@ -462,12 +462,12 @@ async def test_a_claims_stream_with_max_msgs_forgets_claims_on_restart_so_start_
     the stored messages only, so a late instance wins a slot that already ran. ``start()``
     therefore refuses the stream; once edited as the error says, claims survive a restart."""
     async with nats_server(tmp_path / "store", binary=nats_server_binary) as server:
-        prefix = "issue18"
+        prefix = "max-msgs-restart"
         await create_stream(server.url, claims_stream(prefix, max_msgs=1))
         ran = Slot("report", now_ms() - 1000)
         later = Slot("report", now_ms())
 
-        # The bug, with the check switched off (the backend before the fix).
+        # Why: with the check switched off, a restart lets a late instance win a slot that ran.
         with monkeypatch.context() as patch:
             patch.setattr(_streams, "claims_problems", lambda *_: [])
             early = NATSBackend(server.url, prefix=prefix, slot_ttl=SLOT_TTL)
@@ -486,7 +486,7 @@ async def test_a_claims_stream_with_max_msgs_forgets_claims_on_restart_so_start_
             finally:
                 await late.stop()
 
-        # The fix: start() refuses the stream, naming the setting, its value and the fix.
+        # So start() refuses the stream, naming the setting, its value and the fix.
         message = await refused(server.url, prefix, option="slot_ttl")
         assert f"stream '{prefix}-claims' cannot be used: max_msgs is 1" in message
         assert f"nats stream edit {prefix}-claims --max-msgs=-1" in message
@@ -558,7 +558,7 @@ async def test_a_longer_slot_ttl_raises_the_claims_window_and_a_shorter_one_keep
 
         # Claims work; a slot that fell due before the raise is claimed at most the old window
         # late (less the margin): the raise is noted in the stream, so any instance started
-        # after it knows (issue 24, class 6: an at() slot ran twice).
+        # after it knows (else an at() slot claimed after the old window forgot it runs twice).
         fresh = Slot("report", now_ms() + 1100)  # more than max_clock_skew after the raise
         assert await new.claim(fresh, instance_id="new", run_id="r2", timeout=2)
         assert not await new.claim(fresh, instance_id="new", run_id="r3", timeout=2)

@@ -523,7 +523,7 @@ async def test_history_honours_a_lowered_history_size(
 async def test_a_claim_finding_no_free_channel_in_time_is_skipped_as_overloaded(
     fleet: Callable[..., Any],
 ) -> None:
-    """Issue 13: at a load the broker cannot carry, claims must not pile up behind each other
+    """At a load the broker cannot carry, claims must not pile up behind each other
     (and their slots run late): one that finds no free channel within a quarter of
     claim_timeout is skipped at once, saying why."""
     backend = await fleet(channels=1, claim_timeout="4s")

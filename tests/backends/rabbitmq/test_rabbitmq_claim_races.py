@@ -205,7 +205,7 @@ async def test_a_queue_deleted_between_the_ack_and_its_check_fails_closed(
     assert outcomes[1] is True  # the queue holds no claim: the next claim rightly wins
 
 
-# -- claim queues made beforehand by something else (issue 24, class 12) ------------------------
+# -- claim queues made beforehand by something else ------------------------------------------
 
 # A claim queue as someone makes it from the README's table: capped at one message, refusing
 # the next, but without brokersched's x-expires (the fleet's slot memory).

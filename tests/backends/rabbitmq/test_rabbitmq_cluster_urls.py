@@ -1,4 +1,4 @@
-"""RabbitMQBackend given the URLs of several nodes (issue 16): it starts on the first node that
+"""RabbitMQBackend given the URLs of several nodes: it starts on the first node that
 answers and, once connected, moves to the next node when its connection is lost. Here the
 "nodes" are TCP proxies in front of the one local broker, so a node can be cut off in one step;
 tests/cluster/test_rabbitmq_cluster.py does the same on a real cluster. Both behaviour tests

@@ -1,4 +1,4 @@
-"""One slot memory per RabbitMQ fleet (issue 18, item 1), against the real broker.
+"""One slot memory per RabbitMQ fleet, against the real broker.
 
 A claim queue takes its ``x-expires`` from the instance that declares it first. Instances of one
 prefix with different ``slot_ttl`` (a rolling deploy from 2s to 20s) must never both win a slot:
@@ -142,7 +142,7 @@ async def fleet(make: Callable[..., RabbitMQBackend]) -> AsyncIterator[Callable[
 async def test_a_slot_won_under_a_short_slot_ttl_is_never_won_again_by_a_longer_one(
     fleet: Callable[..., Any], first: str
 ) -> None:
-    """Issue 18: the old version (short) wins the slot, the new one (long) comes later by
+    """The old version (short) wins the slot, the new one (long) comes later by
     jitter, within its larger max_late, after the short queue would have expired."""
     second = LONG if first == SHORT else SHORT
     backends = {first: await fleet(first), second: await fleet(second)}
@@ -756,11 +756,11 @@ async def test_a_record_or_lock_queue_made_with_other_settings_is_refused_with_t
 async def test_a_losing_claim_is_one_publish_without_the_fence_or_a_declare(
     fleet: Callable[..., Any],
 ) -> None:
-    """Issue 13: a loser need not make what the winner made. Its publish is refused by the
-    winner's queue, and that is the whole claim: an instance whose view of the fleet's memory
-    is outdated loses without finding its fence gone (which a declare would need first). The
-    check of the job's first refused claim (issue 24) declares the queue, but reads no fence:
-    a queue of another memory is brokersched's, and the loss stands."""
+    """A loser need not make what the winner made. Its publish is refused by the winner's
+    queue, and that is the whole claim: an instance whose view of the fleet's memory is
+    outdated loses without finding its fence gone (which a declare would need first). The
+    check of the job's first refused claim (that brokersched made the queue) declares it, but
+    reads no fence: a queue of another memory is brokersched's, and the loss stands."""
     short = await fleet(SHORT)
     long = await fleet(LONG)  # raises the fleet's memory: short's fence is gone
     slot = now_slot()

@@ -1,5 +1,5 @@
-"""RabbitMQ history: one stream per prefix (issue 28: no quorum queue per job, which hung a broker
-with a soft open-files limit of 1024 at ~310 jobs), with the per-job bounds kept by the backend,
+"""RabbitMQ history: one stream per prefix (no quorum queue per job, which hung a broker with a
+soft open-files limit of 1024 at ~310 jobs), with the per-job bounds kept by the backend,
 against the real broker on 127.0.0.1:5672. The node loss is in
 tests/cluster/test_rabbitmq_cluster.py."""
 

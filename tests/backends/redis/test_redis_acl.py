@@ -96,7 +96,7 @@ async def test_the_readme_acl_runs_both_redis_backends(acl_url: str) -> None:
 
 
 async def fleet_records(backend: RedisBackend) -> None:
-    """Presence and a control change, as a running scheduler makes them (issue 25)."""
+    """Presence and a control change, as a running scheduler makes them."""
     now = SystemClock().now()
     me = Instance("a", "host", 1, "v", now, now, timedelta(seconds=5))
     await backend.publish_instance(me)

@@ -1,4 +1,4 @@
-"""The Redis server's budget (issue 28.2) on a server of the test's own (``redis-server
+"""The Redis server's budget on a server of the test's own (``redis-server
 --maxmemory 4mb``, a free port, stopped at the end), read at start and every
 ``budget_interval`` of the backend's virtual clock: filled under an evicting policy, the
 backend sheds (no new claim nor lease: the slot is skipped, never run twice) and the metric

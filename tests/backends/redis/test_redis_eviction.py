@@ -143,7 +143,7 @@ async def test_when_neither_config_nor_info_answers_start_warns(
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         await backend.start(CLOCK)  # not refused: the policy is unknown
     await backend.stop()
-    # and, once, that the server's budget (issue 28.2, INFO memory and clients) is not read
+    # and, once, that the server's budget (INFO memory and clients) is not read
     message, budget = records_of(caplog, logging.WARNING)
     assert budget.startswith("RedisBackend: the server's budget could not be read: ")
     assert "unknown command 'INFO'" in budget

@@ -152,7 +152,7 @@ async def test_a_lost_record_is_made_again_by_the_next_claim(
     long = await fleet(LONG)
     await client.delete(slot_memory_key(prefix))
     # A slot that fell due before the record was made again is not claimed: what memory its
-    # first claim had is unknown (issue 24, class 10). A later one is.
+    # first claim had is unknown, so it may have been forgotten already. A later one is.
     due = now_slot()
     refused = await claim(long, Slot(due.job, due.slot_ms - 100))
     assert isinstance(refused, BackendError)

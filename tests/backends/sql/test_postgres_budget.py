@@ -1,4 +1,4 @@
-"""PostgreSQL's budget (issue 28.2) read on the tests' server: the figures are coherent (this
+"""PostgreSQL's budget read on the tests' server: the figures are coherent (this
 backend's own connection counted, the limit what ordinary roles may open); the states are
 the pure function's (tests/unit/test_server_budgets.py)."""
 
@@ -12,8 +12,8 @@ import asyncpg
 
 from brokersched import BackendError
 from brokersched.abc import BrokerBudget, JobPolicy, Lease, Slot
-from brokersched.backends._postgres_budget import BUDGET_SQL
 from brokersched.backends.postgres import PostgresBackend
+from brokersched.backends.postgres._budget import BUDGET_SQL
 from brokersched.testing import TestClock
 from tests.support.leases import drop_schema
 from tests.support.names import unique

@@ -1,15 +1,16 @@
-"""Issue 24, classes 4 and 5: the store's clock.
+"""The store's clock.
 
-* 4: the database's clock stepped back 10 s; every claim was refused as clock skew and the
-  warning told the operator to fix the *instance's* clock. ``skew_diagnosis`` tells which clock
-  moved (checked here on virtual readings, then through a scheduler whose SQLite store clock is
-  moved by its one hook, ``_store_now_ms``; tests/backends/multi/test_lease_rules.py checks
-  each lease backend, PostgreSQL's and Redis's real servers included).
-* 5: SQLite's store clock was ``julianday('now')``, the calling process's own time: a process
+* Which clock moved: when the database's clock steps back 10 s every claim is refused as clock
+  skew, and the warning must name the store's clock, not tell the operator to fix the
+  *instance's*. ``skew_diagnosis`` tells which clock moved (checked here on virtual readings,
+  then through a scheduler whose SQLite store clock is moved by its one hook,
+  ``_store_now_ms``; tests/backends/multi/test_lease_rules.py checks each lease backend,
+  PostgreSQL's and Redis's real servers included).
+* SQLite's store clock is the host's kernel clock, read by a direct system call, which
+  libfaketime does not fake. ``julianday('now')`` is the calling process's own time: a process
   run under libfaketime +40 s judged its claims on its own fast clock, fenced 40 s of slots
-  and the fleet ran nothing. SQLite now reads the host's kernel clock by a direct system call,
-  which libfaketime does not fake: a real second process under ``faketime -f +40s`` is refused
-  its slots ahead, and the honest process keeps running every slot.
+  and the fleet ran nothing. A real second process under ``faketime -f +40s`` is refused its
+  slots ahead, and the honest process keeps running every slot.
 
 A faked worker runs ``python -m tests.support.store_clock_worker '<spec>'`` under ``faketime``.
 """
@@ -41,7 +42,7 @@ from tests.support.wait import until
 
 ROOT = REPO_ROOT
 STORE = ClockName("PostgreSQL's clock_timestamp()", "the PostgreSQL server")
-FAST_S = 40  # the issue's libfaketime offset
+FAST_S = 40  # the libfaketime offset: ahead by far more than max_clock_skew
 
 
 # -- 4: which clock moved, on virtual readings ----------------------------------------------
@@ -199,9 +200,9 @@ def read_lines(path: Path) -> list[str]:
 async def test_a_process_faked_fast_is_refused_and_the_fleet_keeps_running(
     tmp_path: Path, fast_worker: Any
 ) -> None:
-    """Issue 24 (5): one process under libfaketime +40 s claimed every slot 40 s ahead, 16
-    slots nobody ran, the fleet silent 40 s. Its claims are refused now (clock-skew) and the
-    honest process runs every slot."""
+    """One process under libfaketime +40 s, judged on its own clock, claimed every slot 40 s
+    ahead: 16 slots nobody ran, the fleet silent 40 s. Its claims are refused (clock-skew) and
+    the honest process runs every slot."""
     db, log = tmp_path / "leases.db", tmp_path / "fast.log"
     ran: list[int] = []
     skips: list[SkipEvent] = []

@@ -1,5 +1,5 @@
 """A fleet member on SQLite (the file in ``BROKERSCHED_TEST_DB``) that beats every 200 ms and
-holds a long run: what a kill -9 leaves behind (issue 25)."""
+holds a long run: what a kill -9 leaves behind."""
 
 from __future__ import annotations
 

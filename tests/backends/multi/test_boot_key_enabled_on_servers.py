@@ -1,6 +1,7 @@
-"""The boot runs, job keys and disabled instances of tests/unit/test_seeds_*.py on the real
-servers: a fleet's boot run happens once, a renamed job keeping its key never runs a slot
-twice, a disabled instance's trigger goes through the claim."""
+"""The boot runs, job keys and disabled instances of tests/unit/test_boot_runs.py,
+test_job_key.py and test_scheduler_enabled.py on the real servers: a fleet's boot run happens
+once, a renamed job keeping its key never runs a slot twice, a disabled instance's trigger goes
+through the claim."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ async def _history(backend: Backend) -> list[Any]:
 
 @pytest.mark.parametrize("kind", ["postgres", "rabbitmq", "nats", "redis", "sqlite"])
 async def test_a_fleet_boot_run_happens_once(request: pytest.FixtureRequest, kind: str) -> None:
-    async with fresh_namespace(request, kind, "seeds") as make:
+    async with fresh_namespace(request, kind, "bootkey") as make:
         runs = await boot_three([make() for _ in range(3)])
     assert len(runs.of("sweep")) == 1
     assert len({i for i, _, _ in runs.of("warm")}) == 3
@@ -73,7 +74,7 @@ async def test_a_fleet_boot_run_happens_once(request: pytest.FixtureRequest, kin
 @pytest.fixture(params=["postgres", "rabbitmq", "nats", "redis"])
 async def make_backend(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[], Backend]]:
     """A factory of backends of one fresh namespace on a real server (one per instance)."""
-    async with fresh_namespace(request, request.param, "seeds") as make:
+    async with fresh_namespace(request, request.param, "bootkey") as make:
         # virtual slots run ahead of the database's clock
         skew = {"max_clock_skew": "1h"} if request.param == "postgres" else {}
         yield lambda: make(**skew)
@@ -112,7 +113,7 @@ async def test_a_disabled_instance_triggers_through_rabbitmq(
 ) -> None:
     """On a claim-only backend a trigger from a disabled instance is claimed and recorded."""
     runs = Runs()
-    async with fresh_namespace(request, "rabbitmq", "seeds") as make:
+    async with fresh_namespace(request, "rabbitmq", "bootkey") as make:
         scheduler = Scheduler(make(), jitter=0, enabled=False)
         job = scheduler.every("sync", "1s", runs)
         async with scheduler:

@@ -1,4 +1,4 @@
-"""The PostgreSQL server's budget (issue 28.2), read over the backend's own pool: the client
+"""The PostgreSQL server's budget, read over the backend's own pool: the client
 connections open (``pg_stat_activity``, ``backend_type = 'client backend'``; a role without
 ``pg_read_all_stats`` sees other roles' sessions with no type: counted when in a database)
 against what ordinary roles may open, ``max_connections`` less
@@ -16,8 +16,8 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 
-from ..abc import BrokerBudget
-from ._budget import SHED, BudgetWatch, Effects, Part, judge, share
+from ...abc import BrokerBudget
+from .._budget import SHED, BudgetWatch, Effects, Part, judge, share
 
 __all__ = ["BUDGET_SQL", "EFFECTS", "postgres_budget_watch", "read_budget"]
 

@@ -261,7 +261,7 @@ scheduler.at("migrate", datetime(2029, 1, 1, tzinfo=UTC), work)
 
 @pytest.fixture
 def app(tmp_path: Path) -> str:
-    path = tmp_path / f"seeds_app_{secrets.token_hex(4)}.py"  # imported in process: unique
+    path = tmp_path / f"overrides_app_{secrets.token_hex(4)}.py"  # imported in process: unique
     path.write_text(APP)
     return f"{path}:scheduler"
 
@@ -306,7 +306,7 @@ def test_jobs_shows_keys_overrides_and_the_enabled_state(app: str) -> None:
 
 
 def test_jobs_shows_overrides_that_are_not_json(tmp_path: Path) -> None:
-    path = tmp_path / f"seeds_at_{secrets.token_hex(4)}.py"
+    path = tmp_path / f"overrides_at_{secrets.token_hex(4)}.py"
     path.write_text(APP_AT)
     result = jobs_in_process(f"{path}:scheduler")
     assert result.exit_code == 0, result.stderr
@@ -372,13 +372,13 @@ def test_check_reports_every_refused_cli_override_at_once(app: str) -> None:
 
 
 def test_the_environment_reaches_the_cli(tmp_path: Path) -> None:
-    path = tmp_path / f"seeds_plain_{secrets.token_hex(4)}.py"
+    path = tmp_path / f"overrides_plain_{secrets.token_hex(4)}.py"
     path.write_text(APP.replace('overrides={"digest.daily": {"jitter": "5s"}}', ""))
     env = {"BROKERSCHED_OVERRIDES": '{"purge": {"every": "5m"}}'}
     result = jobs_in_process(f"{path}:scheduler", env=env)
     assert result.exit_code == 0, result.stderr
     assert row(result.stdout, "purge")[3] == "every 5m"
-    again = path.with_name(f"seeds_plain_{secrets.token_hex(4)}.py")  # imported afresh
+    again = path.with_name(f"overrides_plain_{secrets.token_hex(4)}.py")  # imported afresh
     again.write_text(path.read_text())
     bad = jobs_in_process(f"{again}:scheduler", env={"BROKERSCHED_OVERRIDES": "{"})
     assert bad.exit_code == 2

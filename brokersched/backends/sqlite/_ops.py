@@ -8,9 +8,9 @@ import os
 import sqlite3
 from pathlib import Path
 
-from ..abc import Finding, Inventory, StoredObject
-from ._ops import LIVE_WINDOW_MS, ago
-from ._sql import schema_finding
+from ...abc import Finding, Inventory, StoredObject
+from .._ops import LIVE_WINDOW_MS, ago
+from .._sql import schema_finding
 
 __all__ = ["doctor", "inventory", "presence", "purge", "table_names"]
 

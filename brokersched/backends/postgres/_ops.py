@@ -8,10 +8,10 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from .._durations import format_duration
-from ..abc import Finding, Inventory, StoredObject
-from ._ops import LIVE_WINDOW, server_finding
-from ._sql import schema_finding
+from ..._durations import format_duration
+from ...abc import Finding, Inventory, StoredObject
+from .._ops import LIVE_WINDOW, server_finding
+from .._sql import schema_finding
 
 __all__ = ["MIN_VERSION", "TABLES", "doctor", "inventory", "presence", "purge"]
 

@@ -1,0 +1,167 @@
+"""The fleet's controls, as this instance applies and changes them: ``Job.pause()`` and friends
+(applied here at once, written through the backend for the whole fleet), the admin API's
+changes, the fleet's instances and runs in progress, and the abort of a run wherever it runs.
+The fleet's presence itself (heartbeats, the reading of the control records) is ``_fleet``'s."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+
+from ._fleet import Change, Fleet, run_in_progress
+from ._fleetrecords import ControlAction, ControlChange, JobControl, RunInProgress
+from ._host import Host
+from ._job import JobState
+from ._lifecycle import LifeCycle
+from .abc import Instance
+
+__all__ = ["FleetControls"]
+
+logger = logging.getLogger("brokersched")
+
+
+class FleetControls:
+    """The controls of ``host``'s jobs; ``life`` says whether the scheduler runs, and gives the
+    runner and the fleet's presence of its current start; ``jobs`` the registered jobs, by
+    name."""
+
+    def __init__(
+        self,
+        host: Host,
+        life: LifeCycle,
+        jobs: Callable[[], dict[str, JobState]],
+    ) -> None:
+        self._host = host
+        self._life = life
+        self._jobs = jobs
+        self._unsent: list[tuple[JobState, ControlAction, str]] = []  # changes before start()
+        self._local_control_said = False
+
+    def apply(self, job: JobState, control: JobControl) -> None:
+        """The fleet's control record of ``job`` (read, or written here) takes effect here."""
+        was = job.halted
+        job.control = control
+        job.paused, job.disabled = control.paused, control.disabled
+        timers = self._life.timers
+        if job.halted and not was:
+            timers.disarm(job)
+        elif was and not job.halted:
+            timers.rearm(job)
+        runner = self._life.runner
+        if job.runs and runner is not None:
+            aborts = control.aborts(self._host.clock.now())
+            for run in list(job.runs.values()):
+                if run.ctx.run_id in aborts:
+                    runner.abort(run, "aborted")
+
+    def control(self, job: JobState, action: ControlAction, by: str | None) -> Change:
+        """``Job.pause()`` and friends: applied here at once, and written through the backend
+        for the whole fleet (at start, when the scheduler is not running)."""
+        life, host = self._life, self._host
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # another thread (start_in_thread's caller): on the scheduler's loop
+            loop = life.loop
+            if loop is not None and life.running and not loop.is_closed():
+                loop.call_soon_threadsafe(self.control, job, action, by)
+                return Change()
+        actor = by or f"code@{host.instance_id}"
+        change = ControlChange(job.settings.key, action, actor, host.clock.now())
+        self.apply(job, (job.control or JobControl(job.settings.key)).apply(change))
+        fleet = life.fleet
+        if not host.backend.fleet:
+            if not self._local_control_said:
+                self._local_control_said = True
+                logger.warning(
+                    "%s keeps no fleet records: %s of job %s applies to this instance only",
+                    host.backend.name,
+                    action,
+                    job.name,
+                )
+            return Change()
+        if fleet is None or not life.running:
+            self._unsent.append((job, action, actor))
+            return Change()
+        written = fleet.change(job, action, actor)
+        written.add_done_callback(functools.partial(self._written, job, action))
+        return Change(written)
+
+    async def send_unsent(self, fleet: Fleet) -> None:
+        """Write the changes made before the start, in order, each once the last has landed."""
+        for job, action, actor in self._unsent:
+            written = fleet.change(job, action, actor)
+            await asyncio.wait([written])
+            self._written(job, action, written)
+        self._unsent.clear()
+
+    def _written(
+        self, job: JobState, action: ControlAction, written: asyncio.Future[JobControl]
+    ) -> None:
+        if not written.cancelled() and (exc := written.exception()) is not None:
+            logger.error(
+                "could not %s job %s for the fleet through %s: %s; it applies to this "
+                "instance only until the backend answers",
+                action,
+                job.name,
+                self._host.backend.name,
+                exc,
+            )
+
+    async def change(
+        self, name: str, action: ControlAction, *, by: str, run_id: str | None = None
+    ) -> JobControl:
+        """``Scheduler.change_control``."""
+        job = self._jobs()[name]
+        fleet = self._life.fleet
+        if fleet is None or not self._life.running or not fleet.enabled:
+            if not self._host.backend.fleet:
+                raise RuntimeError(f"{self._host.backend.name} keeps no fleet records")
+            raise RuntimeError("the scheduler is not running")
+        runner = self._life.runner
+        if action == "abort":
+            for run in list(job.runs.values()):
+                if run.ctx.run_id == run_id and runner is not None:
+                    runner.abort(run, "aborted")  # here: at once
+        return await fleet.change(job, action, by, run_id)
+
+    async def instances(self) -> list[Instance]:
+        """``Scheduler.instances``."""
+        if not self._host.backend.fleet:
+            return []
+        return await self._host.backend.instances()
+
+    async def runs_in_progress(self) -> list[tuple[Instance, RunInProgress]]:
+        """``Scheduler.runs_in_progress``."""
+        here = self._life.fleet
+        found: list[tuple[Instance, RunInProgress]] = []
+        for instance in await self.instances():
+            if here is not None and instance.id == self._host.instance_id and self._life.running:
+                instance = here.presence()
+            found += [(instance, run) for run in instance.running]
+        found.sort(key=lambda pair: pair[1].started_at)
+        return found
+
+    async def abort(self, run_id: str, *, by: str | None = None) -> RunInProgress | None:
+        """``Scheduler.abort``."""
+        actor = by or f"code@{self._host.instance_id}"
+        jobs = self._jobs()
+        for state in jobs.values():
+            here = state.runs.get(run_id)
+            if here is None:
+                continue
+            if self._life.runner is not None:
+                self._life.runner.abort(here, "aborted")
+            if self._host.backend.fleet and self._life.running:  # kept in the job's audit trail
+                await self.change(state.name, "abort", by=actor, run_id=run_id)
+            return run_in_progress(here)
+        for instance, run in await self.runs_in_progress():
+            if run.run_id != run_id or instance.stopped:
+                continue
+            job = self._jobs().get(run.job)
+            if job is None:
+                raise KeyError(f"run {run_id} is a run of job {run.job!r}, unknown here")
+            await self.change(job.name, "abort", by=actor, run_id=run_id)
+            return run
+        return None
