@@ -15,7 +15,9 @@ over the rounds) and with ``--channels`` claims in flight (throughput, the media
 i.e. root on the broker host). ``--cpu N`` measures the broker's own CPU (its Erlang VM's
 utime + stime in /proc/<pid>/stat, before and after) for N winning claims (fresh slots) and
 then N losing claims (the same slots, from a second instance), ``--channels`` in flight: the
-broker must run on this host (``--beam-pid``, else ``rabbitmqctl eval 'os:getpid().'``).
+broker must run on this host (``--beam-pid``, else the process serving the URL's port, found in
+/proc, else ``rabbitmqctl eval 'os:getpid().'``). ``--memory`` asks ``rabbitmqctl``'s default node
+(the 3.10 service here), whatever the URL.
 ``--burst N``: ``--instances`` backends (one connection each, as processes of a fleet) each
 claim N slots falling due at the same instant, all at once (jitter 0): how many are won, lost
 and skipped as overloaded (no free channel within a quarter of ``--claim-timeout``), and when
@@ -216,9 +218,16 @@ async def compare(url: str, claims: int, channels: int, rounds: int) -> tuple[Fi
     return raw_figures, backend_figures
 
 
-def beam_pid(given: int | None) -> int:
+def beam_pid(given: int | None, url: str) -> int:
+    """``--beam-pid``, else the process serving ``url``'s port here (several nodes may run on
+    this machine: rabbitmqctl's default node need not be the one named), else rabbitmqctl's."""
     if given is not None:
         return given
+    sys.path.insert(0, ROOT)
+    from tests.support.beam import serving_pid, url_port
+
+    if (pid := serving_pid(url_port(url))) is not None:
+        return pid
     output = subprocess.run(
         ["rabbitmqctl", "eval", "os:getpid()."], check=True, capture_output=True, text=True
     ).stdout
@@ -343,7 +352,7 @@ async def main() -> None:
         if not args.claims:
             return
     if args.cpu:
-        await broker_cpu(args.url, args.cpu, args.channels, beam_pid(args.beam_pid))
+        await broker_cpu(args.url, args.cpu, args.channels, beam_pid(args.beam_pid, args.url))
         if not args.claims:
             return
 
@@ -366,7 +375,8 @@ async def main() -> None:
 async def remove_what_this_run_made(url: str) -> None:
     """Every queue, stream and exchange of this run's prefixes (the claim queues the measures
     delete, and the backends' slot memory, its lock and fences, the history stream): by
-    prefix, through tests/support/leftovers.py (rabbitmqctl), also after Ctrl-C."""
+    prefix, through tests/support/leftovers.py (the management API of the node serving the URL's
+    port, else its rabbitmqctl), also after Ctrl-C."""
     sys.path.insert(0, ROOT)
     from tests.support.leftovers import remove_rabbitmq
 

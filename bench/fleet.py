@@ -17,8 +17,9 @@ the same window of ``--seconds`` on the wall clock; what happens inside it is me
 * ``cpu/run``: CPU time (user + system) of all scheduler processes over the window divided by
   the runs in it (``inst``), and the same for the server (``srv``): PostgreSQL's connection
   processes of this fleet (found by ``application_name`` in ``pg_stat_activity``), or the
-  whole ``nats-server``, RabbitMQ ``beam.smp`` or ``redis-server`` process (which other
-  clients of a shared server add to). Read from ``/proc/<pid>/stat`` (Linux).
+  whole ``nats-server``, RabbitMQ ``beam.smp`` (the one serving the URL's port) or
+  ``redis-server`` process (which other clients of a shared server add to). Read from
+  ``/proc/<pid>/stat`` (Linux).
 
 ``--apscheduler PYTHON``: the same shape with APScheduler 4 on PostgreSQL (SQLAlchemy data store
 + asyncpg event broker), run by ``PYTHON`` from a venv of its own (it is not a dependency):
@@ -180,6 +181,16 @@ def server_pids(name: str, pattern: str) -> list[int]:
     return [int(line.split()[0]) for line in found.splitlines() if pattern in line]
 
 
+def rabbitmq_pids(url: str) -> list[int]:
+    """The Erlang VM serving ``url``'s port (several RabbitMQ nodes may run here: the 3.10
+    service, scripts/rabbitmq4.sh's 4.0 nodes), else every ``beam.smp``."""
+    sys.path.insert(0, str(ROOT))
+    from tests.support.beam import serving_pid, url_port
+
+    pid = serving_pid(url_port(url))
+    return [pid] if pid is not None else server_pids("beam.smp", "")
+
+
 @dataclass
 class Result:
     label: str
@@ -276,6 +287,8 @@ async def fleet(backend: str, procs: int, jobs: int, seconds: int, jitter: str, 
         process, pattern = SERVER_PROCESS[backend]
 
         async def pids() -> list[int]:
+            if backend == "rabbitmq":  # the node serving the URL's port, of those running here
+                return rabbitmq_pids(where)
             return server_pids(process, pattern)
 
         server = ServerCPU(pids)

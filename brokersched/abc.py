@@ -488,10 +488,12 @@ class Backend(ABC):
         default: not supported (raises ``NotImplementedError``)."""
         raise NotImplementedError(f"{self.name} does not implement purge()")
 
-    async def doctor(self) -> list[Finding]:
+    async def doctor(self, *, slots: Sequence[Slot] = ()) -> list[Finding]:
         """Check the live server against the guarantees; one ``Finding`` per check. Connects
-        for the call, on a backend that is not started, and creates nothing. The default
-        has no check to make."""
+        for the call, on a backend that is not started, and creates nothing. ``slots``: the
+        application's claimed slots of one slot memory ahead, for a backend whose server's
+        need depends on them (RabbitMQ names the open-files limit its claim queues need).
+        The default has no check to make."""
         return [
             Finding(
                 "warning",

@@ -1329,6 +1329,31 @@ def _recent_slots(scheduler: Scheduler[Any]) -> list[Slot]:
     return slots
 
 
+_MAX_SLOTS_AHEAD = 65_536  # per job: an every-second job with a 5-minute slot memory has 300
+
+
+def _slots_ahead(scheduler: Scheduler[Any]) -> list[Slot]:
+    """The slots of the application's claimed jobs within one slot memory from now: what a
+    claim backend keeps alive at once (RabbitMQ's doctor sizes the node's open files by it)."""
+    memory = scheduler.backend.capabilities.slot_memory
+    if memory is None:
+        return []
+    now = datetime.now(UTC)
+    slots: list[Slot] = []
+    for job in scheduler.jobs():
+        if not job.options.claim:
+            continue
+        count = 16  # asked for in growing batches: a daily cron job's thousandth run is far
+        runs = job.schedule.next_runs(count, now)
+        while len(runs) == count and runs[-1] <= now + memory and count < _MAX_SLOTS_AHEAD:
+            count *= 4
+            runs = job.schedule.next_runs(count, now)
+        slots += [
+            Slot(job.key, round(when.timestamp() * 1000)) for when in runs if when <= now + memory
+        ]
+    return slots
+
+
 def _show_inventory(found: Inventory, verb: str) -> None:
     click.echo(redact_text(f"{found.backend} {found.namespace!r}: {verb} {len(found.objects)}"))
     for item in found.objects:
@@ -1351,7 +1376,7 @@ def doctor(app: str, as_json: bool) -> None:
     configure_logging("text", "ERROR", quiet_clients=True)
     scheduler = _load(app, ())
     backend: Backend = scheduler.backend
-    findings: list[Finding] = _run_async(backend.doctor())
+    findings: list[Finding] = _run_async(backend.doctor(slots=_slots_ahead(scheduler)))
     errors = sum(finding.severity == "error" for finding in findings)
     if as_json:
         report = {

@@ -1,4 +1,4 @@
-"""The server's budget, watched while a backend runs (issue 28.2): what every backend shares.
+"""The server's budget, watched while a backend runs: what every backend shares.
 
 A backend reads its server's limits and usage at ``start()`` and every ``budget_interval``
 (30 s) through its own pure ``read_budget`` (RabbitMQ: the management API; Redis: ``INFO``;

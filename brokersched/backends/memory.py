@@ -268,7 +268,7 @@ class MemoryBackend(LeaseBackendBase):
     async def purge(self, inventory: Inventory) -> Inventory:
         return Inventory(self.name, inventory.namespace, unknown=(_IN_PROCESS,))
 
-    async def doctor(self) -> list[Finding]:
+    async def doctor(self, *, slots: Sequence[Slot] = ()) -> list[Finding]:
         return [Finding("ok", "backend", f"{self.name}: {_IN_PROCESS}")]
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:

@@ -563,7 +563,7 @@ async def test_doctor_rabbitmq_policy_on_claim_queues_fails(
     assert good.returncode == 0, good.stdout + good.stderr
     found = {f["check"]: f for f in findings_of(good)}
     assert found["policies"]["severity"] == "ok"
-    assert "open-files limit 1024" in found["file descriptors"]["found"]
+    assert "open-files limit (1024)" in found["file descriptors"]["found"]
     assert found["file descriptors"]["severity"] == "warning"  # 1024: below 4096
     assert found["footprint"]["found"].startswith(f"prefix {prefix!r}: 0 claim queue(s)")
     definition = json.dumps({"message-ttl": 1000, "max-length": 5})
@@ -635,10 +635,11 @@ def test_claim_policy_findings() -> None:
 
 
 def test_fd_finding_against_the_quorum_queue_budget() -> None:
-    node = {"name": "n", "fd_total": 1024, "fd_used": 100}
-    assert fd_finding(node, 300).severity == "error"  # (1024 - 97) / 3 = 309
-    assert fd_finding(node, 10).severity == "warning"
-    assert fd_finding({**node, "fd_total": 65536}, 300).severity == "ok"
+    node = {"name": "n", "fd_total": 1024, "fd_used": 100}  # no version told: both rules
+    quorum = [{"type": "quorum"}]
+    assert fd_finding(node, quorum * 300).severity == "error"  # (1024 - 97) / 3 = 309
+    assert fd_finding(node, quorum * 10).severity == "warning"
+    assert fd_finding({**node, "fd_total": 65536}, quorum * 300).severity == "ok"
 
 
 async def test_purge_redis_cluster_removes_keys_on_every_node(redis_cluster_url: str) -> None:

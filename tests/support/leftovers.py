@@ -3,21 +3,21 @@ tests/conftest.py).
 
 Every name a test gives what it makes starts with this run's prefix (``names.RUN_PREFIX``), so
 at the session's end this plugin lists, on each shared server the run used, what still carries
-that prefix: RabbitMQ queues and exchanges (on a local broker, through the node that serves
-the run's AMQP port: its management API, beside it on the port 10000 higher, else this
-machine's ``rabbitmqctl``; AMQP cannot list), NATS streams (KV buckets included), Redis keys,
-PostgreSQL schemas, and files in the temporary directory. It removes them, through
-``brokersched purge``'s machinery where the backend has it (``Backend.inventory()``/``purge()``
-of each prefix found, then by name), so an interrupted run cleans up too, and fails the run
-naming each one: a test that leaves something behind is a bug. Objects of other runs (other
-prefixes) and of anything else are never touched.
+that prefix: RabbitMQ queues and exchanges (on a local broker, through the node that serves the
+run's AMQP port: its management API, beside it on the port 10000 higher, else the
+``rabbitmqctl`` of the node on this machine that port is the default of, the 3.10 service's or a
+scripts/rabbitmq4.sh node's, checked to serve it; AMQP cannot list), NATS streams (KV buckets
+included), Redis keys, PostgreSQL schemas, and files in the temporary directory. It removes
+them, through ``brokersched purge``'s machinery where the backend has it
+(``Backend.inventory()``/``purge()`` of each prefix found, then by name), so an interrupted run
+cleans up too, and fails the run naming each one: a test that leaves something behind is a bug.
+Objects of other runs (other prefixes) and of anything else are never touched.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -104,16 +104,28 @@ async def _rabbitmq_by_management(url: str, vhost: str) -> list[tuple[str, str]]
     return found
 
 
+def _rabbitmqctl_of(port: int) -> list[str] | None:
+    """The rabbitmqctl of the node on this machine whose default AMQP port is ``port`` (the
+    3.10 service's, or a node of scripts/rabbitmq4.sh run through it); ``None``: none here."""
+    from tests.support.servers import RABBITMQ_SERVERS
+
+    for server in RABBITMQ_SERVERS.values():
+        if (urlsplit(server.default).port or 5672) == port:
+            return server.rabbitmqctl()
+    return None
+
+
 async def _rabbitmq_by_rabbitmqctl(port: int, vhost: str) -> list[tuple[str, str]] | None:
-    """The queues and exchanges of ``vhost`` as this machine's ``rabbitmqctl`` lists them on its
-    default node; ``None`` when there is no rabbitmqctl, or its node does not serve ``port``."""
-    ctl = shutil.which("rabbitmqctl", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
+    """The queues and exchanges of ``vhost`` as the ``rabbitmqctl`` of the node on this machine
+    that ``port`` is the default port of lists them; ``None`` when there is none, or its node
+    does not serve ``port``."""
+    ctl = _rabbitmqctl_of(port)
     if ctl is None:
         return None
 
     def run(*args: str) -> str:
         return subprocess.run(
-            [ctl, "-s", *args], capture_output=True, text=True, timeout=_BOUND_S, check=True
+            [*ctl, "-s", *args], capture_output=True, text=True, timeout=_BOUND_S, check=True
         ).stdout
 
     status = json.loads(await asyncio.to_thread(run, "status", "--formatter", "json"))

@@ -364,7 +364,7 @@ class NATSBackend(ClaimBackend):
     async def purge(self, inventory: Inventory) -> Inventory:
         return await self._operation("delete its streams", _ops.purge, inventory)
 
-    async def doctor(self) -> list[Finding]:
+    async def doctor(self, *, slots: Sequence[Slot] = ()) -> list[Finding]:
         async def check(js: JetStreamContext, nc: NATSClient) -> list[Finding]:
             version = nc.connected_server_version
             shown = None if version is None else f"{version.major}.{version.minor}.{version.patch}"

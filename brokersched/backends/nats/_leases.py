@@ -591,7 +591,7 @@ class NATSLeaseBackend(LeaseBackendBase):
 
         return await self._operation("delete its streams", purge, inventory)
 
-    async def doctor(self) -> list[Finding]:
+    async def doctor(self, *, slots: Sequence[Slot] = ()) -> list[Finding]:
         async def check(js: JetStreamContext, nc: NATSClient) -> list[Finding]:
             version = nc.connected_server_version
             shown = None if version is None else f"{version.major}.{version.minor}.{version.patch}"

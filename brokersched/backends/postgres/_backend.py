@@ -272,7 +272,7 @@ class PostgresBackend(PostgresLeases, PostgresFleet):
         """Drop the tables and the function of ``inventory``, then the schema if it is empty."""
         return await self._operation("drop its tables", _ops.purge, inventory)
 
-    async def doctor(self) -> list[Finding]:
+    async def doctor(self, *, slots: Sequence[Slot] = ()) -> list[Finding]:
         return await self._operation(
             "check the database", _ops.doctor, self._schema, self._max_clock_skew
         )

@@ -7,8 +7,9 @@ Modules: ``_claims`` (the claim protocol, and why each detail of it), ``_fleet``
 slot memory: its record, lock and fences), ``_history`` (the history stream), ``_connection``
 (the robust connection and its channel pool), ``_names`` (queue and exchange names),
 ``_errors`` (URLs and client errors), ``_ops`` (``brokersched purge`` and ``doctor``),
-``_records`` (the fleet's presence and controls: one queue under a lock), ``_backend``
-(``RabbitMQBackend``: configuration and life cycle).
+``_budget`` (the broker's budget, watched), ``_files`` (what spends a node's open files, by
+its version), ``_records`` (the fleet's presence and controls: one queue under a lock),
+``_backend`` (``RabbitMQBackend``: configuration and life cycle).
 """
 
 from __future__ import annotations

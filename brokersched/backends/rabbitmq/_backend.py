@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 from ... import _redact
 from ..._clock import Clock, host_time_ms
 from ..._durations import Duration, format_duration, positive_duration, to_ms
-from ..._exceptions import BackendUnavailableError, ConfigurationError
+from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW
 from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
 from ...abc import (
@@ -101,7 +101,8 @@ class RabbitMQBackend(ClaimQueues):
     half second of a ``slot_ttl`` raise then fail closed (skipped, never twice).
     ``management_url``: the management plugin's API (``http://user:password@host:15672/``),
     read by ``brokersched purge`` (to list every queue of the prefix and see running
-    instances), ``brokersched doctor`` (file descriptors, partitions, policies) and, while the
+    instances), ``brokersched doctor`` (open files by the node's version and the limit the
+    jobs need, partitions, policies) and, while the
     backend runs, every ``budget_interval`` for the broker's budget (``budget``): from 60 % of
     it claim queues are no longer declared ahead, from 80 % (or under a memory or disk alarm)
     no new claim queue is declared, and slots whose queue does not exist yet are skipped
@@ -234,9 +235,10 @@ class RabbitMQBackend(ClaimQueues):
     @property
     def budget(self) -> BrokerBudget | None:
         """The broker's budget as last read (``management_url`` given, started): the fullest
-        node's share of the quorum queues its open-files limit holds, or of its sockets. From
-        60 % claim queues are no longer declared ahead, from 80 % (or under an alarm) none is
-        declared (slots whose queue does not exist are skipped)."""
+        node's share of its open files by the rule of its version (``_files``: 3.x the quorum
+        queues its limit holds, or its sockets; 4.x the files it holds, each live claim queue
+        one). From 60 % claim queues are no longer declared ahead, from 80 % (or under an
+        alarm) none is declared (slots whose queue does not exist are skipped)."""
         return None if self._budget is None else self._budget.reading
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -444,8 +446,18 @@ class RabbitMQBackend(ClaimQueues):
 
         return await self._operation("deleting its queues", call)
 
-    async def doctor(self) -> list[Finding]:
+    async def doctor(self, *, slots: Sequence[Slot] = ()) -> list[Finding]:
+        """The checks of ``brokersched doctor``; with ``slots`` (the application's claimed
+        slots of one slot memory) it names the open-files limit the node needs for them."""
+
         async def call(channels: _ops.Channels, properties: dict[str, Any]) -> list[Finding]:
+            instances = 1
+            if slots:  # a connection per instance: the running ones, or this one
+                with contextlib.suppress(BackendError):
+                    found = await _ops.read_presence(
+                        channels, self._NAMES, self._prefix, host_time_ms()
+                    )
+                    instances = max(1, len(found))
             return await _ops.doctor(
                 channels,
                 properties,
@@ -454,6 +466,8 @@ class RabbitMQBackend(ClaimQueues):
                 slot_ttl=self._slot_ttl,
                 parse=memory_of,
                 management=self._management,
+                slots=slots,
+                instances=instances,
             )
 
         return await self._operation("checking the broker", call)

@@ -1,16 +1,20 @@
 """The broker's budget, watched while ``RabbitMQBackend`` runs with ``management_url``.
 
-A RabbitMQ 3.x node stops answering every client (AMQP handshakes, ``rabbitmqctl``) once its
-quorum queues hold its file-handle budget, about (open-files limit - 97) / 3 of them, and does
-not recover by itself (docs/backends.md, "Broker cost and sizing"). Every ``budget_interval``
-(30 s) the backend reads the nodes (open-files limit, sockets, memory and disk alarms) and the
-quorum queues of the broker from the management API, and takes the fullest node's share of
-its budget:
+A node that runs out of open files stops serving its clients: a 3.x node once its quorum
+queues hold its file-handle budget (it stops answering every client and does not recover), a
+4.x node once its files are spent (``emfile``: publishes nacked, queues crashed, connections
+closed). What spends them depends on the version (``_files``: 3.x quorum queues; 4.x the
+classic queues holding a persistent message, brokersched's live claim queues among them,
+streams and connections). Every ``budget_interval`` (30 s) the backend reads the nodes (their
+version, open-files limit, sockets, memory and disk alarms), the broker's queues and, when a
+node is 4.x, its connections from the management API, weighs each node by the rule of its
+version, and takes the fullest node's share of its budget:
 
 - from ``WARN`` of it, a warning is logged and claim queues are no longer declared ahead;
 - from ``SHED`` (or under a memory or disk alarm), the backend sheds: it declares no new claim
   queue, so a slot whose queue does not exist yet is skipped (``backend-error``, "shedding"),
-  never run twice; a claim into a queue that exists goes on, as it makes nothing.
+  never run twice; a claim into a queue that exists goes on, as it makes nothing (on 4.x the
+  claim queues in place already hold their files).
 It leaves that state once the reading is back under ``WARN``. A reading that fails keeps the
 last state (logged once): the management API being away says nothing about the broker. The
 watch itself (period, states, logs) is ``backends/_budget.BudgetWatch``, shared by every backend.
@@ -24,40 +28,30 @@ from typing import Any, Literal
 
 from ...abc import BrokerBudget
 from .._budget import PERIOD_S, SHED, WARN, BudgetWatch, Effects
-from ._ops import Management, quorum_budget
+from ._files import CONNECTION_COLUMNS, QUEUE_COLUMNS, counts_connections, node_files
+from ._ops import Management
 
 __all__ = ["PERIOD_S", "SHED", "WARN", "BudgetWatch", "budget_watch", "read_budget"]
 
 _log = logging.getLogger("brokersched.backends.rabbitmq")
 
 
-def read_budget(nodes: Sequence[dict[str, Any]], queue_types: Sequence[str]) -> BrokerBudget:
-    """The budget from ``GET /api/nodes`` and the types of ``GET /api/queues``: the fullest
-    node's share, of the quorum queues its open-files limit holds or of its sockets.
-
-    Open files as such are not counted: a 3.x node's file-handle cache closes the handles of
-    classic queues it least recently used when it needs them (bench/soak_rabbitmq.py: ~1,800
-    claim queues took up to 956 of 1,024 and the node answered within 0.4 s), while those of
-    quorum queues stay held, and the sockets are what every new client needs."""
-    quorum = sum(kind == "quorum" for kind in queue_types)
+def read_budget(
+    nodes: Sequence[dict[str, Any]],
+    queues: Sequence[dict[str, Any]],
+    connections: Sequence[dict[str, Any]] = (),
+) -> BrokerBudget:
+    """The budget from ``GET /api/nodes``, the queues (``QUEUE_COLUMNS``) and the connections
+    (``node``) of the broker: the fullest node's share of what its version's open files
+    hold (``_files.node_files``)."""
     alarms = sorted(
         {f"{alarm} alarm on {node.get('name', '?')}" for node in nodes for alarm in _alarms(node)}
     )
     worst, detail = 0.0, "no node tells its open-files limit"
     for node in nodes:
-        total = node.get("fd_total")
-        if not isinstance(total, int) or total <= 0:
-            continue
-        holds = quorum_budget(total)
-        sockets = _share(node.get("sockets_used"), node.get("sockets_total"))
-        share = max(quorum / holds if holds else 1.0, sockets)
-        if share >= worst:
-            worst = share
-            detail = (
-                f"node {node.get('name', '?')}: {quorum} quorum queues of the {holds} its "
-                f"open-files limit ({total}) holds, {node.get('fd_used')} file descriptors used"
-                + (f", sockets at {sockets:.0%}" if sockets else "")
-            )
+        files = node_files(node, queues, connections)
+        if files.share is not None and files.share >= worst:
+            worst, detail = files.share, files.detail
     state: Literal["ok", "warn", "shed"] = (
         "shed" if alarms or worst >= SHED else "warn" if worst >= WARN else "ok"
     )
@@ -65,12 +59,6 @@ def read_budget(nodes: Sequence[dict[str, Any]], queue_types: Sequence[str]) -> 
 
 
 _ALARMS = (("mem_alarm", "memory"), ("disk_free_alarm", "disk"))
-
-
-def _share(used: object, total: object) -> float:
-    if isinstance(used, int) and isinstance(total, int) and total > 0:
-        return used / total
-    return 0.0
 
 
 def _alarms(node: dict[str, Any]) -> list[str]:
@@ -82,7 +70,9 @@ _EFFECTS = Effects(
     warn=f"claim queues are no longer declared ahead, and from {SHED:.0%} none is declared",
     shed="no new claim queue is declared, so slots whose queue does not exist yet are skipped",
     back="claim queues are declared again",
-    fix="Raise the node's open-files limit or remove retired prefixes (brokersched purge)",
+    fix="Raise the node's open-files limit (brokersched doctor names the limit the application "
+    "needs), keep slot_ttl just above the largest jitter + max_late (fewer live claim queues on "
+    "4.x), or remove retired prefixes (brokersched purge)",
 )
 
 
@@ -91,7 +81,12 @@ def budget_watch(backend: str, management: Management, *, period: float = PERIOD
 
     async def read() -> BrokerBudget:
         nodes = await management.get("nodes")
-        queues = await management.get("queues?columns=type")
-        return read_budget(nodes, [queue.get("type") for queue in queues])
+        queues = await management.get(f"queues?columns={QUEUE_COLUMNS}")
+        connections = (
+            await management.get(f"connections?columns={CONNECTION_COLUMNS}")
+            if counts_connections(nodes)
+            else []
+        )
+        return read_budget(nodes, queues, connections)
 
     return BudgetWatch(backend, read, _EFFECTS, logger=_log, period=period)

@@ -63,7 +63,9 @@ Failures
 Broker cost
     One live queue per job per slot claimed within the fleet's slot memory: a job running every
     ``interval`` keeps about ``memory / interval + 1`` claim queues alive, each costing roughly
-    30-37 KB of broker memory (measured on 3.10). Per prefix: the record and lock queues, one
+    30-37 KB of broker memory (measured on 3.10); on 4.x, which has no file-handle cache, each
+    one also holds an open file of the node while it holds its persistent claim message (the
+    budget watch counts them, ``_files``). Per prefix: the record and lock queues, one
     fence exchange and the history stream. Broker CPU (3.10, ``bench/bench_rabbitmq.py
     --cpu``): 4-5 ms per winning claim and 1.1-1.4 ms for its queue's expiry later, 0.35 ms
     per losing claim.

@@ -6,8 +6,9 @@ of the memories known, the history queue of every job of the application, the cl
 its recent slots), each checked with a passive declare. With ``management_url`` (the management
 plugin's HTTP API) every queue and exchange of the vhost is listed and filtered by prefix
 (``kind_of``), the connections named ``brokersched (<prefix>)`` tell that an instance runs, and
-``doctor`` reads the node's file-descriptor budget, partitions and the policies that would
-apply to claim queues.
+``doctor`` reads each node's open files by the rule of its version (``_files``), partitions and
+the policies that would apply to claim queues, and names the open-files limit the application's
+jobs need on that version.
 
 A new kind of object of the backend goes into ``known_names`` and ``kind_of``, nowhere else.
 """
@@ -21,16 +22,29 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ... import _redact
+from ..._durations import format_duration
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ...abc import Finding, Inventory, Slot, StoredObject
+from .._budget import SHED, WARN
 from .._ops import recent_claims, server_finding, slot_memory_finding
+from ._files import (
+    CONNECTION_COLUMNS,
+    QUEUE_COLUMNS,
+    counts_connections,
+    files_needed,
+    limit_needed,
+    major_version,
+    node_files,
+    node_version,
+    quorum_budget,
+)
 from ._fleet import take_lock
 from ._records import live_instances, newest
 
@@ -52,6 +66,7 @@ __all__ = [
     "kind_of",
     "known_names",
     "left",
+    "limit_finding",
     "purge",
     "quorum_budget",
     "read_memory",
@@ -62,10 +77,6 @@ _BACKEND = "RabbitMQBackend"
 MIN_VERSION = (3, 9)
 _HTTP_TIMEOUT_S = 10.0
 _LOCK_WAIT_S = 5.0  # for the slot memory record's lock, held by an instance only briefly
-# Each quorum queue holds about 3 file handles of RabbitMQ 3.x's handle cache, and the node
-# needs ~97 for itself: past (limit - 97) / 3 quorum queues it stops answering (issue 28).
-_QUORUM_HANDLES = 3
-_NODE_HANDLES = 97
 # Policy keys that change what a claim queue remembers or refuses: each can run a slot twice
 # (the claim forgotten early, or a second claim accepted) or lose every claim.
 _CLAIM_POLICY_KEYS = {
@@ -398,7 +409,12 @@ async def doctor(
     slot_ttl: timedelta,
     parse: Callable[[bytes], int],
     management: Management | None,
+    slots: Sequence[Slot] = (),
+    instances: int = 1,
 ) -> list[Finding]:
+    """``slots``: the application's claimed slots of one slot memory (the open-files limit its
+    jobs need is named from them); ``instances``: how many instances run it (a connection
+    each)."""
     version = _text(properties.get("version"))
     findings = [
         server_finding(_text(properties.get("product")) or "RabbitMQ", version, MIN_VERSION)
@@ -420,15 +436,39 @@ async def doctor(
                 "management API",
                 "no management_url: the file-descriptor budget, partitions and policies "
                 "matching claim queues were not checked (AMQP does not tell them)",
-                "a policy on claim queues can run a slot twice, and too many quorum queues "
-                "for the node's open-files limit hang the broker, unseen here",
+                "a policy on claim queues can run a slot twice, and a node out of open files "
+                "(3.x: too many quorum queues; 4.x: too many live claim queues) stops serving "
+                "its clients, unseen here",
                 "pass management_url='http://user:password@host:15672/' to RabbitMQBackend "
                 "(rabbitmq-plugins enable rabbitmq_management)",
             )
         )
+        if slots:
+            findings.append(limit_finding(version, slots, slot_ttl, connections=instances))
         return findings
-    findings += await _node_findings(management)
-    findings.append(_footprint_finding(await _listed(management, names, prefix), prefix))
+    nodes = await management.get("nodes")
+    queues = await management.get(f"queues?columns={QUEUE_COLUMNS}")
+    connections = (
+        await management.get(f"connections?columns={CONNECTION_COLUMNS}")
+        if counts_connections(nodes)
+        else []
+    )
+    findings += _node_findings(nodes, queues, connections)
+    listed = await _listed(management, names, prefix)
+    findings.append(_footprint_finding(listed, prefix))
+    claims = [item for item in listed if item.kind == "queue" and ".claim." in item.name]
+    if slots or claims:
+        findings.append(
+            limit_finding(
+                version,
+                slots,
+                slot_ttl,
+                connections=max(len(connections), instances),
+                nodes=nodes,
+                queues=queues,
+                live_claims={item.name for item in claims},
+            )
+        )
     policies = await management.get(f"policies/{management.vhost}")
     operator = await management.get(f"operator-policies/{management.vhost}")
     findings += claim_policy_findings(names.claim(prefix, Slot("x", 0)), policies, operator)
@@ -453,11 +493,10 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-async def _node_findings(management: Management) -> list[Finding]:
-    nodes = await management.get("nodes")
-    queues = await management.get("queues?columns=type,node")
-    quorum = sum(row.get("type") == "quorum" for row in queues)
-    findings = [fd_finding(node, quorum) for node in nodes]
+def _node_findings(
+    nodes: list[dict[str, Any]], queues: list[dict[str, Any]], connections: list[dict[str, Any]]
+) -> list[Finding]:
+    findings = [fd_finding(node, queues, connections) for node in nodes]
     partitions = sorted({peer for node in nodes for peer in node.get("partitions") or ()})
     if partitions:
         findings.append(
@@ -497,38 +536,118 @@ async def _node_findings(management: Management) -> list[Finding]:
     return findings
 
 
-def quorum_budget(fd_total: int) -> int:
-    """How many quorum queues a node of this open-files limit holds before it hangs (RabbitMQ
-    3.x: about 3 file-handle-cache handles each, 97 kept for the node; measured 308 fine and
-    310 hung at 1024, 625 fine and 650 hung at 2048)."""
-    return max(0, (fd_total - _NODE_HANDLES) // _QUORUM_HANDLES)
-
-
-def fd_finding(node: dict[str, Any], quorum: int) -> Finding:
-    """The node's open-files limit against the quorum queues the broker holds."""
-    total, used = node.get("fd_total"), node.get("fd_used")
-    name = node.get("name", "?")
+def fd_finding(
+    node: dict[str, Any],
+    queues: Sequence[dict[str, Any]],
+    connections: Sequence[dict[str, Any]] = (),
+) -> Finding:
+    """The node's open-files limit against what its version spends files on (``_files``)."""
+    files = node_files(node, queues, connections)
     check = "file descriptors"
-    if not isinstance(total, int) or total <= 0:
-        return Finding("warning", check, f"node {name} does not tell its fd_total")
-    budget = quorum_budget(total)
-    found = (
-        f"node {name}: open-files limit {total} ({used} used), {quorum} quorum queues of the "
-        f"{budget} it can hold"
-    )
-    consequence = (
-        "past (limit - 97) / 3 quorum queues the node stops answering AMQP handshakes and "
-        "rabbitmqctl, for every client of the broker, and does not recover by itself"
-    )
+    if files.total is None or files.share is None:
+        return Finding("warning", check, files.detail)
+    major = major_version(files.version)
+    found = f"{files.detail}; {files.share:.0%} of what it holds"
+    if major is not None and major >= 4:
+        consequence = (
+            "once its open files are spent (emfile) a RabbitMQ 4.x node nacks publishes, its "
+            "queues crash and it closes connections (541 INTERNAL_ERROR); each live claim queue "
+            "holds a file there"
+        )
+    else:
+        consequence = (
+            "past (limit - 97) / 3 quorum queues a 3.x node stops answering AMQP handshakes and "
+            "rabbitmqctl, for every client of the broker, and does not recover by itself"
+        )
     fix = (
         "raise the node's open-files limit (LimitNOFILE=65536, or ulimit -n before "
-        "rabbitmq-server), and delete the queues of retired prefixes (brokersched purge)"
+        "rabbitmq-server; the 'open-files limit needed' check names what this application "
+        "needs), and delete the queues of retired prefixes (brokersched purge)"
     )
-    if quorum * 10 >= budget * 8:
+    if files.share >= SHED:
         return Finding("error", check, found, consequence, fix)
-    if total < 4096:
+    if files.share >= WARN or files.total < 4096:
         return Finding("warning", check, found, consequence, fix)
     return Finding("ok", check, found)
+
+
+def limit_finding(
+    version: str | None,
+    slots: Sequence[Slot],
+    slot_ttl: timedelta,
+    *,
+    connections: int,
+    nodes: Sequence[dict[str, Any]] = (),
+    queues: Sequence[dict[str, Any]] = (),
+    live_claims: Collection[str] = (),
+) -> Finding:
+    """The open-files limit a node needs for the application: its jobs' claim queues live at
+    once (``slots``: its claimed slots of one slot memory, and one declared ahead per job;
+    without them, the prefix's claim queues listed now, ``live_claims``), its ``connections``,
+    and, with the management API's ``nodes`` and ``queues``, what the broker holds besides;
+    against each node's limit when known. ``version``: the handshake's, when no node tells
+    its own."""
+    jobs = len({slot.job for slot in slots})
+    claim_queues = len(slots) + jobs if slots else len(live_claims)
+    quorum = sum(row.get("type") == "quorum" for row in queues)
+    streams = max(1, sum(row.get("type") == "stream" for row in queues))
+    others = sum(
+        row.get("type") == "classic"
+        and row.get("name") not in live_claims
+        and (row.get("messages_persistent") or 0) > 0
+        for row in queues
+    )
+    versions = [node_version(node) for node in nodes] or [version]
+    major = major_version(max(versions, key=lambda found: major_version(found) or 0) or version)
+    need = files_needed(
+        major,
+        claim_queues=claim_queues,
+        connections=connections,
+        quorum=quorum,
+        others=others,
+        streams=streams,
+    )
+    shown = f"RabbitMQ {version}" if major is not None else "a RabbitMQ node of unknown version"
+    source = (
+        f"{jobs} claimed job(s) keep up to {claim_queues} claim queues alive (their slots of one "
+        f"slot_ttl, {format_duration(slot_ttl)}, and one declared ahead each)"
+        if slots
+        else f"the prefix's {claim_queues} claim queues now"
+    )
+    recommended = limit_needed(need.files, WARN)
+    found = (
+        f"{source}; {shown} holds about {need.files} open files for this broker ({need}): "
+        f"an open-files limit of at least {limit_needed(need.files, SHED)} is needed, "
+        f"{recommended} recommended (the budget watch warns from {WARN:.0%} of it, sheds from "
+        f"{SHED:.0%})"
+    )
+    if major is not None and major < 4:
+        found += "; on 3.x claim queues hold no file the node cannot close"
+    limits = [node["fd_total"] for node in nodes if isinstance(node.get("fd_total"), int)]
+    check = "open-files limit needed"
+    if not limits:
+        return Finding(
+            "ok" if nodes else "warning",
+            check,
+            found,
+            "" if nodes else "the node's open-files limit is not known without management_url",
+            "" if nodes else "check it (cat /proc/<beam.smp pid>/limits) against the figure above",
+        )
+    lowest = min(limits)
+    fix = (
+        f"raise the open-files limit of every node to {recommended} or more (LimitNOFILE in "
+        "the rabbitmq-server unit), or lower slot_ttl to just above the largest jitter + "
+        "max_late (fewer claim queues live at once)"
+    )
+    consequence = (
+        f"below it the budget watch sheds (slots skipped) and the node runs out of files; the "
+        f"lowest limit of the cluster is {lowest}"
+    )
+    if need.files >= SHED * lowest:
+        return Finding("error", check, found, consequence, fix)
+    if need.files >= WARN * lowest:
+        return Finding("warning", check, found, consequence, fix)
+    return Finding("ok", check, f"{found}; the lowest limit of the cluster is {lowest}")
 
 
 def claim_policy_findings(sample: str, *policy_lists: list[dict[str, Any]]) -> list[Finding]:

@@ -264,5 +264,5 @@ class Operations:
     async def purge(self, inventory: Inventory) -> Inventory:
         return await run_purge(self._redis, inventory)
 
-    async def doctor(self) -> list[Finding]:
+    async def doctor(self, *, slots: Sequence[Slot] = ()) -> list[Finding]:
         return await run_doctor(self._redis, *self._slot_memory())

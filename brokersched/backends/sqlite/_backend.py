@@ -230,7 +230,7 @@ class SQLiteBackend(SQLiteLeases, SQLiteFleet):
         with self._translate("drop its tables"):
             return await asyncio.to_thread(_ops.purge, self._path, inventory, self._store_now_ms())
 
-    async def doctor(self) -> list[Finding]:
+    async def doctor(self, *, slots: Sequence[Slot] = ()) -> list[Finding]:
         with self._translate("check the database"):
             return await asyncio.to_thread(_ops.doctor, self._path, self._prefix)
 

@@ -1,5 +1,6 @@
 """The fixtures of the RabbitMQ backend tests: a prefix of the test's own, the queues it
-touched (deleted afterwards), ``make`` (an unstarted backend) and ``fleet`` (a started one)."""
+touched (deleted afterwards), ``make`` (an unstarted backend) and ``fleet`` (a started one); the
+private nodes (``private_rabbitmq_of_run``: one of the run's broker's line)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,18 @@ from brokersched.backends.rabbitmq import (
     RabbitMQBackend,
 )
 from tests.support.names import unique
+from tests.support.private_rabbitmq import (
+    private_rabbitmq,
+    private_rabbitmq4,
+    private_rabbitmq_of_run,
+)
 from tests.support.rabbitmq_helpers import (
     CLOCK,
     TrackedBackend,
     delete_queues,
 )
+
+__all__ = ["private_rabbitmq", "private_rabbitmq4", "private_rabbitmq_of_run"]
 
 
 @pytest.fixture
