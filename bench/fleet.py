@@ -3,7 +3,7 @@
     .venv/bin/python bench/fleet.py [--backend postgres,nats] [--procs 3] [--jobs 20]
                                     [--seconds 10] [--jitter 0,default] [--apscheduler]
 
-Issue 13. For each backend (``sqlite``, ``postgres``, ``nats``, ``rabbitmq``, ``redis``,
+For each backend (``sqlite``, ``postgres``, ``nats``, ``rabbitmq``, ``redis``,
 ``natslease``; the memory backend is one process, so not a fleet) and each jitter (``0``,
 ``default`` = a quarter of the interval, 250 ms, or any duration), ``--procs`` OS processes each
 run a ``Scheduler`` on that backend (a unique schema, prefix or file) with the same ``--jobs``

@@ -1,4 +1,4 @@
-"""Soak: fleets on a RabbitMQ node with Debian's soft open-files limit of 1024 (issue 28.5).
+"""Soak: fleets on a RabbitMQ node with Debian's soft open-files limit of 1024.
 
 A private node of its own (the Debian package, as the tests start it: management plugin,
 ``ulimit -n 1024``), then for each of ``--prefixes`` successive prefixes: ``--instances``

@@ -1,4 +1,4 @@
-"""A broker near its file-handle budget (issue 28, point 2): on the tests' own RabbitMQ node
+"""A broker near its file-handle budget: on the tests' own RabbitMQ node
 (soft open-files limit 1024, so (1024 - 97) / 3 = 309 quorum queues hang it), quorum queues
 made by someone else bring it to 80 % of that; the backend, reading the budget through the
 management API, sheds (declares no new claim queue: its slots are skipped, never run twice)
