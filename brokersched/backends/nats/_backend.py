@@ -20,13 +20,11 @@ from ... import _redact
 from ..._clock import Clock
 from ..._durations import Duration, positive_duration, to_ms
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
-from ..._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms, claim_margin
+from ..._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms
 from ..._tasks import cancel_requests, gather_each, raise_if_cancelled_since, to_the_end
 from ...abc import (
     BrokerBudget,
-    Capabilities,
     Claim,
-    ClaimBackend,
     Finding,
     FleetKind,
     Inventory,
@@ -35,8 +33,8 @@ from ...abc import (
     Slot,
 )
 from .._budget import BudgetWatch, budget_period
+from .._claims import ClaimBackendBase
 from .._keywords import own_options, refuse_unknown
-from .._lease import check_max_clock_skew
 from . import _ops
 from ._base import (
     BACKEND,
@@ -89,7 +87,7 @@ _CLAIM_TIMEOUT = "2s"
 _CLUSTER_CLAIM_TIMEOUT = "30s"
 
 
-class NATSBackend(ClaimBackend):
+class NATSBackend(ClaimBackendBase):
     """Claims and history on NATS JetStream (claim-only: no leases).
 
     ``servers``: one URL or a list (``nats://``, ``tls://``, ``ws://``, ``wss://``, or
@@ -107,6 +105,8 @@ class NATSBackend(ClaimBackend):
     80 % of the account's storage or memory limit no claim is published (the slot is skipped,
     never run twice) until back under 60 % (``_budget``).
     """
+
+    history_size_per_job = False  # one stream for every job's history
 
     def __init__(
         self,
@@ -128,11 +128,10 @@ class NATSBackend(ClaimBackend):
             library="nats.connect",
             accepted=connect_keywords,
         )
-        self._skew_ms = to_ms(check_max_clock_skew(max_clock_skew, backend=BACKEND))
+        self._set_memory(slot_ttl, max_clock_skew)
         self._clock: Clock | None = None
         self._raising_window = asyncio.Lock()
         self._servers = check_servers(servers)
-        self._slot_ttl = positive_duration(slot_ttl, option="slot_ttl", backend=BACKEND)
         if claim_timeout is None:
             claim_timeout = _CLUSTER_CLAIM_TIMEOUT if replicas != 1 else _CLAIM_TIMEOUT
         self._claim_timeout = positive_duration(
@@ -153,13 +152,6 @@ class NATSBackend(ClaimBackend):
             self._servers, self._connect_options, SECRET_OPTIONS
         )
         self._shown_servers = ", ".join(_redact.redact_url(s) for s in self._servers)
-        self._capabilities = Capabilities(
-            leases=False,
-            slot_memory=self._slot_ttl,
-            history_ttl=False,
-            history_size_per_job=False,
-            claim_margin=claim_margin(self._slot_ttl, self._skew_ms),
-        )
         self._nc: NATSClient | None = None
         self._js: JetStreamContext | None = None
         self._streams = self._new_streams()
@@ -196,14 +188,6 @@ class NATSBackend(ClaimBackend):
 
     def __repr__(self) -> str:
         return f"{BACKEND}({self._shown_servers!r}, prefix={self._names.prefix!r})"
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self._capabilities
-
-    @property
-    def slot_ttl(self) -> timedelta:
-        return self._slot_ttl
 
     @property
     def budget(self) -> BrokerBudget | None:
@@ -410,20 +394,15 @@ class NATSBackend(ClaimBackend):
         if self._clock is None:
             return
         now = self._clock.now_ms()
-        if not 0 <= now - slot.slot_ms < to_ms(self._slot_ttl):
+        if not self._in_own_memory(slot, now):
             return
         deadline = self.claim_deadline_ms(slot)
         if deadline is None or now <= deadline:
             return
-        fleet = self._streams.fleet
-        limit = fleet.limit_ms(slot.slot_ms, self._skew_ms)
-        raised = (
-            "" if limit == fleet.memory_ms else f" (the window was {limit} ms when it fell due)"
-        )
         raise BackendError(
-            f"{BACKEND}: slot {slot.key} is too late to claim safely: the claims stream's "
-            f"duplicate window may have forgotten its first claim{raised}; the slot is not "
-            "run here"
+            f"{BACKEND}: slot {slot.key} is too late to claim safely: "
+            f"{self._forgotten(self._streams.fleet, slot)} (the claims stream's duplicate "
+            "window), so its first claim may have been forgotten; the slot is not run here"
         )
 
     async def claim_boot(

@@ -21,7 +21,6 @@ from ..._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW
 from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
 from ...abc import (
     BrokerBudget,
-    Capabilities,
     Finding,
     FleetKind,
     Inventory,
@@ -32,10 +31,9 @@ from ...abc import (
 from .._budget import budget_period
 from .._errors import ErrorMap
 from .._keywords import own_options, refuse_unknown
-from .._lease import check_max_clock_skew
 from . import _ops
 from ._budget import budget_watch
-from ._claims import ClaimQueues, claim_margin_ms
+from ._claims import ClaimQueues
 from ._connection import (
     CONNECT_DEFAULTS,
     OPERATION_TIMEOUT_S,
@@ -135,7 +133,7 @@ class RabbitMQBackend(ClaimQueues):
             accepted=connect_keywords,
             reserved=RESERVED_CONNECT,
         )
-        self._skew_ms = to_ms(check_max_clock_skew(max_clock_skew, backend=self.name))
+        self._set_memory(slot_ttl, max_clock_skew)
         self._urls = check_urls(url, self.name)
         self._management = (
             None
@@ -153,7 +151,6 @@ class RabbitMQBackend(ClaimQueues):
         self._errors = ErrorMap(
             functools.partial(error_rows, self.name, self._secrets), self._secrets
         )
-        self._slot_ttl = positive_duration(slot_ttl, option="slot_ttl", backend=self.name)
         self._claim_timeout = positive_duration(
             claim_timeout, option="claim_timeout", backend=self.name
         )
@@ -203,22 +200,6 @@ class RabbitMQBackend(ClaimQueues):
         url = urls[0] if len(urls) == 1 else urls
         slot_ttl = format_duration(self._slot_ttl)
         return f"{self.name}({url!r}, slot_ttl={slot_ttl!r}, prefix={self._prefix!r})"
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(
-            leases=False,
-            slot_memory=self._slot_ttl,
-            history_ttl=False,
-            history_size_per_job=True,
-            claim_margin=timedelta(
-                milliseconds=claim_margin_ms(to_ms(self._slot_ttl), self._skew_ms)
-            ),
-        )
-
-    @property
-    def slot_ttl(self) -> timedelta:
-        return self._slot_ttl
 
     @property
     def prefix(self) -> str:

@@ -94,7 +94,8 @@ from ..._clock import Clock
 from ..._durations import format_duration, to_ms
 from ..._exceptions import BackendError
 from ..._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, margin_ms
-from ...abc import ClaimBackend, Slot
+from ...abc import Slot
+from .._claims import ClaimBackendBase
 from ._connection import OPERATION_TIMEOUT_S, ChannelPool, Overloaded
 from ._fleet import SlotMemory, View, shown
 from ._names import claim_queue_name
@@ -224,13 +225,11 @@ class ClaimAttempt:
     unconfirmed: bool = False
 
 
-class ClaimQueues(ClaimBackend):
+class ClaimQueues(ClaimBackendBase):
     """The claim protocol on per-slot queues; ``RabbitMQBackend`` supplies the connection and
     the configuration (set before its first claim)."""
 
     _prefix: str
-    _slot_ttl: timedelta
-    _skew_ms: int
     _claim_timeout: timedelta
     _channel_wait: float
     _declare_ahead: bool
@@ -387,6 +386,9 @@ class ClaimQueues(ClaimBackend):
             " 'Broker cost and sizing (RabbitMQ)'"
         )
 
+    def _claim_lead_ms(self) -> int:
+        return _prepared_ahead_ms(to_ms(self._slot_ttl))
+
     def _claim_limit_ms(self, view: View, slot: Slot) -> int:
         """How late after its instant ``slot`` may still be claimed: the fleet's slot memory,
         or the shorter memory that may have applied to it (``FleetMemory.limit_ms``)."""
@@ -430,15 +432,9 @@ class ClaimQueues(ClaimBackend):
                 " (jitter + max_late stay below slot_ttl): a claim made by hand, or held up"
                 " in flight"
             )
-        if slot.slot_ms < view.record.created_ms:
-            why = "the fleet's slot memory record was made after the slot fell due"
-        else:
-            why = (
-                f"the fleet's slot memory was {shown(limit)} when it fell due (raised to"
-                f" {shown(memory_ms)} since)"
-            )
         return (
-            f"{self.name}: slot {slot.key} is {age} old, too late to claim safely: {why}, so an"
+            f"{self.name}: slot {slot.key} is {age} old, too late to claim safely:"
+            f" {self._forgotten(view.record, slot)}, so an"
             " instance may have claimed it under a shorter memory that has already forgotten"
             " it; the slot is not run here"
         )

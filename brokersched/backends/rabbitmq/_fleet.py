@@ -68,6 +68,7 @@ from ..._clock import Clock
 from ..._durations import format_duration, to_ms
 from ..._exceptions import BackendError
 from ..._slotmemory import FleetMemory
+from .._claims import shown
 from ._connection import OPERATION_TIMEOUT_S, retrieve
 from ._names import fence_exchange_name, lock_queue_name, record_queue_name
 
@@ -137,10 +138,6 @@ def memory_of(body: bytes) -> int:
         return record_from_json(body).memory_ms
     except NewerRecord as exc:
         raise ValueError(str(exc)) from None
-
-
-def shown(memory_ms: int) -> str:
-    return format_duration(timedelta(milliseconds=memory_ms))
 
 
 class SlotMemory:

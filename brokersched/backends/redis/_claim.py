@@ -37,25 +37,22 @@ from datetime import timedelta
 from typing import Any, Self
 
 from ..._clock import Clock
-from ..._durations import Duration, format_duration, positive_duration, to_ms
+from ..._durations import Duration, format_duration, to_ms
 from ..._exceptions import BackendError
 from ..._slotmemory import (
     BOOT_MEMORY,
     DEFAULT_CLAIM_SKEW,
     FleetMemory,
     claim_deadline_ms,
-    claim_margin,
 )
 from ...abc import (
-    Capabilities,
     Claim,
-    ClaimBackend,
     JobPolicy,
     RunRecord,
     Slot,
 )
+from .._claims import ClaimBackendBase, shown
 from .._keywords import own_options
-from .._lease import check_max_clock_skew
 from . import _ops
 from ._base import RedisConnection, check_client_options, claim_key, evictions_key
 from ._fleet import FleetRecords
@@ -84,7 +81,7 @@ def _parse(
     return FleetMemory(int(memory), int(created or 0), pairs)
 
 
-class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
+class RedisBackend(_ops.Operations, FleetRecords, ClaimBackendBase):
     """Claims slots in Redis: the first ``SET <prefix>:{<job>}:claim:<slot_ms> ... NX PX
     <fleet's slot memory>`` of a slot wins; Redis forgets the slot that long later (on its own
     clock).
@@ -102,6 +99,8 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
     (``None``: never); under an evicting policy, from 80 % of ``maxmemory`` it sheds until back
     under 60 % (``_budget``), though each claim refuses such a policy by itself.
     """
+
+    history_ttl = True
 
     def __init__(
         self,
@@ -145,8 +144,7 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
 
     def _setup(self, slot_ttl: Duration, max_clock_skew: Duration) -> None:
         super().__init__()
-        self._slot_ttl = positive_duration(slot_ttl, option="slot_ttl", backend=self.name)
-        self._skew_ms = to_ms(check_max_clock_skew(max_clock_skew, backend=self.name))
+        self._set_memory(slot_ttl, max_clock_skew)
         self._memory: FleetMemory | None = None
         self._raising: asyncio.Lock = asyncio.Lock()
         # When (this instance's clock) the record was last read, as sent: a claim of a slot
@@ -159,20 +157,6 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
             f"{self.name}({self._redis.redacted!r}, slot_ttl="
             f"{format_duration(self._slot_ttl)!r}, prefix={self.prefix!r}{cluster})"
         )
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(
-            leases=False,
-            slot_memory=self._slot_ttl,
-            history_ttl=True,
-            history_size_per_job=True,
-            claim_margin=claim_margin(self._slot_ttl, self._skew_ms),
-        )
-
-    @property
-    def slot_ttl(self) -> timedelta:
-        return self._slot_ttl
 
     @property
     def prefix(self) -> str:
@@ -198,7 +182,7 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
                 "%s: the fleet of prefix %r remembers claimed slots for %s, longer than this "
                 "instance's slot_ttl %s: claims use the fleet's (to lower it, deploy the "
                 "shorter slot_ttl everywhere, then DEL %s)",
-                self.name, self.prefix, _shown(fleet), format_duration(self._slot_ttl),
+                self.name, self.prefix, shown(fleet), format_duration(self._slot_ttl),
                 slot_memory_key(self.prefix),
             )  # fmt: skip
 
@@ -229,8 +213,8 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
                 "%s raised the slot memory of the fleet of prefix %r from %s to %s: slots that "
                 "fell due before are claimed at most %s late (to lower it again, deploy the "
                 "shorter slot_ttl everywhere, then DEL %s)",
-                self.name, self.prefix, _shown(int(before)), _shown(record.memory_ms),
-                _shown(int(before)), slot_memory_key(self.prefix),
+                self.name, self.prefix, shown(int(before)), shown(record.memory_ms),
+                shown(int(before)), slot_memory_key(self.prefix),
             )  # fmt: skip
         return record
 
@@ -354,23 +338,13 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
         """Only for claims within this instance's own slot_ttl after the slot (the
         scheduler's range: a slot claimed by hand years later is the caller's business)."""
         now = self._redis.now_ms()
-        if not 0 <= now - slot.slot_ms < to_ms(self._slot_ttl):
+        if not self._in_own_memory(slot, now):
             return
-        deadline = claim_deadline_ms(memory, slot.slot_ms, skew_ms=self._skew_ms)
-        if now <= deadline:
+        if now <= claim_deadline_ms(memory, slot.slot_ms, skew_ms=self._skew_ms):
             return
-        limit = memory.limit_ms(slot.slot_ms, self._skew_ms)
-        if slot.slot_ms < memory.created_ms:
-            why = "the fleet's slot memory record was made after it fell due"
-        elif limit < memory.memory_ms:
-            why = (
-                f"the fleet's slot memory was {_shown(limit)} when it fell due (raised to "
-                f"{_shown(memory.memory_ms)} since)"
-            )
-        else:
-            why = f"the fleet's slot memory is {_shown(limit)}"
         raise BackendError(
-            f"{self.name}: slot {slot.key} is too late to claim safely: {why}, so an instance "
+            f"{self.name}: slot {slot.key} is too late to claim safely: "
+            f"{self._forgotten(memory, slot)}, so an instance "
             "may have claimed it under a memory that has forgotten it (or will before this "
             "claim lands); the slot is not run here"
         )
@@ -384,7 +358,7 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackend):
             if believed is None or seen.memory_ms != believed.memory_ms:
                 logger.info(
                     "%s: the fleet of prefix %r now remembers claimed slots for %s",
-                    self.name, self.prefix, _shown(seen.memory_ms),
+                    self.name, self.prefix, shown(seen.memory_ms),
                 )  # fmt: skip
             return
         if seen is not None:
@@ -408,7 +382,3 @@ def _one(outcomes: list[bool | Exception]) -> bool:
     """A single claim's outcome (its error was raised already)."""
     assert isinstance(outcomes[0], bool)
     return outcomes[0]
-
-
-def _shown(ms: int) -> str:
-    return format_duration(timedelta(milliseconds=ms))
