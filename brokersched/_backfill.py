@@ -232,6 +232,9 @@ class _Backfill:
         self.read_ms = 0  # when the history in ``ran`` was read
         self.fence: int | None = None  # a dry run's view of the ``<key>:backfill`` fence
         self.state = LeaseState()  # the job's, as read for the slot at hand
+        # Why the slots left are not taken: one the backend failed on would be fenced away for
+        # good by a later slot's claim, so the backfill stops there, to be run again from it.
+        self.halted: str | None = None
 
     async def run(
         self, slots: list[int], rate: float, progress: Callable[[BackfillSlot], object] | None
@@ -257,6 +260,11 @@ class _Backfill:
             elif status == "would-run":
                 status, detail = await self._on_store(slot_ms)
             step = BackfillSlot(ms_to_datetime(slot_ms), index, len(slots), status, detail, record)
+            if self._failed(step) and self.halted is None:
+                self.halted = (
+                    f"an earlier slot ({step.at.isoformat()}) could not be backfilled: run the "
+                    "backfill again from it (claiming a later slot would fence it away)"
+                )
             results.append(step)
             if progress is not None:
                 progress(step)
@@ -271,6 +279,8 @@ class _Backfill:
             return "already-run", None
         if (stopped := self._stopped()) is not None:
             return "stopped", stopped
+        if self.halted is not None:
+            return "skipped", self.halted
         if (too_old := self._too_old(slot_ms)) is not None:
             return "skipped", too_old
         if (settle := settle_ms(self.job, self.backend)) and slot_ms > self.read_ms - settle:
@@ -305,10 +315,14 @@ class _Backfill:
                     return "already-run", None
         except BackendError as exc:
             return "skipped", f"the backend failed: {exc}"
-        fenced = self.fence is not None and slot_ms <= self.fence
-        if self.dry_run and not self._on_own_row(slot_ms) and fenced:
-            return "not-acquired", _FENCED
+        if self.dry_run and self.fence is not None and slot_ms <= self.fence:
+            return "not-acquired", _FENCED  # the real run claims the backfills' fence first
         return "would-run", None
+
+    def _failed(self, step: BackfillSlot) -> bool:
+        """A slot of a real backfill on a lease backend that the backend failed on."""
+        failed = step.status == "skipped" and (step.detail or "").startswith("the backend failed")
+        return failed and self.leased and not self.dry_run
 
     def _on_own_row(self, slot_ms: int) -> bool:
         """Whether the slot is claimed on the job's own row: later than its fence."""
@@ -346,7 +360,9 @@ class _Backfill:
     async def _read_history(self) -> None:
         self.read_ms = self.clock.now_ms()
         records = await self.history()
-        self.ran = {record.slot_ms for record in records if record.reason in _SLOT_RUNS}
+        # Added to what earlier reads saw, never replacing it: the history keeps the latest
+        # ``history_size`` records, and this backfill's own push the fleet's out of them.
+        self.ran |= {record.slot_ms for record in records if record.reason in _SLOT_RUNS}
 
     async def _lease_state(self, key: str) -> LeaseState:
         assert isinstance(self.backend, LeaseBackend)

@@ -11,6 +11,7 @@ import pytest
 
 from brokersched import ConfigurationError, JobContext, MemoryBackend, Scheduler
 from brokersched._exceptions import BackendUnavailableError
+from brokersched.abc import Slot
 from brokersched.backends.memory import MemoryStore
 from brokersched.testing import TestClock
 from tests.support.helpers import DictClaimBackend
@@ -554,4 +555,80 @@ async def test_a_backfill_waits_for_its_read_of_the_controls_after_a_failed_one(
     assert [s.status for s in steps] == ["skipped"]  # nor backfilled
     assert seen.runs == []
     await other.stop()
+    await scheduler.stop()
+
+
+async def test_slots_the_fleet_ran_stay_known_while_the_backfills_records_push_theirs_out(
+    scheduler: Scheduler[MemoryBackend], clock: TestClock
+) -> None:
+    """The history keeps the latest ``history_size`` records: the backfill's own records push
+    out those of the runs after the gap it fills, which it must still know as run."""
+    seen = Seen()
+    job = scheduler.every("report", "1m", seen, catch_up=0, max_late="10s", history_size=6)
+    await scheduler.start()
+    job.pause()
+    await clock.advance("5m")  # 08:01 to 08:05 missed
+    job.resume()
+    await clock.advance("5m")  # 08:06 to 08:10 run on schedule: 5 of the 6 records kept
+    steps = await drive(
+        clock, scheduler.backfill("report", at("08:01:00"), at("08:08:00"), rate=100)
+    )
+    assert statuses(steps) == [
+        *[(f"08:0{n}", "ran") for n in range(1, 6)],
+        *[(f"08:0{n}", "already-run") for n in range(6, 9)],
+    ]
+    ran = [slot for _, _, slot in seen.runs]
+    assert sorted(ran) == sorted(set(ran))  # each slot once
+
+
+class LostAnswer(MemoryBackend):
+    """A store whose answer to the claim of the backfills' fence for ``lose`` is lost: the
+    claim lands, the caller hears an error."""
+
+    lose: int | None = None
+
+    async def acquire(self, slot: Slot, **kwargs: Any) -> Any:
+        answer = await super().acquire(slot, **kwargs)
+        if slot.job.endswith(":backfill") and slot.slot_ms == self.lose:
+            raise BackendUnavailableError("the answer was lost")
+        return answer
+
+
+async def test_a_slot_the_backend_failed_on_stops_the_backfill_and_dry_runs_see_its_fence(
+    clock: TestClock,
+) -> None:
+    """The claim of 08:03's fence lands unanswered: the backfill stops there (a later slot's
+    claim would fence 08:03 away for good, unseen), and says so; a dry run then says what the
+    real run finds, the fence claimed on a slot of the job's own row."""
+    seen = Seen()
+    backend = LostAnswer(lease_ttl="5s")
+    backend.lose = 1_800_000_000_000 + 180_000  # 08:03
+    scheduler = Scheduler(backend, clock=clock, jitter=0, instance_id="me", enabled=False)
+    scheduler.every("report", "1m", seen, catch_up=0, max_late="10s")
+    await scheduler.start()
+    await clock.advance("10m")
+    steps = await drive(
+        clock, scheduler.backfill("report", at("08:01:00"), at("08:06:00"), rate=100)
+    )
+    assert statuses(steps) == [
+        ("08:01", "ran"),
+        ("08:02", "ran"),
+        ("08:03", "skipped"),
+        ("08:04", "skipped"),
+        ("08:05", "skipped"),
+        ("08:06", "skipped"),
+    ]
+    assert "the backend failed" in (steps[2].detail or "")
+    assert "run the backfill again from it" in (steps[3].detail or "")
+    backend.lose = None
+    dry = await scheduler.backfill("report", at("08:03:00"), at("08:05:00"), dry_run=True)
+    real = await drive(
+        clock, scheduler.backfill("report", at("08:03:00"), at("08:05:00"), rate=100)
+    )
+    assert statuses(dry) == [
+        ("08:03", "not-acquired"),
+        ("08:04", "would-run"),
+        ("08:05", "would-run"),
+    ]
+    assert statuses(real) == [("08:03", "not-acquired"), ("08:04", "ran"), ("08:05", "ran")]
     await scheduler.stop()
