@@ -389,6 +389,8 @@ class _Backfill:
             if lease is not None:  # the job's row offers it to the fleet; its backfill key not
                 await self.runner.release(lease, handover=lease.job == self.key)
             return "stopped", stopped, None
+        if lease is not None:
+            run_id = lease.run_id  # a lease taken over has a run of its own
         run = self.runner.execute(
             self.job, slot_ms, lease, reason="backfill", run_id=run_id, leased_ms=sent_ms
         )
@@ -421,7 +423,7 @@ class _Backfill:
         key = backfill_key(self.key)
         fenced = await self._acquire(Slot(key, slot_ms), _fence_policy(key), run_id)
         if fenced is None:
-            return "not-acquired", _FENCED
+            return await self._take_over(slot_ms) or ("not-acquired", _FENCED)
         if not self._on_own_row(slot_ms):
             return fenced
         # A backfilled run waits for no run of the job, nor makes one skip as overlap.
@@ -435,6 +437,22 @@ class _Backfill:
             await self.runner.release(fenced, handover=False)
             return verdict
         return fenced  # the fleet can no longer claim it: it runs under the backfills' fence
+
+    async def _take_over(self, slot_ms: int) -> Lease | None:
+        """The slot's lease under the backfills' key, when an earlier backfill's run of it died
+        (its process killed, its lease lost): taken over as the fleet's sweep takes a dead
+        runner's slot, its dead attempt recorded ``interrupted``, while the job's
+        ``max_attempts`` allow another. Only a backfill ever takes these over."""
+        key = backfill_key(self.key)
+        if slot_ms not in (await self._lease_state(key)).leased:
+            return None
+        assert isinstance(self.backend, LeaseBackend)
+        policy = replace(_fence_policy(key), max_attempts=self.job.settings.policy.max_attempts)
+        taken = await self.backend.take_over([policy], instance_id=self.runner.instance_id)
+        for lease in taken:
+            if lease.slot_ms != slot_ms:  # another dead slot: left to the backfill reaching it
+                await self.runner.release(lease, handover=True)
+        return next((lease for lease in taken if lease.slot_ms == slot_ms), None)
 
     async def _acquire(self, slot: Slot, policy: JobPolicy, run_id: str) -> Lease | None:
         assert isinstance(self.backend, LeaseBackend)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 
 from brokersched import ConfigurationError, JobContext, MemoryBackend, Scheduler
 from brokersched._exceptions import BackendUnavailableError
-from brokersched.abc import Slot
+from brokersched.abc import JobPolicy, Slot
 from brokersched.backends.memory import MemoryStore
 from brokersched.testing import TestClock
 from tests.support.helpers import DictClaimBackend
@@ -631,4 +632,43 @@ async def test_a_slot_the_backend_failed_on_stops_the_backfill_and_dry_runs_see_
         ("08:05", "would-run"),
     ]
     assert statuses(real) == [("08:03", "not-acquired"), ("08:04", "ran"), ("08:05", "ran")]
+    await scheduler.stop()
+
+
+async def test_a_dead_backfills_slot_is_taken_over_by_the_next_backfill(
+    clock: TestClock,
+) -> None:
+    """A backfill's run whose process died holds its slot's lease under the backfills' key,
+    which no fleet sweep takes over: the next backfill reaching the slot does, recording the
+    dead attempt ``interrupted`` and running the slot again (attempts allowing)."""
+    store = MemoryStore()
+    scheduler, seen = await down_for_ten_minutes(clock, store=store)
+    await drive(clock, scheduler.backfill("report", at("08:01:00"), at("08:01:00"), rate=100))
+    dead = MemoryBackend(lease_ttl="5s", store=store)
+    await dead.start(clock)
+    slot = 1_800_000_000_000 + 120_000  # 08:02
+    policy = JobPolicy("report:backfill", overlap="allow", max_attempts=1)
+    lease = await dead.acquire(
+        Slot("report:backfill", slot), policy=policy, instance_id="dead", run_id="r-dead",
+        reason="backfill", timeout=5,
+    )  # fmt: skip
+    assert lease is not None  # 08:02's backfill, whose process is then killed: no record
+    await clock.advance("10s")
+    steps = await drive(
+        clock, scheduler.backfill("report", at("08:01:00"), at("08:03:00"), rate=100)
+    )
+    assert statuses(steps) == [("08:01", "already-run"), ("08:02", "ran"), ("08:03", "ran")]
+    assert [s for _, _, s in seen.runs] == ["08:01:00", "08:02:00", "08:03:00"]
+    history = await scheduler.get("report").history(10)  # type: ignore[union-attr]
+    assert [(r.slot_ms, r.attempt, r.outcome) for r in history if r.slot_ms == slot] == [
+        (slot, 2, "completed")
+    ]
+    # The dead attempt is recorded by the take-over, under the backfills' key.
+    dead_runs = await dead.history(replace(policy, history_size=10), 10)
+    assert [(r.run_id, r.outcome) for r in dead_runs] == [("r-dead", "interrupted")]
+    again = await drive(
+        clock, scheduler.backfill("report", at("08:02:00"), at("08:02:00"), rate=100)
+    )
+    assert statuses(again) == [("08:02", "already-run")]
+    await dead.stop()
     await scheduler.stop()

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from brokersched import JobContext, Retry, Scheduler
-from brokersched.abc import Backend
+from brokersched._clock import SystemClock
+from brokersched.abc import Backend, JobPolicy, LeaseBackend, Slot
 from tests.support.namespaces import fresh_namespace
 
 KINDS = ["postgres", "sqlite", "rabbitmq", "nats", "redis", "redis-lease"]
@@ -100,3 +101,41 @@ async def test_retries_wait_under_the_renewed_lease(make_backend: Callable[..., 
         ("retry", 2, "completed"),
         ("manual", 1, "failed"),
     ]
+
+
+@pytest.mark.parametrize("make_backend", ["postgres", "sqlite", "redis-lease"], indirect=True)
+async def test_a_dead_backfills_slot_is_run_by_the_next_backfill(
+    make_backend: Callable[..., Backend],
+) -> None:
+    """A backfill's process dies holding a slot's lease under ``<key>:backfill`` (no fleet
+    sweep takes those over): the next backfill takes the slot over once the lease expired, and
+    runs it once; a third finds it run."""
+    runs: list[tuple[str, int, int]] = []
+
+    async def report(ctx: JobContext) -> None:
+        runs.append((ctx.reason, ctx.slot_ms, ctx.attempt))
+
+    dead = make_backend(lease_ttl="1s")
+    assert isinstance(dead, LeaseBackend)
+    scheduler = Scheduler(make_backend(lease_ttl="2s"), jitter=0, instance_id="a", enabled=False)
+    scheduler.every("report", "200ms", report, max_late="1s", catch_up=0)
+    await scheduler.start()
+    await dead.start(SystemClock())
+    try:
+        first_ms = (int(time.time() * 1000) // 200) * 200 - 25_000
+        policy = JobPolicy("report:backfill", overlap="allow", max_attempts=1)
+        held = await dead.acquire(
+            Slot("report:backfill", first_ms), policy=policy, instance_id="dead",
+            run_id="r-dead", reason="backfill", timeout=5,
+        )  # fmt: skip
+        assert held is not None  # ... and the process dies: no run, no release
+        await asyncio.sleep(1.5)  # its lease expires
+        start, end = (datetime.fromtimestamp(ms / 1000, UTC) for ms in (first_ms, first_ms + 200))
+        steps = await scheduler.backfill("report", start, end, rate=200)
+        again = await scheduler.backfill("report", start, end, rate=200)
+    finally:
+        await scheduler.stop()
+        await dead.stop()
+    assert [step.status for step in steps] == ["ran", "ran"], steps
+    assert sorted(runs) == [("backfill", first_ms, 2), ("backfill", first_ms + 200, 1)]
+    assert {step.status for step in again} == {"already-run"}, again
