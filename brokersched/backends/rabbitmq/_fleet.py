@@ -251,7 +251,12 @@ class SlotMemory:
             records = await channel.declare_queue(self._record_name, durable=True, arguments=_PLAIN)
             count = records.declaration_result.message_count or 0
             message = await records.get(no_ack=False, fail=False) if count else None
-            record = self._parse_record(message.body if message else None, count)
+            try:
+                record = self._parse_record(message.body if message else None, count)
+            except BackendError:  # a later version's record: back in its queue, as it was
+                assert message is not None
+                await self._put_back(channel, message)
+                raise
             self.seen_ms = None if record is None else record.memory_ms
             if message is None or record is None:  # none yet, or unusable
                 record = await self._make_record(channel, own)
