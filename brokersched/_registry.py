@@ -42,7 +42,7 @@ from .triggers.base import Trigger
 from .triggers.cron import parse_cron
 from .triggers.interval import IntervalTrigger
 
-__all__ = ["MakeTrigger", "Registry", "collect_errors", "past_at"]
+__all__ = ["MakeTrigger", "Registry", "TriggerMaker", "collect_errors", "past_at"]
 
 #: What builds a job's trigger from its options (the schedule given, or its override's).
 MakeTrigger = Callable[[JobOptions], Trigger]
@@ -72,6 +72,28 @@ def boots(kind: Kind, options: JobOptions) -> bool:
     return options.claim and (kind == "after" or options.run_on_start)
 
 
+@dataclasses.dataclass(frozen=True)
+class TriggerMaker:
+    """Builds a job's trigger from its ``schedule`` as given (an interval, a cron expression,
+    an instant, a delay: kept, so that the job can be registered again elsewhere as it was)
+    and its options; ``timezone`` is the scheduler's, for a cron job without one."""
+
+    kind: Kind
+    schedule: Any
+    timezone: Callable[[], Any]
+
+    def __call__(self, job_options: JobOptions) -> Trigger:
+        schedule = self.schedule
+        if self.kind == "every":
+            period = parse_duration(schedule, name="interval")
+            return IntervalTrigger(period, job_options.offset or timedelta(0))
+        if self.kind == "cron":
+            return parse_cron(schedule, job_options.timezone or self.timezone())
+        if self.kind == "after":
+            return AfterTrigger(parse_duration(schedule, name="delay"))
+        return AtTrigger(parse_when(schedule))
+
+
 class Registry:
     """Turns what ``every()``, ``cron()``, ``at()``, ``after()``, ``job.update()`` and overrides
     say into a job's ``JobSpec``. ``states`` gives the registered jobs by name (the
@@ -90,22 +112,10 @@ class Registry:
         self._states = states
         self._refused: list[ConfigurationError] = []  # see collect_errors()
 
-    def maker(self, kind: Kind, schedule: Any) -> MakeTrigger:
+    def maker(self, kind: Kind, schedule: Any) -> TriggerMaker:
         """What builds a job's trigger from its schedule (given, or from overrides) and
         options."""
-
-        def make(job_options: JobOptions) -> Trigger:
-            if kind == "every":
-                period = parse_duration(schedule, name="interval")
-                return IntervalTrigger(period, job_options.offset or timedelta(0))
-            if kind == "cron":
-                timezone = job_options.timezone or self._scheduler()[0].timezone
-                return parse_cron(schedule, timezone)
-            if kind == "after":
-                return AfterTrigger(parse_duration(schedule, name="delay"))
-            return AtTrigger(parse_when(schedule))
-
-        return make
+        return TriggerMaker(kind, schedule, lambda: self._scheduler()[0].timezone)
 
     def spec(
         self, name: str, kind: Kind, make_trigger: MakeTrigger, options: dict[str, Any]

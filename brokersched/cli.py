@@ -74,7 +74,8 @@ Exit codes:
   1  trigger: the job failed or did not run; backfill: a slot failed or was skipped;
      check: configuration errors found;
      run: a second signal cut the drain short; run, trigger: the application's lifespan raised;
-     purge: refused, or objects left; doctor: an error found
+     purge: refused, or objects left; doctor: an error found;
+     simulate: a promise of the README broke in a seed
   2  usage or configuration error (bad APP, unknown job, invalid option)
   3  the backend is unavailable
 """
@@ -1401,6 +1402,62 @@ def doctor(app: str, as_json: bool) -> None:
         _fail(
             f"{errors} error{'s' if errors > 1 else ''}: a slot could run twice or the server hang"
         )
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("app", metavar="APP")
+@click.option(
+    "--instances", type=click.IntRange(1, 16), default=3, show_default=True,
+    help="At most this many instances at once (kills and deploys start more).",
+)  # fmt: skip
+@click.option(
+    "--hours", type=click.FloatRange(0.01, 24 * 31), default=1.0, show_default=True,
+    help="Virtual hours per seed; time with nothing due is skipped.",
+)  # fmt: skip
+@click.option("--seeds", type=click.IntRange(1), default=10, show_default=True)
+@click.option("--first", type=click.IntRange(0), default=0, help="The first seed of --seeds.")
+@click.option("--seed", type=click.IntRange(0), help="Replay one seed, printing its steps.")
+@click.option(
+    "--real-handlers", is_flag=True,
+    help="Call the application's handlers, in virtual time, in place of timed stand-ins.",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="The report as one JSON object.")
+@_override_option
+def simulate(
+    app: str,
+    instances: int,
+    hours: float,
+    seeds: int,
+    first: int,
+    seed: int | None,
+    real_handlers: bool,
+    as_json: bool,
+    overrides: tuple[str, ...],
+) -> None:
+    """Run APP's jobs through the fleet simulator: instances killed, deployed, cut off from
+    the backend, their clocks stepped, under manual runs, backfills and pauses, on a model of
+    APP's backend, in virtual time; no server is used. Report per job the slots that ran
+    twice, never, or overlapped, with the seed that replays each. Exit 1 if any did."""
+    from .testing import _sim_app
+
+    configure_logging("text", "ERROR", quiet_clients=True)
+    scheduler = _load(app, overrides)
+    try:
+        read = _sim_app.read_app(scheduler)
+    except ValueError as exc:
+        raise CLIError(f"{app}: {exc}") from None
+    chosen = [seed] if seed is not None else list(range(first, first + seeds))
+    say = _sim_app.progress(app, verbose=seed is not None) if not as_json else None
+    report = _sim_app.simulate_app(
+        read, chosen, hours=hours, instances=instances, real_handlers=real_handlers, each=say
+    )
+    if as_json:
+        click.echo(redact_text(json.dumps(report.to_json(), indent=2)))
+    else:
+        _console().print(_sim_app.table(report, app))
+        click.echo(_sim_app.summary(report, app))
+    if not report.ok:
+        sys.exit(EXIT_FAILED)
 
 
 def main() -> None:

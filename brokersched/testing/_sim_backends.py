@@ -1096,8 +1096,8 @@ class SimRabbitMQ(_SimFleet, ClaimBackend):
 
     def _check_refusal(self, slot: Slot, memory_ms: int) -> None:
         """A claim nacked (``RabbitMQBackend._check_refusal``): the queue is declared to check
-        that brokersched made it; one made with other arguments fails closed (issue 24,
-        class 12: a stray message in it lost the slot silently)."""
+        that brokersched made it; one made with other arguments fails closed (a stray message in
+        it would lose the slot silently)."""
         if self.data.declare(slot.key, memory_ms) is None and slot.key in self.sim.stray:
             raise BackendError(f"claim queue of {slot.key} is not brokersched's")
 

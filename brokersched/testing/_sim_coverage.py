@@ -186,6 +186,8 @@ NOT_DRAWN: dict[str, str] = {
         f"cli {name}": "reads only: what it prints changes nothing of the fleet"
         for name in ("jobs", "next", "history", "instances", "check", "doctor")
     },
+    "cli simulate": "the simulator itself, on the application's jobs: it touches no fleet "
+    "nor server",
     "cli purge": "refused while the fleet's presence shows an instance alive or late (or cannot "
     "be read), which is all the time a simulated fleet runs; what it removes after the last "
     "stop is the backends' own business, tested against the real servers "

@@ -13,7 +13,6 @@ a new kind of fault is one line of ``_sim_coverage.FAULTS`` and one branch of ``
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -137,10 +136,11 @@ class Faults:
         self.instant("evicted", self.sim.data.evict(rng))
 
     def stray_queue(self, rng: random.Random) -> None:
-        now, tick = self.sim.fleet.now_ms(), self.sim.jobs["tick_s"] * 1000
-        slot = now - now % tick + tick * rng.randint(1, 3)
-        self.sim.data.stray(f"tick:{slot}")
-        self.instant("stray queue", f"a queue made beforehand for tick:{slot}")
+        key, slot = self.sim.operated[0], self.sim.fleet.now_ms()
+        for _ in range(rng.randint(1, 3)):
+            slot = self.sim.slot_after(key, slot)
+        self.sim.data.stray(f"{key}:{slot}")
+        self.instant("stray queue", f"a queue made beforehand for {key}:{slot}")
 
     def step_clock(self, instance: Instance, ahead_ms: int) -> None:
         """``instance``'s clock stepped to ``ahead_ms`` ahead of the fleet's true time."""
@@ -174,8 +174,8 @@ class Faults:
         """The store's answers stall from just before the next slot of every job's grid (a
         few seconds: cron's 3 s, tick's) and ``instance`` stops just after it: its claims are
         in flight as its drain begins and answered within it (claim-only backends)."""
-        now, grid = self.sim.fleet.now_ms(), 1000 * math.gcd(self.sim.jobs["tick_s"], 3)
-        instant = (now // grid + 1) * grid
+        now = self.sim.fleet.now_ms()
+        instant = self.sim.next_instant(now)
         span = self.sim.more.choice((300, 800))
 
         def stall() -> None:
@@ -192,13 +192,12 @@ class Faults:
 
     def blip_as_a_run_completes(self, how: str) -> None:
         """The store away (``how``: held, down or locked) from just before the next run's end
-        for less than lease_ttl (issue 24, classes 2 and 3: the release was given up, and the
-        completed slot ran again)."""
-        now, works = self.sim.fleet.now_ms(), {"cron": "cron_work_ms", "slow": "slow_work_ms"}
+        for less than lease_ttl (a release given up there let the completed slot run again)."""
+        now = self.sim.fleet.now_ms()
         ends = [
-            (run.key != "slow", run.start + self.sim.jobs[works.get(run.key, "work_ms")] - now)
+            (run.key != "slow", run.start + self.sim.work_ms(run.key) - now)
             for run in self.sim.ledger.runs
-            if run.end is None and run.key in ("tick", "cron", "once", "slow")
+            if run.end is None and run.key in self.sim.leased_keys
         ]
         ahead = [left for _, left in sorted(ends) if left > 100][:1]  # the slow job's first
         if not ahead:

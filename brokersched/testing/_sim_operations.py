@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["Operator"]
 
 _RATES = (0.1, 0.25, 0.5, 1.0, 1.0, 5.0, 50.0)  # slots a second
-_JOBS = ("tick", "cron")  # on every backend, every deploy
 
 
 async def _answer(change: Any) -> Any:
@@ -75,14 +74,14 @@ class Operator:
         if roll < 0.05:
             self.backfill(rng.choice(live))
         elif roll < 0.08:
-            key = rng.choice(_JOBS)
+            key = rng.choice(self.sim.operated)
             spans = self.sim.ledger.disabled.get(key, [])
             action = "enable" if spans and spans[-1][1] is None else "disable"
             self.control(rng.choice(live), key, action, admin=rng.random() < 0.3)
         elif roll < 0.10:
-            self.remove(rng.choice(live), rng.choice(_JOBS))
+            self.remove(rng.choice(live), rng.choice(self.sim.operated))
         elif roll < 0.12:
-            self.update(rng.choice(live), rng.choice(_JOBS))
+            self.update(rng.choice(live), rng.choice(self.sim.operated))
         elif roll < 0.14:
             self.abort(rng.choice(live))
         elif roll < 0.16:
@@ -201,8 +200,7 @@ class Operator:
             jitter_ms=rng.choice((0, 100, 900, 4000)),
             max_late_ms=rng.choice((500, 2000, 10_000, 45_000)),
         )
-        gap = sim.jobs["tick_s"] * 1000 if key == "tick" else 3000
-        options: dict[str, Any] = sim.timing(deploy, gap)
+        options: dict[str, Any] = sim.timing(deploy, sim.gap_ms(key))
         if rng.random() < 0.5:
             options["timeout"] = f"{rng.choice((1500, 5000, 30_000))}ms"
         now = sim.fleet.now_ms()

@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import random
 import sys
 import time
@@ -72,7 +73,16 @@ from ._sim_faults import Faults
 from ._sim_ledger import LEASE_SKEW_MS, Ledger, Run, origin_of
 from ._sim_operations import Operator
 
-__all__ = ["BACKENDS", "Deploy", "Instance", "Result", "Simulation", "main", "simulate"]
+__all__ = [
+    "BACKENDS",
+    "Deploy",
+    "Instance",
+    "Result",
+    "Simulation",
+    "main",
+    "run_seeded",
+    "simulate",
+]
 
 BACKENDS = ("lease", "redis", "nats", "rabbitmq", "natslease")
 #: What a seed draws when no backend is given: the backends before ``natslease`` (chosen with
@@ -150,6 +160,7 @@ class Result:
     runs: int
     #: (operation, fault) -> how many interesting interleavings (``_sim_coverage``)
     coverage: Counter[tuple[str, str]] = field(default_factory=Counter)
+    ran: Counter[tuple[str, str]] = field(default_factory=Counter)  # runs by (job key, reason)
 
     @property
     def ok(self) -> bool:
@@ -171,7 +182,7 @@ class Simulation:
         self.seed = seed
         self.rng = random.Random(seed)
         # Pauses and resumes are drawn apart, so that without them a seed runs as before they
-        # were added (the seeds that found the classes of issue 24 among them). So are late
+        # were added (the seeds pinned in the tests among them). So are late
         # answers.
         self._pause_rng = random.Random(seed + 4) if pauses else None
         self.late_rng = random.Random(seed + 6) if late_answers else None
@@ -185,6 +196,11 @@ class Simulation:
             lease=self.lease, released=self.store.released, expiry=self.store.expiry
         )
         self.instances: list[Instance] = []
+        self.max_instances = _MAX_INSTANCES
+        #: The jobs (by key) that operators trigger, pause, disable, remove and update.
+        self.operated: tuple[str, ...] = ("tick", "cron")
+        #: The jobs whose slots hold a lease a killed runner leaves to expire.
+        self.leased_keys: tuple[str, ...] = ("tick", "cron", "once", "slow")
         self.log: list[str] = []
         self._names = 0
         self._rows = MemoryStore()
@@ -348,7 +364,7 @@ class Simulation:
         backend, link = self._backend(deploy, name)
         scheduler: Scheduler[Any] = Scheduler(
             backend, clock=clock, instance_id=name, drain_timeout=f"{deploy.drain_s}s",
-            enabled=deploy.schedules,
+            enabled=deploy.schedules, **self.scheduler_options(),
         )  # fmt: skip
         instance = Instance(name, deploy, clock, backend, scheduler, link)
         try:
@@ -369,6 +385,10 @@ class Simulation:
         except Exception as exc:  # the store refused it: the instance is gone
             self.log.append(f"{instance.name} did not start: {exc!r}")
             instance.kill()
+
+    def scheduler_options(self) -> dict[str, Any]:
+        """Each instance's ``Scheduler(...)`` options beyond the deploy's: the defaults."""
+        return {}
 
     def _register(self, instance: Instance) -> None:
         """The application's jobs, the same in every version; the scheduler's own defaults
@@ -391,30 +411,30 @@ class Simulation:
         tick_ms = jobs["tick_s"] * 1000
         tick = {**options, **self._retry(options, tick_ms, deploy)}
         found["tick"] = lambda: sched.every(
-            name, f"{tick_ms}ms", self._handler(instance, "tick", tick), key="tick",
+            name, f"{tick_ms}ms", self.stand_in(instance, "tick", tick), key="tick",
             run_on_start=jobs["run_on_start"], **tick, **self._timing(deploy, tick_ms),
         )  # fmt: skip
         cron = {**options, **self._retry(options, 3000, deploy)}
         found["cron"] = lambda: sched.cron(
-            "cron", "*/3 * * * * *", self._handler(instance, "cron", cron), **cron,
+            "cron", "*/3 * * * * *", self.stand_in(instance, "cron", cron), **cron,
             **self._timing(deploy, 3000),
         )  # fmt: skip
         at = self._began + timedelta(seconds=jobs["at_s"])  # one instant for the whole fleet
         once: dict[str, Any] = {"max_attempts": deploy.max_attempts} if lease else {}
         once.update(self._retry(once, None, deploy))
         found["once"] = lambda: sched.at(
-            "once", at, self._handler(instance, "once", once), **once,
+            "once", at, self.stand_in(instance, "once", once), **once,
             **self._timing(deploy, None),
         )  # fmt: skip
         if jobs["after_s"] is not None:
             found["boot"] = lambda: sched.after(
-                "boot", f"{jobs['after_s']}s", self._handler(instance, "boot", {})
+                "boot", f"{jobs['after_s']}s", self.stand_in(instance, "boot", {})
             )
         if lease:  # its slot stays the job's latest while a dead runner's lease expires
             slow_ms = jobs["slow_s"] * 1000
             slow = {**options, **self._retry(options, slow_ms, deploy)}
             found["slow"] = lambda: sched.every(
-                "slow", f"{slow_ms}ms", self._handler(instance, "slow", slow), **slow,
+                "slow", f"{slow_ms}ms", self.stand_in(instance, "slow", slow), **slow,
                 **self._timing(deploy, slow_ms),
             )  # fmt: skip
         return found
@@ -425,6 +445,34 @@ class Simulation:
             if job.key == key:
                 return job
         return None
+
+    def work_ms(self, key: str) -> int:
+        """How long a run of job ``key`` works."""
+        return int(self._jobs[{"cron": "cron_work_ms", "slow": "slow_work_ms"}.get(key, "work_ms")])
+
+    def gap_ms(self, key: str) -> int | None:
+        """The time between two slots of job ``key`` (``None``: one slot)."""
+        return self._jobs["tick_s"] * 1000 if key == "tick" else 3000
+
+    def shortened(self, deploy: Deploy) -> Deploy:
+        """``deploy`` with the shorter ``slot_ttl`` a deleted fleet record lets in."""
+        return replace(deploy, memory_ms=3000)
+
+    def slot_after(self, key: str, after_ms: int) -> int:
+        """The first slot of job ``key`` (tick, here) after ``after_ms``."""
+        tick: int = self._jobs["tick_s"] * 1000
+        return after_ms - after_ms % tick + tick
+
+    def next_instant(self, after_ms: int) -> int:
+        """The first instant after ``after_ms`` on the grid of every job's slots."""
+        grid = 1000 * math.gcd(self._jobs["tick_s"], 3)
+        return (after_ms // grid + 1) * grid
+
+    async def work(self, key: str, ctx: Any, fail_rate: float) -> None:
+        """A run's work: it lasts ``work_ms(key)`` unless aborted, and fails at ``fail_rate``."""
+        aborted = await ctx.wait_aborted(self.work_ms(key) / 1000)
+        if not aborted and self._failures.random() < fail_rate:
+            raise RuntimeError("the handler failed (simulated)")
 
     def _scheduled(self, key: str, slot_ms: int) -> bool:
         every = {
@@ -441,9 +489,11 @@ class Simulation:
         if event.run == "schedule":  # not a boot run's nor a manual run's instant
             self.ledger.refused.setdefault((key, event.slot_ms), set()).add(event.reason)
 
-    def _handler(self, instance: Instance, key: str, options: dict[str, Any]) -> Callable[..., Any]:
-        ledger, fleet, failures, store = self.ledger, self.fleet, self._failures, self.store
-        work = self._jobs[{"cron": "cron_work_ms", "slow": "slow_work_ms"}.get(key, "work_ms")]
+    def stand_in(self, instance: Instance, key: str, options: dict[str, Any]) -> Callable[..., Any]:
+        """The handler of job ``key`` on ``instance``: each run is noted in the ledger, then
+        works (``work``); ``options``: the job's overlap, max_attempts and retry, as the ledger
+        judges its runs by them."""
+        ledger, fleet, store = self.ledger, self.fleet, self.store
         retry: Retry | None = options.get("retry")
         fail_rate = self._jobs.get("fail_rate", 0.0) if retry is not None else 0.0
 
@@ -472,10 +522,11 @@ class Simulation:
             ledger.runs.append(run)
             how = "cut"
             try:
-                if not await ctx.wait_aborted(work / 1000) and failures.random() < fail_rate:
-                    how = "failed"
-                    raise RuntimeError("the handler failed (simulated)")
+                await self.work(key, ctx, fail_rate)
                 how = "returned"
+            except Exception:
+                how = "failed"
+                raise
             finally:
                 run.end = fleet.now_ms()
                 if ctx.abort_reason == "timeout":  # a failed attempt (retry= catches it)
@@ -493,8 +544,8 @@ class Simulation:
         """One operation (most often none), then time moves on a little."""
         rng, live = self.rng, self._live()
         roll = rng.random()
-        short = not live or (len(live) < 2 and rng.random() < 0.7)
-        if short or (roll < 0.06 and len(live) < _MAX_INSTANCES):
+        short = not live or (len(live) < min(2, self.max_instances) and rng.random() < 0.7)
+        if short or (roll < 0.06 and len(live) < self.max_instances):
             await self.start_instance(self._draw_deploy(), self._skew())
         elif roll < 0.12:  # a rolling deploy: one instance replaced by one of the next version
             old = rng.choice(live)
@@ -506,8 +557,8 @@ class Simulation:
                 self.stop(old)
             others = [instance for instance in live if instance is not old]
             if others and rng.random() < 0.3:  # a job run by hand as the deploy hands over
-                chosen, index, after_s = rng.choice(others), rng.randrange(2), rng.choice((1, 3, 4))
-                self._trigger_later(chosen, ("tick", "cron")[index], after_s * 1000)
+                chosen, index, after_s = rng.choice(others), self._one(), rng.choice((1, 3, 4))
+                self._trigger_later(chosen, self.operated[index], after_s * 1000)
             await self.start_instance(self._draw_deploy(old.deploy), old.clock.ahead_ms)
         elif roll < 0.16:
             victim = rng.choice(live)
@@ -518,7 +569,7 @@ class Simulation:
             self.faults.kill(victim)
             others = [instance for instance in live if instance is not victim]
             if others and rng.random() < 0.5:  # an operator runs the job by hand meanwhile
-                chosen, key = rng.choice(others), ("tick", "cron")[rng.randrange(2)]
+                chosen, key = rng.choice(others), self.operated[self._one()]
                 after_ms = rng.choice((1, 5, 12)) * 1000
                 expiring = self._expiring(victim) if self.lease else None
                 if expiring is not None and rng.random() < 0.5:
@@ -528,7 +579,7 @@ class Simulation:
             self.stop(rng.choice(live))
         elif roll < 0.26:
             instance = rng.choice(live)
-            self.trigger(instance, ("tick", "cron")[rng.randrange(2)])
+            self.trigger(instance, self.operated[self._one()])
         elif roll < 0.31:
             self.faults.step_clock(rng.choice(live), self._skew())
         elif roll < 0.37:
@@ -537,7 +588,7 @@ class Simulation:
             # The README's way to lower slot_ttl, done early: the record deleted while instances
             # with the longer slot_ttl still run, and one with the shorter started.
             self.faults.delete_record()
-            await self.start_instance(replace(self._draw_deploy(), memory_ms=3000), self._skew())
+            await self.start_instance(self.shortened(self._draw_deploy()), self._skew())
         elif roll < 0.42:
             self._backfill(self.more.choice(live))
         pauses, live = self._pause_rng, self._live()
@@ -545,20 +596,27 @@ class Simulation:
             self._pause_or_resume(pauses.choice(live))
         if self.operator is not None and (live := self._live()):
             await self.operator.step(live)
-        await self.fleet.advance(timedelta(milliseconds=rng.choice((47, 310, 730, 1530, 3470))))
+        await self.advance(rng.choice((47, 310, 730, 1530, 3470)))
+
+    def _one(self) -> int:
+        """One of the operated jobs, by its index."""
+        return self.rng.randrange(len(self.operated))
+
+    async def advance(self, ms: int) -> None:
+        """The time between two steps."""
+        await self.fleet.advance(timedelta(milliseconds=ms))
 
     def _pause_or_resume(self, instance: Instance) -> None:
-        """Pause the tick job for the fleet, or resume it, through one instance."""
-        job = self.job(instance, "tick")  # tick (or tick.v2: the same key); None: removed
+        """Pause the first operated job for the fleet, or resume it, through one instance."""
+        key = self.operated[0]
+        job = self.job(instance, key)  # tick (or tick.v2: the same key); None: removed
         if not instance.scheduler.running or job is None:
             return
-        spans = self.ledger.paused.setdefault("tick", [])
+        spans = self.ledger.paused.setdefault(key, [])
         self._pauses += 1
         asked, now = self._pauses, self.fleet.now_ms()
         resume = bool(spans) and spans[-1][1] is None
-        op = self.coverage.op(
-            "resume" if resume else "pause", now, instance=instance.name, key="tick"
-        )
+        op = self.coverage.op("resume" if resume else "pause", now, instance=instance.name, key=key)
         if resume:
             spans[-1][1] = now  # from the moment it is asked
             change = job.resume(by=instance.name)
@@ -574,17 +632,17 @@ class Simulation:
                 spans.append([self.fleet.now_ms(), None])  # answered: in the store now
 
         instance.drive(changed(), "resume" if resume else "pause")
-        self.log.append(f"{'resume' if resume else 'pause'} tick through {instance.name}")
+        self.log.append(f"{'resume' if resume else 'pause'} {key} through {instance.name}")
 
     def _expiring(self, victim: Instance) -> tuple[str, int] | None:
         """The job (its key) of the latest slot a killed instance held a lease of, and how
         long until that lease expires, plus a moment: a manual run then is granted before the
-        fleet's next sweep finds the slot dead (issue 24, class 1: the sweep restarted it
-        beside the manual run)."""
+        fleet's next sweep finds the slot dead (a sweep that restarted it beside the manual run
+        would run the slot twice)."""
         now, held = self.fleet.now_ms(), []
         for lease, expiry in self.store.expiry.items():
             key, slot, instance, _ = lease
-            if key not in ("tick", "cron", "once", "slow"):  # a boot window's lease
+            if key not in self.leased_keys:  # a boot window's lease
                 continue
             if instance == victim.name and expiry > now and lease not in self.store.released:
                 held.append((slot, key, expiry))
@@ -688,7 +746,7 @@ class Simulation:
     def _check_blame(self, event: SkipEvent, instance: Instance) -> None:
         """A clock-skew refusal after the store's clock stepped back by more than
         max_clock_skew, while this instance's did not move, never blames this instance's clock
-        alone (issue 24, class 4: the warning told the operator to fix the instance). It names
+        alone (a warning that told the operator to fix the instance would mislead). It names
         the store's, or says it cannot tell (no reading of this instance's had both clocks
         agree)."""
         accepted = self.store.accepted.get(instance.name)
@@ -719,14 +777,20 @@ class Simulation:
 
     # -- the whole run -----------------------------------------------------------------------
 
+    def going_on(self, steps: int) -> bool:
+        """Whether to take another step after ``steps``."""
+        return steps < self.steps
+
     async def run(self) -> Result:
         violations: list[str] = []
-        for n in range(self.steps):
+        n = 0
+        while self.going_on(n):
             await self.step()
             found = self.ledger.found + self.ledger.violations(self.fleet.now_ms())
             if found:
                 violations = [f"after step {n}: {v}" for v in found]
                 break
+            n += 1
         if not violations:
             for instance in self._live():
                 self.stop(instance)
@@ -738,9 +802,11 @@ class Simulation:
             instance.kill()
         await self.fleet.settle()
         coverage = self.coverage.counts(self.ledger.runs, self.fleet.now_ms())
+        ran = Counter((run.key.removesuffix(":start"), run.reason) for run in self.ledger.runs)
         return Result(
-            self.seed, self.kind, self.steps, violations, self.log, len(self.ledger.runs), coverage
-        )
+            self.seed, self.kind, self.steps, violations, self.log, len(self.ledger.runs),
+            coverage, ran,
+        )  # fmt: skip
 
 
 def simulate(
@@ -756,6 +822,17 @@ def simulate(
     nor any operation added since; ``late_answers=False``: no lease store answers later than a
     lease (the seed runs as before each was added to the
     generator)."""
+    return run_seeded(
+        seed,
+        lambda: Simulation(
+            seed, backend=backend, steps=steps, pauses=pauses, late_answers=late_answers
+        ),
+    )
+
+
+def run_seeded(seed: int, make: Callable[[], Simulation]) -> Result:
+    """Run the simulation ``make`` makes, of ``seed``, in a loop of its own, the library's
+    logs silenced."""
     logger = logging.getLogger("brokersched")
     level = logger.level
     logger.setLevel(logging.CRITICAL)
@@ -765,10 +842,7 @@ def simulate(
     state = random.getstate()
     random.seed(f"brokersched.simulate:{seed}")
     try:
-        simulation = Simulation(
-            seed, backend=backend, steps=steps, pauses=pauses, late_answers=late_answers
-        )
-        return asyncio.run(simulation.run())
+        return asyncio.run(make().run())
     finally:
         random.setstate(state)
         logger.setLevel(level)

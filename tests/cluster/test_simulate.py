@@ -193,18 +193,21 @@ def _old_take_over(job: str, row: Any, take: Any, store: Any) -> Any:
     return _take_over(job, row, allow, store)
 
 
-async def _old_release(self: Runner, lease: Lease, *, handover: bool, renewer: Any = None) -> None:
+async def _old_release(
+    self: Runner, lease: Lease, *, handover: bool, renewer: Any = None, record: Any = None
+) -> None:
     """The old rule: a failed release was tried twice more (0.2 s, then 1 s later) once the
     run's renewer no longer held the lease, which one failed renewal ends."""
     tries = 0
     while True:
         try:
-            await self._release_once(lease, handover=handover, batched=not tries)
+            await self._release_once(lease, handover=handover, batched=not tries, record=record)
             return
         except Exception:
             tries += 1
             held = renewer is not None and not (renewer.lost or renewer._cancelled)
             if not held and tries > 2:
+                self._record_anyway(record)
                 return
             await self.clock.sleep((0.2, 1.0)[min(tries, 2) - 1])
 

@@ -19,15 +19,6 @@ TESTS = Path(__file__).resolve().parents[1]
 # "issue 24", "Issue 18:", "issue 28.2", "issues 13 and 24", "issue18"; not "issue #601".
 CITES_AN_ISSUE = re.compile(r"\b[Ii]ssues?[ _-]?\d")
 
-# What is still left, each to be rewritten in its own file; a file cleaned leaves its line here
-# (the last test fails until it does).
-KNOWN_CITING_FILES: set[str] = {
-    "testing/_sim_backends.py",
-    "testing/_sim_faults.py",
-    "testing/simulate.py",
-}
-KNOWN_TEST_NAMES: set[str] = set()
-
 
 @functools.cache
 def citing_files() -> dict[str, list[str]]:
@@ -64,23 +55,13 @@ def history_named_tests() -> set[str]:
 
 
 def test_the_library_carries_no_history() -> None:
-    cited = [
-        line
-        for name, lines in citing_files().items()
-        if name not in KNOWN_CITING_FILES
-        for line in lines
-    ]
+    cited = [line for lines in citing_files().values() for line in lines]
     assert cited == [], "history belongs in CHANGELOG.md; say what the code does and why:\n" + (
         "\n".join(cited)
     )
 
 
 def test_no_test_name_carries_history() -> None:
-    named = sorted(history_named_tests() - KNOWN_TEST_NAMES)
+    named = sorted(history_named_tests())
     assert named == [], "name each test after what it checks, not the issue it came from"
 
-
-def test_every_known_exception_still_cites_one() -> None:
-    """A file or test cleaned leaves the known lists, so they only shrink."""
-    assert sorted(KNOWN_CITING_FILES - set(citing_files())) == []
-    assert sorted(KNOWN_TEST_NAMES - history_named_tests()) == []
