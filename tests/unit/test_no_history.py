@@ -64,4 +64,3 @@ def test_the_library_carries_no_history() -> None:
 def test_no_test_name_carries_history() -> None:
     named = sorted(history_named_tests())
     assert named == [], "name each test after what it checks, not the issue it came from"
-
