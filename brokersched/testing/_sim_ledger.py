@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._sim_backends import Wins
+from ._sim_store import Wins
 
 __all__ = ["CLAIM_SPAN_MS", "LEASE_SKEW_MS", "Ledger", "Run", "origin_of"]
 

@@ -3,7 +3,8 @@ seeded generator of operations and faults, with the invariants checked after eve
 
 In the spirit of FoundationDB's simulation testing and TigerBeetle's VOPR: the schedulers,
 runners, boot runs and claim rules are the real code; the stores are models of each backend's
-memory (``_sim_backends``); everything that happens is drawn from one seed, so a failure is
+memory (``_sim_store`` and a module a backend: ``_sim_lease``, ``_sim_redis``, ``_sim_nats``,
+``_sim_rabbitmq``); everything that happens is drawn from one seed, so a failure is
 replayed by running its seed again::
 
     python -m brokersched.testing.simulate --seeds 200        # or: make simulate SEEDS=200
@@ -59,19 +60,15 @@ from .._tasks import Tracked, track
 from ..abc import Backend
 from ..backends.memory import MemoryStore
 from ._clock import FleetClock, InstanceClock
-from ._sim_backends import (
-    RedisData,
-    SimLeaseBackend,
-    SimNATS,
-    SimNATSLease,
-    SimRabbitMQ,
-    Store,
-    sim_redis,
-)
 from ._sim_coverage import EFFECT_MS, Coverage, format_table, reachable, to_json
 from ._sim_faults import Faults
+from ._sim_lease import SimLeaseBackend
 from ._sim_ledger import LEASE_SKEW_MS, Ledger, Run, origin_of
+from ._sim_nats import SimNATS, SimNATSLease
 from ._sim_operations import Operator
+from ._sim_rabbitmq import SimRabbitMQ
+from ._sim_redis import RedisData, sim_redis
+from ._sim_store import Store
 
 __all__ = [
     "BACKENDS",

@@ -20,14 +20,6 @@ from brokersched._slotmemory import FleetMemory
 from brokersched.abc import Lease
 from brokersched.backends import _lease
 from brokersched.cli import cli
-from brokersched.testing._sim_backends import (
-    RedisData,
-    SimLeaseBackend,
-    SimNATS,
-    SimRabbitMQ,
-    _job_of,
-    _SimTable,
-)
 from brokersched.testing._sim_coverage import (
     NOT_DRAWN,
     OPERATIONS,
@@ -35,6 +27,10 @@ from brokersched.testing._sim_coverage import (
     format_table,
     reachable,
 )
+from brokersched.testing._sim_lease import SimLeaseBackend
+from brokersched.testing._sim_nats import SimNATS, _job_of, _SimTable
+from brokersched.testing._sim_rabbitmq import SimRabbitMQ
+from brokersched.testing._sim_redis import RedisData
 from brokersched.testing.simulate import BACKENDS, Result, simulate
 
 # About 1 s a seed on this repository's idle 2-core machine (several times that under load):

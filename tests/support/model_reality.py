@@ -1,9 +1,9 @@
 """The fleet simulator's models of the stores against the real servers: one seeded scenario (a
 fixed list of backend calls drawn from ``random.Random(seed)`` before either run), run once on
-the real server and once on the model (``brokersched.testing._sim_backends``), and what each
-answered compared call by call, then what each kept at the end (the slots won, the history,
-the fleet's records). A model that drifts from its server fails here, at the first call where
-they disagree.
+the real server and once on the model (``brokersched.testing._sim_lease`` and its neighbours),
+and what each answered compared call by call, then what each kept at the end (the slots won,
+the history, the fleet's records). A model that drifts from its server fails here, at the
+first call where they disagree.
 
 Time is virtual on both sides: the instances' clocks are a ``TestClock`` (real) or the
 simulator's ``FleetClock`` (model), moved together; the store's clock is driven the way the
@@ -35,7 +35,7 @@ from brokersched.abc import (
 )
 from brokersched.testing import TestClock
 from brokersched.testing._clock import FleetClock
-from brokersched.testing._sim_backends import Store
+from brokersched.testing._sim_store import Store
 
 START = "2030-06-01T12:00:00+00:00"
 SEEDS = (1, 2, 3)  # a few seeds in CI: each scenario takes about a second

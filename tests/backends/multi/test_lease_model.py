@@ -14,7 +14,7 @@ import pytest
 from brokersched.abc import Backend
 from brokersched.backends.memory import MemoryStore
 from brokersched.backends.redis import RedisLeaseBackend
-from brokersched.testing._sim_backends import SimLeaseBackend
+from brokersched.testing._sim_lease import SimLeaseBackend
 from tests.support.leases import VirtualClockSQLite, fleet_of
 from tests.support.model_reality import (
     SEEDS,

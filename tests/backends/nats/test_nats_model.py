@@ -11,7 +11,7 @@ import pytest
 
 from brokersched.abc import Backend
 from brokersched.backends.nats import NATSBackend, NATSLeaseBackend
-from brokersched.testing._sim_backends import SimNATS, SimNATSLease
+from brokersched.testing._sim_nats import SimNATS, SimNATSLease
 from tests.support.conformance import in_run
 from tests.support.model_reality import (
     SEEDS,

@@ -13,7 +13,7 @@ import pytest
 
 from brokersched.abc import Backend, Claim, Slot
 from brokersched.backends.rabbitmq._names import claim_queue_name
-from brokersched.testing._sim_backends import SimRabbitMQ
+from brokersched.testing._sim_rabbitmq import SimRabbitMQ
 from tests.support.model_reality import (
     SEEDS,
     ModelClocks,
