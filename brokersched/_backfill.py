@@ -20,10 +20,15 @@ backend each slot, at its turn, is judged on what the store holds, in this order
    claim decides.
 
 A dry run answers from the same reads, and from the ``<key>:backfill`` fence instead of a claim.
-Slots the fleet may still claim on time (younger than ``jitter + max_late``) are left to it.
+Slots the fleet may still claim on time (younger than ``jitter + max_late``) are left to it, on
+every backend. On a lease backend their age is judged on the store's clock, read with the
+lease state at each slot's turn (the clock the fleet's claims are judged on, within
+``max_clock_skew``): a backfill whose own clock is fast never takes a slot not yet due.
 
 On a claim-only backend the slot is claimed under the job's own key, as the fleet claimed it
-when it fell due: only while the backend remembers that claim (``slot_ttl``, less its margin).
+when it fell due: only while the backend remembers that claim (``slot_ttl``, less its margin),
+and only once the fleet's own claim of it is over (``jitter + max_late``, on this instance's
+clock: a claim-only backend tells none other).
 A ``claim=False`` job, claimed by nothing, is judged by its history alone, once its runs and
 their records are surely over (``settle_ms``).
 """
@@ -43,7 +48,6 @@ from ._durations import format_duration, to_ms
 from ._exceptions import BackendError, ClockSkewError, ConfigurationError
 from ._job import JobState
 from .abc import (
-    Backend,
     ClaimBackend,
     JobPolicy,
     Lease,
@@ -85,7 +89,11 @@ _SLOT_RUNS: tuple[RunReason, ...] = ("schedule", "catch-up", "retry", "backfill"
 Status = Literal["ran", "already-run", "not-acquired", "skipped", "would-run", "stopped"]
 _Verdict = tuple[Status, str | None]
 
-_HELD = "the job's own run of this slot holds its lease (going, handed over, or being retried)"
+_HELD = (
+    "the job's own run of this slot still holds its lease: the run is going, or was handed "
+    "over, or its runner died and no instance has taken the slot over (to run it again, or "
+    "record it interrupted) yet; backfill it again once the fleet's sweep has"
+)
 _FENCED = "an earlier backfill took this slot or a later one (backfill older ranges first)"
 _DISABLED = "the job is disabled for the fleet (enable it to backfill)"
 
@@ -97,8 +105,9 @@ class BackfillSlot:
 
     ``status``: ``ran``; ``already-run`` (in the history); ``not-acquired`` (the fleet or
     another backfill has it; ``detail`` says which when known); ``skipped`` (``detail`` says
-    why: too recent, too old for a claim-only backend's memory, the job disabled, the backend
-    failed); ``would-run`` (``dry_run``); ``stopped`` (the scheduler stopped first)."""
+    why: too recent or not due yet (on a lease backend, by the store's clock), too old for a
+    claim-only backend's memory, the job disabled, the backend failed); ``would-run``
+    (``dry_run``); ``stopped`` (the scheduler stopped first)."""
 
     at: datetime
     index: int
@@ -157,21 +166,21 @@ def check_range(job: JobState, start: datetime, end: datetime, now_ms: int) -> l
     return slots
 
 
-def settle_ms(job: JobState, backend: Backend) -> int:
+def settle_ms(job: JobState) -> int:
     """How old a slot must be, when the history was read, for a backfill to take it.
 
-    Claimed on a lease backend: ``jitter + max_late`` (and a moment for the claim's answer),
-    the time the fleet has to claim it on time; a later claim is refused by the fence the
-    backfill's claim shares with it (see the module). On a claim-only backend 0: the slot's
-    own claim decides. Unclaimed (``claim=False``), judged by the history alone: until
+    Claimed: ``jitter + max_late`` (and a moment for the claim's answer), the time the fleet
+    has to claim it on time. On a lease backend a later claim is refused by the fence the
+    backfill's claim shares with it (see the module). On a claim-only backend the slot's own
+    claim would decide too, but a backfill's claim in that time would win the slot from the
+    instance it fell due on, to run it early and as a backfill: it is left to the fleet, as
+    on a lease backend. Unclaimed (``claim=False``), judged by the history alone: until
     nothing of the fleet can still run it nor record it: its scheduled run (``jitter +
     max_late``) or a catch-up (``catch_up``), the run itself (``timeout``, its retries),
     and its record on its way (``_RECORD_SLACK_MS``). A run without a ``timeout`` can last
     longer: see the README."""
     settings = job.settings
     if settings.claim:
-        if isinstance(backend, ClaimBackend):
-            return 0
         return settings.jitter_ms + settings.max_late_ms + _CLAIM_SLACK_MS
     window = max(settings.max_late_ms, settings.catch_up_ms)
     run = timedelta(0) if settings.timeout is None else settings.timeout
@@ -283,7 +292,7 @@ class _Backfill:
             return "skipped", self.halted
         if (too_old := self._too_old(slot_ms)) is not None:
             return "skipped", too_old
-        if (settle := settle_ms(self.job, self.backend)) and slot_ms > self.read_ms - settle:
+        if (settle := settle_ms(self.job)) and slot_ms > self.read_ms - settle:
             wait = format_duration(timedelta(milliseconds=settle))
             return "skipped", (
                 f"too recent: the fleet may still claim or run it (on this job, a backfill "
@@ -307,6 +316,8 @@ class _Backfill:
             return "would-run", self._claim_only_caveat()
         try:
             self.state = await self._lease_state(self.key)
+            if (early := self._early(slot_ms)) is not None:
+                return "skipped", early
             if slot_ms in self.state.leased:
                 return "not-acquired", _HELD
             if not self.dry_run:
@@ -318,6 +329,24 @@ class _Backfill:
         if self.dry_run and self.fence is not None and slot_ms <= self.fence:
             return "not-acquired", _FENCED  # the real run claims the backfills' fence first
         return "would-run", None
+
+    def _early(self, slot_ms: int) -> str | None:
+        """Why the slot is not the backfill's yet by the store's clock, read with the lease
+        state: not due, or the fleet's to claim still. ``_before`` judged it on this
+        instance's clock, which may be ahead of the fleet's."""
+        store_ms = self.state.now_ms
+        settle = settle_ms(self.job)
+        if store_ms is None or slot_ms <= store_ms - settle:
+            return None
+        clock = f"{self.backend.name}'s clock ({ms_to_datetime(store_ms).isoformat()})"
+        why = f"not due yet by {clock}" if slot_ms > store_ms else f"too recent by {clock}"
+        wait = format_duration(timedelta(milliseconds=settle))
+        detail = f"{why}: the fleet may still claim or run it (a backfill takes slots at least "
+        detail += f"{wait} old, by the store's clock)"
+        if (ahead_s := round((self.clock.now_ms() - store_ms) / 1000)) >= 1:
+            detail += f"; this instance's clock is {format_duration(timedelta(seconds=ahead_s))}"
+            detail += " ahead of it: fix its time sync (NTP)"
+        return detail
 
     def _failed(self, step: BackfillSlot) -> bool:
         """A slot of a real backfill on a lease backend that the backend failed on."""

@@ -23,7 +23,7 @@ import json
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple
 
@@ -206,11 +206,15 @@ class LeaseState:
     ``fence``: the latest scheduled, catch-up or retried slot claimed; ``manual_fence``: the
     latest manual one (``None``: none yet). ``leased``: the slots that hold a lease: running
     (live, or expired and not taken over yet) or handed over. A finished run's slot holds none.
+    ``now_ms``: the store's clock when it was read (the clock claims are judged on), which a
+    backfill judges a slot's age on (not compared; ``None``: a backend that does not say, whose
+    backfills judge on the instance's clock; the conformance suite asks for it).
     """
 
     fence: int | None = None
     manual_fence: int | None = None
     leased: frozenset[int] = frozenset()
+    now_ms: int | None = field(default=None, compare=False)
 
 
 class Claim(NamedTuple):
@@ -705,8 +709,9 @@ class LeaseBackend(Backend):
         """The job's fences and the slots that hold a lease, as the store has them now (a job
         never claimed: the empty state). A read: it changes nothing. Raises ``BackendError``.
 
-        A backfill reads it to leave alone a slot whose run still holds its lease, and to say
-        beforehand (a dry run) which slots an earlier backfill fenced."""
+        A backfill reads it to leave alone a slot whose run still holds its lease, to say
+        beforehand (a dry run) which slots an earlier backfill fenced, and (``now_ms``) to
+        leave alone a slot not yet due, or still the fleet's to claim, by the store's clock."""
 
     @abstractmethod
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:

@@ -71,7 +71,8 @@ APP: MODULE:ATTR (app:scheduler) or FILE.py:ATTR (./app.py:scheduler)
 \b
 Exit codes:
   0  success
-  1  trigger: the job failed or did not run; backfill: a slot failed or was skipped;
+  1  trigger: the job failed or did not run; backfill: a slot failed or was skipped,
+     or a dry run found nothing of the prefix on the backend;
      check: configuration errors found;
      run: a second signal cut the drain short; run, trigger: the application's lifespan raised;
      purge: refused, or objects left; doctor: an error found;
@@ -1079,6 +1080,8 @@ def backfill(
     per_s = _rate(rate)
     scheduler = _load(app, overrides)
     job = _job(scheduler, job_name, app)
+    if dry_run and (missing := _run_async(_missing_store(scheduler.backend, job))) is not None:
+        _fail(missing)
     steps = _run_async(_backfill(scheduler, job, first, last, per_s, dry_run))
     counts: dict[str, int] = {}
     for step in steps:
@@ -1120,6 +1123,27 @@ def _rate(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise CLIError(f"--rate {text!r} must be more than 0")
     return value
+
+
+async def _missing_store(backend: Backend, job: Job) -> str | None:
+    """Why a dry run has nothing to answer from, when the prefix holds nothing on the backend
+    (its inventory, which creates nothing): no instance ever ran there, most likely a mistyped
+    or retired prefix. Starting the scheduler would create the store (tables, streams,
+    buckets), which a dry run must not. ``None``: the store is there, or nothing tells (a
+    backend without an inventory)."""
+    try:
+        found = await backend.inventory(jobs=[job.key])
+    except NotImplementedError:
+        return None
+    if found.objects:
+        return None
+    notes = "".join(f"; {note}" for note in found.unknown)
+    return (
+        f"dry run refused: {found.backend} {found.namespace!r} holds nothing brokersched made "
+        f"(no table, stream, queue or bucket of it{notes}): no instance ever ran with this "
+        f"prefix, so neither did job '{job.name}'; check the application's backend and prefix "
+        "(a dry run creates nothing; `brokersched purge APP --dry-run` lists what a prefix holds)"
+    )
 
 
 async def _backfill(

@@ -494,9 +494,10 @@ class JobRow:
     def live_except(self, slot_ms: int, now_ms: int) -> bool:
         return any(lease.live(now_ms) for s, lease in self.leases.items() if s != slot_ms)
 
-    def state(self) -> LeaseState:
-        """What ``LeaseBackend.lease_state`` answers for this row."""
-        return LeaseState(self.fence, self.manual_fence, frozenset(self.leases))
+    def state(self, now_ms: int | None = None) -> LeaseState:
+        """What ``LeaseBackend.lease_state`` answers for this row, read at ``now_ms`` on the
+        store's clock."""
+        return LeaseState(self.fence, self.manual_fence, frozenset(self.leases), now_ms)
 
 
 @dataclass(frozen=True, slots=True)

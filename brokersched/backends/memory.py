@@ -185,8 +185,8 @@ class MemoryBackend(LeaseBackendBase):
 
     async def lease_state(self, job: str) -> LeaseState:
         await asyncio.sleep(0)
-        self._now()  # raises when not started, as a real backend would
-        return self.store.jobs.get(job, JobRow()).state()
+        now = self._now()  # raises when not started, as a real backend would
+        return self.store.jobs.get(job, JobRow()).state(now)
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         await asyncio.sleep(0)

@@ -564,6 +564,19 @@ class LeaseBackendSuite(LeaseProtocolCheck, _Suite[B]):
         assert await two.lease_state("other") == LeaseState()
 
     @pytest.mark.asyncio
+    async def test_the_lease_state_carries_the_stores_clock(
+        self, fleet: Factory, clock: Clock
+    ) -> None:
+        """A backfill judges a slot's age on it: the clock claims are judged on, not the
+        instance's (here they agree, within a few seconds)."""
+        backend = await self.started(fleet)
+        for job in ("never-claimed", "job"):
+            if job == "job":
+                assert isinstance(await self.acquire(backend, Slot(job, SLOT)), Lease)
+            store_ms = (await backend.lease_state(job)).now_ms
+            assert store_ms is not None and abs(store_ms - clock.now_ms()) < 5000, store_ms
+
+    @pytest.mark.asyncio
     async def test_a_release_writes_its_runs_record_once_and_only_if_it_ends_the_lease(
         self, fleet: Factory, clock: Clock
     ) -> None:

@@ -54,6 +54,8 @@ CASES += [("natslease", 79)]
 CASES += [("natslease", 162)]
 # Redis with its maxmemory-policy set to evict while the fleet runs, during every operation.
 CASES += [("redis", seed) for seed in (13, 18, 21, 28)]
+# Redis evicting during a retry (57) and during a resume (73).
+CASES += [("redis", 57), ("redis", 73)]
 # An enable while nothing else goes wrong, and a retry= chain while the store answers late.
 CASES += [("lease", 14), ("lease", 15)]
 # Each seed's result, for the coverage of all of them (test_the_ci_seeds_reach_...).
@@ -352,7 +354,7 @@ async def _old_backfill_before(self: _Backfill, slot_ms: int) -> Any:
         return "stopped", stopped
     if (too_old := self._too_old(slot_ms)) is not None:
         return "skipped", too_old
-    if (settle := settle_ms(self.job, self.backend)) and slot_ms > self.clock.now_ms() - settle:
+    if (settle := settle_ms(self.job)) and slot_ms > self.clock.now_ms() - settle:
         return "skipped", "too recent"
     return await self._controls() or ("would-run", None)
 

@@ -67,6 +67,8 @@ def test_a_backfill_twice_runs_each_slot_once(app: str) -> None:
 
 def test_a_dry_run_runs_nothing_and_a_failure_exits_1(app: str) -> None:
     start, end = past_range()
+    made = backfill(app, "tick", "--from", end, "--to", end)  # the store, as a fleet makes it
+    assert made.exit_code == 0, made.output
     dry = backfill(app, "boom", "--from", start, "--to", end, "--dry-run")
     assert dry.exit_code == 0, dry.output
     assert dry.stdout.splitlines()[-1] == "would backfill job 'boom': 4 would-run"
@@ -74,6 +76,18 @@ def test_a_dry_run_runs_nothing_and_a_failure_exits_1(app: str) -> None:
     assert failed.exit_code == 1
     assert "ran: failed in" in failed.stdout and "ValueError: boom" in failed.stdout
     assert failed.stdout.splitlines()[-1] == "backfilled job 'boom': 1 failed"
+
+
+def test_a_dry_run_where_nothing_ever_ran_creates_nothing_and_says_so(
+    app: str, tmp_path: Path
+) -> None:
+    start, end = past_range()
+    dry = backfill(app, "tick", "--from", start, "--to", end, "--dry-run")
+    assert dry.exit_code == 1, dry.output
+    (line,) = dry.stderr.strip().splitlines()
+    assert line.startswith("dry run refused: SQLiteBackend 'brokersched_' holds nothing")
+    assert "no instance ever ran with this prefix, so neither did job 'tick'" in line
+    assert not (tmp_path / "backfill.db").exists()
 
 
 @pytest.mark.parametrize(

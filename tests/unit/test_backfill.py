@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from brokersched import ConfigurationError, JobContext, MemoryBackend, Scheduler
+from brokersched._clock import Clock, Timer
 from brokersched._exceptions import BackendUnavailableError
 from brokersched.abc import JobPolicy, Slot
 from brokersched.backends.memory import MemoryStore
@@ -200,15 +202,15 @@ async def test_on_a_claim_only_backend_only_slots_it_remembers_are_claimed(
         ("08:07", "ran"),
         ("08:08", "ran"),
         ("08:09", "ran"),
-        ("08:10", "ran"),
+        ("08:10", "skipped"),  # younger than jitter + max_late: the fleet's
     ]
     assert first[0].detail is not None and "slot memory" in first[0].detail
     # Another instance (its own history): the claims it remembers refuse them.
     second = await drive(
-        clock, schedulers[1].backfill("report", at("08:06:00"), at("08:10:00"), rate=100)
+        clock, schedulers[1].backfill("report", at("08:06:00"), at("08:09:00"), rate=100)
     )
     assert {step.status for step in second} == {"not-acquired"}
-    assert len(seen.runs) == 5
+    assert len(seen.runs) == 4
     for each in schedulers:
         await each.stop()
 
@@ -672,3 +674,101 @@ async def test_a_dead_backfills_slot_is_taken_over_by_the_next_backfill(
     assert statuses(again) == [("08:02", "already-run")]
     await dead.stop()
     await scheduler.stop()
+
+
+async def test_on_a_claim_only_backend_a_slot_in_the_fleets_claim_window_is_left_to_it(
+    clock: TestClock,
+) -> None:
+    """The instance a slot fell due on claims it up to ``jitter + max_late`` later: a
+    backfill's claim before that would win it, run it early, as a backfill."""
+    seen = Seen()
+    backend = DictClaimBackend(slot_ttl=timedelta(minutes=5))
+    scheduler = Scheduler(backend, clock=clock, instance_id="me", enabled=False)
+    scheduler.every("report", "1m", seen, jitter="10s", max_late="30s")
+    await scheduler.start()
+    await clock.advance("10m")  # 08:10:30
+    steps = await drive(
+        clock, scheduler.backfill("report", at("08:08:00"), at("08:10:00"), rate=100)
+    )
+    assert statuses(steps) == [("08:08", "ran"), ("08:09", "ran"), ("08:10", "skipped")]
+    detail = steps[-1].detail
+    assert detail is not None and "too recent" in detail and "at least 41s old" in detail
+    assert [slot for _, _, slot in seen.runs] == ["08:08:00", "08:09:00"]
+    await scheduler.stop()
+
+
+class Behind(Clock):
+    """The store's clock: the instance's, ``ms`` behind (the instance's is fast)."""
+
+    def __init__(self, clock: Clock, ms: int) -> None:
+        self.clock, self.ms = clock, ms
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms() - self.ms
+
+    def call_at(self, when_ms: int, callback: Callable[[], object]) -> Timer:
+        raise NotImplementedError("a store clock has no timers")
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+async def test_a_backfill_whose_clock_is_fast_takes_no_slot_not_yet_old_enough_by_the_store(
+    clock: TestClock, dry_run: bool
+) -> None:
+    """The instance's clock is 2m20s ahead of the store's: its "now" (08:10:30) is 08:08:10
+    for the fleet, whose claims the store judges. Slots are judged on the store's clock."""
+    seen = Seen()
+    backend = MemoryBackend(lease_ttl="5s", store_clock=Behind(clock, 140_000))
+    scheduler = Scheduler(backend, clock=clock, jitter=0, instance_id="me", enabled=False)
+    scheduler.every("report", "1m", seen, catch_up=0, max_late="10s")
+    await scheduler.start()
+    await clock.advance("10m")  # 08:10:30 here, 08:08:10 on the store
+    steps = await drive(
+        clock,
+        scheduler.backfill("report", at("08:06:00"), at("08:10:30"), rate=100, dry_run=dry_run),
+    )
+    ok = "would-run" if dry_run else "ran"
+    assert statuses(steps) == [
+        ("08:06", ok),
+        ("08:07", ok),
+        ("08:08", "skipped"),  # 10 s old on the store: the fleet's (jitter + max_late + 1 s)
+        ("08:09", "skipped"),  # not due on the store
+        ("08:10", "skipped"),
+    ]
+    recent, early = steps[2].detail or "", steps[3].detail or ""
+    assert "too recent by MemoryBackend's clock (2027-01-15T08:08:10" in recent
+    assert "at least 11s old" in recent
+    assert "not due yet by MemoryBackend's clock (2027-01-15T08:08:10" in early
+    assert "this instance's clock is 2m20s ahead of it" in early
+    assert [slot for _, _, slot in seen.runs] == ([] if dry_run else ["08:06:00", "08:07:00"])
+    await scheduler.stop()
+
+
+async def test_a_slot_whose_runner_died_says_its_lease_holds_it_until_the_fleet_takes_it(
+    clock: TestClock,
+) -> None:
+    """A runner that died with its lease, its one attempt spent: nothing retries it. The
+    backfill leaves it to the fleet's sweep, and says so without claiming a retry."""
+    store = MemoryStore()
+    scheduler, seen = await down_for_ten_minutes(clock, store, max_attempts=1)
+    dead = MemoryBackend(lease_ttl="5s", store=store)
+    await dead.start(clock)
+    policy = JobPolicy("report", max_attempts=1)
+    slot = Slot("report", datetime_ms(at("08:05:00")))
+    lease = await dead.acquire(
+        slot, policy=policy, instance_id="dead", run_id="r", reason="schedule", timeout=1
+    )
+    assert not isinstance(lease, str)  # granted, and never renewed nor released
+    steps = await drive(
+        clock, scheduler.backfill("report", at("08:05:00"), at("08:05:00"), rate=100)
+    )
+    assert statuses(steps) == [("08:05", "not-acquired")]
+    detail = steps[0].detail or ""
+    assert "its runner died and no instance has taken the slot over" in detail
+    assert "being retried" not in detail
+    assert seen.runs == []
+    await dead.stop()
+    await scheduler.stop()
+
+
+def datetime_ms(value: datetime) -> int:
+    return round(value.timestamp() * 1000)

@@ -426,7 +426,7 @@ class NATSLeaseBackend(LeaseBackendBase):
     async def lease_state(self, job: str) -> LeaseState:
         rows = self._lease_rows()
         with self._translated("read the leases of", repr(job)):
-            return (await rows.read(job, _OPERATION_TIMEOUT_S)).state()
+            return await rows.read_at(job, _OPERATION_TIMEOUT_S)
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         """Per job with a lease in its row: the lease protocol's take-over, one

@@ -24,7 +24,7 @@ from typing import Any, Literal, cast
 
 from ..._exceptions import BackendError, BackendUnavailableError
 from ..._tasks import cancel_requests, raise_if_cancelled_since
-from ...abc import Lease, RunReason
+from ...abc import Lease, LeaseState, RunReason
 from .._lease import Acquire, Answer, JobRow, LeaseRow, Request, Store, TakenOver, decide
 
 __all__ = ["Conflict", "Rows", "Table", "decode_row", "encode_row", "row_key"]
@@ -134,6 +134,11 @@ class Rows:
     async def read(self, job: str, timeout: float) -> JobRow:
         row, _ = decode_row((await self.table.read(row_key(job), timeout))[0])
         return row
+
+    async def read_at(self, job: str, timeout: float) -> LeaseState:
+        """The job's state (``LeaseBackend.lease_state``) with the store's clock."""
+        value, _, now_ms = await self.table.read_at(row_key(job), timeout)
+        return decode_row(value)[0].state(now_ms)
 
     async def decide(
         self, job: str, request: Request, *, ttl_ms: int, skew_ms: int, timeout: float

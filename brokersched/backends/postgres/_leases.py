@@ -235,6 +235,7 @@ class PostgresLeases(PostgresHistory):
             None if fence in (None, NO_SLOT) else fence,
             row["manual_slot_ms"],
             frozenset(row["leased"]),
+            row["now_ms"],
         )
 
 

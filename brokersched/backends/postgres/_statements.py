@@ -337,7 +337,7 @@ WHERE job = $1 AND ($2::timestamptz IS NULL OR started_at >= $2::timestamptz)
 ORDER BY n DESC LIMIT $3"""
 
 _LEASE_STATE = """SELECT j.last_slot_ms, j.manual_slot_ms,
-    ARRAY(SELECT slot_ms FROM {s}.leases WHERE job = $1) AS leased
+    ARRAY(SELECT slot_ms FROM {s}.leases WHERE job = $1) AS leased, {now_ms} AS now_ms
 FROM (VALUES (1)) AS one (x) LEFT JOIN {s}.jobs AS j ON j.job = $1"""
 
 

@@ -238,10 +238,9 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         scan = await self._redis.script(
             "SCAN_RUNS", f"read the leases of {job}", self._keys(job), []
         )
-        _, fence, manual, *pairs = scan
-        return LeaseState(
-            _int_or_none(fence), _int_or_none(manual), frozenset(int(s) for s in pairs[::2])
-        )
+        now_ms, fence, manual, *pairs = scan
+        leased = frozenset(int(s) for s in pairs[::2])
+        return LeaseState(_int_or_none(fence), _int_or_none(manual), leased, int(now_ms))
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         """Per job: one script reads its dead runs (on the server's clock), the shared lease

@@ -277,7 +277,10 @@ class SQLiteLeases(SQLiteHistory):
             leases = await conn.execute_fetchall(self._sql.job_leases, key)
             fence, manual_fence = fences[0] if fences else (NO_SLOT, None)
             return LeaseState(
-                None if fence == NO_SLOT else fence, manual_fence, frozenset(r[0] for r in leases)
+                None if fence == NO_SLOT else fence,
+                manual_fence,
+                frozenset(r[0] for r in leases),
+                self._store_now_ms(),
             )
 
         return await self._run(f"read the leases of {job}", read)

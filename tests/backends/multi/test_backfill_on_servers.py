@@ -45,11 +45,13 @@ async def test_a_backfill_twice_runs_each_slot_once(make_backend: Callable[..., 
     await asyncio.gather(*(each.start() for each in schedulers))
     try:
         # A claim-only backend: slots that fell due after the backends started (its fleet
-        # record must have been there), a second ago at most. A lease backend: slots old
-        # enough for the fleet to be done with them (2 x max_late, 2 x lease_ttl, 10s).
+        # record must have been there), waited for until the fleet's claims of them are over
+        # (jitter + max_late + 1 s). A lease backend: slots old enough for the fleet to be
+        # done with them (2 x max_late, 2 x lease_ttl, 10s).
         first_ms = (int(time.time() * 1000) // 200 + 1) * 200 - (25_000 if lease else 0)
         start, end = (datetime.fromtimestamp(ms / 1000, UTC) for ms in (first_ms, first_ms + 800))
-        await asyncio.sleep(max((first_ms + 850) / 1000 - time.time(), 0))  # all in the past
+        settled_ms = first_ms + 800 + (50 if lease else 2_100)
+        await asyncio.sleep(max(settled_ms / 1000 - time.time(), 0))  # all old enough
         both = await asyncio.gather(
             *(each.backfill("report", start, end, rate=200) for each in schedulers)
         )
