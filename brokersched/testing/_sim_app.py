@@ -171,7 +171,7 @@ class AppSimulation(Simulation):
 
     # -- the application in place of the simulator's own jobs ------------------------------
 
-    def _draw_jobs(self) -> dict[str, Any]:
+    def draw_jobs(self) -> dict[str, Any]:
         """How long each job's stand-in works: short, a fair part of its interval, or longer
         than it (the overlap rules then decide), never beyond ``_LONGEST_MS``."""
         rng = self.rng
@@ -182,10 +182,10 @@ class AppSimulation(Simulation):
             work[job.key] = max(10, min(drawn, _LONGEST_MS))
         return {"work": work, "fail_rate": rng.choice((0.0, 0.1, 0.3))}
 
-    def _draw_deploy(self, base: Deploy | None = None) -> Deploy:
+    def draw_deploy(self, base: Deploy | None = None) -> Deploy:
         """A deploy of the application as it is: its backend's ``slot_ttl`` or ``lease_ttl``
         and its own job options (the simulator's draws of them are unused)."""
-        drawn = super()._draw_deploy(base)
+        drawn = super().draw_deploy(base)
         return replace(
             drawn,
             memory_ms=self.app.memory_ms,
@@ -226,7 +226,7 @@ class AppSimulation(Simulation):
         if result is not None:
             await result
 
-    def _scheduled(self, key: str, slot_ms: int) -> bool:
+    def scheduled(self, key: str, slot_ms: int) -> bool:
         job = self._by_key.get(key)
         if job is None or job.kind == "after":
             return False

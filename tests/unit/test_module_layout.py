@@ -19,7 +19,6 @@ KNOWN_LONG: set[str] = {
     "backends/nats/_streams.py",
     "backends/redis/_base.py",
     "cli.py",
-    "testing/simulate.py",
 }
 
 Graph = dict[str, set[str]]
