@@ -59,8 +59,9 @@ from ..backends.memory import MemoryBackend, MemoryStore
 from ..backends.nats import NATSLeaseBackend
 from ..backends.nats._rows import Conflict, Rows, Table, decode_row
 from ..backends.redis import RedisBackend
-from ..backends.redis._base import RedisConnection, guard_refusal
+from ..backends.redis._connection import RedisConnection
 from ..backends.redis._link import RedisLink
+from ..backends.redis._server import guard_refusal
 from ._clock import FleetClock, InstanceClock
 
 __all__ = [

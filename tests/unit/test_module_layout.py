@@ -17,7 +17,6 @@ KNOWN_LONG: set[str] = {
     "backends/nats/_backend.py",
     "backends/nats/_leases.py",
     "backends/nats/_streams.py",
-    "backends/redis/_base.py",
     "cli.py",
     "testing/_sim_backends.py",
     "testing/simulate.py",
