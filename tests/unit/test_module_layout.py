@@ -16,7 +16,6 @@ MAX_LINES = 800
 KNOWN_LONG: set[str] = {
     "backends/nats/_backend.py",
     "backends/nats/_leases.py",
-    "backends/nats/_streams.py",
     "cli.py",
     "testing/_sim_backends.py",
     "testing/simulate.py",

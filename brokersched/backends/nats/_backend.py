@@ -22,16 +22,7 @@ from ..._durations import Duration, positive_duration, to_ms
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms
 from ..._tasks import cancel_requests, gather_each, raise_if_cancelled_since, to_the_end
-from ...abc import (
-    BrokerBudget,
-    Claim,
-    Finding,
-    FleetKind,
-    Inventory,
-    JobPolicy,
-    RunRecord,
-    Slot,
-)
+from ...abc import BrokerBudget, Claim, Finding, FleetKind, Inventory, JobPolicy, RunRecord, Slot
 from .._budget import BudgetWatch, budget_period
 from .._claims import ClaimBackendBase
 from .._keywords import own_options, refuse_unknown
@@ -52,7 +43,8 @@ from ._base import (
 from ._budget import nats_budget_watch
 from ._fleet import FleetBuckets, presence
 from ._history import read_last
-from ._streams import Names, Streams
+from ._names import Names
+from ._streams import Streams
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATSClient

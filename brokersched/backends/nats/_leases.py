@@ -83,8 +83,9 @@ from ._base import (
 from ._budget import nats_budget_watch
 from ._fleet import FleetBuckets, bucket_streams, presence
 from ._history import read_last
+from ._names import Names
 from ._rows import Conflict, Rows, Table
-from ._streams import Names, history_config, history_problems, limit_value, setting_text
+from ._stream_settings import history_config, history_problems, limit_value, setting_text
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATSClient
