@@ -29,7 +29,6 @@ out of every read, and leave the stream when ``history_size`` pushes them out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
@@ -71,9 +70,11 @@ from .._ops import server_finding
 from . import _ops
 from ._base import (
     CONNECT_DEFAULTS,
+    MSG_ID,
     SECRET_OPTIONS,
     Translated,
     check_servers,
+    close_client,
     connect_keywords,
     describe,
     import_nats,
@@ -98,7 +99,6 @@ T = TypeVar("T")
 
 _API_TIMEOUT_S = 5.0
 _OPERATION_TIMEOUT_S = 10.0  # take-over, record, history: not time-critical, but bounded
-_MSG_ID = "Nats-Msg-Id"
 _MSG_TTL = (2, 11)  # the first nats-server with per-message TTLs
 _SERIAL_CAS = (2, 11)  # the first whose clustered streams serialize compare-and-sets
 
@@ -202,7 +202,7 @@ class NATSLeaseBackend(LeaseBackendBase):
                 kv = await self._bucket_kv(js, nc)
                 await self._check_history_stream(js)
         except BaseException:
-            await to_the_end(_close_client(nc))
+            await to_the_end(close_client(nc))
             raise
         self._nc, self._js, self._clock = nc, js, clock
         self._rows = Rows(
@@ -245,7 +245,7 @@ class NATSLeaseBackend(LeaseBackendBase):
                 await nc.connect(self._servers, **options)
             raise_if_cancelled_since(cancels)  # swallowed by nats-py's wait_for (3.11)
         except BaseException as exc:
-            await to_the_end(_close_client(nc))
+            await to_the_end(close_client(nc))
             if not isinstance(exc, Exception):
                 raise
             raise BackendUnavailableError(
@@ -270,7 +270,7 @@ class NATSLeaseBackend(LeaseBackendBase):
         nc, self._nc, self._js, self._clock, self._rows = self._nc, None, None, None, None
         self._fleet_buckets = None  # opened again on the next connection's first use
         if nc is not None:
-            await _close_client(nc)
+            await close_client(nc)
 
     def _translated(self, *what: str) -> Translated:
         return Translated(*what, secrets=self._secrets, backend=BACKEND)
@@ -493,7 +493,7 @@ class NATSLeaseBackend(LeaseBackendBase):
         js = self._jetstream()
         with self._translated(f"recording a run of {job.name!r}"):
             await self._ensure_history(js, job.history_size)
-            headers = {_MSG_ID: f"{Slot(record.job, record.slot_ms).key}:{record.run_id}"}
+            headers = {MSG_ID: f"{Slot(record.job, record.slot_ms).key}:{record.run_id}"}
             ttl = None
             if self._msg_ttl and job.history_ttl is not None:
                 ttl = max(1, math.ceil(job.history_ttl.total_seconds()))
@@ -661,7 +661,7 @@ class NATSLeaseBackend(LeaseBackendBase):
             with self._translated(action):
                 return await (call(js, nc) if with_client else call(js, *args))
         finally:
-            await to_the_end(_close_client(nc))
+            await to_the_end(close_client(nc))
 
 
 def _streams(bucket: str) -> tuple[str, ...]:
@@ -670,8 +670,3 @@ def _streams(bucket: str) -> tuple[str, ...]:
 
 async def _inventory(js: JetStreamContext, bucket: str) -> Inventory:
     return await _ops.streams_inventory(js, BACKEND, bucket, _streams(bucket))
-
-
-async def _close_client(nc: NATSClient) -> None:
-    with contextlib.suppress(Exception):
-        await nc.close()
