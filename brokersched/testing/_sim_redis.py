@@ -21,8 +21,9 @@ from ..abc import (
 )
 from ..backends._budget import BudgetWatch
 from ..backends.redis import RedisBackend
-from ..backends.redis._base import RedisConnection, guard_refusal
+from ..backends.redis._connection import RedisConnection
 from ..backends.redis._link import RedisLink
+from ..backends.redis._server import guard_refusal
 from ._sim_store import Store, records_put, records_read, records_swap
 
 __all__ = ["RedisData", "RedisModel", "sim_redis"]

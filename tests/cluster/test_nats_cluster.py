@@ -24,7 +24,8 @@ from brokersched import BackendUnavailableError, ConfigurationError
 from brokersched._clock import SystemClock
 from brokersched.abc import JobPolicy, RunRecord, Slot
 from brokersched.backends.nats import NATSBackend, NATSLeaseBackend
-from brokersched.backends.nats._streams import Names, claims_config, history_config
+from brokersched.backends.nats._names import Names
+from brokersched.backends.nats._stream_settings import claims_config, history_config
 from tests.support.cluster_nats import (
     JOBS,
     NATS_SERVER,

@@ -186,7 +186,7 @@ class NatsCluster:
 
     async def stored_on_leader(self, stream: str, job: str) -> int:
         """How many messages the leader of ``stream`` stores on ``job``'s history subject."""
-        from brokersched.backends.nats._streams import subject_token
+        from brokersched.backends.nats._names import subject_token
 
         subject = f"{stream.removesuffix('-history')}.history.{subject_token(job)}"
         nc = await nats.connect(self.servers, connect_timeout=1)

@@ -34,6 +34,6 @@ from __future__ import annotations
 from ._backend import NATSBackend
 from ._base import redact
 from ._leases import NATSLeaseBackend
-from ._streams import subject_token
+from ._names import subject_token
 
 __all__ = ["NATSBackend", "NATSLeaseBackend", "redact", "subject_token"]

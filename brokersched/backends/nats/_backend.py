@@ -22,16 +22,7 @@ from ..._durations import Duration, positive_duration, to_ms
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms
 from ..._tasks import cancel_requests, gather_each, raise_if_cancelled_since, to_the_end
-from ...abc import (
-    BrokerBudget,
-    Claim,
-    Finding,
-    FleetKind,
-    Inventory,
-    JobPolicy,
-    RunRecord,
-    Slot,
-)
+from ...abc import BrokerBudget, Claim, Finding, FleetKind, Inventory, JobPolicy, RunRecord, Slot
 from .._budget import BudgetWatch, budget_period
 from .._claims import ClaimBackendBase
 from .._keywords import own_options, refuse_unknown
@@ -40,9 +31,11 @@ from ._base import (
     BACKEND,
     CALLBACKS,
     CONNECT_DEFAULTS,
+    MSG_ID,
     SECRET_OPTIONS,
     Translated,
     check_servers,
+    close_client,
     connect_keywords,
     describe,
     import_nats,
@@ -52,7 +45,8 @@ from ._base import (
 from ._budget import nats_budget_watch
 from ._fleet import FleetBuckets, presence
 from ._history import read_last
-from ._streams import Names, Streams
+from ._names import Names
+from ._streams import Streams
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATSClient
@@ -64,7 +58,6 @@ __all__ = ["NATSBackend"]
 T = TypeVar("T")
 
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_MSG_ID = "Nats-Msg-Id"
 _json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
 # A single publish attempt waits at most this long (or a quarter of the claim budget, if more)
 # before it is retried with the same message id: a request sent just before a disconnect never
@@ -209,7 +202,7 @@ class NATSBackend(ClaimBackendBase):
                 await self._streams.start(js, clock.now_ms)
             raise_if_cancelled_since(cancels)
         except BaseException:
-            await to_the_end(self._close_client(nc))
+            await to_the_end(close_client(nc))
             raise
         self._nc, self._js, self._clock = nc, js, clock
         self._fleet_buckets = None  # opened on first use, on this connection
@@ -238,7 +231,7 @@ class NATSBackend(ClaimBackendBase):
                 await nc.connect(self._servers, **options)
             raise_if_cancelled_since(cancels)
         except BaseException as exc:
-            await to_the_end(self._close_client(nc))
+            await to_the_end(close_client(nc))
             if not isinstance(exc, Exception):
                 raise
             cause = self._last_error or describe(exc, self._secrets)
@@ -269,12 +262,7 @@ class NATSBackend(ClaimBackendBase):
         await self._streams.close()
         nc, self._nc, self._js, self._clock = self._nc, None, None, None
         if nc is not None:
-            await self._close_client(nc)
-
-    @staticmethod
-    async def _close_client(nc: NATSClient) -> None:
-        with contextlib.suppress(Exception):
-            await nc.close()
+            await close_client(nc)
 
     async def _on_error(self, exc: Exception) -> None:
         # nats-py calls this on every failed reconnect attempt: keep the message for the next
@@ -370,7 +358,7 @@ class NATSBackend(ClaimBackendBase):
             with Translated(action, secrets=self._secrets):
                 return await (call(js, nc) if with_client else call(js, *args))
         finally:
-            await to_the_end(self._close_client(nc))
+            await to_the_end(close_client(nc))
 
     async def prepare(self, jobs: Sequence[JobPolicy]) -> None:
         if jobs:
@@ -439,7 +427,7 @@ class NATSBackend(ClaimBackendBase):
                     message.subject,
                     message.body,
                     timeout=_attempt_seconds(budget),
-                    headers={_MSG_ID: message.msg_id},
+                    headers={MSG_ID: message.msg_id},
                 )
             except Exception as exc:
                 return await self._retry_claim(nc, js, message, started, budget, exc)
@@ -468,7 +456,7 @@ class NATSBackend(ClaimBackendBase):
         for message in messages:
             try:  # buffered: nats-py's flusher sends every publish of the batch together
                 ack = await js.publish_async(
-                    message.subject, message.body, headers={_MSG_ID: message.msg_id}
+                    message.subject, message.body, headers={MSG_ID: message.msg_id}
                 )
             except Exception as exc:  # not sent (the connection is going): retried alone
                 acks.append(exc)
@@ -559,7 +547,7 @@ class NATSBackend(ClaimBackendBase):
     def _record_message(
         self, job: JobPolicy, record: RunRecord
     ) -> tuple[str, bytes, dict[str, str]]:
-        headers = {_MSG_ID: f"{Slot(record.job, record.slot_ms).key}:{record.run_id}"}
+        headers = {MSG_ID: f"{Slot(record.job, record.slot_ms).key}:{record.run_id}"}
         return self._names.history_subject(job.name), record.to_json().encode(), headers
 
     async def _publish_record(
@@ -745,7 +733,7 @@ class _Claim:
             self.message.subject,
             self.message.body,
             timeout=self.budget,  # the attempt's own deadline ends it sooner
-            headers={_MSG_ID: self.msg_id},
+            headers={MSG_ID: self.msg_id},
         )
         _check_stream(ack, self.stream, self.msg_id)
         if not ack.duplicate:
@@ -764,7 +752,7 @@ class _Claim:
         """
         msg = await self.js.get_msg(self.stream, seq=seq)
         headers = cast(dict[str, str], msg.headers or {})  # pyright: ignore[reportUnknownMemberType]
-        stored_id = headers.get(_MSG_ID)
+        stored_id = headers.get(MSG_ID)
         if stored_id != self.msg_id:
             raise BackendError(
                 f"{BACKEND}: claim {self.msg_id}: sequence {seq} of {self.stream} holds "

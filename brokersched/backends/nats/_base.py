@@ -1,28 +1,34 @@
 """What the claims and the streams of ``NATSBackend`` (and ``NATSLeaseBackend``) share: the
-name and logger, the server URLs, the connection's defaults, secrets and their redaction, and
-the translation of nats-py exceptions."""
+name and logger, the server URLs, the connection's defaults and its closing, secrets and their
+redaction, the message id header, and the translation of nats-py exceptions."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
 import re
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ... import _redact
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from .._errors import ErrorMap, ErrorRow, Translating
 from .._keywords import parameter_names
 
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATSClient
+
 __all__ = [
     "BACKEND",
     "CALLBACKS",
     "CONNECT_DEFAULTS",
+    "MSG_ID",
     "SECRET_OPTIONS",
     "Translated",
     "check_servers",
+    "close_client",
     "connect_keywords",
     "describe",
     "import_nats",
@@ -50,6 +56,13 @@ CONNECT_DEFAULTS: dict[str, Any] = {
 CALLBACKS = ("error_cb", "disconnected_cb", "reconnected_cb", "closed_cb")
 # connect_options that hold a secret (nats.connect's keywords)
 SECRET_OPTIONS = ("password", "token", "nkeys_seed_str")
+# The header JetStream deduplicates messages by.
+MSG_ID = "Nats-Msg-Id"
+
+
+async def close_client(nc: NATSClient) -> None:
+    with contextlib.suppress(Exception):
+        await nc.close()
 
 
 def connect_keywords() -> set[str]:

@@ -9,6 +9,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+from ._base import MSG_ID
+
 if TYPE_CHECKING:
     from nats.js import JetStreamContext
 
@@ -17,7 +19,6 @@ __all__ = ["read_last"]
 _FETCH_BATCH = 512
 _FETCH_TIMEOUT_S = 2.0
 _CONSUMER_IDLE_S = 30.0  # server-side clean-up of a history reader that died mid-read
-_MSG_ID = "Nats-Msg-Id"
 
 
 class _Stored(NamedTuple):
@@ -29,7 +30,7 @@ class _Stored(NamedTuple):
 
     @classmethod
     def of(cls, seq: int, headers: Mapping[str, str] | None, body: bytes) -> _Stored:
-        return cls(seq, (headers or {}).get(_MSG_ID), body)
+        return cls(seq, (headers or {}).get(MSG_ID), body)
 
 
 async def read_last(js: JetStreamContext, stream: str, subject: str, count: int) -> list[bytes]:

@@ -29,13 +29,11 @@ out of every read, and leave the stream when ``history_size`` pushes them out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import math
-import re
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from ... import _redact
@@ -72,19 +70,23 @@ from .._ops import server_finding
 from . import _ops
 from ._base import (
     CONNECT_DEFAULTS,
+    MSG_ID,
     SECRET_OPTIONS,
     Translated,
     check_servers,
+    close_client,
     connect_keywords,
     describe,
     import_nats,
     logger,
 )
+from ._bucket import BACKEND, KVTable, bucket_problems, check_bucket, kv_stream
 from ._budget import nats_budget_watch
 from ._fleet import FleetBuckets, bucket_streams, presence
 from ._history import read_last
-from ._rows import Conflict, Rows, Table
-from ._streams import Names, history_config, history_problems, limit_value, setting_text
+from ._names import Names
+from ._rows import Rows
+from ._stream_settings import history_config, history_problems
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATSClient
@@ -95,13 +97,8 @@ __all__ = ["NATSLeaseBackend"]
 
 T = TypeVar("T")
 
-BACKEND = "NATSLeaseBackend"
-_BUCKET_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _API_TIMEOUT_S = 5.0
 _OPERATION_TIMEOUT_S = 10.0  # take-over, record, history: not time-critical, but bounded
-_CLOCK_KEY = "clock"
-_PROBE_TIMEOUT_S = 2.0  # a probe lost with a dying leader gives way to a new one soon
-_MSG_ID = "Nats-Msg-Id"
 _MSG_TTL = (2, 11)  # the first nats-server with per-message TTLs
 _SERIAL_CAS = (2, 11)  # the first whose clustered streams serialize compare-and-sets
 
@@ -150,7 +147,7 @@ class NATSLeaseBackend(LeaseBackendBase):
             reserved=_NOT_HERE,
         )
         self._servers = check_servers(servers, BACKEND)
-        self._bucket = _check_bucket(bucket)
+        self._bucket = check_bucket(bucket)
         if type(replicas) is not int or not 1 <= replicas <= 5:
             raise ConfigurationError(
                 f"replicas {replicas!r} of {BACKEND} must be an integer from 1 to 5",
@@ -205,11 +202,20 @@ class NATSLeaseBackend(LeaseBackendBase):
                 kv = await self._bucket_kv(js, nc)
                 await self._check_history_stream(js)
         except BaseException:
-            await to_the_end(_close_client(nc))
+            await to_the_end(close_client(nc))
             raise
         self._nc, self._js, self._clock = nc, js, clock
         self._rows = Rows(
-            _KVTable(self, js, kv), BACKEND, blocking=clock.blocking, bound=clock.timeout
+            KVTable(
+                js,
+                kv,
+                bucket=self._bucket,
+                translated=self._translated,
+                store_time=lambda: self.store_time,
+            ),
+            BACKEND,
+            blocking=clock.blocking,
+            bound=clock.timeout,
         )
         if self._budget_period is not None:
             self._budget = nats_budget_watch(
@@ -239,7 +245,7 @@ class NATSLeaseBackend(LeaseBackendBase):
                 await nc.connect(self._servers, **options)
             raise_if_cancelled_since(cancels)  # swallowed by nats-py's wait_for (3.11)
         except BaseException as exc:
-            await to_the_end(_close_client(nc))
+            await to_the_end(close_client(nc))
             if not isinstance(exc, Exception):
                 raise
             raise BackendUnavailableError(
@@ -264,7 +270,7 @@ class NATSLeaseBackend(LeaseBackendBase):
         nc, self._nc, self._js, self._clock, self._rows = self._nc, None, None, None, None
         self._fleet_buckets = None  # opened again on the next connection's first use
         if nc is not None:
-            await _close_client(nc)
+            await close_client(nc)
 
     def _translated(self, *what: str) -> Translated:
         return Translated(*what, secrets=self._secrets, backend=BACKEND)
@@ -321,7 +327,7 @@ class NATSLeaseBackend(LeaseBackendBase):
         raise BackendError(f"{BACKEND}: bucket {self._bucket!r} keeps changing")
 
     async def _check_bucket(self, js: JetStreamContext, nc: NATSClient) -> None:
-        config = (await js.stream_info(_kv_stream(self._bucket))).config
+        config = (await js.stream_info(kv_stream(self._bucket))).config
         self._check_replicas(config.num_replicas or 1, nc)
         problems = bucket_problems(config, nc.max_payload)
         if problems:
@@ -487,7 +493,7 @@ class NATSLeaseBackend(LeaseBackendBase):
         js = self._jetstream()
         with self._translated(f"recording a run of {job.name!r}"):
             await self._ensure_history(js, job.history_size)
-            headers = {_MSG_ID: f"{Slot(record.job, record.slot_ms).key}:{record.run_id}"}
+            headers = {MSG_ID: f"{Slot(record.job, record.slot_ms).key}:{record.run_id}"}
             ttl = None
             if self._msg_ttl and job.history_ttl is not None:
                 ttl = max(1, math.ceil(job.history_ttl.total_seconds()))
@@ -576,12 +582,12 @@ class NATSLeaseBackend(LeaseBackendBase):
     ) -> Inventory:
         """The bucket's stream and the history stream. Live: a message stored in the last
         minute (every decision writes the clock probe)."""
-        bucket = self._bucket if namespace is None else _check_bucket(namespace)
+        bucket = self._bucket if namespace is None else check_bucket(namespace)
         return await self._operation("list its streams", _inventory, bucket)
 
     async def _presence_records(self, namespace: str | None) -> list[str]:
         """The presence bucket ``<bucket>-fleet-instance``, read only."""
-        bucket = self._bucket if namespace is None else _check_bucket(namespace)
+        bucket = self._bucket if namespace is None else check_bucket(namespace)
         return await self._operation("read the fleet's presence", presence, bucket)
 
     async def purge(self, inventory: Inventory) -> Inventory:
@@ -596,7 +602,7 @@ class NATSLeaseBackend(LeaseBackendBase):
             version = nc.connected_server_version
             shown = None if version is None else f"{version.major}.{version.minor}.{version.patch}"
             findings = [server_finding("nats-server", shown, _ops.MIN_VERSION)]
-            stream = _kv_stream(self._bucket)
+            stream = kv_stream(self._bucket)
             info = await _ops.stream_info_or_none(js, stream)
             if info is None:
                 findings.append(
@@ -655,179 +661,12 @@ class NATSLeaseBackend(LeaseBackendBase):
             with self._translated(action):
                 return await (call(js, nc) if with_client else call(js, *args))
         finally:
-            await to_the_end(_close_client(nc))
-
-
-class _KVTable(Table):
-    """The bucket through nats-py's KV API; the clock from the probe's stored timestamp."""
-
-    def __init__(self, owner: NATSLeaseBackend, js: JetStreamContext, kv: KeyValue) -> None:
-        self._owner, self._js, self._kv = owner, js, kv
-        self._stream = _kv_stream(owner.bucket)
-        self._clock_subject = f"$KV.{owner.bucket}.{_CLOCK_KEY}"
-        self._probe: asyncio.Future[int] | None = None
-
-    async def read(self, key: str, timeout: float) -> tuple[bytes | None, int]:
-        import nats.js.errors
-
-        with self._owner._translated("reading", key):
-            try:
-                async with asyncio.timeout(timeout):
-                    entry = await self._kv.get(key)
-            except nats.js.errors.KeyNotFoundError:
-                return None, 0
-        return entry.value, entry.revision or 0
-
-    async def write(self, key: str, value: bytes, last: int, timeout: float) -> None:
-        import nats.js.errors
-
-        with self._owner._translated("writing", key):
-            try:
-                async with asyncio.timeout(timeout):
-                    if last:
-                        await self._kv.update(key, value, last=last)
-                    else:
-                        await self._kv.create(key, value)
-            except nats.js.errors.KeyWrongLastSequenceError as exc:
-                raise Conflict(key) from exc
-
-    async def read_at(self, key: str, timeout: float) -> tuple[bytes | None, int, int]:
-        """The row and the server's clock, read together."""
-        (value, revision), now = await asyncio.gather(self.read(key, timeout), self.now_ms(timeout))
-        return value, revision, now
-
-    async def now_ms(self, timeout: float) -> int:
-        """The server's clock: a probe written and read back (decisions that start while one
-        is in flight share it: a reading taken a round trip earlier only makes leases look
-        live a little longer)."""
-        if self._owner.store_time is not None:
-            return self._owner.store_time
-        probe = self._probe
-        if probe is None or probe.done():
-            probe = self._probe = asyncio.ensure_future(self._read_clock())
-            # Retrieved even when every caller gave up waiting (its error is theirs to see).
-            probe.add_done_callback(lambda done: done.cancelled() or done.exception())
-        async with asyncio.timeout(timeout):
-            return await asyncio.shield(probe)
-
-    async def _read_clock(self) -> int:
-        with self._owner._translated("reading the server's clock"):
-            async with asyncio.timeout(_PROBE_TIMEOUT_S):
-                await self._js.publish(self._clock_subject, b"")
-                msg = await self._js.get_last_msg(self._stream, self._clock_subject)
-        if msg.time is None:
-            raise BackendError(f"{BACKEND}: the server stored the clock probe without a time")
-        stamp = msg.time if msg.time.tzinfo is not None else msg.time.replace(tzinfo=UTC)
-        return datetime_to_ms(stamp)
-
-
-def _check_bucket(bucket: object) -> str:
-    if not isinstance(bucket, str) or not _BUCKET_RE.fullmatch(bucket):
-        raise ConfigurationError(
-            f"bucket {bucket!r} of {BACKEND} must be 1-64 letters, digits, '_' or '-' (it "
-            "names the KV bucket and the history stream)",
-            option="bucket",
-            backend=BACKEND,
-        )
-    return bucket
-
-
-def _kv_stream(bucket: str) -> str:
-    return f"KV_{bucket}"
+            await to_the_end(close_client(nc))
 
 
 def _streams(bucket: str) -> tuple[str, ...]:
-    return _kv_stream(bucket), Names(bucket).history, *bucket_streams(bucket)
-
-
-def bucket_problems(config: Any, max_payload: int | None = None) -> list[str]:
-    """What breaks the rows in an existing bucket: they must stay (file storage, no TTL, no
-    limit that drops them), every write must be taken (no limit that refuses one), and rows
-    must be read from the leader. ``max_payload``: the connected server's, the largest message
-    it takes anyway (a ``max_msg_size`` at least that large limits nothing more).
-
-    What the backend writes to the bucket: a row per job (``job.<job>``: its fences and a lease
-    per slot running or handed over, so with no fixed size: ``overlap="allow"`` and manual runs
-    add leases) and the clock probe (``clock``), written by every decision; each key's last
-    revision is all it reads. So a count or size limit of the stream either drops rows (discard
-    'old': their fences with them, and a late instance runs a slot again) or refuses writes
-    once reached (discard 'new': every claim fails and every slot is skipped, with no other
-    sign); a value size limit refuses the rows that outgrow it; a per-key history must be kept
-    (1 is enough), but not unlimited, nor refuse a key's next revision.
-    """
-    stream = config.name
-    problems: list[str] = []
-    if str(getattr(config.storage, "value", config.storage)) != "file":
-        problems.append(
-            f"storage is {config.storage!r}, not 'file' (a server restart would forget every "
-            f"fence, and a late instance run a slot again): `nats kv rm` the bucket while no "
-            "scheduler runs, or use another bucket"
-        )
-    if (config.max_age or 0) > 0:
-        problems.append(
-            f"its TTL is {config.max_age:g}s (rows would expire with their fences, and a late "
-            f"instance run a slot again): run `nats stream edit {stream} --max-age=0`"
-        )
-    if config.allow_direct:
-        problems.append(
-            "allow_direct is true (rows read from a lagging replica could abort healthy runs): "
-            f"run `nats stream edit {stream} --no-allow-direct`"
-        )
-    discard = setting_text(config.discard)
-    for setting, flag in (("max_bytes", "--max-bytes"), ("max_msgs", "--max-msgs")):
-        value = limit_value(getattr(config, setting))
-        if not value:
-            continue
-        if discard == "new":
-            why = (
-                "with discard 'new' the bucket refuses every write once full: every claim fails "
-                "and every slot is skipped"
-            )
-        else:
-            why = (
-                f"with discard {discard!r} it drops the oldest rows once full, their fences "
-                "with them, and a late instance runs a slot again"
-            )
-        problems.append(
-            f"{setting} is {value} ({why}; only unlimited, -1, is accepted): run `nats stream "
-            f"edit {stream} {flag}=-1`"
-        )
-    size = limit_value(config.max_msg_size)
-    if size and (max_payload is None or size < max_payload):
-        server = f"the server's max_payload {max_payload}" if max_payload else "max_payload"
-        problems.append(
-            f"max_msg_size is {size} bytes (the bucket's max_value_size: a row holds a lease "
-            "per slot running or handed over and has no fixed size, and a row that outgrows "
-            "it is refused, its job's slots skipped; accepted: -1, unlimited, or at least "
-            f"{server}): run `nats stream edit {stream} --max-msg-size=-1`"
-        )
-    per_key = limit_value(config.max_msgs_per_subject)
-    if not per_key:
-        problems.append(
-            "max_msgs_per_subject is unlimited (the bucket's history: every decision writes "
-            "the clock probe again, and each revision would be kept: the bucket grows for ever; "
-            f"accepted: a limit, 1 is enough): run `nats stream edit {stream} "
-            "--max-msgs-per-subject=1`"
-        )
-    elif config.discard_new_per_subject:
-        problems.append(
-            "discard_new_per_subject is true (with max_msgs_per_subject, the bucket's "
-            f"history, at {per_key}, a key holding that many revisions refuses the next: its "
-            "row can no longer change and its slots are skipped; accepted: false): run `nats "
-            f"stream edit {stream} --no-discard-per-subject`"
-        )
-    if config.sealed:
-        problems.append(
-            "sealed is true (it takes no more writes: every claim fails and every slot is "
-            "skipped): use another bucket"
-        )
-    return problems
+    return kv_stream(bucket), Names(bucket).history, *bucket_streams(bucket)
 
 
 async def _inventory(js: JetStreamContext, bucket: str) -> Inventory:
     return await _ops.streams_inventory(js, BACKEND, bucket, _streams(bucket))
-
-
-async def _close_client(nc: NATSClient) -> None:
-    with contextlib.suppress(Exception):
-        await nc.close()

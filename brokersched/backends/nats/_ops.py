@@ -15,7 +15,8 @@ from ...abc import Finding, Inventory, StoredObject
 from .._ops import LIVE_WINDOW, server_finding, slot_memory_finding
 from ._base import BACKEND
 from ._fleet import bucket_streams
-from ._streams import Names, claims_problems, history_problems
+from ._names import Names
+from ._stream_settings import claims_problems, history_problems
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext

@@ -1,15 +1,7 @@
-"""The two streams of ``NATSBackend``: their names, the settings brokersched creates them with,
-the check of an existing stream, and what grows (replicas, the history size, the claims
-stream's duplicate window). Streams are never deleted or recreated: that would forget claimed
-slots and allow double runs.
-
-A restarted server rebuilds its duplicate table from the stored messages only, so claims must
-leave their stream by age alone: memory storage, max_msgs, max_bytes, max_msgs_per_subject or a
-max_age shorter than ``slot_ttl`` would let a late instance win a slot that already ran; no_ack,
-a mirror or discard 'new' with a limit make claims fail; an unlimited max_age lets the stream
-grow for ever. An existing stream that cannot work fails ``start()`` with a
-``ConfigurationError`` that names each setting, its value and how to fix it
-(``claims_problems``, ``history_problems``).
+"""The two streams of ``NATSBackend`` while it runs: created when missing, checked at start,
+and grown where this instance needs more (replicas, the history size, the claims stream's
+duplicate window), by the rules of ``_stream_settings``; their names are ``_names``'. Streams
+are never deleted or recreated: that would forget claimed slots and allow double runs.
 """
 
 from __future__ import annotations
@@ -17,39 +9,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import json
-import re
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..._durations import format_duration
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
-from ..._options import NAME_PATTERN
 from ..._slotmemory import FleetMemory
 from ._base import BACKEND, describe, logger
+from ._names import Names
+from ._stream_settings import (
+    claims_config,
+    claims_problems,
+    duration,
+    grown,
+    history_config,
+    history_problems,
+    raised_window,
+)
 
 if TYPE_CHECKING:
     import nats.js.errors
     from nats.js import JetStreamContext
     from nats.js.api import StreamConfig
 
-__all__ = [
-    "Names",
-    "Streams",
-    "claims_config",
-    "claims_problems",
-    "history_config",
-    "history_problems",
-    "limit_value",
-    "setting_text",
-    "subject_token",
-]
-
-# Everything else is percent-encoded in subject tokens ('.' separates tokens; '%' is escaped so
-# the encoding stays reversible and two job names never share a subject).
-_TOKEN_UNSAFE = re.compile(r"[^A-Za-z0-9_:$-]")
+__all__ = ["Streams"]
 
 _GUARD_DELAYS_S = (0.2, 1.0, 5.0)  # see Streams._start_history_guard
 _WINDOW_RAISES = 5  # see Streams._raise_claims_window
@@ -65,340 +49,11 @@ _ERR_REPLICAS = (10074, 10023)
 _ERR_NO_PEERS = 10005
 
 
-@functools.lru_cache(maxsize=4096)
-def subject_token(job: str) -> str:
-    """The NATS subject token for ``job``: reversible, no ``.``, ``*``, ``>`` or spaces."""
-    # The scheduler checked it already; the backend's own guard, as the name becomes a subject
-    # token and a header value.
-    if not NAME_PATTERN.fullmatch(job):
-        raise ConfigurationError(
-            f"job name {job!r} cannot be used as a NATS subject token; "
-            "use letters, digits and _ . : $ - (at most 128 characters)",
-            backend=BACKEND,
-            job=job,
-        )
-    return _TOKEN_UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m[0].encode()), job)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Names:
-    """Stream names and subjects derived from the prefix."""
-
-    prefix: str
-
-    @property
-    def claims(self) -> str:
-        return f"{self.prefix}-claims"
-
-    @property
-    def history(self) -> str:
-        return f"{self.prefix}-history"
-
-    @property
-    def claim_subjects(self) -> str:
-        return f"{self.prefix}.claim.>"
-
-    @property
-    def history_subjects(self) -> str:
-        return f"{self.prefix}.history.>"
-
-    def claim_subject(self, job: str) -> str:
-        return f"{self.prefix}.claim.{subject_token(job)}"
-
-    @property
-    def fleet_subject(self) -> str:
-        """The fleet's slot memory record, in the claims stream: two tokens after ``claim``,
-        so never a job's subject (a job's token has no ``.``)."""
-        return f"{self.prefix}.claim.fleet.memory"
-
-    def history_subject(self, job: str) -> str:
-        return f"{self.prefix}.history.{subject_token(job)}"
-
-
-def _seconds(value: timedelta) -> str:
-    return format_duration(value)
-
-
-# A claim is under 2 KiB (a 128-character job name, a 200-character instance id, escaped), a
-# failed run's record under 8 KiB (its traceback is capped at 4 KiB, JSON-escaped); a stream
-# whose max_msg_size is smaller refuses some claims or run records.
-_MIN_MSG_SIZE = 8192
-_DEFAULT_HISTORY_SIZE = 1000  # the scheduler's default; a fix suggested before prepare() knows
-_LIMIT_FLAGS = {
-    "max_msgs": "--max-msgs",
-    "max_bytes": "--max-bytes",
-    "max_msgs_per_subject": "--max-msgs-per-subject",
-}
-
-
-def setting_text(value: object) -> str:
-    """An enum setting (storage, retention, discard, ...) as the server spells it."""
-    return str(getattr(value, "value", value))
-
-
-def limit_value(value: int | None) -> int:
-    """A count or size limit, every spelling of "unlimited" (None, 0, -1) as 0."""
-    return value if value is not None and value > 0 else 0
-
-
-def _recreate(stream: str, forgets: str) -> str:
-    return (
-        f"delete the stream while no scheduler runs (`nats stream rm {stream}`, which forgets "
-        f"{forgets}) so that brokersched creates it, or use another prefix"
-    )
-
-
-def claims_problems(config: StreamConfig, names: Names, slot_ttl: timedelta) -> list[str]:
-    """Every setting of an existing claims stream that breaks the claim guarantee or its
-    bounded size, each with how to fix it (the one place that checks them).
-
-    A claimed slot must stay in the stream's duplicate table for ``slot_ttl``, across server
-    restarts too, and a restarted server rebuilds that table from the *stored* messages only.
-    So claims must leave the stream by age alone: file storage (memory storage forgets every
-    claim on a restart, exactly like a dropped message), no count or size limit, and a
-    ``max_age`` of at least ``slot_ttl`` that is not unlimited (one message per claimed slot).
-    Irrelevant, so accepted: description, max_consumers, num_replicas (grown), placement,
-    deny_delete, deny_purge and allow_rollup_hdrs (they only govern what an operator or another
-    client does on purpose), republish, compression, allow_direct (set), metadata, ...
-    """
-    stream = names.claims
-    problems = _common_problems(config, stream, names.claim_subjects, "claim", "claimed slots")
-    window = timedelta(seconds=config.duplicate_window or 0)
-    if window < slot_ttl:
-        problems.append(
-            f"duplicate_window is {_seconds(window)}, shorter than slot_ttl {_seconds(slot_ttl)} "
-            f"(a late instance could win a slot again): run `nats stream edit {stream} "
-            f"--dupe-window {_seconds(slot_ttl)} --max-age {_seconds(slot_ttl)}` or pass "
-            f"slot_ttl={_seconds(window)!r}"
-        )
-    # The server wants max_age >= duplicate_window: never suggest less.
-    keep = _seconds(max(window, slot_ttl))
-    max_age = timedelta(seconds=config.max_age or 0)
-    if max_age <= timedelta(0):
-        problems.append(
-            f"max_age is 0 (unlimited: the stream would grow for ever, one message per claimed "
-            f"slot): run `nats stream edit {stream} --max-age {keep}`"
-        )
-    elif max_age < slot_ttl:
-        problems.append(
-            f"max_age is {_seconds(max_age)}, shorter than slot_ttl {_seconds(slot_ttl)} "
-            f"(claims would be forgotten on a server restart): run `nats stream edit "
-            f"{stream} --max-age {keep}`"
-        )
-    problems += _claim_limit_problems(config, stream)
-    persist_mode = setting_text(config.persist_mode)
-    if config.persist_mode is not None and persist_mode != "default":
-        problems.append(
-            f"persist_mode is {persist_mode!r}, not 'default' (claims acknowledged just before "
-            f"a server crash could be lost, and a late instance win them again): "
-            f"{_recreate(stream, 'claimed slots')}"
-        )
-    if config.allow_msg_counter:
-        problems.append(
-            "allow_msg_counter is true (a counter stream refuses claims): "
-            + _recreate(stream, "claimed slots")
-        )
-    return problems
-
-
-def _claim_limit_problems(config: StreamConfig, stream: str) -> list[str]:
-    problems: list[str] = []
-    discard_new = setting_text(config.discard) == "new"
-    for setting, flag in _LIMIT_FLAGS.items():
-        value = limit_value(getattr(config, setting))
-        if not value:
-            continue
-        if discard_new and (setting != "max_msgs_per_subject" or config.discard_new_per_subject):
-            why = "with discard 'new', every claim fails once the limit is reached"
-        else:
-            why = (
-                "claims it drops before slot_ttl ends are forgotten on a server restart, and a "
-                "late instance wins a slot that already ran"
-            )
-        if setting == "max_msgs_per_subject" and config.discard_new_per_subject:
-            flag = "--no-discard-per-subject " + flag  # the server wants both at once
-        problems.append(
-            f"{setting} is {value} ({why}; claims must expire by max_age only): run `nats "
-            f"stream edit {stream} {flag}=-1`, or {_recreate(stream, 'claimed slots')}"
-        )
-    problems += _msg_size_problems(config, stream)
-    return problems
-
-
-def _msg_size_problems(config: StreamConfig, stream: str) -> list[str]:
-    size = limit_value(config.max_msg_size)
-    if not size or size >= _MIN_MSG_SIZE:
-        return []
-    return [
-        f"max_msg_size is {size} bytes (a claim or a run record can be larger, and is then "
-        f"refused): run `nats stream edit {stream} --max-msg-size=-1`"
-    ]
-
-
-def _common_problems(
-    config: StreamConfig, stream: str, subjects: str, what: str, forgets: str
-) -> list[str]:
-    """What breaks both streams; ``what`` is written to each (a claim, a run record)."""
-    problems: list[str] = []
-    storage = setting_text(config.storage)
-    if storage != "file":
-        problems.append(
-            f"storage is {storage!r}, not 'file' (it would be lost on a server restart); storage "
-            f"cannot be edited: delete the stream (`nats stream rm {stream}`, which forgets "
-            f"{forgets}) while no scheduler runs, or use another prefix"
-        )
-    retention = setting_text(config.retention)
-    if retention != "limits":
-        problems.append(
-            f"retention is {retention!r}, not 'limits' (messages would be removed by consumers, "
-            f"not by age, and {forgets} with them): {_recreate(stream, forgets)}"
-        )
-    if subjects not in (config.subjects or []):
-        problems.append(
-            f"subjects are {config.subjects}, without {subjects!r}: run `nats stream edit "
-            f"{stream} --subjects '{subjects}'` or use another prefix"
-        )
-    if config.sealed:
-        problems.append(
-            f"sealed is true (it takes no more messages): use another prefix than {stream!r}"
-        )
-    if config.no_ack:
-        problems.append(
-            f"no_ack is true (publishes are not acknowledged, so every {what} fails): run "
-            f"`nats stream edit {stream} --ack`"
-        )
-    if config.mirror is not None:
-        problems.append(
-            f"mirror is {config.mirror.name!r} (a mirror takes no publishes, so every {what} "
-            f"fails): {_recreate(stream, forgets)}"
-        )
-    if config.sources:
-        sources = [source.name for source in config.sources]
-        problems.append(
-            f"sources are {sources} (messages copied from other streams would be taken for "
-            f"brokersched's): remove the sources from its configuration, or "
-            f"{_recreate(stream, forgets)}"
-        )
-    return problems
-
-
-def history_problems(config: StreamConfig, names: Names, size: int | None = None) -> list[str]:
-    """Every setting of an existing history stream that breaks writing or trimming runs.
-
-    ``max_msgs_per_subject`` is what trims each job's history: it must be set (brokersched
-    grows it to ``size``). A ``max_age``, or a max_msgs/max_bytes with discard 'old', only
-    drops old runs sooner: accepted. With discard 'new' a full stream refuses every record.
-    """
-    stream = names.history
-    forgets = "the run history"
-    problems = _common_problems(config, stream, names.history_subjects, "run record", forgets)
-    if not limit_value(config.max_msgs_per_subject):
-        problems.append(
-            "max_msgs_per_subject is unlimited (it is what trims each job's history; without it "
-            f"the history grows for ever): run `nats stream edit {stream} "
-            f"--max-msgs-per-subject={size or _DEFAULT_HISTORY_SIZE}`, or "
-            f"{_recreate(stream, forgets)}"
-        )
-    if setting_text(config.discard) == "new":
-        limits = [f"{s}={limit_value(getattr(config, s))}" for s in ("max_msgs", "max_bytes")]
-        if config.discard_new_per_subject:
-            limits.append(f"max_msgs_per_subject={limit_value(config.max_msgs_per_subject)}")
-        limits = [limit for limit in limits if not limit.endswith("=0")]
-        if limits:
-            problems.append(
-                f"discard is 'new' with {', '.join(limits)} (once full, every run record is "
-                f"refused): run `nats stream edit {stream} --discard=old"
-                + (" --no-discard-per-subject`" if config.discard_new_per_subject else "`")
-            )
-    problems += _msg_size_problems(config, stream)
-    return problems
-
-
-def claims_config(names: Names, slot_ttl: timedelta, replicas: int) -> StreamConfig:
-    """The claims stream brokersched creates (it passes ``claims_problems``)."""
-    ttl = slot_ttl.total_seconds()
-    return _stream_config(
-        names.claims,
-        "brokersched slot claims (deduplicated by Nats-Msg-Id)",
-        names.claim_subjects,
-        replicas,
-        duplicate_window=ttl,
-        max_age=ttl,
-    )
-
-
-def history_config(names: Names, size: int, replicas: int) -> StreamConfig:
-    """The history stream brokersched creates (it passes ``history_problems``)."""
-    return _stream_config(
-        names.history,
-        "brokersched run history (one subject per job)",
-        names.history_subjects,
-        replicas,
-        max_msgs_per_subject=size,
-    )
-
-
-def _stream_config(
-    name: str, description: str, subjects: str, replicas: int, **limits: Any
-) -> StreamConfig:
-    """What both streams are: file storage, messages removed by their limits only (the oldest
-    first), read directly."""
-    from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-
-    return StreamConfig(
-        name=name,
-        description=description,
-        subjects=[subjects],
-        retention=RetentionPolicy.LIMITS,
-        storage=StorageType.FILE,
-        discard=DiscardPolicy.OLD,
-        num_replicas=replicas,
-        allow_direct=True,
-        **limits,
-    )
-
-
-def _grown(config: StreamConfig, *, replicas: int, per_subject: int | None) -> StreamConfig | None:
-    """``config`` with the settings that must grow, or ``None`` when nothing must change.
-
-    Settings only grow here: another instance (another version of the application) may need the
-    larger value.
-    """
-    changes: dict[str, Any] = {}
-    if not config.allow_direct:
-        changes["allow_direct"] = True
-    if (config.num_replicas or 1) < replicas:
-        changes["num_replicas"] = replicas
-    current = config.max_msgs_per_subject
-    if per_subject is not None and 0 < current < per_subject:
-        changes["max_msgs_per_subject"] = per_subject
-    return dataclasses.replace(config, **changes) if changes else None
-
-
-def _raised_window(config: StreamConfig, slot_ttl: timedelta) -> StreamConfig | None:
-    """``config`` (as the server reports it) with ``duplicate_window`` and ``max_age`` raised to
-    ``slot_ttl`` where shorter, every other setting kept; ``None`` when both cover it already.
-
-    Never lowers either (another instance may need the longer window); an unlimited max_age
-    stays unlimited (``claims_problems`` refuses it anyway).
-    """
-    window = timedelta(seconds=config.duplicate_window or 0)
-    max_age = timedelta(seconds=config.max_age or 0)
-    if window >= slot_ttl and (max_age <= timedelta(0) or max_age >= slot_ttl):
-        return None
-    ttl = slot_ttl.total_seconds()
-    return dataclasses.replace(
-        config,
-        duplicate_window=max(window.total_seconds(), ttl),
-        max_age=max(max_age.total_seconds(), ttl) if max_age > timedelta(0) else config.max_age,
-    )
-
-
 def _claims_refusals(config: StreamConfig, names: Names, slot_ttl: timedelta) -> list[str]:
     """``claims_problems`` of an existing claims stream, or none when raising its window to
-    ``slot_ttl`` (``_raised_window``) would leave nothing wrong: ``start()`` raises it then."""
+    ``slot_ttl`` (``raised_window``) would leave nothing wrong: ``start()`` raises it then."""
     problems = claims_problems(config, names, slot_ttl)
-    raised = _raised_window(config, slot_ttl)
+    raised = raised_window(config, slot_ttl)
     if problems and raised is not None and not claims_problems(raised, names, slot_ttl):
         return []
     return problems
@@ -524,7 +179,7 @@ class Streams:
             logger.warning(
                 "%s: the duplicate window of %s (%s) was raised without a note in %s: slots that "
                 "fell due before this start are not claimed late by this instance",
-                BACKEND, self._names.claims, _seconds(timedelta(milliseconds=memory)),
+                BACKEND, self._names.claims, duration(timedelta(milliseconds=memory)),
                 self._names.fleet_subject,
             )  # fmt: skip
             return FleetMemory(memory, self._now_ms(), noted.raises)
@@ -600,7 +255,7 @@ class Streams:
         age reaches the window in force at purge time (an update re-runs the purge with the new
         window), so the raise also extends the ids stored before it; only ids already purged under
         the old window are gone, and their slots are older than this instance. A longer window never
-        hurts the instances with a shorter ``slot_ttl``: they accept it (``_raised_window`` never
+        hurts the instances with a shorter ``slot_ttl``: they accept it (``raised_window`` never
         lowers). ``max_age`` grows too: a restarted server rebuilds its ids from the stored messages
         only. The one way around it is ``Job.resume()`` within its jitter of ``start()`` of a job
         paused before it: ``Timers.rearm`` may arm a slot still in its jitter window from before the
@@ -614,7 +269,7 @@ class Streams:
         raises, settled = 0, False
         while True:
             config = (await js.stream_info(stream)).config
-            raised = _raised_window(config, ttl)
+            raised = raised_window(config, ttl)
             if raised is None:
                 await self._adopt_window(js, round((config.duplicate_window or 0) * 1000), ttl)
                 if raises == 0 or settled:
@@ -641,14 +296,14 @@ class Streams:
                 "claimed slot that long. To lower it again, first deploy the shorter slot_ttl on "
                 "every instance, then run `nats stream edit %s --dupe-window %s --max-age %s`",
                 stream,
-                _seconds(timedelta(seconds=config.duplicate_window or 0)),
-                _seconds(timedelta(seconds=raised.duplicate_window or 0)),
-                _seconds(timedelta(seconds=config.max_age or 0)),
-                _seconds(timedelta(seconds=raised.max_age or 0)),
-                _seconds(ttl),
+                duration(timedelta(seconds=config.duplicate_window or 0)),
+                duration(timedelta(seconds=raised.duplicate_window or 0)),
+                duration(timedelta(seconds=config.max_age or 0)),
+                duration(timedelta(seconds=raised.max_age or 0)),
+                duration(ttl),
                 stream,
-                _seconds(timedelta(seconds=config.duplicate_window or 0)),
-                _seconds(timedelta(seconds=config.max_age or 0)),
+                duration(timedelta(seconds=config.duplicate_window or 0)),
+                duration(timedelta(seconds=config.max_age or 0)),
             )
 
     async def _update_claims_window(
@@ -787,7 +442,7 @@ class Streams:
             have = (info.config.num_replicas or 1) if info.cluster is not None else 1
             if have < self._replicas and (updated or info.cluster is None):
                 raise self._replicas_error(desired.name, have, None)
-            update = _grown(info.config, replicas=self._replicas, per_subject=per_subject)
+            update = grown(info.config, replicas=self._replicas, per_subject=per_subject)
             if update is None:
                 return updated
             try:

@@ -41,8 +41,8 @@ Durability
 
 from __future__ import annotations
 
-from ._base import claim_key, hash_tag, history_key, job_key, runs_key
 from ._claim import RedisBackend
+from ._keys import claim_key, hash_tag, history_key, job_key, runs_key
 from ._leases import RedisLeaseBackend
 
 __all__ = [

@@ -54,9 +54,11 @@ from ...abc import (
 from .._claims import ClaimBackendBase, shown
 from .._keywords import own_options
 from . import _ops
-from ._base import RedisConnection, check_client_options, claim_key, evictions_key
+from ._connection import RedisConnection
 from ._fleet import FleetRecords
+from ._keys import claim_key, evictions_key
 from ._link import RedisLink
+from ._options import check_client_options
 
 __all__ = ["RedisBackend", "slot_memory_key"]
 

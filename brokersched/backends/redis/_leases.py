@@ -34,16 +34,11 @@ from .._lease import (
     new_token,
 )
 from . import _ops
-from ._base import (
-    RedisConnection,
-    check_client_options,
-    evictions_key,
-    history_entry,
-    history_key,
-    job_key,
-    runs_key,
-)
+from ._connection import RedisConnection
 from ._fleet import FleetRecords
+from ._history import history_entry, history_ttl_args
+from ._keys import evictions_key, history_key, job_key, runs_key
+from ._options import check_client_options
 
 __all__ = ["RedisLeaseBackend"]
 
@@ -227,7 +222,11 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         if record is not None and record[0].name == lease.job:
             policy, run = record
             keys.append(history_key(self.prefix, policy.name))
-            args += [history_entry(run), policy.history_size, *self._redis.history_ttl_args(policy)]
+            args += [
+                history_entry(run),
+                policy.history_size,
+                *history_ttl_args(self._redis, policy),
+            ]
         elif record is not None:
             await self._redis.record(*record)
         await self._redis.script(
@@ -287,7 +286,7 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         records = {record.slot_ms: record for record in taken.records}
         args: list[str | int] = [
             fence.decode(), manual.decode(), self._ttl_ms, policy.history_size,
-            *self._redis.history_ttl_args(policy), "1" if policy.overlap == "skip" else "0",
+            *history_ttl_args(self._redis, policy), "1" if policy.overlap == "skip" else "0",
         ]  # fmt: skip
         for slot_ms, lease in dead.items():
             if slot_ms in after.leases and slot_ms not in restarts:

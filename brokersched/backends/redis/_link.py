@@ -1,7 +1,7 @@
 """``RedisLink``: what ``RedisBackend`` asks of the connection it talks to Redis through.
 
-Two classes implement it: ``RedisConnection`` (``_base``), the real one over redis-py, and the
-fleet simulator's model of a Redis server (``brokersched.testing._sim_redis.RedisModel``),
+Two classes implement it: ``RedisConnection`` (``_connection``), the real one over redis-py,
+and the fleet simulator's model of a Redis server (``brokersched.testing._sim_redis.RedisModel``),
 which runs the scripts' rules in Python on the simulated store's clock. ``RedisBackend`` is
 made over either (``RedisBackend(url, ...)`` makes its own ``RedisConnection``;
 ``RedisBackend.over(link, ...)`` takes one), so the simulator runs the real backend's code and

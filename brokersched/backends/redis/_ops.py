@@ -13,7 +13,7 @@ from typing import Any
 from ..._clock import host_time_ms
 from ...abc import BrokerBudget, Finding, Inventory, Slot, StoredObject
 from .._ops import LIVE_WINDOW_MS, ago, recent_claims, server_finding, slot_memory_finding
-from ._base import fleet_key
+from ._keys import fleet_key
 from ._link import RedisLink
 
 __all__ = [

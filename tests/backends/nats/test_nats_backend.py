@@ -27,7 +27,7 @@ from brokersched import BackendError, BackendUnavailableError, ConfigurationErro
 from brokersched._clock import SystemClock
 from brokersched.abc import Claim, JobPolicy, RunRecord, Slot
 from brokersched.backends.nats import NATSBackend, _history, redact, subject_token
-from brokersched.backends.nats._streams import Names
+from brokersched.backends.nats._names import Names
 from tests.support.fleet import run_fleet
 from tests.support.names import unique
 from tests.support.nats_helpers import (

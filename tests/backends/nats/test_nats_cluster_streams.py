@@ -13,7 +13,8 @@ import pytest
 from brokersched import ConfigurationError
 from brokersched._clock import SystemClock
 from brokersched.backends.nats import NATSBackend
-from brokersched.backends.nats._streams import Names, claims_config
+from brokersched.backends.nats._names import Names
+from brokersched.backends.nats._stream_settings import claims_config
 from tests.support.names import unique
 from tests.support.nats_helpers import create_stream, delete_streams, stream_config
 

@@ -34,8 +34,8 @@ from brokersched import BackendError, ConfigurationError, JobContext, Scheduler
 from brokersched._clock import SystemClock
 from brokersched.abc import JobPolicy, RunRecord, Slot
 from brokersched.backends.nats import NATSBackend, _backend, _streams
-from brokersched.backends.nats._streams import (
-    Names,
+from brokersched.backends.nats._names import Names
+from brokersched.backends.nats._stream_settings import (
     claims_config,
     claims_problems,
     history_config,

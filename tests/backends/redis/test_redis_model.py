@@ -14,7 +14,7 @@ import redis.asyncio
 
 from brokersched.abc import Backend
 from brokersched.backends.redis import RedisBackend
-from brokersched.backends.redis._base import RedisConnection
+from brokersched.backends.redis._connection import RedisConnection
 from brokersched.testing._sim_redis import RedisData, sim_redis
 from tests.support.model_reality import (
     SEEDS,

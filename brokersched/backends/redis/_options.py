@@ -1,0 +1,105 @@
+"""The options of the Redis backends checked at construction: the URL, the prefix, and the
+keywords handed on to redis-py."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from ... import _redact
+from ..._exceptions import ConfigurationError
+from .._keywords import parameter_names, refuse_unknown
+
+__all__ = ["check_client_options", "check_prefix", "check_url"]
+
+_SCHEMES = ("redis", "rediss", "unix")
+_PREFIX = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+
+
+def _client_keywords(cluster: bool) -> Callable[[], set[str]]:
+    def keywords() -> set[str]:
+        """The keywords redis-py's ``from_url`` and the client's constructor accept; for a
+        single server also its pools' and connections' (``from_url`` hands them on:
+        ``connection_class``, ``path``, the ``ssl_*`` options...)."""
+        import redis.asyncio
+        import redis.asyncio.connection as connection
+        from redis.asyncio.cluster import RedisCluster
+
+        if cluster:
+            return parameter_names(RedisCluster.__init__, RedisCluster.from_url) - {"url"}
+        handed_on = (
+            connection.ConnectionPool.__init__,
+            connection.BlockingConnectionPool.__init__,
+            connection.AbstractConnection.__init__,
+            connection.Connection.__init__,
+            connection.SSLConnection.__init__,
+            connection.UnixDomainSocketConnection.__init__,
+        )
+        client = redis.asyncio.Redis
+        return parameter_names(client.__init__, client.from_url, *handed_on) - {"url"}
+
+    return keywords
+
+
+def check_client_options(
+    backend: str, own: Sequence[str], options: Mapping[str, Any], *, cluster: bool
+) -> None:
+    """Refuse, at construction, a keyword that is neither the backend's nor redis-py's."""
+    refuse_unknown(
+        backend,
+        options,
+        own=own,
+        library="redis-py's RedisCluster" if cluster else "redis-py's Redis.from_url",
+        accepted=_client_keywords(bool(cluster)),
+    )
+
+
+def check_prefix(prefix: object, backend: str) -> str:
+    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+        raise ConfigurationError(
+            f"prefix {prefix!r} of {backend} must be 1-100 characters of [A-Za-z0-9_.:-] (no "
+            "'{', '}' or spaces: the job's hash tag follows it in every key)",
+            option="prefix",
+            backend=backend,
+        )
+    return prefix
+
+
+def check_url(url: object, backend: str, *, cluster: bool) -> str:
+    """The scheme and the port are checked at construction; the rest by redis-py at start."""
+    shown = _redact.redact_url(url) if isinstance(url, str) else repr(url)
+    accepted = "redis://, rediss:// (TLS) or unix:// (a socket path)"
+    try:
+        if not isinstance(url, str):
+            raise ValueError("not a string")
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        scheme = parts.scheme
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"url {shown!r} of {backend} is not a valid URL ({exc}); use {accepted}",
+            option="url",
+            backend=backend,
+        ) from None
+    if scheme not in _SCHEMES:
+        raise ConfigurationError(
+            f"url {shown!r} of {backend} must start with {accepted}",
+            option="url",
+            backend=backend,
+        )
+    if cluster and scheme == "unix":
+        raise ConfigurationError(
+            f"url {shown!r} of {backend}: a Redis Cluster is reached over TCP (redis:// or "
+            "rediss://), not a unix socket",
+            option="url",
+            backend=backend,
+        )
+    if scheme != "unix" and not parts.hostname:
+        raise ConfigurationError(
+            f"url {shown!r} of {backend} names no host; e.g. redis://127.0.0.1:6379/0",
+            option="url",
+            backend=backend,
+        )
+    return url
