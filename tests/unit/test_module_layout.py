@@ -18,7 +18,6 @@ KNOWN_LONG: set[str] = {
     "backends/nats/_leases.py",
     "backends/nats/_streams.py",
     "backends/redis/_base.py",
-    "cli.py",
     "testing/simulate.py",
 }
 
