@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 from brokersched import JobContext, MemoryBackend, RabbitMQBackend, Scheduler
-from brokersched.cli import _slots_ahead
+from brokersched.cli._ops import _slots_ahead
 
 
 def noop(ctx: JobContext) -> None:

@@ -1,0 +1,5 @@
+"""``python -m brokersched.cli``: the same command as the ``brokersched`` script."""
+
+from . import main
+
+main()

@@ -1,0 +1,278 @@
+"""The commands that only read the application, never the backend: ``jobs``, ``next`` and
+``check``."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import Any
+
+import click
+from rich import box
+from rich.table import Table
+
+from .._durations import format_duration, parse_duration
+from .._exceptions import ConfigurationError
+from .._json import iso
+from .._logging import configure_logging
+from .._redact import MASK, redact_text
+from .._registry import collect_errors, past_at
+from .._scheduler import Job, Scheduler
+from .._timezones import parse_timezone, timezone_name
+from ..triggers.base import Trigger
+from ..triggers.cron import CronTrigger, parse_cron
+from ..triggers.interval import IntervalTrigger
+from ._app import AppConfigurationError, CLIError, fail, load_app, override_option
+from ._group import EPILOG, cli
+from ._output import WIDE, clock_time, local_time, make_console, shown_backend, utc_time
+
+__all__ = ["check", "jobs", "next_"]
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("app", metavar="APP")
+@click.option("-n", "count", type=click.IntRange(0, 100), default=3, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per job and line.")
+@override_option
+def jobs(app: str, count: int, as_json: bool, overrides: tuple[str, ...]) -> None:
+    """List the jobs, their keys, schedules, non-default options, overrides, whether they are
+    enabled, and their next runs (no connection)."""
+    scheduler = load_app(app, overrides)
+    if as_json:
+        for job in scheduler.jobs():
+            click.echo(json.dumps(_job_json(scheduler, job, count), separators=(",", ":")))
+        return
+    title = f"{app} on {shown_backend(scheduler)}"
+    if not scheduler.enabled:
+        title += " (scheduling disabled: jobs run on trigger only)"
+    console = make_console()
+    if console.width < WIDE:
+        console.print(_narrow_jobs(scheduler, title, count))
+        return
+    table = Table(title=title, title_justify="left")
+    columns = ("name", "key", "kind", "schedule", "zone", "options", "overrides", "enabled")
+    for column in (*columns, f"next {count} runs"):
+        table.add_column(column, overflow="fold")
+    for job in scheduler.jobs():
+        zone = _zone(job.schedule)
+        enabled = job.enabled and scheduler.enabled
+        upcoming = job.next_runs(count) if enabled else []
+        runs = "\n".join(local_time(when, zone) for when in upcoming) or "-"
+        table.add_row(
+            job.name,
+            job.key,
+            job.kind,
+            job.describe(),
+            timezone_name(zone),
+            redact_text(_options(job)),  # data may hold a URL with its password
+            redact_text(_shown_overrides(job)),
+            "yes" if enabled else "no",
+            runs,
+        )
+    console.print(table)
+
+
+def _narrow_jobs(scheduler: Scheduler[Any], title: str, count: int) -> Table:
+    """The jobs in four columns: the key under the name when it differs, the zone in the
+    schedule, the overrides with the options, "disabled" instead of the next runs."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("name", overflow="fold", ratio=2)
+    table.add_column("schedule", overflow="fold", ratio=3)
+    table.add_column("options", overflow="fold", ratio=3)
+    table.add_column(f"next {count} runs", no_wrap=True)
+    for job in scheduler.jobs():
+        zone = _zone(job.schedule)
+        name = job.name if job.key == job.name else f"{job.name}\n(key {job.key})"
+        schedule = job.describe()
+        if timezone_name(zone) not in schedule and zone is not UTC:
+            schedule += f"\n{timezone_name(zone)}"
+        options = _options(job)
+        if job.overrides:
+            overridden = [f"override {line}" for line in _shown_overrides(job).splitlines()]
+            options = "\n".join(([] if options == "-" else [options]) + overridden)
+        enabled = job.enabled and scheduler.enabled
+        runs = "\n".join(local_time(when, zone) for when in job.next_runs(count)) if enabled else ""
+        table.add_row(
+            name, schedule, redact_text(options), runs or ("-" if enabled else "disabled")
+        )
+    return table
+
+
+def _job_json(scheduler: Scheduler[Any], job: Job, count: int) -> dict[str, Any]:
+    """A job as ``jobs --json`` prints it; every key always there. ``data`` is only said to be
+    there (``"***"``), as in the admin API."""
+    zone = _zone(job.schedule)
+    enabled = job.enabled and scheduler.enabled
+    options: dict[str, Any] = {}
+    for name in sorted(job.options.model_fields_set - {"timezone", "offset", "key"}):
+        value = getattr(job.options, name)
+        if name == "data":
+            value = MASK
+        elif isinstance(value, timedelta):
+            value = format_duration(value)
+        elif isinstance(value, datetime):
+            value = iso(value)
+        elif not isinstance(value, str | int | float | bool | None):
+            value = str(value)
+        options[name] = value
+    overrides = {
+        name: value if isinstance(value, str | int | float | bool | None) else str(value)
+        for name, value in job.overrides.items()
+    }
+    return {
+        "name": job.name,
+        "key": job.key,
+        "kind": job.kind,
+        "schedule": job.describe(),
+        "zone": timezone_name(zone),
+        "options": json.loads(redact_text(json.dumps(options))),
+        "overrides": json.loads(redact_text(json.dumps(overrides, default=str))),
+        "enabled": enabled,
+        "next_runs": [iso(when) for when in job.next_runs(count)] if enabled else [],
+    }
+
+
+def _shown_overrides(job: Job) -> str:
+    shown = [f"{name}={json.dumps(value, default=str)}" for name, value in job.overrides.items()]
+    return "\n".join(shown) or "-"
+
+
+def _zone(trigger: Trigger) -> tzinfo:
+    return trigger.timezone if isinstance(trigger, CronTrigger) else UTC
+
+
+def _options(job: Job) -> str:
+    """The options given at registration, except those the schedule column already shows."""
+    shown: list[str] = []
+    for name in sorted(job.options.model_fields_set - {"timezone", "offset", "key"}):
+        value = getattr(job.options, name)
+        if isinstance(value, timedelta):
+            text = format_duration(value)
+        elif name == "data":
+            text = json.dumps(value, separators=(",", ":"))
+        else:
+            text = str(value)
+        shown.append(f"{name}={text}")
+    return "\n".join(shown) or "-"
+
+
+@cli.command("next", epilog=EPILOG)
+@click.argument("expression", required=False)
+@click.option("--timezone", "-z", "zone_name", default="UTC", show_default=True)
+@click.option("-n", "count", type=click.IntRange(1, 1000), default=5, show_default=True)
+@click.option("--after", help="ISO 8601 instant to start from (default: now); naive = --timezone.")
+@click.option("--every", help="Preview an interval instead of a cron expression, e.g. 6h.")
+@click.option("--offset", help="With --every: shift the grid, e.g. 1m.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per run and line.")
+def next_(
+    expression: str | None,
+    zone_name: str,
+    count: int,
+    after: str | None,
+    every: str | None,
+    offset: str | None,
+    as_json: bool,
+) -> None:
+    """Preview a schedule: a cron EXPRESSION in --timezone, or --every INTERVAL."""
+    try:
+        zone = parse_timezone(zone_name)
+        trigger = _preview_trigger(expression, zone, every, offset)
+        start = _parse_after(after, zone)
+    except ConfigurationError as exc:
+        raise CLIError(str(exc)) from None
+    if as_json:
+        for number, when in enumerate(trigger.next_runs(count, start), 1):
+            local = when.astimezone(zone)
+            row = {
+                "n": number,
+                "local": local.isoformat(timespec="milliseconds"),
+                "zone": timezone_name(zone),
+                "utc_offset": _offset(local),
+                "utc": iso(when),
+            }
+            click.echo(json.dumps(row, separators=(",", ":")))
+        return
+    table = Table(title=trigger.describe(), title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column(f"local ({timezone_name(zone)})")
+    table.add_column("UTC offset")
+    table.add_column("UTC")
+    for number, when in enumerate(trigger.next_runs(count, start), 1):
+        local = when.astimezone(zone)
+        table.add_row(
+            str(number), f"{local:%a} {clock_time(local)}", _offset(local), utc_time(when)
+        )
+    make_console().print(table)
+
+
+def _preview_trigger(
+    expression: str | None, zone: tzinfo, every: str | None, offset: str | None
+) -> Trigger:
+    if every is not None:
+        if expression is not None:
+            raise CLIError("give a cron EXPRESSION or --every, not both")
+        period = parse_duration(every, name="--every")
+        shift = parse_duration(offset, name="--offset") if offset is not None else timedelta(0)
+        return IntervalTrigger(period, shift)
+    if expression is None:
+        raise CLIError("give a cron EXPRESSION (e.g. '0 8 * * MON-FRI') or --every INTERVAL")
+    if offset is not None:
+        raise CLIError("--offset goes with --every")
+    return parse_cron(expression, zone)
+
+
+def _parse_after(after: str | None, zone: tzinfo) -> datetime | None:
+    if after is None:
+        return None
+    try:
+        value = datetime.fromisoformat(after)
+    except ValueError:
+        raise CLIError(f"--after {after!r} is not an ISO 8601 time (2027-01-15T08:00)") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=zone)
+
+
+def _offset(local: datetime) -> str:
+    delta = local.utcoffset() or timedelta(0)
+    sign = "-" if delta < timedelta(0) else "+"
+    minutes = abs(int(delta.total_seconds())) // 60
+    return f"{sign}{minutes // 60:02d}:{minutes % 60:02d}"
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("app", metavar="APP")
+@override_option
+def check(app: str, overrides: tuple[str, ...]) -> None:
+    """Report every configuration error of the application's jobs and overrides (no
+    connection)."""
+    # What registration logs (a past at()) is printed below as a warning, with the others.
+    configure_logging("text", "ERROR", quiet_clients=True)
+    try:
+        with collect_errors() as collected:
+            scheduler = load_app(app, overrides, collect=True)
+    except AppConfigurationError as exc:
+        for error in [*collected, *exc.error.all_errors]:
+            click.echo(redact_text(f"error: {error}"), err=True)
+        if exc.error.job is None:  # a backend's or the scheduler's own options, not a job
+            fail(f"{app} could not be loaded, so its jobs were not checked; fix it and check again")
+        fail(
+            "registration stopped at this job, so the jobs after it were not checked; "
+            "fix it and run check again"
+        )
+    errors = scheduler.check()
+    for error in errors:
+        click.echo(redact_text(f"error: {error}"), err=True)
+    if errors:
+        fail(f"{len(errors)} configuration error{'s' if len(errors) > 1 else ''}")
+    for warning in _warnings(scheduler):
+        click.echo(redact_text(f"warning: {warning}"), err=True)
+    count = len(scheduler.jobs())
+    if count == 0:
+        click.echo(f"warning: {app} registers no jobs", err=True)
+    click.echo(f"{count} job{'' if count == 1 else 's'} OK")
+
+
+def _warnings(scheduler: Scheduler[Any]) -> list[str]:
+    """What will not work as the application may think, though it is no error: an ``at()``
+    job whose instant passed more than ``max_late`` ago never runs."""
+    now_ms = scheduler.clock.now_ms()
+    return [text for job in scheduler.jobs() if (text := past_at(job, now_ms)) is not None]
