@@ -20,27 +20,36 @@ that replays it.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, get_args
 
+from .._clock import datetime_to_ms
 from .._durations import to_ms
 from .._jobhandle import state_of
 from .._options import Kind
 from .._registry import TriggerMaker
 from ..abc import RunReason
-from .simulate import Deploy, Instance, Simulation, run_seeded
+from .simulate import START, Deploy, Instance, Result, Simulation, run_seeded
 
 if TYPE_CHECKING:
     from .._job import Handler
     from .._scheduler import Scheduler
     from ..triggers.base import Trigger
 
-__all__ = ["App", "AppJob", "AppReport", "AppSimulation", "Finding", "read_app", "simulate_app"]
+__all__ = [
+    "START",
+    "App",
+    "AppJob",
+    "AppReport",
+    "AppSimulation",
+    "Finding",
+    "read_app",
+    "simulate_app",
+]
 
 #: The model of each built-in backend (by class name, so that no backend's driver is imported).
 MODELS = {
@@ -77,6 +86,7 @@ class AppJob:
     max_attempts: int
     retry: Any
     timeout_ms: int | None
+    claimed: bool  # False: ``claim=False``, run by every instance, which the ledger cannot judge
 
     @property
     def gap_ms(self) -> int | None:
@@ -131,7 +141,7 @@ def read_app(scheduler: Scheduler[Any]) -> App:
 
 def _app_job(state: Any) -> AppJob:
     spec, settings = state.spec, state.settings
-    maker, options = spec.origin
+    maker, _ = spec.origin
     if not isinstance(maker, TriggerMaker):
         raise ValueError(
             f"job '{spec.name}' was not registered by every(), cron(), at() or after()"
@@ -142,13 +152,15 @@ def _app_job(state: Any) -> AppJob:
         kind=spec.kind,
         schedule=spec.schedule,
         given=maker.schedule,
-        options=dict(options),
+        # As they are now: a job.update() since registration is the application's too.
+        options=spec.options.model_dump(exclude_unset=True),
         overrides=dict(spec.overrides),
         handler=state.handler,
         overlap=settings.policy.overlap,
         max_attempts=settings.policy.max_attempts,
         retry=settings.retry,
         timeout_ms=None if settings.timeout is None else to_ms(settings.timeout),
+        claimed=settings.claim,
     )
 
 
@@ -157,17 +169,24 @@ class AppSimulation(Simulation):
     at most ``instances`` instances at once."""
 
     def __init__(
-        self, app: App, seed: int, *, hours: float, instances: int, real_handlers: bool = False
+        self,
+        app: App,
+        seed: int,
+        *,
+        hours: float,
+        instances: int,
+        real_handlers: bool = False,
+        start: datetime | str = START,
     ) -> None:
         self.app = app
         self.real_handlers = real_handlers
         self._by_key = {job.key: job for job in app.jobs}
-        super().__init__(seed, backend=app.model, steps=_MAX_STEPS)
+        super().__init__(seed, backend=app.model, steps=_MAX_STEPS, start=start)
         self.max_instances = instances
         self.operated = tuple(self._by_key)
-        self.leased_keys = self.operated
+        self.leased_keys = tuple(job.key for job in app.jobs if job.claimed)
         self.until_ms = self.fleet.now_ms() + round(hours * 3_600_000)
-        self.steps_taken = 0
+        self.cut_short = False  # the step bound came before the hours
 
     # -- the application in place of the simulator's own jobs ------------------------------
 
@@ -228,15 +247,17 @@ class AppSimulation(Simulation):
 
     def scheduled(self, key: str, slot_ms: int) -> bool:
         job = self._by_key.get(key)
-        if job is None or job.kind == "after":
+        if job is None or job.kind == "after" or not job.claimed:
             return False
         return job.schedule.next_ms(slot_ms - 1) == slot_ms
 
     # -- time --------------------------------------------------------------------------------
 
     def going_on(self, steps: int) -> bool:
-        self.steps_taken = steps
-        return steps < self.steps and self.fleet.now_ms() < self.until_ms
+        if self.fleet.now_ms() >= self.until_ms:
+            return False
+        self.cut_short = steps >= self.steps
+        return not self.cut_short
 
     async def advance(self, ms: int) -> None:
         """The step's time, then, when nothing goes on, on to shortly before the next slot."""
@@ -264,7 +285,18 @@ def _registered(sim: AppSimulation, instance: Instance, job: AppJob) -> Callable
 
     def register() -> object:
         add = getattr(instance.scheduler, job.kind)  # every, cron, at or after
-        return add(job.name, job.given, sim.stand_in(instance, job.key, options), **job.options)
+        handler = sim.stand_in(instance, job.key, options) if job.claimed else unclaimed
+        return add(job.name, job.given, handler, **job.options)
+
+    async def unclaimed(ctx: Any) -> None:
+        """A run of a ``claim=False`` job: every instance runs its slots, so it is counted,
+        not judged."""
+        sim.unledgered[job.key, ctx.reason] += 1
+        try:
+            await sim.work(job.key, ctx, 0.0)
+        except Exception:
+            sim.unledgered_failed[job.key] += 1
+            raise
 
     return register
 
@@ -273,7 +305,7 @@ def _registered(sim: AppSimulation, instance: Instance, job: AppJob) -> Callable
 
 KINDS = ("ran twice", "never ran", "overlapped", "ran while halted")
 _KEYED = [
-    (re.compile(r"slot (?P<key>\S+):\d+ ran twice at once"), "overlapped"),
+    (re.compile(r"slot (?P<key>\S+):\d+ ran twice at once"), "ran twice"),
     (re.compile(r"runs of (?P<key>\S+) overlap"), "overlapped"),
     (re.compile(r"slot (?P<key>\S+):\d+ (ran \d+ times|ran again|retried beyond|started beyond)"),
      "ran twice"),
@@ -311,25 +343,44 @@ class AppReport:
     app: App
     instances: int
     hours: float
+    start: datetime
     seeds: list[int] = field(default_factory=list)
     runs: Counter[tuple[str, str]] = field(default_factory=Counter)  # by (key, reason)
+    failed: Counter[str] = field(default_factory=Counter)  # failed or timed-out runs, by key
     #: (key or None, kind) -> the seeds that broke it, in order
     broken: dict[tuple[str | None, str], list[int]] = field(default_factory=dict)
     texts: dict[int, list[str]] = field(default_factory=dict)  # seed -> what the ledger said
+    cut: list[int] = field(default_factory=list)  # seeds stopped by the step bound
+    steps: dict[int, list[str]] = field(default_factory=dict)  # seed -> its steps, if kept
 
     @property
     def ok(self) -> bool:
         return not self.broken
 
-    def add(self, seed: int, runs: Mapping[tuple[str, str], int], violations: list[str]) -> None:
+    def due(self, job: AppJob) -> int:
+        """How many slots of ``job`` fall within the simulated hours (the same every seed)."""
+        begin = datetime_to_ms(self.start)
+        end, count = begin + round(self.hours * 3_600_000), 0
+        at = job.schedule.next_ms(begin - 1) if job.kind != "after" else None
+        while at is not None and at <= end and count < 1_000_000:
+            count += 1
+            at = job.schedule.next_ms(at)
+        return count
+
+    def add(self, seed: int, result: Result, *, cut: bool, keep_steps: bool = False) -> None:
         self.seeds.append(seed)
-        self.runs.update(runs)
-        for finding in map(classify, violations):
+        self.runs.update(result.ran)
+        self.failed.update(result.failed)
+        for finding in map(classify, result.violations):
             seeds = self.broken.setdefault((finding.key, finding.kind), [])
             if seed not in seeds:
                 seeds.append(seed)
-        if violations:
-            self.texts[seed] = violations
+        if result.violations:
+            self.texts[seed] = result.violations
+        if cut:
+            self.cut.append(seed)
+        if keep_steps:
+            self.steps[seed] = result.log
 
     def to_json(self) -> dict[str, Any]:
         jobs = {}
@@ -338,9 +389,12 @@ class AppReport:
             jobs[job.name] = {
                 "key": job.key,
                 "schedule": job.schedule.describe(),
+                "claimed": job.claimed,
+                "due_per_seed": self.due(job),
                 "runs": {
                     reason: count for (key, reason), count in self.runs.items() if key == job.key
                 },
+                "failed": self.failed[job.key],
                 **{kind.replace(" ", "_"): seeds for kind, seeds in found.items()},
             }
         return {
@@ -348,11 +402,14 @@ class AppReport:
             "model": self.app.model,
             "instances": self.instances,
             "hours": self.hours,
+            "start": self.start.isoformat(),
             "seeds": self.seeds,
             "ok": self.ok,
             "jobs": jobs,
             "fleet": self.broken.get((None, "other"), []),
             "violations": {str(seed): texts for seed, texts in self.texts.items()},
+            "cut_short": self.cut,
+            **({"steps": {str(k): v for k, v in self.steps.items()}} if self.steps else {}),
         }
 
 
@@ -363,16 +420,27 @@ def simulate_app(
     hours: float,
     instances: int,
     real_handlers: bool = False,
+    start: datetime | str = START,
+    keep_steps: bool = False,
     each: Callable[[int, list[str], list[str]], None] | None = None,
 ) -> AppReport:
-    """Run each seed; ``each(seed, violations, log)`` is told of each as it ends."""
-    report = AppReport(app, instances, hours)
+    """Run each seed from ``start``; ``each(seed, violations, log)`` is told of each as it
+    ends; ``keep_steps``: the report keeps each seed's steps."""
+    when = start if isinstance(start, datetime) else datetime.fromisoformat(start)
+    report = AppReport(app, instances, hours, when)
     for seed in seeds:
-        make = functools.partial(
-            AppSimulation, app, seed, hours=hours, instances=instances, real_handlers=real_handlers
-        )
+        made: list[AppSimulation] = []
+
+        def make(seed: int = seed, made: list[AppSimulation] = made) -> AppSimulation:
+            simulation = AppSimulation(
+                app, seed, hours=hours, instances=instances, real_handlers=real_handlers,
+                start=when,
+            )  # fmt: skip
+            made.append(simulation)
+            return simulation
+
         result = run_seeded(seed, make)
-        report.add(seed, result.ran, result.violations)
+        report.add(seed, result, cut=made[-1].cut_short, keep_steps=keep_steps)
         if each is not None:
             each(seed, result.violations, result.log)
     return report
@@ -404,31 +472,57 @@ def table(report: AppReport, app: str) -> Any:
 
     title = (
         f"{app} on {report.app.backend} (model: {report.app.model}), {report.instances} "
-        f"instances, {report.hours:g} h, {len(report.seeds)} seeds"
+        f"instances, {report.hours:g} h from {report.start.isoformat()}, "
+        f"{len(report.seeds)} seeds"
     )
     found = Table(title=title, title_justify="left")
-    for column in ("job", "schedule", "runs", *KINDS):
+    for column in ("job", "schedule", "due a seed", "runs", *KINDS):
         found.add_column(column, overflow="fold")
     for job in report.app.jobs:
-        runs = {reason: n for (key, reason), n in report.runs.items() if key == job.key}
-        order = sorted(runs, key=lambda r: (*_REASONS, r).index(r))
-        shown = ", ".join(f"{runs[reason]} {reason}" for reason in order) or "none"
-        broken = [_seeds(report.broken.get((job.key, kind), [])) for kind in KINDS]
-        found.add_row(job.name, job.schedule.describe(), shown, *broken)
+        found.add_row(
+            job.name, job.schedule.describe(), _due(report, job), _runs(report, job),
+            *(_seeds(report.broken.get((job.key, kind), [])) if job.claimed else "not judged"
+              for kind in KINDS),
+        )  # fmt: skip
     if (None, "other") in report.broken:
         other = _seeds(report.broken[None, "other"])
-        found.add_row("(the fleet)", "", "", "", "", "", f"other: {other}")
+        found.add_row("(the fleet)", "", "", "", "", "", "", f"other: {other}")
     return found
+
+
+def _due(report: AppReport, job: AppJob) -> str:
+    due = report.due(job)
+    if job.kind == "after":
+        return "at each start"
+    if due == 0:
+        return "[yellow]0: no slot in the simulated hours (--start, --hours)[/]"
+    return str(due)
+
+
+def _runs(report: AppReport, job: AppJob) -> str:
+    runs = {reason: n for (key, reason), n in report.runs.items() if key == job.key}
+    order = sorted(runs, key=lambda r: (*_REASONS, r).index(r))
+    shown = ", ".join(f"{runs[reason]} {reason}" for reason in order) or "none"
+    if failed := report.failed[job.key]:
+        shown += f"; {failed} failed"
+    return shown if job.claimed else f"{shown} (claim=False: on every instance)"
 
 
 def summary(report: AppReport, app: str) -> str:
     seeds = len(report.seeds)
+    cut = ""
+    if report.cut:
+        cut = (
+            f"\n{len(report.cut)} seed(s) stopped at the bound of {_MAX_STEPS} steps before "
+            f"the hours ran out: {', '.join(map(str, report.cut[:5]))} (lower --hours)"
+        )
     if report.ok:
-        return f"{seeds} seed{'s' if seeds > 1 else ''}: every promise held"
+        return f"{seeds} seed{'s' if seeds > 1 else ''}: every promise held{cut}"
     broken = sorted({seed for found in report.broken.values() for seed in found})
     return (
-        f"{len(broken)} of {seeds} seeds broke a promise; replay one with its steps: "
-        f"brokersched simulate {app} --seed {broken[0]}"
+        f"{len(broken)} of {seeds} seeds broke a promise (a seed stops at the first, so its "
+        f"jobs ran less); replay one with its steps: brokersched simulate {app} "
+        f"--seed {broken[0]}{cut}"
     )
 
 

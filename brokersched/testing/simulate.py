@@ -140,6 +140,7 @@ class Result:
     #: (operation, fault) -> how many interesting interleavings (``_sim_coverage``)
     coverage: Counter[tuple[str, str]] = field(default_factory=Counter)
     ran: Counter[tuple[str, str]] = field(default_factory=Counter)  # runs by (job key, reason)
+    failed: Counter[str] = field(default_factory=Counter)  # failed or timed-out runs by job key
 
     @property
     def ok(self) -> bool:
@@ -155,9 +156,11 @@ class Simulation(OwnJobs):
         steps: int = 120,
         pauses: bool = True,
         late_answers: bool = True,
+        start: datetime | str = START,
     ) -> None:
         """``pauses=False``: the generator as it was before the fleet's controls (no pause,
-        nor any operation drawn since: the seeds found then replay as they were)."""
+        nor any operation drawn since: the seeds found then replay as they were). ``start``:
+        the fleet's true time when the first instance starts."""
         self.seed = seed
         self.rng = random.Random(seed)
         # Pauses and resumes are drawn apart, so that without them a seed runs as before they
@@ -168,13 +171,16 @@ class Simulation(OwnJobs):
         self.kind = backend or self.rng.choice(_DRAWN)
         self.lease = self.kind in _LEASES
         self.steps = steps
-        self.fleet = FleetClock(START, seed=seed)
+        self.fleet = FleetClock(start, seed=seed)
         self.store = Store(self.fleet, self.fleet.instance(), random.Random(seed + 1))
         self.store.evicting = self.kind == "redis" and self.rng.random() < 0.3
         self.ledger = Ledger(
             lease=self.lease, released=self.store.released, expiry=self.store.expiry
         )
         self.instances: list[Instance] = []
+        #: Runs of jobs the ledger does not judge (``claim=False``: every instance runs them).
+        self.unledgered: Counter[tuple[str, str]] = Counter()
+        self.unledgered_failed: Counter[str] = Counter()
         self.max_instances = _MAX_INSTANCES
         #: The jobs (by key) that operators trigger, pause, disable, remove and update.
         self.operated: tuple[str, ...] = ("tick", "cron")
@@ -629,9 +635,11 @@ class Simulation(OwnJobs):
         await self.fleet.settle()
         coverage = self.coverage.counts(self.ledger.runs, self.fleet.now_ms())
         ran = Counter((run.key.removesuffix(":start"), run.reason) for run in self.ledger.runs)
+        failed = Counter(run.key.removesuffix(":start") for run in self.ledger.runs
+                         if run.how in ("failed", "timed-out"))  # fmt: skip
         return Result(
             self.seed, self.kind, self.steps, violations, self.log, len(self.ledger.runs),
-            coverage, ran,
+            coverage, ran + self.unledgered, failed + self.unledgered_failed,
         )  # fmt: skip
 
 

@@ -22,12 +22,14 @@ from brokersched import (
 )
 from brokersched.backends import _lease
 from brokersched.cli import cli
+from brokersched.testing import _sim_app
 from brokersched.testing._sim_app import KINDS, classify, read_app, simulate_app
 from brokersched.testing._sim_ledger import Ledger, Run
 from tests.support.cli_apps import simulated_app
 
 APP = Path(simulated_app.__file__)
 OUTBOX, LEDGER = f"{APP}:outbox", f"{APP}:ledger"
+PER_INSTANCE, UPDATED, MIGRATION = f"{APP}:per_instance", f"{APP}:updated", f"{APP}:migration"
 
 
 def simulate(*args: str) -> Any:
@@ -38,7 +40,7 @@ def simulate(*args: str) -> Any:
 def test_the_report_names_each_job_what_ran_and_that_every_promise_held() -> None:
     result = simulate(OUTBOX, "--seeds", "2", "--hours", "0.05")
     assert result.exit_code == 0, result.output
-    assert "on RabbitMQBackend (model: rabbitmq), 3 instances, 0.05 h, 2 seeds" in result.output
+    assert "on RabbitMQBackend (model: rabbitmq), 3 instances, 0.05 h from" in result.output
     for name in ("outbox.flush", "digest"):
         assert name in result.output
     assert "2 seeds: every promise held" in result.output
@@ -94,6 +96,58 @@ def test_an_override_reaches_the_simulated_fleet() -> None:
     )
     assert result.exit_code == 0, result.output
     assert "schedule" not in json.loads(result.stdout)["jobs"]["sync"]["runs"]
+
+
+def test_a_job_every_instance_runs_is_counted_not_judged() -> None:
+    """``claim=False``: each instance runs every slot; two runs of a slot are the promise."""
+    result = simulate(PER_INSTANCE, "--seeds", "2", "--hours", "0.05", "--json")
+    assert result.exit_code == 0, result.output
+    jobs = json.loads(result.stdout)["jobs"]
+    assert jobs["cache.refresh"]["claimed"] is False
+    assert jobs["cache.refresh"]["runs"]["schedule"] > 0
+    assert jobs["cache.warm"]["runs"]["start"] >= 2  # at each instance's start
+    assert jobs["outbox.flush"]["claimed"] is True
+    text = simulate(PER_INSTANCE, "--seeds", "1", "--hours", "0.05")
+    assert "not judged" in text.stdout and "claim=False: on every instance" in text.stdout
+
+
+def test_the_options_a_job_update_set_are_the_simulated_ones() -> None:
+    """A ``timeout`` set by ``job.update()`` after registration cuts the 5 s runs."""
+    simulated_app.CALLS.clear()
+    result = simulate(UPDATED, "--seed", "0", "--hours", "0.05", "--real-handlers", "--json")
+    assert result.exit_code == 0, result.output
+    export = json.loads(result.stdout)["jobs"]["export"]
+    assert export["failed"] == sum(export["runs"].values()) > 0  # every run timed out
+    assert simulated_app.CALLS["export completed"] == 0
+
+
+def test_the_start_brings_an_at_job_into_the_simulated_hours() -> None:
+    later = simulate(MIGRATION, "--seeds", "1", "--hours", "0.05", "--json")
+    assert json.loads(later.stdout)["jobs"]["migrate"]["due_per_seed"] == 0
+    assert "0: no slot in the simulated hours" in simulate(MIGRATION, "--seeds", "1").stdout
+    before = simulate(
+        MIGRATION, "--seeds", "2", "--hours", "0.05", "--start", "2026-12-31T23:59:00Z", "--json"
+    )
+    report = json.loads(before.stdout)
+    assert report["start"] == "2026-12-31T23:59:00+00:00"
+    assert report["jobs"]["migrate"]["due_per_seed"] == 1
+    assert (
+        report["jobs"]["migrate"]["runs"].get("schedule", 0)
+        + report["jobs"]["migrate"]["runs"].get("catch-up", 0)
+        >= 1
+    )
+    assert simulate(MIGRATION, "--start", "2027-01-01").exit_code == 2  # no UTC offset
+
+
+def test_a_seed_stopped_by_the_step_bound_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_sim_app, "_MAX_STEPS", 20)
+    result = simulate(OUTBOX, "--seeds", "1", "--hours", "1")
+    assert "1 seed(s) stopped at the bound of 20 steps before the hours ran out" in result.stdout
+
+
+def test_one_seed_in_json_carries_its_steps() -> None:
+    report = json.loads(simulate(LEDGER, "--seed", "2", "--hours", "0.02", "--json").stdout)
+    assert report["steps"]["2"][0].startswith("start i1")
 
 
 @pytest.mark.parametrize(
