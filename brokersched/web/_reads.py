@@ -372,10 +372,12 @@ class Reads:
             "groups": failure_groups(failures),
         }
         if unread:  # the count is of the histories read: none, or some of them
-            failed["error"] = (
-                f"the history of {len(unread)} of {len(jobs)} jobs could not be read: "
-                f"{next(iter(unread.values()))}"
+            which = (
+                "no job's history could be read"
+                if len(unread) == len(jobs)
+                else f"the history of {', '.join(sorted(unread))} could not be read"
             )
+            failed["error"] = f"{which}: {next(iter(unread.values()))}"
         return Reply(
             {
                 **self._about(),

@@ -241,16 +241,21 @@ export class OverviewPage {
     const seen = fleet ? fleet.instances.filter((inst) => inst.liveness === "alive").length : data.instances.length;
     const gone = fleet ? fleet.instances.filter((inst) => ["late", "dead"].includes(inst.liveness)) : [];
     const running = fleet ? ` · ${fleet.runs.length} run${fleet.runs.length === 1 ? "" : "s"} in progress` : "";
-    const unread = (why) => `the backend could not be read: ${why}`;
+    const unread = (label, why) => {
+      const node = card(label, "?", "the backend could not be read", "warn unknown");
+      node.title = why;
+      return node;
+    };
     const instances = fleet && fleet.unknown
-      ? card("Instances alive", "?", unread(fleet.error), "warn unknown")
+      ? unread("Instances alive", fleet.error)
       : card(fleet ? "Instances alive" : "Instances", String(seen),
         fleet ? `${fleet.error ? "last read: " : ""}${gone.length ? `${gone.map((inst) => `${inst.id} ${inst.liveness}`).join(" · ")}${running}` : `all alive${running}`}`
           : `${app.about.instance_id} serves this page${seen > 1 ? ` · ${seen - 1} more seen in runs` : ""}`,
         gone.some((inst) => inst.liveness === "dead") ? "bad" : fleet && fleet.error ? "warn" : "");
     let failed;
     if (failures.unknown) {
-      failed = card("Failures, last hour", failures.count ? `≥ ${failures.count}` : "?", unread(failures.error), "warn unknown");
+      failed = unread("Failures, last hour", failures.error);
+      if (failures.count) failed.querySelector(".value").textContent = `≥ ${failures.count}`;
     } else {
       const sub = latest ? `latest: ${latest.job}, ${relative(Date.parse(latest.finished_at || latest.started_at), app.now())}` : "none";
       failed = card("Failures, last hour", `${failures.complete ? "" : "≥ "}${failures.count}`,
@@ -288,7 +293,7 @@ export class OverviewPage {
       el("span", { className: "count" }, unknown && !count ? "(unknown)" : `(${complete ? "" : "at least "}${count})`));
     const why = unknown || stale
       ? el("p", { className: "note padded warn-text" }, unknown
-        ? `The backend could not be read: the failures of the last hour are unknown (${error}).`
+        ? `The failures of the last hour are unknown: ${error}.`
         : `Not refreshed: ${stale}. These are the failures last read.`)
       : null;
     if (unknown && !groups.length) {
@@ -401,7 +406,7 @@ export class OverviewPage {
     this.instances.body.replaceChildren(
       table(labels, rows, { empty: fleet.unknown ? "unknown: the fleet's presence could not be read" : "no instance has published itself yet" }),
       el("h3", { className: "subhead padded" }, "Runs in progress, anywhere"),
-      table(runLabels, runs, { empty: "none" }),
+      table(runLabels, runs, { empty: fleet.unknown ? "unknown" : "none" }),
       el("p", { className: "note padded" },
         `Every instance publishes itself through the backend each heartbeat: late after 1.5 heartbeats without one, dead after 3.${fleet.error ? ` Not read now: ${fleet.error}.` : ""}`));
   }
