@@ -244,6 +244,20 @@ class RunPage(TypedDict):
     newer: str | None
     older: str | None
     max_attempts: int | None
+    """Attempts at a slot whose runner died (lease backends): not a retry of a failure."""
+    next_attempt: NextAttempt | None
+    """What follows this run, when it failed."""
+
+
+@_closed
+class NextAttempt(TypedDict):
+    """Whether a failed run is run again: by ``retry=`` (a handler that failed), or by another
+    instance taking over its slot (``max_attempts``, a runner that died)."""
+
+    retried: bool | None
+    """``null``: not known yet (it may be)."""
+    summary: str
+    detail: str
 
 
 @_closed
@@ -312,11 +326,15 @@ class Window(TypedDict):
 
 @_closed
 class FailureGroup(TypedDict):
-    """Failures alike: one job, outcome and error."""
+    """Failures alike: one job, outcome and kind of error (its message with ids and numbers
+    replaced)."""
 
     job: str
     outcome: OutcomeWord
     error: str | None
+    """The latest run's error: an example of the group."""
+    pattern: str | None
+    """What the group's errors share: ids and numbers replaced by ``<id>`` and ``<n>``."""
     count: int
     instances: list[str]
     latest: Record
@@ -326,11 +344,16 @@ class FailureGroup(TypedDict):
 @_closed
 class Failures(TypedDict):
     """Failed, timed-out and interrupted runs of the last hour; ``complete`` is false when a
-    job ran more often than the records read cover."""
+    job ran more often than the records read cover, or its history could not be read."""
 
     since_ms: Ms
     count: int
+    """Of the histories read: unknown for the jobs in ``unread``."""
     complete: bool
+    unread: list[str]
+    """The jobs whose history could not be read (the backend is unreachable)."""
+    error: NotRequired[str]
+    """Why, when some history could not be read."""
     runs: list[Record]
     """Newest first, 50 at most."""
     groups: list[FailureGroup]

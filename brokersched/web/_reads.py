@@ -16,6 +16,8 @@ from .._clock import datetime_to_ms
 from .._redact import redact_text
 from .._scheduler import Job, Scheduler
 from ..abc import FAILURES, RunRecord
+from ._attempts import next_attempt
+from ._failures import failure_groups
 from ._params import HistoryParams, RunsParams, WindowParams, parse
 from ._query import MAX_HISTORY, OUTCOMES, REASONS, Query, QueryError, cursor, cursor_of, window_ms
 from ._reply import Reply, error
@@ -38,7 +40,6 @@ __all__ = ["MAX_NAME", "Reads", "shown_name"]
 MAX_NAME = 128  # the longest job name (see check_name)
 FEWEST_RECORDS = 20  # per job, read for the overview whatever its schedule
 FAILURES_SHOWN = 50
-FAILURE_GROUPS_SHOWN = 20
 NEXT_RUNS_SHOWN = 50
 HOUR_MS = 3_600_000
 logger = logging.getLogger("brokersched.web")
@@ -237,6 +238,13 @@ class Reads:
                 "max_attempts": job.settings.policy.max_attempts
                 if self.scheduler.backend.capabilities.leases
                 else None,
+                "next_attempt": next_attempt(
+                    record,
+                    [r for r in records if r.slot_ms == record.slot_ms],
+                    job,
+                    leases=self.scheduler.backend.capabilities.leases,
+                    now_ms=self.scheduler.clock.now_ms(),
+                ),
             }
         )
 
@@ -342,10 +350,11 @@ class Reads:
         listed: list[dict[str, Any]] = []
         failures: list[tuple[RunRecord, Job]] = []
         complete = True
+        unread: dict[str, str] = {}  # job: why its history could not be read
         for job, limit, (records, why) in zip(jobs, limits, reads, strict=True):
             data = job_json(self.scheduler, job, records[0] if records else None, runs=3)
             if why is not None:
-                data["history_error"] = why
+                data["history_error"] = unread[job.name] = why
             data["timeline"] = self._timeline(job, records, window, limit)
             in_window = [r for r in records if window.holds(r.slot_ms)]
             data["counts"] = dict(Counter(r.outcome for r in in_window))
@@ -354,18 +363,27 @@ class Reads:
             if len(records) >= limit and _ended(records[-1]) >= hour:
                 complete = False  # older runs of the hour were not read
         failures.sort(key=lambda pair: _ended(pair[0]), reverse=True)
+        failed: dict[str, Any] = {
+            "since_ms": hour,
+            "count": len(failures),
+            "complete": complete and not unread,
+            "unread": sorted(unread),
+            "runs": [record_json(r, job) for r, job in failures[:FAILURES_SHOWN]],
+            "groups": failure_groups(failures),
+        }
+        if unread:  # the count is of the histories read: none, or some of them
+            which = (
+                "no job's history could be read"
+                if len(unread) == len(jobs)
+                else f"the history of {', '.join(sorted(unread))} could not be read"
+            )
+            failed["error"] = f"{which}: {next(iter(unread.values()))}"
         return Reply(
             {
                 **self._about(),
                 "window": {"from_ms": window.from_ms, "to_ms": window.to_ms},
                 "jobs": listed,
-                "failures": {
-                    "since_ms": hour,
-                    "count": len(failures),
-                    "complete": complete,
-                    "runs": [record_json(r, job) for r, job in failures[:FAILURES_SHOWN]],
-                    "groups": _failure_groups(failures),
-                },
+                "failures": failed,
                 "next_runs": self._next_runs(jobs),
                 "instances": self._instances([r for records, _ in reads for r in records], window),
                 **await self._fleet_or_error(),
@@ -470,32 +488,6 @@ class Reads:
 def _presence_order(entry: dict[str, Any]) -> tuple[bool, bool, str]:
     """This instance first, then the live ones, by id."""
     return (not entry["here"], entry["liveness"] != "alive", entry["id"])
-
-
-def _failure_groups(failures: list[tuple[RunRecord, Job]]) -> list[dict[str, Any]]:
-    """Failures alike (one job, one outcome, one error), newest first: how many, on which
-    instances, the latest run (its record links to the rest)."""
-    groups: dict[tuple[str, str, str | None], dict[str, Any]] = {}
-    for record, job in failures:  # newest first
-        latest = record_json(record, job)
-        key = (job.name, record.outcome, latest["error"])
-        group = groups.get(key)
-        if group is None:
-            if len(groups) == FAILURE_GROUPS_SHOWN:
-                continue
-            group = groups[key] = {
-                "job": job.name,
-                "outcome": record.outcome,
-                "error": latest["error"],
-                "count": 0,
-                "instances": set(),
-                "latest": latest,
-                "first_ms": 0,
-            }
-        group["count"] += 1
-        group["instances"].add(record.instance_id)
-        group["first_ms"] = _ended(record)
-    return [{**group, "instances": sorted(group["instances"])} for group in groups.values()]
 
 
 def _records_for(job: Job, span_ms: int) -> int:

@@ -15,7 +15,14 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.routing import Route
 
-from brokersched import ConfigurationError, JobContext, MemoryBackend, RabbitMQBackend, Scheduler
+from brokersched import (
+    BackendUnavailableError,
+    ConfigurationError,
+    JobContext,
+    MemoryBackend,
+    RabbitMQBackend,
+    Scheduler,
+)
 from brokersched.abc import JobPolicy
 from brokersched.backends.memory import MemoryStore
 from brokersched.testing import TestClock
@@ -451,3 +458,22 @@ def test_an_answer_goes_through_the_body_its_document_declares_for_its_status() 
         trigger.render(Reply({**accepted, "extra": 1}, 202))  # a key it does not declare
     with pytest.raises(ValidationError):
         trigger.render(Reply({"job": "a"}, 202))  # keys it forgot
+
+
+async def test_an_overview_read_during_an_outage_says_what_is_not_known(
+    clock: TestClock, scheduler: Scheduler[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def unreachable(*args: Any) -> Any:
+        raise BackendUnavailableError("connection refused")
+
+    monkeypatch.setattr(scheduler.backend, "history", unreachable)
+    monkeypatch.setattr(scheduler.backend, "instances", unreachable)
+    async with client(create_app(scheduler)) as api:
+        body = (await api.get("/overview")).json()
+    failures = body["failures"]
+    assert failures["unread"] == sorted(["outbox.flush", ODD])
+    assert failures["complete"] is False and failures["count"] == 0
+    assert failures["error"].startswith("no job's history could be read: ")
+    assert "connection refused" in failures["error"]
+    assert "connection refused" in body["fleet"]["error"]
+    assert body["fleet"]["instances"] == []

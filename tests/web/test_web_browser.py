@@ -271,6 +271,17 @@ return { scrollWidth: document.documentElement.scrollWidth, innerWidth: inner, w
 """
 
 
+# The words of the instances panel that wrap inside themselves: a name or a time on two lines,
+# a button two lines high.
+_BROKEN_WORDS = """
+const words = '#instances td a.mono, #instances td .relative, #instances td button';
+return [...document.querySelectorAll(words)]
+  .filter((e) => e.tagName === 'BUTTON'
+    ? e.getBoundingClientRect().height > 40 : e.getClientRects().length > 1)
+  .map((e) => e.textContent);
+"""
+
+
 class Page:
     """The browser, driven from a worker thread; each look is retried until it holds (the
     page redraws on every event: an element found a moment ago may be gone)."""
@@ -374,6 +385,8 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
         page.visible("#fleet-timeline svg.timeline .mark-failed")
         found["failures"] = page.text("#failures")
         found["cards"] = page.text("#summary")
+        page.visible(f'#instances tr[data-run-id="{DEAD_RUN}"]')
+        found["broken"] = page.js(_BROKEN_WORDS)  # at 1400 px no word is cut in two
         # a dead instance, and its run whose lease still holds the slot
         found["dead"] = page.text('#instances tr[data-instance="web-3"]')
         found["held"] = page.text(f'#instances tr[data-run-id="{DEAD_RUN}"]')
@@ -490,6 +503,10 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
     assert re.search(r"#/jobs/payments\.sync/runs/[0-9a-f]{16}$", found["run_url"])
     assert found["reloaded"] == traceback
     assert "ran on" in found["run"] and "lateness" in found["run"]
+    # max_attempts=1 and no retry=: a failed run is not run again, and the page says so
+    assert "1; not retried" in found["run"] and "of at most" not in found["run"]
+    assert "no retry= option" in found["run"]
+    assert found["broken"] == []
     assert found["filtered"] and set(found["filtered"]) == {"failed"}
     assert found["filter_shown"] == "failed"
     async with httpx.AsyncClient(base_url=fleet) as http:
@@ -539,6 +556,50 @@ async def test_signing_in_with_the_token_and_pausing_a_job(fleet: str, browser: 
     assert "paused" in found["row"] and "Resume" in found["row"]
     async with httpx.AsyncClient(base_url=fleet) as http:
         assert (await http.get("jobs/cache.warm")).json()["state"] == "paused"
+
+
+async def test_a_fleet_with_every_job_paused_stands_out_and_resumes_at_once(
+    fleet: str, browser: Any
+) -> None:
+    async with httpx.AsyncClient(
+        base_url=fleet, headers={"Authorization": f"Bearer {TOKEN}"}
+    ) as http:
+        jobs = [job["name"] for job in (await http.get("jobs")).json()["jobs"]]
+        for name in jobs:
+            path = f"jobs/{name.replace(':', '%3A').replace('$', '%24')}"
+            answer = await http.post(f"{path}/{'disable' if name == ODD else 'pause'}")
+            assert answer.status_code == 200, answer.text
+
+    def steps(page: Page) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        page.open(f"{fleet}#/", "#jobs-card button.resume-all")
+        page.has_text("#jobs-card", "every job is paused or disabled")
+        found["card"] = page.text("#jobs-card")
+        found["class"] = page.find("#jobs-card").get_attribute("class")
+        found["shots"] = [page.shot("paused-fleet", 1400)]
+        page.driver.set_window_size(390, 900)
+        page.fits_a_phone("#jobs-card", "#jobs-card button.resume-all")
+        found["shots"].append(page.shot("paused-fleet", 390))
+        page.driver.set_window_size(1400, 1000)
+        page.click("#jobs-card button.resume-all")  # not signed in: the dialog, then on
+        page.visible("#signin #token").send_keys(TOKEN)
+        page.click("#signin button[type='submit']")
+        page.has_text("#status", "resume: done for 5 jobs, for the whole fleet")
+        page.until(
+            lambda d: not page.js("return document.querySelector('#jobs-card.warn')"), "calm"
+        )
+        found["after"] = page.text("#jobs-card")
+        return found
+
+    found = await in_browser(browser, steps)
+    assert "6" in found["card"] and "Resume all 5 paused jobs" in found["card"]
+    assert "warn" in found["class"].split()
+    assert "every job is paused or disabled" not in found["after"]
+    assert all(path.stat().st_size > 10_000 for path in found["shots"])
+    async with httpx.AsyncClient(base_url=fleet) as http:
+        states = {job["name"]: job["state"] for job in (await http.get("jobs")).json()["jobs"]}
+    assert states.pop(ODD) == "disabled"  # disabled stays disabled: resume is for the paused
+    assert set(states.values()) <= {"armed", "running"}, states
 
 
 # -- mounted in a host application behind its own session ------------------------------------------
@@ -637,6 +698,18 @@ async def test_the_page_says_when_the_backend_is_unreachable(browser: Any, redis
             found["pill"] = page.text("#backend")
             page.has_text('#jobs tr[data-job="outbox.flush"]', "backend down")
             found["shot"] = page.shot("outage", 1400)
+            page.driver.refresh()  # a page opened during the outage: nothing was read yet
+            page.has_text("#summary", "could not be read")
+            found["fresh_cards"] = page.text("#summary")
+            found["fresh_failures"] = page.text("#failures")
+            found["fresh_classes"] = page.js(
+                "return [...document.querySelectorAll('#summary .card')].map(e => e.className)"
+            )
+            found["fresh_shot"] = page.shot("outage-fresh", 1400)
+            page.driver.set_window_size(390, 900)
+            page.fits_a_phone("#summary", "#failures")
+            page.shot("outage-fresh", 390)
+            page.driver.set_window_size(1400, 1000)
             loop.call_soon_threadsafe(proxy.resume)
             page.until(lambda d: not page.find("#banner").is_displayed(), "the banner gone")
             found["pill_after"] = page.text("#backend")
@@ -653,6 +726,11 @@ async def test_the_page_says_when_the_backend_is_unreachable(browser: Any, redis
     assert "No slot runs while it is" in found["banner"]
     assert found["pill"] == "RedisLeaseBackend unreachable"
     assert found["pill_after"] == "RedisLeaseBackend ok"
+    cards = found["fresh_cards"]
+    assert "all alive" not in cards and "?" in cards, cards
+    assert "the backend could not be read" in cards
+    assert not any("good" in classes.split() for classes in found["fresh_classes"])
+    assert "unknown" in found["fresh_failures"] and "No failed" not in found["fresh_failures"]
 
 
 # -- brokersched run --http, as the README says ----------------------------------------------------

@@ -7,19 +7,22 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
 
-from brokersched import JobContext, MemoryBackend, Scheduler
+from brokersched import JobContext, MemoryBackend, Retry, Scheduler
 from brokersched._clock import datetime_to_ms, ms_to_datetime
 from brokersched._events import SkipEvent
 from brokersched.abc import JobPolicy, RunRecord
 from brokersched.backends.memory import MemoryStore
 from brokersched.testing import TestClock
 from brokersched.web import TOKEN_ENV, create_app
+from brokersched.web._attempts import next_attempt
+from brokersched.web._failures import error_pattern
 from brokersched.web._query import WINDOW_PATTERN, QueryError, parse_window, window_ms
 from brokersched.web._timeline import Pauses, Window, timeline
 
@@ -534,3 +537,112 @@ def test_a_window_is_a_whole_number_of_minutes_hours_days_or_weeks_from_1m_to_7d
     for refused in ("01h", "1h30m", "1.5h", "90M", " 1h", "1h ", "60s", "1h\n"):
         with pytest.raises(QueryError):
             parse_window(refused)
+
+
+# -- failures alike, whatever ids their messages carry -------------------------------------------
+
+
+async def test_failures_whose_messages_differ_by_ids_are_one_row_with_the_latest_example() -> None:
+    clock = TestClock(START)
+
+    async def batch(ctx: JobContext) -> None:
+        raise RuntimeError(f"batch {ctx.slot_ms // MINUTE % 100} failed (run {ctx.run_id})")
+
+    async def other(ctx: JobContext) -> None:
+        raise KeyError("no such account")
+
+    scheduler = Scheduler(MemoryBackend(), clock=clock, jitter=0, instance_id="web-a")
+    scheduler.every("payments", "1m", batch)
+    scheduler.every("ledger", "1m", other)
+    async with scheduler, client(create_app(scheduler)) as api:
+        await clock.advance("12m")
+        body = (await api.get("/overview", params={"window": "15m"})).json()
+    failures = body["failures"]
+    assert failures["count"] == 24
+    groups = {group["job"]: group for group in failures["groups"]}
+    assert len(failures["groups"]) == 2 and set(groups) == {"payments", "ledger"}
+    payments = groups["payments"]
+    assert payments["count"] == 12
+    assert payments["pattern"] == "RuntimeError: batch <n> failed (run <id>)"
+    assert re.fullmatch(r"RuntimeError: batch \d+ failed \(run [0-9a-f]{16}\)", payments["error"])
+    assert payments["latest"]["slot_ms"] == START_MS + 12 * MINUTE  # the latest is the example
+    assert payments["error"] == payments["latest"]["error"]
+    assert groups["ledger"]["count"] == 12
+
+
+@pytest.mark.parametrize(
+    ("error", "pattern"),
+    [
+        ("RuntimeError: batch 33 failed", "RuntimeError: batch <n> failed"),
+        ("E: order 5f0c2a9b1e not found", "E: order <id> not found"),
+        ("E: 0xdeadbeef at 3", "E: <id> at <n>"),
+        ("E: 123e4567-e89b-12d3-a456-426614174000 gone", "E: <id> gone"),
+        ("E: facade decade", "E: facade decade"),  # hex letters, no digit: words
+        (None, None),
+    ],
+)
+def test_an_errors_kind_has_its_ids_and_numbers_replaced(
+    error: str | None, pattern: str | None
+) -> None:
+    assert error_pattern(error) == pattern
+
+
+# -- a failed run: is it run again? ----------------------------------------------------------------
+
+
+async def test_a_failed_run_without_retry_says_it_is_not_retried(
+    fleet: tuple[TestClock, Scheduler[Any], Scheduler[Any]],
+) -> None:
+    _, a, _ = fleet
+    async with client(create_app(a)) as api:
+        failed = (await api.get("/jobs/payments/history?outcome=failed&limit=1")).json()
+        (record,) = failed["records"]
+        body = (await api.get(f"/jobs/payments/runs/{record['run_id']}")).json()
+        done = (await api.get("/jobs/flush/history?limit=1")).json()["records"][0]
+        completed = (await api.get(f"/jobs/flush/runs/{done['run_id']}")).json()
+    assert body["next_attempt"]["retried"] is False
+    assert body["next_attempt"]["summary"] == "not retried"
+    assert "no retry= option" in body["next_attempt"]["detail"]
+    assert completed["next_attempt"] is None  # it did not fail
+
+
+async def test_a_failed_run_with_retry_says_whether_it_was_retried() -> None:
+    clock = TestClock(START)
+
+    async def fails(ctx: JobContext) -> None:
+        raise RuntimeError("down")
+
+    scheduler = Scheduler(MemoryBackend(), clock=clock, jitter=0, instance_id="web-a")
+    scheduler.every("sync", "10m", fails, retry=Retry(attempts=2, backoff="1s"), timeout="5s")
+    async with scheduler, client(create_app(scheduler)) as api:
+        await clock.advance("10m")
+        await clock.advance("5s")  # the retry ran and failed too
+        records = (await api.get("/jobs/sync/history?limit=5")).json()["records"]
+        by_attempt = {r["attempt"]: r["run_id"] for r in records}
+        first = (await api.get(f"/jobs/sync/runs/{by_attempt[1]}")).json()
+        last = (await api.get(f"/jobs/sync/runs/{by_attempt[2]}")).json()
+    assert first["next_attempt"]["retried"] is True
+    assert first["next_attempt"]["summary"] == "retried (attempt 2)"
+    assert last["next_attempt"] == {
+        "retried": False,
+        "summary": "not retried",
+        "detail": "the last of retry's 2 attempts",
+    }
+
+
+def test_an_interrupted_run_is_taken_over_only_on_a_lease_backend_within_max_attempts() -> None:
+    scheduler = Scheduler(instance_id="web-a")
+    job = scheduler.every("sync", "1m", noop, max_attempts=2)
+    cut = _record("sync", START_MS, "r1", "web-b", outcome="interrupted")
+    claim_only = next_attempt(cut, [cut], job, leases=False, now_ms=START_MS)
+    assert claim_only is not None and claim_only["retried"] is False
+    assert "claim-only backend" in claim_only["detail"]
+    leased = next_attempt(cut, [cut], job, leases=True, now_ms=START_MS)
+    assert leased is not None and leased["retried"] is None
+    assert leased["summary"] == "may be taken over (at most 2 attempts, max_attempts)"
+    second = replace(cut, attempt=2, run_id="r2")
+    assert next_attempt(second, [cut, second], job, leases=True, now_ms=START_MS) == {
+        "retried": False,
+        "summary": "not retried",
+        "detail": "max_attempts (2) reached",
+    }

@@ -358,6 +358,37 @@ async function act(name, action, runId = null) {
   refreshSoon(0);
 }
 
+// The same change of each job in turn ("resume all"), each through its own route and the same
+// sign-in; the status line says what was done and what was refused.
+async function actOnAll(names, action) {
+  if (!names.length) return;
+  if (!app.session.authorized) {
+    if (app.session.changes_enabled && app.session.token_accepted) return openSignIn(() => actOnAll(names, action));
+    return say(`${action}: not allowed; changes need a session of the application this dashboard is part of (sign in there)`, true);
+  }
+  const done = [];
+  const refused = [];
+  for (const name of names) {
+    try {
+      await change(name, action);
+      done.push(name);
+    } catch (error) {
+      if (error.status === 401 && app.session.token_accepted) {
+        setToken("");
+        app.session = { ...app.session, authorized: false, via: null };
+        renderHeader();
+        return openSignIn(() => actOnAll(names.filter((n) => !done.includes(n)), action));
+      }
+      refused.push(`${name}: ${error.message}`);
+    }
+  }
+  const jobs = (n) => `${n} job${n === 1 ? "" : "s"}`;
+  say(refused.length
+    ? `${action}: done for ${jobs(done.length)} of ${names.length}; refused: ${refused.join("; ")}`
+    : `${action}: done for ${jobs(done.length)}, for the whole fleet (${done.join(", ")})`, refused.length > 0);
+  refreshSoon(0);
+}
+
 // -- start ---------------------------------------------------------------------------------------
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -381,7 +412,8 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("#view").addEventListener("click", (event) => {
     const button = event.target.closest("button[data-action]");
-    if (button && button.dataset.job) act(button.dataset.job, button.dataset.action, button.dataset.runId || null);
+    if (button && button.dataset.action === "resume-all") actOnAll(JSON.parse(button.dataset.jobs), "resume");
+    else if (button && button.dataset.job) act(button.dataset.job, button.dataset.action, button.dataset.runId || null);
   });
   document.addEventListener("focusin", (event) => {
     focused = focusKey(event.target);

@@ -204,12 +204,29 @@ export class OverviewPage {
       this.known[job.name] = last;
       return { ...last, state: job.state, next_runs: job.next_runs, history_error: job.history_error };
     });
-    if (data.jobs.some((job) => job.history_error) && this.data) {
-      data.failures = this.data.failures;
-      data.instances = this.data.instances;
-      if (data.fleet && data.fleet.error) data.fleet = { ...this.data.fleet, error: data.fleet.error };
+    // What could not be read is the last known ("stale"), or, when nothing was read yet,
+    // "unknown": never a calm zero.
+    const previous = this.data;
+    if (data.failures.unread.length) {
+      if (previous && !previous.failures.unknown) {
+        data.failures = { ...previous.failures, stale: data.failures.error };
+        data.instances = previous.instances;
+      } else {
+        data.failures = { ...data.failures, unknown: true };
+      }
+    }
+    if (data.fleet && data.fleet.error) {
+      data.fleet = previous && previous.fleet && !previous.fleet.unknown
+        ? { ...previous.fleet, error: data.fleet.error }
+        : { ...data.fleet, unknown: true };
     }
     return data;
+  }
+
+  // The jobs paused for the fleet (a job paused here only, on a backend without fleet records,
+  // is resumed here): "resume all" resumes each of them.
+  pausedJobs() {
+    return this.data ? this.data.jobs.filter((job) => job.state === "paused").map((job) => job.name) : [];
   }
 
   renderCards(data) {
@@ -224,23 +241,66 @@ export class OverviewPage {
     const seen = fleet ? fleet.instances.filter((inst) => inst.liveness === "alive").length : data.instances.length;
     const gone = fleet ? fleet.instances.filter((inst) => ["late", "dead"].includes(inst.liveness)) : [];
     const running = fleet ? ` · ${fleet.runs.length} run${fleet.runs.length === 1 ? "" : "s"} in progress` : "";
-    this.cards.replaceChildren(
-      card(fleet ? "Instances alive" : "Instances", String(seen),
-        fleet ? (gone.length ? `${gone.map((inst) => `${inst.id} ${inst.liveness}`).join(" · ")}${running}` : `all alive${running}`)
+    const unread = (label, why) => {
+      const node = card(label, "?", "the backend could not be read", "warn unknown");
+      node.title = why;
+      return node;
+    };
+    const instances = fleet && fleet.unknown
+      ? unread("Instances alive", fleet.error)
+      : card(fleet ? "Instances alive" : "Instances", String(seen),
+        fleet ? `${fleet.error ? "last read: " : ""}${gone.length ? `${gone.map((inst) => `${inst.id} ${inst.liveness}`).join(" · ")}${running}` : `all alive${running}`}`
           : `${app.about.instance_id} serves this page${seen > 1 ? ` · ${seen - 1} more seen in runs` : ""}`,
-        gone.some((inst) => inst.liveness === "dead") ? "bad" : ""),
-      card("Jobs", String(data.jobs.length),
-        app.vocabulary.job_states.filter((s) => !["armed", "idle"].includes(s) && states[s]).map((s) => `${states[s]} ${s}`).join(" · ") || "all armed"),
-      card("Failures, last hour", `${failures.complete ? "" : "≥ "}${failures.count}`,
-        latest ? `latest: ${latest.job}, ${relative(Date.parse(latest.finished_at || latest.started_at), app.now())}` : "none",
-        failures.count ? "bad" : "good"),
+        gone.some((inst) => inst.liveness === "dead") ? "bad" : fleet && fleet.error ? "warn" : "");
+    let failed;
+    if (failures.unknown) {
+      failed = unread("Failures, last hour", failures.error);
+      if (failures.count) failed.querySelector(".value").textContent = `≥ ${failures.count}`;
+    } else {
+      const sub = latest ? `latest: ${latest.job}, ${relative(Date.parse(latest.finished_at || latest.started_at), app.now())}` : "none";
+      failed = card("Failures, last hour", `${failures.complete ? "" : "≥ "}${failures.count}`,
+        failures.stale ? `last read (not refreshed) · ${sub}` : sub,
+        failures.count ? "bad" : failures.stale ? "warn" : "good");
+    }
+    this.cards.replaceChildren(instances, this.jobsCard(data, states), failed,
       card("Next run", next ? relative(next.at_ms, app.now()) : "–", next ? `${next.job} · ${time(next.at_ms, { date: false })}` : "nothing armed"));
   }
 
+  // Every job paused or disabled is a fleet that runs nothing: said, in the warning colour,
+  // with the way out.
+  jobsCard(data, states) {
+    const app = this.app;
+    const held = ["paused", "disabled"].filter((state) => states[state]);
+    const stopped = data.jobs.length > 0 && held.reduce((n, state) => n + states[state], 0) === data.jobs.length;
+    const counts = app.vocabulary.job_states.filter((s) => !["armed", "idle"].includes(s) && states[s]).map((s) => `${states[s]} ${s}`).join(" · ");
+    const sub = stopped ? `every job is ${held.join(" or ")}: nothing runs · ${counts}` : counts || "all armed";
+    const paused = this.pausedJobs();
+    const resume = paused.length ? el("button", {
+      type: "button", className: stopped ? "primary resume-all" : "resume-all",
+      textContent: paused.length === 1 ? "Resume the paused job" : `Resume all ${paused.length} paused jobs`,
+      disabled: !app.session.changes_enabled,
+      title: app.session.changes_enabled ? `resume for the whole fleet: ${paused.join(", ")}` : "changes are disabled: the server has no admin token (BROKERSCHED_ADMIN_TOKEN) and no authorize=",
+      dataset: { action: "resume-all", jobs: JSON.stringify(paused) },
+    }) : null;
+    return el("div", { className: `card${stopped ? " warn" : ""}`, id: "jobs-card" },
+      el("div", { className: "label" }, "Jobs"), el("div", { className: "value" }, String(data.jobs.length)),
+      el("div", { className: "sub" }, sub), resume);
+  }
+
   renderFailures(data) {
-    const { groups, count, complete } = data.failures;
+    const { groups, count, complete, unknown, stale, error } = data.failures;
     this.failures.heading.replaceChildren("Failures in the last hour ",
-      el("span", { className: "count" }, `(${complete ? "" : "at least "}${count})`));
+      el("span", { className: "count" }, unknown && !count ? "(unknown)" : `(${complete ? "" : "at least "}${count})`));
+    const why = unknown || stale
+      ? el("p", { className: "note padded warn-text" }, unknown
+        ? `The failures of the last hour are unknown: ${error}.`
+        : `Not refreshed: ${stale}. These are the failures last read.`)
+      : null;
+    if (unknown && !groups.length) {
+      this.failures.body.classList.remove("flush");
+      this.failures.body.replaceChildren(why);
+      return;
+    }
     if (!groups.length) {
       this.failures.body.replaceChildren(el("p", { className: "empty" }, badge("completed", "No failed, timed-out or interrupted run in the last hour")));
       this.failures.body.classList.remove("flush");
@@ -266,7 +326,7 @@ export class OverviewPage {
     const more = groups.length > shown.length
       ? el("p", { className: "note padded" }, `and ${groups.length - shown.length} more kinds of failure: see each job's history.`)
       : null;
-    this.failures.body.replaceChildren(...present([table(labels, rows, { className: "failures compact" }), more]));
+    this.failures.body.replaceChildren(...present([why, table(labels, rows, { className: "failures compact" }), more]));
   }
 
   renderJobs(data) {
@@ -327,7 +387,7 @@ export class OverviewPage {
       el("span", { className: "mono" }, inst.id,
         el("span", { className: "sub" }, `${inst.host} · pid ${inst.pid}${inst.here ? " · serves this page" : ""}`)),
       livenessBadge(inst),
-      el("span", { title: time(Date.parse(inst.last_seen), { millis: true }) }, relative(Date.parse(inst.last_seen), app.now())),
+      el("span", { title: time(Date.parse(inst.last_seen), { millis: true }), className: "relative" }, relative(Date.parse(inst.last_seen), app.now())),
       text(inst.running.length),
       el("span", { className: "mono" }, inst.version),
     ], { dataset: { instance: inst.id, liveness: inst.liveness } }));
@@ -336,7 +396,7 @@ export class OverviewPage {
       el("span", { className: "mono" }, run.run_id, run.held ? el("span", { className: "sub" }, "its instance is dead: the lease holds the slot until it expires") : null),
       el("a", { href: jobHref(run.job), className: "mono" }, run.job),
       el("span", { className: "mono" }, run.instance_id, el("span", { className: "sub" }, run.liveness)),
-      el("span", { title: run.started_at }, relative(Date.parse(run.started_at), app.now())),
+      el("span", { title: run.started_at, className: "relative" }, relative(Date.parse(run.started_at), app.now())),
       run.liveness === "dead" ? text("") : el("button", {
         type: "button", textContent: "Abort", disabled: !app.session.changes_enabled,
         dataset: { action: "abort", job: run.job, runId: run.run_id },
@@ -344,9 +404,9 @@ export class OverviewPage {
       }),
     ], { dataset: { runId: run.run_id } }));
     this.instances.body.replaceChildren(
-      table(labels, rows, { empty: "no instance has published itself yet" }),
+      table(labels, rows, { empty: fleet.unknown ? "unknown: the fleet's presence could not be read" : "no instance has published itself yet" }),
       el("h3", { className: "subhead padded" }, "Runs in progress, anywhere"),
-      table(runLabels, runs, { empty: "none" }),
+      table(runLabels, runs, { empty: fleet.unknown ? "unknown" : "none" }),
       el("p", { className: "note padded" },
         `Every instance publishes itself through the backend each heartbeat: late after 1.5 heartbeats without one, dead after 3.${fleet.error ? ` Not read now: ${fleet.error}.` : ""}`));
   }
@@ -647,7 +707,9 @@ export class RunPage {
       zone !== "UTC" ? el("span", { className: "sub mono" }, time(slotMs, { zone: "UTC", millis: true })) : null);
     fact("ran on", el("span", { className: "mono" }, run.instance_id), here ? el("span", { className: "muted" }, " (this instance)") : null);
     fact("reason", text(run.reason));
-    fact("attempt", text(data.max_attempts ? `${run.attempt} of at most ${data.max_attempts}` : String(run.attempt)));
+    const then = data.next_attempt; // what follows a failed run: a retry, a take-over, or nothing
+    fact("attempt", text(then ? `${run.attempt}; ${then.summary}` : String(run.attempt)),
+      then ? el("span", { className: "sub" }, then.detail) : null);
     fact("started", el("span", { className: "mono" }, time(Date.parse(run.started_at), { millis: true })));
     fact("finished", el("span", { className: "mono" }, run.finished_at ? time(Date.parse(run.finished_at), { millis: true }) : "–"));
     fact("took", text(duration(run.duration_ms)));
