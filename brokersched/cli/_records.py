@@ -185,7 +185,8 @@ def instances(app: str, as_json: bool, overrides: tuple[str, ...]) -> None:
     if not found:
         click.echo(f"no instance of {app} published itself in the last 10 minutes")
         return
-    title = f"{app} on {shown_backend(scheduler)}: {len(found)} instances"
+    count = f"{len(found)} instance{'' if len(found) == 1 else 's'}"
+    title = f"{app} on {shown_backend(scheduler)}: {count}"
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("instance", overflow="fold", ratio=3)
     table.add_column("liveness", no_wrap=True)
