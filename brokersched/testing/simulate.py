@@ -74,6 +74,7 @@ __all__ = [
     "BACKENDS",
     "Deploy",
     "Instance",
+    "START",
     "Result",
     "Simulation",
     "main",

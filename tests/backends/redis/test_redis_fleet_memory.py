@@ -156,10 +156,12 @@ async def test_a_lost_record_is_made_again_by_the_next_claim(
     due = now_slot()
     refused = await claim(long, Slot(due.job, due.slot_ms - 100))
     assert isinstance(refused, BackendError)
+    # Refused on the record read now, or on the one read at the start when this slot is no
+    # later than that read on Redis's clock (which may run ahead of this host's under load).
     assert "record was made after the slot fell due" in str(refused)
-    assert await client.hget(slot_memory_key(prefix), "memory_ms") == b"20000"
     later = now_slot()
     assert await claim(long, Slot(later.job, later.slot_ms + 1000)) is True
+    assert await client.hget(slot_memory_key(prefix), "memory_ms") == b"20000"
 
 
 async def test_instances_starting_together_with_two_slot_ttls_never_both_win(
