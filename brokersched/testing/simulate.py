@@ -72,9 +72,9 @@ from ._sim_store import Store
 
 __all__ = [
     "BACKENDS",
+    "START",
     "Deploy",
     "Instance",
-    "START",
     "Result",
     "Simulation",
     "main",
