@@ -40,7 +40,7 @@ from datetime import datetime, timedelta
 from typing import ClassVar, Literal, cast
 
 from .._clock import Clock, ms_to_datetime
-from .._durations import Duration, format_duration, parse_duration, positive_duration, to_ms
+from .._durations import Duration, format_duration, parse_duration, to_ms
 from .._exceptions import ClockSkewError, ConfigurationError
 from ..abc import (
     Capabilities,
@@ -56,6 +56,7 @@ from ..abc import (
     Slot,
     new_run_id,
 )
+from ._options import LeaseOptions
 
 __all__ = [
     "BATCH_CHUNK",
@@ -81,9 +82,7 @@ __all__ = [
     "TakeOver",
     "TakenOver",
     "TooFarAhead",
-    "check_lease_ttl",
     "check_lock_wait",
-    "check_max_clock_skew",
     "check_slot_time",
     "decide",
     "in_chunks",
@@ -117,21 +116,6 @@ def _duration(value: Duration, *, option: str, backend: str) -> timedelta:
         return parse_duration(value, name=option)
     except ConfigurationError as exc:
         raise ConfigurationError(f"{exc} ({backend})", option=option, backend=backend) from None
-
-
-def check_lease_ttl(value: Duration, *, backend: str) -> timedelta:
-    return positive_duration(value, option="lease_ttl", backend=backend)
-
-
-def check_max_clock_skew(value: Duration, *, backend: str) -> timedelta:
-    skew = _duration(value, option="max_clock_skew", backend=backend)
-    if skew < timedelta(0):
-        raise ConfigurationError(
-            f"max_clock_skew of {backend} must be 0 or more (got {value!r})",
-            option="max_clock_skew",
-            backend=backend,
-        )
-    return skew
 
 
 def check_lock_wait(
@@ -678,10 +662,9 @@ class LeaseBackendBase(LeaseBackend):
     #: The backend's clock, as refusals name it.
     clock_name: ClassVar[ClockName] = ClockName("the backend's clock", "the backend's host")
 
-    def __init__(self, *, lease_ttl: Duration, max_clock_skew: Duration) -> None:
+    def __init__(self, options: LeaseOptions) -> None:
         super().__init__()
-        self._lease_ttl = check_lease_ttl(lease_ttl, backend=self.name)
-        self._max_clock_skew = check_max_clock_skew(max_clock_skew, backend=self.name)
+        self._lease_ttl, self._max_clock_skew = options.lease_ttl, options.max_clock_skew
         self._agreed: ClockReading | None = None  # the last claim answer that passed the check
 
     def _check_slot_time(

@@ -28,10 +28,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from .._clock import Clock
-from .._durations import Duration
 from .._exceptions import BackendUnavailableError, ConfigurationError
 from ..abc import Finding, JobPolicy, Outcome, RunReason, RunRecord
 from ._lease import MIN_RENEW_TIMEOUT_S, LeaseBackendBase
+from ._options import LeaseOptions
 
 __all__ = [
     "MIN_RENEW_TIMEOUT_S",
@@ -64,8 +64,8 @@ class SQLLeaseBackend(LeaseBackendBase):
     """What both SQL backends share beyond every lease backend's settings: the scheduler's
     clock (for history times; leases are judged on the database's clock)."""
 
-    def __init__(self, lease_ttl: Duration, max_clock_skew: Duration) -> None:
-        super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
+    def __init__(self, options: LeaseOptions) -> None:
+        super().__init__(options)
         self._clock: Clock | None = None
 
     def _now(self) -> datetime:

@@ -26,6 +26,7 @@ from ...abc import BrokerBudget, Claim, Finding, FleetKind, Inventory, JobPolicy
 from .._budget import BudgetWatch, budget_period
 from .._claims import ClaimBackendBase
 from .._keywords import own_options, refuse_unknown
+from .._options import ClaimOptions
 from . import _ops
 from ._base import (
     BACKEND,
@@ -121,7 +122,7 @@ class NATSBackend(ClaimBackendBase):
             library="nats.connect",
             accepted=connect_keywords,
         )
-        self._set_memory(slot_ttl, max_clock_skew)
+        self._set_memory(ClaimOptions.parse(BACKEND, locals()))
         self._clock: Clock | None = None
         self._raising_window = asyncio.Lock()
         self._servers = check_servers(servers)

@@ -67,6 +67,7 @@ from .._lease import (
     new_token,
 )
 from .._ops import server_finding
+from .._options import LeaseOptions
 from . import _ops
 from ._base import (
     CONNECT_DEFAULTS,
@@ -137,7 +138,7 @@ class NATSLeaseBackend(LeaseBackendBase):
         budget_interval: Duration | None = "30s",
         **connect_options: Any,
     ) -> None:
-        super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
+        super().__init__(LeaseOptions.parse(BACKEND, locals()))
         refuse_unknown(
             BACKEND,
             connect_options,

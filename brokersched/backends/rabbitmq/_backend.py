@@ -31,6 +31,7 @@ from ...abc import (
 from .._budget import budget_period
 from .._errors import ErrorMap
 from .._keywords import own_options, refuse_unknown
+from .._options import ClaimOptions
 from . import _ops
 from ._budget import budget_watch
 from ._claims import ClaimQueues
@@ -133,7 +134,7 @@ class RabbitMQBackend(ClaimQueues):
             accepted=connect_keywords,
             reserved=RESERVED_CONNECT,
         )
-        self._set_memory(slot_ttl, max_clock_skew)
+        self._set_memory(ClaimOptions.parse(self.name, locals()))
         self._urls = check_urls(url, self.name)
         self._management = (
             None

@@ -53,6 +53,7 @@ from ...abc import (
 )
 from .._claims import ClaimBackendBase, shown
 from .._keywords import own_options
+from .._options import ClaimOptions
 from . import _ops
 from ._connection import RedisConnection
 from ._fleet import FleetRecords
@@ -146,7 +147,7 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackendBase):
 
     def _setup(self, slot_ttl: Duration, max_clock_skew: Duration) -> None:
         super().__init__()
-        self._set_memory(slot_ttl, max_clock_skew)
+        self._set_memory(ClaimOptions.parse(self.name, locals()))
         self._memory: FleetMemory | None = None
         self._raising: asyncio.Lock = asyncio.Lock()
         # When (this instance's clock) the record was last read, as sent: a claim of a slot

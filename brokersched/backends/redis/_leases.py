@@ -33,6 +33,7 @@ from .._lease import (
     decide,
     new_token,
 )
+from .._options import LeaseOptions
 from . import _ops
 from ._connection import RedisConnection
 from ._fleet import FleetRecords
@@ -69,7 +70,7 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         budget_interval: Duration | None = "30s",
         **client_options: Any,
     ) -> None:
-        super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
+        super().__init__(LeaseOptions.parse(self.name, locals()))
         check_client_options(
             self.name, own_options(RedisLeaseBackend), client_options, cluster=cluster
         )

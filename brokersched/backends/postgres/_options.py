@@ -1,0 +1,36 @@
+"""``PostgresBackend``'s options, declared and checked in one call (``backends/_options``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Self
+
+from pydantic import Field, model_validator
+
+from ..._exceptions import ConfigurationError
+from .._options import BudgetPeriod, LeaseOptions, checked
+from .._sql import check_identifier
+
+__all__ = ["PostgresOptions", "check_schema"]
+
+
+def check_schema(value: object, backend: str) -> str:
+    return check_identifier(value, option="schema", backend=backend, max_length=63)
+
+
+class PostgresOptions(LeaseOptions):
+    budget_interval: BudgetPeriod
+    # ``schema`` is a name of pydantic's BaseModel: the field takes it as its alias.
+    schema_: Annotated[str, checked(check_schema)] = Field(alias="schema")
+    min_size: int
+    max_size: int
+
+    @model_validator(mode="after")
+    def _pool_sizes(self) -> Self:
+        if not 0 <= self.min_size <= self.max_size or self.max_size < 1:
+            raise ConfigurationError(
+                f"PostgresBackend needs 0 <= min_size <= max_size and max_size >= 1 "
+                f"(got min_size={self.min_size}, max_size={self.max_size})",
+                option="max_size",
+                backend="PostgresBackend",
+            )
+        return self
