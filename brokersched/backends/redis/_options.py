@@ -1,18 +1,37 @@
-"""The options of the Redis backends checked at construction: the URL, the prefix, and the
-keywords handed on to redis-py."""
+"""The options of the Redis backends, declared and checked in one call (``backends/_options``):
+the server's (``RedisServerOptions``, shared by both backends and their connection), each
+backend's own, and the keywords handed on to redis-py."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
+
+from pydantic import ValidationInfo, field_validator
 
 from ... import _redact
 from ..._exceptions import ConfigurationError
 from .._keywords import parameter_names, refuse_unknown
+from .._options import (
+    BackendOptions,
+    BudgetPeriod,
+    ClaimOptions,
+    Flag,
+    LeaseOptions,
+    backend_of,
+    checked,
+)
 
-__all__ = ["check_client_options", "check_prefix", "check_url"]
+__all__ = [
+    "RedisLeaseOptions",
+    "RedisOptions",
+    "RedisServerOptions",
+    "check_client_options",
+    "check_prefix",
+    "check_url",
+]
 
 _SCHEMES = ("redis", "rediss", "unix")
 _PREFIX = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
@@ -103,3 +122,26 @@ def check_url(url: object, backend: str, *, cluster: bool) -> str:
             backend=backend,
         )
     return url
+
+
+class RedisServerOptions(BackendOptions):
+    """Where the server is and how it is used, as both backends take them."""
+
+    cluster: Flag
+    url: str
+    prefix: Annotated[str, checked(check_prefix)]
+    require_persistence: Flag
+    budget_interval: BudgetPeriod
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _url(cls, value: object, info: ValidationInfo) -> str:
+        return check_url(value, backend_of(info), cluster=info.data.get("cluster", False))
+
+
+class RedisOptions(ClaimOptions, RedisServerOptions):
+    """``RedisBackend``'s options."""
+
+
+class RedisLeaseOptions(LeaseOptions, RedisServerOptions):
+    """``RedisLeaseBackend``'s options."""
