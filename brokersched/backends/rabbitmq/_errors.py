@@ -13,7 +13,6 @@ from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationE
 from .._errors import ErrorRow
 
 __all__ = [
-    "check_channels",
     "check_parsable",
     "check_urls",
     "describe",
@@ -177,13 +176,3 @@ def _check_url(url: str, backend: str) -> str:
             backend=backend,
         )
     return url
-
-
-def check_channels(channels: object, backend: str) -> int:
-    if isinstance(channels, bool) or not isinstance(channels, int) or not 1 <= channels <= 1000:
-        raise ConfigurationError(
-            f"channels {channels!r} of {backend} must be an integer from 1 to 1000",
-            option="channels",
-            backend=backend,
-        )
-    return channels
