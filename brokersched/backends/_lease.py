@@ -40,8 +40,8 @@ from datetime import datetime, timedelta
 from typing import ClassVar, Literal, cast
 
 from .._clock import Clock, ms_to_datetime
-from .._durations import Duration, format_duration, parse_duration, to_ms
-from .._exceptions import ClockSkewError, ConfigurationError
+from .._durations import format_duration, to_ms
+from .._exceptions import ClockSkewError
 from ..abc import (
     Capabilities,
     Claim,
@@ -82,7 +82,6 @@ __all__ = [
     "TakeOver",
     "TakenOver",
     "TooFarAhead",
-    "check_lock_wait",
     "check_slot_time",
     "decide",
     "in_chunks",
@@ -106,48 +105,6 @@ CAPABILITIES = Capabilities(
 DEFAULT_MAX_CLOCK_SKEW = timedelta(seconds=5)
 
 INTERRUPTED_ERROR = "runner lost its lease"
-
-
-# -- configuration -------------------------------------------------------------------------
-
-
-def _duration(value: Duration, *, option: str, backend: str) -> timedelta:
-    try:
-        return parse_duration(value, name=option)
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"{exc} ({backend})", option=option, backend=backend) from None
-
-
-def check_lock_wait(
-    value: Duration | None,
-    lease_ttl: timedelta,
-    *,
-    option: str,
-    default: timedelta,
-    backend: str,
-) -> timedelta:
-    """How long the backend lets a statement wait for another client's lock.
-
-    It must fit in a third of ``lease_ttl``: the runner renews every third, and a release (or
-    renewal) left waiting longer could land after the lease expired, when another instance has
-    already restarted the slot. Unset, it is ``default`` or a third of ``lease_ttl`` if shorter.
-    """
-    bound = lease_ttl / 3
-    if value is None:
-        return min(default, bound)
-    wait = _duration(value, option=option, backend=backend)
-    if wait > bound:
-        raise ConfigurationError(
-            f"{option} ({format_duration(wait)}) of {backend} must be at most a third of "
-            f"lease_ttl ({format_duration(lease_ttl)}): a release or renewal waiting "
-            f"{format_duration(wait)} for another process's lock can land after the lease "
-            "expired, and another instance runs the slot again; raise lease_ttl to "
-            f"{format_duration(wait * 3)} or more, or lower {option} to "
-            f"{format_duration(bound)} or less (or leave it unset)",
-            option=option,
-            backend=backend,
-        )
-    return wait
 
 
 # -- claims --------------------------------------------------------------------------------

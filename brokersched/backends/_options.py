@@ -4,20 +4,21 @@ several backends take, and the one call that checks them all.
 A backend declares its constructor's options as a ``BackendOptions`` model in its package and
 calls ``parse`` once, on its ``locals()``, at the top of ``__init__``; every refusal is a
 ``ConfigurationError`` in one format (``_options.validation_error``). A check written as a
-function of the value and the backend's name (a prefix, a URL) becomes a field's validator
-through ``checked``; the backend's name reaches validators as the validation context. Values
-a backend hands on unchecked (a path, a DSN, a store) stay out of the model.
+function of the value and the backend's name (a name built by ``name_check``, a URL) becomes a
+field's validator through ``checked``; the backend's name reaches validators as the validation
+context. Values a backend hands on unchecked (a path, a DSN, a store) stay out of the model.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Annotated, Any, Self, TypeVar, cast
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo
 
-from .._durations import parse_duration, positive_duration
+from .._durations import parse_duration
 from .._exceptions import ConfigurationError
 from .._options import validation_error
 
@@ -31,6 +32,9 @@ __all__ = [
     "PositiveDuration",
     "backend_of",
     "checked",
+    "duration",
+    "name_check",
+    "positive_duration",
 ]
 
 T = TypeVar("T")
@@ -62,8 +66,8 @@ def checked(check: Callable[[Any, str], T]) -> BeforeValidator:
     return BeforeValidator(lambda value, info: check(value, backend_of(info)))
 
 
-def _duration(value: Any, info: ValidationInfo) -> timedelta:
-    """0 or more (``parse_duration`` refuses a negative one)."""
+def duration(value: Any, info: ValidationInfo) -> timedelta:
+    """A duration option: 0 or more (``parse_duration`` refuses a negative one)."""
     option, backend = str(info.field_name), backend_of(info)
     try:
         return parse_duration(value, name=option)
@@ -71,18 +75,41 @@ def _duration(value: Any, info: ValidationInfo) -> timedelta:
         raise ConfigurationError(f"{exc} ({backend})", option=option, backend=backend) from None
 
 
-def _positive(value: Any, info: ValidationInfo) -> timedelta:
-    return positive_duration(value, option=str(info.field_name), backend=backend_of(info))
+def positive_duration(value: Any, info: ValidationInfo) -> timedelta:
+    """A duration option of at least 1 ms."""
+    result = duration(value, info)
+    if result < timedelta(milliseconds=1):
+        raise ConfigurationError(
+            f"{info.field_name} ({value!r}) of {backend_of(info)} must be at least 1ms",
+            option=info.field_name,
+            backend=backend_of(info),
+        )
+    return result
+
+
+def name_check(option: str, pattern: str, rule: str) -> Callable[[object, str], str]:
+    """The check of a name the backend makes others from (a prefix, a schema, a bucket): a
+    string ``pattern`` matches whole, or a ``ConfigurationError`` saying ``rule``."""
+    compiled = re.compile(pattern)
+
+    def check(value: object, backend: str) -> str:
+        if not isinstance(value, str) or not compiled.fullmatch(value):
+            raise ConfigurationError(
+                f"{option} {value!r} of {backend} must be {rule}", option=option, backend=backend
+            )
+        return value
+
+    return check
 
 
 def _period(value: Any, info: ValidationInfo) -> float | None:
-    return None if value is None else _positive(value, info).total_seconds()
+    return None if value is None else positive_duration(value, info).total_seconds()
 
 
 #: A duration of at least 1 ms (``slot_ttl``, ``lease_ttl``, ``claim_timeout``...).
-PositiveDuration = Annotated[timedelta, BeforeValidator(_positive)]
+PositiveDuration = Annotated[timedelta, BeforeValidator(positive_duration)]
 #: How far the clocks of the fleet (and the store's) may disagree: 0 or more.
-ClockSkew = Annotated[timedelta, BeforeValidator(_duration)]
+ClockSkew = Annotated[timedelta, BeforeValidator(duration)]
 #: ``budget_interval`` in seconds; ``None``: the budget is not watched.
 BudgetPeriod = Annotated[float | None, BeforeValidator(_period)]
 #: A flag read as Python reads one (any value, by its truth).

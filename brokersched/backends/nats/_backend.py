@@ -291,12 +291,12 @@ class NATSBackend(ClaimBackendBase):
     ) -> Inventory:
         """The prefix's streams (claims, history). Live: a message stored in the last
         minute (a claim, the fleet's record, a run)."""
-        names = self._names if namespace is None else Names(check_prefix(namespace))
+        names = self._names if namespace is None else Names(check_prefix(namespace, BACKEND))
         return await self._operation("list its streams", _ops.inventory, names)
 
     async def _presence_records(self, namespace: str | None) -> list[str]:
         """The presence bucket ``<prefix>-fleet-instance``, read only."""
-        prefix = self._names.prefix if namespace is None else check_prefix(namespace)
+        prefix = self._names.prefix if namespace is None else check_prefix(namespace, BACKEND)
         return await self._operation("read the fleet's presence", presence, prefix)
 
     async def purge(self, inventory: Inventory) -> Inventory:

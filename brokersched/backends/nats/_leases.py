@@ -576,12 +576,12 @@ class NATSLeaseBackend(LeaseBackendBase):
     ) -> Inventory:
         """The bucket's stream and the history stream. Live: a message stored in the last
         minute (every decision writes the clock probe)."""
-        bucket = self._bucket if namespace is None else check_bucket(namespace)
+        bucket = self._bucket if namespace is None else check_bucket(namespace, BACKEND)
         return await self._operation("list its streams", _inventory, bucket)
 
     async def _presence_records(self, namespace: str | None) -> list[str]:
         """The presence bucket ``<bucket>-fleet-instance``, read only."""
-        bucket = self._bucket if namespace is None else check_bucket(namespace)
+        bucket = self._bucket if namespace is None else check_bucket(namespace, BACKEND)
         return await self._operation("read the fleet's presence", presence, bucket)
 
     async def purge(self, inventory: Inventory) -> Inventory:

@@ -3,28 +3,25 @@ the keywords handed on to ``nats.connect`` are checked by ``refuse_unknown``."""
 
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 from typing import Annotated, Any
 
 from pydantic import Field, StrictInt, ValidationInfo, field_validator
 
-from ..._durations import positive_duration
-from ..._exceptions import ConfigurationError
 from .._options import (
     BackendOptions,
     BudgetPeriod,
     ClaimOptions,
     LeaseOptions,
-    backend_of,
     checked,
+    name_check,
+    positive_duration,
 )
-from ._base import BACKEND, check_servers
+from ._base import check_servers
 from ._bucket import check_bucket
 
 __all__ = ["NATSLeaseOptions", "NATSOptions", "check_prefix"]
 
-_PREFIX_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # How long a claim waits for a definite answer by default. On one server a claim that cannot be
 # answered within 2 s means the server is down: fail closed, the slot is skipped. A replicated
 # stream has no leader for seconds after its leader dies, and again after a partitioned node
@@ -36,15 +33,11 @@ _CLAIM_TIMEOUT = "2s"
 _CLUSTER_CLAIM_TIMEOUT = "30s"
 
 
-def check_prefix(prefix: object, backend: str = BACKEND) -> str:
-    if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
-        raise ConfigurationError(
-            f"prefix {prefix!r} must be 1-64 letters, digits, '_' or '-' "
-            "(it names streams and subjects)",
-            option="prefix",
-            backend=backend,
-        )
-    return prefix
+check_prefix = name_check(
+    "prefix",
+    r"[A-Za-z0-9_-]{1,64}",
+    "1-64 letters, digits, '_' or '-' (it names streams and subjects)",
+)
 
 
 class _ServerOptions(BackendOptions):
@@ -67,10 +60,10 @@ class NATSOptions(ClaimOptions, _ServerOptions):
     def _claim_timeout(cls, value: Any, info: ValidationInfo) -> timedelta:
         if value is None:
             value = _CLUSTER_CLAIM_TIMEOUT if info.data.get("replicas") != 1 else _CLAIM_TIMEOUT
-        return positive_duration(value, option="claim_timeout", backend=backend_of(info))
+        return positive_duration(value, info)
 
 
 class NATSLeaseOptions(LeaseOptions, _ServerOptions):
     """``NATSLeaseBackend``'s options."""
 
-    bucket: Annotated[str, checked(lambda bucket, _backend: check_bucket(bucket))]
+    bucket: Annotated[str, checked(check_bucket)]

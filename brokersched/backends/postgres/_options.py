@@ -13,8 +13,7 @@ from .._sql import check_identifier
 __all__ = ["PostgresOptions", "check_schema"]
 
 
-def check_schema(value: object, backend: str) -> str:
-    return check_identifier(value, option="schema", backend=backend, max_length=63)
+check_schema = check_identifier("schema", 63)
 
 
 class PostgresOptions(LeaseOptions):

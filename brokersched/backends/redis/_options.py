@@ -4,7 +4,6 @@ backend's own, and the keywords handed on to redis-py."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -22,6 +21,7 @@ from .._options import (
     LeaseOptions,
     backend_of,
     checked,
+    name_check,
 )
 
 __all__ = [
@@ -34,7 +34,12 @@ __all__ = [
 ]
 
 _SCHEMES = ("redis", "rediss", "unix")
-_PREFIX = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+check_prefix = name_check(
+    "prefix",
+    r"[A-Za-z0-9_.:-]{1,100}",
+    "1-100 characters of [A-Za-z0-9_.:-] (no '{', '}' or spaces: the job's hash tag follows it "
+    "in every key)",
+)
 
 
 def _client_keywords(cluster: bool) -> Callable[[], set[str]]:
@@ -73,17 +78,6 @@ def check_client_options(
         library="redis-py's RedisCluster" if cluster else "redis-py's Redis.from_url",
         accepted=_client_keywords(bool(cluster)),
     )
-
-
-def check_prefix(prefix: object, backend: str) -> str:
-    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
-        raise ConfigurationError(
-            f"prefix {prefix!r} of {backend} must be 1-100 characters of [A-Za-z0-9_.:-] (no "
-            "'{', '}' or spaces: the job's hash tag follows it in every key)",
-            option="prefix",
-            backend=backend,
-        )
-    return prefix
 
 
 def check_url(url: object, backend: str, *, cluster: bool) -> str:

@@ -25,11 +25,11 @@ from ...abc import Finding, Inventory, Slot
 from .._errors import ErrorMap, ErrorRow
 from .._keywords import checked_keywords
 from .._lease import DEFAULT_MAX_CLOCK_SKEW, ClockName
-from .._sql import SCHEMA_VERSION, check_identifier
+from .._sql import SCHEMA_VERSION
 from . import _ops
 from ._fleet import SQLiteFleet
 from ._leases import SQLiteLeases
-from ._options import SQLiteOptions
+from ._options import SQLiteOptions, check_table_prefix
 from ._statements import Statements
 
 if TYPE_CHECKING:
@@ -229,7 +229,7 @@ class SQLiteBackend(SQLiteLeases, SQLiteFleet):
     def _namespace(self, namespace: str | None) -> str:
         if namespace is None:
             return self._prefix
-        return check_identifier(namespace, option="table_prefix", backend=self.name, max_length=40)
+        return check_table_prefix(namespace, self.name)
 
     # -- plumbing --------------------------------------------------------------------------
 
