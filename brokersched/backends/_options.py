@@ -18,6 +18,7 @@ from typing import Annotated, Any, Self, TypeVar, cast
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo
 
+from .. import _redact
 from .._durations import parse_duration
 from .._exceptions import ConfigurationError
 from .._options import validation_error
@@ -35,6 +36,7 @@ __all__ = [
     "duration",
     "name_check",
     "positive_duration",
+    "url_refusal",
 ]
 
 T = TypeVar("T")
@@ -100,6 +102,12 @@ def name_check(option: str, pattern: str, rule: str) -> Callable[[object, str], 
         return value
 
     return check
+
+
+def url_refusal(url: object, backend: str, why: str) -> ConfigurationError:
+    """``url '<url>' of <backend> <why>``, the URL's password hidden."""
+    shown = _redact.redact_url(url) if isinstance(url, str) else repr(url)
+    return ConfigurationError(f"url {shown!r} of {backend} {why}", option="url", backend=backend)
 
 
 def _period(value: Any, info: ValidationInfo) -> float | None:

@@ -10,8 +10,6 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationInfo, field_validator
 
-from ... import _redact
-from ..._exceptions import ConfigurationError
 from .._keywords import parameter_names, refuse_unknown
 from .._options import (
     BackendOptions,
@@ -22,6 +20,7 @@ from .._options import (
     backend_of,
     checked,
     name_check,
+    url_refusal,
 )
 
 __all__ = [
@@ -82,7 +81,6 @@ def check_client_options(
 
 def check_url(url: object, backend: str, *, cluster: bool) -> str:
     """The scheme and the port are checked at construction; the rest by redis-py at start."""
-    shown = _redact.redact_url(url) if isinstance(url, str) else repr(url)
     accepted = "redis://, rediss:// (TLS) or unix:// (a socket path)"
     try:
         if not isinstance(url, str):
@@ -91,30 +89,17 @@ def check_url(url: object, backend: str, *, cluster: bool) -> str:
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number
         scheme = parts.scheme
     except ValueError as exc:
-        raise ConfigurationError(
-            f"url {shown!r} of {backend} is not a valid URL ({exc}); use {accepted}",
-            option="url",
-            backend=backend,
-        ) from None
+        raise url_refusal(url, backend, f"is not a valid URL ({exc}); use {accepted}") from None
     if scheme not in _SCHEMES:
-        raise ConfigurationError(
-            f"url {shown!r} of {backend} must start with {accepted}",
-            option="url",
-            backend=backend,
-        )
+        raise url_refusal(url, backend, f"must start with {accepted}")
     if cluster and scheme == "unix":
-        raise ConfigurationError(
-            f"url {shown!r} of {backend}: a Redis Cluster is reached over TCP (redis:// or "
-            "rediss://), not a unix socket",
-            option="url",
-            backend=backend,
+        raise url_refusal(
+            url,
+            backend,
+            "is a unix socket: a Redis Cluster is reached over TCP (redis:// or rediss://)",
         )
     if scheme != "unix" and not parts.hostname:
-        raise ConfigurationError(
-            f"url {shown!r} of {backend} names no host; e.g. redis://127.0.0.1:6379/0",
-            option="url",
-            backend=backend,
-        )
+        raise url_refusal(url, backend, "names no host; e.g. redis://127.0.0.1:6379/0")
     return url
 
 
