@@ -25,8 +25,8 @@ storage.
   restarts the slot elsewhere; one the fleet's sweep came before changes nothing). Another
   instance may already run that slot as a dead runner's. So a claim is given no longer than
   that to answer, retries included, whatever is left of ``max_late``.
-* **Configuration.** ``lease_ttl`` and ``max_clock_skew``, and a lock wait that fits in one
-  renewal period.
+* **Configuration.** ``lease_ttl`` and ``max_clock_skew``, as ``LeaseOptions`` checked them
+  (``_options``); a lock wait fits in one renewal period (SQLite's ``busy_timeout``).
 """
 
 from __future__ import annotations
