@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from ..._exceptions import ConfigurationError
-from .._options import BudgetPeriod, LeaseOptions, checked
+from .._options import BudgetPeriod, LeaseOptions, backend_of, checked
 from .._sql import check_identifier
 
 __all__ = ["PostgresOptions", "check_schema"]
@@ -24,12 +24,12 @@ class PostgresOptions(LeaseOptions):
     max_size: int
 
     @model_validator(mode="after")
-    def _pool_sizes(self) -> Self:
+    def _pool_sizes(self, info: ValidationInfo) -> Self:
         if not 0 <= self.min_size <= self.max_size or self.max_size < 1:
             raise ConfigurationError(
-                f"PostgresBackend needs 0 <= min_size <= max_size and max_size >= 1 "
+                f"{backend_of(info)} needs 0 <= min_size <= max_size and max_size >= 1 "
                 f"(got min_size={self.min_size}, max_size={self.max_size})",
                 option="max_size",
-                backend="PostgresBackend",
+                backend=backend_of(info),
             )
         return self
