@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from ._exceptions import ConfigurationError
 
-__all__ = ["Duration", "format_duration", "parse_duration", "positive_duration", "to_ms"]
+__all__ = ["Duration", "format_duration", "parse_duration", "to_ms"]
 
 Duration = timedelta | int | float | str
 
@@ -88,18 +88,3 @@ def format_duration(value: timedelta) -> str:
         if count:
             parts.append(f"{count}{unit}")
     return "".join(parts)
-
-
-def positive_duration(value: Duration, *, option: str, backend: str) -> timedelta:
-    """A backend's duration option (``slot_ttl``, ``lease_ttl``, ...): at least 1 ms."""
-    try:
-        result = parse_duration(value, name=option)
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"{exc} ({backend})", option=option, backend=backend) from None
-    if result < timedelta(milliseconds=1):
-        raise ConfigurationError(
-            f"{option} ({value!r}) of {backend} must be at least 1ms",
-            option=option,
-            backend=backend,
-        )
-    return result

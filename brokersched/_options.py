@@ -44,6 +44,7 @@ __all__ = [
     "parse_job_options",
     "parse_scheduler_options",
     "resolve_job",
+    "validation_error",
 ]
 
 # A fleet boot run is claimed under "<key>:start", itself a name (see _boot).
@@ -141,14 +142,22 @@ class JobSettings:
     retry: Retry | None = None  # how a failed run is run again (``_runner``)
 
 
-def _from_validation_error(
-    exc: ValidationError, model: type[BaseModel], job: str | None
+def validation_error(
+    exc: ValidationError,
+    model: type[BaseModel],
+    job: str | None = None,
+    *,
+    backend: str | None = None,
 ) -> ConfigurationError:
-    """Pydantic's first error as ours, prefixed with the job (or ``Scheduler``) it belongs to."""
-    owner = f"job '{job}'" if job is not None else "Scheduler"
+    """Pydantic's first error as ours, prefixed with the job, the backend or ``Scheduler`` it
+    belongs to. A validator's own ``ConfigurationError`` of a backend is raised as it is: its
+    message names the backend already."""
+    owner = f"job '{job}'" if job is not None else backend or "Scheduler"
     error = exc.errors()[0]
     option = str(error["loc"][0]) if error["loc"] else None
     cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, ConfigurationError) and backend is not None:
+        return cause
     if isinstance(cause, ConfigurationError):
         message = str(cause)
     elif error["type"] == "extra_forbidden" and option is not None:
@@ -158,7 +167,7 @@ def _from_validation_error(
         message = f"unknown option '{option}'{hint} (valid options: {valid})"
     else:
         message = f"option '{option}' = {error.get('input')!r} is invalid: {error['msg']}"
-    return ConfigurationError(f"{owner}: {message}", option=option, job=job)
+    return ConfigurationError(f"{owner}: {message}", option=option, job=job, backend=backend)
 
 
 def parse_job_options(job: str, options: dict[str, Any]) -> JobOptions:
@@ -166,14 +175,14 @@ def parse_job_options(job: str, options: dict[str, Any]) -> JobOptions:
     try:
         return JobOptions(**options)
     except ValidationError as exc:
-        raise _from_validation_error(exc, JobOptions, job) from None
+        raise validation_error(exc, JobOptions, job) from None
 
 
 def parse_scheduler_options(options: dict[str, Any]) -> SchedulerOptions:
     try:
         return SchedulerOptions(**options)
     except ValidationError as exc:
-        raise _from_validation_error(exc, SchedulerOptions, None) from None
+        raise validation_error(exc, SchedulerOptions, None) from None
 
 
 def check_name(name: object) -> str:

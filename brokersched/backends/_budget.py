@@ -26,7 +26,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal
 
 from .._clock import Clock
-from .._durations import Duration, positive_duration
 from .._exceptions import BackendError
 from ..abc import BrokerBudget
 
@@ -37,7 +36,6 @@ __all__ = [
     "BudgetWatch",
     "Effects",
     "Part",
-    "budget_period",
     "judge",
     "share",
 ]
@@ -46,13 +44,6 @@ WARN, SHED = 0.6, 0.8
 PERIOD_S = 30.0
 
 State = Literal["ok", "warn", "shed"]
-
-
-def budget_period(interval: Duration | None, *, backend: str) -> float | None:
-    """``budget_interval`` in seconds; ``None``: the budget is not watched."""
-    if interval is None:
-        return None
-    return positive_duration(interval, option="budget_interval", backend=backend).total_seconds()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

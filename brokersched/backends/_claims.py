@@ -2,8 +2,8 @@
 
 The rules of the slot memory themselves (which memory applied to a slot, the claim margins and
 deadlines) are the contract's: ``brokersched/_slotmemory.py``. Here: ``slot_ttl`` and
-``max_clock_skew``, checked once and the same way; the capabilities a claim backend declares;
-and the words of a refusal of a claim too late for the fleet's slot memory.
+``max_clock_skew``, as ``ClaimOptions`` checked them; the capabilities a claim backend
+declares; and the words of a refusal of a claim too late for the fleet's slot memory.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import ClassVar
 
-from .._durations import Duration, format_duration, positive_duration, to_ms
+from .._durations import format_duration, to_ms
 from .._slotmemory import FleetMemory, claim_margin
 from ..abc import Capabilities, ClaimBackend, Slot
-from ._lease import check_max_clock_skew
+from ._options import ClaimOptions
 
 __all__ = ["ClaimBackendBase", "shown"]
 
@@ -32,10 +32,9 @@ class ClaimBackendBase(ClaimBackend):
     history_ttl: ClassVar[bool] = False
     history_size_per_job: ClassVar[bool] = True
 
-    def _set_memory(self, slot_ttl: Duration, max_clock_skew: Duration) -> None:
-        """Check and keep ``slot_ttl`` and ``max_clock_skew`` (in a constructor)."""
-        self._slot_ttl = positive_duration(slot_ttl, option="slot_ttl", backend=self.name)
-        self._skew_ms = to_ms(check_max_clock_skew(max_clock_skew, backend=self.name))
+    def _set_memory(self, options: ClaimOptions) -> None:
+        """Keep ``slot_ttl`` and ``max_clock_skew`` (in a constructor)."""
+        self._slot_ttl, self._skew_ms = options.slot_ttl, to_ms(options.max_clock_skew)
 
     @property
     def slot_ttl(self) -> timedelta:

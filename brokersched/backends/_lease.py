@@ -25,8 +25,8 @@ storage.
   restarts the slot elsewhere; one the fleet's sweep came before changes nothing). Another
   instance may already run that slot as a dead runner's. So a claim is given no longer than
   that to answer, retries included, whatever is left of ``max_late``.
-* **Configuration.** ``lease_ttl`` and ``max_clock_skew``, and a lock wait that fits in one
-  renewal period.
+* **Configuration.** ``lease_ttl`` and ``max_clock_skew``, as ``LeaseOptions`` checked them
+  (``_options``); a lock wait fits in one renewal period (SQLite's ``busy_timeout``).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from datetime import datetime, timedelta
 from typing import ClassVar, Literal, cast
 
 from .._clock import Clock, ms_to_datetime
-from .._durations import Duration, format_duration, parse_duration, positive_duration, to_ms
-from .._exceptions import ClockSkewError, ConfigurationError
+from .._durations import format_duration, to_ms
+from .._exceptions import ClockSkewError
 from ..abc import (
     Capabilities,
     Claim,
@@ -56,6 +56,7 @@ from ..abc import (
     Slot,
     new_run_id,
 )
+from ._options import LeaseOptions
 
 __all__ = [
     "BATCH_CHUNK",
@@ -81,9 +82,6 @@ __all__ = [
     "TakeOver",
     "TakenOver",
     "TooFarAhead",
-    "check_lease_ttl",
-    "check_lock_wait",
-    "check_max_clock_skew",
     "check_slot_time",
     "decide",
     "in_chunks",
@@ -107,63 +105,6 @@ CAPABILITIES = Capabilities(
 DEFAULT_MAX_CLOCK_SKEW = timedelta(seconds=5)
 
 INTERRUPTED_ERROR = "runner lost its lease"
-
-
-# -- configuration -------------------------------------------------------------------------
-
-
-def _duration(value: Duration, *, option: str, backend: str) -> timedelta:
-    try:
-        return parse_duration(value, name=option)
-    except ConfigurationError as exc:
-        raise ConfigurationError(f"{exc} ({backend})", option=option, backend=backend) from None
-
-
-def check_lease_ttl(value: Duration, *, backend: str) -> timedelta:
-    return positive_duration(value, option="lease_ttl", backend=backend)
-
-
-def check_max_clock_skew(value: Duration, *, backend: str) -> timedelta:
-    skew = _duration(value, option="max_clock_skew", backend=backend)
-    if skew < timedelta(0):
-        raise ConfigurationError(
-            f"max_clock_skew of {backend} must be 0 or more (got {value!r})",
-            option="max_clock_skew",
-            backend=backend,
-        )
-    return skew
-
-
-def check_lock_wait(
-    value: Duration | None,
-    lease_ttl: timedelta,
-    *,
-    option: str,
-    default: timedelta,
-    backend: str,
-) -> timedelta:
-    """How long the backend lets a statement wait for another client's lock.
-
-    It must fit in a third of ``lease_ttl``: the runner renews every third, and a release (or
-    renewal) left waiting longer could land after the lease expired, when another instance has
-    already restarted the slot. Unset, it is ``default`` or a third of ``lease_ttl`` if shorter.
-    """
-    bound = lease_ttl / 3
-    if value is None:
-        return min(default, bound)
-    wait = _duration(value, option=option, backend=backend)
-    if wait > bound:
-        raise ConfigurationError(
-            f"{option} ({format_duration(wait)}) of {backend} must be at most a third of "
-            f"lease_ttl ({format_duration(lease_ttl)}): a release or renewal waiting "
-            f"{format_duration(wait)} for another process's lock can land after the lease "
-            "expired, and another instance runs the slot again; raise lease_ttl to "
-            f"{format_duration(wait * 3)} or more, or lower {option} to "
-            f"{format_duration(bound)} or less (or leave it unset)",
-            option=option,
-            backend=backend,
-        )
-    return wait
 
 
 # -- claims --------------------------------------------------------------------------------
@@ -678,10 +619,9 @@ class LeaseBackendBase(LeaseBackend):
     #: The backend's clock, as refusals name it.
     clock_name: ClassVar[ClockName] = ClockName("the backend's clock", "the backend's host")
 
-    def __init__(self, *, lease_ttl: Duration, max_clock_skew: Duration) -> None:
+    def __init__(self, options: LeaseOptions) -> None:
         super().__init__()
-        self._lease_ttl = check_lease_ttl(lease_ttl, backend=self.name)
-        self._max_clock_skew = check_max_clock_skew(max_clock_skew, backend=self.name)
+        self._lease_ttl, self._max_clock_skew = options.lease_ttl, options.max_clock_skew
         self._agreed: ClockReading | None = None  # the last claim answer that passed the check
 
     def _check_slot_time(

@@ -22,16 +22,15 @@ Both keep the same three tables (plus ``schema_version``):
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from .._clock import Clock
-from .._durations import Duration
-from .._exceptions import BackendUnavailableError, ConfigurationError
+from .._exceptions import BackendUnavailableError
 from ..abc import Finding, JobPolicy, Outcome, RunReason, RunRecord
 from ._lease import MIN_RENEW_TIMEOUT_S, LeaseBackendBase
+from ._options import LeaseOptions, name_check
 
 __all__ = [
     "MIN_RENEW_TIMEOUT_S",
@@ -55,7 +54,6 @@ SCHEMA_VERSION = 2
 #: ``jobs.last_slot_ms`` of a job only ever run manually: below every slot, so any passes.
 NO_SLOT = -(2**63)
 
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
@@ -64,8 +62,8 @@ class SQLLeaseBackend(LeaseBackendBase):
     """What both SQL backends share beyond every lease backend's settings: the scheduler's
     clock (for history times; leases are judged on the database's clock)."""
 
-    def __init__(self, lease_ttl: Duration, max_clock_skew: Duration) -> None:
-        super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
+    def __init__(self, options: LeaseOptions) -> None:
+        super().__init__(options)
         self._clock: Clock | None = None
 
     def _now(self) -> datetime:
@@ -74,16 +72,14 @@ class SQLLeaseBackend(LeaseBackendBase):
         return self._clock.now()
 
 
-def check_identifier(value: object, *, option: str, backend: str, max_length: int) -> str:
-    """``value`` if it is a plain SQL identifier: the tables' names are built from it."""
-    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value) or len(value) > max_length:
-        raise ConfigurationError(
-            f"{option} {value!r} of {backend} must be letters, digits and underscores, not "
-            f"starting with a digit, at most {max_length} characters",
-            option=option,
-            backend=backend,
-        )
-    return value
+def check_identifier(option: str, max_length: int) -> Callable[[object, str], str]:
+    """The check of a plain SQL identifier, which the tables' names are built from."""
+    return name_check(
+        option,
+        rf"[A-Za-z_][A-Za-z0-9_]{{0,{max_length - 1}}}",
+        f"letters, digits and underscores, not starting with a digit, at most {max_length} "
+        "characters",
+    )
 
 
 def datetime_to_us(value: datetime) -> int:

@@ -48,6 +48,7 @@ from ._lease import (
     decide,
     new_token,
 )
+from ._options import LeaseOptions
 
 __all__ = ["MemoryBackend", "MemoryStore"]
 
@@ -90,7 +91,7 @@ class MemoryBackend(LeaseBackendBase):
         max_clock_skew: Duration = DEFAULT_MAX_CLOCK_SKEW,
         store_clock: Clock | None = None,
     ) -> None:
-        super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
+        super().__init__(LeaseOptions.parse(self.name, locals()))
         self.store = store if store is not None else MemoryStore()
         self.store_clock = store_clock
         self._clock: Clock | None = None

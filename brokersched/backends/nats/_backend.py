@@ -8,7 +8,6 @@ import contextlib
 import itertools
 import json
 import logging
-import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -18,12 +17,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from ... import _redact
 from ..._clock import Clock
-from ..._durations import Duration, positive_duration, to_ms
-from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
+from ..._durations import Duration, to_ms
+from ..._exceptions import BackendError, BackendUnavailableError
 from ..._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms
 from ..._tasks import cancel_requests, gather_each, raise_if_cancelled_since, to_the_end
 from ...abc import BrokerBudget, Claim, Finding, FleetKind, Inventory, JobPolicy, RunRecord, Slot
-from .._budget import BudgetWatch, budget_period
+from .._budget import BudgetWatch
 from .._claims import ClaimBackendBase
 from .._keywords import own_options, refuse_unknown
 from . import _ops
@@ -34,7 +33,6 @@ from ._base import (
     MSG_ID,
     SECRET_OPTIONS,
     Translated,
-    check_servers,
     close_client,
     connect_keywords,
     describe,
@@ -46,6 +44,7 @@ from ._budget import nats_budget_watch
 from ._fleet import FleetBuckets, presence
 from ._history import read_last
 from ._names import Names
+from ._options import NATSOptions, check_prefix
 from ._streams import Streams
 
 if TYPE_CHECKING:
@@ -57,7 +56,6 @@ __all__ = ["NATSBackend"]
 
 T = TypeVar("T")
 
-_PREFIX_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
 # A single publish attempt waits at most this long (or a quarter of the claim budget, if more)
 # before it is retried with the same message id: a request sent just before a disconnect never
@@ -69,15 +67,6 @@ _MAX_ATTEMPT_S = 2.0
 _RETRY_PAUSE_S = 0.02  # between attempts that got a definite "try again" (no responders, 503)
 _CONNECTED_POLL_S = 0.05
 _API_TIMEOUT_S = 5.0
-# How long a claim waits for a definite answer by default. On one server a claim that cannot be
-# answered within 2 s means the server is down: fail closed, the slot is skipped. A replicated
-# stream has no leader for seconds after its leader dies, and again after a partitioned node
-# comes back (it has raised its Raft term while cut off, so the leader steps down and a new
-# election runs; measured here on nats-server 2.9.10: 2-12 s). A claim that gives up after 2 s
-# then loses every slot of the election (in one run, 84 slots lost just after the link came
-# back); one that waits runs them late instead, within max_late, still exactly once.
-_CLAIM_TIMEOUT = "2s"
-_CLUSTER_CLAIM_TIMEOUT = "30s"
 
 
 class NATSBackend(ClaimBackendBase):
@@ -90,7 +79,7 @@ class NATSBackend(ClaimBackendBase):
     replicas in a cluster.
     ``claim_timeout``: the longest a claim may take, whatever ``timeout`` the scheduler allows
     (the rest of the job's ``max_late``); by default 2 s on one server and 30 s with
-    ``replicas`` > 1, where a stream leader's election takes seconds (see ``_CLAIM_TIMEOUT``).
+    ``replicas`` > 1, where a stream leader's election takes seconds (``_options``).
     ``connect_options`` go to ``nats.connect`` (``user_credentials``, ``tls``, ``token``, ...);
     they are never logged, and one it does not accept is refused at construction. ``start()``
     waits up to twice ``connect_timeout`` (2 s) per server. ``budget_interval``: how often the
@@ -113,6 +102,7 @@ class NATSBackend(ClaimBackendBase):
         budget_interval: Duration | None = "30s",
         **connect_options: Any,
     ) -> None:
+        options = NATSOptions.parse(BACKEND, locals())
         super().__init__()
         refuse_unknown(
             BACKEND,
@@ -121,24 +111,11 @@ class NATSBackend(ClaimBackendBase):
             library="nats.connect",
             accepted=connect_keywords,
         )
-        self._set_memory(slot_ttl, max_clock_skew)
+        self._set_memory(options)
         self._clock: Clock | None = None
         self._raising_window = asyncio.Lock()
-        self._servers = check_servers(servers)
-        if claim_timeout is None:
-            claim_timeout = _CLUSTER_CLAIM_TIMEOUT if replicas != 1 else _CLAIM_TIMEOUT
-        self._claim_timeout = positive_duration(
-            claim_timeout, option="claim_timeout", backend=BACKEND
-        )
-        self._check_prefix(prefix)
-        if type(replicas) is not int or not 1 <= replicas <= 5:
-            raise ConfigurationError(
-                f"replicas {replicas!r} must be an integer from 1 to 5",
-                option="replicas",
-                backend=BACKEND,
-            )
-        self._names = Names(prefix)
-        self._replicas = replicas
+        self._servers, self._claim_timeout = options.servers, options.claim_timeout
+        self._names, self._replicas = Names(options.prefix), options.replicas
         self._fleet_buckets: FleetBuckets | None = None
         self._connect_options = dict(connect_options)
         self._secrets = _redact.connection_secrets(
@@ -154,19 +131,8 @@ class NATSBackend(ClaimBackendBase):
         self._token_base = secrets.token_hex(6)
         self._token_seq = itertools.count()
         self._claim_subjects: dict[str, str] = {}  # job -> subject, validated once
-        self._budget_period = budget_period(budget_interval, backend=BACKEND)
+        self._budget_period = options.budget_interval
         self._budget: BudgetWatch | None = None
-
-    @staticmethod
-    def _check_prefix(prefix: str) -> str:
-        if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
-            raise ConfigurationError(
-                f"prefix {prefix!r} must be 1-64 letters, digits, '_' or '-' "
-                "(it names streams and subjects)",
-                option="prefix",
-                backend=BACKEND,
-            )
-        return prefix
 
     def _new_streams(self) -> Streams:
         return Streams(
@@ -325,12 +291,12 @@ class NATSBackend(ClaimBackendBase):
     ) -> Inventory:
         """The prefix's streams (claims, history). Live: a message stored in the last
         minute (a claim, the fleet's record, a run)."""
-        names = self._names if namespace is None else Names(self._check_prefix(namespace))
+        names = self._names if namespace is None else Names(check_prefix(namespace, BACKEND))
         return await self._operation("list its streams", _ops.inventory, names)
 
     async def _presence_records(self, namespace: str | None) -> list[str]:
         """The presence bucket ``<prefix>-fleet-instance``, read only."""
-        prefix = self._names.prefix if namespace is None else self._check_prefix(namespace)
+        prefix = self._names.prefix if namespace is None else check_prefix(namespace, BACKEND)
         return await self._operation("read the fleet's presence", presence, prefix)
 
     async def purge(self, inventory: Inventory) -> Inventory:

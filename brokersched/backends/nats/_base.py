@@ -98,38 +98,32 @@ def check_servers(servers: object, backend: str = BACKEND) -> list[str]:
     DNS error seconds after ``start()``. Scheme-less ``host:port`` (and ``user:pw@host:port``)
     is nats-py's own shorthand for ``nats://``.
     """
+
+    def refused(message: str) -> ConfigurationError:
+        return ConfigurationError(message, option="servers", backend=backend)
+
     found = [servers] if isinstance(servers, str) else servers
     if not isinstance(found, list | tuple) or not found:
-        raise ConfigurationError(
-            f"servers of {backend} must be a URL or a non-empty list of URLs ({_ACCEPTED})",
-            option="servers",
-            backend=backend,
+        raise refused(
+            f"servers of {backend} must be a URL or a non-empty list of URLs ({_ACCEPTED})"
         )
     checked: list[str] = []
     for server in cast(Sequence[object], found):
         if not isinstance(server, str) or not server.strip():
-            raise ConfigurationError(
-                f"server {server!r} of {backend} is not a URL; write {_ACCEPTED}",
-                option="servers",
-                backend=backend,
-            )
+            raise refused(f"server {server!r} of {backend} is not a URL; write {_ACCEPTED}")
         scheme = _scheme(server)
         if scheme is not None and scheme not in _SCHEMES:
-            raise ConfigurationError(
-                f"server {_redact.redact_url(server)!r} of {backend} has the scheme"
-                f" {scheme!r}; NATS URLs start with nats://, tls://, ws:// or wss://, in lower"
-                " case (or have no scheme: host:4222)",
-                option="servers",
-                backend=backend,
+            raise refused(
+                f"server {_redact.redact_url(server)!r} of {backend} has the scheme {scheme!r};"
+                " NATS URLs start with nats://, tls://, ws:// or wss://, in lower case (or have"
+                " no scheme: host:4222)"
             )
         checked.append(server)
     websocket = [_scheme(server) in ("ws", "wss") for server in checked]
     if any(websocket) and not all(websocket):
-        raise ConfigurationError(
+        raise refused(
             f"servers of {backend} mix WebSocket (ws://, wss://) and plain (nats://, tls://)"
-            " URLs, which nats-py refuses: list one kind only",
-            option="servers",
-            backend=backend,
+            " URLs, which nats-py refuses: list one kind only"
         )
     return checked
 

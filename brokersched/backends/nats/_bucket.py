@@ -5,13 +5,13 @@ API with the server's clock read from a probe (``KVTable``), the bucket's name
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from ..._clock import datetime_to_ms
-from ..._exceptions import BackendError, ConfigurationError
+from ..._exceptions import BackendError
+from .._options import name_check
 from ._base import Translated
 from ._rows import Conflict, Table
 from ._stream_settings import limit_value, setting_text
@@ -23,7 +23,11 @@ if TYPE_CHECKING:
 __all__ = ["BACKEND", "KVTable", "bucket_problems", "check_bucket", "kv_stream"]
 
 BACKEND = "NATSLeaseBackend"
-_BUCKET_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+check_bucket = name_check(
+    "bucket",
+    r"[A-Za-z0-9_-]{1,64}",
+    "1-64 letters, digits, '_' or '-' (it names the KV bucket and the history stream)",
+)
 _CLOCK_KEY = "clock"
 _PROBE_TIMEOUT_S = 2.0  # a probe lost with a dying leader gives way to a new one soon
 
@@ -101,17 +105,6 @@ class KVTable(Table):
             raise BackendError(f"{BACKEND}: the server stored the clock probe without a time")
         stamp = msg.time if msg.time.tzinfo is not None else msg.time.replace(tzinfo=UTC)
         return datetime_to_ms(stamp)
-
-
-def check_bucket(bucket: object) -> str:
-    if not isinstance(bucket, str) or not _BUCKET_RE.fullmatch(bucket):
-        raise ConfigurationError(
-            f"bucket {bucket!r} of {BACKEND} must be 1-64 letters, digits, '_' or '-' (it "
-            "names the KV bucket and the history stream)",
-            option="bucket",
-            backend=BACKEND,
-        )
-    return bucket
 
 
 def kv_stream(bucket: str) -> str:

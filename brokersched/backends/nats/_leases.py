@@ -53,7 +53,7 @@ from ...abc import (
     RunRecord,
     Slot,
 )
-from .._budget import BudgetWatch, budget_period
+from .._budget import BudgetWatch
 from .._keywords import own_options, refuse_unknown
 from .._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
@@ -73,7 +73,6 @@ from ._base import (
     MSG_ID,
     SECRET_OPTIONS,
     Translated,
-    check_servers,
     close_client,
     connect_keywords,
     describe,
@@ -85,6 +84,7 @@ from ._budget import nats_budget_watch
 from ._fleet import FleetBuckets, bucket_streams, presence
 from ._history import read_last
 from ._names import Names
+from ._options import NATSLeaseOptions
 from ._rows import Rows
 from ._stream_settings import history_config, history_problems
 
@@ -137,7 +137,8 @@ class NATSLeaseBackend(LeaseBackendBase):
         budget_interval: Duration | None = "30s",
         **connect_options: Any,
     ) -> None:
-        super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
+        options = NATSLeaseOptions.parse(BACKEND, locals())
+        super().__init__(options)
         refuse_unknown(
             BACKEND,
             connect_options,
@@ -146,15 +147,8 @@ class NATSLeaseBackend(LeaseBackendBase):
             accepted=connect_keywords,
             reserved=_NOT_HERE,
         )
-        self._servers = check_servers(servers, BACKEND)
-        self._bucket = check_bucket(bucket)
-        if type(replicas) is not int or not 1 <= replicas <= 5:
-            raise ConfigurationError(
-                f"replicas {replicas!r} of {BACKEND} must be an integer from 1 to 5",
-                option="replicas",
-                backend=BACKEND,
-            )
-        self._replicas = replicas
+        self._servers, self._bucket = options.servers, options.bucket
+        self._replicas = options.replicas
         self._names = Names(self._bucket)
         self._connect_options = dict(connect_options)
         self._secrets = _redact.connection_secrets(
@@ -172,7 +166,7 @@ class NATSLeaseBackend(LeaseBackendBase):
         #: For tests: decisions judge time as if the server's clock read this (ms); ``None``
         #: (always, in production): the server's clock.
         self.store_time: int | None = None
-        self._budget_period = budget_period(budget_interval, backend=BACKEND)
+        self._budget_period = options.budget_interval
         self._budget: BudgetWatch | None = None
 
     def __repr__(self) -> str:
@@ -582,12 +576,12 @@ class NATSLeaseBackend(LeaseBackendBase):
     ) -> Inventory:
         """The bucket's stream and the history stream. Live: a message stored in the last
         minute (every decision writes the clock probe)."""
-        bucket = self._bucket if namespace is None else check_bucket(namespace)
+        bucket = self._bucket if namespace is None else check_bucket(namespace, BACKEND)
         return await self._operation("list its streams", _inventory, bucket)
 
     async def _presence_records(self, namespace: str | None) -> list[str]:
         """The presence bucket ``<bucket>-fleet-instance``, read only."""
-        bucket = self._bucket if namespace is None else check_bucket(namespace)
+        bucket = self._bucket if namespace is None else check_bucket(namespace, BACKEND)
         return await self._operation("read the fleet's presence", presence, bucket)
 
     async def purge(self, inventory: Inventory) -> Inventory:

@@ -21,16 +21,17 @@ from ..._exceptions import (
     ConfigurationError,
 )
 from ...abc import BrokerBudget, Finding, Inventory, Slot
-from .._budget import BudgetWatch, budget_period
+from .._budget import BudgetWatch
 from .._errors import ErrorMap, ErrorRow, Within
 from .._keywords import checked_keywords
 from .._lease import DEFAULT_MAX_CLOCK_SKEW, ClockName
-from .._sql import SCHEMA_VERSION, check_identifier
+from .._sql import SCHEMA_VERSION
 from . import _ops
 from ._budget import BUDGET_SQL, postgres_budget_watch, read_budget
 from ._connection import Connection, Pool, Row, keep_session
 from ._fleet import PostgresFleet
 from ._leases import PostgresLeases
+from ._options import PostgresOptions, check_schema
 from ._statements import HAS_TRACEBACK, Statements
 
 __all__ = ["PostgresBackend"]
@@ -73,23 +74,17 @@ class PostgresBackend(PostgresLeases, PostgresFleet):
         max_clock_skew: Duration = DEFAULT_MAX_CLOCK_SKEW,
         budget_interval: Duration | None = "30s",
     ) -> None:
-        super().__init__(lease_ttl, max_clock_skew)
-        self._budget_period = budget_period(budget_interval, backend=self.name)
+        options = PostgresOptions.parse(self.name, locals())
+        super().__init__(options)
+        self._budget_period = options.budget_interval
         self._budget: BudgetWatch | None = None
         self._claims_in_flight = 0  # holding, or about to take, a connection of the pool
         self._dsn = dsn
         self._redacted = _redact.redact_url(dsn)
         self._secrets = _redact.url_secrets(dsn)
         self._errors = ErrorMap(self._error_rows, self._secrets)
-        self._schema = check_identifier(schema, option="schema", backend=self.name, max_length=63)
-        if not 0 <= min_size <= max_size or max_size < 1:
-            raise ConfigurationError(
-                f"PostgresBackend needs 0 <= min_size <= max_size and max_size >= 1 "
-                f"(got min_size={min_size}, max_size={max_size})",
-                option="max_size",
-                backend=self.name,
-            )
-        self._min_size, self._max_size = min_size, max_size
+        self._schema = options.schema_
+        self._min_size, self._max_size = options.min_size, options.max_size
         self._sql = Statements(self._schema)
         self._pool: Pool | None = None
         self._asyncpg: Any = None
@@ -266,7 +261,7 @@ class PostgresBackend(PostgresLeases, PostgresFleet):
     def _ops_schema(self, namespace: str | None) -> str:
         if namespace is None:
             return self._schema
-        return check_identifier(namespace, option="schema", backend=self.name, max_length=63)
+        return check_schema(namespace, self.name)
 
     async def purge(self, inventory: Inventory) -> Inventory:
         """Drop the tables and the function of ``inventory``, then the schema if it is empty."""

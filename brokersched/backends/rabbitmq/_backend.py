@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ... import _redact
 from ..._clock import Clock, host_time_ms
-from ..._durations import Duration, format_duration, positive_duration, to_ms
+from ..._durations import Duration, format_duration, to_ms
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW
 from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
@@ -28,7 +28,6 @@ from ...abc import (
     RunRecord,
     Slot,
 )
-from .._budget import budget_period
 from .._errors import ErrorMap
 from .._keywords import own_options, refuse_unknown
 from . import _ops
@@ -48,9 +47,7 @@ from ._connection import (
     server_properties,
 )
 from ._errors import (
-    check_channels,
     check_parsable,
-    check_urls,
     describe,
     error_rows,
     login_refused,
@@ -69,6 +66,7 @@ from ._names import (
     lock_queue_name,
     record_queue_name,
 )
+from ._options import RabbitMQOptions
 from ._records import FleetRecords, fleet_lock_name, fleet_queue_name
 
 if TYPE_CHECKING:
@@ -124,6 +122,7 @@ class RabbitMQBackend(ClaimQueues):
         budget_interval: Duration | None = "30s",
         **connect_options: Any,
     ) -> None:
+        options = RabbitMQOptions.parse(self.name, locals())
         super().__init__()
         refuse_unknown(
             self.name,
@@ -133,14 +132,14 @@ class RabbitMQBackend(ClaimQueues):
             accepted=connect_keywords,
             reserved=RESERVED_CONNECT,
         )
-        self._set_memory(slot_ttl, max_clock_skew)
-        self._urls = check_urls(url, self.name)
+        self._set_memory(options)
+        self._urls, self._prefix = options.url, options.prefix
         self._management = (
             None
             if management_url is None
             else _ops.Management(management_url, url_vhost(self._urls[0]))
         )
-        period = budget_period(budget_interval, backend=self.name)
+        period = options.budget_interval
         self._budget = (
             None
             if self._management is None or period is None
@@ -151,12 +150,8 @@ class RabbitMQBackend(ClaimQueues):
         self._errors = ErrorMap(
             functools.partial(error_rows, self.name, self._secrets), self._secrets
         )
-        self._claim_timeout = positive_duration(
-            claim_timeout, option="claim_timeout", backend=self.name
-        )
-        self._prefix = check_prefix(prefix, self.name)
-        self._declare_ahead = declare_ahead
-        self._channel_count = check_channels(channels, self.name)
+        self._claim_timeout, self._channel_count = options.claim_timeout, options.channels
+        self._declare_ahead = options.declare_ahead
         # A claim waits this long for a free channel, then is skipped: under a load the broker
         # cannot carry, slots are skipped (backend-error, "overloaded") instead of piling up.
         self._channel_wait = self._claim_timeout.total_seconds() / 4
@@ -164,7 +159,7 @@ class RabbitMQBackend(ClaimQueues):
         defaults = {key: value for key, value in CONNECT_DEFAULTS.items() if key not in in_url}
         self._connect_options = {**defaults, **connect_options}
         self._connect_options.setdefault(
-            "client_properties", {"connection_name": f"brokersched ({prefix})"}
+            "client_properties", {"connection_name": f"brokersched ({self._prefix})"}
         )
         self._connection: AbstractRobustConnection | None = None
         self._pool: ChannelPool | None = None

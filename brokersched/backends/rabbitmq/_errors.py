@@ -11,9 +11,9 @@ from urllib.parse import urlsplit
 from ... import _redact
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from .._errors import ErrorRow
+from .._options import url_refusal
 
 __all__ = [
-    "check_channels",
     "check_parsable",
     "check_urls",
     "describe",
@@ -111,12 +111,11 @@ def check_parsable(url: str, backend: str) -> None:
     else:
         return
     # Raised here, outside the except block: no parser error chained to it.
-    raise ConfigurationError(
-        f"url {_redact.redact_url(url)!r} of {backend} cannot be parsed: is the port a"
-        " number, and are the reserved characters of the user name and password"
-        " percent-encoded (@ : / ? # [ ] % as %40 %3A %2F %3F %23 %5B %5D %25)?",
-        option="url",
-        backend=backend,
+    raise url_refusal(
+        url,
+        backend,
+        "cannot be parsed: is the port a number, and are the reserved characters of the user"
+        " name and password percent-encoded (@ : / ? # [ ] % as %40 %3A %2F %3F %23 %5B %5D %25)?",
     )
 
 
@@ -171,19 +170,5 @@ def _check_url(url: str, backend: str) -> str:
     except ValueError:
         scheme = ""
     if scheme not in {"amqp", "amqps"}:
-        raise ConfigurationError(
-            f"url {_redact.redact_url(url)!r} of {backend} must start with amqp:// or amqps://",
-            option="url",
-            backend=backend,
-        )
+        raise url_refusal(url, backend, "must start with amqp:// or amqps://")
     return url
-
-
-def check_channels(channels: object, backend: str) -> int:
-    if isinstance(channels, bool) or not isinstance(channels, int) or not 1 <= channels <= 1000:
-        raise ConfigurationError(
-            f"channels {channels!r} of {backend} must be an integer from 1 to 1000",
-            option="channels",
-            backend=backend,
-        )
-    return channels

@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import hashlib
-import re
 
-from ..._exceptions import ConfigurationError
 from ...abc import Slot
+from .._options import name_check
 
 __all__ = [
     "check_prefix",
@@ -25,7 +24,13 @@ _HASH_HEX = 32  # 128 bits of SHA-256: names of over-long jobs stay collision-fr
 _NAME_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 # No '.' in a prefix: '.' separates the parts of a queue name, and a prefix holding one would
 # make ``P`` + job ``claim.x`` and ``P.claim`` + job ``x`` share a queue.
-_PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,99}")
+check_prefix = name_check(
+    "prefix",
+    r"(?!amq$)[A-Za-z0-9_][A-Za-z0-9_-]{0,99}",
+    "1-100 characters of [A-Za-z0-9_-], not starting with '-', without '.' ('.' separates the "
+    "parts of queue names: write 'my-app' or 'my_app' rather than 'my.app') and other than "
+    "'amq' (queue names starting 'amq.' are reserved by RabbitMQ)",
+)
 _LONGEST_KIND = ".history."
 
 
@@ -89,16 +94,3 @@ def lock_queue_name(prefix: str) -> str:
 def fence_exchange_name(prefix: str, memory_ms: int) -> str:
     """``<prefix>.slot-memory.<ms>ms``: exists while ``memory_ms`` is the fleet's slot memory."""
     return f"{prefix}.slot-memory.{memory_ms}ms"
-
-
-def check_prefix(prefix: object, backend: str) -> str:
-    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix) or prefix == "amq":
-        raise ConfigurationError(
-            f"prefix {prefix!r} of {backend} must be 1-100 characters of [A-Za-z0-9_-], not"
-            " starting with '-', without '.' ('.' separates the parts of queue names: write"
-            " 'my-app' or 'my_app' rather than 'my.app') and other than 'amq' (queue names"
-            " starting 'amq.' are reserved by RabbitMQ)",
-            option="prefix",
-            backend=backend,
-        )
-    return prefix

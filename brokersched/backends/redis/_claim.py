@@ -53,12 +53,13 @@ from ...abc import (
 )
 from .._claims import ClaimBackendBase, shown
 from .._keywords import own_options
+from .._options import ClaimOptions
 from . import _ops
 from ._connection import RedisConnection
 from ._fleet import FleetRecords
 from ._keys import claim_key, evictions_key
 from ._link import RedisLink
-from ._options import check_client_options
+from ._options import RedisOptions, check_client_options
 
 __all__ = ["RedisBackend", "slot_memory_key"]
 
@@ -116,17 +117,12 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackendBase):
         budget_interval: Duration | None = "30s",
         **client_options: Any,
     ) -> None:
-        self._setup(slot_ttl, max_clock_skew)
-        check_client_options(self.name, own_options(RedisBackend), client_options, cluster=cluster)
-        self._redis: RedisLink = RedisConnection(
-            self.name,
-            url,
-            prefix=prefix,
-            cluster=cluster,
-            require_persistence=require_persistence,
-            client_options=client_options,
-            budget_interval=budget_interval,
+        options = RedisOptions.parse(self.name, locals())
+        self._setup(options)
+        check_client_options(
+            self.name, own_options(RedisBackend), client_options, cluster=options.cluster
         )
+        self._redis: RedisLink = RedisConnection(self.name, options, client_options)
 
     @classmethod
     def over(
@@ -140,13 +136,13 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackendBase):
         (the prefix, the server and its checks are the link's): the fleet simulator makes
         the real backend over its model of a server this way (``_link``)."""
         backend = cls.__new__(cls)
-        backend._setup(slot_ttl, max_clock_skew)
+        backend._setup(ClaimOptions.parse(cls.__name__, locals()))
         backend._redis = link
         return backend
 
-    def _setup(self, slot_ttl: Duration, max_clock_skew: Duration) -> None:
+    def _setup(self, options: ClaimOptions) -> None:
         super().__init__()
-        self._set_memory(slot_ttl, max_clock_skew)
+        self._set_memory(options)
         self._memory: FleetMemory | None = None
         self._raising: asyncio.Lock = asyncio.Lock()
         # When (this instance's clock) the record was last read, as sent: a claim of a slot

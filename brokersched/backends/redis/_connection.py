@@ -13,16 +13,15 @@ from urllib.parse import urlsplit
 
 from ... import _redact
 from ..._clock import Clock
-from ..._durations import Duration
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ...abc import FleetKind, JobPolicy, RunRecord
-from .._budget import BudgetWatch, budget_period
+from .._budget import BudgetWatch
 from .._errors import ErrorMap, ErrorRow
 from . import _scripts
 from ._budget import redis_budget_watch
 from ._fleet import put_record, read_records, swap_record
 from ._history import read_history, record_run
-from ._options import check_prefix, check_url
+from ._options import RedisServerOptions, check_prefix
 from ._server import POLICY_RECHECK_MS, ServerChecks, guard_refusal
 
 __all__ = ["RedisConnection"]
@@ -47,26 +46,16 @@ class RedisConnection(ServerChecks):
     """
 
     def __init__(
-        self,
-        backend: str,
-        url: str,
-        *,
-        prefix: str,
-        cluster: bool,
-        require_persistence: bool,
-        client_options: Mapping[str, Any],
-        budget_interval: Duration | None = "30s",
+        self, backend: str, options: RedisServerOptions, client_options: Mapping[str, Any]
     ) -> None:
         self.backend = backend
-        self._budget_period = budget_period(budget_interval, backend=backend)
+        self._budget_period = options.budget_interval
         #: The server's budget while started (``_budget``), unless ``budget_interval=None``.
         self.budget: BudgetWatch | None = None
-        self.url = check_url(url, backend, cluster=cluster)
-        self.prefix = check_prefix(prefix, backend)
-        self.cluster = bool(cluster)
-        self.require_persistence = bool(require_persistence)
-        self.redacted = _redact.redact_url(url)
-        self._secrets = _redact.url_secrets(url)
+        self.url, self.prefix, self.cluster = options.url, options.prefix, options.cluster
+        self.require_persistence = options.require_persistence
+        self.redacted = _redact.redact_url(self.url)
+        self._secrets = _redact.url_secrets(self.url)
         password = client_options.get("password")
         if isinstance(password, str) and password:
             self._secrets = sorted({*self._secrets, password}, key=len, reverse=True)

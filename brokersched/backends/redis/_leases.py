@@ -38,7 +38,7 @@ from ._connection import RedisConnection
 from ._fleet import FleetRecords
 from ._history import history_entry, history_ttl_args
 from ._keys import evictions_key, history_key, job_key, runs_key
-from ._options import check_client_options
+from ._options import RedisLeaseOptions, check_client_options
 
 __all__ = ["RedisLeaseBackend"]
 
@@ -69,19 +69,12 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         budget_interval: Duration | None = "30s",
         **client_options: Any,
     ) -> None:
-        super().__init__(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
+        options = RedisLeaseOptions.parse(self.name, locals())
+        super().__init__(options)
         check_client_options(
-            self.name, own_options(RedisLeaseBackend), client_options, cluster=cluster
+            self.name, own_options(RedisLeaseBackend), client_options, cluster=options.cluster
         )
-        self._redis: RedisConnection = RedisConnection(
-            self.name,
-            url,
-            prefix=prefix,
-            cluster=cluster,
-            require_persistence=require_persistence,
-            client_options=client_options,
-            budget_interval=budget_interval,
-        )
+        self._redis: RedisConnection = RedisConnection(self.name, options, client_options)
 
     def __repr__(self) -> str:
         cluster = ", cluster=True" if self._redis.cluster else ""

@@ -1,21 +1,44 @@
-"""The options of the Redis backends checked at construction: the URL, the prefix, and the
-keywords handed on to redis-py."""
+"""The options of the Redis backends, declared and checked in one call (``backends/_options``):
+the server's (``RedisServerOptions``, shared by both backends and their connection), each
+backend's own, and the keywords handed on to redis-py."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from ... import _redact
-from ..._exceptions import ConfigurationError
-from .._keywords import parameter_names, refuse_unknown
+from pydantic import ValidationInfo, field_validator
 
-__all__ = ["check_client_options", "check_prefix", "check_url"]
+from .._keywords import parameter_names, refuse_unknown
+from .._options import (
+    BackendOptions,
+    BudgetPeriod,
+    ClaimOptions,
+    Flag,
+    LeaseOptions,
+    backend_of,
+    checked,
+    name_check,
+    url_refusal,
+)
+
+__all__ = [
+    "RedisLeaseOptions",
+    "RedisOptions",
+    "RedisServerOptions",
+    "check_client_options",
+    "check_prefix",
+    "check_url",
+]
 
 _SCHEMES = ("redis", "rediss", "unix")
-_PREFIX = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+check_prefix = name_check(
+    "prefix",
+    r"[A-Za-z0-9_.:-]{1,100}",
+    "1-100 characters of [A-Za-z0-9_.:-] (no '{', '}' or spaces: the job's hash tag follows it "
+    "in every key)",
+)
 
 
 def _client_keywords(cluster: bool) -> Callable[[], set[str]]:
@@ -56,20 +79,8 @@ def check_client_options(
     )
 
 
-def check_prefix(prefix: object, backend: str) -> str:
-    if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
-        raise ConfigurationError(
-            f"prefix {prefix!r} of {backend} must be 1-100 characters of [A-Za-z0-9_.:-] (no "
-            "'{', '}' or spaces: the job's hash tag follows it in every key)",
-            option="prefix",
-            backend=backend,
-        )
-    return prefix
-
-
 def check_url(url: object, backend: str, *, cluster: bool) -> str:
     """The scheme and the port are checked at construction; the rest by redis-py at start."""
-    shown = _redact.redact_url(url) if isinstance(url, str) else repr(url)
     accepted = "redis://, rediss:// (TLS) or unix:// (a socket path)"
     try:
         if not isinstance(url, str):
@@ -78,28 +89,38 @@ def check_url(url: object, backend: str, *, cluster: bool) -> str:
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number
         scheme = parts.scheme
     except ValueError as exc:
-        raise ConfigurationError(
-            f"url {shown!r} of {backend} is not a valid URL ({exc}); use {accepted}",
-            option="url",
-            backend=backend,
-        ) from None
+        raise url_refusal(url, backend, f"is not a valid URL ({exc}); use {accepted}") from None
     if scheme not in _SCHEMES:
-        raise ConfigurationError(
-            f"url {shown!r} of {backend} must start with {accepted}",
-            option="url",
-            backend=backend,
-        )
+        raise url_refusal(url, backend, f"must start with {accepted}")
     if cluster and scheme == "unix":
-        raise ConfigurationError(
-            f"url {shown!r} of {backend}: a Redis Cluster is reached over TCP (redis:// or "
-            "rediss://), not a unix socket",
-            option="url",
-            backend=backend,
+        raise url_refusal(
+            url,
+            backend,
+            "is a unix socket: a Redis Cluster is reached over TCP (redis:// or rediss://)",
         )
     if scheme != "unix" and not parts.hostname:
-        raise ConfigurationError(
-            f"url {shown!r} of {backend} names no host; e.g. redis://127.0.0.1:6379/0",
-            option="url",
-            backend=backend,
-        )
+        raise url_refusal(url, backend, "names no host; e.g. redis://127.0.0.1:6379/0")
     return url
+
+
+class RedisServerOptions(BackendOptions):
+    """Where the server is and how it is used, as both backends take them."""
+
+    cluster: Flag
+    url: str
+    prefix: Annotated[str, checked(check_prefix)]
+    require_persistence: Flag
+    budget_interval: BudgetPeriod
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _url(cls, value: object, info: ValidationInfo) -> str:
+        return check_url(value, backend_of(info), cluster=info.data.get("cluster", False))
+
+
+class RedisOptions(ClaimOptions, RedisServerOptions):
+    """``RedisBackend``'s options."""
+
+
+class RedisLeaseOptions(LeaseOptions, RedisServerOptions):
+    """``RedisLeaseBackend``'s options."""

@@ -24,11 +24,12 @@ from ..._exceptions import (
 from ...abc import Finding, Inventory, Slot
 from .._errors import ErrorMap, ErrorRow
 from .._keywords import checked_keywords
-from .._lease import DEFAULT_MAX_CLOCK_SKEW, ClockName, check_lock_wait
-from .._sql import SCHEMA_VERSION, check_identifier
+from .._lease import DEFAULT_MAX_CLOCK_SKEW, ClockName
+from .._sql import SCHEMA_VERSION
 from . import _ops
 from ._fleet import SQLiteFleet
 from ._leases import SQLiteLeases
+from ._options import SQLiteOptions, check_table_prefix
 from ._statements import Statements
 
 if TYPE_CHECKING:
@@ -37,7 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["SQLiteBackend"]
 
 _WAL_SWITCH_S = 10.0  # the longest a start retries the switch of a new file to WAL
-_DEFAULT_BUSY_TIMEOUT = timedelta(seconds=5)
 
 
 class SQLiteBackend(SQLiteLeases, SQLiteFleet):
@@ -64,19 +64,11 @@ class SQLiteBackend(SQLiteLeases, SQLiteFleet):
         busy_timeout: Duration | None = None,
         max_clock_skew: Duration = DEFAULT_MAX_CLOCK_SKEW,
     ) -> None:
-        super().__init__(lease_ttl, max_clock_skew)
+        options = SQLiteOptions.parse(self.name, locals())
+        super().__init__(options)
         self._path = os.fspath(path)
         self._errors = ErrorMap(self._error_rows)
-        self._prefix = check_identifier(
-            table_prefix, option="table_prefix", backend=self.name, max_length=40
-        )
-        self._busy_timeout = check_lock_wait(
-            busy_timeout,
-            self._lease_ttl,
-            option="busy_timeout",
-            default=_DEFAULT_BUSY_TIMEOUT,
-            backend=self.name,
-        )
+        self._prefix, self._busy_timeout = options.table_prefix, options.busy_timeout
         self._sql = Statements(self._prefix)
         # Each object has one connection; a transaction must not interleave with another
         # coroutine's statements on it.
@@ -237,7 +229,7 @@ class SQLiteBackend(SQLiteLeases, SQLiteFleet):
     def _namespace(self, namespace: str | None) -> str:
         if namespace is None:
             return self._prefix
-        return check_identifier(namespace, option="table_prefix", backend=self.name, max_length=40)
+        return check_table_prefix(namespace, self.name)
 
     # -- plumbing --------------------------------------------------------------------------
 
