@@ -43,8 +43,9 @@ def test_an_alive_or_late_instance_refuses_purge() -> None:
     assert result.exit_code == 1, result.output
     assert "refused: an instance of the prefix seems to run" in result.stderr
     [alive, late] = signs(result.stdout)
-    assert alive[:2] == ("web-alive", "alive") and 1 <= alive[2] <= 3, alive
-    assert late[:2] == ("web-late", "late") and 9 <= late[2] <= 11, late
+    # Whole seconds, floored, on a clock of whole milliseconds: 9 s ago may read 8 s.
+    assert alive[:2] == ("web-alive", "alive") and 0 <= alive[2] <= 3, alive
+    assert late[:2] == ("web-late", "late") and 8 <= late[2] <= 11, late
 
 
 def test_the_dry_run_shows_the_same_signs() -> None:
