@@ -1,11 +1,13 @@
 """``brokersched simulate APP``: the application's own jobs through the fleet simulator.
 
-The jobs are read from the application's scheduler as registered (schedule, options, key, the
-overrides applied), and the backend's kind picks the model the fleet runs on: the lease protocol
-for SQLite, PostgreSQL, Redis leases and MemoryBackend, each claim-only backend's own model, and
-NATS KV's. Every instance of the simulated fleet registers the same jobs, as a deploy of the
-application would; their handlers are timed stand-ins (runs short, long, longer than the
-interval), or the application's own with ``real_handlers``, called in virtual time.
+The jobs are read from the application's scheduler as they are (schedule, key, options after any
+``job.update()``, the overrides applied), and the backend's kind picks the model the fleet runs
+on: the lease protocol for SQLite, PostgreSQL, Redis leases and MemoryBackend, each claim-only
+backend's own model, and NATS KV's. Every instance of the simulated fleet registers the same
+jobs, as a deploy of the application would; their handlers are timed stand-ins (runs short,
+long, longer than the interval), or the application's own with ``real_handlers``, called in
+virtual time. A ``claim=False`` job runs on every instance by design: its runs are counted, not
+judged.
 
 Everything else is the simulator's: instances started, killed (``kill -9``) and deployed again,
 the store cut off, held, restarted, clocks skewed and stepped, manual runs, backfills, pauses,
@@ -85,7 +87,6 @@ class AppJob:
     overlap: str
     max_attempts: int
     retry: Any
-    timeout_ms: int | None
     claimed: bool  # False: ``claim=False``, run by every instance, which the ledger cannot judge
 
     @property
@@ -159,7 +160,6 @@ def _app_job(state: Any) -> AppJob:
         overlap=settings.policy.overlap,
         max_attempts=settings.policy.max_attempts,
         retry=settings.retry,
-        timeout_ms=None if settings.timeout is None else to_ms(settings.timeout),
         claimed=settings.claim,
     )
 
