@@ -252,6 +252,7 @@ class LifeCycle:
         self._opened.callback(self._disarm)
         if not self.enabled:
             return  # no timer at all: nor heartbeats (the instance is not one of the fleet's)
+        self._warn_if_halted()
         fleet.start()
         self.timers.open(started_ms)
         for job in self._jobs():
@@ -262,6 +263,21 @@ class LifeCycle:
                 host.clock, host.backend, runner, jobs=self._jobs, spawn=self._spawn_named
             )
             sweeper.start()
+
+    def _warn_if_halted(self) -> None:
+        """Say it when every job is paused or disabled for the fleet as this instance starts:
+        it runs, and nothing will until one is resumed or enabled (a fleet left paused by
+        hand looks like a healthy, quiet one)."""
+        jobs = [job for job in self._jobs() if job.spec.enabled]
+        if not jobs or not all(job.halted for job in jobs):
+            return
+        names = ", ".join(job.name for job in jobs[:5]) + (", ..." if len(jobs) > 5 else "")
+        logger.warning(
+            "every job is paused or disabled for the fleet (%s): this instance runs nothing "
+            "until one is resumed or enabled (Job.resume(), Job.enable(), the admin API or "
+            "the dashboard)",
+            names,
+        )
 
     def _make_fleet(self, runner: Runner) -> Fleet:
         from . import __version__

@@ -251,3 +251,35 @@ async def test_a_run_here_is_aborted_at_once_even_without_fleet_records(clock: T
         assert record is not None and record.outcome == "interrupted"
     finally:
         await sched.stop()
+
+
+async def test_an_instance_starting_on_a_fleet_paused_whole_says_so(
+    clock: TestClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = MemoryStore()
+
+    def member(name: str) -> Scheduler[MemoryBackend]:
+        sched = Scheduler(MemoryBackend(store=store), clock=clock, jitter=0, instance_id=name)
+        sched.every("tick", "1m", lambda ctx: None)
+        sched.every("sync", "1m", lambda ctx: None)
+        return sched
+
+    first = member("A")
+    async with first:
+        tick, sync = first.get("tick"), first.get("sync")
+        assert tick is not None and sync is not None
+        await tick.pause(by="alice")
+        await sync.disable(by="alice")
+        async with member("B"):
+            pass
+        warned = [r.message for r in caplog.records if "every job is paused" in r.message]
+        assert warned == [
+            "every job is paused or disabled for the fleet (tick, sync): this instance runs "
+            "nothing until one is resumed or enabled (Job.resume(), Job.enable(), the admin "
+            "API or the dashboard)"
+        ]
+        await tick.resume(by="alice")
+        caplog.clear()
+        async with member("C"):
+            pass
+        assert not [r for r in caplog.records if "every job is paused" in r.message]
