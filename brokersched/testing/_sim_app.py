@@ -129,7 +129,7 @@ def read_app(scheduler: Scheduler[Any]) -> App:
         model=model,
         backend=type(backend).__name__,
         memory_ms=to_ms(ttl),
-        declare_ahead=bool(getattr(backend, "_declare_ahead", True)),
+        declare_ahead=bool(getattr(backend, "declare_ahead", True)),  # RabbitMQ's option
         options={
             "jitter": options.jitter,
             "max_late": options.max_late,
@@ -234,8 +234,13 @@ class AppSimulation(Simulation):
         return self._by_key[key].schedule.next_ms(after_ms) or after_ms + 3_600_000
 
     def next_instant(self, after_ms: int) -> int:
+        due = self._next_due(after_ms)
+        return after_ms + 3_600_000 if due is None else due
+
+    def _next_due(self, after_ms: int) -> int | None:
+        """The first slot of any job after ``after_ms`` (``None``: none falls again)."""
         due = [job.schedule.next_ms(after_ms) for job in self.app.jobs]
-        return min((at for at in due if at is not None), default=after_ms + 3_600_000)
+        return min((at for at in due if at is not None), default=None)
 
     async def work(self, key: str, ctx: Any, fail_rate: float) -> None:
         if not self.real_handlers:
@@ -265,9 +270,8 @@ class AppSimulation(Simulation):
         now = self.fleet.now_ms()
         if any(run.end is None for run in self.ledger.runs) or self._driven():
             return
-        due = [job.schedule.next_ms(now) for job in self.app.jobs]
-        upcoming = min((at for at in due if at is not None), default=self.until_ms)
-        target = min(upcoming, self.until_ms) - _LEAD_MS
+        upcoming = self._next_due(now)
+        target = min(self.until_ms if upcoming is None else upcoming, self.until_ms) - _LEAD_MS
         if target - now > _LEAD_MS:
             self.log.append(f"nothing due: on to {target}")
             await self.fleet.advance(timedelta(milliseconds=target - now))

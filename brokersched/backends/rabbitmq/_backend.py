@@ -201,6 +201,11 @@ class RabbitMQBackend(ClaimQueues):
         return self._prefix
 
     @property
+    def declare_ahead(self) -> bool:
+        """Whether claim queues are declared ahead of their slots (the option, as given)."""
+        return self._declare_ahead
+
+    @property
     def fleet_slot_memory(self) -> timedelta | None:
         """How long the broker remembers a claimed slot for the whole fleet of this prefix (the
         longest ``slot_ttl`` among its instances that claim), as last read; ``None`` before
