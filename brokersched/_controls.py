@@ -9,17 +9,34 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable
+from datetime import datetime
 
+from ._clock import Timer, datetime_to_ms
 from ._fleet import Change, Fleet, run_in_progress
-from ._fleetrecords import ControlAction, ControlChange, JobControl, RunInProgress
+from ._fleetrecords import Asked, ControlAction, ControlChange, JobControl, RunInProgress
 from ._host import Host
 from ._job import JobState
 from ._lifecycle import LifeCycle
 from .abc import Instance
 
-__all__ = ["FleetControls"]
+__all__ = ["FleetControls", "skip_through"]
 
 logger = logging.getLogger("brokersched")
+
+NOTHING_ASKED = Asked()  # a change that asks nothing beyond its action
+
+
+def skip_through(job: JobState, count: int, now_ms: int) -> int | None:
+    """The last of the next ``count`` slots of ``job`` after ``now_ms`` (fewer when its
+    schedule ends first); ``None`` when it has none, or ``count`` is 0."""
+    last: int | None = None
+    after = now_ms
+    for _ in range(count):
+        slot = job.schedule.next_ms(after)
+        if slot is None:
+            break
+        last = after = slot
+    return last
 
 
 class FleetControls:
@@ -36,14 +53,18 @@ class FleetControls:
         self._host = host
         self._life = life
         self._jobs = jobs
-        self._unsent: list[tuple[JobState, ControlAction, str]] = []  # changes before start()
+        self._unsent: list[tuple[JobState, ControlChange]] = []  # changes before start()
         self._local_control_said = False
+        self._pause_ends: dict[str, Timer] = {}  # job name -> when its pause ends by itself
 
     def apply(self, job: JobState, control: JobControl) -> None:
-        """The fleet's control record of ``job`` (read, or written here) takes effect here."""
+        """The fleet's control record of ``job`` (read, or written here) takes effect here. A
+        pause until an instant ends here at that instant, as on every instance (no write)."""
         was = job.halted
         job.control = control
-        job.paused, job.disabled = control.paused, control.disabled
+        now = self._host.clock.now()
+        job.paused, job.disabled = control.paused_at(now), control.disabled
+        self._end_pause_at(job, control.paused_until if job.paused else None)
         timers = self._life.timers
         if job.halted and not was:
             timers.disarm(job)
@@ -56,7 +77,50 @@ class FleetControls:
                 if run.ctx.run_id in aborts:
                     runner.abort(run, "aborted")
 
-    def control(self, job: JobState, action: ControlAction, by: str | None) -> Change:
+    def _end_pause_at(self, job: JobState, until: datetime | None) -> None:
+        """Apply ``job``'s control again at ``until`` (its pause then ends), or never."""
+        timer = self._pause_ends.pop(job.name, None)
+        if timer is not None:
+            timer.cancel()
+        if until is not None:
+
+            def ended() -> None:
+                self._pause_ends.pop(job.name, None)
+                if job.control is not None and not job.removed:
+                    self.apply(job, job.control)
+
+            self._pause_ends[job.name] = self._host.clock.call_at(datetime_to_ms(until), ended)
+
+    def change_of(
+        self,
+        job: JobState,
+        action: ControlAction,
+        actor: str,
+        extra: Asked,
+        run_id: str | None = None,
+    ) -> ControlChange:
+        """The change asked, made now: a skip's last slot found from the job's schedule."""
+        now = self._host.clock.now()
+        through = None
+        if action == "skip" and extra.count:
+            through = skip_through(job, extra.count, datetime_to_ms(now))
+            if through is None:
+                raise ValueError(f"job {job.name!r} has no slot left to skip")
+        return ControlChange(
+            job.settings.key,
+            action,
+            actor,
+            now,
+            run_id,
+            note=extra.note,
+            until=extra.until,
+            count=extra.count,
+            through_ms=through,
+        )
+
+    def control(
+        self, job: JobState, action: ControlAction, by: str | None, extra: Asked = NOTHING_ASKED
+    ) -> Change:
         """``Job.pause()`` and friends: applied here at once, and written through the backend
         for the whole fleet (at start, when the scheduler is not running)."""
         life, host = self._life, self._host
@@ -65,10 +129,10 @@ class FleetControls:
         except RuntimeError:  # another thread (start_in_thread's caller): on the scheduler's loop
             loop = life.loop
             if loop is not None and life.running and not loop.is_closed():
-                loop.call_soon_threadsafe(self.control, job, action, by)
+                loop.call_soon_threadsafe(self.control, job, action, by, extra)
                 return Change()
         actor = by or f"code@{host.instance_id}"
-        change = ControlChange(job.settings.key, action, actor, host.clock.now())
+        change = self.change_of(job, action, actor, extra)
         self.apply(job, (job.control or JobControl(job.settings.key)).apply(change))
         fleet = life.fleet
         if not host.backend.fleet:
@@ -82,18 +146,18 @@ class FleetControls:
                 )
             return Change()
         if fleet is None or not life.running:
-            self._unsent.append((job, action, actor))
+            self._unsent.append((job, change))
             return Change()
-        written = fleet.change(job, action, actor)
+        written = fleet.change(job, change)
         written.add_done_callback(functools.partial(self._written, job, action))
         return Change(written)
 
     async def send_unsent(self, fleet: Fleet) -> None:
         """Write the changes made before the start, in order, each once the last has landed."""
-        for job, action, actor in self._unsent:
-            written = fleet.change(job, action, actor)
+        for job, change in self._unsent:
+            written = fleet.change(job, change)
             await asyncio.wait([written])
-            self._written(job, action, written)
+            self._written(job, change.action, written)
         self._unsent.clear()
 
     def _written(
@@ -110,7 +174,13 @@ class FleetControls:
             )
 
     async def change(
-        self, name: str, action: ControlAction, *, by: str, run_id: str | None = None
+        self,
+        name: str,
+        action: ControlAction,
+        *,
+        by: str,
+        run_id: str | None = None,
+        extra: Asked = NOTHING_ASKED,
     ) -> JobControl:
         """``Scheduler.change_control``."""
         job = self._jobs()[name]
@@ -124,7 +194,7 @@ class FleetControls:
             for run in list(job.runs.values()):
                 if run.ctx.run_id == run_id and runner is not None:
                     runner.abort(run, "aborted")  # here: at once
-        return await fleet.change(job, action, by, run_id)
+        return await fleet.change(job, self.change_of(job, action, by, extra, run_id))
 
     async def instances(self) -> list[Instance]:
         """``Scheduler.instances``."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from ._clock import Clock, Timer, ms_to_datetime, resolve
 from ._exceptions import BackendUnavailableError
-from ._fleetrecords import ControlAction, ControlChange, Instance, JobControl, RunInProgress
+from ._fleetrecords import ControlChange, Instance, JobControl, RunInProgress
 from ._job import JobState, Run
 from .abc import Backend
 
@@ -235,16 +235,13 @@ class Fleet:
             except Exception:  # one job's control must not stop the others', nor a slot
                 logger.exception("fleet: could not apply the control of job %s", job.name)
 
-    def change(
-        self, job: JobState, action: ControlAction, actor: str, run_id: str | None = None
-    ) -> asyncio.Future[JobControl]:
+    def change(self, job: JobState, change: ControlChange) -> asyncio.Future[JobControl]:
         """Write one change of ``job``'s control through the backend, then apply the record
         here; the future answers the record (or raises the backend's error). Changes of one
         job made here while one is written go together in the next write, in order. Until
         they are written, reads of the controls leave the job alone (they may be older)."""
         key = job.settings.key
         done: asyncio.Future[JobControl] = asyncio.get_running_loop().create_future()
-        change = ControlChange(key, action, actor, self.link.clock.now(), run_id)
         self._queued.setdefault(key, []).append((change, done))
         if key not in self._writers:
             self._writers.add(key)

@@ -15,9 +15,14 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, cast, get_args
 
+from ._clock import datetime_to_ms
+
 __all__ = [
     "CONTROL_ACTIONS",
     "FORGET",
+    "NOTE_MAX",
+    "SKIP_MAX",
+    "Asked",
     "ControlAction",
     "ControlChange",
     "FleetKind",
@@ -25,11 +30,13 @@ __all__ = [
     "JobControl",
     "Liveness",
     "RunInProgress",
+    "SkipWindow",
+    "asked",
 ]
 
 FleetKind = Literal["instance", "control"]
 Liveness = Literal["alive", "late", "dead", "stopped"]
-ControlAction = Literal["pause", "resume", "disable", "enable", "abort"]
+ControlAction = Literal["pause", "resume", "disable", "enable", "skip", "abort"]
 CONTROL_ACTIONS: tuple[ControlAction, ...] = get_args(ControlAction)
 
 #: An instance record is kept this long after its last heartbeat (a dead instance stays listed
@@ -43,6 +50,54 @@ AUDIT_KEPT = 50
 #: An abort request is honoured for this long after it was made (a run started later is not
 #: the one that was meant, and a record only grows by the requests it still honours).
 ABORT_KEPT = timedelta(minutes=10)
+
+
+#: The longest ``note=`` a change keeps (it is shown in every instance's audit trail).
+NOTE_MAX = 500
+#: The most slots one ``skip(n)`` skips.
+SKIP_MAX = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What a change of a job's control asks beyond its action: why (``note``), until when (a
+    pause's ``until``), how many slots (a skip's ``count``). Made by ``asked()``, checked."""
+
+    note: str | None = None
+    until: datetime | None = None
+    count: int | None = None
+
+
+def asked(
+    action: ControlAction,
+    *,
+    now: datetime,
+    note: str | None = None,
+    until: datetime | None = None,
+    count: int | None = None,
+) -> Asked:
+    """The extras of a change, checked: a ``ValueError`` names the one refused, its value and
+    what is accepted (nothing is changed then)."""
+    if note is not None and (not isinstance(note, str) or len(note) > NOTE_MAX):
+        raise ValueError(f"note must be a text of at most {NOTE_MAX} characters, got {note!r:.80}")
+    if until is not None:
+        if action != "pause":
+            raise ValueError(f"until= is for pause only, not {action}")
+        if not isinstance(until, datetime) or until.tzinfo is None:
+            raise ValueError(f"until must be an aware datetime (with a time zone), got {until!r}")
+        if until <= now:
+            raise ValueError(
+                f"until {until.isoformat()} is not in the future (now {now.isoformat()}):"
+                " a pause that ends before it begins pauses nothing"
+            )
+    if action == "skip":
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= SKIP_MAX:
+            raise ValueError(
+                f"skip takes a number of slots from 0 (cancel a skip) to {SKIP_MAX}, got {count!r}"
+            )
+    elif count is not None:
+        raise ValueError(f"a count of slots is for skip only, not {action}")
+    return Asked(note or None, until, count)
 
 
 def _time(value: datetime) -> str:
@@ -160,38 +215,101 @@ class Instance:
 
 @dataclass(frozen=True, slots=True)
 class ControlChange:
-    """One change of a job's fleet-wide control: who (``actor``) did what (``action``) when;
-    ``run_id`` for an abort."""
+    """One change of a job's fleet-wide control: who (``actor``) did what (``action``) when,
+    and why (``note``, free text); ``run_id`` for an abort; ``until`` for a pause that ends by
+    itself; for a skip, how many slots (``count``, 0 to cancel one) and the last of them
+    (``through_ms``, found from the job's schedule by the instance that made the change)."""
 
     job: str
     action: ControlAction
     actor: str
     at: datetime
     run_id: str | None = None
+    note: str | None = None
+    until: datetime | None = None
+    count: int | None = None
+    through_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"action": self.action, "actor": self.actor, "at": _time(self.at)}
-        if self.run_id is not None:
-            data["run_id"] = self.run_id
+        until = _time(self.until) if self.until is not None else None
+        extra = (
+            ("run_id", self.run_id),
+            ("note", self.note),
+            ("until", until),
+            ("count", self.count),
+            ("through_ms", self.through_ms),
+        )
+        data.update((name, value) for name, value in extra if value is not None)
         return data
+
+    @classmethod
+    def from_dict(cls, job: str, data: dict[str, Any]) -> ControlChange:
+        until = data.get("until")
+        return cls(
+            job=job,
+            action=cast(ControlAction, data["action"]),
+            actor=data["actor"],
+            at=datetime.fromisoformat(data["at"]),
+            run_id=data.get("run_id"),
+            note=data.get("note"),
+            until=datetime.fromisoformat(until) if until else None,
+            count=data.get("count"),
+            through_ms=data.get("through_ms"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SkipWindow:
+    """``Job.skip(n)``: the job's slots after ``after_ms`` (when it was asked) up to and
+    including ``through_ms`` (the n-th of them) are skipped by the whole fleet."""
+
+    after_ms: int
+    through_ms: int
+    count: int
+
+    def covers(self, slot_ms: int) -> bool:
+        return self.after_ms < slot_ms <= self.through_ms
 
 
 @dataclass(frozen=True, slots=True)
 class JobControl:
     """A job's fleet-wide control, kept by the backend under the job's key: ``paused``
-    (``Job.pause()``) and ``disabled`` (``Job.disable()``) stop its slots on every instance;
-    ``changes`` (newest last, the latest ``AUDIT_KEPT``) says who changed what when, aborts
-    included."""
+    (``Job.pause()``; until ``paused_until`` when given, then it resumes by itself) and
+    ``disabled`` (``Job.disable()``) stop its slots on every instance; ``skip`` the next few
+    (``Job.skip(n)``); ``changes`` (newest last, the latest ``AUDIT_KEPT``) says who changed
+    what when and why, aborts included.
+
+    What a slot honours is judged by its instant (``stops``): a pause until 06:00 stops the
+    slots before 06:00 and lets the 06:00 slot run, on every instance, without a write."""
 
     job: str
     paused: bool = False
     disabled: bool = False
     changes: tuple[ControlChange, ...] = field(default=())
+    paused_until: datetime | None = None
+    skip: SkipWindow | None = None
 
     @property
     def stopped(self) -> bool:
-        """Its slots do not run (paused or disabled)."""
+        """Its slots do not run now (paused or disabled), a pause's end not considered."""
         return self.paused or self.disabled
+
+    def paused_at(self, now: datetime) -> bool:
+        """Paused at ``now``: a pause ``until`` an instant has ended from that instant."""
+        return self.paused and (self.paused_until is None or now < self.paused_until)
+
+    def stops(self, slot_ms: int) -> str | None:
+        """Why the slot at ``slot_ms`` does not run (``disabled``, ``paused``, ``skipped``),
+        or ``None`` when nothing here stops it."""
+        if self.disabled:
+            return "disabled"
+        until = self.paused_until
+        if self.paused and (until is None or slot_ms < datetime_to_ms(until)):
+            return "paused"
+        if self.skip is not None and self.skip.covers(slot_ms):
+            return "skipped"
+        return None
 
     def aborts(self, now: datetime) -> set[str]:
         """The run ids asked to abort within ``ABORT_KEPT`` of ``now``."""
@@ -202,41 +320,54 @@ class JobControl:
         }
 
     def apply(self, change: ControlChange) -> JobControl:
-        paused, disabled = self.paused, self.disabled
+        paused, disabled, until, skip = self.paused, self.disabled, self.paused_until, self.skip
         if change.action in ("pause", "resume"):
             paused = change.action == "pause"
+            until = change.until if paused else None
         elif change.action in ("disable", "enable"):
             disabled = change.action == "disable"
+        elif change.action == "skip":
+            skip = None
+            if change.count and change.through_ms is not None:
+                skip = SkipWindow(datetime_to_ms(change.at), change.through_ms, change.count)
         return replace(
-            self, paused=paused, disabled=disabled, changes=(*self.changes, change)[-AUDIT_KEPT:]
+            self,
+            paused=paused,
+            disabled=disabled,
+            paused_until=until,
+            skip=skip,
+            changes=(*self.changes, change)[-AUDIT_KEPT:],
         )
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "job": self.job,
-                "paused": self.paused,
-                "disabled": self.disabled,
-                "changes": [change.to_dict() for change in self.changes],
-            },
-            separators=(",", ":"),
-        )
+        data: dict[str, Any] = {
+            "job": self.job,
+            "paused": self.paused,
+            "disabled": self.disabled,
+            "changes": [change.to_dict() for change in self.changes],
+        }
+        if self.paused_until is not None:
+            data["paused_until"] = _time(self.paused_until)
+        if self.skip is not None:
+            skip = self.skip
+            data["skip"] = {"after_ms": skip.after_ms, "through_ms": skip.through_ms}
+            data["skip"]["count"] = skip.count
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> JobControl:
         data = json.loads(text)
         job = data["job"]
-        changes = tuple(
-            ControlChange(
-                job=job,
-                action=cast(ControlAction, c["action"]),
-                actor=c["actor"],
-                at=datetime.fromisoformat(c["at"]),
-                run_id=c.get("run_id"),
-            )
-            for c in data.get("changes", ())
+        changes = tuple(ControlChange.from_dict(job, c) for c in data.get("changes", ()))
+        until, skip = data.get("paused_until"), data.get("skip")
+        return cls(
+            job,
+            bool(data["paused"]),
+            bool(data["disabled"]),
+            changes,
+            paused_until=datetime.fromisoformat(until) if until else None,
+            skip=SkipWindow(skip["after_ms"], skip["through_ms"], skip["count"]) if skip else None,
         )
-        return cls(job, bool(data["paused"]), bool(data["disabled"]), changes)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(self.to_json())  # type: ignore[no-any-return]

@@ -159,8 +159,15 @@ class JobState:
 
     @property
     def halted(self) -> bool:
-        """No slot of it runs (paused or disabled)."""
+        """No slot of it runs now (paused or disabled)."""
         return self.paused or self.disabled
+
+    def stops(self, slot_ms: int) -> str | None:
+        """Why the fleet's controls stop the slot at ``slot_ms`` (``disabled``, ``paused``,
+        ``skipped``: see ``JobControl.stops``), or ``None`` when they let it run."""
+        if self.control is not None:
+            return self.control.stops(slot_ms)
+        return "disabled" if self.disabled else "paused" if self.paused else None
 
     @property
     def kind(self) -> Kind:

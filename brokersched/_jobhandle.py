@@ -8,9 +8,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Protocol
 
-from ._clock import Clock, ms_to_datetime
+from ._clock import Clock, datetime_to_ms, ms_to_datetime
 from ._fleet import Change
-from ._fleetrecords import ControlAction, JobControl
+from ._fleetrecords import Asked, ControlAction, JobControl, asked
 from ._job import JobState
 from ._options import JobOptions, JobSettings, Kind
 from ._runner import JOB_DATA
@@ -27,8 +27,8 @@ class JobOwner(Protocol):
     def clock(self) -> Clock: ...
     @property
     def enabled(self) -> bool: ...
-    def control(self, job: JobState, action: ControlAction, by: str | None) -> Change:
-        """Pause, resume, disable or enable the job for the whole fleet."""
+    def control(self, job: JobState, action: ControlAction, by: str | None, extra: Asked) -> Change:
+        """Pause, resume, disable, enable or skip the job for the whole fleet."""
         ...
 
     def update(self, job: JobState, options: dict[str, Any]) -> None:
@@ -90,16 +90,26 @@ class Job:
 
     @property
     def next_run(self) -> datetime | None:
-        """When the next slot falls (before jitter), or ``None`` when paused, removed, done, or
-        when the scheduler is not enabled."""
+        """When the next slot that runs falls (before jitter): after a pause ``until`` an
+        instant, the first at or after it; slots ``skip()`` skips are passed over. ``None``
+        when paused without an end, disabled, removed, done, or when the scheduler is not
+        enabled."""
         state, arming = self._state, self._state.arming
         if arming.boot_ms is not None and not state.halted:  # its boot run comes first
             return ms_to_datetime(arming.boot_ms)
-        if arming.armed_ms is not None:
+        if arming.armed_ms is not None and not state.stops(arming.armed_ms):
             return ms_to_datetime(arming.armed_ms)
-        if state.halted or state.removed or not (self._owner.enabled and state.spec.enabled):
+        if state.removed or state.disabled or not (self._owner.enabled and state.spec.enabled):
             return None
-        nxt = state.schedule.next_ms(self._owner.clock.now_ms())
+        after = self._owner.clock.now_ms()
+        if state.paused:  # until resumed, or the first slot at or after the pause's end
+            until = state.control.paused_until if state.control is not None else None
+            if until is None:
+                return None
+            after = max(after, datetime_to_ms(until) - 1)
+        nxt = state.schedule.next_ms(after)
+        while nxt is not None and state.stops(nxt) == "skipped":
+            nxt = state.schedule.next_ms(nxt)
         return None if nxt is None else ms_to_datetime(nxt)
 
     def next_runs(self, n: int, after: datetime | None = None) -> list[datetime]:
@@ -144,28 +154,54 @@ class Job:
         read (not started, or a backend that keeps no fleet records and no change here)."""
         return self._state.control
 
-    def pause(self, *, by: str | None = None) -> Change:
+    def pause(
+        self, *, until: datetime | None = None, note: str | None = None, by: str | None = None
+    ) -> Change:
         """Pause the job for the whole fleet: no instance runs its slots (nor catch-up or
-        take-over) until ``resume()``; a manual ``trigger()`` still runs. Applies here at once;
-        other instances honour it before their next slot's claim. ``by`` names who paused it
-        (default ``code@<instance_id>``), kept in ``control.changes``. ``await`` the answer to
-        know the change reached the backend. On a backend that keeps no fleet records
-        (``backend.fleet`` is false) it pauses this instance only."""
-        return self._owner.control(self._state, "pause", by)
+        take-over) until ``resume()``, or with ``until`` (an aware datetime in the future)
+        until that instant: its slots before it are skipped, the first at or after it runs,
+        on every instance, without anyone resuming it. A manual ``trigger()`` still runs.
+        Applies here at once; other instances honour it before their next slot's claim.
+        ``by`` names who paused it (default ``code@<instance_id>``) and ``note`` says why
+        (free text, at most 500 characters), both kept in ``control.changes``. ``await`` the
+        answer to know the change reached the backend. On a backend that keeps no fleet
+        records (``backend.fleet`` is false) it pauses this instance only. A bad ``until`` or
+        ``note`` raises ``ValueError`` and changes nothing."""
+        return self._control("pause", by, note=note, until=until)
 
-    def resume(self, *, by: str | None = None) -> Change:
+    def resume(self, *, note: str | None = None, by: str | None = None) -> Change:
         """Undo ``pause()`` for the whole fleet (the next slot whose jitter window is still
         open included)."""
-        return self._owner.control(self._state, "resume", by)
+        return self._control("resume", by, note=note)
 
-    def disable(self, *, by: str | None = None) -> Change:
+    def disable(self, *, note: str | None = None, by: str | None = None) -> Change:
         """Switch the job off for the whole fleet: as ``pause()``, and ``trigger()`` is
         refused too, until ``enable()``."""
-        return self._owner.control(self._state, "disable", by)
+        return self._control("disable", by, note=note)
 
-    def enable(self, *, by: str | None = None) -> Change:
+    def enable(self, *, note: str | None = None, by: str | None = None) -> Change:
         """Undo ``disable()`` for the whole fleet."""
-        return self._owner.control(self._state, "enable", by)
+        return self._control("enable", by, note=note)
+
+    def skip(self, n: int = 1, *, note: str | None = None, by: str | None = None) -> Change:
+        """Skip the job's next ``n`` slots (after now) on the whole fleet: each is skipped as
+        ``paused`` (detail ``skipped``) wherever it falls due, and the slots after them run.
+        A later ``skip()`` replaces a pending one (``skip(0)`` cancels it), so a change sent
+        twice skips no more. ``n`` from 0 to 1000; a job with no slot left raises
+        ``ValueError``, as does a bad ``n``, and nothing changes."""
+        return self._control("skip", by, note=note, count=n)
+
+    def _control(
+        self,
+        action: ControlAction,
+        by: str | None,
+        *,
+        note: str | None,
+        until: datetime | None = None,
+        count: int | None = None,
+    ) -> Change:
+        extra = asked(action, now=self._owner.clock.now(), note=note, until=until, count=count)
+        return self._owner.control(self._state, action, by, extra)
 
     def update(self, **options: Any) -> None:
         """Change options at run time (``job.update(jitter="5s", timeout="1m")``).

@@ -58,6 +58,12 @@ _MIN_CLAIM_TIMEOUT_S = 0.5
 _CLAIM_SLACK_S = 0.25
 # After drain_timeout, cancelled async runs get this long to release their lease and record.
 _CUT_GRACE_S = 2.0
+# The detail of a slot's "paused" skip, by what stopped it (JobControl.stops).
+_STOPPED_DETAIL: dict[str, str | None] = {
+    "paused": None,
+    "disabled": "disabled",
+    "skipped": "skipped (Job.skip)",
+}
 _ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
     "timeout": "timed-out",
     "lock-lost": "interrupted",
@@ -138,12 +144,11 @@ class Runner:
             # (claim=False) keeps its rhythm: it goes by the controls last read.
             within = job.settings.max_late_ms // 4 if job.settings.claim else 0
             await self.fleet.refresh(slot_ms, within_ms=within)
-        if (job.halted and reason == "schedule") or (job.disabled and reason == "manual"):
-            detail = "disabled" if job.disabled else None
-            self.skip(job, slot_ms, "paused", detail=detail, run=reason)
+        if stop := self._stopped(job, slot_ms, reason):
+            self.skip(job, slot_ms, "paused", detail=_STOPPED_DETAIL[stop], run=reason)
             return None
         if not job.settings.claim:
-            if not self._still_wanted(job, reason):
+            if not self._still_wanted(job, reason, slot_ms):
                 return None  # stop() has begun (or the job is gone): nothing new starts
             if job.settings.policy.overlap == "skip" and job.runs:
                 self.skip(job, slot_ms, "overlap", run=reason)
@@ -186,7 +191,7 @@ class Runner:
             else:
                 self.skip(job, slot_ms, lease, run=reason)  # type: ignore[arg-type]
             return None
-        if not self._still_wanted(job, reason, claimed=lease is None):
+        if not self._still_wanted(job, reason, slot_ms, claimed=lease is None):
             # Removed or paused while the claim was in flight, or stopped on a lease backend:
             # the lease is handed over, so another instance may still run the slot.
             if lease is not None:
@@ -203,12 +208,23 @@ class Runner:
             job, slot_ms, lease, reason=reason, run_id=run_id, leased_ms=leased_ms, data=data
         )
 
-    def _still_wanted(self, job: JobState, reason: RunReason, *, claimed: bool = False) -> bool:
+    @staticmethod
+    def _stopped(job: JobState, slot_ms: int, reason: RunReason) -> str | None:
+        """Why the fleet's controls stop this run of the slot at ``slot_ms``: a pause (until an
+        instant later than the slot), a skip or a disable stops the slots of the schedule and
+        catch-up; a disable stops a manual run too."""
+        if reason in ("schedule", "catch-up"):
+            return job.stops(slot_ms)
+        return "disabled" if job.disabled and reason == "manual" else None
+
+    def _still_wanted(
+        self, job: JobState, reason: RunReason, slot_ms: int, *, claimed: bool = False
+    ) -> bool:
         """Whether a slot goes on to run. ``claimed``: won on a claim-only backend, whose
         claim no other instance can win any more: stop() having begun, it runs within
         ``drain_timeout`` (told to stop at once) rather than nowhere; once drain_timeout is
         over it is lost, as a claim cut then is. A removed or paused job's does not run."""
-        if job.removed or (job.halted and reason == "schedule") or self.drained:
+        if job.removed or (reason == "schedule" and job.stops(slot_ms)) or self.drained:
             return False
         return claimed or not self.stopping
 

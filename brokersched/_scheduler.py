@@ -33,7 +33,7 @@ from ._events import (
 )
 from ._exceptions import ConfigurationError
 from ._fleet import Change
-from ._fleetrecords import ControlAction, JobControl, RunInProgress
+from ._fleetrecords import Asked, ControlAction, JobControl, RunInProgress, asked
 from ._job import AroundRun, Handler, JobState
 from ._jobhandle import Job, state_of
 from ._lifecycle import LifeCycle, default_instance_id
@@ -564,13 +564,24 @@ class Scheduler(Generic[B]):
     # -- the fleet -------------------------------------------------------------------------
 
     async def change_control(
-        self, name: str, action: ControlAction, *, by: str, run_id: str | None = None
+        self,
+        name: str,
+        action: ControlAction,
+        *,
+        by: str,
+        run_id: str | None = None,
+        note: str | None = None,
+        until: datetime | None = None,
+        count: int | None = None,
     ) -> JobControl:
         """Change job ``name``'s fleet-wide control through the backend and wait for it
-        (the admin API): raises ``BackendError`` when the backend did not take it, and
-        ``RuntimeError`` when the scheduler is not running or its backend keeps no fleet
-        records (then ``Job.pause()`` pauses this instance only)."""
-        return await self._controls.change(name, action, by=by, run_id=run_id)
+        (the admin API): ``note``, ``until`` (a pause's end) and ``count`` (a skip's slots)
+        as ``Job.pause()`` and ``Job.skip()`` take them. Raises ``ValueError`` for a bad one,
+        ``BackendError`` when the backend did not take it, and ``RuntimeError`` when the
+        scheduler is not running or its backend keeps no fleet records (then ``Job.pause()``
+        pauses this instance only)."""
+        extra = asked(action, now=self.clock.now(), note=note, until=until, count=count)
+        return await self._controls.change(name, action, by=by, run_id=run_id, extra=extra)
 
     async def instances(self) -> list[Instance]:
         """The fleet's instances as they last published themselves (``[]`` on a backend that
@@ -614,8 +625,8 @@ class _JobOwner:
     def enabled(self) -> bool:
         return self._scheduler.enabled
 
-    def control(self, job: JobState, action: ControlAction, by: str | None) -> Change:
-        return self._scheduler._controls.control(job, action, by)
+    def control(self, job: JobState, action: ControlAction, by: str | None, extra: Asked) -> Change:
+        return self._scheduler._controls.control(job, action, by, extra)
 
     def update(self, job: JobState, options: dict[str, Any]) -> None:
         self._scheduler._registration.update(job, options)

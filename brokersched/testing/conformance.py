@@ -136,6 +136,15 @@ class _Suite(ABC, Generic[B]):
         control = (await a.controls())["job.x"]
         assert sorted(c.actor for c in control.changes) == actors
         assert control.paused == (control.changes[-1].action == "pause")
+        note = "päused for the 06:00 window: ticket OPS-1 " * 11  # a long note, not ASCII
+        until, through = now + timedelta(hours=2), int(now.timestamp() * 1000) + 120_000
+        await b.change_control(
+            ControlChange("job.y", "pause", "ops", now, note=note[:500], until=until),
+            ControlChange("job.y", "skip", "ops", now, count=2, through_ms=through),
+        )
+        kept = (await a.controls())["job.y"]
+        assert kept.paused_until == until and kept.changes[0].note == note[:500]
+        assert kept.skip is not None and (kept.skip.count, kept.skip.through_ms) == (2, through)
         other = self.make_backend("o" + secrets.token_hex(5))
         await other.start(SystemClock())
         try:
