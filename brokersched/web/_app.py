@@ -21,6 +21,8 @@ from .._redact import redact_text
 from .._scheduler import Job, Scheduler
 from ..abc import ControlAction, JobControl, RunRecord
 from ._openapi import OPERATIONS, Handler, openapi_document
+from ._params import parse_change
+from ._query import QueryError
 from ._reads import Reads
 from ._reply import Reply, error
 from ._security import PROXIES_ENV, Authorize, Guard, TrustedProxies
@@ -111,6 +113,14 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
 _JOB_ACTIONS: tuple[ControlAction, ...] = tuple(a for a in get_args(ControlAction) if a != "abort")
 _NO_DATA: Any = object()
 MAX_TRIGGER_BODY = 64 * 1024
+
+
+def _change_here(job: Job, action: ControlAction, actor: str, extra: dict[str, Any]) -> None:
+    """A change made through the job (applied here, written at start or kept here only)."""
+    if action == "skip":
+        job.skip(extra.pop("count"), by=actor, **extra)
+    else:
+        getattr(job, action)(by=actor, **extra)
 
 
 async def _trigger_data(request: Request, job: Job) -> Any:
@@ -262,24 +272,34 @@ class _AdminAPI:
         job = await self._authorised_job(request)
         if isinstance(job, Reply):
             return job
+        try:
+            asked = parse_change(action, await request.body())
+        except QueryError as exc:
+            return error(400, str(exc))
         actor = self.guard.actor(request)
         scheduler = self.scheduler
+        extra = asked.model_dump()
         control: JobControl | None = None
-        if scheduler.running and scheduler.backend.fleet:
-            try:
-                control = await scheduler.change_control(job.name, action, by=actor)
-            except BackendError as exc:
-                return error(
-                    503,
-                    f"could not {action} job {job.name!r} for the fleet: {redact_text(str(exc))}",
-                )
+        fleet_wide = scheduler.running and scheduler.backend.fleet
+        try:
+            if fleet_wide:
+                control = await scheduler.change_control(job.name, action, by=actor, **extra)
+            else:
+                _change_here(job, action, actor, extra)
+        except ValueError as exc:  # well formed, but not now: a past until, no slot left
+            return error(409, f"cannot {action} job {job.name!r}: {exc}")
+        except BackendError as exc:
+            return error(
+                503,
+                f"could not {action} job {job.name!r} for the fleet: {redact_text(str(exc))}",
+            )
+        if fleet_wide:
             scope = "the fleet"
+        elif scheduler.backend.fleet:
+            scope = f"the fleet, once this instance starts ({scheduler.instance_id})"
         else:
-            getattr(job, action)(by=actor)
             scope = (
-                f"the fleet, once this instance starts ({scheduler.instance_id})"
-                if scheduler.backend.fleet
-                else f"this instance only ({scheduler.instance_id}): "
+                f"this instance only ({scheduler.instance_id}): "
                 f"{scheduler.backend.name} keeps no fleet records"
             )
         now_ms = scheduler.clock.now_ms()
@@ -290,7 +310,7 @@ class _AdminAPI:
         body: dict[str, Any] = {"job": job.name, "state": job_state(scheduler, job), "scope": scope}
         shown = control or job.control
         if shown is not None:
-            body["control"] = control_json(shown)
+            body["control"] = control_json(shown, scheduler.clock.now())
         return Reply(body)
 
     async def abort(self, request: Request) -> Reply:

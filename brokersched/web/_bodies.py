@@ -99,6 +99,23 @@ class ControlChange(TypedDict):
     at: Time
     run_id: NotRequired[str]
     """The run an ``abort`` asked to stop."""
+    note: NotRequired[str]
+    """Why, in the words of whoever made the change."""
+    until: NotRequired[Time]
+    """A ``pause`` that ends by itself at this instant."""
+    count: NotRequired[int]
+    """The slots a ``skip`` skips (0: a pending skip cancelled)."""
+    through_ms: NotRequired[Ms]
+    """The last slot a ``skip`` skips."""
+
+
+@_closed
+class Skip(TypedDict):
+    """``skip(n)``: the slots after ``after_ms`` up to and including ``through_ms``."""
+
+    after_ms: Ms
+    through_ms: Ms
+    count: int
 
 
 @_closed
@@ -107,16 +124,22 @@ class LatestControl(TypedDict):
     /jobs/{name}/audit``)."""
 
     paused: bool
+    """Paused now (a pause ``until`` an instant that has passed is over)."""
     disabled: bool
+    paused_until: Time | None
+    skip: Skip | None
     latest: ControlChange | None
 
 
 @_closed
 class Control(TypedDict):
-    """A job's fleet-wide control record: paused, disabled, its changes (newest first)."""
+    """A job's fleet-wide control record: paused (now), disabled, until when a pause lasts,
+    the slots a skip skips, its changes (newest first)."""
 
     paused: bool
     disabled: bool
+    paused_until: Time | None
+    skip: Skip | None
     changes: list[ControlChange]
 
 

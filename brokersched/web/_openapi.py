@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from .. import __version__
 from . import _bodies as bodies
-from ._params import HistoryParams, RunsParams, WindowParams
+from ._params import CHANGE_BODIES, ChangeBody, HistoryParams, RunsParams, WindowParams
 from ._reply import Reply
 from ._vocabulary import Vocabulary
 
@@ -61,6 +61,8 @@ class Operation:
     """It changes the scheduler: it needs the admin token (or the host's ``authorize``)."""
     body: str | None = None
     """What an optional JSON request body is."""
+    body_model: type[BaseModel] | None = None
+    """Its schema, when it has one."""
     media_type: str = "application/json"
 
     @property
@@ -105,7 +107,7 @@ class Operation:
             described["requestBody"] = {
                 "required": False,
                 "description": self.body,
-                "content": {"application/json": {"schema": {}}},
+                "content": {"application/json": {"schema": self._body_schema()}},
             }
         if self.changes:
             described["security"] = [{"bearer": []}]
@@ -114,6 +116,11 @@ class Operation:
             for status, (body, description) in sorted(self.answers.items())
         }
         return described
+
+    def _body_schema(self) -> dict[str, Any]:
+        if self.body_model is None:
+            return {}
+        return self.body_model.model_json_schema(ref_template=_REF)
 
     def _id(self) -> str:
         words = [w.strip("{}") for w in self.path.split("/") if w]
@@ -154,18 +161,24 @@ def _job_reading(summary: str, body: Any, *, params: type[BaseModel] | None = No
     return answers
 
 
-def _change(action: str, summary: str) -> Operation:
+def _change(
+    action: str, summary: str, body: str = "`note`: why (kept in the audit trail)"
+) -> Operation:
     return Operation(
         "post",
         f"/jobs/{{name}}/{action}",
         summary,
         {
             200: (bodies.Change, "Done; `scope` says for whom"),
+            400: (bodies.Error, "The body is not a change this action takes; `error` says why"),
             **_CHANGE_REFUSED,
             404: _NO_JOB,
+            409: (bodies.Error, "Not now: a pause `until` an instant past, no slot left to skip"),
             503: (bodies.Error, "The backend could not record the change for the fleet"),
         },
         changes=True,
+        body=body,
+        body_model=CHANGE_BODIES.get(action, ChangeBody),
     )
 
 
@@ -269,6 +282,13 @@ OPERATIONS: tuple[Operation, ...] = (
         "pause",
         "Pause the job for the whole fleet (through the backend; this instance only on a "
         "backend that keeps no fleet records): no instance runs its slots",
+        "`note`: why; `until`: the pause ends by itself at that instant (its slots before it "
+        "are skipped, the first at or after it runs)",
+    ),
+    _change(
+        "skip",
+        "Skip the job's next slots for the whole fleet; a later skip replaces a pending one",
+        "`count`: how many of the next slots (default 1; 0 cancels a pending skip); `note`: why",
     ),
     _change("resume", "Resume the job for the whole fleet"),
     _change(

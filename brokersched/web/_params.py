@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from .._fleetrecords import NOTE_MAX, SKIP_MAX
 from ..abc import Outcome, RunReason
 from ._query import (
     CURSOR_PATTERN,
@@ -28,7 +29,17 @@ from ._query import (
     parse_window,
 )
 
-__all__ = ["HistoryParams", "RunsParams", "WindowParams", "parse"]
+__all__ = [
+    "CHANGE_BODIES",
+    "ChangeBody",
+    "HistoryParams",
+    "PauseBody",
+    "RunsParams",
+    "SkipBody",
+    "WindowParams",
+    "parse",
+    "parse_change",
+]
 
 M = TypeVar("M", bound=BaseModel)
 _CONFIG = ConfigDict(extra="ignore", frozen=True)
@@ -102,4 +113,47 @@ def parse(model: type[M], params: Mapping[str, str]) -> M:
         if isinstance(cause, QueryError):
             raise cause from None
         name = ".".join(str(part) for part in first["loc"])
+        raise QueryError(f"{name} is invalid: {first['msg']}") from None
+
+
+class ChangeBody(BaseModel):
+    """The optional JSON body of a change of a job's control (``POST
+    /jobs/{name}/resume|disable|enable``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    note: Annotated[str | None, Field(max_length=NOTE_MAX)] = None
+    """Why, kept beside who in the job's audit trail."""
+
+
+class PauseBody(ChangeBody):
+    """The optional JSON body of ``POST /jobs/{name}/pause``."""
+
+    until: AwareDatetime | None = Field(default=None, strict=False)  # an ISO 8601 text
+    """The pause ends by itself at this instant (ISO 8601 with an offset): its slots before it
+    are skipped, the first at or after it runs."""
+
+
+class SkipBody(ChangeBody):
+    """The optional JSON body of ``POST /jobs/{name}/skip``."""
+
+    count: Annotated[int, Field(ge=0, le=SKIP_MAX)] = 1
+    """How many of the next slots to skip (0 cancels a pending skip)."""
+
+
+#: The body each change takes.
+CHANGE_BODIES: dict[str, type[ChangeBody]] = {"pause": PauseBody, "skip": SkipBody}
+
+
+def parse_change(action: str, body: bytes) -> ChangeBody:
+    """The body of a change ``action`` (empty: nothing asked); a ``QueryError`` naming the
+    first bad field."""
+    model = CHANGE_BODIES.get(action, ChangeBody)
+    if not body.strip():
+        return model()
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = ".".join(str(part) for part in first["loc"]) or "the body"
         raise QueryError(f"{name} is invalid: {first['msg']}") from None

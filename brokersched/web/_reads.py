@@ -329,7 +329,11 @@ class Reads:
             {
                 "job": job.name,
                 "scope": "fleet" if backend.fleet else "instance",
-                "control": control_json(control) if control is not None else None,
+                "control": (
+                    control_json(control, self.scheduler.clock.now())
+                    if control is not None
+                    else None
+                ),
             }
         )
 

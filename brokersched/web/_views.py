@@ -38,12 +38,22 @@ def backend_text(scheduler: Scheduler[Any]) -> str:
     return redact_text(repr(backend))
 
 
-def control_json(control: JobControl) -> dict[str, Any]:
-    """A job's fleet-wide control record: paused, disabled, and its changes, newest first."""
+def control_json(control: JobControl, now: datetime) -> dict[str, Any]:
+    """A job's fleet-wide control record at ``now``: paused, disabled, until when, the slots a
+    skip skips, and its changes, newest first."""
     return {
-        "paused": control.paused,
+        **_control_state(control, now),
+        "changes": [c.to_dict() for c in reversed(control.changes)],
+    }
+
+
+def _control_state(control: JobControl, now: datetime) -> dict[str, Any]:
+    data = control.to_dict()
+    return {
+        "paused": control.paused_at(now),
         "disabled": control.disabled,
-        "changes": [change.to_dict() for change in reversed(control.changes)],
+        "paused_until": data.get("paused_until") if control.paused_at(now) else None,
+        "skip": data.get("skip"),
     }
 
 
@@ -109,17 +119,17 @@ def job_json(
         "state": job_state(scheduler, job),
         "next_runs": [iso(when) for when in job.next_runs(runs)],
         "last": record_json(last, job) if last is not None else None,
-        "control": _latest_control(job),
+        "control": _latest_control(job, scheduler.clock.now()),
     }
 
 
-def _latest_control(job: Job) -> dict[str, Any] | None:
+def _latest_control(job: Job, now: datetime) -> dict[str, Any] | None:
     """The job's fleet-wide control as last read here, and its latest change."""
     control = job.control
     if control is None:
         return None
     latest = control.changes[-1].to_dict() if control.changes else None
-    return {"paused": control.paused, "disabled": control.disabled, "latest": latest}
+    return {**_control_state(control, now), "latest": latest}
 
 
 def record_json(record: RunRecord, job: Job | None) -> dict[str, Any]:

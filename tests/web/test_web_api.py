@@ -349,6 +349,57 @@ async def test_pause_and_resume_are_for_the_fleet_and_audited(
     assert [f"{r.started_at:%H:%M}" for r in await job.history()] == ["12:03", "12:02"]
 
 
+async def test_a_pause_until_with_a_note_and_a_skip_go_through_the_api(
+    clock: TestClock, scheduler: Scheduler[Any], api: httpx.AsyncClient
+) -> None:
+    paused = await api.post(
+        "/jobs/outbox.flush/pause",
+        headers=AUTH,
+        json={"until": "2026-03-02T12:03:00+00:00", "note": "db failover"},
+    )
+    assert paused.status_code == 200
+    control = paused.json()["control"]
+    assert control["paused"] and control["paused_until"] == "2026-03-02T12:03:00+00:00"
+    assert control["changes"][0]["note"] == "db failover"
+    await clock.advance("2m30s")
+    job = scheduler.get("outbox.flush")
+    assert job is not None and await job.history() == []  # 12:01, 12:02 paused
+    await clock.advance("1m")
+    assert [f"{r.started_at:%H:%M}" for r in await job.history()] == ["12:03"]
+    assert (await api.get("/jobs/outbox.flush")).json()["control"]["paused"] is False
+    skipped = await api.post("/jobs/outbox.flush/skip", headers=AUTH, json={"count": 2})
+    assert skipped.status_code == 200
+    assert skipped.json()["control"]["skip"]["count"] == 2
+    await clock.advance("3m")  # 12:04, 12:05 skipped; 12:06 runs
+    assert [f"{r.started_at:%H:%M}" for r in await job.history()] == ["12:06", "12:03"]
+
+
+@pytest.mark.parametrize(
+    ("action", "body", "status", "says"),
+    [
+        ("pause", {"until": "2026-03-02T13:00:00"}, 400, "until is invalid"),
+        ("pause", {"until": "2026-03-02T11:00:00+00:00"}, 409, "is not in the future"),
+        ("pause", {"note": "x" * 501}, 400, "note is invalid"),
+        ("resume", {"until": "2026-03-02T13:00:00+00:00"}, 400, "until is invalid"),
+        ("skip", {"count": -1}, 400, "count is invalid"),
+        ("skip", {"count": "2"}, 400, "count is invalid"),
+        ("skip", {"count": 2, "extra": 1}, 400, "extra is invalid"),
+    ],
+)
+async def test_a_bad_change_is_refused_naming_the_field_and_changes_nothing(
+    scheduler: Scheduler[Any],
+    api: httpx.AsyncClient,
+    action: str,
+    body: dict[str, Any],
+    status: int,
+    says: str,
+) -> None:
+    response = await api.post(f"/jobs/outbox.flush/{action}", headers=AUTH, json=body)
+    assert response.status_code == status and says in response.json()["error"]
+    job = scheduler.get("outbox.flush")
+    assert job is not None and (job.control is None or not job.control.changes)
+
+
 async def test_trigger_runs_through_the_claim_in_the_background(
     clock: TestClock, scheduler: Scheduler[Any], api: httpx.AsyncClient
 ) -> None:
