@@ -18,6 +18,7 @@ from ._host import Host
 from ._job import JobState
 from ._lifecycle import LifeCycle
 from .abc import Instance
+from .triggers.base import Trigger
 
 __all__ = ["FleetControls", "skip_through"]
 
@@ -26,13 +27,13 @@ logger = logging.getLogger("brokersched")
 NOTHING_ASKED = Asked()  # a change that asks nothing beyond its action
 
 
-def skip_through(job: JobState, count: int, now_ms: int) -> int | None:
-    """The last of the next ``count`` slots of ``job`` after ``now_ms`` (fewer when its
-    schedule ends first); ``None`` when it has none, or ``count`` is 0."""
+def skip_through(schedule: Trigger, count: int, now_ms: int) -> int | None:
+    """The last of the next ``count`` slots of ``schedule`` after ``now_ms`` (fewer when it
+    ends first); ``None`` when it has none, or ``count`` is 0."""
     last: int | None = None
     after = now_ms
     for _ in range(count):
-        slot = job.schedule.next_ms(after)
+        slot = schedule.next_ms(after)
         if slot is None:
             break
         last = after = slot
@@ -103,7 +104,7 @@ class FleetControls:
         now = self._host.clock.now()
         through = None
         if action == "skip" and extra.count:
-            through = skip_through(job, extra.count, datetime_to_ms(now))
+            through = skip_through(job.schedule, extra.count, datetime_to_ms(now))
             if through is None:
                 raise ValueError(f"job {job.name!r} has no slot left to skip")
         return ControlChange(

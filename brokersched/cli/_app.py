@@ -11,6 +11,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Coroutine, Generator
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from typing import Any, NoReturn, TypeGuard, TypeVar
 
@@ -25,6 +26,7 @@ from .._exceptions import (
 from .._overrides import cli_override
 from .._redact import redact_text
 from .._scheduler import Job, Scheduler
+from .._timezones import parse_timezone
 
 __all__ = [
     "EXIT_BACKEND",
@@ -41,6 +43,8 @@ __all__ = [
     "load_scheduler",
     "log_options",
     "override_option",
+    "parse_instant",
+    "parse_zone",
     "run_async",
 ]
 
@@ -279,6 +283,25 @@ def log_options(function: Callable[..., None]) -> Callable[..., None]:
         type=click.Choice(["text", "json"]),
         help="json: one object per line, with the run's fields (job, run_id, outcome...).",
     )(function)
+
+
+def parse_zone(name: str) -> tzinfo:
+    """A ``--timezone`` option's zone."""
+    try:
+        return parse_timezone(name)
+    except ConfigurationError as exc:
+        raise CLIError(str(exc)) from None
+
+
+def parse_instant(option: str, text: str, zone: tzinfo) -> datetime:
+    """An instant option's value: ISO 8601 (naive: in ``zone``) or ``now``."""
+    if text.strip().lower() == "now":
+        return datetime.now(UTC)
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise CLIError(f"{option} {text!r} is not an ISO 8601 time (2027-01-15T08:00)") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=zone)
 
 
 def fail(message: str) -> NoReturn:

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime, tzinfo
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from .._backfill import BackfillSlot
 from .._events import SkipEvent
-from .._exceptions import ConfigurationError
 from .._logging import LogFormat, configure_logging
 from .._redact import redact_text
 from .._scheduler import Job, Scheduler
-from .._timezones import parse_timezone
 from ..abc import FAILURES, Backend, RunRecord
 from ._app import (
     EXIT_FAILED,
@@ -24,6 +22,8 @@ from ._app import (
     load_app,
     log_options,
     override_option,
+    parse_instant,
+    parse_zone,
     run_async,
 )
 from ._group import EPILOG, cli
@@ -114,8 +114,8 @@ def backfill(
     claimed like any slot (ctx.reason == "backfill"); nothing else runs meanwhile. A slot
     already run is not run again where the backend remembers it (see the README)."""
     configure_logging(log_format, log_level, quiet_clients=True)
-    zone = _zone_option(zone_name)
-    first, last = _instant("--from", start, zone), _instant("--to", end, zone)
+    zone = parse_zone(zone_name)
+    first, last = parse_instant("--from", start, zone), parse_instant("--to", end, zone)
     per_s = _rate(rate)
     scheduler = load_app(app, overrides)
     job = find_job(scheduler, job_name, app)
@@ -131,23 +131,6 @@ def backfill(
     click.echo(f"{verb} job '{job.name}': {said}")
     if any(key in FAILURES or key in ("skipped", "stopped") for key in counts):
         sys.exit(EXIT_FAILED)
-
-
-def _zone_option(name: str) -> tzinfo:
-    try:
-        return parse_timezone(name)
-    except ConfigurationError as exc:
-        raise CLIError(str(exc)) from None
-
-
-def _instant(option: str, text: str, zone: tzinfo) -> datetime:
-    if text.strip().lower() == "now":
-        return datetime.now(UTC)
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise CLIError(f"{option} {text!r} is not an ISO 8601 time (2027-01-15T08:00)") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=zone)
 
 
 _PER = {"s": 1.0, "m": 60.0, "h": 3600.0}
