@@ -103,15 +103,23 @@ OPERATIONS: dict[str, Kind] = {
         calls=("Scheduler.backfill", "cli backfill"),
     ),
     "pause": Kind(
-        "Job.pause() or the admin API's pause",
-        calls=(
-            "Job.pause",
-            "Scheduler.change_control",
-        ),
+        "Job.pause() (until an instant, or until resumed), the admin API's or the CLI's pause",
+        calls=("Job.pause", "Scheduler.change_control", "cli pause"),
     ),
-    "resume": Kind("Job.resume() or the admin API's resume", calls=("Job.resume",)),
-    "disable": Kind("Job.disable() or the admin API's disable", calls=("Job.disable",)),
-    "enable": Kind("Job.enable() or the admin API's enable", calls=("Job.enable",)),
+    "resume": Kind(
+        "Job.resume(), the admin API's or the CLI's resume", calls=("Job.resume", "cli resume")
+    ),
+    "disable": Kind(
+        "Job.disable(), the admin API's or the CLI's disable",
+        calls=("Job.disable", "cli disable"),
+    ),
+    "enable": Kind(
+        "Job.enable(), the admin API's or the CLI's enable", calls=("Job.enable", "cli enable")
+    ),
+    "skip": Kind(
+        "Job.skip(n) or the CLI's skip (n from 0, a pending skip cancelled, to 3)",
+        calls=("Job.skip", "cli skip"),
+    ),
     "abort": Kind("an abort of a run going on in the fleet", calls=("Scheduler.abort",)),
     "remove": Kind("a job removed at run time (with abort or not)", calls=("Scheduler.remove",)),
     "add": Kind("a removed job registered again at run time"),

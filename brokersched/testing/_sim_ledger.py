@@ -50,6 +50,8 @@ _BACKFILL_READ_MS = 1000
 # What a pause stops: the fleet's own runs of a slot (and boot runs); a disable, every run.
 _PAUSED = ("schedule", "catch-up", "take-over", "start")
 _DISABLED = (*_PAUSED, "manual", "backfill")
+# What a skip(n) stops, and a pause(until=) judges by the slot's instant: the fleet's own slots.
+_SKIPPABLE = ("schedule", "catch-up")
 
 
 @dataclass
@@ -147,6 +149,10 @@ class Ledger:
     paused: dict[str, list[list[int | None]]] = field(default_factory=dict)
     # job key -> [disabled (its write answered), enabled (asked; None: still disabled)]
     disabled: dict[str, list[list[int | None]]] = field(default_factory=dict)
+    # (job key, paused) -> the instant a pause(until=) ends: its slots from then on run
+    pause_until: dict[tuple[str, int], int] = field(default_factory=dict)
+    # job key -> skip(n)s: [answered, after_ms, through_ms, replaced (asked; None: in force)]
+    skips: dict[str, list[list[int | None]]] = field(default_factory=dict)
     stepped: dict[str, list[int]] = field(default_factory=dict)  # instance -> clock steps
     skipped: set[tuple[str, int, str]] = field(default_factory=set)  # key, slot, instance
     removed: list[tuple[str, str, int]] = field(default_factory=list)  # key, instance, when
@@ -216,6 +222,7 @@ class Ledger:
                 if later.slot_ms - earlier.slot_ms < _BOOT_SHARED_MS:
                     found.append(f"boot runs of {key} a window apart both ran: {_show(runs)}")
         found += self._halted_runs()
+        found += self._skipped_runs()
         by_key: dict[str, list[Run]] = {}
         for run in self.runs:
             if run.overlap == "skip":
@@ -246,6 +253,8 @@ class Ledger:
                         until is not None and run.start >= until
                     ):
                         continue
+                    if what == "paused" and self._pause_ended(key, since, run):
+                        continue
                     if self._stale_controls(run, read_from):
                         continue
                     found.append(
@@ -253,6 +262,40 @@ class Ledger:
                         f"of the controls from {read_from}): {_show([run])}"
                     )
                     break
+        return found
+
+    def _pause_ended(self, key: str, since: int, run: Run) -> bool:
+        """The pause of ``key`` answered at ``since`` was one ``until`` an instant, and ``run``
+        is past it: a slot at or after it (the fleet's own slots are judged by their instant),
+        or another run (a take-over, a boot run) started from then on."""
+        until = self.pause_until.get((key, since))
+        if until is None:
+            return False
+        return (run.slot_ms if run.kind in _SKIPPABLE else run.start) >= until
+
+    def _skipped_runs(self) -> list[str]:
+        """Runs of a slot that a skip(n) of its key covered, whose read of the controls began
+        after the skip was answered and before another skip of the key was asked."""
+        found = []
+        for run in self.runs:
+            if run.kind not in _SKIPPABLE:
+                continue
+            read_from = self._read_from(run)
+            for answered, after, through, replaced in self.skips.get(run.key, ()):
+                assert answered is not None and after is not None and through is not None
+                if not (after < run.slot_ms <= through):
+                    continue
+                if read_from < answered + _PAUSE_MARGIN_MS or (
+                    replaced is not None and read_from >= replaced
+                ):
+                    continue
+                if self._stale_controls(run, read_from):
+                    continue
+                found.append(
+                    f"{run.key}:{run.slot_ms} ran though skipped (skip of {after}..{through}"
+                    f" answered at {answered}, its read of the controls from {read_from}):"
+                    f" {_show([run])}"
+                )
         return found
 
     @staticmethod
@@ -346,11 +389,26 @@ class Ledger:
         was in flight
         (within the longest max_late and jitter drawn of the slot): not run, and said only
         in a log line."""
-        spans = [*self.paused.get(key, []), *self.disabled.get(key, [])]
-        return any(
+        paused = [
+            [since, _earlier(end, self.pause_until.get((key, since or 0)))]
+            for since, end in self.paused.get(key, [])
+        ]
+        spans = [*paused, *self.disabled.get(key, [])]
+        skipped = any(
+            after is not None and through is not None and after < slot <= through
+            for _, after, through, _ in self.skips.get(key, [])
+        )
+        return skipped or any(
             (start or 0) <= slot + CLAIM_SPAN_MS and (end is None or end >= slot - CLAIM_SPAN_MS)
             for start, end in spans
         )
+
+
+def _earlier(end: int | None, until: int | None) -> int | None:
+    """When a pause span ends: its resume, or the instant its pause(until=) ended at."""
+    if end is None or until is None:
+        return until if end is None else end
+    return min(end, until)
 
 
 def _covered(spans: list[tuple[int, int]], start: int, end: int) -> int:

@@ -22,9 +22,12 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
 
 from .._clock import datetime_to_ms
+from .._controls import skip_through
+from .._fleetrecords import ControlAction, ControlChange
 from ._sim_coverage import EFFECT_MS
 
 if TYPE_CHECKING:
@@ -33,6 +36,34 @@ if TYPE_CHECKING:
 __all__ = ["Operator"]
 
 _RATES = (0.1, 0.25, 0.5, 1.0, 1.0, 5.0, 50.0)  # slots a second
+
+
+def cli_change(
+    instance: Instance,
+    key: str,
+    action: ControlAction,
+    *,
+    until: datetime | None = None,
+    count: int | None = None,
+    schedule: Any = None,
+) -> ControlChange:
+    """The change ``brokersched ACTION`` writes (see ``brokersched.cli._controls``): made on
+    its own clock (the instance's here), the next slots of a skip found from the schedule."""
+    now = instance.clock.now()
+    through = None
+    if action == "skip" and count:
+        through = skip_through(schedule, count, datetime_to_ms(now))
+        if through is None:
+            raise ValueError(f"job {key!r} has no slot left to skip")
+    return ControlChange(
+        key, action, "cli:ops", now, note="simulated", until=until, count=count, through_ms=through
+    )
+
+
+def _written(instance: Instance, change: ControlChange) -> Any:
+    """The CLI's write of ``change`` through the backend of ``instance``'s process (the
+    scheduler there learns it at its next read of the controls)."""
+    return instance.scheduler.backend.change_control(change)
 
 
 async def _answer(change: Any) -> Any:
@@ -46,9 +77,14 @@ async def _answer(change: Any) -> Any:
 class Operator:
     """The operations of ``Simulation`` drawn since the coverage table."""
 
-    def __init__(self, sim: Simulation, rng: random.Random) -> None:
+    def __init__(
+        self, sim: Simulation, rng: random.Random, more: random.Random | None = None
+    ) -> None:
+        """``more``: the draws added since (pause until, skip, the CLI's way), from an RNG of
+        their own, so that a seed's other draws stay as they were; ``None``: none of them."""
         self.sim = sim
         self.rng = rng
+        self.more = more
         self._asked: Counter[tuple[str, str]] = Counter()  # (paused|disabled, key): requests
 
     # -- what the seed's jobs and deploys draw ---------------------------------------------
@@ -77,7 +113,9 @@ class Operator:
             key = rng.choice(self.sim.operated)
             spans = self.sim.ledger.disabled.get(key, [])
             action = "enable" if spans and spans[-1][1] is None else "disable"
-            self.control(rng.choice(live), key, action, admin=rng.random() < 0.3)
+            instance, admin = rng.choice(live), rng.random() < 0.3
+            cli = not admin and self.more is not None and self.more.random() < 0.3
+            self.control(instance, key, action, admin=admin, cli=cli)
         elif roll < 0.10:
             self.remove(rng.choice(live), rng.choice(self.sim.operated))
         elif roll < 0.12:
@@ -89,6 +127,13 @@ class Operator:
         if roll < 0.14 and rng.random() < 0.3:  # a fault within the operation just begun
             after = rng.choice((0, 300, 1500))
             self.sim.fleet.call_later(after, lambda: self.sim.faults.during(rng))
+        more = self.more
+        if more is not None and more.random() < 0.02:  # a skip, drawn apart (see __init__)
+            self.skip(more.choice(live), more.choice(self.sim.operated), cli=more.random() < 0.3)
+            if more.random() < 0.3:
+                self.sim.fleet.call_later(
+                    more.choice((0, 300)), lambda: self.sim.faults.during(more)
+                )
 
     # -- backfill ----------------------------------------------------------------------------
 
@@ -127,9 +172,12 @@ class Operator:
 
     # -- the fleet's controls ----------------------------------------------------------------
 
-    def control(self, instance: Instance, key: str, action: str, *, admin: bool = False) -> None:
+    def control(
+        self, instance: Instance, key: str, action: str, *, admin: bool = False, cli: bool = False
+    ) -> None:
         """``action`` (pause, resume, disable, enable) of job ``key`` for the fleet, through
-        ``instance`` (``admin``: the admin API's way, ``Scheduler.change_control``)."""
+        ``instance`` (``admin``: the admin API's way, ``Scheduler.change_control``; ``cli``:
+        the CLI's, the change written through the backend by another process)."""
         sim = self.sim
         job = sim.job(instance, key)
         if job is None or not instance.scheduler.running:
@@ -143,11 +191,15 @@ class Operator:
         if undo and spans and spans[-1][1] is None:
             spans[-1][1] = now  # from the moment it is asked
         # The admin API's change is sent by its task (a coroutine); Job's applies here at once.
-        applied: Any = None if admin else getattr(job, action)(by=instance.name)
+        applied: Any = None if admin or cli else getattr(job, action)(by=instance.name)
 
         async def changed() -> None:
             change = applied
-            if change is None:
+            if cli:
+                change = _written(
+                    instance, cli_change(instance, job.key, cast(ControlAction, action))
+                )
+            elif change is None:
                 change = instance.scheduler.change_control(job.name, action, by=instance.name)  # type: ignore[arg-type]
             try:
                 control = await _answer(change)
@@ -158,7 +210,48 @@ class Operator:
                 spans.append([sim.fleet.now_ms(), None])  # answered: in the store now
 
         instance.drive(changed(), action)
-        sim.log.append(f"{action} {key} through {instance.name}" + (" (admin)" if admin else ""))
+        way = " (admin)" if admin else " (cli)" if cli else ""
+        sim.log.append(f"{action} {key} through {instance.name}{way}")
+
+    def skip(self, instance: Instance, key: str, *, cli: bool) -> None:
+        """``Job.skip(n)`` of job ``key`` through ``instance`` (``cli``: ``brokersched skip``,
+        the change written through the backend by another process), n from 0 (a pending skip
+        cancelled) to 3. A skip is judged only when no other skip of the key was asked while
+        it was on its way: the store keeps whichever landed last."""
+        sim, rng = self.sim, self.rng
+        job = sim.job(instance, key)
+        if job is None or not instance.scheduler.running:
+            return
+        count, now = rng.choice((0, 1, 1, 2, 3)), sim.fleet.now_ms()
+        self._asked["skip", key] += 1
+        asked = self._asked["skip", key]
+        windows = sim.ledger.skips.setdefault(key, [])
+        if windows and windows[-1][3] is None:
+            windows[-1][3] = now  # replaced from the moment it is asked
+        op = sim.coverage.op("skip", now, instance=instance.name, key=key)
+        try:
+            if cli:
+                change = cli_change(instance, job.key, "skip", count=count, schedule=job.schedule)
+            else:
+                applied = job.skip(count, by=instance.name, note="simulated")
+        except ValueError as exc:  # no slot left: refused, nothing changed
+            op.end = now
+            sim.log.append(f"skip {count} {key} through {instance.name} refused: {exc}")
+            return
+
+        async def changed() -> None:
+            try:
+                written = _written(instance, change) if cli else applied
+                control = await _answer(written)
+            finally:
+                op.end = max(sim.fleet.now_ms(), now + EFFECT_MS)
+            window = getattr(control, "skip", None)
+            if window is not None and asked == self._asked["skip", key]:
+                windows.append([sim.fleet.now_ms(), window.after_ms, window.through_ms, None])
+
+        instance.drive(changed(), "skip")
+        way = " (cli)" if cli else ""
+        sim.log.append(f"skip {count} {key} through {instance.name}{way}")
 
     # -- jobs changed at run time ------------------------------------------------------------
 

@@ -53,6 +53,7 @@ from .._clock import datetime_to_ms, ms_to_datetime
 from .._durations import format_duration
 from .._events import SkipEvent
 from .._exceptions import BackendError, ConfigurationError
+from .._fleetrecords import ControlAction
 from .._retry import Retry
 from .._scheduler import Scheduler
 from .._tasks import Tracked, track
@@ -65,7 +66,7 @@ from ._sim_jobs import Deploy, OwnJobs
 from ._sim_lease import SimLeaseBackend
 from ._sim_ledger import LEASE_SKEW_MS, Ledger, Run, origin_of
 from ._sim_nats import SimNATS, SimNATSLease
-from ._sim_operations import Operator
+from ._sim_operations import Operator, cli_change
 from ._sim_rabbitmq import SimRabbitMQ
 from ._sim_redis import RedisData, sim_redis
 from ._sim_store import Store
@@ -158,10 +159,12 @@ class Simulation(OwnJobs):
         pauses: bool = True,
         late_answers: bool = True,
         start: datetime | str = START,
+        richer_controls: bool = True,
     ) -> None:
         """``pauses=False``: the generator as it was before the fleet's controls (no pause,
-        nor any operation drawn since: the seeds found then replay as they were). ``start``:
-        the fleet's true time when the first instance starts."""
+        nor any operation drawn since: the seeds found then replay as they were).
+        ``richer_controls=False``: no pause until an instant, skip, nor change made the CLI's
+        way (likewise). ``start``: the fleet's true time when the first instance starts."""
         self.seed = seed
         self.rng = random.Random(seed)
         # Pauses and resumes are drawn apart, so that without them a seed runs as before they
@@ -206,7 +209,8 @@ class Simulation(OwnJobs):
         self._began = self.fleet.now()
         self.coverage = Coverage()
         # What users do, drawn since the coverage table, from an RNG of its own again.
-        self.operator = Operator(self, random.Random(seed + 5)) if pauses else None
+        more = random.Random(seed + 7) if pauses and richer_controls else None
+        self.operator = Operator(self, random.Random(seed + 5), more) if pauses else None
         if self.operator is not None:
             self.operator.draw_jobs(self._jobs)
 
@@ -453,11 +457,22 @@ class Simulation(OwnJobs):
         asked, now = self._pauses, self.fleet.now_ms()
         resume = bool(spans) and spans[-1][1] is None
         op = self.coverage.op("resume" if resume else "pause", now, instance=instance.name, key=key)
+        until: datetime | None = None
+        more = self.operator.more if self.operator is not None else None
+        if not resume and more is not None and more.random() < 0.35:
+            # A pause that ends by itself, a little or a minute later (the instance's clock).
+            until = ms_to_datetime(instance.clock.now_ms() + more.choice((2000, 15_000, 60_000)))
+        action: ControlAction = "resume" if resume else "pause"
+        cli = more is not None and more.random() < 0.2
         if resume:
             spans[-1][1] = now  # from the moment it is asked
+        if cli:  # brokersched pause|resume: written through the backend by another process
+            written = cli_change(instance, job.key, action, until=until)
+            change: Any = instance.scheduler.backend.change_control(written)
+        elif resume:
             change = job.resume(by=instance.name)
         else:
-            change = job.pause(by=instance.name)
+            change = job.pause(by=instance.name, until=until, note="simulated")
 
         async def changed() -> None:
             try:
@@ -465,10 +480,15 @@ class Simulation(OwnJobs):
             finally:
                 op.end = max(self.fleet.now_ms(), now + EFFECT_MS)
             if not resume and control is not None and control.paused and asked == self._pauses:
-                spans.append([self.fleet.now_ms(), None])  # answered: in the store now
+                answered = self.fleet.now_ms()
+                spans.append([answered, None])  # answered: in the store now
+                if until is not None:
+                    self.ledger.pause_until[key, answered] = datetime_to_ms(until)
 
-        instance.drive(changed(), "resume" if resume else "pause")
-        self.log.append(f"{'resume' if resume else 'pause'} {key} through {instance.name}")
+        instance.drive(changed(), action)
+        said = f" until {datetime_to_ms(until)}" if until is not None else ""
+        said += " (cli)" if cli else ""
+        self.log.append(f"{action} {key}{said} through {instance.name}")
 
     def _expiring(self, victim: Instance) -> tuple[str, int] | None:
         """The job (its key) of the latest slot a killed instance held a lease of, and how
@@ -651,16 +671,22 @@ def simulate(
     steps: int = 120,
     pauses: bool = True,
     late_answers: bool = True,
+    richer_controls: bool = True,
 ) -> Result:
     """Run one seed; the result lists the invariants it broke (none: ``result.ok``) and what
     it reached (``result.coverage``). ``pauses=False``: no fleet-wide pause or resume is drawn,
     nor any operation added since; ``late_answers=False``: no lease store answers later than a
-    lease (the seed runs as before each was added to the
-    generator)."""
+    lease; ``richer_controls=False``: no pause until an instant, skip, nor change made the
+    CLI's way (the seed runs as before each was added to the generator)."""
     return run_seeded(
         seed,
         lambda: Simulation(
-            seed, backend=backend, steps=steps, pauses=pauses, late_answers=late_answers
+            seed,
+            backend=backend,
+            steps=steps,
+            pauses=pauses,
+            late_answers=late_answers,
+            richer_controls=richer_controls,
         ),
     )
 

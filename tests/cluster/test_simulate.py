@@ -17,7 +17,7 @@ from brokersched._backfill import _Backfill, settle_ms
 from brokersched._runner import Runner
 from brokersched._scheduler import Job, Scheduler
 from brokersched._slotmemory import FleetMemory
-from brokersched.abc import Lease
+from brokersched.abc import JobControl, Lease
 from brokersched.backends import _lease
 from brokersched.cli import cli
 from brokersched.testing._sim_coverage import (
@@ -58,6 +58,10 @@ CASES += [("redis", seed) for seed in (13, 18, 21, 28)]
 CASES += [("redis", 57), ("redis", 73)]
 # An enable while nothing else goes wrong, and a retry= chain while the store answers late.
 CASES += [("lease", 14), ("lease", 15)]
+# An abort as the store's clock steps back, and an enable while nothing else goes wrong, with
+# pauses until an instant and skips drawn.
+CASES += [("lease", 56)]
+_STOPS = JobControl.stops
 # Each seed's result, for the coverage of all of them (test_the_ci_seeds_reach_...).
 _RESULTS: dict[tuple[str, int], Result] = {}
 # Pinned seeds replay as they were found: before late answers were drawn.
@@ -508,6 +512,75 @@ def test_a_pause_is_seen_all_the_while_it_lasts_an_outage_excuses_only_near_it()
     resumed = ledger(60_000)
     resumed.paused["tick"][0][1] = 50_000
     assert resumed.violations(now=70_000) == []
+
+
+def test_a_pause_until_an_instant_lets_the_slots_from_it_run_and_no_earlier_one() -> None:
+    """The fleet's slots are judged by their instant against a pause's end (a slot before it
+    is paused even when it runs late); other runs (a take-over) by when they start."""
+    from brokersched.testing._sim_ledger import Ledger, Run
+
+    def ledger(slot: int, reason: str = "schedule", start: int | None = None) -> Ledger:
+        start = slot + 10 if start is None else start
+        run = Run("tick", slot, reason, 1, "a", "allow", 3, start, 30_000, end=start + 10,
+                  leased=True)  # fmt: skip
+        return Ledger(lease=True, runs=[run], paused={"tick": [[1000, None]]},
+                      pause_until={("tick", 1000): 20_000})  # fmt: skip
+
+    [found] = ledger(19_000).violations(now=70_000)
+    assert "ran while paused" in found
+    assert ledger(20_000).violations(now=70_000) == []
+    assert ledger(19_000, start=21_000).violations(now=70_000) != []  # late: paused all the same
+    assert ledger(5000, "retry", start=21_000).violations(now=70_000) == []  # a take-over after
+    assert ledger(5000, "retry", start=19_000).violations(now=70_000) != []
+
+
+def test_a_slot_a_skip_covered_is_seen_when_it_ran_until_another_skip_replaced_it() -> None:
+    from brokersched.testing._sim_ledger import Ledger, Run
+
+    def ledger(slot: int, reason: str = "schedule", replaced: int | None = None) -> Ledger:
+        run = Run("tick", slot, reason, 1, "a", "allow", 3, slot + 10, 30_000, end=slot + 20)
+        return Ledger(lease=True, runs=[run], skips={"tick": [[1000, 2000, 4000, replaced]]})
+
+    [found] = ledger(3000).violations(now=10_000)
+    assert "ran though skipped" in found
+    assert ledger(2000).violations(now=10_000) == []  # the slot the skip was asked after
+    assert ledger(5000).violations(now=10_000) == []  # the next one after the skip
+    assert ledger(4000, replaced=3500).violations(now=10_000) == []  # read after its replacement
+    assert ledger(3000, "manual").violations(now=10_000) == []  # a manual run is no slot's
+
+
+# (the rule, seed, backend, the kind of violation it shows): found by the generator on a fleet
+# whose controls ignore skip(n), or take a pause until an instant for over at once.
+def _ignores_skip(self: JobControl, slot_ms: int) -> str | None:
+    return "disabled" if self.disabled else "paused" if self.paused else None
+
+
+def _pause_until_over_at_once(self: JobControl, slot_ms: int) -> str | None:
+    if self.paused and self.paused_until is not None and not self.disabled:
+        return None
+    return _STOPS(self, slot_ms)
+
+
+CONTROL_SEAMS = [
+    ("skip ignored", _ignores_skip, "lease", 1, "ran though skipped"),
+    ("skip ignored", _ignores_skip, "rabbitmq", 2, "ran though skipped"),
+    ("pause until ended at once", _pause_until_over_at_once, "lease", 3, "ran while paused"),
+    ("pause until ended at once", _pause_until_over_at_once, "nats", 0, "ran while paused"),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "rule", "backend", "seed", "seen"),
+    CONTROL_SEAMS,
+    ids=[f"{row[0]} ({row[2]})" for row in CONTROL_SEAMS],
+)
+def test_the_generator_finds_a_fleet_that_honours_skip_or_pause_until_wrongly(
+    monkeypatch: pytest.MonkeyPatch, what: str, rule: Any, backend: str, seed: int, seen: str
+) -> None:
+    assert simulate(seed, backend=backend).ok, f"seed {seed} fails on the right rule"
+    monkeypatch.setattr(JobControl, "stops", rule)
+    result = simulate(seed, backend=backend)
+    assert any(seen in violation for violation in result.violations), result.violations
 
 
 def test_a_disabled_job_runs_nothing_but_the_retries_of_its_runs() -> None:

@@ -62,23 +62,23 @@ def test_a_broken_promise_is_reported_for_its_job_with_the_seed_that_replays_it(
 ) -> None:
     """A take-over that ignores the job's overlap rule (as the lease store's rule once did)
     lets a dead runner's slot restart beside a manual run of ``report``, an overlap="skip"
-    job: found in seed 8 of this application."""
+    job: found in seed 20 of this application."""
     take_over = _lease._take_over
 
     def ignoring_overlap(job: str, row: Any, take: Any, store: Any) -> Any:
         allow = replace(take, policy=replace(take.policy, overlap="allow"))
         return take_over(job, row, allow, store)
 
-    assert simulate(LEDGER, "--seed", "8", "--hours", "0.05").exit_code == 0
+    assert simulate(LEDGER, "--seed", "20", "--hours", "0.05").exit_code == 0
     monkeypatch.setattr(_lease, "_take_over", ignoring_overlap)
-    result = simulate(LEDGER, "--seeds", "1", "--first", "8", "--hours", "0.05", "--json")
+    result = simulate(LEDGER, "--seeds", "1", "--first", "20", "--hours", "0.05", "--json")
     assert result.exit_code == 1
     report = json.loads(result.stdout)
-    assert report["jobs"]["report"]["overlapped"] == [8]
+    assert report["jobs"]["report"]["overlapped"] == [20]
     assert report["jobs"]["sync"]["overlapped"] == []
-    text = simulate(LEDGER, "--seed", "8", "--hours", "0.05")
+    text = simulate(LEDGER, "--seed", "20", "--hours", "0.05")
     assert "replay one with its steps: brokersched simulate" in text.stdout
-    assert "--seed 8" in text.stdout
+    assert "--seed 20" in text.stdout
     assert "runs of report overlap" in text.stderr  # the ledger's words, with the steps
 
 
@@ -125,9 +125,10 @@ def test_the_start_brings_an_at_job_into_the_simulated_hours() -> None:
     later = simulate(MIGRATION, "--seeds", "1", "--hours", "0.05", "--json")
     assert json.loads(later.stdout)["jobs"]["migrate"]["due_per_seed"] == 0
     assert "0: no slot in the simulated hours" in simulate(MIGRATION, "--seeds", "1").stdout
-    before = simulate(
-        MIGRATION, "--seeds", "2", "--hours", "0.05", "--start", "2026-12-31T23:59:00Z", "--json"
-    )
+    before = simulate(  # seeds in which no pause, disable or removal kept it from running
+        MIGRATION, "--seeds", "2", "--first", "10", "--hours", "0.05",
+        "--start", "2026-12-31T23:59:00Z", "--json",
+    )  # fmt: skip
     report = json.loads(before.stdout)
     assert report["start"] == "2026-12-31T23:59:00+00:00"
     assert report["jobs"]["migrate"]["due_per_seed"] == 1
