@@ -213,10 +213,12 @@ def instances(app: str, as_json: bool, overrides: tuple[str, ...]) -> None:
 
 
 async def _read_instances(scheduler: Scheduler[Any]) -> list[Instance]:
+    """The fleet's presence as ``Scheduler.instances()`` answers it: a dead instance's runs
+    that are over (taken over and recorded ``interrupted``) are left out."""
     backend: Backend = scheduler.backend
     await backend.start(scheduler.clock)
     try:
-        return await backend.instances()
+        return await scheduler.instances()
     finally:
         await backend.stop()
 

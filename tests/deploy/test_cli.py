@@ -774,30 +774,52 @@ def test_run_warns_when_the_application_has_no_jobs() -> None:
 def test_instances_lists_the_fleet_with_liveness_in_80_columns_and_json(tmp_path: Path) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from brokersched.abc import Instance, RunInProgress
+    from brokersched.abc import Instance, Lease, RunInProgress, Slot
     from brokersched.backends.sqlite import SQLiteBackend
 
     app = listed_app(tmp_path)
     now = datetime.now(UTC)
     beat = timedelta(seconds=5)
     started = now - timedelta(minutes=1)
-    run = RunInProgress("sync.orders", "0123456789abcdef", 0, started, "schedule", leased=True)
+    slot = Slot("sync.orders", int(started.timestamp() * 1000))
+    run = RunInProgress(
+        "sync.orders", "0123456789abcdef", slot.slot_ms, started, "schedule", leased=True
+    )
     alive = Instance("web-1:4242:ab12", "web-1", 4242, "1.0", now - timedelta(hours=2), now, beat)
     dead = Instance(
         "worker-7:99:cd34", "worker-7", 99, "1.0", now - timedelta(hours=1),
         now - timedelta(seconds=30), beat, (run,),
     )  # fmt: skip
 
-    async def publish() -> None:
+    async def publish() -> Lease:
         backend = SQLiteBackend(tmp_path / "listed.db")
         await backend.start(SystemClock())
-        try:
+        try:  # the dead instance's run still holds its lease: it is shown in progress
+            policy = JobPolicy(slot.job)
+            lease = await backend.acquire(
+                slot,
+                policy=policy,
+                instance_id=dead.id,
+                run_id=run.run_id,
+                reason="schedule",
+                timeout=5.0,
+            )
+            assert not isinstance(lease, str), lease
             for instance in (alive, dead):
                 await backend.publish_instance(instance)
+            return lease
         finally:
             await backend.stop()
 
-    asyncio.run(publish())
+    async def end(lease: Lease) -> None:
+        backend = SQLiteBackend(tmp_path / "listed.db")
+        await backend.start(SystemClock())
+        try:
+            await backend.release(lease, handover=False)
+        finally:
+            await backend.stop()
+
+    lease = asyncio.run(publish())
     rows = [json.loads(line) for line in invoke("instances", app, "--json").splitlines()]
     assert [(r["id"], r["liveness"]) for r in rows] == [
         ("web-1:4242:ab12", "alive"),
@@ -807,3 +829,10 @@ def test_instances_lists_the_fleet_with_liveness_in_80_columns_and_json(tmp_path
     table = invoke("instances", app, columns=80)
     assert all(len(line) <= 80 for line in table.splitlines()), table
     assert "dead" in table and "alive" in table and "(lease held)" in table
+    asyncio.run(end(lease))  # over (here ended; taken over alike): no longer running there
+    rows = [json.loads(line) for line in invoke("instances", app, "--json").splitlines()]
+    assert [(r["id"], r["running"]) for r in rows] == [
+        ("web-1:4242:ab12", []),
+        ("worker-7:99:cd34", []),
+    ]
+    assert "(lease held)" not in invoke("instances", app, columns=80)
