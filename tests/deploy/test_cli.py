@@ -334,7 +334,7 @@ def test_trigger_and_history_on_sqlite(sqlite_env: dict[str, str]) -> None:
     table = brokersched("history", SQLITE_APP, "tick", env=sqlite_env)
     assert table.returncode == 0, table.stderr
     (row,) = [line for line in table.stdout.splitlines() if "manual" in line]
-    assert "completed" in row and "│ 1 " in row
+    assert "completed" in row and "manual #" not in row  # the first attempt
 
     # Only the triggered job ran: the others stayed paused while the scheduler was up.
     none = brokersched("history", SQLITE_APP, "flaky", env=sqlite_env)
@@ -710,6 +710,28 @@ def test_jobs_and_next_print_json(tmp_path: Path) -> None:
         {"n": 2, "local": "2027-03-29T08:00:00.000+02:00", "zone": "Europe/Paris",
          "utc_offset": "+02:00", "utc": "2027-03-29T06:00:00.000Z"},
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("columns", [120, 160, 200])
+@pytest.mark.parametrize("job", [None, "report", "sync.orders"])
+def test_history_shows_a_run_a_line_from_120_columns(
+    tmp_path: Path, columns: int, job: str | None
+) -> None:
+    """From 120 columns (the wide table) each run is one line whatever the width: times,
+    outcome, reason and run id whole, the error cut with an ellipsis rather than wrapped."""
+    app = listed_app(tmp_path)
+    output = invoke("history", app, *([job] if job else []), columns=columns)
+    lines = output.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= columns, output
+    rows = [line for line in lines if re.match(r"2027-01-15 08:0\d:00Z ", line)]
+    expected = {None: 9, "report": 3, "sync.orders": 6}[job]
+    assert len(rows) == expected, output
+    for row in rows:
+        assert re.search(r" run-(sync\.o|report)-\d ", row), row  # the run id whole
+        assert re.search(r" (completed|failed) ", row) and " schedule" in row, row
+    failed = [row for row in rows if " failed " in row]
+    assert len(failed) == (0 if job == "sync.orders" else 3), output
+    assert all("RuntimeError" in row and "s3cret" not in row for row in failed)
 
 
 @pytest.mark.parametrize(
