@@ -547,6 +547,42 @@ def test_trigger_and_history_on_postgres(postgres_env: dict[str, str]) -> None:
     assert (record["outcome"], record["reason"], record["attempt"]) == ("completed", "manual", 1)
 
 
+def test_jobs_says_a_job_paused_for_the_fleet_is_paused(postgres_env: dict[str, str]) -> None:
+    """``Job.pause()`` on a running instance pauses the job for the whole fleet: ``jobs``
+    reads the fleet's controls and says so, in the table (no "enabled" beside it) and in
+    ``--json`` (``state``; ``enabled`` keeps meaning the application's)."""
+    from brokersched import PostgresBackend, Scheduler
+
+    app = "tests.support.cli_apps.postgres_app:scheduler"
+    dsn, schema = postgres_env["BROKERSCHED_POSTGRES_DSN"], postgres_env["BROKERSCHED_TEST_SCHEMA"]
+
+    async def pause() -> None:
+        instance = Scheduler(PostgresBackend(dsn, schema=schema, lease_ttl="5s"), jitter=0)
+        job = instance.every("vacuum", "1d", lambda ctx: None, overlap="skip", max_attempts=2)
+        async with instance:
+            await job.pause(by="ops")
+
+    asyncio.run(pause())
+    table = brokersched("jobs", app, env={**postgres_env, "COLUMNS": "160"})
+    assert table.returncode == 0, table.stderr
+    (row,) = [line for line in table.stdout.splitlines() if "vacuum" in line]
+    assert "paused" in row and "enabled" not in row and " yes " not in row, table.stdout
+    narrow = brokersched("jobs", app, env={**postgres_env, "COLUMNS": "80"})
+    assert "paused" in narrow.stdout and "enabled" not in narrow.stdout, narrow.stdout
+    listed = brokersched("jobs", app, "--json", env=postgres_env)
+    (job,) = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert (job["state"], job["controls_read"], job["enabled"]) == ("paused", True, True)
+
+
+def test_jobs_says_when_it_cannot_read_the_fleets_controls() -> None:
+    env = {"BROKERSCHED_POSTGRES_DSN": "postgresql://app:s3cret@127.0.0.1:1/test", "COLUMNS": "160"}
+    result = brokersched("jobs", "tests.support.cli_apps.postgres_app:scheduler", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "fleet-wide pauses not read" in result.stdout and "s3cret" not in result.stdout
+    (row,) = [line for line in result.stdout.splitlines() if "vacuum" in line]
+    assert "enabled?" in row
+
+
 def test_an_unreachable_database_exits_3_without_secrets() -> None:
     env = {"BROKERSCHED_POSTGRES_DSN": "postgresql://app:s3cret@127.0.0.1:1/test"}
     result = brokersched(
@@ -698,6 +734,8 @@ def test_jobs_and_next_print_json(tmp_path: Path) -> None:
         "overrides": {},
         "enabled": True,
         "next_runs": report["next_runs"],
+        "state": "enabled",
+        "controls_read": True,
     }
     assert len(report["next_runs"]) == 2
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT0[67]:00:00\.000Z", t) for t in report["next_runs"])
