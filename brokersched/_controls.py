@@ -17,6 +17,7 @@ from ._fleetrecords import Asked, ControlAction, ControlChange, JobControl, RunI
 from ._host import Host
 from ._job import JobState
 from ._lifecycle import LifeCycle
+from ._presence import without_ended_runs
 from .abc import Instance
 from .triggers.base import Trigger
 
@@ -198,10 +199,13 @@ class FleetControls:
         return await fleet.change(job, self.change_of(job, action, by, extra, run_id))
 
     async def instances(self) -> list[Instance]:
-        """``Scheduler.instances``."""
-        if not self._host.backend.fleet:
+        """``Scheduler.instances``: without the runs that are over (``without_ended_runs``)."""
+        backend = self._host.backend
+        if not backend.fleet:
             return []
-        return await self._host.backend.instances()
+        policies = {name: job.settings.policy for name, job in self._jobs().items()}
+        found = await backend.instances()
+        return await without_ended_runs(found, self._host.clock.now(), backend, policies)
 
     async def runs_in_progress(self) -> list[tuple[Instance, RunInProgress]]:
         """``Scheduler.runs_in_progress``."""

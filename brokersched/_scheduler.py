@@ -585,12 +585,16 @@ class Scheduler(Generic[B]):
 
     async def instances(self) -> list[Instance]:
         """The fleet's instances as they last published themselves (``[]`` on a backend that
-        keeps no fleet records); judge each with ``instance.liveness(scheduler.clock.now())``."""
+        keeps no fleet records); judge each with ``instance.liveness(scheduler.clock.now())``.
+        An instance that is not alive lists only its runs that are not over yet: a run
+        recorded in the history (a dead runner's, recorded ``interrupted`` by the instance
+        that took its slot over), or whose lease is gone, is left out."""
         return await self._controls.instances()
 
     async def runs_in_progress(self) -> list[tuple[Instance, RunInProgress]]:
         """The runs going on anywhere in the fleet, as the instances last published them
-        (this instance's own as they are now), oldest first."""
+        (this instance's own as they are now; without the runs that are over, as
+        ``instances()``), oldest first."""
         return await self._controls.runs_in_progress()
 
     async def abort(self, run_id: str, *, by: str | None = None) -> RunInProgress | None:

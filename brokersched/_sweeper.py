@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -16,11 +17,16 @@ __all__ = ["Sweeper"]
 
 logger = logging.getLogger("brokersched")
 
+#: A missed slot is claimed this long after its jitter window closed: the fleet's last on-time
+#: claim, sent as the window closes, lands first.
+_CLAIM_GRACE_MS = 250
+
 
 class Sweeper:
     """For one start of a scheduler on a lease backend: runs the latest missed slot of each job
-    (catch-up), then looks for dead runners' slots every ``lease_ttl / 2`` (monotonic) and
-    runs them again (``reason == "retry"``). The only owner of its timer."""
+    (catch-up, once its jitter window passed unclaimed), then looks for dead runners' slots
+    every ``lease_ttl / 2`` (monotonic) and runs them again (``reason == "retry"``). The only
+    owner of its timers."""
 
     def __init__(
         self,
@@ -37,6 +43,7 @@ class Sweeper:
         self._jobs = jobs
         self._spawn = spawn
         self._timer: Timer | None = None
+        self._waiting: list[Timer] = []  # catch-ups waiting for their slot's jitter window
         self._closed = False
 
     def start(self) -> None:
@@ -45,25 +52,46 @@ class Sweeper:
         self._schedule()
 
     def close(self) -> None:
-        """No sweep from now on (the scheduler is stopping)."""
+        """No sweep nor catch-up from now on (the scheduler is stopping)."""
         self._closed = True
+        for waiting in self._waiting:
+            waiting.cancel()
+        self._waiting.clear()
         if self._timer is not None:
             self._timer.cancel()
         self._timer = None
 
     def _catch_up(self) -> None:
+        """The latest slot each job missed, claimed ``catch-up``, once the fleet had its
+        chance at it: a slot still in its jitter window as this instance starts may be
+        claimed on time by the others right now (an instance restarted just after a slot fell
+        due would otherwise win it at once and call an on-time run a catch-up). It is missed
+        only if that window passes unclaimed; a job without jitter has no such window."""
         now = self._clock.now_ms()
         for job in self._jobs():
-            if not job.settings.claim or job.settings.catch_up_ms <= 0 or job.halted:
-                continue
-            if job.kind == "at":
-                continue  # its one instant is armed (late, within max_late) or was run
-            if not job.spec.enabled:
+            if not _catches_up(job):
                 continue
             latest = job.schedule.latest_ms(now, job.settings.catch_up_ms)
-            if latest is not None:
-                coro = self._runner.run_slot(job, latest, "catch-up")
-                self._spawn(coro, f"catch-up:{job.name}")
+            if latest is None:
+                continue
+            window_ms = job.settings.jitter_ms
+            missed_ms = latest + window_ms + _CLAIM_GRACE_MS if window_ms else now
+            if missed_ms <= now:
+                self._run_catch_up(job, latest)
+            else:
+                self._waiting.append(
+                    self._clock.call_at(missed_ms, functools.partial(self._missed, job, latest))
+                )
+
+    def _missed(self, job: JobState, slot_ms: int) -> None:
+        """A slot's jitter window has passed since this start: caught up if still wanted (the
+        claim says whether the fleet ran it meanwhile)."""
+        if not self._closed and _catches_up(job):
+            self._run_catch_up(job, slot_ms)
+
+    def _run_catch_up(self, job: JobState, slot_ms: int) -> None:
+        coro = self._runner.run_slot(job, slot_ms, "catch-up")
+        self._spawn(coro, f"catch-up:{job.name}")
 
     def _schedule(self) -> None:
         period = max(to_ms(self._backend.lease_ttl) // 2, 50)
@@ -110,6 +138,15 @@ class Sweeper:
                 continue
             run = self._runner.execute(state, lease.slot_ms, lease, leased_ms=leased_ms)
             self._spawn(run, f"retry:{lease.job}")
+
+
+def _catches_up(job: JobState) -> bool:
+    """Whether ``job`` catches up a missed slot at start: claimed, with ``catch_up``, periodic
+    (an ``at()`` instant is armed late, within ``max_late``, or was run), neither paused nor
+    disabled, nor removed."""
+    if not job.settings.claim or job.settings.catch_up_ms <= 0 or job.halted:
+        return False
+    return job.kind != "at" and job.spec.enabled and not job.removed
 
 
 def _running_here(job: JobState, lease: Lease) -> bool:

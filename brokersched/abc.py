@@ -467,6 +467,32 @@ class Backend(ABC):
             )
         raise NotImplementedError(f"{self.name} keeps no presence of its instances")
 
+    async def read_controls(self) -> dict[str, JobControl]:
+        """The fleet-wide controls of this prefix's jobs, by job key, as ``controls()``
+        answers them: what ``brokersched jobs`` says a job's state is by (paused, disabled).
+        Connects for the call, on a backend that is not started, and creates nothing (no
+        records: ``{}``). Raises ``BackendError`` when the records cannot be read, or one is
+        not brokersched's; ``NotImplementedError`` when the backend keeps no fleet records,
+        or cannot read them without starting (``_control_records``)."""
+        texts = await self._control_records()
+        try:
+            controls = [JobControl.from_json(text) for text in texts]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BackendError(
+                f"{self.name}: a control record of its prefix is not brokersched's ({exc!r})"
+            ) from exc
+        return {control.job: control for control in controls}
+
+    async def _control_records(self) -> Sequence[str]:
+        """The JSON texts of ``read_controls()``: every control record of the prefix. The
+        default: not supported."""
+        if self.fleet:
+            raise NotImplementedError(
+                f"{self.name} does not implement reading its jobs' controls without starting "
+                "(Backend._control_records)"
+            )
+        raise NotImplementedError(f"{self.name} keeps no fleet-wide controls")
+
     async def inventory(
         self,
         *,

@@ -87,6 +87,7 @@ __all__ = [
     "in_chunks",
     "interrupted",
     "is_latest",
+    "last_renewed",
     "new_run_id",
     "new_token",
     "refusal",
@@ -353,17 +354,30 @@ def restart_attempt(
     return attempt if attempt <= policy.max_attempts else None
 
 
+def last_renewed(dead: DeadRun, now: datetime, ttl_ms: int) -> datetime:
+    """When ``dead``'s runner last renewed its lease (or was granted it), on the taker's clock
+    read at ``now``: its runner's last sign of life. Every grant and renewal sets the lease to
+    expire ``lease_ttl`` later, and it expired ``waited_ms`` ago (both durations on the store's
+    clock, so the instances' clocks need not agree). Never before the run started, nor after
+    ``now`` (a runner configured with another ``lease_ttl`` than the taker's)."""
+    renewed = now - timedelta(milliseconds=dead.waited_ms + ttl_ms)
+    return min(max(renewed, dead.started_at), now)
+
+
 def interrupted(
     dead: DeadRun,
     now: datetime,
     *,
     restarted: bool,
     window_ms: int | None,
+    ttl_ms: int,
     max_attempts: int | None = None,
 ) -> RunRecord | None:
     """The history record a taker writes for ``dead``, or ``None`` for a hand-over (its runner
     recorded the run itself when it stopped). A dead runner cannot record its run, and a runner
     that lost its lease leaves the record to the taker, so each lost attempt is recorded once.
+    The run is recorded as ending at its runner's last sign of life (``last_renewed``), not at
+    the take-over, which comes a lease and a sweep later.
     """
     if dead.state == "handover":
         return None
@@ -385,7 +399,7 @@ def interrupted(
         reason=cast(RunReason, dead.reason),
         attempt=dead.attempt,
         started_at=dead.started_at,
-        finished_at=now,
+        finished_at=last_renewed(dead, now, ttl_ms),
         outcome="interrupted",
         error=error,
     )
@@ -591,6 +605,7 @@ def _take_over(job: str, row: JobRow, take: TakeOver, store: Store) -> tuple[Job
             ms_to_datetime(take.started_ms),  # history times are the instances'
             restarted=attempt is not None,
             window_ms=window_ms,
+            ttl_ms=store.ttl_ms,
             max_attempts=policy.max_attempts,
         )
         if record is not None:

@@ -258,12 +258,19 @@ class MemoryBackend(LeaseBackendBase):
 
     async def _presence_records(self, namespace: str | None) -> list[str]:
         """The instances of this process's store (in ``brokersched purge``: none)."""
+        return await self._records_of("instance")
+
+    async def _control_records(self) -> list[str]:
+        """The controls of this process's store (in ``brokersched jobs``: none)."""
+        return await self._records_of("control")
+
+    async def _records_of(self, wanted: FleetKind) -> list[str]:
         await asyncio.sleep(0)
         now = host_time_ms() if self._clock is None else self._now()
         return [
             value
             for (kind, _), (value, expires) in self.store.fleet.items()
-            if kind == "instance" and (expires is None or expires > now)
+            if kind == wanted and (expires is None or expires > now)
         ]
 
     async def purge(self, inventory: Inventory) -> Inventory:

@@ -1,9 +1,11 @@
-"""The commands that only read the application, never the backend: ``jobs``, ``next`` and
-``check``."""
+"""The commands that read the application: ``jobs``, ``next`` and ``check``; of the backend,
+only ``jobs`` reads the fleet's controls of the jobs (paused, disabled), without starting it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
@@ -13,12 +15,14 @@ from rich.table import Table
 
 from .._durations import format_duration, parse_duration
 from .._exceptions import ConfigurationError
+from .._fleetrecords import JobControl
 from .._json import iso
 from .._logging import configure_logging
 from .._redact import MASK, redact_text
 from .._registry import collect_errors, past_at
 from .._scheduler import Job, Scheduler
 from .._timezones import parse_timezone, timezone_name
+from ..abc import Backend
 from ..triggers.base import Trigger
 from ..triggers.cron import CronTrigger, parse_cron
 from ..triggers.interval import IntervalTrigger
@@ -35,28 +39,34 @@ __all__ = ["check", "jobs", "next_"]
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per job and line.")
 @override_option
 def jobs(app: str, count: int, as_json: bool, overrides: tuple[str, ...]) -> None:
-    """List the jobs, their keys, schedules, non-default options, overrides, whether they are
-    enabled, and their next runs (no connection)."""
+    """List the jobs, their keys, schedules, non-default options, overrides, their state
+    (enabled, or paused or disabled for the fleet: read from the backend, which is not
+    started and in which nothing is made; "enabled?" when it cannot be read that way), and
+    their next runs."""
     scheduler = load_app(app, overrides)
+    fleet = _fleet_controls(scheduler)
     if as_json:
         for job in scheduler.jobs():
-            click.echo(json.dumps(_job_json(scheduler, job, count), separators=(",", ":")))
+            row = _job_json(scheduler, job, count, fleet)
+            click.echo(json.dumps(row, separators=(",", ":")))
         return
     title = f"{app} on {shown_backend(scheduler)}"
     if not scheduler.enabled:
         title += " (scheduling disabled: jobs run on trigger only)"
+    if fleet.unread is not None:
+        title += f" (fleet-wide pauses not read: {redact_text(fleet.unread)})"
     console = make_console()
     if console.width < WIDE:
-        console.print(_narrow_jobs(scheduler, title, count))
+        console.print(_narrow_jobs(scheduler, title, count, fleet))
         return
     table = Table(title=title, title_justify="left")
-    columns = ("name", "key", "kind", "schedule", "zone", "options", "overrides", "enabled")
+    columns = ("name", "key", "kind", "schedule", "zone", "options", "overrides", "state")
     for column in (*columns, f"next {count} runs"):
         table.add_column(column, overflow="fold")
     for job in scheduler.jobs():
         zone = _zone(job.schedule)
-        enabled = job.enabled and scheduler.enabled
-        upcoming = job.next_runs(count) if enabled else []
+        state = fleet.state(scheduler, job)
+        upcoming = job.next_runs(count) if state in _RUNNING else []
         runs = "\n".join(local_time(when, zone) for when in upcoming) or "-"
         table.add_row(
             job.name,
@@ -66,15 +76,65 @@ def jobs(app: str, count: int, as_json: bool, overrides: tuple[str, ...]) -> Non
             timezone_name(zone),
             redact_text(_options(job)),  # data may hold a URL with its password
             redact_text(_shown_overrides(job)),
-            "yes" if enabled else "no",
+            state,
             runs,
         )
     console.print(table)
 
 
-def _narrow_jobs(scheduler: Scheduler[Any], title: str, count: int) -> Table:
+#: How long ``jobs`` waits for the fleet's controls before it lists the jobs without them.
+_CONTROLS_WAIT_S = 5.0
+#: The states whose next runs are listed: enabled, or so as far as the application says.
+_RUNNING = ("enabled", "enabled?")
+
+
+@dataclass(frozen=True, slots=True)
+class _FleetControls:
+    """The fleet-wide controls of the application's jobs, by key, as the backend keeps them
+    (``Job.pause()``, ``disable()``, the admin API); ``unread``: why they could not be read
+    (then a job's state is the application's alone)."""
+
+    by_key: dict[str, JobControl]
+    unread: str | None = None
+
+    def state(self, scheduler: Scheduler[Any], job: Job) -> str:
+        """``disabled`` (here: scheduling off, or an override; or for the fleet),
+        ``paused`` (for the fleet), ``enabled``; ``enabled?`` when the application enables
+        it but the fleet's controls could not be read."""
+        control = self.by_key.get(job.key)
+        if not (scheduler.enabled and job.enabled) or (control is not None and control.disabled):
+            return "disabled"
+        if control is not None and control.paused:
+            return "paused"
+        return "enabled" if self.unread is None else "enabled?"
+
+
+def _fleet_controls(scheduler: Scheduler[Any]) -> _FleetControls:
+    """The fleet's controls, read without starting the backend (``Backend.read_controls``:
+    nothing is made); none on a backend that keeps no fleet records (a pause there is one
+    instance's, which no other process can see)."""
+    backend: Backend = scheduler.backend
+    if not backend.fleet:
+        return _FleetControls({})
+
+    async def read() -> dict[str, JobControl]:
+        async with asyncio.timeout(_CONTROLS_WAIT_S):
+            return await backend.read_controls()
+
+    try:
+        return _FleetControls(asyncio.run(read()))
+    except NotImplementedError:
+        return _FleetControls({}, f"{backend.name} cannot read them without being started")
+    except TimeoutError:
+        return _FleetControls({}, f"{backend.name} did not answer within {_CONTROLS_WAIT_S:g}s")
+    except Exception as exc:  # unreachable, a missing extra: the jobs are still worth listing
+        return _FleetControls({}, str(exc) or type(exc).__name__)
+
+
+def _narrow_jobs(scheduler: Scheduler[Any], title: str, count: int, fleet: _FleetControls) -> Table:
     """The jobs in four columns: the key under the name when it differs, the zone in the
-    schedule, the overrides with the options, "disabled" instead of the next runs."""
+    schedule, the overrides with the options, the state ("paused", "disabled") instead of
+    the next runs (under them when the fleet's controls could not be read)."""
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("name", overflow="fold", ratio=2)
     table.add_column("schedule", overflow="fold", ratio=3)
@@ -90,17 +150,24 @@ def _narrow_jobs(scheduler: Scheduler[Any], title: str, count: int) -> Table:
         if job.overrides:
             overridden = [f"override {line}" for line in _shown_overrides(job).splitlines()]
             options = "\n".join(([] if options == "-" else [options]) + overridden)
-        enabled = job.enabled and scheduler.enabled
-        runs = "\n".join(local_time(when, zone) for when in job.next_runs(count)) if enabled else ""
-        table.add_row(
-            name, schedule, redact_text(options), runs or ("-" if enabled else "disabled")
-        )
+        state = fleet.state(scheduler, job)
+        if state in _RUNNING:
+            runs = "\n".join(local_time(when, zone) for when in job.next_runs(count)) or "-"
+            if state == "enabled?":
+                runs += "\n(enabled?)"
+        else:
+            runs = state
+        table.add_row(name, schedule, redact_text(options), runs)
     return table
 
 
-def _job_json(scheduler: Scheduler[Any], job: Job, count: int) -> dict[str, Any]:
+def _job_json(
+    scheduler: Scheduler[Any], job: Job, count: int, fleet: _FleetControls
+) -> dict[str, Any]:
     """A job as ``jobs --json`` prints it; every key always there. ``data`` is only said to be
-    there (``"***"``), as in the admin API."""
+    there (``"***"``), as in the admin API. ``enabled`` and ``next_runs`` are the
+    application's; ``state`` adds the fleet's controls (``enabled``, ``paused``,
+    ``disabled``), read when ``controls_read``."""
     zone = _zone(job.schedule)
     enabled = job.enabled and scheduler.enabled
     options: dict[str, Any] = {}
@@ -129,6 +196,8 @@ def _job_json(scheduler: Scheduler[Any], job: Job, count: int) -> dict[str, Any]
         "overrides": json.loads(redact_text(json.dumps(overrides, default=str))),
         "enabled": enabled,
         "next_runs": [iso(when) for when in job.next_runs(count)] if enabled else [],
+        "state": fleet.state(scheduler, job).removesuffix("?"),
+        "controls_read": fleet.unread is None,
     }
 
 

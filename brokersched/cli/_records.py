@@ -11,6 +11,7 @@ import click
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .._clock import ms_to_datetime
 from .._json import record_json, shown_error
@@ -25,6 +26,8 @@ from ._output import WIDE, ago, duration_of, make_console, shown_backend, utc_ti
 __all__ = ["history", "instances"]
 
 _OUTCOME_STYLE = {"completed": "green", "failed": "red", "timed-out": "yellow"}
+#: From this many columns the runs of every job show their slot too.
+_ROOMY = 150
 
 
 @cli.command(epilog=EPILOG)
@@ -74,39 +77,79 @@ def history(
     if console.width < WIDE:
         console.print(_narrow_history(records, by_key, title, every_job=every_job))
     else:
-        console.print(_wide_history(records, by_key, title, every_job=every_job))
+        console.print(
+            _wide_history(records, by_key, title, every_job=every_job, width=console.width)
+        )
     if tracebacks:
         _print_tracebacks(console, records, by_key)
 
 
 def _wide_history(
-    records: list[RunRecord], by_key: dict[str, Job], title: str, *, every_job: bool
+    records: list[RunRecord],
+    by_key: dict[str, Job],
+    title: str,
+    *,
+    every_job: bool,
+    width: int,
 ) -> Table:
-    table = Table(title=title, title_justify="left")
-    columns = ["started (UTC)", "slot (UTC)", "outcome", "duration", "reason", "attempt"]
+    """The runs for a terminal of ``WIDE`` columns or more, a row a line (a table whose every
+    cell wrapped was unreadable from 120 to 200 columns): the times, outcome, duration,
+    reason (with the attempt after the first) and run id whole (``no_wrap``); the job,
+    instance and error take what is left, the longest narrowed first, and end in an ellipsis
+    when cut (the whole error is in ``--json`` and ``--traceback``). The slot is its time of
+    day when it falls on the day the run started; the runs of every job leave it out below
+    ``_ROOMY`` columns (it is in ``--json``), for the job's name."""
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    with_slot = not every_job or width >= _ROOMY
+    table.add_column("started (UTC)", no_wrap=True)
     if every_job:
-        columns.insert(1, "job")
-    for column in columns:
-        table.add_column(column)
-    for column in ("instance", "run id", "error"):
-        table.add_column(column, overflow="fold")
+        table.add_column("job")
+    if with_slot:
+        table.add_column("slot (UTC)", no_wrap=True)
+    for column in ("outcome", "duration", "reason"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("instance")
+    table.add_column("run id", no_wrap=True)
+    table.add_column("error")
     for record in records:
         style = _OUTCOME_STYLE.get(record.outcome, "magenta")
-        cells = [
-            utc_time(record.started_at),
-            utc_time(ms_to_datetime(record.slot_ms)),
+        reason = record.reason if record.attempt == 1 else f"{record.reason} #{record.attempt}"
+        cells: list[str | Text] = [utc_time(record.started_at)]
+        if every_job:
+            cells.append(_one_line(_job_name(record, by_key)))
+        if with_slot:
+            cells.append(_slot_time(record))
+        cells += [
             f"[{style}]{record.outcome}[/]",
             duration_of(record),
-            record.reason,
-            str(record.attempt),
-            record.instance_id,
+            reason,
+            _one_line(record.instance_id),
             record.run_id,
-            _shown(record.error, by_key.get(record.job)),
+            _one_line(_shown(record.error, by_key.get(record.job))),
         ]
-        if every_job:
-            cells.insert(1, _job_name(record, by_key))
         table.add_row(*cells)
     return table
+
+
+def _slot_time(record: RunRecord) -> str:
+    """The slot's time of day when it is on the day the run started (the slot column says
+    UTC), else its date and time."""
+    slot = ms_to_datetime(record.slot_ms)
+    if slot.date() == record.started_at.astimezone(UTC).date():
+        return utc_time(slot).partition(" ")[2].removesuffix("Z")
+    return utc_time(slot)
+
+
+def _one_line(text: str) -> Text:
+    """A cell kept to one line, cut with an ellipsis where its column ends."""
+    return Text(" ".join(text.split()), no_wrap=True, overflow="ellipsis")
 
 
 def _narrow_history(
@@ -213,10 +256,12 @@ def instances(app: str, as_json: bool, overrides: tuple[str, ...]) -> None:
 
 
 async def _read_instances(scheduler: Scheduler[Any]) -> list[Instance]:
+    """The fleet's presence as ``Scheduler.instances()`` answers it: a dead instance's runs
+    that are over (taken over and recorded ``interrupted``) are left out."""
     backend: Backend = scheduler.backend
     await backend.start(scheduler.clock)
     try:
-        return await backend.instances()
+        return await scheduler.instances()
     finally:
         await backend.stop()
 

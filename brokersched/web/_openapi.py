@@ -315,7 +315,8 @@ OPERATIONS: tuple[Operation, ...] = (
         "get",
         "/runs",
         "The runs in progress anywhere in the fleet, oldest first, with their instance's "
-        "liveness; a leased run of a dead instance is `held` until its lease expires",
+        "liveness; a leased run of a dead instance is `held` until its slot is taken over "
+        "(then, recorded `interrupted`, it is no longer listed)",
         {200: (bodies.Runs, "The runs"), 400: _BAD_QUERY, 503: _READ_FAILED},
         params=RunsParams,
     ),

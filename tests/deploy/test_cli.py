@@ -334,7 +334,7 @@ def test_trigger_and_history_on_sqlite(sqlite_env: dict[str, str]) -> None:
     table = brokersched("history", SQLITE_APP, "tick", env=sqlite_env)
     assert table.returncode == 0, table.stderr
     (row,) = [line for line in table.stdout.splitlines() if "manual" in line]
-    assert "completed" in row and "│ 1 " in row
+    assert "completed" in row and "manual #" not in row  # the first attempt
 
     # Only the triggered job ran: the others stayed paused while the scheduler was up.
     none = brokersched("history", SQLITE_APP, "flaky", env=sqlite_env)
@@ -547,6 +547,42 @@ def test_trigger_and_history_on_postgres(postgres_env: dict[str, str]) -> None:
     assert (record["outcome"], record["reason"], record["attempt"]) == ("completed", "manual", 1)
 
 
+def test_jobs_says_a_job_paused_for_the_fleet_is_paused(postgres_env: dict[str, str]) -> None:
+    """``Job.pause()`` on a running instance pauses the job for the whole fleet: ``jobs``
+    reads the fleet's controls and says so, in the table (no "enabled" beside it) and in
+    ``--json`` (``state``; ``enabled`` keeps meaning the application's)."""
+    from brokersched import PostgresBackend, Scheduler
+
+    app = "tests.support.cli_apps.postgres_app:scheduler"
+    dsn, schema = postgres_env["BROKERSCHED_POSTGRES_DSN"], postgres_env["BROKERSCHED_TEST_SCHEMA"]
+
+    async def pause() -> None:
+        instance = Scheduler(PostgresBackend(dsn, schema=schema, lease_ttl="5s"), jitter=0)
+        job = instance.every("vacuum", "1d", lambda ctx: None, overlap="skip", max_attempts=2)
+        async with instance:
+            await job.pause(by="ops")
+
+    asyncio.run(pause())
+    table = brokersched("jobs", app, env={**postgres_env, "COLUMNS": "160"})
+    assert table.returncode == 0, table.stderr
+    (row,) = [line for line in table.stdout.splitlines() if "vacuum" in line]
+    assert "paused" in row and "enabled" not in row and " yes " not in row, table.stdout
+    narrow = brokersched("jobs", app, env={**postgres_env, "COLUMNS": "80"})
+    assert "paused" in narrow.stdout and "enabled" not in narrow.stdout, narrow.stdout
+    listed = brokersched("jobs", app, "--json", env=postgres_env)
+    (job,) = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert (job["state"], job["controls_read"], job["enabled"]) == ("paused", True, True)
+
+
+def test_jobs_says_when_it_cannot_read_the_fleets_controls() -> None:
+    env = {"BROKERSCHED_POSTGRES_DSN": "postgresql://app:s3cret@127.0.0.1:1/test", "COLUMNS": "160"}
+    result = brokersched("jobs", "tests.support.cli_apps.postgres_app:scheduler", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "fleet-wide pauses not read" in result.stdout and "s3cret" not in result.stdout
+    (row,) = [line for line in result.stdout.splitlines() if "vacuum" in line]
+    assert "enabled?" in row
+
+
 def test_an_unreachable_database_exits_3_without_secrets() -> None:
     env = {"BROKERSCHED_POSTGRES_DSN": "postgresql://app:s3cret@127.0.0.1:1/test"}
     result = brokersched(
@@ -698,6 +734,8 @@ def test_jobs_and_next_print_json(tmp_path: Path) -> None:
         "overrides": {},
         "enabled": True,
         "next_runs": report["next_runs"],
+        "state": "enabled",
+        "controls_read": True,
     }
     assert len(report["next_runs"]) == 2
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT0[67]:00:00\.000Z", t) for t in report["next_runs"])
@@ -710,6 +748,28 @@ def test_jobs_and_next_print_json(tmp_path: Path) -> None:
         {"n": 2, "local": "2027-03-29T08:00:00.000+02:00", "zone": "Europe/Paris",
          "utc_offset": "+02:00", "utc": "2027-03-29T06:00:00.000Z"},
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("columns", [120, 160, 200])
+@pytest.mark.parametrize("job", [None, "report", "sync.orders"])
+def test_history_shows_a_run_a_line_from_120_columns(
+    tmp_path: Path, columns: int, job: str | None
+) -> None:
+    """From 120 columns (the wide table) each run is one line whatever the width: times,
+    outcome, reason and run id whole, the error cut with an ellipsis rather than wrapped."""
+    app = listed_app(tmp_path)
+    output = invoke("history", app, *([job] if job else []), columns=columns)
+    lines = output.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= columns, output
+    rows = [line for line in lines if re.match(r"2027-01-15 08:0\d:00Z ", line)]
+    expected = {None: 9, "report": 3, "sync.orders": 6}[job]
+    assert len(rows) == expected, output
+    for row in rows:
+        assert re.search(r" run-(sync\.o|report)-\d ", row), row  # the run id whole
+        assert re.search(r" (completed|failed) ", row) and " schedule" in row, row
+    failed = [row for row in rows if " failed " in row]
+    assert len(failed) == (0 if job == "sync.orders" else 3), output
+    assert all("RuntimeError" in row and "s3cret" not in row for row in failed)
 
 
 @pytest.mark.parametrize(
@@ -774,30 +834,52 @@ def test_run_warns_when_the_application_has_no_jobs() -> None:
 def test_instances_lists_the_fleet_with_liveness_in_80_columns_and_json(tmp_path: Path) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from brokersched.abc import Instance, RunInProgress
+    from brokersched.abc import Instance, Lease, RunInProgress, Slot
     from brokersched.backends.sqlite import SQLiteBackend
 
     app = listed_app(tmp_path)
     now = datetime.now(UTC)
     beat = timedelta(seconds=5)
     started = now - timedelta(minutes=1)
-    run = RunInProgress("sync.orders", "0123456789abcdef", 0, started, "schedule", leased=True)
+    slot = Slot("sync.orders", int(started.timestamp() * 1000))
+    run = RunInProgress(
+        "sync.orders", "0123456789abcdef", slot.slot_ms, started, "schedule", leased=True
+    )
     alive = Instance("web-1:4242:ab12", "web-1", 4242, "1.0", now - timedelta(hours=2), now, beat)
     dead = Instance(
         "worker-7:99:cd34", "worker-7", 99, "1.0", now - timedelta(hours=1),
         now - timedelta(seconds=30), beat, (run,),
     )  # fmt: skip
 
-    async def publish() -> None:
+    async def publish() -> Lease:
         backend = SQLiteBackend(tmp_path / "listed.db")
         await backend.start(SystemClock())
-        try:
+        try:  # the dead instance's run still holds its lease: it is shown in progress
+            policy = JobPolicy(slot.job)
+            lease = await backend.acquire(
+                slot,
+                policy=policy,
+                instance_id=dead.id,
+                run_id=run.run_id,
+                reason="schedule",
+                timeout=5.0,
+            )
+            assert not isinstance(lease, str), lease
             for instance in (alive, dead):
                 await backend.publish_instance(instance)
+            return lease
         finally:
             await backend.stop()
 
-    asyncio.run(publish())
+    async def end(lease: Lease) -> None:
+        backend = SQLiteBackend(tmp_path / "listed.db")
+        await backend.start(SystemClock())
+        try:
+            await backend.release(lease, handover=False)
+        finally:
+            await backend.stop()
+
+    lease = asyncio.run(publish())
     rows = [json.loads(line) for line in invoke("instances", app, "--json").splitlines()]
     assert [(r["id"], r["liveness"]) for r in rows] == [
         ("web-1:4242:ab12", "alive"),
@@ -807,3 +889,10 @@ def test_instances_lists_the_fleet_with_liveness_in_80_columns_and_json(tmp_path
     table = invoke("instances", app, columns=80)
     assert all(len(line) <= 80 for line in table.splitlines()), table
     assert "dead" in table and "alive" in table and "(lease held)" in table
+    asyncio.run(end(lease))  # over (here ended; taken over alike): no longer running there
+    rows = [json.loads(line) for line in invoke("instances", app, "--json").splitlines()]
+    assert [(r["id"], r["running"]) for r in rows] == [
+        ("web-1:4242:ab12", []),
+        ("worker-7:99:cd34", []),
+    ]
+    assert "(lease held)" not in invoke("instances", app, columns=80)

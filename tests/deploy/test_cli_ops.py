@@ -333,6 +333,35 @@ async def test_purge_without_anything_says_so(server: Server) -> None:
     assert await server.objects(prefix) == set()
 
 
+async def test_jobs_reads_a_fleet_wide_pause_without_starting_the_backend(server: Server) -> None:
+    """A job paused for the fleet while an instance ran: ``brokersched jobs`` reads its
+    control from the backend, not started (it makes nothing there), and says ``paused``. A
+    backend that cannot read its fleet's records that way (RabbitMQ) says they were not
+    read, never that the job is enabled for sure."""
+    prefix = ops_name(server.kind)
+    env = {**env_of(server.kind, server.url, prefix), "COLUMNS": "160"}
+    try:
+        async with running(server.kind, server.url, prefix) as scheduler:
+            job = scheduler.get("tick")
+            assert job is not None
+            await job.pause(by="ops")
+        made = await server.objects(prefix)
+        listed = await cli("jobs", APP, "--json", env=env)
+        assert listed.returncode == 0, listed.stderr
+        (row,) = [json.loads(line) for line in listed.stdout.splitlines()]
+        table = await cli("jobs", APP, env=env)
+        (line,) = [line for line in table.stdout.splitlines() if "tick" in line]
+        if server.kind == "rabbitmq":
+            assert (row["state"], row["controls_read"]) == ("enabled", False)
+            assert "enabled?" in line and "fleet-wide pauses not read" in table.stdout
+        else:
+            assert (row["state"], row["controls_read"]) == ("paused", True)
+            assert "paused" in line and "enabled" not in line, table.stdout
+        assert await server.objects(prefix) == made  # nothing made by reading
+    finally:
+        await cli("purge", APP, "--force", env=env)
+
+
 async def test_purge_of_another_prefix(redis_url: str) -> None:
     """--prefix purges a retired fleet's keys, and not those of a longer prefix."""
     retired, longer = unique("redis"), None

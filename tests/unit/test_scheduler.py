@@ -528,6 +528,53 @@ async def test_catch_up_runs_the_latest_missed_slot(clock: TestClock) -> None:
     await second.stop()
 
 
+async def test_a_restarted_instance_runs_an_on_time_slot_as_scheduled(clock: TestClock) -> None:
+    """An instance restarted half a second after a slot fell due, while the rest of the fleet
+    waits out its jitter to claim it: the slot is on time, not missed. Whoever runs it runs
+    it once, as ``schedule``; nothing is recorded ``catch-up``."""
+    store = MemoryStore()
+    handler = Recorder()
+    survivor = Scheduler(MemoryBackend(store=store), clock=clock, instance_id="survivor")
+    survivor.every("tick", "1m", handler, jitter="20s")
+    await survivor.start()
+    await clock.advance("1m")  # 08:01:00 ran (late in its jitter window); now 08:01:30
+    await clock.advance_to(at("2027-01-15T08:02:00.500+00:00"))
+    restarted = Scheduler(MemoryBackend(store=store), clock=clock, instance_id="restarted")
+    restarted.every("tick", "1m", handler, jitter="20s")
+    try:
+        await restarted.start()
+        await clock.advance("30s")
+    finally:
+        await restarted.stop()
+        await survivor.stop()
+    runs = [(c.reason, f"{c.scheduled_at:%H:%M}") for c in handler.contexts]
+    assert runs == [("schedule", "08:01"), ("schedule", "08:02")]
+
+
+async def test_a_slot_left_unclaimed_through_its_jitter_window_is_caught_up(
+    clock: TestClock,
+) -> None:
+    """The same restart with no other instance up: nobody claims the slot in its jitter
+    window, so it was missed, and runs as a catch-up once that window has passed."""
+    store = MemoryStore()
+    first = Scheduler(MemoryBackend(store=store), clock=clock, jitter=0)
+    first.every("tick", "1m", Recorder())
+    await first.start()
+    await clock.advance("1m")  # 08:01 ran
+    await first.stop()
+    await clock.advance_to(at("2027-01-15T08:02:00.500+00:00"))
+    handler = Recorder()
+    restarted = Scheduler(MemoryBackend(store=store), clock=clock)
+    restarted.every("tick", "1m", handler, jitter="20s")
+    async with restarted:
+        await clock.advance("19s")
+        assert handler.contexts == [], "caught up while the fleet could still claim it"
+        await clock.advance("2s")
+    assert [(c.reason, f"{c.scheduled_at:%H:%M:%S}") for c in handler.contexts] == [
+        ("catch-up", "08:02:00")
+    ]
+
+
 async def test_a_job_paused_for_the_fleet_is_not_caught_up_at_start(clock: TestClock) -> None:
     """Paused while the fleet was down: an instance starting within ``catch_up`` of the missed
     slot does not run it; resumed, the job runs its next slot."""

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from brokersched import JobContext, Scheduler
-from brokersched.abc import Instance, RunInProgress
+from brokersched.abc import Instance, Lease, RunInProgress, Slot
 from brokersched.backends.memory import MemoryBackend, MemoryStore
 from brokersched.testing import TestClock
 from brokersched.web import create_app
@@ -103,6 +103,15 @@ async def test_the_api_shows_the_fleet_pauses_it_and_aborts_a_run_elsewhere(flee
 
 async def test_the_instances_and_a_dead_ones_held_lease(fleet: Fleet) -> None:
     clock, a, _, _ = fleet
+    lease = await a.backend.acquire(
+        Slot("slow", clock.now_ms()),
+        policy=a.get("slow").settings.policy,
+        instance_id="web-c",
+        run_id="r9",
+        reason="schedule",
+        timeout=5.0,
+    )
+    assert isinstance(lease, Lease)
     ghost = Instance(
         "web-c",
         "host-c",
@@ -111,7 +120,7 @@ async def test_the_instances_and_a_dead_ones_held_lease(fleet: Fleet) -> None:
         clock.now(),
         clock.now(),
         timedelta(seconds=5),
-        (RunInProgress("slow", "r9", 0, clock.now(), "schedule", leased=True),),
+        (RunInProgress("slow", "r9", lease.slot_ms, clock.now(), "schedule", leased=True),),
     )
     await a.backend.publish_instance(ghost)  # then kill -9: it never beats again
     async with client(create_app(a)) as api:
@@ -126,3 +135,36 @@ async def test_the_instances_and_a_dead_ones_held_lease(fleet: Fleet) -> None:
         overview = (await api.get("/overview")).json()["fleet"]
         assert [i["id"] for i in overview["instances"]] == ["web-a", "web-b", "web-c"]
         assert [(r["run_id"], r["liveness"]) for r in overview["runs"]] == [("r9", "dead")]
+
+
+async def test_a_dead_ones_run_is_no_longer_in_progress_once_taken_over(fleet: Fleet) -> None:
+    """The dead instance's record keeps listing its run for 10 minutes; once another instance
+    took the slot over and recorded the run ``interrupted``, no view shows it in progress."""
+    clock, a, _, _ = fleet
+    lease = await a.backend.acquire(
+        Slot("slow", clock.now_ms()),
+        policy=a.get("slow").settings.policy,
+        instance_id="web-c",
+        run_id="r9",
+        reason="schedule",
+        timeout=5.0,
+    )
+    assert isinstance(lease, Lease)
+    ghost = Instance(
+        "web-c", "host-c", 99, "0.1", clock.now(), clock.now(), timedelta(seconds=5),
+        (RunInProgress("slow", "r9", lease.slot_ms, clock.now(), "schedule", leased=True),),
+    )  # fmt: skip
+    await a.backend.publish_instance(ghost)  # then kill -9: it never beats again
+    async with client(create_app(a)) as api:
+        await clock.advance("1m")  # its lease expired; a sweep took the slot over
+        records = (await api.get("/jobs/slow/history")).json()["records"]
+        assert [(r["run_id"], r["outcome"]) for r in records if r["run_id"] == "r9"] == [
+            ("r9", "interrupted")
+        ]
+        listed = (await api.get("/instances")).json()["instances"]
+        assert [(i["id"], i["liveness"], i["running"]) for i in listed][2] == ("web-c", "dead", [])
+        running = (await api.get("/runs", params={"state": "running"})).json()["runs"]
+        assert "r9" not in [r["run_id"] for r in running]
+        overview = (await api.get("/overview")).json()["fleet"]
+        assert "r9" not in [r["run_id"] for r in overview["runs"]]
+    assert "r9" not in [run.run_id for _, run in await a.runs_in_progress()]

@@ -299,6 +299,11 @@ class NATSBackend(ClaimBackendBase):
         prefix = self._names.prefix if namespace is None else check_prefix(namespace, BACKEND)
         return await self._operation("read the fleet's presence", presence, prefix)
 
+    async def _control_records(self) -> list[str]:
+        """The control bucket ``<prefix>-fleet-control``, read only."""
+        prefix = self._names.prefix
+        return await self._operation("read the jobs' controls", presence, prefix, "control")
+
     async def purge(self, inventory: Inventory) -> Inventory:
         return await self._operation("delete its streams", _ops.purge, inventory)
 

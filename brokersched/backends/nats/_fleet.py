@@ -140,13 +140,13 @@ async def read_records(js: JetStreamContext, prefix: str, kind: FleetKind) -> di
     return found
 
 
-async def presence(js: JetStreamContext, prefix: str) -> list[str]:
-    """The instance records of the presence bucket (the bucket's TTL drops the expired ones;
-    none without the bucket): read only, nothing made."""
+async def presence(js: JetStreamContext, prefix: str, kind: FleetKind = "instance") -> list[str]:
+    """The records of the bucket of ``kind`` (instance, the presence, by default; its TTL
+    drops the expired ones; none without the bucket): read only, nothing made."""
     import nats.js.errors
 
     try:
-        records = await read_records(js, prefix, "instance")
+        records = await read_records(js, prefix, kind)
     except nats.js.errors.NotFoundError:
         return []
     return list(records.values())

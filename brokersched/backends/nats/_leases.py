@@ -584,6 +584,11 @@ class NATSLeaseBackend(LeaseBackendBase):
         bucket = self._bucket if namespace is None else check_bucket(namespace, BACKEND)
         return await self._operation("read the fleet's presence", presence, bucket)
 
+    async def _control_records(self) -> list[str]:
+        """The control bucket ``<bucket>-fleet-control``, read only."""
+        bucket = self._bucket
+        return await self._operation("read the jobs' controls", presence, bucket, "control")
+
     async def purge(self, inventory: Inventory) -> Inventory:
         async def purge(js: JetStreamContext, found: Inventory) -> Inventory:
             await _ops.delete_streams(js, found, _streams(found.namespace))

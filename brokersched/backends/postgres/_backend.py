@@ -258,6 +258,11 @@ class PostgresBackend(PostgresLeases, PostgresFleet):
             "read the fleet's presence", _ops.presence, self._ops_schema(namespace)
         )
 
+    async def _control_records(self) -> list[str]:
+        return await self._operation(
+            "read the jobs' controls", _ops.presence, self._schema, "control"
+        )
+
     def _ops_schema(self, namespace: str | None) -> str:
         if namespace is None:
             return self._schema

@@ -211,6 +211,7 @@ class PostgresLeases(PostgresHistory):
                         now,
                         restarted=row["restarted"],
                         window_ms=windows[row["job"]],
+                        ttl_ms=self._ttl_ms,
                         max_attempts=policy.max_attempts,
                     )
                     if record is not None:

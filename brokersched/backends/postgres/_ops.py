@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..._durations import format_duration
-from ...abc import Finding, Inventory, StoredObject
+from ...abc import Finding, FleetKind, Inventory, StoredObject
 from .._ops import LIVE_WINDOW, server_finding
 from .._sql import schema_finding
 
@@ -77,9 +77,9 @@ async def inventory(conn: Any, schema: str) -> Inventory:
     return Inventory(_BACKEND, schema, tuple(objects), unknown, tuple(live))
 
 
-async def presence(conn: Any, schema: str) -> list[str]:
-    """The instance records of the schema's ``fleet`` table not yet expired, on the database's
-    clock (none without brokersched's table)."""
+async def presence(conn: Any, schema: str, kind: FleetKind = "instance") -> list[str]:
+    """The records of ``kind`` (instance, by default) of the schema's ``fleet`` table not yet
+    expired, on the database's clock (none without brokersched's table)."""
     columns = {
         column
         for (column,) in await conn.fetch(
@@ -91,8 +91,9 @@ async def presence(conn: Any, schema: str) -> list[str]:
     if not _ours("fleet", columns):
         return []
     rows = await conn.fetch(
-        f"SELECT value FROM \"{schema}\".fleet WHERE kind = 'instance'"
-        " AND (expires_at IS NULL OR expires_at > clock_timestamp())"
+        f'SELECT value FROM "{schema}".fleet WHERE kind = $1'
+        " AND (expires_at IS NULL OR expires_at > clock_timestamp())",
+        kind,
     )
     return [row["value"] for row in rows]
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..._clock import host_time_ms
-from ...abc import BrokerBudget, Finding, Inventory, Slot, StoredObject
+from ...abc import BrokerBudget, Finding, FleetKind, Inventory, Slot, StoredObject
 from .._ops import LIVE_WINDOW_MS, ago, recent_claims, server_finding, slot_memory_finding
 from ._keys import fleet_key
 from ._link import RedisLink
@@ -192,10 +192,12 @@ async def run_inventory(redis: RedisLink, namespace: str | None) -> Inventory:
     return await redis.operate("list its keys", call)
 
 
-async def run_presence(redis: RedisLink, namespace: str | None) -> list[str]:
-    """The instance records of the prefix's fleet hash not yet expired (on the writers' clock,
-    as ``FleetRecords`` judges them), left as they are."""
-    key = fleet_key(redis.namespace(namespace), "instance")
+async def run_presence(
+    redis: RedisLink, namespace: str | None, kind: FleetKind = "instance"
+) -> list[str]:
+    """The records of ``kind`` (instance, by default) of the prefix's fleet hash not yet
+    expired (on the writers' clock, as ``FleetRecords`` judges them), left as they are."""
+    key = fleet_key(redis.namespace(namespace), kind)
 
     async def call(client: Any) -> list[str]:
         now = host_time_ms()
@@ -206,7 +208,7 @@ async def run_presence(redis: RedisLink, namespace: str | None) -> list[str]:
                 found.append(value)
         return found
 
-    return await redis.operate("read the fleet's presence", call)
+    return await redis.operate(f"read the fleet's {kind} records", call)
 
 
 async def run_purge(redis: RedisLink, found: Inventory) -> Inventory:
@@ -260,6 +262,9 @@ class Operations:
 
     async def _presence_records(self, namespace: str | None) -> list[str]:
         return await run_presence(self._redis, namespace)
+
+    async def _control_records(self) -> list[str]:
+        return await run_presence(self._redis, None, "control")
 
     async def purge(self, inventory: Inventory) -> Inventory:
         return await run_purge(self._redis, inventory)

@@ -217,6 +217,12 @@ class SQLiteBackend(SQLiteLeases, SQLiteFleet):
         with self._translate("read the fleet's presence"):
             return await asyncio.to_thread(_ops.presence, self._path, prefix, self._store_now_ms())
 
+    async def _control_records(self) -> list[str]:
+        """The ``fleet`` table's control records; never creates the file."""
+        now = self._store_now_ms()
+        with self._translate("read the jobs' controls"):
+            return await asyncio.to_thread(_ops.presence, self._path, self._prefix, now, "control")
+
     async def purge(self, inventory: Inventory) -> Inventory:
         """Drop the tables of ``inventory``; the file stays (it may hold other tables)."""
         with self._translate("drop its tables"):

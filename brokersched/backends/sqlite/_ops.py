@@ -8,7 +8,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from ...abc import Finding, Inventory, StoredObject
+from ...abc import Finding, FleetKind, Inventory, StoredObject
 from .._ops import LIVE_WINDOW_MS, ago
 from .._sql import schema_finding
 
@@ -82,9 +82,9 @@ def _inventory(conn: sqlite3.Connection, prefix: str, now_ms: int) -> Inventory:
     return Inventory(_BACKEND, prefix, objects, live=tuple(live))
 
 
-def presence(path: str, prefix: str, now_ms: int) -> list[str]:
-    """The instance records of the prefix's ``fleet`` table not yet expired (none without the
-    file or the table)."""
+def presence(path: str, prefix: str, now_ms: int, kind: FleetKind = "instance") -> list[str]:
+    """The records of ``kind`` (instance, by default) of the prefix's ``fleet`` table not yet
+    expired (none without the file or the table)."""
     conn = _connect(path)
     if conn is None:
         return []
@@ -96,9 +96,9 @@ def presence(path: str, prefix: str, now_ms: int) -> list[str]:
         if found is None:
             return []
         rows = conn.execute(
-            f"SELECT value FROM \"{fleet}\" WHERE kind = 'instance' "
+            f'SELECT value FROM "{fleet}" WHERE kind = ? '
             "AND (expires_ms IS NULL OR expires_ms > ?)",
-            (now_ms,),
+            (kind, now_ms),
         )
         return [value for (value,) in rows]
     finally:

@@ -46,6 +46,7 @@ from brokersched import (
     JobContext,
     Scheduler,
 )
+from brokersched._clock import datetime_to_ms
 from brokersched._durations import format_duration
 from brokersched.abc import JobPolicy, Lease, Slot
 from brokersched.backends._sql import SCHEMA_VERSION
@@ -427,6 +428,30 @@ async def test_the_retry_window_is_never_shorter_than_the_lease(fleet: Fleet) ->
     await fleet.set_store_time(granted + TTL_MS + 500)
     (retry,) = await taker.take_over([policy], instance_id="taker")
     assert (retry.slot_ms, retry.attempt) == (slot.slot_ms, 2)
+
+
+async def test_an_interrupted_run_ends_at_its_runners_last_renewal(fleet: Fleet) -> None:
+    """A runner renews its lease, then dies: the take-over comes a lease and a sweep later,
+    but the run it records ``interrupted`` ends at the last renewal, its runner's last sign
+    of life, not at the take-over."""
+    runner, taker = await fleet.start(), await fleet.start()
+    policy = JobPolicy("job", max_attempts=3)
+    slot = Slot("job", now_ms() - 1_000)
+    lease = lease_of(await acquire(runner, slot, policy, instance="dead"))
+    await asyncio.sleep(0.4)
+    before = now_ms()
+    assert await runner.renew(lease)
+    after = now_ms()
+    await asyncio.sleep(TTL.total_seconds() + 0.8)  # the runner is gone; its lease expires
+    taken = now_ms()
+    (retry,) = await taker.take_over([policy], instance_id="taker")
+    assert retry.attempt == 2
+    (record,) = await taker.history(policy, 10)
+    assert (record.outcome, record.instance_id) == ("interrupted", "dead")
+    assert record.finished_at is not None
+    ended = datetime_to_ms(record.finished_at)
+    assert before - 150 <= ended <= after + 150, (before, ended, after)
+    assert taken - ended >= TTL_MS, "recorded as lasting until the take-over"
 
 
 # -- fencing: older slots, stale tokens, hand-overs, races -----------------------------------

@@ -40,7 +40,15 @@ from brokersched import (
 )
 from brokersched._clock import SystemClock
 from brokersched._redact import redact_url
-from brokersched.abc import JobPolicy, Lease, LeaseBackend, RunRecord, Slot
+from brokersched.abc import (
+    Instance,
+    JobPolicy,
+    Lease,
+    LeaseBackend,
+    RunInProgress,
+    RunRecord,
+    Slot,
+)
 from brokersched.backends._sql import SCHEMA_VERSION
 from brokersched.backends.postgres import PostgresBackend
 from brokersched.backends.sqlite import SQLiteBackend
@@ -53,6 +61,7 @@ from tests.support.leases import (
     drop_schema,
     fleet_of,
     hold_write_lock,
+    now_ms,
     race,
     schema_version,
 )
@@ -686,6 +695,40 @@ def scheduler_on(fleet: Fleet, instance: str) -> Scheduler[LeaseBackend]:
     return Scheduler(fleet.build(lease_ttl=TTL), instance_id=instance)
 
 
+async def test_a_dead_instances_run_leaves_the_runs_in_progress_once_taken_over(
+    fleet: Fleet,
+) -> None:
+    """An instance killed in a run keeps listing it in its presence record for 10 minutes;
+    once a live instance took the slot over and recorded the run ``interrupted``, neither
+    ``runs_in_progress()`` nor ``instances()`` shows it."""
+    watcher = scheduler_on(fleet, "watcher")
+    watcher.every("long", "1h", lambda ctx: None, catch_up=0)
+    corpse = await fleet.start()
+    policy = watcher.get("long").settings.policy
+    lease = await acquire(corpse, Slot(policy.name, now_ms() - 1_000), policy, instance="corpse")
+    assert isinstance(lease, Lease)
+    now = datetime.now(UTC)
+    run = RunInProgress("long", lease.run_id, lease.slot_ms, now, "schedule", leased=True)
+    beat = timedelta(milliseconds=100)  # dead 300 ms after its last beat, its lease still held
+    await corpse.publish_instance(Instance("corpse", "h", 1, "0", now, now, beat, (run,)))
+    await asyncio.sleep(0.4)
+    await watcher.start()
+    try:
+        assert [(i.id, r.run_id) for i, r in await watcher.runs_in_progress()] == [
+            ("corpse", lease.run_id)
+        ], "a dead instance's run whose lease is held is in progress"
+
+        async def interrupted() -> bool:
+            return any(r.outcome == "interrupted" for r in await watcher.get("long").history(5))
+
+        await until(interrupted, what="the take-over of the dead run")
+        assert [r.run_id for _, r in await watcher.runs_in_progress()] == []
+        corpses = [i for i in await watcher.instances() if i.id == "corpse"]
+        assert [(i.liveness(datetime.now(UTC)), i.running) for i in corpses] == [("dead", ())]
+    finally:
+        await watcher.stop()
+
+
 async def test_three_processes_run_every_slot_exactly_once(processes: Processes) -> None:
     for n in range(3):
         await processes.spawn(f"p{n}", "every", interval="300ms")
@@ -749,9 +792,12 @@ async def test_catch_up_runs_the_latest_missed_slot_once_after_a_full_restart(
     def fleet_of_two() -> list[Scheduler[LeaseBackend]]:
         members = [scheduler_on(fleet, f"i{n}") for n in range(2)]
         for member in members:
+            # No jitter: the missed slot is caught up at once, not after its jitter window
+            # (when, this close to the next slot, a loaded machine may claim that one first).
             member.every(
-                "tick", "500ms", partial(log_start, log, member.instance_id), catch_up="1m"
-            )
+                "tick", "500ms", partial(log_start, log, member.instance_id), catch_up="1m",
+                jitter=0,
+            )  # fmt: skip
         return members
 
     first = fleet_of_two()
