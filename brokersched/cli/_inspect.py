@@ -13,6 +13,7 @@ import click
 from rich import box
 from rich.table import Table
 
+from .._clock import datetime_to_ms
 from .._durations import format_duration, parse_duration
 from .._exceptions import ConfigurationError
 from .._fleetrecords import JobControl
@@ -65,8 +66,8 @@ def jobs(app: str, count: int, as_json: bool, overrides: tuple[str, ...]) -> Non
         table.add_column(column, overflow="fold")
     for job in scheduler.jobs():
         zone = _zone(job.schedule)
-        state = fleet.state(scheduler, job)
-        upcoming = job.next_runs(count) if state in _RUNNING else []
+        state = fleet.shown_state(scheduler, job)
+        upcoming = fleet.upcoming(scheduler, job, count)
         runs = "\n".join(local_time(when, zone) for when in upcoming) or "-"
         table.add_row(
             job.name,
@@ -104,9 +105,39 @@ class _FleetControls:
         control = self.by_key.get(job.key)
         if not (scheduler.enabled and job.enabled) or (control is not None and control.disabled):
             return "disabled"
-        if control is not None and control.paused:
+        if control is not None and control.paused_at(scheduler.clock.now()):
             return "paused"
         return "enabled" if self.unread is None else "enabled?"
+
+    def shown_state(self, scheduler: Scheduler[Any], job: Job) -> str:
+        """``state``, with until when a pause lasts and how many slots a skip skips."""
+        state, control = self.state(scheduler, job), self.by_key.get(job.key)
+        if control is None:
+            return state
+        if state == "paused" and control.paused_until is not None:
+            return f"paused until {utc_time(control.paused_until)}"
+        skip = control.skip
+        if state in _RUNNING and skip is not None and skip.through_ms > scheduler.clock.now_ms():
+            return f"{state}, skips {skip.count} slot{'s' if skip.count > 1 else ''}"
+        return state
+
+    def upcoming(self, scheduler: Scheduler[Any], job: Job, count: int) -> list[datetime]:
+        """The next ``count`` slots that run: after a pause's end, skipped slots passed over;
+        none while the job is disabled or paused without an end."""
+        state, control = self.state(scheduler, job), self.by_key.get(job.key)
+        if control is None or state in _RUNNING:
+            found = job.next_runs(count) if state in _RUNNING else []
+        elif state == "paused" and control.paused_until is not None:
+            found = job.next_runs(count, control.paused_until - timedelta(milliseconds=1))
+        else:
+            return []
+        if control is None:
+            return found
+        slots: list[datetime] = []
+        while found and len(slots) < count:
+            slots += [when for when in found if control.stops(datetime_to_ms(when)) != "skipped"]
+            found = job.next_runs(count, found[-1]) if len(slots) < count else []
+        return slots[:count]
 
 
 def _fleet_controls(scheduler: Scheduler[Any]) -> _FleetControls:
@@ -151,12 +182,12 @@ def _narrow_jobs(scheduler: Scheduler[Any], title: str, count: int, fleet: _Flee
             overridden = [f"override {line}" for line in _shown_overrides(job).splitlines()]
             options = "\n".join(([] if options == "-" else [options]) + overridden)
         state = fleet.state(scheduler, job)
-        if state in _RUNNING:
-            runs = "\n".join(local_time(when, zone) for when in job.next_runs(count)) or "-"
-            if state == "enabled?":
-                runs += "\n(enabled?)"
-        else:
-            runs = state
+        upcoming = fleet.upcoming(scheduler, job, count)
+        runs = "\n".join(local_time(when, zone) for when in upcoming) or "-"
+        if state != "enabled":
+            runs = f"{fleet.shown_state(scheduler, job)}\n{runs}" if upcoming else state
+        elif (shown := fleet.shown_state(scheduler, job)) != state:
+            runs = f"{shown}\n{runs}"
         table.add_row(name, schedule, redact_text(options), runs)
     return table
 
@@ -167,7 +198,8 @@ def _job_json(
     """A job as ``jobs --json`` prints it; every key always there. ``data`` is only said to be
     there (``"***"``), as in the admin API. ``enabled`` and ``next_runs`` are the
     application's; ``state`` adds the fleet's controls (``enabled``, ``paused``,
-    ``disabled``), read when ``controls_read``."""
+    ``disabled``), read when ``controls_read``; ``control`` is the job's control record as
+    the backend keeps it (a pause's end, a pending skip, who changed what), or null."""
     zone = _zone(job.schedule)
     enabled = job.enabled and scheduler.enabled
     options: dict[str, Any] = {}
@@ -198,6 +230,7 @@ def _job_json(
         "next_runs": [iso(when) for when in job.next_runs(count)] if enabled else [],
         "state": fleet.state(scheduler, job).removesuffix("?"),
         "controls_read": fleet.unread is None,
+        "control": control.to_dict() if (control := fleet.by_key.get(job.key)) else None,
     }
 
 

@@ -17,7 +17,9 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -574,6 +576,45 @@ def test_jobs_says_a_job_paused_for_the_fleet_is_paused(postgres_env: dict[str, 
     assert (job["state"], job["controls_read"], job["enabled"]) == ("paused", True, True)
 
 
+def test_jobs_shows_until_when_a_pause_lasts_and_the_slots_a_skip_passes_over(
+    postgres_env: dict[str, str],
+) -> None:
+    from brokersched import PostgresBackend, Scheduler
+
+    app = "tests.support.cli_apps.postgres_app:scheduler"
+    dsn, schema = postgres_env["BROKERSCHED_POSTGRES_DSN"], postgres_env["BROKERSCHED_TEST_SCHEMA"]
+    env = {**postgres_env, "COLUMNS": "160"}
+    midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    days = [midnight + timedelta(days=n) for n in range(1, 6)]
+
+    async def change(action: str) -> None:
+        instance = Scheduler(PostgresBackend(dsn, schema=schema, lease_ttl="5s"), jitter=0)
+        job = instance.every("vacuum", "1d", lambda ctx: None, overlap="skip", max_attempts=2)
+        async with instance:
+            if action == "pause":
+                await job.pause(until=days[1] + timedelta(hours=1), by="ops")
+            else:
+                await job.resume(by="ops")
+                await job.skip(2, by="ops")
+
+    def listed() -> tuple[str, dict[str, Any]]:
+        table = brokersched("jobs", app, env=env)
+        assert table.returncode == 0, table.stderr
+        rows = brokersched("jobs", app, "--json", "-n", "2", env=env).stdout.splitlines()
+        return table.stdout, json.loads(rows[0])
+
+    asyncio.run(change("pause"))
+    table, row = listed()
+    assert f"paused until {days[1]:%Y-%m-%d} 01:00" in table, table
+    assert f"{days[2]:%Y-%m-%d}" in table and f"{days[1]:%Y-%m-%d} 00:00" not in table
+    assert row["state"] == "paused" and row["control"]["paused_until"].startswith(f"{days[1]:%F}")
+    asyncio.run(change("skip"))
+    table, row = listed()
+    assert "enabled, skips 2 slots" in table, table
+    assert f"{days[2]:%Y-%m-%d}" in table and f"{days[0]:%Y-%m-%d} 00:00" not in table
+    assert row["control"]["skip"]["count"] == 2
+
+
 def test_jobs_says_when_it_cannot_read_the_fleets_controls() -> None:
     env = {"BROKERSCHED_POSTGRES_DSN": "postgresql://app:s3cret@127.0.0.1:1/test", "COLUMNS": "160"}
     result = brokersched("jobs", "tests.support.cli_apps.postgres_app:scheduler", env=env)
@@ -736,6 +777,7 @@ def test_jobs_and_next_print_json(tmp_path: Path) -> None:
         "next_runs": report["next_runs"],
         "state": "enabled",
         "controls_read": True,
+        "control": None,
     }
     assert len(report["next_runs"]) == 2
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT0[67]:00:00\.000Z", t) for t in report["next_runs"])

@@ -335,9 +335,7 @@ async def test_purge_without_anything_says_so(server: Server) -> None:
 
 async def test_jobs_reads_a_fleet_wide_pause_without_starting_the_backend(server: Server) -> None:
     """A job paused for the fleet while an instance ran: ``brokersched jobs`` reads its
-    control from the backend, not started (it makes nothing there), and says ``paused``. A
-    backend that cannot read its fleet's records that way (RabbitMQ) says they were not
-    read, never that the job is enabled for sure."""
+    control from the backend, not started (it makes nothing there), and says ``paused``."""
     prefix = ops_name(server.kind)
     env = {**env_of(server.kind, server.url, prefix), "COLUMNS": "160"}
     try:
@@ -351,12 +349,8 @@ async def test_jobs_reads_a_fleet_wide_pause_without_starting_the_backend(server
         (row,) = [json.loads(line) for line in listed.stdout.splitlines()]
         table = await cli("jobs", APP, env=env)
         (line,) = [line for line in table.stdout.splitlines() if "tick" in line]
-        if server.kind == "rabbitmq":
-            assert (row["state"], row["controls_read"]) == ("enabled", False)
-            assert "enabled?" in line and "fleet-wide pauses not read" in table.stdout
-        else:
-            assert (row["state"], row["controls_read"]) == ("paused", True)
-            assert "paused" in line and "enabled" not in line, table.stdout
+        assert (row["state"], row["controls_read"]) == ("paused", True)
+        assert "paused" in line and "enabled" not in line, table.stdout
         assert await server.objects(prefix) == made  # nothing made by reading
     finally:
         await cli("purge", APP, "--force", env=env)

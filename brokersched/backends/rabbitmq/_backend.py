@@ -417,6 +417,14 @@ class RabbitMQBackend(ClaimQueues):
 
         return await self._operation("reading the fleet's presence", call)
 
+    async def _control_records(self) -> list[str]:
+        """The control records of ``<prefix>.fleet``, read as the presence is."""
+
+        async def call(channels: _ops.Channels, _: dict[str, Any]) -> list[str]:
+            return await _ops.read_controls(channels, self._NAMES, self._prefix)
+
+        return await self._operation("reading the jobs' controls", call)
+
     async def purge(self, inventory: Inventory) -> Inventory:
         """Delete the queues and exchanges of ``inventory``; what is left of them (listed
         again with ``management_url``)."""

@@ -46,7 +46,7 @@ from ._files import (
     quorum_budget,
 )
 from ._fleet import take_lock
-from ._records import live_instances, newest
+from ._records import State, live_instances, newest
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel
@@ -247,6 +247,18 @@ async def read_presence(channels: Channels, names: Names, prefix: str, now_ms: i
     """The instance records of the fleet's record queue not yet expired at ``now_ms``, read
     under its lock and put back (none when no instance ever wrote one). Raises
     ``BackendError`` when the lock is not free within a few seconds."""
+    return live_instances(await read_fleet_state(channels, names, prefix), now_ms)
+
+
+async def read_controls(channels: Channels, names: Names, prefix: str) -> list[str]:
+    """The control records of the fleet's record queue, read as ``read_presence`` reads."""
+    return list((await read_fleet_state(channels, names, prefix))["control"].values())
+
+
+async def read_fleet_state(channels: Channels, names: Names, prefix: str) -> State:
+    """The newest state of the fleet's record queue, read under its lock and put back (empty
+    when no instance ever wrote one), declaring nothing. Raises ``BackendError`` when the
+    lock is not free within a few seconds."""
     from aio_pika.exceptions import ChannelNotFoundEntity
 
     loop = asyncio.get_running_loop()
@@ -260,10 +272,10 @@ async def read_presence(channels: Channels, names: Names, prefix: str, now_ms: i
                 missing = True  # (and the answer closed the channel)
             else:
                 if await take_lock(lock):
-                    return await _read_presence_locked(channel, names.fleet(prefix), now_ms)
+                    return await _read_state_locked(channel, names.fleet(prefix))
         if missing:
             async with channels() as channel:
-                return await _read_presence_locked(channel, names.fleet(prefix), now_ms)
+                return await _read_state_locked(channel, names.fleet(prefix))
         await asyncio.sleep(0.05)
     raise BackendError(
         f"{_BACKEND}: the lock of the fleet's records ({names.fleet_lock(prefix)}) stayed "
@@ -271,7 +283,7 @@ async def read_presence(channels: Channels, names: Names, prefix: str, now_ms: i
     )
 
 
-async def _read_presence_locked(channel: AbstractChannel, queue: str, now_ms: int) -> list[str]:
+async def _read_state_locked(channel: AbstractChannel, queue: str) -> State:
     """On the channel holding the lock (when there is one): every state message, the newest
     read, all put back."""
     from aio_pika.exceptions import ChannelNotFoundEntity
@@ -279,14 +291,14 @@ async def _read_presence_locked(channel: AbstractChannel, queue: str, now_ms: in
     try:
         records = await channel.declare_queue(queue, passive=True)
     except ChannelNotFoundEntity:
-        return []
+        return newest([])
     held = []
     try:
         for _ in range(records.declaration_result.message_count or 0):
             message = await records.get(no_ack=False, fail=False, timeout=5)
             if message is not None:
                 held.append(message)
-        return live_instances(newest(held), now_ms)
+        return newest(held)
     finally:
         for message in held:
             await message.reject(requeue=True)
