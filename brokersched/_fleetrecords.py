@@ -11,6 +11,7 @@ audit entry) is lost to a concurrent one.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, cast, get_args
@@ -32,6 +33,7 @@ __all__ = [
     "RunInProgress",
     "SkipWindow",
     "asked",
+    "runs_ahead",
 ]
 
 FleetKind = Literal["instance", "control"]
@@ -371,3 +373,25 @@ class JobControl:
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(self.to_json())  # type: ignore[no-any-return]
+
+
+def runs_ahead(
+    next_ms: Callable[[int], int | None], control: JobControl | None, count: int, now_ms: int
+) -> list[int]:
+    """The next ``count`` slots after ``now_ms`` that ``control`` lets run (``next_ms``: the
+    schedule's next slot after an instant): after a pause's end, skipped slots passed over;
+    none while the job is disabled or paused without an end."""
+    after = now_ms
+    if control is not None:
+        if control.disabled:
+            return []
+        if control.paused and control.paused_until is not None:
+            after = max(after, datetime_to_ms(control.paused_until) - 1)
+        elif control.paused:
+            return []
+    slots: list[int] = []
+    while len(slots) < count and (slot := next_ms(after)) is not None:
+        if control is None or control.stops(slot) is None:
+            slots.append(slot)
+        after = slot
+    return slots

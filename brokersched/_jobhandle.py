@@ -8,9 +8,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Protocol
 
-from ._clock import Clock, datetime_to_ms, ms_to_datetime
+from ._clock import Clock, ms_to_datetime
 from ._fleet import Change
-from ._fleetrecords import Asked, ControlAction, JobControl, asked
+from ._fleetrecords import Asked, ControlAction, JobControl, asked, runs_ahead
 from ._job import JobState
 from ._options import JobOptions, JobSettings, Kind
 from ._runner import JOB_DATA
@@ -99,18 +99,11 @@ class Job:
             return ms_to_datetime(arming.boot_ms)
         if arming.armed_ms is not None and not state.stops(arming.armed_ms):
             return ms_to_datetime(arming.armed_ms)
-        if state.removed or state.disabled or not (self._owner.enabled and state.spec.enabled):
+        if state.removed or not (self._owner.enabled and state.spec.enabled):
             return None
-        after = self._owner.clock.now_ms()
-        if state.paused:  # until resumed, or the first slot at or after the pause's end
-            until = state.control.paused_until if state.control is not None else None
-            if until is None:
-                return None
-            after = max(after, datetime_to_ms(until) - 1)
-        nxt = state.schedule.next_ms(after)
-        while nxt is not None and state.stops(nxt) == "skipped":
-            nxt = state.schedule.next_ms(nxt)
-        return None if nxt is None else ms_to_datetime(nxt)
+        now = self._owner.clock.now_ms()
+        ahead = runs_ahead(state.schedule.next_ms, state.control, 1, now)
+        return ms_to_datetime(ahead[0]) if ahead else None
 
     def next_runs(self, n: int, after: datetime | None = None) -> list[datetime]:
         """The next ``n`` slots after ``after`` (default: now on the scheduler's clock)."""

@@ -34,8 +34,9 @@ from ._app import (
 from ._group import EPILOG, cli
 from ._output import shown_backend, utc_time
 
-__all__ = ["disable", "enable", "pause", "resume", "skip"]
+__all__ = ["disable_job", "enable_job", "pause_job", "resume_job", "skip_job"]
 
+# What a change did, by its action.
 _DONE = {
     "pause": "paused",
     "resume": "resumed",
@@ -70,12 +71,12 @@ def _common(function: Callable[..., None]) -> Callable[..., None]:
     return function
 
 
-@cli.command(epilog=EPILOG)
+@cli.command("pause", epilog=EPILOG)
 @_common
 @click.option("--until", "until_text", help="ISO 8601 instant the pause ends by itself at.")
 @click.option("--for", "for_text", metavar="DURATION", help="The pause ends after this (2h).")
 @click.option("--timezone", "-z", "zone_name", default="UTC", show_default=True)
-def pause(
+def pause_job(
     app: str,
     job_name: str,
     note: str | None,
@@ -93,9 +94,9 @@ def pause(
     _change(app, job_name, "pause", overrides, note, actor, as_json, until=until)
 
 
-@cli.command(epilog=EPILOG)
+@cli.command("resume", epilog=EPILOG)
 @_common
-def resume(
+def resume_job(
     app: str,
     job_name: str,
     note: str | None,
@@ -107,9 +108,9 @@ def resume(
     _change(app, job_name, "resume", overrides, note, actor, as_json)
 
 
-@cli.command(epilog=EPILOG)
+@cli.command("disable", epilog=EPILOG)
 @_common
-def disable(
+def disable_job(
     app: str,
     job_name: str,
     note: str | None,
@@ -121,9 +122,9 @@ def disable(
     _change(app, job_name, "disable", overrides, note, actor, as_json)
 
 
-@cli.command(epilog=EPILOG)
+@cli.command("enable", epilog=EPILOG)
 @_common
-def enable(
+def enable_job(
     app: str,
     job_name: str,
     note: str | None,
@@ -135,7 +136,7 @@ def enable(
     _change(app, job_name, "enable", overrides, note, actor, as_json)
 
 
-@cli.command(epilog=EPILOG)
+@cli.command("skip", epilog=EPILOG)
 @_common
 @click.option(
     "--count",
@@ -145,7 +146,7 @@ def enable(
     type=int,
     help="How many of the next slots (0 cancels a pending skip).",
 )
-def skip(
+def skip_job(
     app: str,
     job_name: str,
     note: str | None,

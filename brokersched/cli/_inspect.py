@@ -13,10 +13,10 @@ import click
 from rich import box
 from rich.table import Table
 
-from .._clock import datetime_to_ms
+from .._clock import ms_to_datetime
 from .._durations import format_duration, parse_duration
 from .._exceptions import ConfigurationError
-from .._fleetrecords import JobControl
+from .._fleetrecords import JobControl, runs_ahead
 from .._json import iso
 from .._logging import configure_logging
 from .._redact import MASK, redact_text
@@ -122,22 +122,13 @@ class _FleetControls:
         return state
 
     def upcoming(self, scheduler: Scheduler[Any], job: Job, count: int) -> list[datetime]:
-        """The next ``count`` slots that run: after a pause's end, skipped slots passed over;
-        none while the job is disabled or paused without an end."""
-        state, control = self.state(scheduler, job), self.by_key.get(job.key)
-        if control is None or state in _RUNNING:
-            found = job.next_runs(count) if state in _RUNNING else []
-        elif state == "paused" and control.paused_until is not None:
-            found = job.next_runs(count, control.paused_until - timedelta(milliseconds=1))
-        else:
+        """The next ``count`` slots that run (``runs_ahead``); none while the application
+        does not schedule the job."""
+        if self.state(scheduler, job) == "disabled":
             return []
-        if control is None:
-            return found
-        slots: list[datetime] = []
-        while found and len(slots) < count:
-            slots += [when for when in found if control.stops(datetime_to_ms(when)) != "skipped"]
-            found = job.next_runs(count, found[-1]) if len(slots) < count else []
-        return slots[:count]
+        control = self.by_key.get(job.key)
+        slots = runs_ahead(job.schedule.next_ms, control, count, scheduler.clock.now_ms())
+        return [ms_to_datetime(slot) for slot in slots]
 
 
 def _fleet_controls(scheduler: Scheduler[Any]) -> _FleetControls:

@@ -33,7 +33,7 @@ from ._sim_coverage import EFFECT_MS
 if TYPE_CHECKING:
     from .simulate import Deploy, Instance, Simulation
 
-__all__ = ["Operator"]
+__all__ = ["Operator", "cli_change"]
 
 _RATES = (0.1, 0.25, 0.5, 1.0, 1.0, 5.0, 50.0)  # slots a second
 

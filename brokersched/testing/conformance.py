@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar, cast
@@ -31,25 +31,21 @@ from ..abc import (
     Backend,
     Claim,
     ClaimBackend,
-    ControlChange,
-    Instance,
     JobPolicy,
     Lease,
     LeaseBackend,
     LeaseState,
-    RunInProgress,
     RunRecord,
     Slot,
 )
+from ._fleet_check import SLOT, Factory, FleetRecordsCheck
 from ._protocol import LeaseProtocolCheck
 
 __all__ = ["ClaimBackendSuite", "LeaseBackendSuite"]
 
 B = TypeVar("B", bound=Backend)
-Factory = Callable[..., Awaitable[Any]]
 
 RACERS = 8
-SLOT = 1_700_000_000_000  # 2023-11-14T22:13:20Z: in the past, as a claimed slot is
 
 
 def make_record(
@@ -75,7 +71,7 @@ def make_record(
     )
 
 
-class _Suite(ABC, Generic[B]):
+class _Suite(FleetRecordsCheck, ABC, Generic[B]):
     @abstractmethod
     def make_backend(self, namespace: str, **options: Any) -> B:
         """A new, unstarted backend on the shared server state of ``namespace``."""
@@ -107,50 +103,6 @@ class _Suite(ABC, Generic[B]):
         yield start
         for backend in reversed(started):
             await backend.stop()
-
-    @pytest.mark.asyncio
-    async def test_fleet_records_presence_and_control(self, fleet: Factory) -> None:
-        """Presence as published (the latest record of each instance), every control change
-        of concurrent writers kept, a stale compare-and-set refused, and another namespace
-        isolated."""
-        a, b = await fleet(), await fleet()
-        if not a.fleet:
-            pytest.skip(f"{a.name} keeps no fleet records")
-        now = datetime.now(UTC)
-        run = RunInProgress("j", "r1", SLOT, now, "retry", attempt=2, leased=True)
-        mine = Instance("i-a", "host", 1, "v", now, now, timedelta(seconds=5), (run,))
-        await a.publish_instance(mine)
-        await b.publish_instance(replace(mine, id="i-b", running=()))
-        later = replace(mine, last_seen=now + timedelta(seconds=5), running=())
-        await a.publish_instance(later)
-        seen = {instance.id: instance for instance in await b.instances()}
-        assert seen == {"i-a": later, "i-b": replace(mine, id="i-b", running=())}
-        actors = [f"actor-{n}" for n in range(6)]
-        changes = [
-            ControlChange("job.x", "pause" if n % 2 else "resume", actor, now)
-            for n, actor in enumerate(actors)
-        ]
-        await asyncio.gather(
-            *(backend.change_control(c) for backend, c in zip([a, b] * 3, changes, strict=True))
-        )
-        control = (await a.controls())["job.x"]
-        assert sorted(c.actor for c in control.changes) == actors
-        assert control.paused == (control.changes[-1].action == "pause")
-        note = "päused for the 06:00 window: ticket OPS-1 " * 11  # a long note, not ASCII
-        until, through = now + timedelta(hours=2), int(now.timestamp() * 1000) + 120_000
-        await b.change_control(
-            ControlChange("job.y", "pause", "ops", now, note=note[:500], until=until),
-            ControlChange("job.y", "skip", "ops", now, count=2, through_ms=through),
-        )
-        kept = (await a.controls())["job.y"]
-        assert kept.paused_until == until and kept.changes[0].note == note[:500]
-        assert kept.skip is not None and (kept.skip.count, kept.skip.through_ms) == (2, through)
-        other = self.make_backend("o" + secrets.token_hex(5))
-        await other.start(SystemClock())
-        try:
-            assert await other.instances() == [] and await other.controls() == {}
-        finally:
-            await other.stop()
 
     @pytest.mark.asyncio
     async def test_history_is_newest_first_and_limited(self, fleet: Factory) -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from .._clock import ms_to_datetime
 from .._durations import format_duration
+from .._fleetrecords import runs_ahead
 from .._json import iso
 from .._json import record_json as shared_record_json
 from .._redact import MASK, redact_text
@@ -117,10 +119,18 @@ def job_json(
         "zone": timezone_name(zone),
         "options": _options(scheduler, job),
         "state": job_state(scheduler, job),
-        "next_runs": [iso(when) for when in job.next_runs(runs)],
+        "next_runs": [iso(ms_to_datetime(ms)) for ms in _runs_ahead(scheduler, job, runs)],
         "last": record_json(last, job) if last is not None else None,
         "control": _latest_control(job, scheduler.clock.now()),
     }
+
+
+def _runs_ahead(scheduler: Scheduler[Any], job: Job, count: int) -> list[int]:
+    """The job's next slots that run, as the fleet's controls stand (``runs_ahead``)."""
+    control = job.control
+    if control is None and job.paused:  # paused here, on a backend without fleet records
+        return []
+    return runs_ahead(job.schedule.next_ms, control, count, scheduler.clock.now_ms())
 
 
 def _latest_control(job: Job, now: datetime) -> dict[str, Any] | None:

@@ -292,16 +292,16 @@ def test_jobs_shows_keys_overrides_and_the_enabled_state(app: str) -> None:
         "zone",
         "options",
         "overrides",
-        "enabled",
+        "state",
     ]
     digest = row(result.stdout, "digest.daily")
     assert digest[:3] == ["digest.daily", "digest.daily", "cron"]
     assert digest[3] == "cron '0 * * * *' (UTC)"
     assert digest[6] == 'jitter="5s"'  # the first line of the cell; the cron one follows
-    assert digest[7] == "yes"
+    assert digest[7] == "enabled"
     purge = row(result.stdout, "purge")
     assert purge[:2] == ["purge", "purge-v2"]
-    assert (purge[6], purge[7], purge[8]) == ("enabled=false", "no", "-")
+    assert (purge[6], purge[7], purge[8]) == ("enabled=false", "disabled", "-")
     assert 'cron="0 * * * *"' in result.stdout
 
 

@@ -32,7 +32,14 @@ if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
     from pamqp.common import FieldTable
 
-__all__ = ["FleetRecords", "fleet_lock_name", "fleet_queue_name", "live_instances", "newest"]
+__all__ = [
+    "FleetRecords",
+    "State",
+    "fleet_lock_name",
+    "fleet_queue_name",
+    "live_instances",
+    "newest",
+]
 
 _LOCK_RETRY_S = (0.005, 0.05)
 _PLAIN: FieldTable = {"x-queue-type": "classic"}
