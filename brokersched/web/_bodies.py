@@ -129,6 +129,8 @@ class LatestControl(TypedDict):
     paused_until: Time | None
     skip: Skip | None
     latest: ControlChange | None
+    halted_by: ControlChange | None
+    """The change that paused or disabled it, while it is (the latest may be a skip since)."""
 
 
 @_closed

@@ -74,17 +74,15 @@ class Pauses:
 
 
 def _halted_at(control: JobControl, ms: int) -> bool:
-    """Whether the job's control changes say it was paused or disabled at ``ms`` (what came
-    before the oldest change kept is not known: not halted)."""
-    paused = disabled = False
+    """Whether the job's control changes made before ``ms`` stopped its slot at ``ms``:
+    paused (before a pause's end), disabled, or skipped (what came before the oldest change
+    kept is not known: not halted)."""
+    then = JobControl(control.job)
     for change in control.changes:
         if datetime_to_ms(change.at) > ms:
             break
-        if change.action in ("pause", "resume"):
-            paused = change.action == "pause"
-        elif change.action in ("disable", "enable"):
-            disabled = change.action == "disable"
-    return paused or disabled
+        then = then.apply(change)
+    return then.stops(ms) is not None
 
 
 def compact_run(record: RunRecord, job: Job | None) -> dict[str, Any]:

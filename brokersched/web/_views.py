@@ -139,7 +139,11 @@ def _latest_control(job: Job, now: datetime) -> dict[str, Any] | None:
     if control is None:
         return None
     latest = control.changes[-1].to_dict() if control.changes else None
-    return {**_control_state(control, now), "latest": latest}
+    state = _control_state(control, now)
+    halting = {"pause"} if state["paused"] else set()
+    halting |= {"disable"} if control.disabled else set()
+    halted_by = next((c for c in reversed(control.changes) if c.action in halting), None)
+    return {**state, "latest": latest, "halted_by": halted_by.to_dict() if halted_by else None}
 
 
 def record_json(record: RunRecord, job: Job | None) -> dict[str, Any]:

@@ -203,11 +203,12 @@ async def fleet(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
 
 
 def killed_instance() -> Instance:
-    """A third instance's last presence: killed (-9) a minute ago during a run of export.slow,
-    whose lease still holds the slot."""
+    """A third instance's last presence: killed (-9) a minute ago during a run of a job of its
+    own release (ledger.close, which the other two do not run: they cannot tell that its run
+    is over, and show it as its instance left it, its lease holding the slot)."""
     killed = datetime.now(UTC) - timedelta(minutes=1)
     slot_ms = int(killed.timestamp()) * 1000
-    run = RunInProgress("export.slow", DEAD_RUN, slot_ms, killed, "schedule", leased=True)
+    run = RunInProgress("ledger.close", DEAD_RUN, slot_ms, killed, "schedule", leased=True)
     return Instance(
         id="web-3",
         host="pod-7",
@@ -523,9 +524,16 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
 async def test_signing_in_with_the_token_and_pausing_a_job(fleet: str, browser: Any) -> None:
     def steps(page: Page) -> dict[str, Any]:
         found: dict[str, Any] = {}
-        page.open(f"{fleet}#/jobs/cache.warm", ".page-head button[data-action='pause']")
+        page.open(f"{fleet}#/jobs/cache.warm", ".page-head button[data-action='pause-dialog']")
         found["before"] = page.text("#signin-button")
-        page.click(".page-head button[data-action='pause']")  # not signed in: the dialog
+        page.click(".page-head button[data-action='pause-dialog']")  # until when, and why
+        page.js("document.querySelector('#change-until').value = '4h'")
+        page.visible("#change-note").send_keys("db failover")
+        page.driver.set_window_size(390, 900)  # the pause dialog on a phone
+        page.fits_a_phone("#change-form", "#change-submit")
+        found["dialog_shot"] = page.shot("pause-dialog", 390)
+        page.driver.set_window_size(1400, 1000)
+        page.click("#change-submit")  # not signed in: the sign-in dialog
         page.visible("#signin #token").send_keys("not-the-token-0123456789")
         page.click("#signin button[type='submit']")
         page.has_text("#signin-error", "This is not the server's admin token.")
@@ -535,6 +543,14 @@ async def test_signing_in_with_the_token_and_pausing_a_job(fleet: str, browser: 
         page.click("#signin button[type='submit']")  # signed in, and the pause goes on
         page.has_text(".page-head .badge", "paused")
         found["status"] = page.text("#status")
+        page.click(".page-head button[data-action='skip-dialog']")
+        count = page.visible("#change-count")
+        count.clear()
+        count.send_keys("2")
+        page.click("#change-submit")
+        page.has_text("#status", "skips its next 2 slots")
+        page.has_text("#schedule", "Skips its next 2 slots")
+        found["job_shot"] = page.shot("paused-job", 1400)
         found["signed_in"] = page.text("#signin-button")
         found["stored"] = page.js("return sessionStorage.getItem('brokersched-token')")
         found["schedule"] = page.text("#schedule")
@@ -551,11 +567,16 @@ async def test_signing_in_with_the_token_and_pausing_a_job(fleet: str, browser: 
     assert found["before"] == "Sign in"
     assert found["signed_in"] == "signed in · sign out"
     assert found["stored"] == TOKEN  # this tab only
-    assert "cache.warm: paused" in found["status"]
-    assert "Paused for the whole fleet by api:token@127.0.0.1" in found["schedule"]
+    assert "cache.warm: paused until " in found["status"]
+    assert "Paused for the whole fleet until " in found["schedule"]
+    assert 'by api:token@127.0.0.1 at ' in found["schedule"]
+    assert '("db failover"): no instance runs its slots before then' in found["schedule"]
     assert "paused" in found["row"] and "Resume" in found["row"]
     async with httpx.AsyncClient(base_url=fleet) as http:
-        assert (await http.get("jobs/cache.warm")).json()["state"] == "paused"
+        job = (await http.get("jobs/cache.warm")).json()
+        assert job["state"] == "paused" and job["control"]["skip"]["count"] == 2
+        until = datetime.fromisoformat(job["control"]["paused_until"])
+        assert timedelta(hours=3, minutes=58) < until - datetime.now(UTC) <= timedelta(hours=4)
 
 
 async def test_a_fleet_with_every_job_paused_stands_out_and_resumes_at_once(
@@ -648,10 +669,12 @@ async def test_mounted_behind_a_cookie_session_the_page_asks_for_no_token(
         page.open(f"{base}/", "body")
         page.driver.add_cookie({"name": "session", "value": session, "path": "/"})
         page.open(
-            f"{base}/ops/scheduler#/jobs/cache.warm", ".page-head button[data-action='pause']"
+            f"{base}/ops/scheduler#/jobs/cache.warm",
+            ".page-head button[data-action='pause-dialog']",
         )
         page.has_text("#signin-button", "signed in (session)")
-        page.click(".page-head button[data-action='pause']")
+        page.click(".page-head button[data-action='pause-dialog']")
+        page.click("#change-submit")  # until resumed, no note
         page.has_text(".page-head .badge", "paused")
         found["dialog_open"] = page.js("return document.querySelector('#signin').open")
         found["status"] = page.text("#status")

@@ -333,9 +333,68 @@ async function submitSignIn(event) {
   }
 }
 
-async function act(name, action, runId = null) {
+// The dialog of a pause (until when, why) or a skip (how many slots, why) of one job.
+let changing = null;
+
+function openChange(name, action) {
+  if (!app.session.authorized && !(app.session.changes_enabled && app.session.token_accepted)) {
+    return say(`${action} ${name}: not allowed; changes need a session of the application this dashboard is part of (sign in there)`, true);
+  }
+  changing = { name, action };
+  const pause = action === "pause";
+  $("#change-title").textContent = pause ? `Pause ${name}` : `Skip slots of ${name}`;
+  $("#change-scope").textContent = pause
+    ? "For the whole fleet: no instance runs its slots until it is resumed, or until the time chosen (the first slot at or after it runs)."
+    : "For the whole fleet: its next slots are skipped wherever they fall due; the slots after them run. A later skip replaces this one.";
+  $("#change-pause").hidden = !pause;
+  $("#change-skip").hidden = pause;
+  $("#change-submit").textContent = pause ? "Pause" : "Skip";
+  $("#change-until").value = "";
+  $("#change-at").value = "";
+  $("#change-at").hidden = true;
+  $("#change-count").value = "1";
+  $("#change-note").value = "";
+  $("#change-error").textContent = "";
+  $("#change").showModal();
+}
+
+// The body of the change asked in the dialog, or an error message.
+function changeBody() {
+  const body = {};
+  const note = $("#change-note").value.trim();
+  if (note) body.note = note;
+  if (changing.action === "skip") {
+    const count = Number($("#change-count").value);
+    if (!Number.isInteger(count) || count < 1 || count > 1000) return "Slots to skip: a whole number from 1 to 1000.";
+    body.count = count;
+    return body;
+  }
+  const until = $("#change-until").value;
+  if (until === "at") {
+    const at = Date.parse($("#change-at").value); // datetime-local: this browser's time zone
+    if (Number.isNaN(at)) return "Until: pick a time.";
+    if (at <= Date.now()) return "Until: pick a time in the future.";
+    body.until = new Date(at).toISOString();
+  } else if (until) {
+    body.until = new Date(Date.now() + Number.parseInt(until, 10) * 3_600_000).toISOString();
+  }
+  return body;
+}
+
+async function submitChange(event) {
+  event.preventDefault();
+  const body = changeBody();
+  if (typeof body === "string") {
+    $("#change-error").textContent = body;
+    return;
+  }
+  $("#change").close();
+  await act(changing.name, changing.action, null, body);
+}
+
+async function act(name, action, runId = null, body = null) {
   if (!app.session.authorized) {
-    if (app.session.changes_enabled && app.session.token_accepted) return openSignIn(() => act(name, action, runId));
+    if (app.session.changes_enabled && app.session.token_accepted) return openSignIn(() => act(name, action, runId, body));
     return say(`${action} ${name}: not allowed; changes need a session of the application this dashboard is part of (sign in there)`, true);
   }
   try {
@@ -343,19 +402,30 @@ async function act(name, action, runId = null) {
       const body = await abortRun(runId);
       say(`${name}: abort of run ${runId} requested; ${body.detail}`);
     } else {
-      const body = await change(name, action);
-      say(action === "trigger" ? `${name}: triggered. ${body.detail}` : `${name}: ${body.state} (${body.scope})`);
+      const answer = await change(name, action, body);
+      say(action === "trigger" ? `${name}: triggered. ${answer.detail}` : changed(name, action, answer));
     }
   } catch (error) {
     if (error.status === 401 && app.session.token_accepted) {
       setToken("");
       app.session = { ...app.session, authorized: false, via: null };
       renderHeader();
-      return openSignIn(() => act(name, action, runId));
+      return openSignIn(() => act(name, action, runId, body));
     }
     say(`${action} ${name}: ${error.message}`, true);
   }
   refreshSoon(0);
+}
+
+// What a change of a job did, in the status line: its state, until when, the slots skipped.
+function changed(name, action, answer) {
+  const control = answer.control || {};
+  let said = `${name}: ${answer.state}`;
+  if (action === "pause" && control.paused_until) said += ` until ${time(Date.parse(control.paused_until))}`;
+  if (action === "skip" && control.skip) {
+    said = `${name}: skips its next ${control.skip.count === 1 ? "slot" : `${control.skip.count} slots`}, through ${time(control.skip.through_ms)}`;
+  }
+  return `${said} (${answer.scope})`;
 }
 
 // The same change of each job in turn ("resume all"), each through its own route and the same
@@ -393,6 +463,13 @@ async function actOnAll(names, action) {
 
 document.addEventListener("DOMContentLoaded", () => {
   $("#signin-form").addEventListener("submit", submitSignIn);
+  $("#change-form").addEventListener("submit", submitChange);
+  $("#change-cancel").addEventListener("click", () => $("#change").close());
+  $("#change-until").addEventListener("change", () => {
+    const at = $("#change-until").value === "at";
+    $("#change-at").hidden = !at;
+    if (at) $("#change-at").focus();
+  });
   $("#signin-cancel").addEventListener("click", () => $("#signin").close());
   $("#signin-button").addEventListener("click", () => {
     if (app.session.authorized && app.session.via === "token") {
@@ -413,6 +490,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#view").addEventListener("click", (event) => {
     const button = event.target.closest("button[data-action]");
     if (button && button.dataset.action === "resume-all") actOnAll(JSON.parse(button.dataset.jobs), "resume");
+    else if (button && button.dataset.action.endsWith("-dialog")) openChange(button.dataset.job, button.dataset.action.replace("-dialog", ""));
     else if (button && button.dataset.job) act(button.dataset.job, button.dataset.action, button.dataset.runId || null);
   });
   document.addEventListener("focusin", (event) => {

@@ -49,10 +49,22 @@ function row(labels, cells, { href = null, dataset = {} } = {}) {
   return tr;
 }
 
-// Who paused or disabled a job for the fleet, and when (its latest control change).
+// Who paused or disabled a job for the fleet, when, why, and until when a pause lasts.
 function controlNote(job) {
-  const latest = job.control && job.control.latest;
-  return latest ? ` by ${latest.actor} at ${time(Date.parse(latest.at))}` : "";
+  const control = job.control;
+  const latest = control && (control.halted_by || control.latest);
+  if (!latest) return "";
+  const until = control.paused && control.paused_until ? ` until ${time(Date.parse(control.paused_until))}` : "";
+  const note = latest.note ? ` ("${latest.note}")` : "";
+  return `${until} by ${latest.actor} at ${time(Date.parse(latest.at))}${note}`;
+}
+
+// The slots a pending skip passes over, said in a line; null when none is pending.
+function skipNote(job, app) {
+  const skip = job.control && job.control.skip;
+  if (!skip || skip.through_ms <= app.now()) return null;
+  const slots = skip.count === 1 ? "its next slot" : `its next ${skip.count} slots`;
+  return `Skips ${slots}, through ${time(skip.through_ms)}, on every instance.`;
 }
 
 function stateBadge(job, app) {
@@ -90,8 +102,10 @@ function actionButtons(job, app, { big = false } = {}) {
     dataset: { action, job: job.name },
     "aria-label": `${label} ${job.name}`,
   });
-  const toggle = job.state === "paused" ? make("resume", "Resume") : make("pause", "Pause");
-  return [make("trigger", "Trigger"), toggle];
+  const toggle = job.state === "paused" ? make("resume", "Resume")
+    : big ? make("pause-dialog", "Pause…") : make("pause", "Pause");
+  return big ? [make("trigger", "Trigger"), toggle, make("skip-dialog", "Skip…")]
+    : [make("trigger", "Trigger"), toggle];
 }
 
 function windowControl(current, onPick) {
@@ -579,15 +593,18 @@ export class JobPage {
     const fleetWide = job.control !== null && job.control !== undefined;
     const paused = job.state === "paused"
       ? el("p", { className: "note" }, badge("paused", fleetWide
-        ? `Paused for the whole fleet${controlNote(job)}: no instance runs its slots.`
+        ? `Paused for the whole fleet${controlNote(job)}: no instance runs its slots${job.control.paused_until ? " before then" : ""}.`
         : `Paused on ${this.app.about.instance_id}: its slots are not armed here; other instances still run them.`, { state: true }))
       : null;
+    const skips = skipNote(job, this.app);
+    const skipping = skips ? el("p", { className: "note" }, badge("paused", skips, { state: true })) : null;
     this.schedule.body.replaceChildren(...present([
       el("dl", { className: "facts" },
         el("dt", {}, "trigger"), el("dd", { className: "mono" }, job.schedule),
         el("dt", {}, "kind"), el("dd", {}, job.kind),
         el("dt", {}, "time zone"), el("dd", {}, zone, zone !== "UTC" ? el("span", { className: "muted" }, " (and UTC below)") : null)),
       paused,
+      skipping,
       el("h3", { className: "subhead" }, "Next slots"),
       table(headers, rows, { className: "compact", empty: !["armed", "running"].includes(job.state) ? `none: the job is ${job.state} here` : "it will not fire again" })]));
   }
