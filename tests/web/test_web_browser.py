@@ -569,7 +569,7 @@ async def test_signing_in_with_the_token_and_pausing_a_job(fleet: str, browser: 
     assert found["stored"] == TOKEN  # this tab only
     assert "cache.warm: paused until " in found["status"]
     assert "Paused for the whole fleet until " in found["schedule"]
-    assert 'by api:token@127.0.0.1 at ' in found["schedule"]
+    assert "by api:token@127.0.0.1 at " in found["schedule"]
     assert '("db failover"): no instance runs its slots before then' in found["schedule"]
     assert "paused" in found["row"] and "Resume" in found["row"]
     async with httpx.AsyncClient(base_url=fleet) as http:
