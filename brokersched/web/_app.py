@@ -32,9 +32,10 @@ from ._views import control_json, job_state
 from ._vocabulary import VOCABULARY
 from ._watch import BackendWatch
 
-__all__ = ["TOKEN_ENV", "create_app"]
+__all__ = ["READ_TOKEN_ENV", "TOKEN_ENV", "create_app"]
 
 TOKEN_ENV = "BROKERSCHED_ADMIN_TOKEN"
+READ_TOKEN_ENV = "BROKERSCHED_READ_TOKEN"
 logger = logging.getLogger("brokersched.web")
 
 _STATIC = files(__package__).joinpath("static")
@@ -54,6 +55,7 @@ def create_app(
     scheduler: Scheduler[Any],
     *,
     token: str | None = None,
+    read_token: str | None = None,
     authorize: Authorize | None = None,
     trusted_proxies: str | Sequence[str] | None = None,
 ) -> Starlette:
@@ -61,10 +63,16 @@ def create_app(
     (``brokersched run app:scheduler --http 127.0.0.1:8080``) or to mount
     (``app.mount("/scheduler", create_app(scheduler))``).
 
-    Reading is open to whoever reaches the app; every change (trigger, pause, resume) needs
-    ``Authorization: Bearer <token>`` (``token``, by default ``$BROKERSCHED_ADMIN_TOKEN``) or
-    ``authorize(request)`` returning True, and is refused from another site's page. With
-    neither, changes are disabled. ``trusted_proxies`` (by default
+    Every change (trigger, pause, resume...) needs ``Authorization: Bearer <token>``
+    (``token``, by default ``$BROKERSCHED_ADMIN_TOKEN``) or ``authorize(request)`` returning
+    True, and is refused from another site's page. With neither, changes are disabled.
+    Reading is open to whoever reaches the app, unless ``read_token`` (by default
+    ``$BROKERSCHED_READ_TOKEN``) is set: then reads need it or the admin token, and the read
+    token may change nothing. ``authorize(request, action)`` (two arguments) decides per
+    action instead, reads included (``action`` is ``"read"``, ``"trigger"``, ``"pause"``,
+    ``"resume"``, ``"disable"``, ``"enable"``, ``"skip"`` or ``"abort"``). ``/health`` (its status
+    only, to whoever may not read), ``/session``, ``/vocabulary`` and the page itself stay
+    open. ``trusted_proxies`` (by default
     ``$BROKERSCHED_TRUSTED_PROXIES``): the reverse proxies, by address or network (``*``: any),
     whose ``X-Forwarded-Host`` names the host a browser asked for. The app must run in the
     scheduler's event loop.
@@ -75,6 +83,7 @@ def create_app(
         token if token is not None else os.environ.get(TOKEN_ENV) or None,
         authorize,
         TrustedProxies(trusted_proxies),
+        read_token if read_token is not None else os.environ.get(READ_TOKEN_ENV) or None,
     )
     api = _AdminAPI(scheduler, guard)
     handlers = api.handlers()
@@ -163,28 +172,38 @@ class _AdminAPI:
 
     def handlers(self) -> dict[tuple[str, str], Handler]:
         """The handler of each operation (``_openapi.OPERATIONS``), by method and path."""
-        reads = self.reads
+        reads, read = self.reads, self.reading
         return {
             ("get", "/health"): reads.health,
             ("get", "/session"): reads.session,
             ("get", "/vocabulary"): self.vocabulary,
-            ("get", "/overview"): reads.overview,
-            ("get", "/events"): self.events,
-            ("get", "/jobs"): reads.jobs,
-            ("get", "/jobs/{name}"): reads.job,
-            ("get", "/jobs/{name}/history"): reads.history,
-            ("get", "/jobs/{name}/timeline"): reads.job_timeline,
-            ("get", "/jobs/{name}/runs/{run_id}"): reads.run,
+            ("get", "/overview"): read(reads.overview),
+            ("get", "/events"): read(self.events),
+            ("get", "/jobs"): read(reads.jobs),
+            ("get", "/jobs/{name}"): read(reads.job),
+            ("get", "/jobs/{name}/history"): read(reads.history),
+            ("get", "/jobs/{name}/timeline"): read(reads.job_timeline),
+            ("get", "/jobs/{name}/runs/{run_id}"): read(reads.run),
             ("post", "/jobs/{name}/trigger"): self.trigger,
             **{
                 ("post", f"/jobs/{{name}}/{action}"): self.control_route(action)
                 for action in _JOB_ACTIONS
             },
-            ("get", "/jobs/{name}/audit"): reads.audit,
-            ("get", "/instances"): reads.instances,
-            ("get", "/runs"): reads.runs,
+            ("get", "/jobs/{name}/audit"): read(reads.audit),
+            ("get", "/instances"): read(reads.instances),
+            ("get", "/runs"): read(reads.runs),
             ("post", "/runs/{run_id}/abort"): self.abort,
         }
+
+    def reading(self, handler: Handler) -> Handler:
+        """``handler``, for a request that may read (``Guard.refuse_read``)."""
+
+        async def read(request: Request) -> Response | Reply:
+            if refusal := await self.guard.refuse_read(request):
+                return refusal
+            return await handler(request)
+
+        return read
 
     async def events(self, request: Request) -> Response | Reply:
         if request.method == "HEAD":  # the headers only: a stream would hold the connection
@@ -225,13 +244,13 @@ class _AdminAPI:
 
     # -- changing (authorised, same-origin) ----------------------------------------------
 
-    async def _authorised_job(self, request: Request) -> Job | Reply:
-        if refusal := await self.guard.refuse(request):
+    async def _authorised_job(self, request: Request, action: ControlAction | str) -> Job | Reply:
+        if refusal := await self.guard.refuse(request, action):
             return refusal
         return self._job(request)
 
     async def trigger(self, request: Request) -> Reply:
-        job = await self._authorised_job(request)
+        job = await self._authorised_job(request, "trigger")
         if isinstance(job, Reply):
             return job
         if not self.scheduler.running:
@@ -269,7 +288,7 @@ class _AdminAPI:
     async def control(self, request: Request, action: ControlAction) -> Reply:
         """``POST /jobs/{name}/pause|resume|disable|enable``: for the whole fleet, through the
         backend (this instance only on a backend that keeps no fleet records)."""
-        job = await self._authorised_job(request)
+        job = await self._authorised_job(request, action)
         if isinstance(job, Reply):
             return job
         try:
@@ -316,7 +335,7 @@ class _AdminAPI:
     async def abort(self, request: Request) -> Reply:
         """``POST /runs/{run_id}/abort``: ask the run to stop, wherever it runs (cooperative:
         its context is aborted when its instance next reads the fleet's controls)."""
-        if refusal := await self.guard.refuse(request):
+        if refusal := await self.guard.refuse(request, "abort"):
             return refusal
         run_id = request.path_params["run_id"][:64]
         try:

@@ -461,11 +461,18 @@ class AbortRequested(TypedDict):
 class Session(TypedDict):
     changes_enabled: bool
     token_accepted: bool
-    """Whether an admin token is configured (the page asks for it)."""
+    """Whether a token is configured (the page asks for it): the admin one, or a read one."""
     authorized: bool
-    via: Literal["token", "host"] | None
-    instance_id: str
-    backend: str
+    """Whether these credentials may make any change (``actions``)."""
+    via: Literal["token", "read-token", "host"] | None
+    can_read: bool
+    reads_protected: bool
+    """Reading needs credentials (a read token, or the host application's check per action)."""
+    actions: list[str]
+    """The changes these credentials may make: trigger, pause, resume... abort."""
+    instance_id: NotRequired[str]
+    """Only to those who may read."""
+    backend: NotRequired[str]
 
 
 @_closed

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, TypeAdapter
@@ -63,6 +63,8 @@ class Operation:
     """What an optional JSON request body is."""
     body_model: type[BaseModel] | None = None
     """Its schema, when it has one."""
+    reads: bool = False
+    """It reads the scheduler: a deployment may protect it with a read token."""
     media_type: str = "application/json"
 
     @property
@@ -111,6 +113,8 @@ class Operation:
             }
         if self.changes:
             described["security"] = [{"bearer": []}]
+        elif self.reads:  # open, unless a read token is configured
+            described["security"] = [{}, {"bearer": []}]
         described["responses"] = {
             str(status): _response(description, schemas.get(body), self.media_type)
             for status, (body, description) in sorted(self.answers.items())
@@ -182,7 +186,23 @@ def _change(
     )
 
 
-OPERATIONS: tuple[Operation, ...] = (
+#: The reads open to anyone, a read token configured or not: a probe's, and the page's own.
+OPEN_READS = frozenset({"/health", "/session", "/vocabulary"})
+_READ_REFUSED = (
+    bodies.Error,
+    "A read token is configured (or the host application decides reads) and this request "
+    "carries no credentials that may read",
+)
+
+
+def _guarded(op: Operation) -> Operation:
+    """A read declares the 401 a protected deployment answers, and the optional token."""
+    if op.method != "get" or op.path in OPEN_READS:
+        return op
+    return replace(op, answers={**op.answers, 401: _READ_REFUSED}, reads=True)
+
+
+_OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "get",
         "/health",
@@ -335,6 +355,9 @@ OPERATIONS: tuple[Operation, ...] = (
         changes=True,
     ),
 )
+
+
+OPERATIONS: tuple[Operation, ...] = tuple(_guarded(op) for op in _OPERATIONS)
 
 
 @functools.cache

@@ -8,14 +8,14 @@ import asyncio
 import logging
 from collections import Counter
 from datetime import timedelta
-from typing import Any
+from typing import Any, get_args
 
 from starlette.requests import Request
 
 from .._clock import datetime_to_ms
 from .._redact import redact_text
 from .._scheduler import Job, Scheduler
-from ..abc import FAILURES, RunRecord
+from ..abc import FAILURES, ControlAction, RunRecord
 from ._attempts import next_attempt
 from ._failures import failure_groups
 from ._params import HistoryParams, RunsParams, WindowParams, parse
@@ -42,6 +42,9 @@ FEWEST_RECORDS = 20  # per job, read for the overview whatever its schedule
 FAILURES_SHOWN = 50
 NEXT_RUNS_SHOWN = 50
 HOUR_MS = 3_600_000
+#: Every change the API makes, by the name a per-action ``authorize`` is asked with.
+CHANGES: tuple[str, ...] = ("trigger", *get_args(ControlAction))
+
 logger = logging.getLogger("brokersched.web")
 
 
@@ -445,7 +448,7 @@ class Reads:
 
     async def session(self, request: Request) -> Reply:
         try:
-            body = await self.guard.session(request)
+            body = await self.guard.session(request, CHANGES)
         except Exception:  # the host application's check failed: not authorised, and logged
             logger.exception("the host application's authorize() failed")
             body = {
@@ -453,7 +456,12 @@ class Reads:
                 "token_accepted": self.guard.token_set,
                 "authorized": False,
                 "via": None,
+                "can_read": not self.guard.reads_protected,
+                "reads_protected": self.guard.reads_protected,
+                "actions": [],
             }
+        if not body["can_read"]:  # what it runs on is for those who may read
+            return Reply(body)
         return Reply(
             {
                 **body,
@@ -467,6 +475,12 @@ class Reads:
         if not self.scheduler.running:
             return Reply({"status": "stopped", "overdue": [], "now_ms": now_ms}, 503)
         await self.watch.probe()
+        if not await self.guard.may_read(request):  # a probe learns the status, nothing more
+            reachable = self.watch.status()["reachable"] is not False
+            status = "ok" if reachable else "unreachable"
+            return Reply(
+                {"status": status, "overdue": [], "now_ms": now_ms}, 200 if reachable else 503
+            )
         overdue = [
             {"job": job.name, "schedule": job.describe(), "state": job_state(self.scheduler, job)}
             for job in self.scheduler.overdue()

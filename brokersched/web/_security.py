@@ -21,13 +21,15 @@ __all__ = [
     "HOSTS_ENV",
     "MIN_TOKEN_LENGTH",
     "PROXIES_ENV",
+    "READ",
     "Authorize",
     "Guard",
     "LoopbackHostsOnly",
     "TrustedProxies",
 ]
 
-Authorize = Callable[[Request], bool | Awaitable[bool]]
+# authorize(request), or authorize(request, action) to decide per action (reads included).
+Authorize = Callable[..., bool | Awaitable[bool]]
 MIN_TOKEN_LENGTH = 16
 HOSTS_ENV = "BROKERSCHED_ADMIN_HOSTS"  # more Host names a loopback server answers to
 PROXIES_ENV = "BROKERSCHED_TRUSTED_PROXIES"  # peers whose X-Forwarded-Host is believed
@@ -95,27 +97,62 @@ class TrustedProxies:
         return None
 
 
+#: What a request may do: read the scheduler, or one change (the routes' actions).
+Action = str
+READ: Action = "read"
+
+
+def _takes_action(authorize: Authorize | None) -> bool:
+    """Whether the host application's check decides per action: ``authorize(request,
+    action)``, rather than ``authorize(request)`` for every change."""
+    if authorize is None:
+        return False
+    try:
+        parameters = inspect.signature(authorize).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: the documented one-argument form
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
+
+
+def _token(value: str | None, what: str) -> bytes | None:
+    if value is not None:
+        # read from a file or a secret, it often ends with a newline no header can carry
+        value = value.strip()
+    if value is not None and len(value) < MIN_TOKEN_LENGTH:
+        raise ConfigurationError(
+            f"the {what} is too short ({len(value)} characters); use at least "
+            f"{MIN_TOKEN_LENGTH}, e.g. python -c 'import secrets; "
+            "print(secrets.token_urlsafe(32))'",
+            option="token" if what == "admin token" else "read_token",
+        )
+    return value.encode() if value else None
+
+
 class Guard:
-    """Checks a mutating request; ``refuse()`` returns the error response, or ``None``."""
+    """Who may do what through the app. Two roles: the admin (operator) token, or the host
+    application's ``authorize``, may read and change; the read-only token may read. Reading
+    is open to anyone unless a read token is configured or ``authorize`` decides per action
+    (``authorize(request, action)``, ``action`` being ``"read"`` or a change's name:
+    ``trigger``, ``pause``, ``resume``, ``disable``, ``enable``, ``skip``, ``abort``).
+    ``refuse()`` and ``refuse_read()`` return the error response, or ``None``."""
 
     def __init__(
         self,
         token: str | None,
         authorize: Authorize | None,
         proxies: TrustedProxies | None = None,
+        read_token: str | None = None,
     ) -> None:
-        if token is not None:
-            # read from a file or a secret, it often ends with a newline no header can carry
-            token = token.strip()
-        if token is not None and len(token) < MIN_TOKEN_LENGTH:
+        self._token = _token(token, "admin token")
+        self._read_token = _token(read_token, "read token")
+        if self._token is not None and self._token == self._read_token:
             raise ConfigurationError(
-                f"the admin token is too short ({len(token)} characters); use at least "
-                f"{MIN_TOKEN_LENGTH}, e.g. python -c 'import secrets; "
-                "print(secrets.token_urlsafe(32))'",
-                option="token",
+                "the read token is the admin token: give the read-only role a token of its own",
+                option="read_token",
             )
-        self._token = token.encode() if token else None
         self._authorize = authorize
+        self._per_action = _takes_action(authorize)
         self._proxies = proxies or TrustedProxies(None)
 
     @property
@@ -124,24 +161,48 @@ class Guard:
 
     @property
     def token_set(self) -> bool:
-        return self._token is not None
+        return self._token is not None or self._read_token is not None
 
-    async def session(self, request: Request) -> dict[str, object]:
-        """What the page may do with the credentials this request carries: ``authorized``
-        (the token it sends matches, or the host application's check allows it) and how."""
-        via = None
-        if self._token_matches(request):
-            via = "token"
-        elif await self._host_allows(request):
-            via = "host"
+    @property
+    def reads_protected(self) -> bool:
+        """Reading needs credentials: a read token is configured, or the host application's
+        check decides reads too."""
+        return self._read_token is not None or self._per_action
+
+    async def session(self, request: Request, actions: Iterable[Action]) -> dict[str, object]:
+        """What the page may do with the credentials this request carries: read
+        (``can_read``), and which of ``actions`` (the changes) it may make; ``authorized``:
+        any of them."""
+        allowed = [action for action in actions if await self._allows(request, action)]
+        via = self._via(request) if allowed or await self._allows(request, READ) else None
         return {
             "changes_enabled": self.configured,
-            "token_accepted": self._token is not None,
-            "authorized": via is not None,
+            "token_accepted": self.token_set,
+            "authorized": bool(allowed),
             "via": via,
+            "can_read": await self.may_read(request),
+            "reads_protected": self.reads_protected,
+            "actions": allowed,
         }
 
-    async def refuse(self, request: Request) -> Reply | None:
+    async def may_read(self, request: Request) -> bool:
+        return not self.reads_protected or await self._allows(request, READ)
+
+    async def refuse_read(self, request: Request) -> Reply | None:
+        """A read without the credentials reading needs: 401."""
+        if await self.may_read(request):
+            return None
+        return error(
+            401,
+            "reading needs a token: send Authorization: Bearer <token> (the read-only token or"
+            " the admin token)",
+            headers={"WWW-Authenticate": 'Bearer realm="brokersched"'},
+        )
+
+    async def refuse(self, request: Request, action: Action) -> Reply | None:
+        """A change ``action``: refused from another site's page (403), when nothing can
+        authorise it (403), without credentials that may make it (401; 403 for credentials
+        of a role that may not)."""
         if why := _cross_site(request, self._proxies):
             return error(403, f"cross-site request refused: {why}")
         if not self.configured:
@@ -150,8 +211,12 @@ class Guard:
                 "changes are disabled: no admin token is configured (set "
                 "BROKERSCHED_ADMIN_TOKEN, or pass token= or authorize= to create_app)",
             )
-        if self._token_matches(request) or await self._host_allows(request):
+        if await self._allows(request, action):
             return None
+        if self._matches(request, self._read_token):
+            return error(403, f"the read-only token may not {action}: use the admin token")
+        if self._per_action and await self._authorized(request, READ):
+            return error(403, f"the host application does not let this session {action}")
         return error(
             401,
             "missing or wrong admin token (send Authorization: Bearer <token>)",
@@ -161,25 +226,39 @@ class Guard:
     def actor(self, request: Request) -> str:
         """Who made an authorised change, for the audit trail: the host application's user
         (``request.user``, Starlette's authentication) or ``token``, and where from."""
-        who = "token" if self._token_matches(request) else "host"
+        who = "token" if self._matches(request, self._token) else "host"
         user = request.scope.get("user")
         if user is not None and getattr(user, "is_authenticated", False):
             who = str(getattr(user, "display_name", "") or who)
         client = request.client.host if request.client is not None else "?"
         return f"api:{who}@{client}"
 
-    def _token_matches(self, request: Request) -> bool:
-        if self._token is None:
+    def _via(self, request: Request) -> str:
+        if self._matches(request, self._token):
+            return "token"
+        return "read-token" if self._matches(request, self._read_token) else "host"
+
+    async def _allows(self, request: Request, action: Action) -> bool:
+        if self._matches(request, self._token):
+            return True
+        if action == READ and self._matches(request, self._read_token):
+            return True
+        return await self._authorized(request, action)
+
+    @staticmethod
+    def _matches(request: Request, token: bytes | None) -> bool:
+        if token is None:
             return False
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer":
             return False
-        return secrets.compare_digest(given.strip().encode(), self._token)
+        return secrets.compare_digest(given.strip().encode(), token)
 
-    async def _host_allows(self, request: Request) -> bool:
+    async def _authorized(self, request: Request, action: Action) -> bool:
+        """The host application's check: per action when it takes one, else for any."""
         if self._authorize is None:
             return False
-        allowed = self._authorize(request)
+        allowed = self._authorize(request, action) if self._per_action else self._authorize(request)
         if inspect.isawaitable(allowed):
             allowed = await allowed
         return allowed is True

@@ -40,7 +40,7 @@ from brokersched import (
 from brokersched._clock import ms_to_datetime
 from brokersched.abc import RunRecord, new_run_id
 from brokersched.backends.memory import MemoryStore
-from brokersched.web import TOKEN_ENV, create_app
+from brokersched.web import READ_TOKEN_ENV, TOKEN_ENV, create_app
 from brokersched.web._serve import HTTPServer
 from tests.support.cli_apps.process import ROOT, RunningCLI
 from tests.support.helpers import missing
@@ -49,6 +49,7 @@ from tests.support.stall_proxy import StallProxy
 
 T = TypeVar("T")
 TOKEN = "test-admin-token-0123456789"
+READER = "test-read-token-0123456789"
 ODD = "report:daily$eu"
 WAIT_S = 20
 ARTIFACTS = Path(os.environ.get("BROKERSCHED_TEST_ARTIFACTS", ROOT / "tmp" / "artifacts"))
@@ -536,7 +537,7 @@ async def test_signing_in_with_the_token_and_pausing_a_job(fleet: str, browser: 
         page.click("#change-submit")  # not signed in: the sign-in dialog
         page.visible("#signin #token").send_keys("not-the-token-0123456789")
         page.click("#signin button[type='submit']")
-        page.has_text("#signin-error", "This is not the server's admin token.")
+        page.has_text("#signin-error", "This is not one of the server's tokens.")
         token = page.find("#signin #token")
         token.clear()
         token.send_keys(TOKEN)
@@ -696,6 +697,40 @@ async def test_mounted_behind_a_cookie_session_the_page_asks_for_no_token(
     assert found["dialog_open"] is False  # no token was asked for
     assert "cache.warm: paused" in found["status"]
     assert found["anonymous"].startswith("changes need a session of the application")
+
+
+async def test_with_a_read_token_the_page_asks_for_one_and_a_reader_sees_no_change_button(
+    browser: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    monkeypatch.setenv(READ_TOKEN_ENV, READER)
+    scheduler = fleet_member("web-1", MemoryStore())
+
+    def steps(page: Page) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        page.driver.get(f"{url}#/")
+        page.visible("#signin #token").send_keys(READER)  # asked at once: nothing to read yet
+        found["asked"] = page.text("#status")
+        page.click("#signin button[type='submit']")
+        page.visible('#jobs tr[data-job="cache.warm"]')
+        found["row"] = page.text('#jobs tr[data-job="cache.warm"]')
+        found["buttons"] = page.js("return document.querySelectorAll('#jobs button').length")
+        found["signed_in"] = page.text("#signin-button")
+        page.open(f"{url}#/jobs/cache.warm", "#schedule .facts")
+        found["head"] = page.js(
+            "return [...document.querySelectorAll('.page-head button')].map(b => b.textContent)"
+        )
+        found["shot"] = page.shot("read-only", 1400)
+        return found
+
+    async with scheduler, admin_server(scheduler) as url, httpx.AsyncClient() as http:
+        anonymous = await http.get(f"{url}jobs")
+        found = await in_browser(browser, steps)
+    assert anonymous.status_code == 401
+    assert "needs a token" in found["asked"]
+    assert "cache.warm" in found["row"] and found["buttons"] == 0
+    assert found["signed_in"] == "signed in (read-only) · sign out"
+    assert found["head"] == []
 
 
 # -- a backend outage ------------------------------------------------------------------------------

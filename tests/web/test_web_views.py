@@ -508,10 +508,14 @@ async def test_a_host_session_needs_no_token(monkeypatch: pytest.MonkeyPatch) ->
         "token_accepted": False,
         "authorized": True,
         "via": "host",
+        "can_read": True,
+        "reads_protected": False,
+        "actions": ["trigger", "pause", "resume", "disable", "enable", "skip", "abort"],
         "instance_id": scheduler.instance_id,
         "backend": "MemoryBackend()",
     }
     assert (stranger["authorized"], stranger["token_accepted"]) == (False, False)
+    assert (stranger["can_read"], stranger["actions"]) == (True, [])
 
 
 async def test_a_failing_host_check_is_no_session(caplog: pytest.LogCaptureFixture) -> None:

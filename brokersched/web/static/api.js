@@ -52,7 +52,8 @@ export function get(url, params = null) {
     const query = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== null && v !== undefined && v !== ""));
     if ([...query].length) url += `?${query}`;
   }
-  return call(url);
+  // A deployment with a read token needs one to read: the stored token (read or admin) goes too.
+  return call(url, { headers: token() ? { Authorization: `Bearer ${token()}` } : {} });
 }
 
 // What this tab may change: with the stored token (or `candidate`), or the host application's

@@ -85,6 +85,7 @@ function renderHeader() {
   const live = $("#live");
   if (unreachable) pill(live, "server unreachable", "bad", unreachable);
   else if (app.streaming) pill(live, "live", "ok", "following this instance's event stream");
+  else if (app.polling) pill(live, "polling", "ok", "reads need a token here, which a browser's event stream cannot send: this page reads again every few seconds");
   else pill(live, "reconnecting…", "warn", "the event stream is reconnecting");
   const name = app.about.backend ? app.about.backend.split("(")[0] : "backend";
   if (backend.reachable === false) pill($("#backend"), `${name} unreachable`, "bad", backend.error || "");
@@ -111,10 +112,17 @@ function renderHeader() {
   $("#zone").textContent = zoneMode() === "local" ? "local time" : "UTC";
   const button = $("#signin-button");
   const s = app.session;
-  button.classList.toggle("signed-in", s.authorized);
-  if (s.authorized) {
+  button.classList.toggle("signed-in", s.authorized || s.via === "read-token");
+  if (s.via === "read-token") {
+    button.textContent = "signed in (read-only) · sign out";
+    button.title = "this token may read, not change: sign in with the admin token to change jobs";
+    button.disabled = false;
+  } else if (s.authorized) {
     button.textContent = s.via === "host" ? "signed in (session)" : "signed in · sign out";
     button.disabled = s.via === "host";
+  } else if (s.reads_protected && !s.can_read) {
+    button.textContent = "Sign in to view";
+    button.disabled = !s.token_accepted;
   } else if (!s.changes_enabled) {
     button.textContent = "read-only";
     button.title = "changes are disabled: the server has no admin token (BROKERSCHED_ADMIN_TOKEN) and no authorize=";
@@ -261,6 +269,18 @@ function onEvent(kind, message) {
   refreshSoon();
 }
 
+// The event stream, once both the words and the session are known: a deployment whose reads
+// need a token gets none (a browser's EventSource cannot send one), and the page polls.
+function startStream() {
+  if (app.source || !app.vocabulary || !app.sessionRead) return;
+  if (app.session.reads_protected && app.session.via !== "host") {
+    app.polling = true;
+    renderHeader();
+    return;
+  }
+  app.source = connect();
+}
+
 function connect() {
   const source = new EventSource("events");
   source.onopen = () => {
@@ -276,6 +296,7 @@ function connect() {
   for (const kind of app.vocabulary.events) {
     source.addEventListener(kind, (message) => onEvent(kind, message));
   }
+  return source;
 }
 
 // -- changes and sign-in -------------------------------------------------------------------------
@@ -284,7 +305,7 @@ async function loadVocabulary() {
   const words = await get("vocabulary");
   if (!app.vocabulary) {
     app.vocabulary = words;
-    connect(); // the stream's events are among the words
+    startStream(); // the stream's events are among the words
   }
 }
 
@@ -292,10 +313,16 @@ async function loadSession() {
   try {
     app.session = await session();
     app.learn({ instance_id: app.session.instance_id, backend: app.session.backend });
-    if (token() && !app.session.authorized) setToken(""); // a token the server does not take
+    if (token() && !app.session.authorized && app.session.via !== "read-token") setToken(""); // a token the server does not take
+    if (app.session.reads_protected && !app.session.can_read && app.session.token_accepted) {
+      say("This dashboard needs a token to view: sign in with the read-only token or the admin token.", true);
+      if (!$("#signin").open) openSignIn(() => location.reload());
+    }
   } catch (error) {
     app.session = { ...app.session };
   }
+  app.sessionRead = true;
+  startStream();
   renderHeader();
 }
 
@@ -314,9 +341,10 @@ async function submitSignIn(event) {
   const value = $("#token").value.trim();
   try {
     const answer = await session(value);
-    if (!answer.authorized) {
+    const reader = answer.via === "read-token";
+    if (!answer.authorized && !reader) {
       $("#signin-error").textContent = answer.token_accepted
-        ? "This is not the server's admin token."
+        ? "This is not one of the server's tokens."
         : "This server takes no token (changes are authorised by the host application).";
       return;
     }
@@ -324,7 +352,8 @@ async function submitSignIn(event) {
     app.session = answer;
     $("#signin").close();
     renderHeader();
-    say("Signed in: the token is kept in this browser tab only.");
+    say(reader ? "Signed in, read-only: this token may read, not change. It is kept in this browser tab only."
+      : "Signed in: the token is kept in this browser tab only.");
     const then = afterSignIn;
     afterSignIn = null;
     if (then) then();
@@ -472,9 +501,9 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("#signin-cancel").addEventListener("click", () => $("#signin").close());
   $("#signin-button").addEventListener("click", () => {
-    if (app.session.authorized && app.session.via === "token") {
+    if (["token", "read-token"].includes(app.session.via)) {
       setToken("");
-      app.session = { ...app.session, authorized: false, via: null };
+      app.session = { ...app.session, authorized: false, via: null, actions: [] };
       say("Signed out.");
       renderHeader();
       refreshSoon(0);

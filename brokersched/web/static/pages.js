@@ -93,10 +93,17 @@ function outcomeBadge(record, label = null) {
   return badge(record.outcome, label);
 }
 
+// Whether the viewer may make ``action``: a signed-in viewer sees only the changes its
+// credentials allow (a read-only token, none); one not signed in sees them all (a click asks
+// for a token).
+function mayChange(app, action) {
+  return !app.session.via || (app.session.actions || []).includes(action.replace("-dialog", ""));
+}
+
 function actionButtons(job, app, { big = false } = {}) {
   const disabled = !app.session.changes_enabled;
   const why = disabled ? "changes are disabled: the server has no admin token (BROKERSCHED_ADMIN_TOKEN) and no authorize=" : "";
-  const make = (action, label) => el("button", {
+  const make = (action, label) => mayChange(app, action) && el("button", {
     type: "button", textContent: label, disabled, title: why || `${label} ${job.name}`,
     className: big && action === "trigger" ? "primary" : "",
     dataset: { action, job: job.name },
@@ -104,8 +111,9 @@ function actionButtons(job, app, { big = false } = {}) {
   });
   const toggle = job.state === "paused" ? make("resume", "Resume")
     : big ? make("pause-dialog", "Pause…") : make("pause", "Pause");
-  return big ? [make("trigger", "Trigger"), toggle, make("skip-dialog", "Skip…")]
+  const buttons = big ? [make("trigger", "Trigger"), toggle, make("skip-dialog", "Skip…")]
     : [make("trigger", "Trigger"), toggle];
+  return buttons.filter(Boolean);
 }
 
 function windowControl(current, onPick) {
@@ -289,7 +297,7 @@ export class OverviewPage {
     const counts = app.vocabulary.job_states.filter((s) => !["armed", "idle"].includes(s) && states[s]).map((s) => `${states[s]} ${s}`).join(" · ");
     const sub = stopped ? `every job is ${held.join(" or ")}: nothing runs · ${counts}` : counts || "all armed";
     const paused = this.pausedJobs();
-    const resume = paused.length ? el("button", {
+    const resume = paused.length && mayChange(this.app, "resume") ? el("button", {
       type: "button", className: stopped ? "primary resume-all" : "resume-all",
       textContent: paused.length === 1 ? "Resume the paused job" : `Resume all ${paused.length} paused jobs`,
       disabled: !app.session.changes_enabled,
