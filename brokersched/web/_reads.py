@@ -476,11 +476,11 @@ class Reads:
             return Reply({"status": "stopped", "overdue": [], "now_ms": now_ms}, 503)
         await self.watch.probe()
         if not await self.guard.may_read(request):  # a probe learns the status, nothing more
-            reachable = self.watch.status()["reachable"] is not False
-            status = "ok" if reachable else "unreachable"
-            return Reply(
-                {"status": status, "overdue": [], "now_ms": now_ms}, 200 if reachable else 503
-            )
+            status = "degraded" if self.scheduler.overdue() else "ok"
+            if self.watch.status()["reachable"] is False:
+                status = "unreachable"
+            code = 503 if status == "unreachable" else 200
+            return Reply({"status": status, "overdue": [], "now_ms": now_ms}, code)
         overdue = [
             {"job": job.name, "schedule": job.describe(), "state": job_state(self.scheduler, job)}
             for job in self.scheduler.overdue()
