@@ -34,7 +34,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ... import _redact
 from ..._clock import Clock, datetime_to_ms
@@ -43,13 +43,13 @@ from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationE
 from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
 from ...abc import (
     BrokerBudget,
+    Claim,
     Finding,
     FleetKind,
     Inventory,
     JobPolicy,
     Lease,
     LeaseState,
-    RunReason,
     RunRecord,
     Slot,
 )
@@ -58,10 +58,13 @@ from .._keywords import own_options, refuse_unknown
 from .._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
     Acquire,
+    Answer,
     ClockName,
+    Granted,
     LeaseBackendBase,
     Release,
     Renew,
+    Request,
     TakenOver,
     TakeOver,
     new_token,
@@ -125,6 +128,7 @@ class NATSLeaseBackend(LeaseBackendBase):
     """
 
     clock_name = ClockName("the NATS server's clock", "the NATS server")
+    _log = logger
 
     def __init__(
         self,
@@ -363,27 +367,26 @@ class NATSLeaseBackend(LeaseBackendBase):
 
     # -- leases ------------------------------------------------------------------------------
 
-    async def acquire(
-        self,
-        slot: Slot,
-        *,
-        policy: JobPolicy,
-        instance_id: str,
-        run_id: str,
-        reason: RunReason,
-        timeout: float,
-    ) -> Lease | Literal["overlap", "not-acquired"]:
+    async def _decide(
+        self, job: str, request: Request, timeout: float, *what: str
+    ) -> tuple[Answer, int]:
+        """The lease protocol's answer to ``request`` on the job's row (``Rows.decide``), and
+        the server's clock it was decided at; ``what`` names the call in errors."""
         rows = self._lease_rows()
+        with self._translated(*what):
+            return await rows.decide(
+                job, request, ttl_ms=self._ttl_ms, skew_ms=self._skew_ms, timeout=timeout
+            )
+
+    async def _acquire(self, claim: Claim, instance_id: str, timeout: float) -> Granted:
+        slot = claim.slot
         if self._budget is not None:  # no new lease near the account's limits
             self._budget.refuse_if_shedding(f"the lease of {slot.key} is not taken")
-        started = self._instance_now()
         request = Acquire(
-            slot.slot_ms, reason, policy.overlap, new_token(), run_id, instance_id, started
-        )
-        with self._translated("claim", slot.key):
-            answer, now = await rows.decide(
-                slot.job, request, ttl_ms=self._ttl_ms, skew_ms=self._skew_ms, timeout=timeout
-            )
+            slot.slot_ms, claim.reason, claim.policy.overlap, new_token(), claim.run_id,
+            instance_id, self._instance_now(),
+        )  # fmt: skip
+        answer, now = await self._decide(slot.job, request, timeout, "claim", slot.key)
         granted = isinstance(answer, Lease)
         self._check_slot_time(slot, now, self._clock, granted=granted)  # raises when too far
         assert isinstance(answer, Lease) or answer in ("overlap", "not-acquired")
@@ -391,15 +394,10 @@ class NATSLeaseBackend(LeaseBackendBase):
 
     async def renew(self, lease: Lease) -> bool:
         """Answers within a third of ``lease_ttl``."""
-        rows = self._lease_rows()
-        with self._translated("renew", lease.slot.key):
-            answer, _ = await rows.decide(
-                lease.job,
-                Renew(lease.slot_ms, lease.token),
-                ttl_ms=self._ttl_ms,
-                skew_ms=self._skew_ms,
-                timeout=self._renew_timeout,
-            )
+        renew = Renew(lease.slot_ms, lease.token)
+        answer, _ = await self._decide(
+            lease.job, renew, self._renew_timeout, "renew", lease.slot.key
+        )
         return answer is True
 
     async def release(
@@ -411,53 +409,26 @@ class NATSLeaseBackend(LeaseBackendBase):
     ) -> None:
         """The run's record first (a stream beside the bucket: no write spans both): its
         message id makes a retried release write it once."""
-        rows = self._lease_rows()
+        self._lease_rows()  # not started: no record either
         if record is not None:
             await self.record(*record)
-        with self._translated("release", lease.slot.key):
-            await rows.decide(
-                lease.job,
-                Release(lease.slot_ms, lease.token, handover),
-                ttl_ms=self._ttl_ms,
-                skew_ms=self._skew_ms,
-                timeout=self._renew_timeout,
-            )
+        release = Release(lease.slot_ms, lease.token, handover)
+        await self._decide(lease.job, release, self._renew_timeout, "release", lease.slot.key)
 
     async def lease_state(self, job: str) -> LeaseState:
         rows = self._lease_rows()
         with self._translated("read the leases of", repr(job)):
             return await rows.read_at(job, _OPERATION_TIMEOUT_S)
 
-    async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
-        """Per job with a lease in its row: the lease protocol's take-over, one
-        compare-and-set; the dead attempts are recorded after it landed."""
-        leases: list[Lease] = []
-        for policy in {policy.name: policy for policy in policies}.values():
-            try:
-                leases += await self._take_over_job(policy, instance_id)
-            except BackendError:
-                if not leases:
-                    raise
-                # Leases already granted must reach their runner; the rest waits for the
-                # next sweep.
-                logger.warning(
-                    "%s could not take over the slots of %s", BACKEND, policy.name, exc_info=True
-                )
-        return leases
-
     async def _take_over_job(self, policy: JobPolicy, instance_id: str) -> list[Lease]:
-        rows = self._lease_rows()
-        with self._translated("take over the slots of", repr(policy.name)):
+        """With a lease in the job's row: the lease protocol's take-over, one
+        compare-and-set; the dead attempts are recorded after it landed."""
+        rows, what = self._lease_rows(), ("take over the slots of", repr(policy.name))
+        with self._translated(*what):
             if not (await rows.read(policy.name, _OPERATION_TIMEOUT_S)).leases:
                 return []  # nothing runs nor waits: no need of the server's clock
-            request = TakeOver(policy, instance_id, self._instance_now())
-            taken, _ = await rows.decide(
-                policy.name,
-                request,
-                ttl_ms=self._ttl_ms,
-                skew_ms=self._skew_ms,
-                timeout=_OPERATION_TIMEOUT_S,
-            )
+        request = TakeOver(policy, instance_id, self._instance_now())
+        taken, _ = await self._decide(policy.name, request, _OPERATION_TIMEOUT_S, *what)
         assert isinstance(taken, TakenOver)
         for record in taken.records:
             try:
