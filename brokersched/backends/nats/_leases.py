@@ -33,19 +33,15 @@ import dataclasses
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from ... import _redact
 from ..._clock import Clock, datetime_to_ms
 from ..._durations import Duration, to_ms
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
-from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
+from ..._tasks import cancel_requests, to_the_end
 from ...abc import (
-    BrokerBudget,
     Claim,
     Finding,
-    FleetKind,
     Inventory,
     JobPolicy,
     Lease,
@@ -53,7 +49,6 @@ from ...abc import (
     RunRecord,
     Slot,
 )
-from .._budget import BudgetWatch
 from .._keywords import own_options, refuse_unknown
 from .._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
@@ -72,19 +67,15 @@ from .._lease import (
 from .._ops import server_finding
 from . import _ops
 from ._base import (
-    CONNECT_DEFAULTS,
     MSG_ID,
-    SECRET_OPTIONS,
-    Translated,
     close_client,
     connect_keywords,
     describe,
-    import_nats,
     logger,
 )
 from ._bucket import BACKEND, KVTable, bucket_problems, check_bucket, kv_stream
-from ._budget import nats_budget_watch
-from ._fleet import FleetBuckets, bucket_streams, presence
+from ._client import API_TIMEOUT_S, NATSClientBase, server_version
+from ._fleet import bucket_streams, presence
 from ._history import read_last
 from ._names import Names
 from ._options import NATSLeaseOptions
@@ -98,9 +89,6 @@ if TYPE_CHECKING:
 
 __all__ = ["NATSLeaseBackend"]
 
-T = TypeVar("T")
-
-_API_TIMEOUT_S = 5.0
 _OPERATION_TIMEOUT_S = 10.0  # take-over, record, history: not time-critical, but bounded
 _MSG_TTL = (2, 11)  # the first nats-server with per-message TTLs
 _SERIAL_CAS = (2, 11)  # the first whose clustered streams serialize compare-and-sets
@@ -114,7 +102,7 @@ _NOT_HERE = {
 }
 
 
-class NATSLeaseBackend(LeaseBackendBase):
+class NATSLeaseBackend(NATSClientBase, LeaseBackendBase):
     """Leases on a NATS JetStream key-value bucket: occurrence fencing, overlap control,
     take-over of dead runners, catch-up and manual runs, judged on the NATS server's clock.
 
@@ -129,6 +117,7 @@ class NATSLeaseBackend(LeaseBackendBase):
 
     clock_name = ClockName("the NATS server's clock", "the NATS server")
     _log = logger
+    _backend = BACKEND
 
     def __init__(
         self,
@@ -151,27 +140,16 @@ class NATSLeaseBackend(LeaseBackendBase):
             accepted=connect_keywords,
             reserved=_NOT_HERE,
         )
-        self._servers, self._bucket = options.servers, options.bucket
-        self._replicas = options.replicas
-        self._names = Names(self._bucket)
-        self._connect_options = dict(connect_options)
-        self._secrets = _redact.connection_secrets(
-            self._servers, self._connect_options, SECRET_OPTIONS
-        )
-        self._shown_servers = ", ".join(_redact.redact_url(s) for s in self._servers)
-        self._nc: NATSClient | None = None
-        self._js: JetStreamContext | None = None
+        self._keep_client(options, connect_options)
+        self._bucket, self._names = options.bucket, Names(options.bucket)
         self._clock: Clock | None = None
         self._rows: Rows | None = None
-        self._fleet_buckets: FleetBuckets | None = None
         self._history_size = 0  # max_msgs_per_subject known to be in place
         self._history_lock = asyncio.Lock()
         self._msg_ttl = False  # the history stream drops runs by their own TTL
         #: For tests: decisions judge time as if the server's clock read this (ms); ``None``
         #: (always, in production): the server's clock.
         self.store_time: int | None = None
-        self._budget_period = options.budget_interval
-        self._budget: BudgetWatch | None = None
 
     def __repr__(self) -> str:
         return f"{BACKEND}({self._shown_servers!r}, bucket={self._bucket!r})"
@@ -180,21 +158,15 @@ class NATSLeaseBackend(LeaseBackendBase):
     def bucket(self) -> str:
         return self._bucket
 
-    @property
-    def budget(self) -> BrokerBudget | None:
-        """The JetStream account's budget as last read while started (``_budget``); ``None``
-        before, or with ``budget_interval=None``."""
-        return None if self._budget is None else self._budget.reading
-
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def _open(self, clock: Clock) -> None:
         self._history_lock = asyncio.Lock()
         self._history_size, self._msg_ttl = 0, False
         cancels = cancel_requests()
-        nc = await self._connect()
+        nc = await self._connect(cancels)
         try:
-            js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
+            js = nc.jetstream(timeout=API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
             with self._translated("preparing the bucket"):
                 self._check_replicas(self._replicas, nc)
                 kv = await self._bucket_kv(js, nc)
@@ -215,42 +187,11 @@ class NATSLeaseBackend(LeaseBackendBase):
             blocking=clock.blocking,
             bound=clock.timeout,
         )
-        if self._budget_period is not None:
-            self._budget = nats_budget_watch(
-                BACKEND, self._connection, self._secrets, self._budget_period
-            )
-            try:
-                await self._budget.start(clock)
-                raise_if_cancelled_since(cancels)  # one nats-py swallowed (Python 3.11)
-            except BaseException:  # cancelled
-                await to_the_end(self._close())
-                raise
+        await self._start_budget(clock, cancels)
 
-    def _connection(self) -> tuple[NATSClient, JetStreamContext]:
-        if self._nc is None or self._js is None:
-            raise BackendUnavailableError(f"{BACKEND} is not started (call start() first)")
-        return self._nc, self._js
-
-    async def _connect(self) -> NATSClient:
-        nats = import_nats(BACKEND)
-        options: dict[str, Any] = {**CONNECT_DEFAULTS, **self._connect_options}
-        options.setdefault("error_cb", self._on_error)
-        budget = 2 * float(options["connect_timeout"]) * len(self._servers)
-        nc: NATSClient = nats.NATS()
-        cancels = cancel_requests()
-        try:
-            async with asyncio.timeout(budget):
-                await nc.connect(self._servers, **options)
-            raise_if_cancelled_since(cancels)  # swallowed by nats-py's wait_for (3.11)
-        except BaseException as exc:
-            await to_the_end(close_client(nc))
-            if not isinstance(exc, Exception):
-                raise
-            raise BackendUnavailableError(
-                f"{BACKEND}: cannot connect to NATS at {self._shown_servers} within "
-                f"{budget:g}s ({describe(exc, self._secrets)})"
-            ) from _redact.chainable(exc, self._secrets)
-        return nc
+    def _callbacks(self) -> dict[str, Callable[..., Awaitable[None]]]:
+        """Logging nats-py's errors, unless the caller gave an ``error_cb``."""
+        return {} if "error_cb" in self._connect_options else {"error_cb": self._on_error}
 
     async def _on_error(self, exc: Exception) -> None:
         connected = self._nc is not None and self._nc.is_connected
@@ -262,16 +203,11 @@ class NATSLeaseBackend(LeaseBackendBase):
         )
 
     async def _close(self) -> None:
-        budget, self._budget = self._budget, None
-        if budget is not None:
-            await budget.close()
+        await self._stop_budget()
         nc, self._nc, self._js, self._clock, self._rows = self._nc, None, None, None, None
         self._fleet_buckets = None  # opened again on the next connection's first use
         if nc is not None:
             await close_client(nc)
-
-    def _translated(self, *what: str) -> Translated:
-        return Translated(*what, secrets=self._secrets, backend=BACKEND)
 
     def _check_replicas(self, replicas: int, nc: NATSClient) -> None:
         """Refuse a replicated bucket on a server that does not serialize compare-and-sets.
@@ -336,29 +272,9 @@ class NATSLeaseBackend(LeaseBackendBase):
                 backend=BACKEND,
             )
 
-    # -- the fleet's records: the key-value buckets ``<bucket>-fleet-instance`` and
-    # ``<bucket>-fleet-control``, made on first use, as NATSBackend's -------------------------
-
-    def _fleet(self) -> FleetBuckets:
-        if self._fleet_buckets is None:
-            self._fleet_buckets = FleetBuckets(
-                self._bucket, self._replicas, self._secrets, self._jetstream
-            )
-        return self._fleet_buckets
-
-    async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
-        return await self._fleet().read(kind)
-
-    async def _fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
-        await self._fleet().put(kind, key, value, ttl=ttl)
-
-    async def _fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
-        return await self._fleet().swap(kind, key, old, new)
-
-    def _jetstream(self) -> JetStreamContext:
-        if self._js is None:
-            raise BackendUnavailableError(f"{BACKEND} is not started (call start() first)")
-        return self._js
+    @property
+    def _fleet_prefix(self) -> str:
+        return self._bucket
 
     def _lease_rows(self) -> Rows:
         if self._rows is None:
@@ -564,8 +480,7 @@ class NATSLeaseBackend(LeaseBackendBase):
 
     async def doctor(self, *, slots: Sequence[Slot] = ()) -> list[Finding]:
         async def check(js: JetStreamContext, nc: NATSClient) -> list[Finding]:
-            version = nc.connected_server_version
-            shown = None if version is None else f"{version.major}.{version.minor}.{version.patch}"
+            version, shown = nc.connected_server_version, server_version(nc)
             findings = [server_finding("nats-server", shown, _ops.MIN_VERSION)]
             stream = kv_stream(self._bucket)
             info = await _ops.stream_info_or_none(js, stream)
@@ -611,22 +526,6 @@ class NATSLeaseBackend(LeaseBackendBase):
             return findings
 
         return await self._operation("check its bucket", check, with_client=True)
-
-    async def _operation(
-        self,
-        action: str,
-        call: Callable[..., Awaitable[T]],
-        *args: Any,
-        with_client: bool = False,
-    ) -> T:
-        """``call(js, *args)`` (``call(js, nc)``) on a connection of its own."""
-        nc = await self._connect()
-        try:
-            js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
-            with self._translated(action):
-                return await (call(js, nc) if with_client else call(js, *args))
-        finally:
-            await to_the_end(close_client(nc))
 
 
 def _streams(bucket: str) -> tuple[str, ...]:
