@@ -48,6 +48,7 @@ from ._lease import (
     new_token,
     outcome,
 )
+from ._ops import NamespaceInventory
 from ._options import LeaseOptions
 
 __all__ = ["MemoryBackend", "MemoryStore"]
@@ -68,7 +69,7 @@ _IN_PROCESS = (
 )
 
 
-class MemoryBackend(LeaseBackendBase):
+class MemoryBackend(NamespaceInventory, LeaseBackendBase):
     """A lease backend in this process's memory; nothing survives the process.
 
     ``max_clock_skew``: how far ahead of this backend's clock a claimed slot may be. The
@@ -226,13 +227,7 @@ class MemoryBackend(LeaseBackendBase):
         self.store.fleet[kind, key] = (new, None)
         return True
 
-    async def inventory(
-        self,
-        *,
-        namespace: str | None = None,
-        jobs: Sequence[str] = (),
-        slots: Sequence[Slot] = (),
-    ) -> Inventory:
+    async def _inventory(self, namespace: str | None) -> Inventory:
         """Nothing: its state lives in this process and ends with it."""
         return Inventory(self.name, namespace or "memory", unknown=(_IN_PROCESS,))
 

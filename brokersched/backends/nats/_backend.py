@@ -204,13 +204,7 @@ class NATSBackend(NATSClientBase, ClaimBackendBase):
 
     # -- operations (brokersched purge, doctor) ---------------------------------------------
 
-    async def inventory(
-        self,
-        *,
-        namespace: str | None = None,
-        jobs: Sequence[str] = (),
-        slots: Sequence[Slot] = (),
-    ) -> Inventory:
+    async def _inventory(self, namespace: str | None) -> Inventory:
         """The prefix's streams (claims, history). Live: a message stored in the last
         minute (a claim, the fleet's record, a run)."""
         names = self._names if namespace is None else Names(check_prefix(namespace, BACKEND))

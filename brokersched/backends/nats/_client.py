@@ -15,8 +15,9 @@ from ... import _redact
 from ..._clock import Clock
 from ..._exceptions import BackendUnavailableError
 from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
-from ...abc import Backend, BrokerBudget, FleetKind
+from ...abc import BrokerBudget, FleetKind
 from .._budget import BudgetWatch
+from .._ops import NamespaceInventory
 from ._base import (
     CONNECT_DEFAULTS,
     SECRET_OPTIONS,
@@ -46,7 +47,7 @@ def server_version(nc: NATSClient) -> str | None:
     return None if version is None else f"{version.major}.{version.minor}.{version.patch}"
 
 
-class NATSClientBase(Backend):
+class NATSClientBase(NamespaceInventory):
     """A NATS backend's client: its settings (``_keep_client``), its connection while started
     (``_client``) and its account's budget (``budget``)."""
 

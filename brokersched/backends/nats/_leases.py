@@ -454,17 +454,11 @@ class NATSLeaseBackend(NATSClientBase, LeaseBackendBase):
 
     # -- operations (brokersched purge, doctor) ---------------------------------------------
 
-    async def inventory(
-        self,
-        *,
-        namespace: str | None = None,
-        jobs: Sequence[str] = (),
-        slots: Sequence[Slot] = (),
-    ) -> Inventory:
+    async def _inventory(self, namespace: str | None) -> Inventory:
         """The bucket's stream and the history stream. Live: a message stored in the last
         minute (every decision writes the clock probe)."""
         bucket = self._bucket if namespace is None else check_bucket(namespace, BACKEND)
-        return await self._operation("list its streams", _inventory, bucket)
+        return await self._operation("list its streams", _stream_inventory, bucket)
 
     async def _presence_records(self, namespace: str | None) -> list[str]:
         """The presence bucket ``<bucket>-fleet-instance``, read only."""
@@ -474,7 +468,7 @@ class NATSLeaseBackend(NATSClientBase, LeaseBackendBase):
     async def purge(self, inventory: Inventory) -> Inventory:
         async def purge(js: JetStreamContext, found: Inventory) -> Inventory:
             await _ops.delete_streams(js, found, _streams(found.namespace))
-            return await _inventory(js, found.namespace)
+            return await _stream_inventory(js, found.namespace)
 
         return await self._operation("delete its streams", purge, inventory)
 
@@ -532,5 +526,5 @@ def _streams(bucket: str) -> tuple[str, ...]:
     return kv_stream(bucket), Names(bucket).history, *bucket_streams(bucket)
 
 
-async def _inventory(js: JetStreamContext, bucket: str) -> Inventory:
+async def _stream_inventory(js: JetStreamContext, bucket: str) -> Inventory:
     return await _ops.streams_inventory(js, BACKEND, bucket, _streams(bucket))

@@ -25,6 +25,7 @@ from .._budget import BudgetWatch
 from .._errors import ErrorMap, ErrorRow, Within
 from .._keywords import checked_keywords
 from .._lease import DEFAULT_MAX_CLOCK_SKEW, ClockName
+from .._ops import NamespaceInventory
 from .._sql import SCHEMA_VERSION
 from . import _ops
 from ._budget import BUDGET_SQL, postgres_budget_watch, read_budget
@@ -48,7 +49,7 @@ _UNAVAILABLE = (
 )
 
 
-class PostgresBackend(PostgresLeases, PostgresFleet):
+class PostgresBackend(NamespaceInventory, PostgresLeases, PostgresFleet):
     """Leases in PostgreSQL, through an asyncpg connection pool.
 
     ``dsn``: a ``postgresql://`` URL (``sslmode=`` works); its password never appears in a log
@@ -241,13 +242,7 @@ class PostgresBackend(PostgresLeases, PostgresFleet):
 
     # -- operations (brokersched purge, doctor) ---------------------------------------------
 
-    async def inventory(
-        self,
-        *,
-        namespace: str | None = None,
-        jobs: Sequence[str] = (),
-        slots: Sequence[Slot] = (),
-    ) -> Inventory:
+    async def _inventory(self, namespace: str | None) -> Inventory:
         """brokersched's tables and function in the schema (or ``namespace``, another
         schema). Live: a lease live in the last minute, or a run going on."""
         schema = self._ops_schema(namespace)

@@ -25,6 +25,7 @@ from ...abc import Finding, Inventory, Slot
 from .._errors import ErrorMap, ErrorRow
 from .._keywords import checked_keywords
 from .._lease import DEFAULT_MAX_CLOCK_SKEW, ClockName
+from .._ops import NamespaceInventory
 from .._sql import SCHEMA_VERSION
 from . import _ops
 from ._fleet import SQLiteFleet
@@ -40,7 +41,7 @@ __all__ = ["SQLiteBackend"]
 _WAL_SWITCH_S = 10.0  # the longest a start retries the switch of a new file to WAL
 
 
-class SQLiteBackend(SQLiteLeases, SQLiteFleet):
+class SQLiteBackend(NamespaceInventory, SQLiteLeases, SQLiteFleet):
     """Leases in a SQLite file shared by the processes of one host (not over NFS).
 
     ``path``: the database file (created if missing). ``lease_ttl``: how long a lease lives
@@ -198,13 +199,7 @@ class SQLiteBackend(SQLiteLeases, SQLiteFleet):
 
     # -- operations (brokersched purge, doctor) ---------------------------------------------
 
-    async def inventory(
-        self,
-        *,
-        namespace: str | None = None,
-        jobs: Sequence[str] = (),
-        slots: Sequence[Slot] = (),
-    ) -> Inventory:
+    async def _inventory(self, namespace: str | None) -> Inventory:
         """The tables of this ``table_prefix`` (or ``namespace``) in the file; never creates
         the file. Live: a lease granted in the last minute, or a run going on."""
         prefix = self._namespace(namespace)
