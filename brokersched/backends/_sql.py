@@ -24,12 +24,14 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from .._clock import Clock
 from .._exceptions import BackendError, BackendUnavailableError
 from ..abc import Claim, Finding, JobPolicy, Lease, LeaseOutcome, Outcome, RunReason, RunRecord
+from ._errors import ErrorMap
 from ._lease import BATCH_CHUNK, MIN_RENEW_TIMEOUT_S, LeaseBackendBase, in_chunks
 from ._options import LeaseOptions, name_check
 
@@ -62,12 +64,25 @@ _MICROSECOND = timedelta(microseconds=1)
 
 class SQLLeaseBackend(LeaseBackendBase):
     """What both SQL backends share beyond every lease backend's settings: the scheduler's
-    clock (for history times; leases are judged on the database's clock), and the shape of
-    their batches of claims and of releases."""
+    clock (for history times; leases are judged on the database's clock), the translation
+    of their client's errors, and the shape of their batches of claims and of releases."""
+
+    #: The client's exceptions and what they mean (set at construction).
+    _errors: ErrorMap
 
     def __init__(self, options: LeaseOptions) -> None:
         super().__init__(options)
         self._clock: Clock | None = None
+
+    @property
+    @abstractmethod
+    def _op_timeout(self) -> float:
+        """The bound on calls that take no timeout."""
+
+    def _translate(self, action: str) -> AbstractContextManager[None]:
+        """Where the client's errors become brokersched's (``backends/_errors.py``: an
+        exception not the client's is raised unchanged)."""
+        return self._errors(action)
 
     def _now(self) -> datetime:
         if self._clock is None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -291,12 +290,8 @@ class PostgresBackend(NamespaceInventory, PostgresLeases, PostgresFleet):
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def _translate(self, action: str) -> AbstractContextManager[None]:
-        """Where asyncpg's errors become brokersched's, with the password scrubbed
-        (``backends/_errors.py``: an exception not the client's is raised unchanged)."""
-        return self._errors(action)
-
     def _error_rows(self) -> list[ErrorRow]:
+        """What asyncpg's errors mean (``_translate``), with the password scrubbed."""
         known: tuple[type[BaseException], ...] = (OSError, TimeoutError)
         unavailable: tuple[type[BaseException], ...] = (OSError, TimeoutError)
         try:

@@ -10,7 +10,6 @@ import contextlib
 import os
 import sqlite3
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -228,12 +227,9 @@ class SQLiteBackend(NamespaceInventory, SQLiteLeases, SQLiteFleet):
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def _translate(self, action: str) -> AbstractContextManager[None]:
-        """Where sqlite3's and aiosqlite's errors become brokersched's (``backends/_errors.py``:
-        an exception not theirs is raised unchanged)."""
-        return self._errors(action)
-
     def _error_rows(self) -> list[ErrorRow]:
+        """What sqlite3's and aiosqlite's errors mean (``_translate``)."""
+
         def timed_out(action: str, exc: BaseException) -> BackendError:
             return BackendUnavailableError(
                 f"SQLiteBackend could not {action} in {self._path}: {str(exc) or 'timed out'}"
