@@ -73,6 +73,7 @@ __all__ = [
     "ClockReading",
     "ClockSkewError",
     "DeadRun",
+    "Ending",
     "Granted",
     "JobRow",
     "JobState",
@@ -112,6 +113,8 @@ INTERRUPTED_ERROR = "runner lost its lease"
 
 #: What a claim answers once a slot too far ahead has been raised as ``ClockSkewError``.
 Granted = Lease | Literal["overlap", "not-acquired"]
+#: The run's record a release writes, if any: its job's policy and the record.
+Ending = tuple[JobPolicy, RunRecord] | None
 
 
 # -- claims --------------------------------------------------------------------------------
@@ -691,6 +694,13 @@ class LeaseBackendBase(LeaseBackend):
     @abstractmethod
     async def _acquire(self, claim: Claim, instance_id: str, timeout: float) -> Granted:
         """``acquire()`` of one claim (``LeaseBackend.acquire`` is the contract)."""
+
+    async def release(self, lease: Lease, *, handover: bool = False, record: Ending = None) -> None:
+        await self._end_lease(lease, handover, record)
+
+    @abstractmethod
+    async def _end_lease(self, lease: Lease, handover: bool, record: Ending) -> None:
+        """``release()`` of one lease (``LeaseBackend.release`` is the contract)."""
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         """Job by job (``_take_over_job``). A job that fails after others gave leases is

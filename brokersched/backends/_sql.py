@@ -32,7 +32,7 @@ from .._clock import Clock
 from .._exceptions import BackendError, BackendUnavailableError
 from ..abc import Claim, Finding, JobPolicy, Lease, LeaseOutcome, Outcome, RunReason, RunRecord
 from ._errors import ErrorMap
-from ._lease import BATCH_CHUNK, MIN_RENEW_TIMEOUT_S, LeaseBackendBase, in_chunks
+from ._lease import BATCH_CHUNK, MIN_RENEW_TIMEOUT_S, Ending, LeaseBackendBase, in_chunks
 from ._options import LeaseOptions, name_check
 
 __all__ = [
@@ -129,7 +129,7 @@ class SQLLeaseBackend(LeaseBackendBase):
     async def release_many(
         self,
         leases: Sequence[Lease],
-        records: Sequence[tuple[JobPolicy, RunRecord] | None] | None = None,
+        records: Sequence[Ending] | None = None,
     ) -> list[Exception | None]:
         """``_release_all``: one transaction, all or none."""
         ends = records if records is not None else [None] * len(leases)
@@ -140,9 +140,7 @@ class SQLLeaseBackend(LeaseBackendBase):
         return [None for _ in leases]
 
     @abstractmethod
-    async def _release_all(
-        self, ends: list[tuple[Lease, tuple[JobPolicy, RunRecord] | None]]
-    ) -> None:
+    async def _release_all(self, ends: list[tuple[Lease, Ending]]) -> None:
         """End each lease with its record (if any), as ``release()`` would, in one
         transaction."""
 

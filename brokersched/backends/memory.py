@@ -36,6 +36,7 @@ from ._lease import (
     Acquire,
     Answer,
     ClockName,
+    Ending,
     Granted,
     JobRow,
     LeaseBackendBase,
@@ -143,21 +144,10 @@ class MemoryBackend(NamespaceInventory, LeaseBackendBase):
         await asyncio.sleep(0)
         return self._decide(lease.job, Renew(lease.slot_ms, lease.token)) is True
 
-    async def release(
-        self,
-        lease: Lease,
-        *,
-        handover: bool = False,
-        record: tuple[JobPolicy, RunRecord] | None = None,
-    ) -> None:
-        await asyncio.sleep(0)
-        self._end(lease, handover, record)
-
-    def _end(
-        self, lease: Lease, handover: bool, record: tuple[JobPolicy, RunRecord] | None
-    ) -> None:
+    async def _end_lease(self, lease: Lease, handover: bool, record: Ending) -> None:
         """The release and its record at one moment: the record only if the lease was still
         this token's."""
+        await asyncio.sleep(0)
         row = self.store.jobs.get(lease.job)
         held = row is not None and row.leases.get(lease.slot_ms)
         self._decide(lease.job, Release(lease.slot_ms, lease.token, handover))

@@ -55,6 +55,7 @@ from .._lease import (
     Acquire,
     Answer,
     ClockName,
+    Ending,
     Granted,
     LeaseBackendBase,
     Release,
@@ -316,13 +317,7 @@ class NATSLeaseBackend(NATSClientBase, LeaseBackendBase):
         )
         return answer is True
 
-    async def release(
-        self,
-        lease: Lease,
-        *,
-        handover: bool = False,
-        record: tuple[JobPolicy, RunRecord] | None = None,
-    ) -> None:
+    async def _end_lease(self, lease: Lease, handover: bool, record: Ending) -> None:
         """The run's record first (a stream beside the bucket: no write spans both): its
         message id makes a retried release write it once."""
         self._lease_rows()  # not started: no record either

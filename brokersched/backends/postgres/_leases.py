@@ -8,9 +8,10 @@ import logging
 from collections.abc import Sequence
 
 from ..._exceptions import BackendError
-from ...abc import Claim, JobPolicy, Lease, LeaseOutcome, LeaseState, RunRecord
+from ...abc import Claim, JobPolicy, Lease, LeaseOutcome, LeaseState
 from .._lease import (
     DeadRun,
+    Ending,
     Granted,
     JobState,
     interrupted,
@@ -108,13 +109,7 @@ class PostgresLeases(PostgresHistory):
 
         return await self._call("renew " + lease.slot.key, renew, self._renew_timeout)
 
-    async def release(
-        self,
-        lease: Lease,
-        *,
-        handover: bool = False,
-        record: tuple[JobPolicy, RunRecord] | None = None,
-    ) -> None:
+    async def _end_lease(self, lease: Lease, handover: bool, record: Ending) -> None:
         sql = self._sql.hand_over if handover else self._sql.release
 
         async def release(conn: Connection) -> None:
@@ -128,9 +123,7 @@ class PostgresLeases(PostgresHistory):
         # runner's next try, in time to land before the lease expires.
         await self._call("release " + lease.slot.key, release, self._renew_timeout)
 
-    async def _release_all(
-        self, ends: list[tuple[Lease, tuple[JobPolicy, RunRecord] | None]]
-    ) -> None:
+    async def _release_all(self, ends: list[tuple[Lease, Ending]]) -> None:
         """One pipelined round trip, in the order of job names: each release locks its job's
         row until the commit."""
         ordered = sorted(ends, key=lambda e: (e[0].job, e[0].slot_ms))

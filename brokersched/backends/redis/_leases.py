@@ -23,6 +23,7 @@ from .._keywords import own_options
 from .._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
     ClockName,
+    Ending,
     Granted,
     JobRow,
     LeaseBackendBase,
@@ -189,13 +190,7 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         )
         return bool(renewed)
 
-    async def release(
-        self,
-        lease: Lease,
-        *,
-        handover: bool = False,
-        record: tuple[JobPolicy, RunRecord] | None = None,
-    ) -> None:
+    async def _end_lease(self, lease: Lease, handover: bool, record: Ending) -> None:
         """With ``record``, in one script, unless the record is another job's (a backfill's
         fence lease): then the record first (a cluster keeps the two jobs on other nodes)."""
         keys = [runs_key(self.prefix, lease.job)]

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..._clock import datetime_to_ms
 from ..._exceptions import BackendError
-from ...abc import Claim, JobPolicy, Lease, LeaseOutcome, LeaseState, RunRecord
+from ...abc import Claim, JobPolicy, Lease, LeaseOutcome, LeaseState
 from .._lease import (
+    Ending,
     Granted,
     JobRow,
     JobState,
@@ -117,13 +118,7 @@ class SQLiteLeases(SQLiteHistory):
         # waiting that long for another process's write lock would outlive the lease.
         return await self._run("renew " + lease.slot.key, renew, timeout=self._renew_timeout)
 
-    async def release(
-        self,
-        lease: Lease,
-        *,
-        handover: bool = False,
-        record: tuple[JobPolicy, RunRecord] | None = None,
-    ) -> None:
+    async def _end_lease(self, lease: Lease, handover: bool, record: Ending) -> None:
         end = self._sql.hand_over if handover else self._sql.delete_lease
 
         async def release(conn: aiosqlite.Connection) -> None:
@@ -135,9 +130,7 @@ class SQLiteLeases(SQLiteHistory):
             "release " + lease.slot.key, release, timeout=self._renew_timeout, transaction=True
         )
 
-    async def _release_all(
-        self, ends: list[tuple[Lease, tuple[JobPolicy, RunRecord] | None]]
-    ) -> None:
+    async def _release_all(self, ends: list[tuple[Lease, Ending]]) -> None:
         async def release(conn: aiosqlite.Connection) -> None:
             for lease, record in ends:
                 await self._end(conn, lease, self._sql.delete_lease, record)
@@ -150,7 +143,7 @@ class SQLiteLeases(SQLiteHistory):
         conn: aiosqlite.Connection,
         lease: Lease,
         end: str,
-        record: tuple[JobPolicy, RunRecord] | None,
+        record: Ending,
     ) -> None:
         """End ``lease`` (``end``: delete or hand over), inside the caller's transaction, and
         write ``record`` if that took effect (the lease was still this token's)."""
