@@ -395,13 +395,9 @@ class NATSLeaseBackend(NATSClientBase, LeaseBackendBase):
         return records
 
     async def _check_history_stream(self, js: JetStreamContext) -> None:
-        import nats.js.errors
-
-        try:
-            info = await js.stream_info(self._names.history)
-        except nats.js.errors.NotFoundError:
-            return
-        self._raise_problems(history_problems(info.config, self._names))
+        info = await _ops.stream_info_or_none(js, self._names.history)
+        if info is not None:
+            self._raise_problems(history_problems(info.config, self._names))
 
     def _raise_problems(self, problems: list[str]) -> None:
         if problems:
