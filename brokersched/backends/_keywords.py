@@ -101,10 +101,8 @@ def checked_keywords(
 ) -> Callable[Concatenate[S, P], None]:
     """Wrap a backend's ``__init__``: an unknown keyword is a ``ConfigurationError`` naming the
     backend, the keyword and the closest option, instead of Python's ``TypeError``."""
-    parameters = inspect.signature(init).parameters.values()
-    names = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    names.discard("self")
-    own = [p.name for p in parameters if p.kind is p.KEYWORD_ONLY]
+    names = parameter_names(init)
+    own = [p.name for p in inspect.signature(init).parameters.values() if p.kind is p.KEYWORD_ONLY]
 
     @functools.wraps(init)
     def checked(self: S, /, *args: P.args, **kwargs: P.kwargs) -> None:

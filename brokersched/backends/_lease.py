@@ -32,8 +32,10 @@ storage.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import secrets
+from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -41,7 +43,7 @@ from typing import ClassVar, Literal, cast
 
 from .._clock import Clock, ms_to_datetime
 from .._durations import format_duration, to_ms
-from .._exceptions import ClockSkewError
+from .._exceptions import BackendError, ClockSkewError
 from ..abc import (
     Capabilities,
     Claim,
@@ -71,6 +73,8 @@ __all__ = [
     "ClockReading",
     "ClockSkewError",
     "DeadRun",
+    "Ending",
+    "Granted",
     "JobRow",
     "JobState",
     "LeaseBackendBase",
@@ -90,6 +94,7 @@ __all__ = [
     "last_renewed",
     "new_run_id",
     "new_token",
+    "outcome",
     "refusal",
     "restart_attempt",
     "retry_window_ms",
@@ -106,6 +111,11 @@ CAPABILITIES = Capabilities(
 DEFAULT_MAX_CLOCK_SKEW = timedelta(seconds=5)
 
 INTERRUPTED_ERROR = "runner lost its lease"
+
+#: What a claim answers once a slot too far ahead has been raised as ``ClockSkewError``.
+Granted = Lease | Literal["overlap", "not-acquired"]
+#: The run's record a release writes, if any: its job's policy and the record.
+Ending = tuple[JobPolicy, RunRecord] | None
 
 
 # -- claims --------------------------------------------------------------------------------
@@ -284,6 +294,15 @@ async def in_chunks(
         for k, n in enumerate(part):
             outcomes[n] = answer if isinstance(answer, Exception) else answer[k]
     return [outcomes[n] for n in range(len(claims))]
+
+
+def outcome(decide: Callable[..., Granted], *args: object) -> LeaseOutcome:
+    """``decide(*args)``, or the ``BackendError`` it raised: a batch's outcome of one claim
+    (one claim's error never fails the others)."""
+    try:
+        return decide(*args)
+    except BackendError as exc:
+        return exc
 
 
 def new_token() -> str:
@@ -633,6 +652,8 @@ class LeaseBackendBase(LeaseBackend):
 
     #: The backend's clock, as refusals name it.
     clock_name: ClassVar[ClockName] = ClockName("the backend's clock", "the backend's host")
+    #: Where ``take_over()`` says that a job's slots could not be taken over.
+    _log: ClassVar[logging.Logger] = logging.getLogger("brokersched.backends")
 
     def __init__(self, options: LeaseOptions) -> None:
         super().__init__()
@@ -668,6 +689,53 @@ class LeaseBackendBase(LeaseBackend):
             # stepped back (a slot old enough to pass) must not become the reference, or the
             # next refusal could no longer tell which clock moved.
             self._agreed = now
+
+    def _store(self, now_ms: int) -> Store:
+        """The store's side of a decision (``decide``) at ``now_ms`` on its clock."""
+        return Store(now_ms, self._ttl_ms, self._skew_ms)
+
+    async def acquire(
+        self,
+        slot: Slot,
+        *,
+        policy: JobPolicy,
+        instance_id: str,
+        run_id: str,
+        reason: RunReason,
+        timeout: float,
+    ) -> Granted:
+        return await self._acquire(Claim(slot, run_id, policy, reason), instance_id, timeout)
+
+    @abstractmethod
+    async def _acquire(self, claim: Claim, instance_id: str, timeout: float) -> Granted:
+        """``acquire()`` of one claim (``LeaseBackend.acquire`` is the contract)."""
+
+    async def release(self, lease: Lease, *, handover: bool = False, record: Ending = None) -> None:
+        await self._end_lease(lease, handover, record)
+
+    @abstractmethod
+    async def _end_lease(self, lease: Lease, handover: bool, record: Ending) -> None:
+        """``release()`` of one lease (``LeaseBackend.release`` is the contract)."""
+
+    async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
+        """Job by job (``_take_over_job``). A job that fails after others gave leases is
+        logged and left for the next sweep: the leases already granted must reach their
+        runner."""
+        leases: list[Lease] = []
+        for policy in {policy.name: policy for policy in policies}.values():
+            try:
+                leases += await self._take_over_job(policy, instance_id)
+            except BackendError:
+                if not leases:
+                    raise
+                self._log.warning(
+                    "%s could not take over the slots of %s", self.name, policy.name, exc_info=True
+                )
+        return leases
+
+    async def _take_over_job(self, policy: JobPolicy, instance_id: str) -> list[Lease]:
+        """``take_over()`` of one job, for a backend that keeps this class's ``take_over``."""
+        raise NotImplementedError(f"{self.name} takes over every job at once")
 
     @property
     def capabilities(self) -> Capabilities:

@@ -9,14 +9,17 @@ remembered, a connection named after the prefix), and ``purge`` refuses while th
 
 from __future__ import annotations
 
+from abc import abstractmethod
+from collections.abc import Sequence
 from datetime import timedelta
 
 from .._durations import format_duration
-from ..abc import Finding
+from ..abc import Backend, Finding, Inventory, Slot
 
 __all__ = [
     "LIVE_WINDOW",
     "LIVE_WINDOW_MS",
+    "NamespaceInventory",
     "ago",
     "recent_claims",
     "server_finding",
@@ -27,6 +30,24 @@ __all__ = [
 #: prefix running: ``purge`` refuses without ``--force``.
 LIVE_WINDOW = timedelta(seconds=60)
 LIVE_WINDOW_MS = round(LIVE_WINDOW.total_seconds() * 1000)
+
+
+class NamespaceInventory(Backend):
+    """A backend whose ``inventory()`` finds its objects from the namespace alone (every one
+    but RabbitMQ's, which over AMQP names them from the jobs and slots it is told)."""
+
+    async def inventory(
+        self,
+        *,
+        namespace: str | None = None,
+        jobs: Sequence[str] = (),
+        slots: Sequence[Slot] = (),
+    ) -> Inventory:
+        return await self._inventory(namespace)
+
+    @abstractmethod
+    async def _inventory(self, namespace: str | None) -> Inventory:
+        """``inventory()`` of ``namespace`` (``None``: the backend's own)."""
 
 
 def ago(then_ms: int, now_ms: int) -> str:

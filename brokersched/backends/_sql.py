@@ -22,14 +22,17 @@ Both keep the same three tables (plus ``schema_version``):
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from .._clock import Clock
-from .._exceptions import BackendUnavailableError
-from ..abc import Finding, JobPolicy, Outcome, RunReason, RunRecord
-from ._lease import MIN_RENEW_TIMEOUT_S, LeaseBackendBase
+from .._exceptions import BackendError, BackendUnavailableError
+from ..abc import Claim, Finding, JobPolicy, Lease, LeaseOutcome, Outcome, RunReason, RunRecord
+from ._errors import ErrorMap
+from ._lease import BATCH_CHUNK, MIN_RENEW_TIMEOUT_S, Ending, LeaseBackendBase, in_chunks
 from ._options import LeaseOptions, name_check
 
 __all__ = [
@@ -39,6 +42,7 @@ __all__ = [
     "SQLLeaseBackend",
     "check_identifier",
     "datetime_to_us",
+    "fence",
     "history_cutoff",
     "history_limit",
     "run_record",
@@ -60,16 +64,91 @@ _MICROSECOND = timedelta(microseconds=1)
 
 class SQLLeaseBackend(LeaseBackendBase):
     """What both SQL backends share beyond every lease backend's settings: the scheduler's
-    clock (for history times; leases are judged on the database's clock)."""
+    clock (for history times; leases are judged on the database's clock), the translation
+    of their client's errors, and the shape of their batches of claims and of releases."""
+
+    #: The client's exceptions and what they mean (set at construction).
+    _errors: ErrorMap
 
     def __init__(self, options: LeaseOptions) -> None:
         super().__init__(options)
         self._clock: Clock | None = None
 
+    @property
+    @abstractmethod
+    def _op_timeout(self) -> float:
+        """The bound on calls that take no timeout."""
+
+    def _translate(self, action: str) -> AbstractContextManager[None]:
+        """Where the client's errors become brokersched's (``backends/_errors.py``: an
+        exception not the client's is raised unchanged)."""
+        return self._errors(action)
+
     def _now(self) -> datetime:
         if self._clock is None:
             raise BackendUnavailableError(f"{self.name} is not started")
         return self._clock.now()
+
+    async def acquire_many(
+        self, claims: Sequence[Claim], *, instance_id: str, timeout: float
+    ) -> list[LeaseOutcome]:
+        """The claims decided together (``_acquire_batch``), at most ``BATCH_CHUNK`` at a time
+        (``in_chunks``: each instance gets its share of the instant's slots). Each claim on its
+        own when ``_batchable`` says no, or when the database refused the batch as a whole
+        (``_refused``: nothing of it was written)."""
+        if not self._batchable(claims):
+            return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
+        if len(claims) > BATCH_CHUNK:
+
+            async def chunk(part: list[Claim]) -> list[LeaseOutcome]:
+                return await self.acquire_many(part, instance_id=instance_id, timeout=timeout)
+
+            return await in_chunks(claims, chunk)
+        try:
+            return await self._acquire_batch(claims, instance_id, timeout)
+        except BackendError as exc:
+            if isinstance(exc, BackendUnavailableError) or not self._refused(exc, claims):
+                raise
+        return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
+
+    def _batchable(self, claims: Sequence[Claim]) -> bool:
+        return len(claims) >= 2
+
+    @abstractmethod
+    async def _acquire_batch(
+        self, claims: Sequence[Claim], instance_id: str, timeout: float
+    ) -> list[LeaseOutcome]:
+        """At most ``BATCH_CHUNK`` claims in one round trip, each decided as ``acquire()``
+        decides it."""
+
+    @abstractmethod
+    def _refused(self, exc: BackendError, claims: Sequence[Claim]) -> bool:
+        """Whether the database refused the batch ``claims`` as a whole (``exc``'s cause is its
+        answer): nothing of it was written."""
+
+    async def release_many(
+        self,
+        leases: Sequence[Lease],
+        records: Sequence[Ending] | None = None,
+    ) -> list[Exception | None]:
+        """``_release_all``: one transaction, all or none."""
+        ends = records if records is not None else [None] * len(leases)
+        try:
+            await self._release_all(list(zip(leases, ends, strict=True)))
+        except BackendError as exc:
+            return [exc for _ in leases]
+        return [None for _ in leases]
+
+    @abstractmethod
+    async def _release_all(self, ends: list[tuple[Lease, Ending]]) -> None:
+        """End each lease with its record (if any), as ``release()`` would, in one
+        transaction."""
+
+
+def fence(stored: int | None) -> int | None:
+    """A job's fence as ``jobs.last_slot_ms`` stores it: ``None`` for ``NO_SLOT`` (only manual
+    runs so far) or no row."""
+    return None if stored == NO_SLOT else stored
 
 
 def check_identifier(option: str, max_length: int) -> Callable[[object, str], str]:

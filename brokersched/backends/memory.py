@@ -13,11 +13,11 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Literal, cast
+from typing import cast
 
 from .._clock import Clock, host_time_ms
 from .._durations import Duration, to_ms
-from .._exceptions import BackendError, BackendUnavailableError
+from .._exceptions import BackendUnavailableError
 from ..abc import (
     Claim,
     Finding,
@@ -27,7 +27,6 @@ from ..abc import (
     Lease,
     LeaseOutcome,
     LeaseState,
-    RunReason,
     RunRecord,
     Slot,
 )
@@ -37,23 +36,23 @@ from ._lease import (
     Acquire,
     Answer,
     ClockName,
+    Ending,
+    Granted,
     JobRow,
     LeaseBackendBase,
     Release,
     Renew,
     Request,
-    Store,
     TakenOver,
     TakeOver,
     decide,
     new_token,
+    outcome,
 )
+from ._ops import NamespaceInventory
 from ._options import LeaseOptions
 
 __all__ = ["MemoryBackend", "MemoryStore"]
-
-# What an acquire answers once a slot too far ahead has been raised as ``ClockSkewError``.
-AcquireAnswerGranted = Lease | Literal["overlap", "not-acquired"]
 
 
 @dataclass(slots=True)
@@ -71,7 +70,7 @@ _IN_PROCESS = (
 )
 
 
-class MemoryBackend(LeaseBackendBase):
+class MemoryBackend(NamespaceInventory, LeaseBackendBase):
     """A lease backend in this process's memory; nothing survives the process.
 
     ``max_clock_skew``: how far ahead of this backend's clock a claimed slot may be. The
@@ -116,68 +115,39 @@ class MemoryBackend(LeaseBackendBase):
     def _decide(self, job: str, request: Request) -> Answer:
         """Apply ``request`` to the job's row, as one atomic step."""
         now = self._now()
-        store = Store(now, to_ms(self._lease_ttl), self._skew_ms)
-        row, answer = decide(job, self.store.jobs.get(job, JobRow()), request, store)
+        row, answer = decide(job, self.store.jobs.get(job, JobRow()), request, self._store(now))
         self.store.jobs[job] = row
         if isinstance(request, Acquire):  # raises if the answer was TooFarAhead
             self._check_slot_time(Slot(job, request.slot_ms), now, self._clock)
         return answer
 
-    async def acquire(
-        self,
-        slot: Slot,
-        *,
-        policy: JobPolicy,
-        instance_id: str,
-        run_id: str,
-        reason: RunReason,
-        timeout: float,
-    ) -> Lease | Literal["overlap", "not-acquired"]:
+    async def _acquire(self, claim: Claim, instance_id: str, timeout: float) -> Granted:
         await asyncio.sleep(0)  # a real backend yields here; so do we, for honest races
-        return self._acquire(Claim(slot, run_id, policy, reason), instance_id)
+        return self._grant(claim, instance_id)
 
     async def acquire_many(
         self, claims: Sequence[Claim], *, instance_id: str, timeout: float
     ) -> list[LeaseOutcome]:
         """Every claim decided at one moment, as a database decides a batch in one statement."""
         await asyncio.sleep(0)
-        outcomes: list[LeaseOutcome] = []
-        for claim in claims:
-            try:
-                outcomes.append(self._acquire(claim, instance_id))
-            except BackendError as exc:
-                outcomes.append(exc)
-        return outcomes
+        return [outcome(self._grant, claim, instance_id) for claim in claims]
 
-    def _acquire(
-        self, claim: Claim, instance_id: str
-    ) -> Lease | Literal["overlap", "not-acquired"]:
+    def _grant(self, claim: Claim, instance_id: str) -> Granted:
         started = self._instance_now()
         request = Acquire(
             claim.slot.slot_ms, claim.reason, claim.policy.overlap, new_token(), claim.run_id,
             instance_id, started,
         )  # fmt: skip
-        return cast(AcquireAnswerGranted, self._decide(claim.slot.job, request))
+        return cast(Granted, self._decide(claim.slot.job, request))
 
     async def renew(self, lease: Lease) -> bool:
         await asyncio.sleep(0)
         return self._decide(lease.job, Renew(lease.slot_ms, lease.token)) is True
 
-    async def release(
-        self,
-        lease: Lease,
-        *,
-        handover: bool = False,
-        record: tuple[JobPolicy, RunRecord] | None = None,
-    ) -> None:
-        await asyncio.sleep(0)
-        self._end(lease, handover, record)
-
-    def _end(
-        self, lease: Lease, handover: bool, record: tuple[JobPolicy, RunRecord] | None
-    ) -> None:
+    async def _end_lease(self, lease: Lease, handover: bool, record: Ending) -> None:
         """The release and its record at one moment: the record only if the lease was still
         this token's."""
+        await asyncio.sleep(0)
         row = self.store.jobs.get(lease.job)
         held = row is not None and row.leases.get(lease.slot_ms)
         self._decide(lease.job, Release(lease.slot_ms, lease.token, handover))
@@ -190,18 +160,19 @@ class MemoryBackend(LeaseBackendBase):
         return self.store.jobs.get(job, JobRow()).state(now)
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
+        """Every job at one moment, as a database takes them over in one transaction."""
         await asyncio.sleep(0)
-        leases: list[Lease] = []
-        for policy in policies:
-            if policy.name not in self.store.jobs:
-                continue
-            started = self._instance_now()
-            taken = self._decide(policy.name, TakeOver(policy, instance_id, started))
-            assert isinstance(taken, TakenOver)
-            for record in taken.records:
-                self._append(policy, record)
-            leases.extend(taken.leases)
-        return leases
+        return await super().take_over(policies, instance_id=instance_id)
+
+    async def _take_over_job(self, policy: JobPolicy, instance_id: str) -> list[Lease]:
+        if policy.name not in self.store.jobs:
+            return []
+        started = self._instance_now()
+        taken = self._decide(policy.name, TakeOver(policy, instance_id, started))
+        assert isinstance(taken, TakenOver)
+        for record in taken.records:
+            self._append(policy, record)
+        return taken.leases
 
     def _append(self, job: JobPolicy, record: RunRecord) -> None:
         records = self.store.history.setdefault(job.name, deque())
@@ -246,13 +217,7 @@ class MemoryBackend(LeaseBackendBase):
         self.store.fleet[kind, key] = (new, None)
         return True
 
-    async def inventory(
-        self,
-        *,
-        namespace: str | None = None,
-        jobs: Sequence[str] = (),
-        slots: Sequence[Slot] = (),
-    ) -> Inventory:
+    async def _inventory(self, namespace: str | None) -> Inventory:
         """Nothing: its state lives in this process and ends with it."""
         return Inventory(self.name, namespace or "memory", unknown=(_IN_PROCESS,))
 

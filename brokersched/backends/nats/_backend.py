@@ -11,9 +11,8 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from ... import _redact
 from ..._clock import Clock
@@ -21,27 +20,22 @@ from ..._durations import Duration, to_ms
 from ..._exceptions import BackendError, BackendUnavailableError
 from ..._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms
 from ..._tasks import cancel_requests, gather_each, raise_if_cancelled_since, to_the_end
-from ...abc import BrokerBudget, Claim, Finding, FleetKind, Inventory, JobPolicy, RunRecord, Slot
-from .._budget import BudgetWatch
+from ...abc import Claim, Finding, Inventory, JobPolicy, RunRecord, Slot
 from .._claims import ClaimBackendBase
 from .._keywords import own_options, refuse_unknown
 from . import _ops
 from ._base import (
     BACKEND,
     CALLBACKS,
-    CONNECT_DEFAULTS,
     MSG_ID,
-    SECRET_OPTIONS,
-    Translated,
     close_client,
     connect_keywords,
     describe,
-    import_nats,
     logger,
     redact,
 )
-from ._budget import nats_budget_watch
-from ._fleet import FleetBuckets, presence
+from ._client import API_TIMEOUT_S, NATSClientBase, server_version
+from ._fleet import presence
 from ._history import read_last
 from ._names import Names
 from ._options import NATSOptions, check_prefix
@@ -54,8 +48,6 @@ if TYPE_CHECKING:
 
 __all__ = ["NATSBackend"]
 
-T = TypeVar("T")
-
 _json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
 # A single publish attempt waits at most this long (or a quarter of the claim budget, if more)
 # before it is retried with the same message id: a request sent just before a disconnect never
@@ -66,10 +58,10 @@ _MIN_ATTEMPT_S = 0.25
 _MAX_ATTEMPT_S = 2.0
 _RETRY_PAUSE_S = 0.02  # between attempts that got a definite "try again" (no responders, 503)
 _CONNECTED_POLL_S = 0.05
-_API_TIMEOUT_S = 5.0
+_API_TIMEOUT_S = API_TIMEOUT_S  # here too, for the tests that shorten it
 
 
-class NATSBackend(ClaimBackendBase):
+class NATSBackend(NATSClientBase, ClaimBackendBase):
     """Claims and history on NATS JetStream (claim-only: no leases).
 
     ``servers``: one URL or a list (``nats://``, ``tls://``, ``ws://``, ``wss://``, or
@@ -89,6 +81,7 @@ class NATSBackend(ClaimBackendBase):
     """
 
     history_size_per_job = False  # one stream for every job's history
+    _backend = BACKEND
 
     def __init__(
         self,
@@ -112,18 +105,10 @@ class NATSBackend(ClaimBackendBase):
             accepted=connect_keywords,
         )
         self._set_memory(options)
+        self._keep_client(options, connect_options)
         self._clock: Clock | None = None
         self._raising_window = asyncio.Lock()
-        self._servers, self._claim_timeout = options.servers, options.claim_timeout
-        self._names, self._replicas = Names(options.prefix), options.replicas
-        self._fleet_buckets: FleetBuckets | None = None
-        self._connect_options = dict(connect_options)
-        self._secrets = _redact.connection_secrets(
-            self._servers, self._connect_options, SECRET_OPTIONS
-        )
-        self._shown_servers = ", ".join(_redact.redact_url(s) for s in self._servers)
-        self._nc: NATSClient | None = None
-        self._js: JetStreamContext | None = None
+        self._claim_timeout, self._names = options.claim_timeout, Names(options.prefix)
         self._streams = self._new_streams()
         self._watch = _Watch()
         self._last_error: str | None = None
@@ -131,8 +116,6 @@ class NATSBackend(ClaimBackendBase):
         self._token_base = secrets.token_hex(6)
         self._token_seq = itertools.count()
         self._claim_subjects: dict[str, str] = {}  # job -> subject, validated once
-        self._budget_period = options.budget_interval
-        self._budget: BudgetWatch | None = None
 
     def _new_streams(self) -> Streams:
         return Streams(
@@ -148,23 +131,16 @@ class NATSBackend(ClaimBackendBase):
     def __repr__(self) -> str:
         return f"{BACKEND}({self._shown_servers!r}, prefix={self._names.prefix!r})"
 
-    @property
-    def budget(self) -> BrokerBudget | None:
-        """The JetStream account's budget as last read while started (``_budget``); ``None``
-        before, or with ``budget_interval=None``."""
-        return None if self._budget is None else self._budget.reading
-
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def _open(self, clock: Clock) -> None:
-        nats = import_nats()
         # Fresh per start: asyncio primitives belong to the loop they are first used in.
         self._watch, self._streams = _Watch(), self._new_streams()
         cancels = cancel_requests()
-        nc = await self._connect(nats, cancels)
+        nc = await self._connect(cancels)
         try:
             js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
-            with Translated("preparing streams", secrets=self._secrets):
+            with self._translated("preparing streams"):
                 await self._streams.start(js, clock.now_ms)
             raise_if_cancelled_since(cancels)
         except BaseException:
@@ -172,40 +148,7 @@ class NATSBackend(ClaimBackendBase):
             raise
         self._nc, self._js, self._clock = nc, js, clock
         self._fleet_buckets = None  # opened on first use, on this connection
-        if self._budget_period is not None:
-            self._budget = nats_budget_watch(
-                BACKEND, self._client, self._secrets, self._budget_period
-            )
-            try:
-                await self._budget.start(clock)
-                raise_if_cancelled_since(cancels)  # one the client swallowed (Python 3.11)
-            except BaseException:  # cancelled
-                await to_the_end(self._close())
-                raise
-
-    async def _connect(self, nats: Any, cancels: int) -> NATSClient:
-        options: dict[str, Any] = {
-            **CONNECT_DEFAULTS,
-            **self._connect_options,
-            **self._callbacks(),
-        }
-        budget = 2 * float(options["connect_timeout"]) * len(self._servers)
-        nc: NATSClient = nats.NATS()
-        self._last_error = None
-        try:
-            async with asyncio.timeout(budget):
-                await nc.connect(self._servers, **options)
-            raise_if_cancelled_since(cancels)
-        except BaseException as exc:
-            await to_the_end(close_client(nc))
-            if not isinstance(exc, Exception):
-                raise
-            cause = self._last_error or describe(exc, self._secrets)
-            raise BackendUnavailableError(
-                f"{BACKEND}: cannot connect to NATS at {self._shown_servers} within "
-                f"{budget:g}s ({cause})"
-            ) from _redact.chainable(exc, self._secrets)
-        return nc
+        await self._start_budget(clock, cancels)
 
     def _callbacks(self) -> dict[str, Callable[..., Awaitable[None]]]:
         """Our connection callbacks, each also calling the caller's own if given."""
@@ -222,9 +165,7 @@ class NATSBackend(ClaimBackendBase):
         return ours
 
     async def _close(self) -> None:
-        budget, self._budget = self._budget, None
-        if budget is not None:
-            await budget.close()
+        await self._stop_budget()
         await self._streams.close()
         nc, self._nc, self._js, self._clock = self._nc, None, None, None
         if nc is not None:
@@ -257,38 +198,13 @@ class NATSBackend(ClaimBackendBase):
         if self._nc is not None:
             logger.error("NATS connection closed for good; claims fail until restart")
 
-    # -- the fleet's records: key-value buckets, made on first use ----------------------------
-
-    def _buckets(self) -> FleetBuckets:
-        if self._fleet_buckets is None:
-            self._fleet_buckets = FleetBuckets(
-                self._names.prefix, self._replicas, self._secrets, lambda: self._client()[1]
-            )
-        return self._fleet_buckets
-
-    async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
-        return await self._buckets().read(kind)
-
-    async def _fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
-        await self._buckets().put(kind, key, value, ttl=ttl)
-
-    async def _fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
-        return await self._buckets().swap(kind, key, old, new)
-
-    def _client(self) -> tuple[NATSClient, JetStreamContext]:
-        if self._nc is None or self._js is None:
-            raise BackendUnavailableError(f"{BACKEND} is not started (call start() first)")
-        return self._nc, self._js
+    @property
+    def _fleet_prefix(self) -> str:
+        return self._names.prefix
 
     # -- operations (brokersched purge, doctor) ---------------------------------------------
 
-    async def inventory(
-        self,
-        *,
-        namespace: str | None = None,
-        jobs: Sequence[str] = (),
-        slots: Sequence[Slot] = (),
-    ) -> Inventory:
+    async def _inventory(self, namespace: str | None) -> Inventory:
         """The prefix's streams (claims, history). Live: a message stored in the last
         minute (a claim, the fleet's record, a run)."""
         names = self._names if namespace is None else Names(check_prefix(namespace, BACKEND))
@@ -309,32 +225,15 @@ class NATSBackend(ClaimBackendBase):
 
     async def doctor(self, *, slots: Sequence[Slot] = ()) -> list[Finding]:
         async def check(js: JetStreamContext, nc: NATSClient) -> list[Finding]:
-            version = nc.connected_server_version
-            shown = None if version is None else f"{version.major}.{version.minor}.{version.patch}"
+            shown = server_version(nc)
             return await _ops.doctor(js, shown, self._names, self._slot_ttl, self._replicas)
 
         return await self._operation("check its streams", check, with_client=True)
 
-    async def _operation(
-        self,
-        action: str,
-        call: Callable[..., Awaitable[T]],
-        *args: Any,
-        with_client: bool = False,
-    ) -> T:
-        """``call(js, *args)`` (``call(js, nc)``) on a connection of its own."""
-        nc = await self._connect(import_nats(), cancel_requests())
-        try:
-            js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
-            with Translated(action, secrets=self._secrets):
-                return await (call(js, nc) if with_client else call(js, *args))
-        finally:
-            await to_the_end(close_client(nc))
-
     async def prepare(self, jobs: Sequence[JobPolicy]) -> None:
         if jobs:
             _, js = self._client()
-            with Translated("preparing the history stream", secrets=self._secrets):
+            with self._translated("preparing the history stream"):
                 await self._streams.ensure_history(js, max(job.history_size for job in jobs))
 
     # -- claims --------------------------------------------------------------------------------
@@ -375,7 +274,7 @@ class NATSBackend(ClaimBackendBase):
         if self._streams.fleet.memory_ms < to_ms(BOOT_MEMORY):
             async with self._raising_window:
                 if self._streams.fleet.memory_ms < to_ms(BOOT_MEMORY):
-                    with Translated("raising the claims window", secrets=self._secrets):
+                    with self._translated("raising the claims window"):
                         await self._streams.raise_window(js, BOOT_MEMORY)
         return await self.claim(slot, instance_id=instance_id, run_id=run_id, timeout=timeout)
 
@@ -385,7 +284,7 @@ class NATSBackend(ClaimBackendBase):
             self._budget.refuse_if_shedding(f"the claim of {slot.key} is not published")
         self._check_deadline(slot)
         message = self._message(slot, instance_id, run_id)
-        with Translated("claim", message.msg_id, secrets=self._secrets):
+        with self._translated("claim", message.msg_id):
             started = time.monotonic()
             budget = min(timeout, self._claim_budget_s)
             if not nc.is_connected or budget <= 0:
@@ -442,7 +341,7 @@ class NATSBackend(ClaimBackendBase):
                 ack.cancel()  # no answer in time: this claim's retry finds out what was stored
 
         async def outcome(message: _Message, ack: asyncio.Future[PubAck] | Exception) -> bool:
-            with Translated("claim", message.msg_id, secrets=self._secrets):
+            with self._translated("claim", message.msg_id):
                 if isinstance(ack, Exception):
                     first: Exception = ack
                 elif ack.cancelled():
@@ -487,7 +386,7 @@ class NATSBackend(ClaimBackendBase):
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
         nc, js = self._client()
-        with Translated(f"recording a run of {job.name!r}", secrets=self._secrets):
+        with self._translated(f"recording a run of {job.name!r}"):
             await self._streams.ensure_history(js, job.history_size)
             await self._publish_record(nc, js, job, record)
 
@@ -495,7 +394,7 @@ class NATSBackend(ClaimBackendBase):
         """The records' publishes in one write, their acks awaited together; one without an
         ack is published again alone (its message id makes a stored one a duplicate)."""
         nc, js = self._client()
-        with Translated(f"recording {len(records)} runs", secrets=self._secrets):
+        with self._translated(f"recording {len(records)} runs"):
             await self._streams.ensure_history(js, max(job.history_size for job, _ in records))
             acks: list[asyncio.Future[PubAck] | None] = []
             for job, record in records:
@@ -550,7 +449,7 @@ class NATSBackend(ClaimBackendBase):
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         _, js = self._client()
         subject = self._names.history_subject(job.name)
-        with Translated(f"reading the history of {job.name!r}", secrets=self._secrets):
+        with self._translated(f"reading the history of {job.name!r}"):
             bodies = await read_last(js, self._names.history, subject, min(limit, job.history_size))
         return [RunRecord.from_json(body) for body in reversed(bodies)]
 

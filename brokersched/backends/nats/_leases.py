@@ -33,35 +33,34 @@ import dataclasses
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from ... import _redact
 from ..._clock import Clock, datetime_to_ms
 from ..._durations import Duration, to_ms
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
-from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
+from ..._tasks import cancel_requests, to_the_end
 from ...abc import (
-    BrokerBudget,
+    Claim,
     Finding,
-    FleetKind,
     Inventory,
     JobPolicy,
     Lease,
     LeaseState,
-    RunReason,
     RunRecord,
     Slot,
 )
-from .._budget import BudgetWatch
 from .._keywords import own_options, refuse_unknown
 from .._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
     Acquire,
+    Answer,
     ClockName,
+    Ending,
+    Granted,
     LeaseBackendBase,
     Release,
     Renew,
+    Request,
     TakenOver,
     TakeOver,
     new_token,
@@ -69,19 +68,15 @@ from .._lease import (
 from .._ops import server_finding
 from . import _ops
 from ._base import (
-    CONNECT_DEFAULTS,
     MSG_ID,
-    SECRET_OPTIONS,
-    Translated,
     close_client,
     connect_keywords,
     describe,
-    import_nats,
     logger,
 )
 from ._bucket import BACKEND, KVTable, bucket_problems, check_bucket, kv_stream
-from ._budget import nats_budget_watch
-from ._fleet import FleetBuckets, bucket_streams, presence
+from ._client import API_TIMEOUT_S, NATSClientBase, server_version
+from ._fleet import bucket_streams, presence
 from ._history import read_last
 from ._names import Names
 from ._options import NATSLeaseOptions
@@ -95,9 +90,6 @@ if TYPE_CHECKING:
 
 __all__ = ["NATSLeaseBackend"]
 
-T = TypeVar("T")
-
-_API_TIMEOUT_S = 5.0
 _OPERATION_TIMEOUT_S = 10.0  # take-over, record, history: not time-critical, but bounded
 _MSG_TTL = (2, 11)  # the first nats-server with per-message TTLs
 _SERIAL_CAS = (2, 11)  # the first whose clustered streams serialize compare-and-sets
@@ -111,7 +103,7 @@ _NOT_HERE = {
 }
 
 
-class NATSLeaseBackend(LeaseBackendBase):
+class NATSLeaseBackend(NATSClientBase, LeaseBackendBase):
     """Leases on a NATS JetStream key-value bucket: occurrence fencing, overlap control,
     take-over of dead runners, catch-up and manual runs, judged on the NATS server's clock.
 
@@ -125,6 +117,8 @@ class NATSLeaseBackend(LeaseBackendBase):
     """
 
     clock_name = ClockName("the NATS server's clock", "the NATS server")
+    _log = logger
+    _backend = BACKEND
 
     def __init__(
         self,
@@ -147,27 +141,16 @@ class NATSLeaseBackend(LeaseBackendBase):
             accepted=connect_keywords,
             reserved=_NOT_HERE,
         )
-        self._servers, self._bucket = options.servers, options.bucket
-        self._replicas = options.replicas
-        self._names = Names(self._bucket)
-        self._connect_options = dict(connect_options)
-        self._secrets = _redact.connection_secrets(
-            self._servers, self._connect_options, SECRET_OPTIONS
-        )
-        self._shown_servers = ", ".join(_redact.redact_url(s) for s in self._servers)
-        self._nc: NATSClient | None = None
-        self._js: JetStreamContext | None = None
+        self._keep_client(options, connect_options)
+        self._bucket, self._names = options.bucket, Names(options.bucket)
         self._clock: Clock | None = None
         self._rows: Rows | None = None
-        self._fleet_buckets: FleetBuckets | None = None
         self._history_size = 0  # max_msgs_per_subject known to be in place
         self._history_lock = asyncio.Lock()
         self._msg_ttl = False  # the history stream drops runs by their own TTL
         #: For tests: decisions judge time as if the server's clock read this (ms); ``None``
         #: (always, in production): the server's clock.
         self.store_time: int | None = None
-        self._budget_period = options.budget_interval
-        self._budget: BudgetWatch | None = None
 
     def __repr__(self) -> str:
         return f"{BACKEND}({self._shown_servers!r}, bucket={self._bucket!r})"
@@ -176,21 +159,15 @@ class NATSLeaseBackend(LeaseBackendBase):
     def bucket(self) -> str:
         return self._bucket
 
-    @property
-    def budget(self) -> BrokerBudget | None:
-        """The JetStream account's budget as last read while started (``_budget``); ``None``
-        before, or with ``budget_interval=None``."""
-        return None if self._budget is None else self._budget.reading
-
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def _open(self, clock: Clock) -> None:
         self._history_lock = asyncio.Lock()
         self._history_size, self._msg_ttl = 0, False
         cancels = cancel_requests()
-        nc = await self._connect()
+        nc = await self._connect(cancels)
         try:
-            js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
+            js = nc.jetstream(timeout=API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
             with self._translated("preparing the bucket"):
                 self._check_replicas(self._replicas, nc)
                 kv = await self._bucket_kv(js, nc)
@@ -211,42 +188,11 @@ class NATSLeaseBackend(LeaseBackendBase):
             blocking=clock.blocking,
             bound=clock.timeout,
         )
-        if self._budget_period is not None:
-            self._budget = nats_budget_watch(
-                BACKEND, self._connection, self._secrets, self._budget_period
-            )
-            try:
-                await self._budget.start(clock)
-                raise_if_cancelled_since(cancels)  # one nats-py swallowed (Python 3.11)
-            except BaseException:  # cancelled
-                await to_the_end(self._close())
-                raise
+        await self._start_budget(clock, cancels)
 
-    def _connection(self) -> tuple[NATSClient, JetStreamContext]:
-        if self._nc is None or self._js is None:
-            raise BackendUnavailableError(f"{BACKEND} is not started (call start() first)")
-        return self._nc, self._js
-
-    async def _connect(self) -> NATSClient:
-        nats = import_nats(BACKEND)
-        options: dict[str, Any] = {**CONNECT_DEFAULTS, **self._connect_options}
-        options.setdefault("error_cb", self._on_error)
-        budget = 2 * float(options["connect_timeout"]) * len(self._servers)
-        nc: NATSClient = nats.NATS()
-        cancels = cancel_requests()
-        try:
-            async with asyncio.timeout(budget):
-                await nc.connect(self._servers, **options)
-            raise_if_cancelled_since(cancels)  # swallowed by nats-py's wait_for (3.11)
-        except BaseException as exc:
-            await to_the_end(close_client(nc))
-            if not isinstance(exc, Exception):
-                raise
-            raise BackendUnavailableError(
-                f"{BACKEND}: cannot connect to NATS at {self._shown_servers} within "
-                f"{budget:g}s ({describe(exc, self._secrets)})"
-            ) from _redact.chainable(exc, self._secrets)
-        return nc
+    def _callbacks(self) -> dict[str, Callable[..., Awaitable[None]]]:
+        """Logging nats-py's errors, unless the caller gave an ``error_cb``."""
+        return {} if "error_cb" in self._connect_options else {"error_cb": self._on_error}
 
     async def _on_error(self, exc: Exception) -> None:
         connected = self._nc is not None and self._nc.is_connected
@@ -258,16 +204,11 @@ class NATSLeaseBackend(LeaseBackendBase):
         )
 
     async def _close(self) -> None:
-        budget, self._budget = self._budget, None
-        if budget is not None:
-            await budget.close()
+        await self._stop_budget()
         nc, self._nc, self._js, self._clock, self._rows = self._nc, None, None, None, None
         self._fleet_buckets = None  # opened again on the next connection's first use
         if nc is not None:
             await close_client(nc)
-
-    def _translated(self, *what: str) -> Translated:
-        return Translated(*what, secrets=self._secrets, backend=BACKEND)
 
     def _check_replicas(self, replicas: int, nc: NATSClient) -> None:
         """Refuse a replicated bucket on a server that does not serialize compare-and-sets.
@@ -332,29 +273,9 @@ class NATSLeaseBackend(LeaseBackendBase):
                 backend=BACKEND,
             )
 
-    # -- the fleet's records: the key-value buckets ``<bucket>-fleet-instance`` and
-    # ``<bucket>-fleet-control``, made on first use, as NATSBackend's -------------------------
-
-    def _fleet(self) -> FleetBuckets:
-        if self._fleet_buckets is None:
-            self._fleet_buckets = FleetBuckets(
-                self._bucket, self._replicas, self._secrets, self._jetstream
-            )
-        return self._fleet_buckets
-
-    async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
-        return await self._fleet().read(kind)
-
-    async def _fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
-        await self._fleet().put(kind, key, value, ttl=ttl)
-
-    async def _fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
-        return await self._fleet().swap(kind, key, old, new)
-
-    def _jetstream(self) -> JetStreamContext:
-        if self._js is None:
-            raise BackendUnavailableError(f"{BACKEND} is not started (call start() first)")
-        return self._js
+    @property
+    def _fleet_prefix(self) -> str:
+        return self._bucket
 
     def _lease_rows(self) -> Rows:
         if self._rows is None:
@@ -363,27 +284,26 @@ class NATSLeaseBackend(LeaseBackendBase):
 
     # -- leases ------------------------------------------------------------------------------
 
-    async def acquire(
-        self,
-        slot: Slot,
-        *,
-        policy: JobPolicy,
-        instance_id: str,
-        run_id: str,
-        reason: RunReason,
-        timeout: float,
-    ) -> Lease | Literal["overlap", "not-acquired"]:
+    async def _decide(
+        self, job: str, request: Request, timeout: float, *what: str
+    ) -> tuple[Answer, int]:
+        """The lease protocol's answer to ``request`` on the job's row (``Rows.decide``), and
+        the server's clock it was decided at; ``what`` names the call in errors."""
         rows = self._lease_rows()
+        with self._translated(*what):
+            return await rows.decide(
+                job, request, ttl_ms=self._ttl_ms, skew_ms=self._skew_ms, timeout=timeout
+            )
+
+    async def _acquire(self, claim: Claim, instance_id: str, timeout: float) -> Granted:
+        slot = claim.slot
         if self._budget is not None:  # no new lease near the account's limits
             self._budget.refuse_if_shedding(f"the lease of {slot.key} is not taken")
-        started = self._instance_now()
         request = Acquire(
-            slot.slot_ms, reason, policy.overlap, new_token(), run_id, instance_id, started
-        )
-        with self._translated("claim", slot.key):
-            answer, now = await rows.decide(
-                slot.job, request, ttl_ms=self._ttl_ms, skew_ms=self._skew_ms, timeout=timeout
-            )
+            slot.slot_ms, claim.reason, claim.policy.overlap, new_token(), claim.run_id,
+            instance_id, self._instance_now(),
+        )  # fmt: skip
+        answer, now = await self._decide(slot.job, request, timeout, "claim", slot.key)
         granted = isinstance(answer, Lease)
         self._check_slot_time(slot, now, self._clock, granted=granted)  # raises when too far
         assert isinstance(answer, Lease) or answer in ("overlap", "not-acquired")
@@ -391,73 +311,35 @@ class NATSLeaseBackend(LeaseBackendBase):
 
     async def renew(self, lease: Lease) -> bool:
         """Answers within a third of ``lease_ttl``."""
-        rows = self._lease_rows()
-        with self._translated("renew", lease.slot.key):
-            answer, _ = await rows.decide(
-                lease.job,
-                Renew(lease.slot_ms, lease.token),
-                ttl_ms=self._ttl_ms,
-                skew_ms=self._skew_ms,
-                timeout=self._renew_timeout,
-            )
+        renew = Renew(lease.slot_ms, lease.token)
+        answer, _ = await self._decide(
+            lease.job, renew, self._renew_timeout, "renew", lease.slot.key
+        )
         return answer is True
 
-    async def release(
-        self,
-        lease: Lease,
-        *,
-        handover: bool = False,
-        record: tuple[JobPolicy, RunRecord] | None = None,
-    ) -> None:
+    async def _end_lease(self, lease: Lease, handover: bool, record: Ending) -> None:
         """The run's record first (a stream beside the bucket: no write spans both): its
         message id makes a retried release write it once."""
-        rows = self._lease_rows()
+        self._lease_rows()  # not started: no record either
         if record is not None:
             await self.record(*record)
-        with self._translated("release", lease.slot.key):
-            await rows.decide(
-                lease.job,
-                Release(lease.slot_ms, lease.token, handover),
-                ttl_ms=self._ttl_ms,
-                skew_ms=self._skew_ms,
-                timeout=self._renew_timeout,
-            )
+        release = Release(lease.slot_ms, lease.token, handover)
+        await self._decide(lease.job, release, self._renew_timeout, "release", lease.slot.key)
 
     async def lease_state(self, job: str) -> LeaseState:
         rows = self._lease_rows()
         with self._translated("read the leases of", repr(job)):
             return await rows.read_at(job, _OPERATION_TIMEOUT_S)
 
-    async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
-        """Per job with a lease in its row: the lease protocol's take-over, one
-        compare-and-set; the dead attempts are recorded after it landed."""
-        leases: list[Lease] = []
-        for policy in {policy.name: policy for policy in policies}.values():
-            try:
-                leases += await self._take_over_job(policy, instance_id)
-            except BackendError:
-                if not leases:
-                    raise
-                # Leases already granted must reach their runner; the rest waits for the
-                # next sweep.
-                logger.warning(
-                    "%s could not take over the slots of %s", BACKEND, policy.name, exc_info=True
-                )
-        return leases
-
     async def _take_over_job(self, policy: JobPolicy, instance_id: str) -> list[Lease]:
-        rows = self._lease_rows()
-        with self._translated("take over the slots of", repr(policy.name)):
+        """With a lease in the job's row: the lease protocol's take-over, one
+        compare-and-set; the dead attempts are recorded after it landed."""
+        rows, what = self._lease_rows(), ("take over the slots of", repr(policy.name))
+        with self._translated(*what):
             if not (await rows.read(policy.name, _OPERATION_TIMEOUT_S)).leases:
                 return []  # nothing runs nor waits: no need of the server's clock
-            request = TakeOver(policy, instance_id, self._instance_now())
-            taken, _ = await rows.decide(
-                policy.name,
-                request,
-                ttl_ms=self._ttl_ms,
-                skew_ms=self._skew_ms,
-                timeout=_OPERATION_TIMEOUT_S,
-            )
+        request = TakeOver(policy, instance_id, self._instance_now())
+        taken, _ = await self._decide(policy.name, request, _OPERATION_TIMEOUT_S, *what)
         assert isinstance(taken, TakenOver)
         for record in taken.records:
             try:
@@ -513,13 +395,9 @@ class NATSLeaseBackend(LeaseBackendBase):
         return records
 
     async def _check_history_stream(self, js: JetStreamContext) -> None:
-        import nats.js.errors
-
-        try:
-            info = await js.stream_info(self._names.history)
-        except nats.js.errors.NotFoundError:
-            return
-        self._raise_problems(history_problems(info.config, self._names))
+        info = await _ops.stream_info_or_none(js, self._names.history)
+        if info is not None:
+            self._raise_problems(history_problems(info.config, self._names))
 
     def _raise_problems(self, problems: list[str]) -> None:
         if problems:
@@ -567,17 +445,11 @@ class NATSLeaseBackend(LeaseBackendBase):
 
     # -- operations (brokersched purge, doctor) ---------------------------------------------
 
-    async def inventory(
-        self,
-        *,
-        namespace: str | None = None,
-        jobs: Sequence[str] = (),
-        slots: Sequence[Slot] = (),
-    ) -> Inventory:
+    async def _inventory(self, namespace: str | None) -> Inventory:
         """The bucket's stream and the history stream. Live: a message stored in the last
         minute (every decision writes the clock probe)."""
         bucket = self._bucket if namespace is None else check_bucket(namespace, BACKEND)
-        return await self._operation("list its streams", _inventory, bucket)
+        return await self._operation("list its streams", _stream_inventory, bucket)
 
     async def _presence_records(self, namespace: str | None) -> list[str]:
         """The presence bucket ``<bucket>-fleet-instance``, read only."""
@@ -592,14 +464,13 @@ class NATSLeaseBackend(LeaseBackendBase):
     async def purge(self, inventory: Inventory) -> Inventory:
         async def purge(js: JetStreamContext, found: Inventory) -> Inventory:
             await _ops.delete_streams(js, found, _streams(found.namespace))
-            return await _inventory(js, found.namespace)
+            return await _stream_inventory(js, found.namespace)
 
         return await self._operation("delete its streams", purge, inventory)
 
     async def doctor(self, *, slots: Sequence[Slot] = ()) -> list[Finding]:
         async def check(js: JetStreamContext, nc: NATSClient) -> list[Finding]:
-            version = nc.connected_server_version
-            shown = None if version is None else f"{version.major}.{version.minor}.{version.patch}"
+            version, shown = nc.connected_server_version, server_version(nc)
             findings = [server_finding("nats-server", shown, _ops.MIN_VERSION)]
             stream = kv_stream(self._bucket)
             info = await _ops.stream_info_or_none(js, stream)
@@ -646,26 +517,10 @@ class NATSLeaseBackend(LeaseBackendBase):
 
         return await self._operation("check its bucket", check, with_client=True)
 
-    async def _operation(
-        self,
-        action: str,
-        call: Callable[..., Awaitable[T]],
-        *args: Any,
-        with_client: bool = False,
-    ) -> T:
-        """``call(js, *args)`` (``call(js, nc)``) on a connection of its own."""
-        nc = await self._connect()
-        try:
-            js = nc.jetstream(timeout=_API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
-            with self._translated(action):
-                return await (call(js, nc) if with_client else call(js, *args))
-        finally:
-            await to_the_end(close_client(nc))
-
 
 def _streams(bucket: str) -> tuple[str, ...]:
     return kv_stream(bucket), Names(bucket).history, *bucket_streams(bucket)
 
 
-async def _inventory(js: JetStreamContext, bucket: str) -> Inventory:
+async def _stream_inventory(js: JetStreamContext, bucket: str) -> Inventory:
     return await _ops.streams_inventory(js, BACKEND, bucket, _streams(bucket))

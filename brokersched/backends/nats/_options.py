@@ -20,7 +20,7 @@ from .._options import (
 from ._base import check_servers
 from ._bucket import check_bucket
 
-__all__ = ["NATSLeaseOptions", "NATSOptions", "check_prefix"]
+__all__ = ["NATSLeaseOptions", "NATSOptions", "ServerOptions", "check_prefix"]
 
 # How long a claim waits for a definite answer by default. On one server a claim that cannot be
 # answered within 2 s means the server is down: fail closed, the slot is skipped. A replicated
@@ -40,7 +40,7 @@ check_prefix = name_check(
 )
 
 
-class _ServerOptions(BackendOptions):
+class ServerOptions(BackendOptions):
     """What both NATS backends take: the servers, the streams' replicas, the budget's period."""
 
     servers: Annotated[list[str], checked(check_servers)]
@@ -48,7 +48,7 @@ class _ServerOptions(BackendOptions):
     budget_interval: BudgetPeriod
 
 
-class NATSOptions(ClaimOptions, _ServerOptions):
+class NATSOptions(ClaimOptions, ServerOptions):
     """``NATSBackend``'s options."""
 
     prefix: Annotated[str, checked(check_prefix)]
@@ -63,7 +63,7 @@ class NATSOptions(ClaimOptions, _ServerOptions):
         return positive_duration(value, info)
 
 
-class NATSLeaseOptions(LeaseOptions, _ServerOptions):
+class NATSLeaseOptions(LeaseOptions, ServerOptions):
     """``NATSLeaseBackend``'s options."""
 
     bucket: Annotated[str, checked(check_bucket)]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -25,6 +24,7 @@ from .._budget import BudgetWatch
 from .._errors import ErrorMap, ErrorRow, Within
 from .._keywords import checked_keywords
 from .._lease import DEFAULT_MAX_CLOCK_SKEW, ClockName
+from .._ops import NamespaceInventory
 from .._sql import SCHEMA_VERSION
 from . import _ops
 from ._budget import BUDGET_SQL, postgres_budget_watch, read_budget
@@ -48,7 +48,7 @@ _UNAVAILABLE = (
 )
 
 
-class PostgresBackend(PostgresLeases, PostgresFleet):
+class PostgresBackend(NamespaceInventory, PostgresLeases, PostgresFleet):
     """Leases in PostgreSQL, through an asyncpg connection pool.
 
     ``dsn``: a ``postgresql://`` URL (``sslmode=`` works); its password never appears in a log
@@ -241,13 +241,7 @@ class PostgresBackend(PostgresLeases, PostgresFleet):
 
     # -- operations (brokersched purge, doctor) ---------------------------------------------
 
-    async def inventory(
-        self,
-        *,
-        namespace: str | None = None,
-        jobs: Sequence[str] = (),
-        slots: Sequence[Slot] = (),
-    ) -> Inventory:
+    async def _inventory(self, namespace: str | None) -> Inventory:
         """brokersched's tables and function in the schema (or ``namespace``, another
         schema). Live: a lease live in the last minute, or a run going on."""
         schema = self._ops_schema(namespace)
@@ -301,12 +295,8 @@ class PostgresBackend(PostgresLeases, PostgresFleet):
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def _translate(self, action: str) -> AbstractContextManager[None]:
-        """Where asyncpg's errors become brokersched's, with the password scrubbed
-        (``backends/_errors.py``: an exception not the client's is raised unchanged)."""
-        return self._errors(action)
-
     def _error_rows(self) -> list[ErrorRow]:
+        """What asyncpg's errors mean (``_translate``), with the password scrubbed."""
         known: tuple[type[BaseException], ...] = (OSError, TimeoutError)
         unavailable: tuple[type[BaseException], ...] = (OSError, TimeoutError)
         try:

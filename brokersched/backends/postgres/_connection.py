@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..._exceptions import BackendUnavailableError
@@ -64,13 +63,6 @@ class PostgresCalls(SQLLeaseBackend):
     _budget: BudgetWatch | None
     _claims_in_flight: int
     _calls: set[asyncio.Task[Any]]  # exchanges in flight, abandoned ones too
-
-    @property
-    @abstractmethod
-    def _op_timeout(self) -> float: ...
-
-    @abstractmethod
-    def _translate(self, action: str) -> AbstractContextManager[None]: ...
 
     def _spare_connections(self) -> int:
         """While shedding, the pool's idle connections not already promised to a claim in

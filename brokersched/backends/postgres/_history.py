@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...abc import JobPolicy, Lease, RunRecord
+from .._lease import Ending
 from .._sql import history_cutoff, history_limit, run_record
 from ._connection import Connection, PostgresCalls, Row
 
@@ -19,7 +20,7 @@ class PostgresHistory(PostgresCalls):
     def _release_args(
         self,
         lease: Lease,
-        record: tuple[JobPolicy, RunRecord] | None,
+        record: Ending,
         *,
         handover: bool = False,
     ) -> tuple[object, ...]:

@@ -6,30 +6,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Literal
 
-from ..._exceptions import BackendError, BackendUnavailableError
-from ...abc import (
-    Claim,
-    JobPolicy,
-    Lease,
-    LeaseOutcome,
-    LeaseState,
-    RunReason,
-    RunRecord,
-    Slot,
-)
+from ..._exceptions import BackendError
+from ...abc import Claim, JobPolicy, Lease, LeaseOutcome, LeaseState
 from .._lease import (
-    BATCH_CHUNK,
     DeadRun,
+    Ending,
+    Granted,
     JobState,
-    in_chunks,
     interrupted,
     new_token,
+    outcome,
     refusal,
     retry_window_ms,
 )
-from .._sql import NO_SLOT
+from .._sql import fence
 from ._connection import Connection, Row
 from ._history import PostgresHistory
 
@@ -42,58 +33,40 @@ class PostgresLeases(PostgresHistory):
     """The lease protocol in SQL; a release or a take-over writes its records through
     ``PostgresHistory``."""
 
-    async def acquire(
-        self,
-        slot: Slot,
-        *,
-        policy: JobPolicy,
-        instance_id: str,
-        run_id: str,
-        reason: RunReason,
-        timeout: float,
-    ) -> Lease | Literal["overlap", "not-acquired"]:
-        token = new_token()
+    async def _acquire(self, claim: Claim, instance_id: str, timeout: float) -> Granted:
+        slot, reason, token = claim.slot, claim.reason, new_token()
         sql = {"catch-up": self._sql.acquire_catch_up, "manual": self._sql.acquire_manual}.get(
             reason, self._sql.acquire
         )
-        allow = policy.overlap == "allow"
+        allow = claim.policy.overlap == "allow"
         args = (
-            slot.job, slot.slot_ms, self._ttl_ms, allow, token, run_id, instance_id, reason,
-            self._now(), self._skew_ms,
+            slot.job, slot.slot_ms, self._ttl_ms, allow, token, claim.run_id, instance_id,
+            reason, self._now(), self._skew_ms,
         )  # fmt: skip
 
-        async def claim(conn: Connection) -> Row | None:
+        async def decide(conn: Connection) -> Row | None:
             return await conn.fetchrow(sql, *args)
 
         with self._claiming(f"the claim of {slot.key}"):
-            row = await self._call("claim " + slot.key, claim, timeout)
+            row = await self._call("claim " + slot.key, decide, timeout)
         assert row is not None  # the SELECT always returns its one row
-        self._check_slot_time(slot, row["now_ms"], self._clock, granted=row["granted"])
-        if row["granted"]:
-            return Lease(slot.job, slot.slot_ms, token, run_id, 1, reason)
-        return refusal(reason, slot.slot_ms, _job_state(row), policy)
+        return self._granted(claim, token, row)
 
-    async def acquire_many(
-        self, claims: Sequence[Claim], *, instance_id: str, timeout: float
-    ) -> list[LeaseOutcome]:
-        """Scheduled slots of distinct jobs in one statement (``_ACQUIRE_MANY``); any other
-        batch, or one that PostgreSQL refused as a whole (a deadlock with a take-over, say:
-        nothing of it was done), claims each slot on its own."""
-        jobs = {claim.slot.job for claim in claims}
+    def _batchable(self, claims: Sequence[Claim]) -> bool:
+        """Scheduled slots of distinct jobs (``_ACQUIRE_MANY``); while shedding, each claim
+        on its own, refused when it finds no idle connection."""
         shedding = self._budget is not None and self._budget.shedding
-        if (
-            shedding  # each claim on its own, refused when it finds no idle connection
-            or len(claims) < 2
-            or len(jobs) < len(claims)
-            or any(c.reason != "schedule" for c in claims)
-        ):
-            return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
-        if len(claims) > BATCH_CHUNK:  # each instance gets its share of the instant's slots
+        return (
+            not shedding
+            and len(claims) >= 2
+            and len({claim.slot.job for claim in claims}) == len(claims)
+            and all(c.reason == "schedule" for c in claims)
+        )
 
-            async def chunk(part: list[Claim]) -> list[LeaseOutcome]:
-                return await self.acquire_many(part, instance_id=instance_id, timeout=timeout)
-
-            return await in_chunks(claims, chunk)
+    async def _acquire_batch(
+        self, claims: Sequence[Claim], instance_id: str, timeout: float
+    ) -> list[LeaseOutcome]:
+        """One statement (``_ACQUIRE_MANY``)."""
         tokens = [new_token() for _ in claims]
         args = (
             [c.slot.job for c in claims], [c.slot.slot_ms for c in claims], self._ttl_ms,
@@ -104,28 +77,25 @@ class PostgresLeases(PostgresHistory):
         async def claim_all(conn: Connection) -> list[Row]:
             return await conn.fetch(self._sql.acquire_many, *args)
 
-        try:
-            rows = await self._call(f"claim {len(claims)} slots", claim_all, timeout)
-        except BackendError as exc:
-            if isinstance(exc, BackendUnavailableError) or not self._refused(exc.__cause__):
-                raise
-            logger.warning("a batch of %d claims was refused (%s): claiming each", len(jobs), exc)
-            return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
+        rows = await self._call(f"claim {len(claims)} slots", claim_all, timeout)
         return [
-            self._outcome(claim, token, row)
+            outcome(self._granted, claim, token, row)
             for claim, token, row in zip(claims, tokens, rows, strict=True)
         ]
 
-    def _refused(self, cause: BaseException | None) -> bool:
-        """Whether the server answered with an error: the statement did nothing."""
-        return self._asyncpg is not None and isinstance(cause, self._asyncpg.PostgresError)
+    def _refused(self, exc: BackendError, claims: Sequence[Claim]) -> bool:
+        """Whether the server answered with an error (a deadlock with a take-over, say): the
+        statement did nothing."""
+        cause = exc.__cause__
+        if self._asyncpg is None or not isinstance(cause, self._asyncpg.PostgresError):
+            return False
+        logger.warning("a batch of %d claims was refused (%s): claiming each", len(claims), exc)
+        return True
 
-    def _outcome(self, claim: Claim, token: str, row: Row) -> LeaseOutcome:
+    def _granted(self, claim: Claim, token: str, row: Row) -> Granted:
+        """The answer of ``_ACQUIRE`` (or a row of ``_ACQUIRE_MANY``) to ``claim``."""
         slot = claim.slot
-        try:
-            self._check_slot_time(slot, row["now_ms"], self._clock, granted=row["granted"])
-        except BackendError as exc:
-            return exc
+        self._check_slot_time(slot, row["now_ms"], self._clock, granted=row["granted"])
         if row["granted"]:
             return Lease(slot.job, slot.slot_ms, token, claim.run_id, 1, claim.reason)
         return refusal(claim.reason, slot.slot_ms, _job_state(row), claim.policy)
@@ -139,13 +109,7 @@ class PostgresLeases(PostgresHistory):
 
         return await self._call("renew " + lease.slot.key, renew, self._renew_timeout)
 
-    async def release(
-        self,
-        lease: Lease,
-        *,
-        handover: bool = False,
-        record: tuple[JobPolicy, RunRecord] | None = None,
-    ) -> None:
+    async def _end_lease(self, lease: Lease, handover: bool, record: Ending) -> None:
         sql = self._sql.hand_over if handover else self._sql.release
 
         async def release(conn: Connection) -> None:
@@ -159,25 +123,16 @@ class PostgresLeases(PostgresHistory):
         # runner's next try, in time to land before the lease expires.
         await self._call("release " + lease.slot.key, release, self._renew_timeout)
 
-    async def release_many(
-        self,
-        leases: Sequence[Lease],
-        records: Sequence[tuple[JobPolicy, RunRecord] | None] | None = None,
-    ) -> list[Exception | None]:
-        """One pipelined round trip, in one transaction (all or none), in the order of job
-        names: each release locks its job's row until the commit."""
-        ends = records if records is not None else [None] * len(leases)
-        ordered = sorted(zip(leases, ends, strict=True), key=lambda e: (e[0].job, e[0].slot_ms))
+    async def _release_all(self, ends: list[tuple[Lease, Ending]]) -> None:
+        """One pipelined round trip, in the order of job names: each release locks its job's
+        row until the commit."""
+        ordered = sorted(ends, key=lambda e: (e[0].job, e[0].slot_ms))
         args = [self._release_args(lease, record) for lease, record in ordered]
 
         async def release(conn: Connection) -> None:
             await conn.executemany(self._sql.release_recorded, args)
 
-        try:
-            await self._call(f"release {len(args)} leases", release, self._renew_timeout)
-        except BackendError as exc:
-            return [exc for _ in leases]
-        return [None for _ in leases]
+        await self._call(f"release {len(args)} leases", release, self._renew_timeout)
 
     async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
         """One read when no lease is dead (most sweeps); else, in one transaction, the jobs'
@@ -231,13 +186,8 @@ class PostgresLeases(PostgresHistory):
 
         row = await self._call(f"read the leases of {job}", read)
         assert row is not None  # the SELECT always returns its one row
-        fence = row["last_slot_ms"]
-        return LeaseState(
-            None if fence in (None, NO_SLOT) else fence,
-            row["manual_slot_ms"],
-            frozenset(row["leased"]),
-            row["now_ms"],
-        )
+        slots = frozenset(row["leased"])
+        return LeaseState(fence(row["last_slot_ms"]), row["manual_slot_ms"], slots, row["now_ms"])
 
 
 def _dead_run(row: Row) -> DeadRun:
@@ -256,8 +206,7 @@ def _dead_run(row: Row) -> DeadRun:
 
 def _job_state(row: Row) -> JobState | None:
     """The job's columns of ``_ACQUIRE``'s answer (``None``: no row)."""
-    fence = row["last_slot_ms"]
-    if fence is None:
+    if row["last_slot_ms"] is None:
         return None
-    fence = None if fence == NO_SLOT else fence
-    return JobState(fence, row["manual_slot_ms"], bool(row["live"]), bool(row["taken"]))
+    live, taken = bool(row["live"]), bool(row["taken"])
+    return JobState(fence(row["last_slot_ms"]), row["manual_slot_ms"], live, taken)

@@ -287,11 +287,8 @@ ORDER BY leased DESC, job, slot_ms"""
 # job (no retries, no starvation). Each trim is one index range of this job: by (job, n) for the
 # size, by (job, started_at) for the age (none when $12 is NULL). The DELETEs see the rows from
 # before the INSERT; a row another writer committed meanwhile is trimmed by the next record.
-_RECORD = """WITH counted AS (
-    INSERT INTO {s}.history_counters AS c (job, n) VALUES ($1, 1)
-    ON CONFLICT (job) DO UPDATE SET n = c.n + 1
-    RETURNING c.n
-), inserted AS (
+# The end of ``_RECORD`` and of ``_RELEASE_RECORDED``, after their ``counted``.
+_APPEND = """inserted AS (
     INSERT INTO {s}.history (job, n, slot_ms, run_id, instance_id, reason, attempt, started_at,
         finished_at, outcome, error, traceback)
     SELECT $1, n, $2, $3, $4, $5, $6, $7, $8, $9, $10, $13 FROM counted
@@ -299,6 +296,12 @@ _RECORD = """WITH counted AS (
     DELETE FROM {s}.history WHERE job = $1 AND n <= (SELECT n FROM counted) - $11::bigint
 )
 DELETE FROM {s}.history WHERE job = $1 AND started_at < $12::timestamptz"""
+
+_RECORD = """WITH counted AS (
+    INSERT INTO {s}.history_counters AS c (job, n) VALUES ($1, 1)
+    ON CONFLICT (job) DO UPDATE SET n = c.n + 1
+    RETURNING c.n
+), {append}"""
 
 # A release (or hand-over) of lease $14:$15 with token $16 ($17: a hand-over), and, if it took
 # effect and $18, the run's record ($1-$13 as ``_RECORD``'s) in the same statement.
@@ -320,14 +323,7 @@ _RELEASE_RECORDED = """WITH ended AS (
     SELECT $1::text, 1 WHERE $18::boolean AND EXISTS (SELECT FROM done)
     ON CONFLICT (job) DO UPDATE SET n = c.n + 1
     RETURNING c.n
-), inserted AS (
-    INSERT INTO {s}.history (job, n, slot_ms, run_id, instance_id, reason, attempt, started_at,
-        finished_at, outcome, error, traceback)
-    SELECT $1, n, $2, $3, $4, $5, $6, $7, $8, $9, $10, $13 FROM counted
-), too_many AS (
-    DELETE FROM {s}.history WHERE job = $1 AND n <= (SELECT n FROM counted) - $11::bigint
-)
-DELETE FROM {s}.history WHERE job = $1 AND started_at < $12::timestamptz
+), {append}
     AND EXISTS (SELECT FROM counted)"""
 
 _HISTORY = """SELECT job, slot_ms, run_id, instance_id, reason, attempt, outcome, error,
@@ -351,6 +347,7 @@ class Statements:
         parts["live"] = _LIVE.format(**parts)
         parts["in_time"] = _IN_TIME.format(**parts)
         parts["free"] = _FREE.format(**parts)
+        parts["append"] = _APPEND.format(**parts)
 
         def fill(template: str, **more: str) -> str:
             return template.format(**parts, **more)

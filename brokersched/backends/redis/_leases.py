@@ -18,20 +18,21 @@ from ...abc import (
     LeaseState,
     RunReason,
     RunRecord,
-    Slot,
 )
 from .._keywords import own_options
 from .._lease import (
     DEFAULT_MAX_CLOCK_SKEW,
     ClockName,
+    Ending,
+    Granted,
     JobRow,
     LeaseBackendBase,
     LeaseRow,
-    Store,
     TakenOver,
     TakeOver,
     decide,
     new_token,
+    outcome,
 )
 from . import _ops
 from ._connection import RedisConnection
@@ -56,6 +57,7 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
     """
 
     clock_name = ClockName("the Redis server's clock (TIME)", "the Redis server")
+    _log = logger
 
     def __init__(
         self,
@@ -118,18 +120,10 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
 
     # -- leases ------------------------------------------------------------------------------
 
-    async def acquire(
-        self,
-        slot: Slot,
-        *,
-        policy: JobPolicy,
-        instance_id: str,
-        run_id: str,
-        reason: RunReason,
-        timeout: float,
-    ) -> Lease | Literal["overlap", "not-acquired"]:
+    async def _acquire(self, claim: Claim, instance_id: str, timeout: float) -> Granted:
+        slot = claim.slot
         self._refuse_if_shedding(f"the lease of {slot.key} is not taken")
-        token, claim = new_token(), Claim(slot, run_id, policy, reason)
+        token = new_token()
         args = self._acquire_args(claim, token, instance_id)
         answer = await self._redis.script(
             "ACQUIRE", "claim " + slot.key, self._keys(slot.job, guard=True), args, timeout
@@ -143,9 +137,7 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
             self._redis.now_ms(),
         ]  # fmt: skip
 
-    def _granted(
-        self, claim: Claim, token: str, answer: list[bytes]
-    ) -> Lease | Literal["overlap", "not-acquired"]:
+    def _granted(self, claim: Claim, token: str, answer: list[bytes]) -> Granted:
         slot = claim.slot
         if (refused := self._redis.refusal(answer, f"the lease of {slot.key}")) is not None:
             raise refused
@@ -182,11 +174,8 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
             if isinstance(answer, Exception):
                 key = claim.slot.key
                 outcomes.append(BackendError(f"{self.name} could not claim {key}: {answer}"))
-                continue
-            try:
-                outcomes.append(self._granted(claim, token, answer))
-            except BackendError as exc:  # ClockSkewError, the eviction guard's refusal
-                outcomes.append(exc)
+            else:  # a ClockSkewError, the eviction guard's refusal: that claim's outcome
+                outcomes.append(outcome(self._granted, claim, token, answer))
         return outcomes
 
     async def renew(self, lease: Lease) -> bool:
@@ -201,13 +190,7 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         )
         return bool(renewed)
 
-    async def release(
-        self,
-        lease: Lease,
-        *,
-        handover: bool = False,
-        record: tuple[JobPolicy, RunRecord] | None = None,
-    ) -> None:
+    async def _end_lease(self, lease: Lease, handover: bool, record: Ending) -> None:
         """With ``record``, in one script, unless the record is another job's (a backfill's
         fence lease): then the record first (a cluster keeps the two jobs on other nodes)."""
         keys = [runs_key(self.prefix, lease.job)]
@@ -227,58 +210,34 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         )
 
     async def lease_state(self, job: str) -> LeaseState:
-        scan = await self._redis.script(
-            "SCAN_RUNS", f"read the leases of {job}", self._keys(job), []
-        )
-        now_ms, fence, manual, *pairs = scan
-        leased = frozenset(int(s) for s in pairs[::2])
-        return LeaseState(_int_or_none(fence), _int_or_none(manual), leased, int(now_ms))
+        row, now_ms, _ = await self._scan(job, f"read the leases of {job}")
+        return row.state(now_ms)
 
-    async def take_over(self, policies: Sequence[JobPolicy], *, instance_id: str) -> list[Lease]:
-        """Per job: one script reads its dead runs (on the server's clock), the shared lease
-        rules decide, one script commits the decisions if nothing changed meanwhile."""
-        leases: list[Lease] = []
-        by_job = {policy.name: policy for policy in policies}
-        for policy in by_job.values():
-            try:
-                leases += await self._take_over_job(policy, instance_id)
-            except BackendError:
-                if not leases:
-                    raise
-                # Leases already granted must reach their runner; the rest waits for the
-                # next sweep.
-                logger.warning(
-                    "%s could not take over the slots of %s", self.name, policy.name, exc_info=True
-                )
-        return leases
+    async def _scan(self, job: str, what: str) -> tuple[JobRow, int, list[str | int]]:
+        """The job's row (``SCAN_RUNS``: its fences and runs), the server's clock, and the
+        fences as stored (``COMMIT_TAKE_OVER`` writes nothing if they changed since)."""
+        scan = await self._redis.script("SCAN_RUNS", what, self._keys(job), [])
+        now_ms, fence, manual, *runs = scan
+        leases = {int(slot): _lease_row(json.loads(run)) for slot, run in _pairs(runs)}
+        row = JobRow(_int_or_none(fence), _int_or_none(manual), leases)
+        return row, int(now_ms), [fence.decode(), manual.decode()]
 
     async def _take_over_job(self, policy: JobPolicy, instance_id: str) -> list[Lease]:
         """One script reads the job's runs (and the server's clock), the lease protocol
         decides (``_lease.decide``), one script commits what changed if nothing else did."""
         keys = self._keys(policy.name, history=True, guard=True)
-        scan = await self._redis.script(
-            "SCAN_RUNS", f"look for dead runs of {policy.name}", keys[:2], []
-        )
-        now_ms, fence, manual, *pairs = scan
-        row = JobRow(
-            _int_or_none(fence),
-            _int_or_none(manual),
-            {
-                int(slot): _lease_row(json.loads(run))
-                for slot, run in zip(pairs[::2], pairs[1::2], strict=True)
-            },
-        )
-        dead = {slot: lease for slot, lease in row.leases.items() if not lease.live(int(now_ms))}
+        row, now_ms, fences = await self._scan(policy.name, f"look for dead runs of {policy.name}")
+        dead = {slot: lease for slot, lease in row.leases.items() if not lease.live(now_ms)}
         if not dead:
             return []
         started = self._redis.now_ms()
-        store = Store(int(now_ms), self._ttl_ms, self._skew_ms)
-        after, taken = decide(policy.name, row, TakeOver(policy, instance_id, started), store)
+        request = TakeOver(policy, instance_id, started)
+        after, taken = decide(policy.name, row, request, self._store(now_ms))
         assert isinstance(taken, TakenOver)
         restarts = {lease.slot_ms: lease for lease in taken.leases}
         records = {record.slot_ms: record for record in taken.records}
         args: list[str | int] = [
-            fence.decode(), manual.decode(), self._ttl_ms, policy.history_size,
+            *fences, self._ttl_ms, policy.history_size,
             *history_ttl_args(self._redis, policy), "1" if policy.overlap == "skip" else "0",
         ]  # fmt: skip
         for slot_ms, lease in dead.items():

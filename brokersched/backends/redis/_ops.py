@@ -12,7 +12,14 @@ from typing import Any
 
 from ..._clock import host_time_ms
 from ...abc import BrokerBudget, Finding, FleetKind, Inventory, Slot, StoredObject
-from .._ops import LIVE_WINDOW_MS, ago, recent_claims, server_finding, slot_memory_finding
+from .._ops import (
+    LIVE_WINDOW_MS,
+    NamespaceInventory,
+    ago,
+    recent_claims,
+    server_finding,
+    slot_memory_finding,
+)
 from ._keys import fleet_key
 from ._link import RedisLink
 
@@ -230,7 +237,7 @@ async def run_doctor(
     return await redis.operate("check the server", call)
 
 
-class Operations:
+class Operations(NamespaceInventory):
     """``inventory()``, ``purge()``, ``doctor()`` and ``budget`` of both Redis backends, over their
     ``RedisLink``; a backend with a fleet slot memory names it in ``_slot_memory()``."""
 
@@ -248,13 +255,7 @@ class Operations:
         watch = self._redis.budget
         return None if watch is None else watch.reading
 
-    async def inventory(
-        self,
-        *,
-        namespace: str | None = None,
-        jobs: Sequence[str] = (),
-        slots: Sequence[Slot] = (),
-    ) -> Inventory:
+    async def _inventory(self, namespace: str | None) -> Inventory:
         """Every key of the prefix (``SCAN``, every primary of a cluster). Live: a claim of a
         slot of the last minute, a lease live in the last minute, a run recorded in the last
         minute, a connection named ``brokersched:<prefix>``."""

@@ -10,7 +10,6 @@ import contextlib
 import os
 import sqlite3
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -25,6 +24,7 @@ from ...abc import Finding, Inventory, Slot
 from .._errors import ErrorMap, ErrorRow
 from .._keywords import checked_keywords
 from .._lease import DEFAULT_MAX_CLOCK_SKEW, ClockName
+from .._ops import NamespaceInventory
 from .._sql import SCHEMA_VERSION
 from . import _ops
 from ._fleet import SQLiteFleet
@@ -40,7 +40,7 @@ __all__ = ["SQLiteBackend"]
 _WAL_SWITCH_S = 10.0  # the longest a start retries the switch of a new file to WAL
 
 
-class SQLiteBackend(SQLiteLeases, SQLiteFleet):
+class SQLiteBackend(NamespaceInventory, SQLiteLeases, SQLiteFleet):
     """Leases in a SQLite file shared by the processes of one host (not over NFS).
 
     ``path``: the database file (created if missing). ``lease_ttl``: how long a lease lives
@@ -198,13 +198,7 @@ class SQLiteBackend(SQLiteLeases, SQLiteFleet):
 
     # -- operations (brokersched purge, doctor) ---------------------------------------------
 
-    async def inventory(
-        self,
-        *,
-        namespace: str | None = None,
-        jobs: Sequence[str] = (),
-        slots: Sequence[Slot] = (),
-    ) -> Inventory:
+    async def _inventory(self, namespace: str | None) -> Inventory:
         """The tables of this ``table_prefix`` (or ``namespace``) in the file; never creates
         the file. Live: a lease granted in the last minute, or a run going on."""
         prefix = self._namespace(namespace)
@@ -239,12 +233,9 @@ class SQLiteBackend(SQLiteLeases, SQLiteFleet):
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def _translate(self, action: str) -> AbstractContextManager[None]:
-        """Where sqlite3's and aiosqlite's errors become brokersched's (``backends/_errors.py``:
-        an exception not theirs is raised unchanged)."""
-        return self._errors(action)
-
     def _error_rows(self) -> list[ErrorRow]:
+        """What sqlite3's and aiosqlite's errors mean (``_translate``)."""
+
         def timed_out(action: str, exc: BaseException) -> BackendError:
             return BackendUnavailableError(
                 f"SQLiteBackend could not {action} in {self._path}: {str(exc) or 'timed out'}"

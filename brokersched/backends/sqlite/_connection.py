@@ -9,7 +9,6 @@ import contextlib
 import sqlite3
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, TypeVar
 
 from ..._exceptions import BackendUnavailableError
@@ -36,15 +35,8 @@ class SQLiteCalls(SQLLeaseBackend):
     _lock: asyncio.Lock
     _rollbacks: set[asyncio.Task[None]]
 
-    @property
-    @abstractmethod
-    def _op_timeout(self) -> float: ...
-
     @abstractmethod
     def _store_now_ms(self) -> int: ...
-
-    @abstractmethod
-    def _translate(self, action: str) -> AbstractContextManager[None]: ...
 
     async def _run(
         self,

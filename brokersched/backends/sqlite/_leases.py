@@ -8,34 +8,24 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from ..._clock import datetime_to_ms
-from ..._exceptions import BackendError, BackendUnavailableError
-from ...abc import (
-    Claim,
-    JobPolicy,
-    Lease,
-    LeaseOutcome,
-    LeaseState,
-    RunReason,
-    RunRecord,
-    Slot,
-)
+from ..._exceptions import BackendError
+from ...abc import Claim, JobPolicy, Lease, LeaseOutcome, LeaseState
 from .._lease import (
-    BATCH_CHUNK,
+    Ending,
+    Granted,
     JobRow,
     JobState,
     LeaseRow,
-    Store,
     TakenOver,
     TakeOver,
     decide,
-    in_chunks,
     new_token,
     refusal,
 )
-from .._sql import NO_SLOT, datetime_to_us
+from .._sql import NO_SLOT, datetime_to_us, fence
 from ._history import SQLiteHistory
 
 if TYPE_CHECKING:
@@ -48,40 +38,21 @@ class SQLiteLeases(SQLiteHistory):
     """The lease protocol in SQLite, each write decision under the write lock; a release or a
     take-over writes its records through ``SQLiteHistory``."""
 
-    async def acquire(
-        self,
-        slot: Slot,
-        *,
-        policy: JobPolicy,
-        instance_id: str,
-        run_id: str,
-        reason: RunReason,
-        timeout: float,
-    ) -> Lease | Literal["overlap", "not-acquired"]:
-        claim = Claim(slot, run_id, policy, reason)
+    async def _acquire(self, claim: Claim, instance_id: str, timeout: float) -> Granted:
         params = self._claim_params(claim, instance_id)
 
-        async def decide(conn: aiosqlite.Connection) -> Lease | Literal["overlap", "not-acquired"]:
+        async def decide(conn: aiosqlite.Connection) -> Granted:
             now_ms = self._store_now_ms()  # under the write lock: after any wait for it
-            self._check_slot_time(slot, now_ms, self._clock)
+            self._check_slot_time(claim.slot, now_ms, self._clock)
             return await self._decide(conn, claim, params | {"now": now_ms})
 
-        return await self._run("claim " + slot.key, decide, timeout=timeout, transaction=True)
+        key = claim.slot.key
+        return await self._run("claim " + key, decide, timeout=timeout, transaction=True)
 
-    async def acquire_many(
-        self, claims: Sequence[Claim], *, instance_id: str, timeout: float
+    async def _acquire_batch(
+        self, claims: Sequence[Claim], instance_id: str, timeout: float
     ) -> list[LeaseOutcome]:
-        """The claims one after the other in one transaction (one write lock, one commit),
-        each decided as ``acquire()`` decides it; a batch SQLite refused as a whole (nothing of
-        it was written) claims each slot on its own."""
-        if len(claims) < 2:
-            return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
-        if len(claims) > BATCH_CHUNK:  # each process gets its share of the instant's slots
-
-            async def chunk(part: list[Claim]) -> list[LeaseOutcome]:
-                return await self.acquire_many(part, instance_id=instance_id, timeout=timeout)
-
-            return await in_chunks(claims, chunk)
+        """The claims one after the other in one transaction (one write lock, one commit)."""
         batch = [(claim, self._claim_params(claim, instance_id)) for claim in claims]
 
         async def decide_all(conn: aiosqlite.Connection) -> list[LeaseOutcome]:
@@ -97,14 +68,10 @@ class SQLiteLeases(SQLiteHistory):
             return outcomes
 
         action = f"claim {len(claims)} slots"
-        try:
-            return await self._run(action, decide_all, timeout=timeout, transaction=True)
-        except BackendError as exc:
-            if isinstance(exc, BackendUnavailableError) or not isinstance(
-                exc.__cause__, sqlite3.Error
-            ):
-                raise
-        return await super().acquire_many(claims, instance_id=instance_id, timeout=timeout)
+        return await self._run(action, decide_all, timeout=timeout, transaction=True)
+
+    def _refused(self, exc: BackendError, claims: Sequence[Claim]) -> bool:
+        return isinstance(exc.__cause__, sqlite3.Error)
 
     def _claim_params(self, claim: Claim, instance_id: str) -> dict[str, Any]:
         return {
@@ -122,7 +89,7 @@ class SQLiteLeases(SQLiteHistory):
 
     async def _decide(
         self, conn: aiosqlite.Connection, claim: Claim, params: dict[str, Any]
-    ) -> Lease | Literal["overlap", "not-acquired"]:
+    ) -> Granted:
         """Grant or refuse one claim, inside the caller's transaction."""
         grant = {"catch-up": self._sql.grant_catch_up, "manual": self._sql.grant_manual}.get(
             claim.reason, self._sql.grant
@@ -151,13 +118,7 @@ class SQLiteLeases(SQLiteHistory):
         # waiting that long for another process's write lock would outlive the lease.
         return await self._run("renew " + lease.slot.key, renew, timeout=self._renew_timeout)
 
-    async def release(
-        self,
-        lease: Lease,
-        *,
-        handover: bool = False,
-        record: tuple[JobPolicy, RunRecord] | None = None,
-    ) -> None:
+    async def _end_lease(self, lease: Lease, handover: bool, record: Ending) -> None:
         end = self._sql.hand_over if handover else self._sql.delete_lease
 
         async def release(conn: aiosqlite.Connection) -> None:
@@ -169,35 +130,20 @@ class SQLiteLeases(SQLiteHistory):
             "release " + lease.slot.key, release, timeout=self._renew_timeout, transaction=True
         )
 
-    async def release_many(
-        self,
-        leases: Sequence[Lease],
-        records: Sequence[tuple[JobPolicy, RunRecord] | None] | None = None,
-    ) -> list[Exception | None]:
-        """One transaction: all or none."""
-        ends = records if records is not None else [None] * len(leases)
-
+    async def _release_all(self, ends: list[tuple[Lease, Ending]]) -> None:
         async def release(conn: aiosqlite.Connection) -> None:
-            for lease, record in zip(leases, ends, strict=True):
+            for lease, record in ends:
                 await self._end(conn, lease, self._sql.delete_lease, record)
 
-        try:
-            await self._run(
-                f"release {len(leases)} leases",
-                release,
-                timeout=self._renew_timeout,
-                transaction=True,
-            )
-        except BackendError as exc:
-            return [exc for _ in leases]
-        return [None for _ in leases]
+        action = f"release {len(ends)} leases"
+        await self._run(action, release, timeout=self._renew_timeout, transaction=True)
 
     async def _end(
         self,
         conn: aiosqlite.Connection,
         lease: Lease,
         end: str,
-        record: tuple[JobPolicy, RunRecord] | None,
+        record: Ending,
     ) -> None:
         """End ``lease`` (``end``: delete or hand over), inside the caller's transaction, and
         write ``record`` if that took effect (the lease was still this token's)."""
@@ -222,7 +168,7 @@ class SQLiteLeases(SQLiteHistory):
         async def take(conn: aiosqlite.Connection) -> list[Lease]:
             leases: list[Lease] = []
             for job in await find(conn):
-                leases += await self._take_over_job(conn, by_job[job], instance_id)
+                leases += await self._take_over_row(conn, by_job[job], instance_id)
             return leases
 
         # Every instance sweeps often and almost always finds nothing: look before taking the
@@ -231,20 +177,21 @@ class SQLiteLeases(SQLiteHistory):
             return []
         return await self._run("take over slots", take, transaction=True)
 
-    async def _take_over_job(
+    async def _take_over_row(
         self, conn: aiosqlite.Connection, policy: JobPolicy, instance_id: str
     ) -> list[Lease]:
+        """``take_over()`` of one job's row, inside the caller's transaction."""
         key = {"job": policy.name}
         now_ms = self._store_now_ms()
-        fence, manual_fence = next(iter(await conn.execute_fetchall(self._sql.job_row, key)))
+        stored, manual_fence = next(iter(await conn.execute_fetchall(self._sql.job_row, key)))
         leases = {
             row[0]: _lease_row(row)
             for row in await conn.execute_fetchall(self._sql.job_leases, key)
         }
-        row = JobRow(None if fence == NO_SLOT else fence, manual_fence, leases)
+        row = JobRow(fence(stored), manual_fence, leases)
         started = self._now()
         request = TakeOver(policy, instance_id, datetime_to_ms(started))
-        after, taken = decide(policy.name, row, request, Store(now_ms, self._ttl_ms, self._skew_ms))
+        after, taken = decide(policy.name, row, request, self._store(now_ms))
         assert isinstance(taken, TakenOver)
         for record in taken.records:
             await self._append(conn, policy, record)
@@ -275,13 +222,9 @@ class SQLiteLeases(SQLiteHistory):
         async def read(conn: aiosqlite.Connection) -> LeaseState:
             fences = list(await conn.execute_fetchall(self._sql.job_row, key))
             leases = await conn.execute_fetchall(self._sql.job_leases, key)
-            fence, manual_fence = fences[0] if fences else (NO_SLOT, None)
-            return LeaseState(
-                None if fence == NO_SLOT else fence,
-                manual_fence,
-                frozenset(r[0] for r in leases),
-                self._store_now_ms(),
-            )
+            stored, manual_fence = fences[0] if fences else (None, None)
+            slots = frozenset(r[0] for r in leases)
+            return LeaseState(fence(stored), manual_fence, slots, self._store_now_ms())
 
         return await self._run(f"read the leases of {job}", read)
 
@@ -295,8 +238,8 @@ def _lease_row(row: Sequence[Any]) -> LeaseRow:
 
 def _job_state(row: Sequence[Any]) -> JobState:
     """A row of ``_JOB_STATE``."""
-    fence, manual_fence, live, taken = row
-    return JobState(None if fence == NO_SLOT else fence, manual_fence, bool(live), bool(taken))
+    stored, manual_fence, live, taken = row
+    return JobState(fence(stored), manual_fence, bool(live), bool(taken))
 
 
 def _lease_params(lease: Lease) -> dict[str, Any]:
