@@ -94,46 +94,28 @@ def pause_job(
     _change(app, job_name, "pause", overrides, note, actor, as_json, until=until)
 
 
-@cli.command("resume", epilog=EPILOG)
-@_common
-def resume_job(
-    app: str,
-    job_name: str,
-    note: str | None,
-    actor: str | None,
-    as_json: bool,
-    overrides: tuple[str, ...],
-) -> None:
-    """Resume JOB for the whole fleet (its next slot runs)."""
-    _change(app, job_name, "resume", overrides, note, actor, as_json)
+def _plain(action: ControlAction, summary: str) -> click.Command:
+    """The command of a change that takes nothing but who and why."""
+
+    def command(
+        app: str,
+        job_name: str,
+        note: str | None,
+        actor: str | None,
+        as_json: bool,
+        overrides: tuple[str, ...],
+    ) -> None:
+        _change(app, job_name, action, overrides, note, actor, as_json)
+
+    command.__doc__ = summary
+    return cli.command(action, epilog=EPILOG)(_common(command))
 
 
-@cli.command("disable", epilog=EPILOG)
-@_common
-def disable_job(
-    app: str,
-    job_name: str,
-    note: str | None,
-    actor: str | None,
-    as_json: bool,
-    overrides: tuple[str, ...],
-) -> None:
-    """Disable JOB for the whole fleet: as a pause, and manual runs are refused too."""
-    _change(app, job_name, "disable", overrides, note, actor, as_json)
-
-
-@cli.command("enable", epilog=EPILOG)
-@_common
-def enable_job(
-    app: str,
-    job_name: str,
-    note: str | None,
-    actor: str | None,
-    as_json: bool,
-    overrides: tuple[str, ...],
-) -> None:
-    """Enable JOB again for the whole fleet."""
-    _change(app, job_name, "enable", overrides, note, actor, as_json)
+resume_job = _plain("resume", "Resume JOB for the whole fleet (its next slot runs).")
+disable_job = _plain(
+    "disable", "Disable JOB for the whole fleet: as a pause, and manual runs are refused too."
+)
+enable_job = _plain("enable", "Enable JOB again for the whole fleet.")
 
 
 @cli.command("skip", epilog=EPILOG)

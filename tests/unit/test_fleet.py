@@ -5,7 +5,6 @@ run on another instance, trigger with data."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import pytest
@@ -17,35 +16,21 @@ from brokersched.testing import TestClock
 from tests.support.clocks import START
 
 
-@pytest.fixture
-async def fleet(clock: TestClock) -> AsyncIterator[list[Scheduler[MemoryBackend]]]:
-    store = MemoryStore()
-    schedulers = [
-        Scheduler(
-            MemoryBackend(store=store), clock=clock, jitter=0, instance_id=name, heartbeat="5s"
-        )
-        for name in ("A", "B")
-    ]
-    yield schedulers
-    for sched in schedulers:
-        await sched.stop()
-
-
-def _every_minute(fleet: list[Scheduler[MemoryBackend]], runs: list[str]) -> None:
+def _every_minute(schedulers: list[Scheduler[MemoryBackend]], runs: list[str]) -> None:
     async def tick(ctx: JobContext) -> None:
         runs.append(f"{ctx.instance_id}@{ctx.scheduled_at:%H:%M}")
 
-    for sched in fleet:
+    for sched in schedulers:
         sched.every("tick", "1m", tick, catch_up=0)
 
 
 async def test_a_pause_on_one_instance_stops_the_job_on_every_instance(
-    fleet: list[Scheduler[MemoryBackend]], clock: TestClock
+    memory_fleet: list[Scheduler[MemoryBackend]], clock: TestClock
 ) -> None:
     runs: list[str] = []
-    _every_minute(fleet, runs)
-    a, b = fleet
-    for sched in fleet:
+    _every_minute(memory_fleet, runs)
+    a, b = memory_fleet
+    for sched in memory_fleet:
         await sched.start()
     await clock.advance("1m")  # 08:01 runs once
     assert len(runs) == 1
@@ -66,34 +51,34 @@ async def test_a_pause_on_one_instance_stops_the_job_on_every_instance(
 
 
 async def test_a_pause_written_by_another_process_is_honoured_at_the_next_slot(
-    fleet: list[Scheduler[MemoryBackend]], clock: TestClock
+    memory_fleet: list[Scheduler[MemoryBackend]], clock: TestClock
 ) -> None:
     """Written straight to the backend a moment before the slot (no heartbeat in between):
     the read before the claim sees it."""
     runs: list[str] = []
-    _every_minute(fleet, runs)
-    for sched in fleet:
+    _every_minute(memory_fleet, runs)
+    for sched in memory_fleet:
         await sched.start()
     await clock.advance("29s")  # 08:00:59: the last heartbeat was at 08:00:55
     pause = ControlChange("tick", "pause", "ops", clock.now())
-    await fleet[0].backend.change_control(pause)
+    await memory_fleet[0].backend.change_control(pause)
     await clock.advance("1s")  # 08:01 falls due
     assert runs == []
-    assert all(s.get("tick").paused for s in fleet)  # type: ignore[union-attr]
+    assert all(s.get("tick").paused for s in memory_fleet)  # type: ignore[union-attr]
 
 
 async def test_disable_refuses_manual_runs_too_and_enable_restores_them(
-    fleet: list[Scheduler[MemoryBackend]], clock: TestClock
+    memory_fleet: list[Scheduler[MemoryBackend]], clock: TestClock
 ) -> None:
     runs: list[str] = []
-    _every_minute(fleet, runs)
-    for sched in fleet:
+    _every_minute(memory_fleet, runs)
+    for sched in memory_fleet:
         await sched.start()
-    job = fleet[0].get("tick")
+    job = memory_fleet[0].get("tick")
     assert job is not None
     await job.disable()
     await clock.advance("2m")
-    other = fleet[1].get("tick")
+    other = memory_fleet[1].get("tick")
     assert other is not None and other.disabled and not other.enabled
     assert await other.trigger() is None and runs == []
     await other.enable()
@@ -116,10 +101,10 @@ async def test_a_change_made_before_start_is_written_at_start(clock: TestClock) 
 
 
 async def test_instances_publish_presence_and_a_silent_one_turns_late_then_dead(
-    fleet: list[Scheduler[MemoryBackend]], clock: TestClock
+    memory_fleet: list[Scheduler[MemoryBackend]], clock: TestClock
 ) -> None:
-    a, _ = fleet
-    for sched in fleet:
+    a, _ = memory_fleet
+    for sched in memory_fleet:
         await sched.start()
     # A third instance, killed with -9 while it ran a leased run: it published once.
     ghost = Instance(
@@ -144,16 +129,16 @@ async def test_instances_publish_presence_and_a_silent_one_turns_late_then_dead(
     assert instances["A"].liveness(clock.now()) == "alive"
     running = await a.runs_in_progress()
     assert [(i.id, r.run_id, r.leased) for i, r in running] == [("C", "r1", True)]
-    await fleet[1].stop()
+    await memory_fleet[1].stop()
     assert {i.id: i.liveness(clock.now()) for i in await a.instances()}["B"] == "stopped"
     await clock.advance("11m")  # forgotten after FORGET
     assert {i.id for i in await a.instances()} == {"A"}
 
 
 async def test_an_abort_reaches_the_run_on_another_instance_within_a_heartbeat(
-    fleet: list[Scheduler[MemoryBackend]], clock: TestClock
+    memory_fleet: list[Scheduler[MemoryBackend]], clock: TestClock
 ) -> None:
-    a, b = fleet
+    a, b = memory_fleet
     started = asyncio.Event()
     seen: list[object] = []
 

@@ -4,7 +4,6 @@ the control record keeps, and what bad input is told."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 
 import pytest
@@ -16,25 +15,11 @@ from brokersched.testing import TestClock
 from tests.support.clocks import START
 
 
-@pytest.fixture
-async def fleet(clock: TestClock) -> AsyncIterator[list[Scheduler[MemoryBackend]]]:
-    store = MemoryStore()
-    schedulers = [
-        Scheduler(
-            MemoryBackend(store=store), clock=clock, jitter=0, instance_id=name, heartbeat="5s"
-        )
-        for name in ("A", "B")
-    ]
-    yield schedulers
-    for sched in schedulers:
-        await sched.stop()
-
-
-def _every_minute(fleet: list[Scheduler[MemoryBackend]], runs: list[str]) -> None:
+def _every_minute(schedulers: list[Scheduler[MemoryBackend]], runs: list[str]) -> None:
     async def tick(ctx: JobContext) -> None:
         runs.append(f"{ctx.scheduled_at:%H:%M}")
 
-    for sched in fleet:
+    for sched in schedulers:
         sched.every("tick", "1m", tick, catch_up=0)
 
 
@@ -47,12 +32,12 @@ def _at(minutes: int) -> datetime:
 
 
 async def test_a_pause_until_an_instant_ends_there_on_every_instance_without_a_write(
-    fleet: list[Scheduler[MemoryBackend]], clock: TestClock
+    memory_fleet: list[Scheduler[MemoryBackend]], clock: TestClock
 ) -> None:
     runs: list[str] = []
-    _every_minute(fleet, runs)
-    a, b = fleet
-    for sched in fleet:
+    _every_minute(memory_fleet, runs)
+    a, b = memory_fleet
+    for sched in memory_fleet:
         await sched.start()
     job = a.get("tick")
     assert job is not None
@@ -98,24 +83,24 @@ async def test_a_pause_until_is_honoured_by_an_instance_that_starts_during_it(
 
 
 async def test_skip_n_skips_the_next_n_slots_on_every_instance_and_says_why(
-    fleet: list[Scheduler[MemoryBackend]], clock: TestClock
+    memory_fleet: list[Scheduler[MemoryBackend]], clock: TestClock
 ) -> None:
     runs: list[str] = []
-    _every_minute(fleet, runs)
+    _every_minute(memory_fleet, runs)
     skips: list[tuple[str, str, str | None]] = []
-    for sched in fleet:
+    for sched in memory_fleet:
         sched.on(
             "skip",
             lambda e, name=sched.instance_id: skips.append((name, e.reason, e.detail)),
         )
         await sched.start()
-    job = fleet[1].get("tick")
+    job = memory_fleet[1].get("tick")
     assert job is not None
     control = await job.skip(2, note="upstream down", by="bob")
     assert control is not None and control.skip is not None and control.skip.count == 2
     assert control.skip.through_ms == int(_at(2).timestamp() * 1000)
     await clock.advance("10s")
-    other = fleet[0].get("tick")
+    other = memory_fleet[0].get("tick")
     assert other is not None and other.next_run == _at(3) and not other.paused
     await clock.advance_to(_at(4))
     assert runs == ["08:03", "08:04"]
@@ -125,13 +110,13 @@ async def test_skip_n_skips_the_next_n_slots_on_every_instance_and_says_why(
 
 
 async def test_a_later_skip_replaces_a_pending_one_and_skip_zero_cancels_it(
-    fleet: list[Scheduler[MemoryBackend]], clock: TestClock
+    memory_fleet: list[Scheduler[MemoryBackend]], clock: TestClock
 ) -> None:
     runs: list[str] = []
-    _every_minute(fleet, runs)
-    for sched in fleet:
+    _every_minute(memory_fleet, runs)
+    for sched in memory_fleet:
         await sched.start()
-    job = fleet[0].get("tick")
+    job = memory_fleet[0].get("tick")
     assert job is not None
     await job.skip(3)
     await job.skip(3)  # sent twice: still the next three, not six
@@ -147,13 +132,13 @@ async def test_a_later_skip_replaces_a_pending_one_and_skip_zero_cancels_it(
 
 
 async def test_a_pause_without_until_after_a_pause_until_lasts_until_resumed(
-    fleet: list[Scheduler[MemoryBackend]], clock: TestClock
+    memory_fleet: list[Scheduler[MemoryBackend]], clock: TestClock
 ) -> None:
     runs: list[str] = []
-    _every_minute(fleet, runs)
-    for sched in fleet:
+    _every_minute(memory_fleet, runs)
+    for sched in memory_fleet:
         await sched.start()
-    job = fleet[0].get("tick")
+    job = memory_fleet[0].get("tick")
     assert job is not None
     await job.pause(until=_at(2))
     control = await job.pause()
@@ -177,11 +162,11 @@ async def test_a_pause_without_until_after_a_pause_until_lasts_until_resumed(
     ],
 )
 async def test_a_bad_pause_or_skip_is_refused_naming_it_and_changes_nothing(
-    fleet: list[Scheduler[MemoryBackend]], clock: TestClock, call: object, message: str
+    memory_fleet: list[Scheduler[MemoryBackend]], clock: TestClock, call: object, message: str
 ) -> None:
-    _every_minute(fleet, [])
-    await fleet[0].start()
-    job = fleet[0].get("tick")
+    _every_minute(memory_fleet, [])
+    await memory_fleet[0].start()
+    job = memory_fleet[0].get("tick")
     assert job is not None
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         call(job)  # type: ignore[operator]
@@ -203,10 +188,10 @@ async def test_skip_of_a_job_with_no_slot_left_is_refused(clock: TestClock) -> N
 
 
 async def test_the_admin_way_takes_note_until_and_count_and_checks_them(
-    fleet: list[Scheduler[MemoryBackend]], clock: TestClock
+    memory_fleet: list[Scheduler[MemoryBackend]], clock: TestClock
 ) -> None:
-    _every_minute(fleet, [])
-    a = fleet[0]
+    _every_minute(memory_fleet, [])
+    a = memory_fleet[0]
     await a.start()
     control = await a.change_control("tick", "pause", by="ops", note="why", until=_at(9))
     assert control.paused_until == _at(9) and control.changes[-1].note == "why"
