@@ -71,7 +71,10 @@ class FleetControls:
         if job.halted and not was:
             timers.disarm(job)
         elif was and not job.halted:
-            timers.rearm(job)
+            # A pause that ended at its instant lets the slot at that instant run, however late
+            # this wakes (a wall clock's timer fires a little after its time).
+            ended = control.paused_until if control.paused else None
+            timers.rearm(job, since_ms=datetime_to_ms(ended) if ended is not None else None)
         runner = self._life.runner
         if job.runs and runner is not None:
             aborts = control.aborts(self._host.clock.now())

@@ -131,14 +131,17 @@ class Timers:
         if self._timer_ms is None or slot + jitter < self._timer_ms:
             self._set_timer(slot + jitter)
 
-    def rearm(self, job: JobState) -> None:
+    def rearm(self, job: JobState, *, since_ms: int | None = None) -> None:
         """Arm ``job`` again after ``update()`` or ``resume()``, keeping a slot whose jitter
-        window is still open (the fleet may be claiming it right now) unless it fired here."""
+        window is still open (the fleet may be claiming it right now) unless it fired here;
+        with ``since_ms`` (a pause's end), its slots from that instant on too."""
         arming = job.arming
         if arming.armed_ms is not None:
             after = arming.armed_ms - 1  # the slot it waited for has not fired yet
         else:
             after = self._clock.now_ms() - job.settings.jitter_ms - 1
+            if since_ms is not None:
+                after = min(after, since_ms - 1)
             if arming.fired_ms is not None:
                 after = max(after, arming.fired_ms)
             if self._opened_ms is not None:  # never a slot from before this start

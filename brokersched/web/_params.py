@@ -129,15 +129,22 @@ class ChangeBody(BaseModel):
 class PauseBody(ChangeBody):
     """The optional JSON body of ``POST /jobs/{name}/pause``."""
 
-    until: AwareDatetime | None = Field(default=None, strict=False)  # an ISO 8601 text
+    until: AwareDatetime | None = None
     """The pause ends by itself at this instant (ISO 8601 with an offset): its slots before it
     are skipped, the first at or after it runs."""
+
+
+def _a_number(value: object) -> object:
+    """JSON's ``2.0`` is an integer (as JSON Schema has it); ``true`` and ``"2"`` are not."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("a whole number of slots")
+    return value
 
 
 class SkipBody(ChangeBody):
     """The optional JSON body of ``POST /jobs/{name}/skip``."""
 
-    count: Annotated[int, Field(ge=0, le=SKIP_MAX)] = 1
+    count: Annotated[int, BeforeValidator(_a_number), Field(ge=0, le=SKIP_MAX, strict=False)] = 1
     """How many of the next slots to skip (0 cancels a pending skip)."""
 
 

@@ -61,6 +61,24 @@ async def test_a_pause_until_an_instant_ends_there_on_every_instance_without_a_w
     )
 
 
+async def test_the_slot_at_a_pauses_end_runs_though_the_process_wakes_late(
+    memory_fleet: list[Scheduler[MemoryBackend]], clock: TestClock
+) -> None:
+    """A wall clock's timer fires after its time: the pause's end is seen late, and its slot,
+    then just past, still runs (within max_late), once."""
+    runs: list[str] = []
+    _every_minute(memory_fleet, runs)
+    for sched in memory_fleet:
+        await sched.start()
+    job = memory_fleet[0].get("tick")
+    assert job is not None
+    await job.pause(until=_at(3))
+    await clock.advance_to(_at(3) - timedelta(milliseconds=100))
+    await clock.stall("600ms")  # the process frozen across the pause's end
+    await clock.advance("1s")
+    assert runs == ["08:03"]
+
+
 async def test_a_pause_until_is_honoured_by_an_instance_that_starts_during_it(
     clock: TestClock,
 ) -> None:
