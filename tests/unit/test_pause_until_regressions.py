@@ -1,0 +1,57 @@
+"""Regressions found by breaking ``pause(until=)`` (branch breakpause).
+
+BUG: a pause until an instant that is exactly one of the job's slots loses that slot on every
+instance as soon as the pause's end fires a millisecond late (a real event loop always does:
+on a real clock, memory backend or a real fleet with jitter=0, the slot at ``until`` never
+ran, 3 of 3 times; tmp/pause_on_slot.py). ``FleetControls._end_pause_at`` re-applies the
+control at ``until``; ``Timers.rearm`` then arms from ``now - jitter - 1``, so with
+``now > until`` (and jitter=0, or a late wake-up longer than the jitter) the next slot armed is
+the one after ``until``. The promise ("slots at/after until run, the first at or after it runs")
+and ``Job.next_run`` (which says ``until``) are both broken."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from brokersched import JobContext, Scheduler
+from brokersched.backends.memory import MemoryBackend, MemoryStore
+from brokersched.testing import TestClock
+from tests.support.clocks import START
+
+_BASE = datetime.fromisoformat(START).replace(second=0)
+
+
+def _at(minutes: int) -> datetime:
+    return _BASE + timedelta(minutes=minutes)
+
+
+async def test_the_slot_at_until_runs_when_the_pause_end_fires_a_millisecond_late(
+    clock: TestClock,
+) -> None:
+    store, runs = MemoryStore(), []
+
+    async def tick(ctx: JobContext) -> None:
+        runs.append(f"{ctx.instance_id}@{ctx.scheduled_at:%H:%M}")
+
+    fleet = [
+        Scheduler(MemoryBackend(store=store), clock=clock, jitter=0, instance_id=name)
+        for name in ("A", "B")
+    ]
+    for sched in fleet:
+        sched.every("tick", "1m", tick, catch_up=0)
+        await sched.start()
+    try:
+        job = fleet[0].get("tick")
+        assert job is not None
+        await job.pause(until=_at(4))
+        await clock.advance_to(_at(4) - timedelta(milliseconds=1))
+        other = fleet[1].get("tick")
+        assert other is not None and other.next_run == _at(4)  # both say 08:04 runs
+        # The event loop wakes 2 ms after its timer was due (as a real loop does, by a little).
+        await clock.stall("2ms")
+        await clock.advance_to(_at(6))
+        slots = sorted(run.split("@")[1] for run in runs)
+        assert slots == ["08:04", "08:05", "08:06"], runs  # got ['08:05', '08:06']
+    finally:
+        for sched in fleet:
+            await sched.stop()
