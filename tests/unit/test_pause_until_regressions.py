@@ -11,7 +11,7 @@ and ``Job.next_run`` (which says ``until``) are both broken."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from brokersched import JobContext, Scheduler
 from brokersched.backends.memory import MemoryBackend, MemoryStore
@@ -55,3 +55,28 @@ async def test_the_slot_at_until_runs_when_the_pause_end_fires_a_millisecond_lat
     finally:
         for sched in fleet:
             await sched.stop()
+
+
+async def test_a_pause_until_the_end_of_year_9999_is_refused_or_breaks_no_reader(
+    scheduler: Scheduler[MemoryBackend], clock: TestClock
+) -> None:
+    """BUG: ``pause(until=)`` (and ``brokersched pause --until 9999-12-31T23:59:59.9Z``, which
+    answers "paused ... until 9999-12-31 23:59:59.900Z") accepts an instant whose next slot is
+    past what a datetime holds; then ``Job.next_run`` raises ``ValueError: year 10000 is out of
+    range``, and so do ``brokersched jobs APP`` (a traceback, for every operator, until someone
+    resumes the job) and the admin API's job list (``runs_ahead`` -> ``ms_to_datetime``)."""
+
+    async def tick(ctx: JobContext) -> None:
+        pass
+
+    scheduler.every("tick", "1s", tick)
+    await scheduler.start()
+    job = scheduler.get("tick")
+    assert job is not None
+    far = datetime(9999, 12, 31, 23, 59, 59, 900000, tzinfo=UTC)
+    try:
+        await job.pause(until=far)
+    except ValueError:
+        return  # refused with a message: as promised for bad input
+    assert job.paused
+    assert job.next_run is None or job.next_run >= far  # raises ValueError: year 10000
