@@ -17,12 +17,14 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, cast, get_args
 
 from ._clock import datetime_to_ms
+from ._redact import redact_text
 
 __all__ = [
     "CONTROL_ACTIONS",
     "FORGET",
     "NOTE_MAX",
     "SKIP_MAX",
+    "UNTIL_MAX",
     "Asked",
     "ControlAction",
     "ControlChange",
@@ -58,6 +60,8 @@ ABORT_KEPT = timedelta(minutes=10)
 NOTE_MAX = 500
 #: The most slots one ``skip(n)`` skips.
 SKIP_MAX = 1000
+#: How far ahead a pause's ``until`` may be (a pause until resumed has none).
+UNTIL_MAX = timedelta(days=36525)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,11 @@ def asked(
                 f"until {until.isoformat()} is not in the future (now {now.isoformat()}):"
                 " a pause that ends before it begins pauses nothing"
             )
+        if until - now > UNTIL_MAX:
+            raise ValueError(
+                f"until {until.isoformat()} is more than 100 years ahead: pause without"
+                " until for a pause that lasts until resumed"
+            )
     if action == "skip":
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= SKIP_MAX:
             raise ValueError(
@@ -99,7 +108,8 @@ def asked(
             )
     elif count is not None:
         raise ValueError(f"a count of slots is for skip only, not {action}")
-    return Asked(note or None, until, count)
+    # Shown to whoever reads the fleet's controls: a URL's password in it is masked, as in logs.
+    return Asked(redact_text(note) if note else None, until, count)
 
 
 def _time(value: datetime) -> str:

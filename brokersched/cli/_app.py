@@ -301,7 +301,22 @@ def parse_instant(option: str, text: str, zone: tzinfo) -> datetime:
         value = datetime.fromisoformat(text)
     except ValueError:
         raise CLIError(f"{option} {text!r} is not an ISO 8601 time (2027-01-15T08:00)") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=zone)
+    if value.tzinfo is not None:
+        return value
+    local = value.replace(tzinfo=zone)
+    # A wall time the clocks skip (spring forward) does not come back from UTC as itself; one
+    # they repeat (fall back) has two offsets: neither is guessed.
+    if local.astimezone(UTC).astimezone(zone).replace(tzinfo=None) != value:
+        raise CLIError(
+            f"{option} {text} does not exist in {zone} (the clocks go forward over it): give"
+            " an offset (2027-03-28T03:30+02:00)"
+        )
+    if local.utcoffset() != local.replace(fold=1).utcoffset():
+        raise CLIError(
+            f"{option} {text} happens twice in {zone} (the clocks go back over it): give an"
+            " offset to say which"
+        )
+    return local
 
 
 def fail(message: str) -> NoReturn:

@@ -114,6 +114,15 @@ async def test_pause_for_a_while_and_skip_two_slots_reach_a_live_fleet(
         (("pause", "--for", "1h", "--until", "2099-01-01T00:00Z"), "--until or --for, not both"),
         (("skip", "-n", "-1"), "from 0 (cancel a skip) to 1000, got -1"),
         (("pause", "--note", "x" * 501), "at most 500 characters"),
+        (("pause", "--until", "9999-12-31T23:59:59Z"), "more than 100 years ahead"),
+        (
+            ("pause", "--until", "2027-03-28T02:30", "-z", "Europe/Paris"),
+            "--until 2027-03-28T02:30 does not exist in Europe/Paris",
+        ),
+        (
+            ("pause", "--until", "2027-10-31T02:30", "-z", "Europe/Paris"),
+            "--until 2027-10-31T02:30 happens twice in Europe/Paris",
+        ),
     ],
 )
 def test_a_bad_change_is_one_line_naming_it(

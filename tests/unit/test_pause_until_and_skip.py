@@ -4,7 +4,7 @@ the control record keeps, and what bad input is told."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -174,6 +174,10 @@ async def test_a_pause_without_until_after_a_pause_until_lasts_until_resumed(
         (lambda job: job.pause(until=datetime(2030, 1, 1)), "until must be an aware datetime"),
         (lambda job: job.pause(until=_at(-60)), "is not in the future"),
         (lambda job: job.pause(note="x" * 501), "at most 500 characters"),
+        (
+            lambda job: job.pause(until=datetime(9999, 12, 31, 23, 59, 59, 900000, tzinfo=UTC)),
+            "more than 100 years ahead",
+        ),
         (lambda job: job.skip(-1), "from 0 (cancel a skip) to 1000, got -1"),
         (lambda job: job.skip(True), "got True"),
         (lambda job: job.skip(1001), "got 1001"),
@@ -232,3 +236,17 @@ def test_the_record_reads_back_and_an_older_record_reads_as_before() -> None:
     read = JobControl.from_json(older)
     assert read.paused and read.paused_until is None and read.skip is None
     assert read.stops(0) == "paused"
+
+
+async def test_a_password_in_a_note_is_masked_before_it_is_kept(
+    memory_fleet: list[Scheduler[MemoryBackend]], clock: TestClock
+) -> None:
+    """A note is shown to whoever reads the fleet's controls (the admin API, ``jobs``): a
+    URL's password in it is masked as in the logs, and never reaches the backend."""
+    _every_minute(memory_fleet, [])
+    await memory_fleet[0].start()
+    job = memory_fleet[0].get("tick")
+    assert job is not None
+    await job.pause(note="failover to amqp://app:s3cret-pw@new-host:5672/")
+    kept = (await memory_fleet[0].backend.controls())["tick"].changes[-1].note
+    assert kept == "failover to amqp://app:***@new-host:5672/"
