@@ -66,14 +66,14 @@ class FleetControls:
         job.control = control
         now = self._host.clock.now()
         job.paused, job.disabled = control.paused_at(now), control.disabled
-        self._end_pause_at(job, control.paused_until if job.paused else None)
+        self._end_pause_at(job, control.until if job.paused else None)
         timers = self._life.timers
         if job.halted and not was:
             timers.disarm(job)
         elif was and not job.halted:
             # A pause that ended at its instant lets the slot at that instant run, however late
             # this wakes (a wall clock's timer fires a little after its time).
-            ended = control.paused_until if control.paused else None
+            ended = control.until if control.paused else None
             timers.rearm(job, since_ms=datetime_to_ms(ended) if ended is not None else None)
         runner = self._life.runner
         if job.runs and runner is not None:

@@ -287,8 +287,9 @@ class SkipWindow:
 @dataclass(frozen=True, slots=True)
 class JobControl:
     """A job's fleet-wide control, kept by the backend under the job's key: ``paused``
-    (``Job.pause()``; until ``paused_until`` when given, then it resumes by itself) and
-    ``disabled`` (``Job.disable()``) stop its slots on every instance; ``skip`` the next few
+    (``Job.pause()``; with ``until``, until that instant, when it resumes by itself) and
+    ``disabled`` (``Job.disable()``) stop its slots on every instance, ``note`` says why (the
+    note of the change that paused or disabled it); ``skip`` stops the next few
     (``Job.skip(n)``); ``changes`` (newest last, the latest ``AUDIT_KEPT``) says who changed
     what when and why, aborts included.
 
@@ -299,8 +300,9 @@ class JobControl:
     paused: bool = False
     disabled: bool = False
     changes: tuple[ControlChange, ...] = field(default=())
-    paused_until: datetime | None = None
+    until: datetime | None = None
     skip: SkipWindow | None = None
+    note: str | None = None
 
     @property
     def stopped(self) -> bool:
@@ -309,14 +311,14 @@ class JobControl:
 
     def paused_at(self, now: datetime) -> bool:
         """Paused at ``now``: a pause ``until`` an instant has ended from that instant."""
-        return self.paused and (self.paused_until is None or now < self.paused_until)
+        return self.paused and (self.until is None or now < self.until)
 
     def stops(self, slot_ms: int) -> str | None:
         """Why the slot at ``slot_ms`` does not run (``disabled``, ``paused``, ``skipped``),
         or ``None`` when nothing here stops it."""
         if self.disabled:
             return "disabled"
-        until = self.paused_until
+        until = self.until
         if self.paused and (until is None or slot_ms < datetime_to_ms(until)):
             return "paused"
         if self.skip is not None and self.skip.covers(slot_ms):
@@ -332,7 +334,8 @@ class JobControl:
         }
 
     def apply(self, change: ControlChange) -> JobControl:
-        paused, disabled, until, skip = self.paused, self.disabled, self.paused_until, self.skip
+        paused, disabled, until, skip = self.paused, self.disabled, self.until, self.skip
+        note = self.note
         if change.action in ("pause", "resume"):
             paused = change.action == "pause"
             until = change.until if paused else None
@@ -342,12 +345,17 @@ class JobControl:
             skip = None
             if change.count and change.through_ms is not None:
                 skip = SkipWindow(datetime_to_ms(change.at), change.through_ms, change.count)
+        if change.action in ("pause", "disable"):
+            note = change.note
+        elif change.action in ("resume", "enable") and not (paused or disabled):
+            note = None
         return replace(
             self,
             paused=paused,
             disabled=disabled,
-            paused_until=until,
+            until=until,
             skip=skip,
+            note=note,
             changes=(*self.changes, change)[-AUDIT_KEPT:],
         )
 
@@ -358,8 +366,10 @@ class JobControl:
             "disabled": self.disabled,
             "changes": [change.to_dict() for change in self.changes],
         }
-        if self.paused_until is not None:
-            data["paused_until"] = _time(self.paused_until)
+        if self.until is not None:
+            data["until"] = _time(self.until)
+        if self.note is not None:
+            data["note"] = self.note
         if self.skip is not None:
             skip = self.skip
             data["skip"] = {"after_ms": skip.after_ms, "through_ms": skip.through_ms}
@@ -371,14 +381,15 @@ class JobControl:
         data = json.loads(text)
         job = data["job"]
         changes = tuple(ControlChange.from_dict(job, c) for c in data.get("changes", ()))
-        until, skip = data.get("paused_until"), data.get("skip")
+        until, skip = data.get("until"), data.get("skip")
         return cls(
             job,
             bool(data["paused"]),
             bool(data["disabled"]),
             changes,
-            paused_until=datetime.fromisoformat(until) if until else None,
+            until=datetime.fromisoformat(until) if until else None,
             skip=SkipWindow(skip["after_ms"], skip["through_ms"], skip["count"]) if skip else None,
+            note=data.get("note"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -395,8 +406,8 @@ def runs_ahead(
     if control is not None:
         if control.disabled:
             return []
-        if control.paused and control.paused_until is not None:
-            after = max(after, datetime_to_ms(control.paused_until) - 1)
+        if control.paused and control.until is not None:
+            after = max(after, datetime_to_ms(control.until) - 1)
         elif control.paused:
             return []
     slots: list[int] = []

@@ -120,14 +120,7 @@ enable_job = _plain("enable", "Enable JOB again for the whole fleet.")
 
 @cli.command("skip", epilog=EPILOG)
 @_common
-@click.option(
-    "--count",
-    "-n",
-    default=1,
-    show_default=True,
-    type=int,
-    help="How many of the next slots (0 cancels a pending skip).",
-)
+@click.argument("count", metavar="[N]", type=int, default=1, required=False)
 def skip_job(
     app: str,
     job_name: str,
@@ -137,8 +130,9 @@ def skip_job(
     overrides: tuple[str, ...],
     count: int,
 ) -> None:
-    """Skip JOB's next slots on the whole fleet (each skipped wherever it falls due, the
-    slots after them run); a later skip replaces a pending one."""
+    """Skip JOB's next N slots (1 by default; 0 cancels a pending skip) on the whole fleet:
+    each is skipped wherever it falls due, the slots after them run; a later skip replaces a
+    pending one."""
     _change(app, job_name, "skip", overrides, note, actor, as_json, count=count)
 
 

@@ -114,8 +114,8 @@ class _FleetControls:
         state, control = self.state(scheduler, job), self.by_key.get(job.key)
         if control is None:
             return state
-        if state == "paused" and control.paused_until is not None:
-            return f"paused until {utc_time(control.paused_until)}"
+        if state == "paused" and control.until is not None:
+            return f"paused until {utc_time(control.until)}"
         skip = control.skip
         if state in _RUNNING and skip is not None and skip.through_ms > scheduler.clock.now_ms():
             return f"{state}, skips {skip.count} slot{'s' if skip.count > 1 else ''}"

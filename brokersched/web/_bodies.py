@@ -126,7 +126,9 @@ class LatestControl(TypedDict):
     paused: bool
     """Paused now (a pause ``until`` an instant that has passed is over)."""
     disabled: bool
-    paused_until: Time | None
+    until: Time | None
+    note: str | None
+    """Why it is paused or disabled (the note of the change that did it)."""
     skip: Skip | None
     latest: ControlChange | None
     halted_by: ControlChange | None
@@ -140,7 +142,9 @@ class Control(TypedDict):
 
     paused: bool
     disabled: bool
-    paused_until: Time | None
+    until: Time | None
+    note: str | None
+    """Why it is paused or disabled (the note of the change that did it)."""
     skip: Skip | None
     changes: list[ControlChange]
 

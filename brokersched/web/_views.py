@@ -54,7 +54,8 @@ def _control_state(control: JobControl, now: datetime) -> dict[str, Any]:
     return {
         "paused": control.paused_at(now),
         "disabled": control.disabled,
-        "paused_until": data.get("paused_until") if control.paused_at(now) else None,
+        "until": data.get("until") if control.paused_at(now) else None,
+        "note": control.note if control.paused_at(now) or control.disabled else None,
         "skip": data.get("skip"),
     }
 

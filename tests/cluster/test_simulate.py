@@ -556,7 +556,7 @@ def _ignores_skip(self: JobControl, slot_ms: int) -> str | None:
 
 
 def _pause_until_over_at_once(self: JobControl, slot_ms: int) -> str | None:
-    if self.paused and self.paused_until is not None and not self.disabled:
+    if self.paused and self.until is not None and not self.disabled:
         return None
     return _STOPS(self, slot_ms)
 

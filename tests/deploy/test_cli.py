@@ -607,7 +607,7 @@ def test_jobs_shows_until_when_a_pause_lasts_and_the_slots_a_skip_passes_over(
     table, row = listed()
     assert f"paused until {days[1]:%Y-%m-%d} 01:00" in table, table
     assert f"{days[2]:%Y-%m-%d}" in table and f"{days[1]:%Y-%m-%d} 00:00" not in table
-    assert row["state"] == "paused" and row["control"]["paused_until"].startswith(f"{days[1]:%F}")
+    assert row["state"] == "paused" and row["control"]["until"].startswith(f"{days[1]:%F}")
     asyncio.run(change("skip"))
     table, row = listed()
     assert "enabled, skips 2 slots" in table, table

@@ -72,7 +72,7 @@ async def test_pause_for_a_while_and_skip_two_slots_reach_a_live_fleet(
         # No slot from the write to the pause's end runs; the one at its end does.
         assert wait_for_run_after(written_ms) == until_ms
 
-        control = json.loads(await command(fleet_env, "skip", APP, "tick", "-n", "2", "--json"))
+        control = json.loads(await command(fleet_env, "skip", APP, "tick", "2", "--json"))
         written_ms = int(time.time() * 1000)
         skip = control["skip"]
         assert skip["count"] == 2 and skip["through_ms"] - skip["after_ms"] <= 2000
@@ -112,7 +112,7 @@ async def test_pause_for_a_while_and_skip_two_slots_reach_a_live_fleet(
         (("pause", "--until", "tomorrow"), "--until 'tomorrow' is not an ISO 8601 time"),
         (("pause", "--for", "soon"), "--for"),
         (("pause", "--for", "1h", "--until", "2099-01-01T00:00Z"), "--until or --for, not both"),
-        (("skip", "-n", "-1"), "from 0 (cancel a skip) to 1000, got -1"),
+        (("skip", "1001"), "from 0 (cancel a skip) to 1000, got 1001"),
         (("pause", "--note", "x" * 501), "at most 500 characters"),
         (("pause", "--until", "9999-12-31T23:59:59Z"), "more than 100 years ahead"),
         (

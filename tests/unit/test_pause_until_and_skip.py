@@ -42,7 +42,7 @@ async def test_a_pause_until_an_instant_ends_there_on_every_instance_without_a_w
     job = a.get("tick")
     assert job is not None
     control = await job.pause(until=_at(4), note="db maintenance", by="alice")
-    assert control is not None and control.paused and control.paused_until == _at(4)
+    assert control is not None and control.paused and control.until == _at(4)
     other = b.get("tick")
     await clock.advance("10s")
     assert other is not None and other.paused and other.next_run == _at(4)
@@ -51,7 +51,8 @@ async def test_a_pause_until_an_instant_ends_there_on_every_instance_without_a_w
     assert not job.paused and not other.paused
     controls = await a.backend.controls()
     stored = controls["tick"]
-    assert stored.paused and stored.paused_until == _at(4)  # ended by its instant, not a write
+    assert stored.paused and stored.until == _at(4)  # ended by its instant, not a write
+    assert stored.note == "db maintenance"  # why it was paused
     change = stored.changes[-1]
     assert (change.action, change.actor, change.note, change.until) == (
         "pause",
@@ -160,7 +161,7 @@ async def test_a_pause_without_until_after_a_pause_until_lasts_until_resumed(
     assert job is not None
     await job.pause(until=_at(2))
     control = await job.pause()
-    assert control is not None and control.paused_until is None
+    assert control is not None and control.until is None
     await clock.advance_to(_at(5) + timedelta(seconds=30))
     assert runs == [] and job.paused and job.next_run is None
     await job.resume(note="fixed")
@@ -216,7 +217,7 @@ async def test_the_admin_way_takes_note_until_and_count_and_checks_them(
     a = memory_fleet[0]
     await a.start()
     control = await a.change_control("tick", "pause", by="ops", note="why", until=_at(9))
-    assert control.paused_until == _at(9) and control.changes[-1].note == "why"
+    assert control.until == _at(9) and control.changes[-1].note == "why"
     control = await a.change_control("tick", "skip", by="ops", count=2)
     assert control.skip is not None and control.skip.count == 2
     with pytest.raises(ValueError, match="until= is for pause only, not resume"):
@@ -234,7 +235,7 @@ def test_the_record_reads_back_and_an_older_record_reads_as_before() -> None:
     older = '{"job":"tick","paused":true,"disabled":false,"changes":[{"action":"pause",'
     older += '"actor":"a","at":"2030-01-01T00:00:00+00:00"}]}'
     read = JobControl.from_json(older)
-    assert read.paused and read.paused_until is None and read.skip is None
+    assert read.paused and read.until is None and read.skip is None
     assert read.stops(0) == "paused"
 
 

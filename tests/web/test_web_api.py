@@ -359,7 +359,7 @@ async def test_a_pause_until_with_a_note_and_a_skip_go_through_the_api(
     )
     assert paused.status_code == 200
     control = paused.json()["control"]
-    assert control["paused"] and control["paused_until"] == "2026-03-02T12:03:00+00:00"
+    assert control["paused"] and control["until"] == "2026-03-02T12:03:00+00:00"
     assert control["changes"][0]["note"] == "db failover"
     await clock.advance("2m30s")
     job = scheduler.get("outbox.flush")

@@ -576,7 +576,7 @@ async def test_signing_in_with_the_token_and_pausing_a_job(fleet: str, browser: 
     async with httpx.AsyncClient(base_url=fleet) as http:
         job = (await http.get("jobs/cache.warm")).json()
         assert job["state"] == "paused" and job["control"]["skip"]["count"] == 2
-        until = datetime.fromisoformat(job["control"]["paused_until"])
+        until = datetime.fromisoformat(job["control"]["until"])
         assert timedelta(hours=3, minutes=58) < until - datetime.now(UTC) <= timedelta(hours=4)
 
 

@@ -450,7 +450,7 @@ async function act(name, action, runId = null, body = null) {
 function changed(name, action, answer) {
   const control = answer.control || {};
   let said = `${name}: ${answer.state}`;
-  if (action === "pause" && control.paused_until) said += ` until ${time(Date.parse(control.paused_until))}`;
+  if (action === "pause" && control.until) said += ` until ${time(Date.parse(control.until))}`;
   if (action === "skip" && control.skip) {
     said = `${name}: skips its next ${control.skip.count === 1 ? "slot" : `${control.skip.count} slots`}, through ${time(control.skip.through_ms)}`;
   }

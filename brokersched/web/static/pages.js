@@ -54,7 +54,7 @@ function controlNote(job) {
   const control = job.control;
   const latest = control && (control.halted_by || control.latest);
   if (!latest) return "";
-  const until = control.paused && control.paused_until ? ` until ${time(Date.parse(control.paused_until))}` : "";
+  const until = control.paused && control.until ? ` until ${time(Date.parse(control.until))}` : "";
   const note = latest.note ? ` ("${latest.note}")` : "";
   return `${until} by ${latest.actor} at ${time(Date.parse(latest.at))}${note}`;
 }
@@ -601,7 +601,7 @@ export class JobPage {
     const fleetWide = job.control !== null && job.control !== undefined;
     const paused = job.state === "paused"
       ? el("p", { className: "note" }, badge("paused", fleetWide
-        ? `Paused for the whole fleet${controlNote(job)}: no instance runs its slots${job.control.paused_until ? " before then" : ""}.`
+        ? `Paused for the whole fleet${controlNote(job)}: no instance runs its slots${job.control.until ? " before then" : ""}.`
         : `Paused on ${this.app.about.instance_id}: its slots are not armed here; other instances still run them.`, { state: true }))
       : null;
     const skips = skipNote(job, this.app);
