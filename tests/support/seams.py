@@ -115,7 +115,10 @@ class Fleet:
     def events(self, event: str | None = None, **match: Any) -> list[Event]:
         if not self.log.exists():
             return []
-        lines = [json.loads(line) for line in self.log.read_text().splitlines() if line]
+        text = self.log.read_text()
+        # The members append while this reads: a line not ended yet is read next time.
+        whole = text[: text.rfind("\n") + 1]
+        lines = [json.loads(line) for line in whole.splitlines() if line]
         return [
             e
             for e in lines
