@@ -21,7 +21,7 @@ from ._presence import without_ended_runs
 from .abc import Instance
 from .triggers.base import Trigger
 
-__all__ = ["FleetControls", "skip_through"]
+__all__ = ["FleetControls", "control_change", "skip_through"]
 
 logger = logging.getLogger("brokersched")
 
@@ -39,6 +39,37 @@ def skip_through(schedule: Trigger, count: int, now_ms: int) -> int | None:
             break
         last = after = slot
     return last
+
+
+def control_change(
+    name: str,
+    key: str,
+    schedule: Trigger,
+    action: ControlAction,
+    actor: str,
+    now: datetime,
+    extra: Asked,
+    run_id: str | None = None,
+) -> ControlChange:
+    """The change of job ``name`` (kept under ``key``) asked at ``now``, whoever writes it (an
+    instance, the CLI): a skip's last slot found from the job's ``schedule``; ``ValueError``
+    when it has none left."""
+    through = None
+    if action == "skip" and extra.count:
+        through = skip_through(schedule, extra.count, datetime_to_ms(now))
+        if through is None:
+            raise ValueError(f"job {name!r} has no slot left to skip")
+    return ControlChange(
+        key,
+        action,
+        actor,
+        now,
+        run_id,
+        note=extra.note,
+        until=extra.until,
+        count=extra.count,
+        through_ms=through,
+    )
 
 
 class FleetControls:
@@ -104,24 +135,11 @@ class FleetControls:
         extra: Asked,
         run_id: str | None = None,
     ) -> ControlChange:
-        """The change asked, made now: a skip's last slot found from the job's schedule."""
-        now = self._host.clock.now()
-        through = None
-        if action == "skip" and extra.count:
-            through = skip_through(job.schedule, extra.count, datetime_to_ms(now))
-            if through is None:
-                raise ValueError(f"job {job.name!r} has no slot left to skip")
-        return ControlChange(
-            job.settings.key,
-            action,
-            actor,
-            now,
-            run_id,
-            note=extra.note,
-            until=extra.until,
-            count=extra.count,
-            through_ms=through,
-        )
+        """The change asked of ``job``, made now (``control_change``)."""
+        return control_change(
+            job.name, job.settings.key, job.schedule, action, actor, self._host.clock.now(),
+            extra, run_id,
+        )  # fmt: skip
 
     def control(
         self, job: JobState, action: ControlAction, by: str | None, extra: Asked = NOTHING_ASKED

@@ -15,8 +15,8 @@ from typing import Any
 
 import click
 
-from .._clock import datetime_to_ms, ms_to_datetime
-from .._controls import skip_through
+from .._clock import ms_to_datetime
+from .._controls import control_change
 from .._durations import parse_duration
 from .._exceptions import ConfigurationError
 from .._fleetrecords import ControlAction, ControlChange, JobControl, asked
@@ -171,23 +171,11 @@ def _change(
     now = scheduler.clock.now()
     try:
         extra = asked(action, now=now, note=note, until=until, count=count)
-        through = None
-        if action == "skip" and count:
-            through = skip_through(job.schedule, count, datetime_to_ms(now))
-            if through is None:
-                raise ValueError(f"job {job.name!r} has no slot left to skip")
+        change = control_change(
+            job.name, job.key, job.schedule, action, actor or _actor(), now, extra
+        )
     except ValueError as exc:
         raise CLIError(f"cannot {action} job '{job.name}': {exc}") from None
-    change = ControlChange(
-        job.key,
-        action,
-        actor or _actor(),
-        now,
-        note=extra.note,
-        until=extra.until,
-        count=extra.count,
-        through_ms=through,
-    )
     control = run_async(_write(scheduler, change))
     if as_json:
         click.echo(json.dumps(control.to_dict(), separators=(",", ":")))

@@ -26,8 +26,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from .._clock import datetime_to_ms
-from .._controls import skip_through
-from .._fleetrecords import ControlAction, ControlChange
+from .._controls import control_change
+from .._fleetrecords import ControlAction, ControlChange, asked
 from ._sim_coverage import EFFECT_MS
 
 if TYPE_CHECKING:
@@ -50,14 +50,8 @@ def cli_change(
     """The change ``brokersched ACTION`` writes (see ``brokersched.cli._controls``): made on
     its own clock (the instance's here), the next slots of a skip found from the schedule."""
     now = instance.clock.now()
-    through = None
-    if action == "skip" and count:
-        through = skip_through(schedule, count, datetime_to_ms(now))
-        if through is None:
-            raise ValueError(f"job {key!r} has no slot left to skip")
-    return ControlChange(
-        key, action, "cli:ops", now, note="simulated", until=until, count=count, through_ms=through
-    )
+    extra = asked(action, now=now, note="simulated", until=until, count=count)
+    return control_change(key, key, schedule, action, "cli:ops", now, extra)
 
 
 def _written(instance: Instance, change: ControlChange) -> Any:
