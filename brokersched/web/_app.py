@@ -286,7 +286,7 @@ class _AdminAPI:
         return route
 
     async def control(self, request: Request, action: ControlAction) -> Reply:
-        """``POST /jobs/{name}/pause|resume|disable|enable``: for the whole fleet, through the
+        """``POST /jobs/{name}/pause|resume|disable|enable|skip``: for the whole fleet, through the
         backend (this instance only on a backend that keeps no fleet records)."""
         job = await self._authorised_job(request, action)
         if isinstance(job, Reply):
