@@ -283,6 +283,16 @@ class SkipWindow:
     def covers(self, slot_ms: int) -> bool:
         return self.after_ms < slot_ms <= self.through_ms
 
+    def left(self, next_ms: Callable[[int], int | None], now_ms: int) -> int:
+        """How many of its slots are still ahead of ``now_ms`` (``next_ms``: the schedule's
+        next slot after an instant)."""
+        left, after = 0, max(self.after_ms, now_ms)
+        while left < self.count and (slot := next_ms(after)) is not None:
+            if slot > self.through_ms:
+                break
+            left, after = left + 1, slot
+        return left
+
 
 @dataclass(frozen=True, slots=True)
 class JobControl:

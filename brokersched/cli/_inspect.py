@@ -117,8 +117,9 @@ class _FleetControls:
         if state == "paused" and control.until is not None:
             return f"paused until {utc_time(control.until)}"
         skip = control.skip
-        if state in _RUNNING and skip is not None and skip.through_ms > scheduler.clock.now_ms():
-            return f"{state}, skips {skip.count} slot{'s' if skip.count > 1 else ''}"
+        left = skip.left(job.schedule.next_ms, scheduler.clock.now_ms()) if skip else 0
+        if state in _RUNNING and left:
+            return f"{state}, skips {left} slot{'s' if left > 1 else ''}"
         return state
 
     def upcoming(self, scheduler: Scheduler[Any], job: Job, count: int) -> list[datetime]:

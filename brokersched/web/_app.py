@@ -329,7 +329,7 @@ class _AdminAPI:
         body: dict[str, Any] = {"job": job.name, "state": job_state(scheduler, job), "scope": scope}
         shown = control or job.control
         if shown is not None:
-            body["control"] = control_json(shown, scheduler.clock.now())
+            body["control"] = control_json(shown, job, scheduler.clock.now())
         return Reply(body)
 
     async def abort(self, request: Request) -> Reply:

@@ -116,6 +116,8 @@ class Skip(TypedDict):
     after_ms: Ms
     through_ms: Ms
     count: int
+    left: int
+    """How many of them are still ahead."""
 
 
 @_closed

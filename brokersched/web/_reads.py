@@ -333,7 +333,7 @@ class Reads:
                 "job": job.name,
                 "scope": "fleet" if backend.fleet else "instance",
                 "control": (
-                    control_json(control, self.scheduler.clock.now())
+                    control_json(control, job, self.scheduler.clock.now())
                     if control is not None
                     else None
                 ),

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from .._clock import ms_to_datetime
+from .._clock import datetime_to_ms, ms_to_datetime
 from .._durations import format_duration
 from .._fleetrecords import runs_ahead
 from .._json import iso
@@ -40,23 +40,24 @@ def backend_text(scheduler: Scheduler[Any]) -> str:
     return redact_text(repr(backend))
 
 
-def control_json(control: JobControl, now: datetime) -> dict[str, Any]:
-    """A job's fleet-wide control record at ``now``: paused, disabled, until when, the slots a
-    skip skips, and its changes, newest first."""
+def control_json(control: JobControl, job: Job, now: datetime) -> dict[str, Any]:
+    """``job``'s fleet-wide control record at ``now``: paused, disabled, until when, the slots
+    a skip skips (and how many are left), and its changes, newest first."""
     return {
-        **_control_state(control, now),
+        **_control_state(control, job, now),
         "changes": [c.to_dict() for c in reversed(control.changes)],
     }
 
 
-def _control_state(control: JobControl, now: datetime) -> dict[str, Any]:
-    data = control.to_dict()
+def _control_state(control: JobControl, job: Job, now: datetime) -> dict[str, Any]:
+    data, skip = control.to_dict(), control.skip
+    left = skip.left(job.schedule.next_ms, datetime_to_ms(now)) if skip else 0
     return {
         "paused": control.paused_at(now),
         "disabled": control.disabled,
         "until": data.get("until") if control.paused_at(now) else None,
         "note": control.note if control.paused_at(now) or control.disabled else None,
-        "skip": data.get("skip"),
+        "skip": {**data["skip"], "left": left} if skip else None,
     }
 
 
@@ -140,7 +141,7 @@ def _latest_control(job: Job, now: datetime) -> dict[str, Any] | None:
     if control is None:
         return None
     latest = control.changes[-1].to_dict() if control.changes else None
-    state = _control_state(control, now)
+    state = _control_state(control, job, now)
     halting = {"pause"} if state["paused"] else set()
     halting |= {"disable"} if control.disabled else set()
     halted_by = next((c for c in reversed(control.changes) if c.action in halting), None)

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from brokersched import JobContext, Scheduler
+from brokersched._fleetrecords import SkipWindow
 from brokersched.abc import ControlChange, JobControl
 from brokersched.backends.memory import MemoryBackend, MemoryStore
 from brokersched.testing import TestClock
@@ -222,6 +223,17 @@ async def test_the_admin_way_takes_note_until_and_count_and_checks_them(
     assert control.skip is not None and control.skip.count == 2
     with pytest.raises(ValueError, match="until= is for pause only, not resume"):
         await a.change_control("tick", "resume", by="ops", until=_at(9))
+
+
+def test_a_skip_says_how_many_of_its_slots_are_still_ahead() -> None:
+    window = SkipWindow(after_ms=0, through_ms=3000, count=3)
+
+    def every_second(after: int) -> int:
+        return after // 1000 * 1000 + 1000
+
+    assert [window.left(every_second, now) for now in (0, 999, 1000, 2500, 3000)] == [
+        3, 3, 2, 1, 0
+    ]  # fmt: skip
 
 
 def test_the_record_reads_back_and_an_older_record_reads_as_before() -> None:

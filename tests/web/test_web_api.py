@@ -369,8 +369,14 @@ async def test_a_pause_until_with_a_note_and_a_skip_go_through_the_api(
     assert (await api.get("/jobs/outbox.flush")).json()["control"]["paused"] is False
     skipped = await api.post("/jobs/outbox.flush/skip", headers=AUTH, json={"count": 2})
     assert skipped.status_code == 200
-    assert skipped.json()["control"]["skip"]["count"] == 2
-    await clock.advance("3m")  # 12:04, 12:05 skipped; 12:06 runs
+    assert (
+        skipped.json()["control"]["skip"]["count"],
+        skipped.json()["control"]["skip"]["left"],
+    ) == (2, 2)
+    await clock.advance("1m")  # 12:04 skipped
+    (listed,) = [j for j in (await api.get("/jobs")).json()["jobs"] if j["name"] == "outbox.flush"]
+    assert listed["control"]["skip"]["left"] == 1
+    await clock.advance("2m")  # 12:05 skipped; 12:06 runs
     assert [f"{r.started_at:%H:%M}" for r in await job.history()] == ["12:06", "12:03"]
 
 

@@ -62,8 +62,8 @@ function controlNote(job) {
 // The slots a pending skip passes over, said in a line; null when none is pending.
 function skipNote(job, app) {
   const skip = job.control && job.control.skip;
-  if (!skip || skip.through_ms <= app.now()) return null;
-  const slots = skip.count === 1 ? "its next slot" : `its next ${skip.count} slots`;
+  if (!skip || !skip.left) return null;
+  const slots = skip.left === 1 ? "its next slot" : `its next ${skip.left} slots`;
   return `Skips ${slots}, through ${time(skip.through_ms)}, on every instance.`;
 }
 
