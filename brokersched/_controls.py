@@ -88,7 +88,8 @@ class FleetControls:
         self._jobs = jobs
         self._unsent: list[tuple[JobState, ControlChange]] = []  # changes before start()
         self._local_control_said = False
-        self._pause_ends: dict[str, Timer] = {}  # job name -> when its pause ends by itself
+        # job name -> when its pause ends by itself, and the timer that ends it here
+        self._pause_ends: dict[str, tuple[int, Timer]] = {}
 
     def apply(self, job: JobState, control: JobControl) -> None:
         """The fleet's control record of ``job`` (read, or written here) takes effect here. A
@@ -114,18 +115,23 @@ class FleetControls:
                     runner.abort(run, "aborted")
 
     def _end_pause_at(self, job: JobState, until: datetime | None) -> None:
-        """Apply ``job``'s control again at ``until`` (its pause then ends), or never."""
-        timer = self._pause_ends.pop(job.name, None)
-        if timer is not None:
-            timer.cancel()
-        if until is not None:
+        """Apply ``job``'s control again at ``until`` (its pause then ends), or never. The
+        controls are read every heartbeat: a timer already set for that instant stays."""
+        at_ms = datetime_to_ms(until) if until is not None else None
+        kept = self._pause_ends.get(job.name)
+        if kept is not None and kept[0] == at_ms:
+            return
+        if kept is not None:
+            kept[1].cancel()
+            del self._pause_ends[job.name]
+        if at_ms is not None:
 
             def ended() -> None:
                 self._pause_ends.pop(job.name, None)
                 if job.control is not None and not job.removed:
                     self.apply(job, job.control)
 
-            self._pause_ends[job.name] = self._host.clock.call_at(datetime_to_ms(until), ended)
+            self._pause_ends[job.name] = (at_ms, self._host.clock.call_at(at_ms, ended))
 
     def change_of(
         self,

@@ -475,12 +475,6 @@ class Reads:
         if not self.scheduler.running:
             return Reply({"status": "stopped", "overdue": [], "now_ms": now_ms}, 503)
         await self.watch.probe()
-        if not await self.guard.may_read(request):  # a probe learns the status, nothing more
-            status = "degraded" if self.scheduler.overdue() else "ok"
-            if self.watch.status()["reachable"] is False:
-                status = "unreachable"
-            code = 503 if status == "unreachable" else 200
-            return Reply({"status": status, "overdue": [], "now_ms": now_ms}, code)
         overdue = [
             {"job": job.name, "schedule": job.describe(), "state": job_state(self.scheduler, job)}
             for job in self.scheduler.overdue()
@@ -491,14 +485,11 @@ class Reads:
             status = "unreachable"
         elif overdue:
             status = "degraded"
+        body: dict[str, Any] = {"status": status, "overdue": [], "now_ms": now_ms}
+        if await self.guard.may_read(request):  # else a probe learns the status, nothing more
+            body.update(instance_id=self.scheduler.instance_id, backend=backend, overdue=overdue)
         return Reply(
-            {
-                "status": status,
-                "instance_id": self.scheduler.instance_id,
-                "backend": backend,
-                "overdue": overdue,
-                "now_ms": now_ms,
-            },
+            body,
             503 if status == "unreachable" else 200,
         )
 

@@ -174,13 +174,13 @@ class Guard:
         (``can_read``), and which of ``actions`` (the changes) it may make; ``authorized``:
         any of them."""
         allowed = [action for action in actions if await self._allows(request, action)]
-        via = self._via(request) if allowed or await self._allows(request, READ) else None
+        reads = await self._allows(request, READ)
         return {
             "changes_enabled": self.configured,
             "token_accepted": self.token_set,
             "authorized": bool(allowed),
-            "via": via,
-            "can_read": await self.may_read(request),
+            "via": self._via(request) if allowed or reads else None,
+            "can_read": reads or not self.reads_protected,
             "reads_protected": self.reads_protected,
             "actions": allowed,
         }

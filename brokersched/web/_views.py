@@ -4,6 +4,7 @@ through ``redact``."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -50,14 +51,17 @@ def control_json(control: JobControl, job: Job, now: datetime) -> dict[str, Any]
 
 
 def _control_state(control: JobControl, job: Job, now: datetime) -> dict[str, Any]:
-    data, skip = control.to_dict(), control.skip
-    left = skip.left(job.schedule.next_ms, datetime_to_ms(now)) if skip else 0
+    paused, skip = control.paused_at(now), control.skip
+    shown_skip = None
+    if skip is not None:
+        left = skip.left(job.schedule.next_ms, datetime_to_ms(now))
+        shown_skip = {**asdict(skip), "left": left}
     return {
-        "paused": control.paused_at(now),
+        "paused": paused,
         "disabled": control.disabled,
-        "until": data.get("until") if control.paused_at(now) else None,
-        "note": control.note if control.paused_at(now) or control.disabled else None,
-        "skip": {**data["skip"], "left": left} if skip else None,
+        "until": control.until.isoformat() if paused and control.until is not None else None,
+        "note": control.note if paused or control.disabled else None,
+        "skip": shown_skip,
     }
 
 
