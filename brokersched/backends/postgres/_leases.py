@@ -142,20 +142,24 @@ class PostgresLeases(PostgresHistory):
         by_job = {policy.name: policy for policy in policies}
         if not by_job:
             return []
-        now = self._now()
 
         async def take_over(conn: Connection) -> list[Row]:
             dead = await conn.fetch(self._sql.dead_jobs, list(by_job))
             if not dead:
                 return []
             jobs = [by_job[row["job"]] for row in dead]
+            names = [job.name for job in jobs]
             windows = {job.name: retry_window_ms(job, self._lease_ttl) for job in jobs}
-            args = (
-                [job.name for job in jobs], [job.max_attempts for job in jobs], instance_id,
-                self._ttl_ms, now, list(windows.values()), [job.overlap == "skip" for job in jobs],
-            )  # fmt: skip
             async with conn.transaction():
-                await conn.fetch(self._sql.lock_jobs, args[0])
+                await conn.fetch(self._sql.lock_jobs, names)
+                # Read once the locks are held, next to the statement that measures how long
+                # each lease has been expired: a taker that waited for a lock or a connection
+                # would otherwise date the dead run's last renewal that much too early.
+                now = self._now()
+                args = (
+                    names, [job.max_attempts for job in jobs], instance_id, self._ttl_ms, now,
+                    list(windows.values()), [job.overlap == "skip" for job in jobs],
+                )  # fmt: skip
                 rows = await conn.fetch(self._sql.take_over, *args)
                 for row in rows:
                     if row["leased"]:
