@@ -238,6 +238,7 @@ class LifeCycle:
             self._recorder,
             self._around_run,
             self._ended,
+            record_results=host.options.record_results,
         )
         self.loop = asyncio.get_running_loop()
         fleet = self.fleet = self._make_fleet(runner)

@@ -86,6 +86,8 @@ class SchedulerOptions(BaseModel):
     drain_timeout: DurationOption = timedelta(seconds=10)
     instance_id: str | None = Field(default=None, min_length=1, max_length=200)
     record_buffer: int = Field(default=1000, ge=1)
+    #: Whether a run's record keeps what its handler returned (``RunRecord.result``).
+    record_results: StrictBool = True
     #: How often the instance publishes its presence and reads the fleet's controls.
     heartbeat: DurationOption = timedelta(seconds=5)
 

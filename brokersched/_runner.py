@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._batching import ClaimBatches, ClaimPrepares, Ending, ReleaseBatches
 from ._clock import Clock, resolve
-from ._context import AbortReason, JobContext, abort
+from ._context import AbortReason, JobContext, PreviousRun, abort
 from ._durations import format_duration, to_ms
 from ._events import ClaimEvent, Events, SkipReason
 from ._exceptions import BackendError, ClockSkewError
@@ -71,6 +71,10 @@ _ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
     "shutdown": "interrupted",
     "aborted": "interrupted",
 }
+# ctx.previous: how long this instance's unwritten records are waited for (as job.history()
+# waits), and how many of the newest records are read to find one that is not the run's own.
+_PREVIOUS_WAIT_S = 5.0
+_PREVIOUS_SCAN = 4
 # ``JobContext.data`` of a manual run given none: the job's own ``data``.
 JOB_DATA: Any = object()
 
@@ -88,6 +92,8 @@ class Runner:
         recorder: Recorder,
         around_run: AroundRun | None = None,
         ended: dict[str, int] | None = None,
+        *,
+        record_results: bool = True,
     ) -> None:
         self.clock = clock
         self.backend = backend
@@ -110,7 +116,8 @@ class Runner:
         )
         self._releases = ReleaseBatches(backend, clock, tasks)
         self._prepares = ClaimPrepares(backend, clock, tasks, lambda: self.stopping)
-        self.runlog = RunLog(clock, instance_id, events, recorder)  # skips, starts, ends
+        # skips, starts, ends
+        self.runlog = RunLog(clock, instance_id, events, recorder, record_results=record_results)
         # job key -> the latest slot ended here whose release did not land before its lease
         # expired (see ended_here); the scheduler's, kept from one start to the next
         self._ended = {} if ended is None else ended
@@ -314,6 +321,7 @@ class Runner:
             instance_id=self.instance_id,
             clock=self.clock,
         )
+        ctx.previous = self._previous(job, ctx.run_id)
         run = Run(ctx, task, lease, self.clock.now_ms(), self.clock.monotonic_ms(), job)
         job.runs[ctx.run_id] = run
         self.runs[run] = None
@@ -466,9 +474,30 @@ class Runner:
             instance_id=ctx.instance_id,
             clock=self.clock,
         )
+        run.ctx.previous = self._previous(job, run.ctx.run_id)
         job.runs[run.ctx.run_id] = run
         run.finishing = run.cut = False
-        run.exception = run.cancelled = None
+        run.exception = run.cancelled = run.returned = None
+
+    def _previous(self, job: JobState, run_id: str) -> PreviousRun:
+        """``ctx.previous`` of the run ``run_id``: nothing is read unless the handler asks.
+        The read is the scheduler's own work (a virtual clock waits for it in real time, as
+        for a claim), whichever thread asked."""
+        loop = asyncio.get_running_loop()
+
+        def read() -> asyncio.Task[RunRecord | None]:
+            return self.clock.spawn(
+                self._read_previous(job, run_id), name=f"previous:{job.name}:{run_id}"
+            )
+
+        return PreviousRun(read, loop)
+
+    async def _read_previous(self, job: JobState, run_id: str) -> RunRecord | None:
+        """The newest finished record of the job that is not the run ``run_id``'s, once this
+        instance's records waiting to be written are (as ``Job.history()`` reads)."""
+        await self.recorder.wait_written(_PREVIOUS_WAIT_S)
+        records = await self.backend.history(job.settings.policy, _PREVIOUS_SCAN)
+        return next((r for r in records if r.run_id != run_id and r.finished_at is not None), None)
 
     async def _run_handler(self, run: Run) -> tuple[Outcome, str | None]:
         timeout = run.job.settings.timeout
@@ -492,12 +521,12 @@ class Runner:
             if job.is_async:
                 with self.clock.blocking():  # a handler may wait on anything (TestClock settles)
                     if self.around_run is None:
-                        await job.handler(ctx)  # type: ignore[misc]
+                        run.returned = await job.handler(ctx)  # type: ignore[misc]
                     else:
                         with self.around_run(ctx):
-                            await job.handler(ctx)  # type: ignore[misc]
+                            run.returned = await job.handler(ctx)  # type: ignore[misc]
             else:
-                await asyncio.to_thread(call_sync, job.handler, ctx, self.around_run)
+                run.returned = await asyncio.to_thread(call_sync, job.handler, ctx, self.around_run)
         except asyncio.CancelledError as exc:
             if ctx.abort_reason is None:
                 raise  # not ours: the task itself is being cancelled
