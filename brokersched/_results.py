@@ -18,7 +18,7 @@ from typing import Any
 from ._redact import MASK, redact_text, scrub
 from ._tracebacks import printable
 
-__all__ = ["CUT_KEY", "RESULT_LIMIT", "cut_marker", "dumps_result", "run_result"]
+__all__ = ["CUT_KEY", "RESULT_LIMIT", "cut_marker", "dumps_result", "mask_result", "run_result"]
 
 logger = logging.getLogger("brokersched")
 
@@ -57,7 +57,7 @@ def run_result(
         text = dumps_result(value)
     except (TypeError, ValueError, RecursionError):
         return None, False
-    masked = _masked(json.loads(text), list(secrets))
+    masked = mask_result(json.loads(text), secrets)
     text = dumps_result(masked)
     if len(text) <= limit:
         return masked, True
@@ -70,6 +70,12 @@ def cut_marker(text: str, limit: int = RESULT_LIMIT) -> dict[str, Any]:
     "[1,2,..."}``)."""
     head = text[: min(_HEAD, limit // 4)]
     return {CUT_KEY: {"bytes": len(text), "limit": limit}, "head": head}
+
+
+def mask_result(value: Any, secrets: Iterable[str] = ()) -> Any:
+    """The JSON ``value`` with its secrets masked as ``run_result`` masks them: what is shown
+    of a record's result (the job's data may hold secrets a record's writer did not know)."""
+    return _masked(value, list(secrets))
 
 
 def _masked(value: Any, secrets: list[str]) -> Any:

@@ -711,10 +711,13 @@ def listed_app(tmp_path: Path) -> str:
     def run(job: str, minute: int, outcome: str = "completed") -> RunRecord:
         at = start + timedelta(minutes=minute)
         error = "RuntimeError: cannot reach postgresql://report:s3cret@db/reports"
+        # What a handler returned (written unredacted, as a third-party backend might).
+        result = {"orders": minute, "via": "postgresql://sync:s3cret@db/o", "ids": [*range(40)]}
         return RunRecord(
             job, int(at.timestamp() * 1000), f"run-{job[:6]}-{minute}", "host-1:42", "schedule",
             1 if outcome == "completed" else 2, at, at + timedelta(seconds=2), outcome,  # type: ignore[arg-type]
             error if outcome == "failed" else None,
+            result=result if job == "sync.orders" else None,
         )  # fmt: skip
 
     async def write() -> None:
@@ -748,12 +751,16 @@ def test_history_without_a_job_merges_every_jobs_latest_runs(tmp_path: Path) -> 
     assert all(list(r) == list(records[0]) for r in records)  # the same keys, always
     assert list(records[0]) == [
         "job", "slot_ms", "slot", "run_id", "instance_id", "reason", "attempt", "started_at",
-        "finished_at", "duration_ms", "late_ms", "outcome", "error", "traceback",
+        "finished_at", "duration_ms", "late_ms", "outcome", "error", "traceback", "result",
     ]  # fmt: skip
     failed = records[1]
     assert failed["started_at"] == "2027-01-15T08:07:00.000Z" and failed["duration_ms"] == 2000
     assert failed["error"] == "RuntimeError: cannot reach postgresql://report:***@db/reports"
     assert records[0]["error"] is None and records[0]["traceback"] is None
+    assert records[0]["result"] == {
+        "orders": 8, "via": "postgresql://sync:***@db/o", "ids": [*range(40)],
+    }  # fmt: skip
+    assert failed["result"] is None
     table = invoke("history", app, "-n", "3")
     assert "last 3 runs of 3 jobs" in table and "report" in table
     empty = invoke("history", app, "sync.invoices-for-the-accounting-department")
@@ -812,6 +819,9 @@ def test_history_shows_a_run_a_line_from_120_columns(
     failed = [row for row in rows if " failed " in row]
     assert len(failed) == (0 if job == "sync.orders" else 3), output
     assert all("RuntimeError" in row and "s3cret" not in row for row in failed)
+    returned = [row for row in rows if " completed " in row]
+    assert all('{"orders":' in row and "s3cret" not in row for row in returned), output
+    assert all(row.rstrip().endswith("…") for row in returned), output  # cut, not wrapped
 
 
 @pytest.mark.parametrize(

@@ -180,11 +180,13 @@ async def fetch_sql(fleet: Fleet, statement: str) -> list[tuple[Any, ...]]:
 
 
 # What the release before RunRecord.result writes and reads: its columns named, no result.
-_PREVIOUS_COLUMNS = "job, n, slot_ms, run_id, instance_id, reason, attempt, {times}, outcome, "
-_PREVIOUS_COLUMNS += "error, traceback"
-_PREVIOUS_TIMES = {"sqlite": ("started_us, finished_us", "0, 0"), "postgres": (
-    "started_at, finished_at", "now(), now()"
-)}  # fmt: skip
+_PREVIOUS_COLUMNS = (
+    "job, n, slot_ms, run_id, instance_id, reason, attempt, {times}, outcome, error, traceback"
+)
+_PREVIOUS_TIMES = {
+    "sqlite": ("started_us, finished_us", "0, 0"),
+    "postgres": ("started_at, finished_at", "now(), now()"),
+}
 
 
 async def test_the_result_column_is_added_to_the_previous_releases_tables(fleet: Fleet) -> None:
