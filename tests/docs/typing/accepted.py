@@ -53,6 +53,23 @@ Scheduler(NATSBackend("nats://127.0.0.1:4222")).every("g", "1m", flush, history_
 def decorated_sync(ctx: JobContext) -> None: ...
 
 
+# a handler may return a value (kept as RunRecord.result) and read the previous run's
+@rabbit.every("totals", "1m")
+async def totals(ctx: JobContext) -> dict[str, int]:
+    previous = await ctx.previous
+    sent: int = previous.result["sent"] if previous and previous.result else 0
+    return {"sent": sent + 1}
+
+
+@rabbit.every("sync-totals", "1m")
+def sync_totals(ctx: JobContext) -> int:
+    previous = ctx.previous.get(timeout=5)
+    return 1 if previous is None else previous.attempt
+
+
+Scheduler(record_results=False).every("quiet", "1m", sync_totals)
+
+
 # typed listeners: each event name takes a listener of its own event type (or of any Event)
 def on_skip(event: SkipEvent) -> None: ...
 
