@@ -4,7 +4,8 @@ redacted like a traceback and capped so that a record stays small on every backe
 A value that is not JSON (a set, a datetime, NaN, a cycle) is kept as ``None``: the run still
 completes, and the job's first such value is logged at warning. A value whose JSON is longer
 than the cap is kept as a marker object (``cut_marker``) saying how large it was, with the start
-of its JSON text as a string: still JSON, never a value cut in its middle.
+of its JSON text as a string (masked first; none for a value over 64 times the cap): still
+JSON, never a value cut in its middle.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ CUT_KEY = "$cut"
 # How much of a cut result's JSON text the marker keeps (escaped once more inside the marker,
 # so at most twice as long there: under the cap).
 _HEAD = RESULT_LIMIT // 4
+# A result whose JSON is over this many times the cap is cut without being masked first: its
+# marker keeps no start.
+_MASKED_MOST = 64
 # A key naming a password: its value is masked whole, as ``password=...`` is in text.
 _SECRET_KEY = re.compile(r"pass(?:word|wd)", re.IGNORECASE)
 
@@ -57,19 +61,23 @@ def run_result(
         text = dumps_result(value)
     except (TypeError, ValueError, RecursionError):
         return None, False
+    if len(text) > _MASKED_MOST * limit:
+        # Masking it all to keep its start would cost the event loop more than it is worth; a
+        # start cut from the unmasked text could end inside a secret.
+        return cut_marker(text, limit, head=False), True
     masked = mask_result(json.loads(text), secrets)
-    text = dumps_result(masked)
-    if len(text) <= limit:
+    masked_text = dumps_result(masked)
+    if len(masked_text) <= limit:
         return masked, True
-    return cut_marker(text, limit), True
+    return cut_marker(masked_text, limit), True
 
 
-def cut_marker(text: str, limit: int = RESULT_LIMIT) -> dict[str, Any]:
+def cut_marker(text: str, limit: int = RESULT_LIMIT, *, head: bool = True) -> dict[str, Any]:
     """What stands for a result whose JSON ``text`` is over ``limit`` bytes: its size, the
     limit, and the start of its text (``{"$cut": {"bytes": 9000, "limit": 4096}, "head":
-    "[1,2,..."}``)."""
-    head = text[: min(_HEAD, limit // 4)]
-    return {CUT_KEY: {"bytes": len(text), "limit": limit}, "head": head}
+    "[1,2,..."}``; ``head=False``: ``""``)."""
+    start = text[: min(_HEAD, limit // 4)] if head else ""
+    return {CUT_KEY: {"bytes": len(text), "limit": limit}, "head": start}
 
 
 def mask_result(value: Any, secrets: Iterable[str] = ()) -> Any:

@@ -96,6 +96,10 @@ def test_a_result_over_the_cap_is_an_honest_marker() -> None:
     assert result == {CUT_KEY: {"bytes": len(text), "limit": RESULT_LIMIT}, "head": result["head"]}
     assert text.startswith(result["head"]) and len(result["head"]) == RESULT_LIMIT // 4
     assert len(dumps_result(result)) <= RESULT_LIMIT  # JSON, and small, even when escaped
+    huge, _ = run_result(["postgresql://app:hunter2@db/x"] * 10_000)
+    assert huge[CUT_KEY]["bytes"] > 64 * RESULT_LIMIT and huge["head"] == ""  # not masked
+    cut, _ = run_result(["postgresql://app:hunter2@db/x"] * 200)
+    assert "hunter2" not in cut["head"] and cut["head"].startswith('["postgresql://app:***@')
     fits = ["x" * (RESULT_LIMIT - 4)]
     assert len(dumps_result(fits)) == RESULT_LIMIT and run_result(fits) == (fits, True)
 
