@@ -91,6 +91,9 @@ async def _nothing() -> RunRecord | None:
     return None
 
 
+_NO_PREVIOUS = PreviousRun.known(None)  # answers None; nothing to read, nothing to change
+
+
 class JobContext:
     """The run a handler is doing.
 
@@ -150,8 +153,8 @@ class JobContext:
             _logger, {"job": job, "run_id": run_id}
         )
         self._clock = clock or SystemClock()
-        #: The job's last finished run, read when asked (``PreviousRun``).
-        self.previous = previous or PreviousRun.known(None)
+        #: The job's last finished run, read when asked (``PreviousRun``); none without one.
+        self.previous = previous if previous is not None else _NO_PREVIOUS
 
     @property
     def scheduled_at(self) -> datetime:

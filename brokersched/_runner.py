@@ -311,17 +311,18 @@ class Runner:
             return None
         task = asyncio.current_task()
         assert task is not None
+        run_id = lease.run_id if lease else run_id or new_run_id()
         ctx = JobContext(
             job=job.name,
-            run_id=lease.run_id if lease else run_id or new_run_id(),
+            run_id=run_id,
             slot_ms=slot_ms,
             reason=reason or (lease.reason if lease else "schedule"),
             attempt=lease.attempt if lease else 1,
             data=job.settings.data if data is JOB_DATA else data,
             instance_id=self.instance_id,
             clock=self.clock,
+            previous=self._previous(job, run_id),
         )
-        ctx.previous = self._previous(job, ctx.run_id)
         run = Run(ctx, task, lease, self.clock.now_ms(), self.clock.monotonic_ms(), job)
         job.runs[ctx.run_id] = run
         self.runs[run] = None
@@ -464,17 +465,18 @@ class Runner:
         """``run`` becomes its next attempt: a new context (and run id), nothing of the last."""
         ctx, job = run.ctx, run.job
         job.runs.pop(ctx.run_id, None)
+        run_id = new_run_id()
         run.ctx = JobContext(
             job=ctx.job,
-            run_id=new_run_id(),
+            run_id=run_id,
             slot_ms=ctx.slot_ms,
             reason="retry",
             attempt=ctx.attempt + 1,
             data=ctx.data,
             instance_id=ctx.instance_id,
             clock=self.clock,
+            previous=self._previous(job, run_id),
         )
-        run.ctx.previous = self._previous(job, run.ctx.run_id)
         job.runs[run.ctx.run_id] = run
         run.finishing = run.cut = False
         run.exception = run.cancelled = run.returned = None

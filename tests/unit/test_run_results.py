@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from brokersched import JobContext, MemoryBackend, Scheduler
+from brokersched import JobContext, MemoryBackend, Retry, Scheduler
 from brokersched._results import CUT_KEY, RESULT_LIMIT, dumps_result, run_result
 from brokersched.abc import JobPolicy, RunRecord
 from brokersched.testing import TestClock, make_context
@@ -208,3 +208,22 @@ async def test_get_on_the_event_loop_is_refused(
     await scheduler.start()
     await clock.advance("1m")
     assert errors and "use `await ctx.previous`" in errors[0]
+
+
+async def test_a_retry_sees_the_attempt_it_follows(
+    scheduler: Scheduler[Any], clock: TestClock
+) -> None:
+    seen: list[tuple[int, Any]] = []
+
+    async def flaky(ctx: JobContext) -> str:
+        previous = await ctx.previous
+        seen.append((ctx.attempt, previous and (previous.attempt, previous.outcome)))
+        if ctx.attempt == 1:
+            raise ConnectionError("reset")
+        return "ok"
+
+    scheduler.every("flaky", "1h", flaky, retry=Retry(attempts=2, backoff="10s"))
+    await scheduler.start()
+    await clock.advance("1h")
+    await clock.advance("10s")
+    assert seen == [(1, None), (2, (1, "failed"))]
