@@ -25,6 +25,7 @@ from ._events import ClaimEvent, Events, SkipReason
 from ._exceptions import BackendError, ClockSkewError
 from ._job import AroundRun, JobState, Run, call_sync
 from ._leasekeeping import ReleaseRetries, Renewer, release_attempt_s, valid_ms
+from ._missed import UNKNOWN_FATE, MissedSlots
 from ._recorder import Recorder
 from ._redact import data_secrets
 from ._retry import Retry
@@ -111,6 +112,7 @@ class Runner:
         self._releases = ReleaseBatches(backend, clock, tasks)
         self._prepares = ClaimPrepares(backend, clock, tasks, lambda: self.stopping)
         self.runlog = RunLog(clock, instance_id, events, recorder)  # skips, starts, ends
+        self.missed = MissedSlots(clock, backend, instance_id, events, tasks, recorder)
         # job key -> the latest slot ended here whose release did not land before its lease
         # expired (see ended_here); the scheduler's, kept from one start to the next
         self._ended = {} if ended is None else ended
@@ -125,8 +127,11 @@ class Runner:
         run: RunReason = "schedule",
     ) -> None:
         """Log and emit a skip of a run for ``run`` (a slot, a boot run, a manual run...);
-        ``not-acquired`` is at debug level (the fleet has the slot)."""
+        ``not-acquired`` is at debug level (the fleet has the slot). A slot skipped for a
+        reason that leaves its fate unknown here is watched, to be reported if missed."""
         self.runlog.skip(job, slot_ms, reason, detail, run=run)
+        if run == "schedule" and reason in UNKNOWN_FATE:
+            self.missed.watch(job, slot_ms)
 
     # -- claim ---------------------------------------------------------------------------
 
@@ -199,10 +204,12 @@ class Runner:
             logger.info("claimed %s:%d but no longer runs it here", job.name, slot_ms)
             return None
         if reason == "schedule" and self._late(job, slot_ms):
-            # A slow claim: the slot stays claimed, so no other instance runs it late either.
+            # A slow claim: the slot stays claimed, so no other instance runs it late either,
+            # and this instance reports it missed.
             if lease is not None:
                 await self.release(lease, handover=False)
-            self.skip(job, slot_ms, "late", detail="claim answered too late", run=reason)
+            self.runlog.skip(job, slot_ms, "late", detail="claim answered too late", run=reason)
+            self.missed.won_late(job, slot_ms, lease)
             return None
         return await self.execute(
             job, slot_ms, lease, reason=reason, run_id=run_id, leased_ms=leased_ms, data=data
@@ -641,6 +648,7 @@ class Runner:
         Then async runs still going are cancelled (``interrupted``, handed over on a lease
         backend) and sync ones abandoned."""
         self.stopping = True
+        self.missed.close()
         for run in list(self.runs):
             self.abort(run, "shutdown")
         await self.clock.wait(self.tasks.pending(), timeout_s)
