@@ -29,8 +29,10 @@ then (their checks are retried a few times).
 from __future__ import annotations
 
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from ._clock import Clock, Timer, ms_to_datetime
 from ._durations import format_duration, to_ms
@@ -101,7 +103,13 @@ class MissedSlots:
         self.tasks = tasks
         self.recorder = recorder
         self._watched: dict[str, _Watched] = {}  # job key -> its watched slots
+        self._checking = 0  # checks and report claims under way
         self.closed = False
+
+    @property
+    def idle(self) -> bool:
+        """No slot watched, no check nor report under way."""
+        return not self._watched and not self._checking
 
     def watch(self, job: JobState, slot_ms: int) -> None:
         """Check ``slot_ms`` once no instance can claim it any more (see the module)."""
@@ -139,7 +147,7 @@ class MissedSlots:
         if lease is None:
             self._report(job, slot_ms, detail)
             return
-        self.tasks.spawn(self._claim_report(job, slot_ms, detail), name="brokersched:missed")
+        self._spawn(self._claim_report(job, slot_ms, detail))
 
     def close(self) -> None:
         """Stop watching: the scheduler stops (its watched slots go unchecked here)."""
@@ -180,10 +188,21 @@ class MissedSlots:
 
         def fire() -> None:
             watched.timer = None
-            self.tasks.spawn(self._check(key), name="brokersched:missed")
+            self._spawn(self._check(key))
 
         watched.timer_at = at_ms
         watched.timer = self.clock.call_later(max(at_ms - self.clock.now_ms(), 0), fire)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        self._checking += 1
+
+        async def counted() -> None:
+            try:
+                await work
+            finally:
+                self._checking -= 1
+
+        self.tasks.spawn(counted(), name="brokersched:missed")
 
     # -- checks --------------------------------------------------------------------------
 
