@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-import sysconfig
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -105,20 +104,21 @@ def _read_listing(path: Path) -> list[PlannedJob]:
 
 @contextmanager
 def _forgetting_application_modules() -> Iterator[None]:
-    """Forget the modules the application brought that are not installed libraries (its own),
-    and put ``sys.path`` back, once the block ends."""
-    before = set(sys.modules)
+    """Once the block ends, forget the modules imported from the directories it put on
+    ``sys.path`` (the application's own: a second version's modules of the same names are then
+    imported afresh), and put ``sys.path`` back. brokersched's own modules are kept, wherever
+    they are installed from: the jobs read hold its objects."""
+    modules = set(sys.modules)
     path = list(sys.path)
     try:
         yield
     finally:
-        installed = {
-            str(Path(sysconfig.get_paths()[name]).resolve())
-            for name in ("stdlib", "platstdlib", "purelib", "platlib")
-        }
-        for name in set(sys.modules) - before:
+        roots = [Path(entry or ".").resolve() for entry in sys.path if entry not in path]
+        for name in set(sys.modules) - modules:
             file = getattr(sys.modules[name], "__file__", None)
-            if file is not None and not str(Path(file).resolve()).startswith(tuple(installed)):
+            if file is None or name.partition(".")[0] == "brokersched":
+                continue
+            if any(Path(file).resolve().is_relative_to(root) for root in roots):
                 del sys.modules[name]
         sys.path[:] = path
 
