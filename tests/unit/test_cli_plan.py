@@ -234,6 +234,7 @@ def test_a_key_another_job_claimed_in_the_old_version(tmp_path: Path) -> None:
 
 def test_a_saved_listing_as_old(tmp_path: Path) -> None:
     """``jobs --json`` saved from the old version gives the plan the APP itself gives."""
+    # Another module name: jobs keeps the module it imported, so "app" would be taken.
     old = app(
         tmp_path,
         "old",
@@ -241,7 +242,7 @@ def test_a_saved_listing_as_old(tmp_path: Path) -> None:
         'scheduler.every("report", "15m", noop)',
         'scheduler.every("sync", "1h", noop, offset="10m", claim=False)',
         module="listed",
-    )  # fmt: skip (jobs keeps it imported)
+    )
     new = app(tmp_path, "new",
               'scheduler.cron("digest", "0 8 * * *", noop, timezone="America/New_York")',
               'scheduler.every("report-v2", "15m", noop)',
