@@ -99,18 +99,16 @@ class PlannedJob:
 @dataclass(frozen=True)
 class HazardSlot:
     """One occurrence at risk: its slot in the old version and in the new one (the same
-    instant for a key or claim change; ``None`` where a version has no such slot)."""
+    instant for a changed key or claim, two for a moved schedule)."""
 
-    old_ms: int | None
-    new_ms: int | None
-
-    @property
-    def first_ms(self) -> int:
-        return min(ms for ms in (self.old_ms, self.new_ms) if ms is not None)
+    old_ms: int
+    new_ms: int
 
 
 @dataclass(frozen=True)
 class Hazard:
+    """What may happen to the occurrences of ``slots``, why, and how to avoid it."""
+
     kind: HazardKind
     cause: Cause
     slots: tuple[HazardSlot, ...]

@@ -161,8 +161,8 @@ def _hazard_json(hazard: Hazard) -> dict[str, Any]:
     }
 
 
-def _iso_ms(ms: int | None) -> str | None:
-    return None if ms is None else iso(ms_to_datetime(ms))
+def _iso_ms(ms: int) -> str:
+    return iso(ms_to_datetime(ms))
 
 
 def _print_table(old: str, new: str, plans: list[JobPlan], start_ms: int, end_ms: int) -> None:
@@ -208,7 +208,7 @@ def _shown_slots(hazard: Hazard) -> str:
 
 
 def _shown_slot(slot: HazardSlot) -> str:
-    if slot.old_ms == slot.new_ms or slot.old_ms is None or slot.new_ms is None:
-        return utc_time(ms_to_datetime(slot.first_ms))
     old = utc_time(ms_to_datetime(slot.old_ms))
+    if slot.old_ms == slot.new_ms:
+        return old
     return f"old {old}, new {utc_time(ms_to_datetime(slot.new_ms))}"

@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from brokersched import _plan
+from brokersched._plan import PlannedJob
 from brokersched.cli import cli
 from brokersched.triggers.after import AfterTrigger
 from brokersched.triggers.at import AtTrigger
@@ -77,7 +79,7 @@ def hazards(row: dict[str, Any]) -> list[tuple[str, str, int]]:
     return [(h["kind"], h["cause"], h["count"]) for h in row["hazards"]]
 
 
-def slots(row: dict[str, Any], index: int = 0) -> list[tuple[str | None, str | None]]:
+def slots(row: dict[str, Any], index: int = 0) -> list[tuple[str, str]]:
     return [(s["old"], s["new"]) for s in row["hazards"][index]["slots"]]
 
 
@@ -314,3 +316,18 @@ def test_a_trigger_as_data_gives_the_same_slots(trigger: Any) -> None:
     assert trigger_spec(again) == spec
     start = datetime(2026, 10, 24, tzinfo=UTC)
     assert again.next_runs(5, start) == trigger.next_runs(5, start)
+
+
+def test_a_dense_job_is_compared_until_its_slot_budget_runs_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past ``MAX_SLOTS`` slots a version's search stops, and the plan says where."""
+    monkeypatch.setattr(_plan, "MAX_SLOTS", 1000)
+    start_ms = int(datetime.fromisoformat(FROM).timestamp() * 1000)
+    old = PlannedJob.of("tick", "tick", True, True, IntervalTrigger(timedelta(seconds=1)))
+    new = PlannedJob.of("tick", "tick-v2", True, True, IntervalTrigger(timedelta(seconds=1)))
+    [job_plan] = _plan.plan_deploy([old], [new], start_ms, start_ms + 3_600_000)
+    # 250 s of margin before the window (a quarter of the budget), then 750 s of it.
+    assert job_plan.compared_until_ms == start_ms + 750_000
+    [hazard] = job_plan.hazards
+    assert (hazard.kind, hazard.cause, len(hazard.slots)) == ("twice", "key", 750)
