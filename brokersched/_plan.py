@@ -40,6 +40,7 @@ from typing import Any, Literal
 from ._durations import format_duration
 from ._exceptions import ConfigurationError
 from .triggers.base import Trigger
+from .triggers.cron import CronTrigger
 from .triggers.spec import trigger_from_spec, trigger_spec
 
 __all__ = [
@@ -197,7 +198,9 @@ def _compare(
     if not (old.claim or new.claim):
         return [], end_ms  # each instance runs its own version's slots, as always
     # Beyond the window too: an occurrence's other slot may lie just outside it.
-    margin = min(end_ms - start_ms, _margin_ms(old), _margin_ms(new))
+    margin = min(
+        end_ms - start_ms, _margin_ms(old, start_ms, end_ms), _margin_ms(new, start_ms, end_ms)
+    )
     old_slots, old_end = _slots(old, start_ms - margin, end_ms + margin)
     new_slots, new_end = _slots(new, start_ms - margin, end_ms + margin)
     until = min(end_ms, old_end, new_end)
@@ -207,10 +210,16 @@ def _compare(
     return hazards, until
 
 
-def _margin_ms(job: PlannedJob) -> int:
+def _margin_ms(job: PlannedJob, start_ms: int, end_ms: int) -> int:
     """How far past the window a job's slots are listed: a quarter of ``MAX_SLOTS`` of them
-    at most, so that a dense job keeps most of its budget for the window itself."""
-    gap = job.trigger.min_gap()
+    at most, so that a dense job keeps most of its budget for the window itself. A cron job's
+    gap is read in the window (its ``min_gap()`` starts from now: the plan would depend on
+    when it is made)."""
+    trigger = job.trigger
+    if isinstance(trigger, CronTrigger):
+        gap = trigger.min_gap_between(start_ms, end_ms)
+    else:
+        gap = trigger.min_gap()
     return _NO_LIMIT if gap is None else MAX_SLOTS // 4 * max(1, gap // _ONE_MS)
 
 
