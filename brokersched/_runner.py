@@ -25,6 +25,7 @@ from ._events import ClaimEvent, Events, SkipReason
 from ._exceptions import BackendError, ClockSkewError
 from ._job import AroundRun, JobState, Run, call_sync
 from ._leasekeeping import ReleaseRetries, Renewer, release_attempt_s, valid_ms
+from ._missed import UNKNOWN_FATE, MissedSlots
 from ._recorder import Recorder
 from ._redact import data_secrets
 from ._retry import Retry
@@ -72,9 +73,10 @@ _ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
     "aborted": "interrupted",
 }
 # ctx.previous: how long this instance's unwritten records are waited for (as job.history()
-# waits), and how many of the newest records are read to find one that is not the run's own.
+# waits), and how many of the newest records are read to find a run that is not the asking
+# one (a missed slot's record is no run: a few of them may come first).
 _PREVIOUS_WAIT_S = 5.0
-_PREVIOUS_SCAN = 4
+_PREVIOUS_SCAN = 16
 # ``JobContext.data`` of a manual run given none: the job's own ``data``.
 JOB_DATA: Any = object()
 
@@ -118,6 +120,7 @@ class Runner:
         self._prepares = ClaimPrepares(backend, clock, tasks, lambda: self.stopping)
         # skips, starts, ends
         self.runlog = RunLog(clock, instance_id, events, recorder, record_results=record_results)
+        self.missed = MissedSlots(clock, backend, instance_id, events, tasks, recorder)
         # job key -> the latest slot ended here whose release did not land before its lease
         # expired (see ended_here); the scheduler's, kept from one start to the next
         self._ended = {} if ended is None else ended
@@ -132,8 +135,11 @@ class Runner:
         run: RunReason = "schedule",
     ) -> None:
         """Log and emit a skip of a run for ``run`` (a slot, a boot run, a manual run...);
-        ``not-acquired`` is at debug level (the fleet has the slot)."""
+        ``not-acquired`` is at debug level (the fleet has the slot). A slot skipped for a
+        reason that leaves its fate unknown here is watched, to be reported if missed."""
         self.runlog.skip(job, slot_ms, reason, detail, run=run)
+        if run == "schedule" and reason in UNKNOWN_FATE:
+            self.missed.watch(job, slot_ms)
 
     # -- claim ---------------------------------------------------------------------------
 
@@ -206,10 +212,12 @@ class Runner:
             logger.info("claimed %s:%d but no longer runs it here", job.name, slot_ms)
             return None
         if reason == "schedule" and self._late(job, slot_ms):
-            # A slow claim: the slot stays claimed, so no other instance runs it late either.
+            # A slow claim: the slot stays claimed, so no other instance runs it late either,
+            # and this instance reports it missed.
             if lease is not None:
                 await self.release(lease, handover=False)
-            self.skip(job, slot_ms, "late", detail="claim answered too late", run=reason)
+            self.runlog.skip(job, slot_ms, "late", detail="claim answered too late", run=reason)
+            self.missed.won_late(job, slot_ms, lease)
             return None
         return await self.execute(
             job, slot_ms, lease, reason=reason, run_id=run_id, leased_ms=leased_ms, data=data
@@ -495,11 +503,12 @@ class Runner:
         return PreviousRun(read, loop)
 
     async def _read_previous(self, job: JobState, run_id: str) -> RunRecord | None:
-        """The newest finished record of the job that is not the run ``run_id``'s, once this
-        instance's records waiting to be written are (as ``Job.history()`` reads)."""
+        """The newest record of a finished run of the job that is not the run ``run_id``
+        (a missed slot's is no run), once this instance's records waiting to be written are
+        (as ``Job.history()`` reads)."""
         await self.recorder.wait_written(_PREVIOUS_WAIT_S)
         records = await self.backend.history(job.settings.policy, _PREVIOUS_SCAN)
-        return next((r for r in records if r.run_id != run_id and r.finished_at is not None), None)
+        return next((r for r in records if _ran(r) and r.run_id != run_id), None)
 
     async def _run_handler(self, run: Run) -> tuple[Outcome, str | None]:
         timeout = run.job.settings.timeout
@@ -672,6 +681,7 @@ class Runner:
         Then async runs still going are cancelled (``interrupted``, handed over on a lease
         backend) and sync ones abandoned."""
         self.stopping = True
+        self.missed.close()
         for run in list(self.runs):
             self.abort(run, "shutdown")
         await self.clock.wait(self.tasks.pending(), timeout_s)
@@ -706,3 +716,8 @@ class Runner:
         left = {run.task for run in abandoned}
         cut = [task for task in self.tasks.pending() if task not in left]
         await self.tasks.cut([*self.tasks.background(), *cut], _CUT_GRACE_S)
+
+
+def _ran(record: RunRecord) -> bool:
+    """Whether ``record`` is a finished run's (not a missed slot's report)."""
+    return record.finished_at is not None and record.outcome != "missed"

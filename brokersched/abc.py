@@ -76,10 +76,10 @@ __all__ = [
 
 _DEFAULT_SKEW_MS = round(DEFAULT_CLAIM_SKEW.total_seconds() * 1000)
 
-Outcome = Literal["completed", "failed", "timed-out", "interrupted"]
+Outcome = Literal["completed", "failed", "timed-out", "interrupted", "missed"]
 #: The outcomes that are failures (the dashboard's failures, the CLI's exit code).
-FAILURES: frozenset[Outcome] = frozenset({"failed", "timed-out", "interrupted"})
-RunReason = Literal["schedule", "catch-up", "retry", "manual", "start", "backfill"]
+FAILURES: frozenset[Outcome] = frozenset({"failed", "timed-out", "interrupted", "missed"})
+RunReason = Literal["schedule", "catch-up", "retry", "manual", "start", "backfill", "missed"]
 Overlap = Literal["skip", "allow"]
 
 
@@ -636,6 +636,12 @@ class LeaseBackend(Backend):
     @abstractmethod
     def lease_ttl(self) -> timedelta:
         """How long a lease lives unless renewed; the scheduler renews every ``lease_ttl / 3``."""
+
+    @property
+    def max_clock_skew(self) -> timedelta:
+        """How far apart the store's clock and the instances' may be (a backend's option);
+        the default: one second."""
+        return timedelta(seconds=1)
 
     @abstractmethod
     async def acquire(

@@ -25,7 +25,12 @@ from ._output import WIDE, ago, duration_of, make_console, shown_backend, utc_ti
 
 __all__ = ["history", "instances"]
 
-_OUTCOME_STYLE = {"completed": "green", "failed": "red", "timed-out": "yellow"}
+_OUTCOME_STYLE = {
+    "completed": "green",
+    "failed": "red",
+    "timed-out": "yellow",
+    "missed": "bold red",
+}
 #: From this many columns the runs of every job show their slot too.
 _ROOMY = 150
 
@@ -121,7 +126,7 @@ def _wide_history(
     table.add_column("error / result")
     for record in records:
         style = _OUTCOME_STYLE.get(record.outcome, "magenta")
-        reason = record.reason if record.attempt == 1 else f"{record.reason} #{record.attempt}"
+        reason = record.reason if record.attempt <= 1 else f"{record.reason} #{record.attempt}"
         cells: list[str | Text] = [utc_time(record.started_at)]
         if every_job:
             cells.append(_one_line(_job_name(record, by_key)))
@@ -129,7 +134,7 @@ def _wide_history(
             cells.append(_slot_time(record))
         cells += [
             f"[{style}]{record.outcome}[/]",
-            duration_of(record),
+            "-" if record.outcome == "missed" else duration_of(record),  # a report, not a run
             reason,
             _one_line(record.instance_id),
             record.run_id,

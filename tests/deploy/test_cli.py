@@ -785,7 +785,10 @@ def test_jobs_and_next_print_json(tmp_path: Path) -> None:
         "state": "enabled",
         "controls_read": True,
         "control": None,
-    }
+        "trigger": {"kind": "cron", "expression": "0 8 * * MON-FRI", "timezone": "Europe/Paris",
+                    "dst": None},
+        "claim": True,
+    }  # fmt: skip
     assert len(report["next_runs"]) == 2
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT0[67]:00:00\.000Z", t) for t in report["next_runs"])
     assert jobs[0]["options"] == {"timeout": "10m"}
@@ -793,9 +796,9 @@ def test_jobs_and_next_print_json(tmp_path: Path) -> None:
                   "-n", "2", "--json")  # fmt: skip
     assert [json.loads(line) for line in rows.splitlines()] == [
         {"n": 1, "local": "2027-03-28T08:00:00.000+02:00", "zone": "Europe/Paris",
-         "utc_offset": "+02:00", "utc": "2027-03-28T06:00:00.000Z"},
+         "utc_offset": "+02:00", "utc": "2027-03-28T06:00:00.000Z", "dst": "run-once"},
         {"n": 2, "local": "2027-03-29T08:00:00.000+02:00", "zone": "Europe/Paris",
-         "utc_offset": "+02:00", "utc": "2027-03-29T06:00:00.000Z"},
+         "utc_offset": "+02:00", "utc": "2027-03-29T06:00:00.000Z", "dst": "run-once"},
     ]  # fmt: skip
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from brokersched import (
     NATSBackend,
+    NATSLeaseBackend,
     PostgresBackend,
     RabbitMQBackend,
     RedisBackend,
@@ -30,6 +31,7 @@ SERVERS = {
     "postgres": "postgres_dsn",
     "rabbitmq": "amqp_url",
     "nats": "nats_url",
+    "nats-lease": "nats_url",
     "redis": "redis_url",
     "redis-lease": "redis_url",
 }
@@ -57,6 +59,8 @@ async def fresh_namespace(
             return RabbitMQBackend(url, prefix=name, **options)
         if kind == "nats":
             return NATSBackend(url, prefix=name, **options)
+        if kind == "nats-lease":
+            return NATSLeaseBackend(url, bucket=name, **options)
         if kind == "redis":
             return RedisBackend(url, prefix=name, **options)
         return RedisLeaseBackend(url, prefix=name, **options)
@@ -74,7 +78,7 @@ async def remove_namespace(kind: str, url: str, name: str) -> None:
         await drop_schema(url, name)
     elif kind == "rabbitmq":
         await remove_rabbitmq(url, name)
-    elif kind == "nats":
+    elif kind.startswith("nats"):
         await delete_streams(url, name)
     elif kind.startswith("redis"):
         await delete_keys(url, name)

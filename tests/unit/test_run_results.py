@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -227,3 +228,23 @@ async def test_a_retry_sees_the_attempt_it_follows(
     await clock.advance("1h")
     await clock.advance("10s")
     assert seen == [(1, None), (2, (1, "failed"))]
+
+
+async def test_a_missed_slots_report_is_no_previous_run(
+    scheduler: Scheduler[Any], clock: TestClock
+) -> None:
+    seen: list[Any] = []
+
+    async def export(ctx: JobContext) -> int:
+        previous = await ctx.previous
+        seen.append(previous and previous.result)
+        return len(seen)
+
+    job = scheduler.every("export", "1m", export)
+    await scheduler.start()
+    await clock.advance("1m")
+    (ran,) = await job.history(1)
+    report = replace(ran, run_id="m", reason="missed", outcome="missed", result=None)
+    await scheduler.backend.record(JobPolicy("export"), report)
+    await clock.advance("1m")
+    assert seen == [None, 1]

@@ -45,6 +45,8 @@ async def decorated(ctx: JobContext) -> None: ...
 rabbit = Scheduler(RabbitMQBackend("amqp://guest:guest@127.0.0.1/", slot_ttl="5m"))
 rabbit.every("outbox.flush", "5s", flush, timeout="4s", jitter="1s", max_late="30s")
 rabbit.cron("digest", "0 8 * * MON-FRI", flush, timezone="Europe/Paris", jitter="30s")
+rabbit.cron("nightly", "30 2 * * *", flush, timezone="Europe/Paris", dst="run-twice")
+lease.cron("nightly", "30 2 * * *", flush, dst="skip", overlap="skip")
 rabbit.at("migrate", when, flush, max_late="1h", data={"batch": 10}, claim=True)
 Scheduler(NATSBackend("nats://127.0.0.1:4222")).every("g", "1m", flush, history_size=10)
 
