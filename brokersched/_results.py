@@ -11,7 +11,6 @@ JSON, never a value cut in its middle.
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -20,8 +19,6 @@ from ._redact import MASK, redact_text, scrub
 from ._tracebacks import printable
 
 __all__ = ["CUT_KEY", "RESULT_LIMIT", "cut_marker", "dumps_result", "mask_result", "run_result"]
-
-logger = logging.getLogger("brokersched")
 
 #: The most a record's result holds: its JSON text, in bytes (ASCII, non-ASCII escaped: as the
 #: record's own JSON carries it).
