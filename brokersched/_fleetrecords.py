@@ -22,6 +22,7 @@ from ._redact import redact_text
 __all__ = [
     "CONTROL_ACTIONS",
     "FORGET",
+    "MISSED_KEPT",
     "NOTE_MAX",
     "SKIP_MAX",
     "UNTIL_MAX",
@@ -38,7 +39,7 @@ __all__ = [
     "runs_ahead",
 ]
 
-FleetKind = Literal["instance", "control"]
+FleetKind = Literal["instance", "control", "missed"]
 Liveness = Literal["alive", "late", "dead", "stopped"]
 ControlAction = Literal["pause", "resume", "disable", "enable", "skip", "abort"]
 CONTROL_ACTIONS: tuple[ControlAction, ...] = get_args(ControlAction)
@@ -46,6 +47,8 @@ CONTROL_ACTIONS: tuple[ControlAction, ...] = get_args(ControlAction)
 #: An instance record is kept this long after its last heartbeat (a dead instance stays listed
 #: as ``dead`` for that long, then is forgotten).
 FORGET = timedelta(minutes=10)
+#: How long the record that a slot was reported missed is kept (``Backend.report_missed``).
+MISSED_KEPT = timedelta(days=1)
 #: Late after this many heartbeat periods without one; dead after ``_DEAD``.
 _LATE = 1.5
 _DEAD = 3.0

@@ -13,8 +13,8 @@ through an operation that only one instance can win:
   only while the backend remembers the slot's claims (``ClaimBackend.claim_deadline_ms``);
   later it cannot tell, and says nothing.
 * a lease backend: a slot that was leased still holds its lease or has a record in the history.
-  With neither, the instance claims the *report*: a lease of the slot under ``<key>:missed``,
-  fenced by the store as the job's own slots are, so one report per slot wins.
+  With neither, the instance claims the *report*: a record of the slot in the fleet's records,
+  put only if there is none (``Backend.report_missed``), so one report per slot wins.
 
 An instance that won a slot's claim but had its answer too late to run reports it at once (on a
 lease backend through the same report claim: a checker may have looked before its grant).
@@ -44,7 +44,6 @@ from ._tasks import TaskSet
 from .abc import (
     Backend,
     ClaimBackend,
-    JobPolicy,
     Lease,
     LeaseBackend,
     RunRecord,
@@ -52,20 +51,20 @@ from .abc import (
     new_run_id,
 )
 
-__all__ = ["REPORT_SUFFIX", "UNKNOWN_FATE", "MissedSlots"]
+__all__ = ["UNKNOWN_FATE", "MissedSlots"]
 
 logger = logging.getLogger("brokersched")
 
 #: The skips after which this instance cannot tell whether another one ran the slot.
 UNKNOWN_FATE: frozenset[SkipReason] = frozenset({"late", "backend-error", "clock-skew"})
-#: A lease backend's report claims are leases of the job's key and this.
-REPORT_SUFFIX = ":missed"
 # Past max_late, what a check waits at least for the last claims (a claim's flight, the
 # clocks' disagreement on a claim-only backend is in its claim_margin).
 _MARGIN_MS = 2_000
-# A check the backend failed is tried again this much later, this many times in all.
+# A check the backend failed is tried again this much later, until this long after the slot's
+# max_late (a backend back from an outage, the outage that made the slot missed, is asked
+# again), or on a claim-only backend until its claim deadline.
 _RETRY_MS = 5_000
-_TRIES = 3
+_GIVE_UP_MS = 180_000
 # A claim-only backend's check is sent no closer to its claim deadline than this.
 _FLIGHT_MS = 1_000
 _CHECK_TIMEOUT_S = 5.0
@@ -75,7 +74,7 @@ _MAX_PASSED = 100
 
 @dataclass(slots=True)
 class _Watched:
-    """A job's slots this instance watches: slot -> (when to check it, tries left), and the
+    """A job's slots this instance watches: slot -> (when to check it, when to give up), and the
     timer of the first check."""
 
     job: JobState
@@ -122,7 +121,8 @@ class MissedSlots:
             return
         watched = self._watched.setdefault(job.settings.key, _Watched(job))
         watched.job = job
-        watched.slots.setdefault(slot_ms, (at_ms, _TRIES))
+        give_up = slot_ms + job.settings.max_late_ms + _GIVE_UP_MS
+        watched.slots.setdefault(slot_ms, (at_ms, give_up))
         self._arm(watched)
 
     def watch_passed(self, job: JobState, after_ms: int, through_ms: int) -> None:
@@ -208,22 +208,24 @@ class MissedSlots:
 
     async def _check(self, key: str) -> None:
         """Check every slot of ``key`` whose time has come (one read for them all on a lease
-        backend)."""
+        backend). They are taken out of the watch while checked, so that a check armed
+        meanwhile leaves them alone."""
         watched = self._watched.get(key)
         if watched is None or self.closed:
             return
         job, now = watched.job, self.clock.now_ms()
-        due = sorted(s for s, (at, _) in watched.slots.items() if at <= now)
-        wanted = [] if job.removed else [s for s in due if job.stops(s) is None]
+        due = {
+            s: watched.slots.pop(s)[1] for s, (at, _) in list(watched.slots.items()) if at <= now
+        }
+        wanted = [] if job.removed else sorted(s for s in due if job.stops(s) is None)
         try:
-            missed = await self._missed(job, wanted)
+            missed, later = await self._missed(job, wanted)
         except (BackendError, ClockSkewError, TimeoutError) as exc:
+            missed = []
             self._retry(watched, due, exc)
-            if not self.closed:
-                self._arm(watched)
-            return
-        for slot_ms in due:
-            watched.slots.pop(slot_ms, None)
+        else:  # those the store's clock says may still be claimed: checked then
+            for slot_ms, at_ms in later.items():
+                watched.slots.setdefault(slot_ms, (at_ms, due[slot_ms]))
         if not self.closed:
             self._arm(watched)
             if not watched.slots and self._watched.get(key) is watched:
@@ -234,15 +236,20 @@ class MissedSlots:
             else:
                 await self._claim_report(job, slot_ms, _WATCHED_DETAIL)
 
-    async def _missed(self, job: JobState, slots: list[int]) -> list[int]:
-        """Which of ``slots`` no instance ran; on a claim-only backend, claimed here, to be
-        reported here."""
+    async def _missed(self, job: JobState, slots: list[int]) -> tuple[list[int], dict[int, int]]:
+        """Which of ``slots`` no instance ran (on a claim-only backend, claimed here, to be
+        reported here), and those to check again later, with when."""
         if not slots:
-            return []
+            return [], {}
         backend, key = self.backend, job.settings.key
         if isinstance(backend, ClaimBackend):
             found = []
             for slot_ms in slots:
+                deadline = backend.claim_deadline_ms(Slot(key, slot_ms))
+                if deadline is not None and deadline - _FLIGHT_MS < self.clock.now_ms():
+                    # (a retry, or a clock stepped) the backend may have forgotten the claims
+                    logger.warning(_TOO_LATE, key, slot_ms)
+                    continue
                 won = await backend.claim(
                     Slot(key, slot_ms),
                     instance_id=self.instance_id,
@@ -251,12 +258,42 @@ class MissedSlots:
                 )
                 if won:
                     found.append(slot_ms)
-            return found
+            return found, {}
         assert isinstance(backend, LeaseBackend)
         state = await backend.lease_state(key)
-        records = await backend.history(job.settings.policy, self._history_limit(job, slots[0]))
+        later: dict[int, int] = {}
+        if state.now_ms is not None:
+            # Judged on the store's clock, which every instance's claims are: an instance whose
+            # clock runs ahead must not find a slot missed that the fleet may still claim.
+            margin = job.settings.max_late_ms + _MARGIN_MS + to_ms(backend.max_clock_skew)
+            now = self.clock.now_ms()
+            for slot_ms in slots:
+                if state.now_ms < slot_ms + margin:
+                    wait_ms = slot_ms + margin - state.now_ms
+                    later[slot_ms] = now + max(wait_ms, _FLIGHT_MS)
+            slots = [s for s in slots if s not in later]
+            if not slots:
+                return [], later
+        records = await self._records_since(backend, job, slots[0])
         ran = state.leased | {record.slot_ms for record in records}
-        return [s for s in slots if s not in ran and not _overlapped(job, s, state.leased, records)]
+        missed = [
+            s for s in slots if s not in ran and not _overlapped(job, s, state.leased, records)
+        ]
+        return missed, later
+
+    async def _records_since(
+        self, backend: LeaseBackend, job: JobState, oldest_ms: int
+    ) -> list[RunRecord]:
+        """The job's newest records, back to the runs of ``oldest_ms`` (as far as the history
+        keeps them): a guess of how many first, all it keeps if manual runs, backfills or
+        retries made more."""
+        policy = job.settings.policy
+        limit = self._history_limit(job, oldest_ms)
+        records = await backend.history(policy, limit)
+        oldest = ms_to_datetime(oldest_ms)
+        if len(records) >= limit and records[-1].started_at > oldest:
+            records = await backend.history(policy, max(policy.history_size, limit))
+        return records
 
     def _history_limit(self, job: JobState, oldest_ms: int) -> int:
         """Enough of the newest records to reach back to ``oldest_ms``: two per slot since
@@ -269,13 +306,13 @@ class MissedSlots:
             count, at = count + 1, nxt
         return min(2 * count + 10, max(job.settings.policy.history_size, 10))
 
-    def _retry(self, watched: _Watched, slots: list[int], exc: BaseException) -> None:
-        """Each of ``slots`` again in ``_RETRY_MS``, or given up (said in the log)."""
+    def _retry(self, watched: _Watched, give_ups: dict[int, int], exc: BaseException) -> None:
+        """Each slot of ``give_ups`` (slot -> when to give up) checked again in ``_RETRY_MS``,
+        or given up (said in the log)."""
         retry_at = self.clock.now_ms() + _RETRY_MS
-        for slot_ms in slots:
-            _, tries = watched.slots.pop(slot_ms)
-            if tries > 1:
-                watched.slots[slot_ms] = (retry_at, tries - 1)
+        for slot_ms, give_up in give_ups.items():
+            if retry_at <= give_up:
+                watched.slots.setdefault(slot_ms, (retry_at, give_up))
                 continue
             logger.warning(
                 "cannot tell whether slot %s:%d ran anywhere: %s",
@@ -287,32 +324,26 @@ class MissedSlots:
     # -- reports -------------------------------------------------------------------------
 
     async def _claim_report(self, job: JobState, slot_ms: int, detail: str) -> None:
-        """A lease backend: report ``slot_ms`` if this instance wins its report claim."""
-        backend = self.backend
-        assert isinstance(backend, LeaseBackend)
-        key = job.settings.key + REPORT_SUFFIX
-        policy = JobPolicy(key, history_size=1, overlap="allow")
-        try:
-            lease = await backend.acquire(
-                Slot(key, slot_ms),
-                policy=policy,
-                instance_id=self.instance_id,
-                run_id=new_run_id(),
-                reason="schedule",
-                timeout=_CHECK_TIMEOUT_S,
-            )
-            if not isinstance(lease, Lease):
-                return  # reported by another instance already
-            await backend.release(lease)
-        except (BackendError, ClockSkewError, TimeoutError) as exc:
-            logger.warning(
-                "cannot report slot %s:%d as missed: %s",
-                job.settings.key,
-                slot_ms,
-                str(exc) or type(exc).__name__,
-            )
+        """A lease backend: report ``slot_ms`` if this instance is the first to claim its
+        report (``Backend.report_missed``), tried again while the backend fails it."""
+        slot = Slot(job.settings.key, slot_ms)
+        give_up = self.clock.now_ms() + _GIVE_UP_MS
+        while True:
+            try:
+                first = await self.backend.report_missed(slot, instance_id=self.instance_id)
+            except (BackendError, TimeoutError) as exc:
+                if self.closed or self.clock.now_ms() + _RETRY_MS > give_up:
+                    logger.warning(
+                        "cannot report slot %s as missed: %s",
+                        slot.key,
+                        str(exc) or type(exc).__name__,
+                    )
+                    return
+                await self.clock.sleep(_RETRY_MS / 1000)
+                continue
+            if first:
+                self._report(job, slot_ms, detail)
             return
-        self._report(job, slot_ms, detail)
 
     def _report(self, job: JobState, slot_ms: int, detail: str) -> None:
         at = ms_to_datetime(slot_ms)
@@ -342,6 +373,10 @@ class MissedSlots:
 
 
 _WATCHED_DETAIL = "skipped here, and claimed by no other instance"
+_TOO_LATE = (
+    "cannot tell whether slot %s:%d ran anywhere: the backend forgets its claims before it can "
+    "be asked (slot_ttl)"
+)
 
 
 def _max_late(job: JobState) -> str:

@@ -19,6 +19,7 @@ that failed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 from abc import ABC, abstractmethod
@@ -31,6 +32,7 @@ from ._clock import Clock
 from ._exceptions import BackendError
 from ._fleetrecords import (
     FORGET,
+    MISSED_KEPT,
     ControlAction,
     ControlChange,
     FleetKind,
@@ -444,6 +446,17 @@ class Backend(ABC):
             f"{self.name}: the control record of job {job!r} kept changing under "
             f"{_CONTROL_TRIES} tries to {changes[0].action} it; try again"
         )
+
+    async def report_missed(self, slot: Slot, *, instance_id: str) -> bool:
+        """Whether this instance is the first of the fleet to report ``slot`` missed (a fleet
+        record of its own, put if there is none, then kept ``MISSED_KEPT``, a day, where the
+        store expires records: the fleet's checks of a slot are over within minutes). Raises
+        ``BackendError``."""
+        if not await self._fleet_swap("missed", slot.key, None, instance_id):
+            return False
+        with contextlib.suppress(BackendError):  # reported all the same; the record stays
+            await self._fleet_put("missed", slot.key, instance_id, ttl=MISSED_KEPT)
+        return True
 
     # -- operations (``brokersched purge`` and ``doctor``): on a backend that is not started --
 

@@ -32,7 +32,15 @@ from typing import Any
 
 from ._sim_store import Wins
 
-__all__ = ["CLAIM_SPAN_MS", "LEASE_SKEW_MS", "Ledger", "Run", "origin_of"]
+__all__ = [
+    "CHECKED_FROM_MS",
+    "CHECK_GIVE_UP_MS",
+    "CLAIM_SPAN_MS",
+    "LEASE_SKEW_MS",
+    "Ledger",
+    "Run",
+    "origin_of",
+]
 
 CLAIM_SPAN_MS = 50_000  # a claim begins within jitter (4 s) and max_late (45 s) of its slot
 LEASE_SKEW_MS = 5000  # the lease backends' default max_clock_skew
@@ -157,6 +165,12 @@ class Ledger:
     skipped: set[tuple[str, int, str]] = field(default_factory=set)  # key, slot, instance
     removed: list[tuple[str, str, int]] = field(default_factory=list)  # key, instance, when
     added: list[tuple[str, str, int]] = field(default_factory=list)  # again, at run time
+    # (key, slot) -> the instances that reported it missed, and when (true time)
+    reported: dict[tuple[str, int], list[tuple[str, int]]] = field(default_factory=dict)
+    # (key, slot) -> the instances that skipped it not knowing whether another one ran it,
+    # each with when it has checked it once (true time), when it gives up checking, and
+    # whether its job says overlap="skip" on a lease backend
+    unknown: dict[tuple[str, int], dict[str, tuple[int, int, bool]]] = field(default_factory=dict)
 
     def _unreleased(self, run: Run, attempt: int) -> bool:
         """Its handler returned, but the release of its lease (granted as ``attempt``: a retry
@@ -223,6 +237,7 @@ class Ledger:
                     found.append(f"boot runs of {key} a window apart both ran: {_show(runs)}")
         found += self._halted_runs()
         found += self._skipped_runs()
+        found += self._misreported()
         by_key: dict[str, list[Run]] = {}
         for run in self.runs:
             if run.overlap == "skip":
@@ -233,6 +248,105 @@ class Ledger:
                 if later.start < _until(earlier, now):
                     found.append(f"runs of {key} overlap: {_show([earlier, later])}")
         return found
+
+    def _misreported(self) -> list[str]:
+        """Missed slots reported twice, or reported though the fleet ran them: a run of the
+        schedule, a take-over or a retry begun before the report. After it, a catch-up or a
+        backfill may run a missed slot, and be taken over; so may an instance of a rolling
+        deploy that raised max_late, later than the reporter's max_late (the documented
+        limit: the slot is reported, and runs late)."""
+        found = [
+            f"slot {key}:{slot} reported missed {len(by)} times: {sorted(by)}"
+            for (key, slot), by in self.reported.items()
+            if len(by) > 1
+        ]
+        for (key, slot), by in self.reported.items():
+            reported_at = by[0][1]
+            ran = [
+                run
+                for run in self.runs
+                if (run.key, run.slot_ms) == (key, slot)
+                and run.origin in ("schedule", "retry")
+                and run.start < reported_at
+            ]
+            if ran:
+                found.append(
+                    f"slot {key}:{slot} reported missed by {by[0][0]} but ran: {_show(ran)}"
+                )
+        return found
+
+    def unreported(
+        self,
+        scheduled: Callable[[str, int], bool],
+        claimed: set[str],
+        troubled: list[tuple[int, int]],
+        wins: Wins,
+        memory_ms: int | None,
+    ) -> list[str]:
+        """Slots of a claimed job (``claimed``: their keys) that no instance ran, that an
+        instance skipped not knowing whether another ran them and that it outlived by its
+        check, the store reachable and untroubled all the while (``troubled``: the spans of
+        the faults that fail a call, besides the outages), not paused, disabled, skipped nor
+        removed near them: each must have been reported missed, once. A slot some claim won
+        is left out: its winner knew, unless the answer was lost (the README's limit), and on
+        a lease backend the taker of its lease records it. ``memory_ms``: on a claim-only
+        backend, the shortest slot memory any instance had (a deploy, a deleted record shortens
+        the fleet's): a check after it cannot tell, and says nothing (the README's limit)."""
+        spans = [*self.outages, *troubled]
+        ran = {(run.key, run.slot_ms) for run in self.runs if run.origin != "manual"}
+        found = []
+        for (key, slot), skippers in sorted(self.unknown.items()):
+            if key not in claimed or (key, slot) in ran or (key, slot) in self.reported:
+                continue
+            if not scheduled(key, slot) or (key, slot) in wins:
+                continue
+            for instance, (check_from, give_up, skip_overlap) in skippers.items():
+                # A skipper whose job says overlap="skip" finds the slot skipped on purpose
+                # when an earlier slot's lease was live at it, which the ledger does not see (a
+                # lease granted to a run that never began): it is not asked to report.
+                if memory_ms is not None:
+                    give_up = min(give_up, slot + memory_ms - CHECKED_FROM_MS)
+                reached = _reachable(spans, check_from, give_up, CHECK_RETRY_MS + 1000)
+                if skip_overlap or reached is None:
+                    continue
+                if self._halted_between(key, slot, reached) or not self._stayed(
+                    instance, key, slot, reached
+                ):
+                    continue
+                found.append(
+                    f"slot {key}:{slot}: nobody ran it, {instance} skipped it and stayed, the "
+                    "store reachable, yet it was never reported missed"
+                )
+                break
+        return found
+
+    def _halted_between(self, key: str, slot: int, checked_by: int) -> bool:
+        """``key`` paused or disabled from a heartbeat before ``slot`` until its check, or
+        skip(n) over it: its checker may find it stopped on purpose."""
+        paused = [
+            [since, _earlier(end, self.pause_until.get((key, since or 0)))]
+            for since, end in self.paused.get(key, [])
+        ]
+        spans = [*paused, *self.disabled.get(key, [])]
+        skipped = any(
+            after is not None and through is not None and after < slot <= through
+            for _, after, through, _ in self.skips.get(key, [])
+        )
+        return skipped or any(
+            (start or 0) <= checked_by and (end is None or end >= slot - EFFECT_OF_CONTROLS_MS)
+            for start, end in spans
+        )
+
+    def _stayed(self, instance: str, key: str, slot: int, until: int) -> bool:
+        """``instance`` ran, the job ``key`` registered, from ``slot`` until ``until``."""
+        return (
+            self.killed.get(instance, until + 1) > until
+            and self.stopped.get(instance, until + 1) > until
+            and not any(
+                k == key and i == instance and slot - CLAIM_SPAN_MS <= at <= until
+                for k, i, at in self.removed
+            )
+        )
 
     def _halted_runs(self) -> list[str]:
         """Runs of a paused or disabled key whose read of the controls began after the pause
@@ -369,6 +483,7 @@ class Ledger:
             for (key, slot), (winner, _) in sorted(wins.items())
             if scheduled(key, slot)
             and (key, slot) not in ran
+            and (key, slot) not in self.reported  # its check's claim: said as missed
             and winner not in self.killed
             and (key, slot) not in cut
             and (key, slot, winner) not in self.skipped
@@ -402,6 +517,30 @@ class Ledger:
             (start or 0) <= slot + CLAIM_SPAN_MS and (end is None or end >= slot - CLAIM_SPAN_MS)
             for start, end in spans
         )
+
+
+#: Past a slot's max_late, when an instance that skipped it with an unknown fate checks it: its
+#: margins (the clocks' skew, twice LEASE_SKEW_MS, a claim's flight), then again every
+#: CHECK_RETRY_MS while the check fails, until CHECK_GIVE_UP_MS after max_late.
+CHECKED_FROM_MS = 15_000
+CHECK_RETRY_MS = 5_000
+CHECK_GIVE_UP_MS = 180_000
+#: How late an instance may learn of a pause, a resume or a skip (a heartbeat).
+EFFECT_OF_CONTROLS_MS = 5_000
+
+
+def _reachable(spans: list[tuple[int, int]], start: int, end: int, length: int) -> int | None:
+    """The end of the first ``length`` ms of ``start..end`` free of every span, or None."""
+    free_from = start
+    for since, until in sorted(spans):
+        if until <= free_from:
+            continue
+        if min(since, end) - free_from >= length:
+            return free_from + length
+        free_from = max(free_from, until)
+        if free_from >= end:
+            return None
+    return free_from + length if end - free_from >= length else None
 
 
 def _earlier(end: int | None, until: int | None) -> int | None:

@@ -51,20 +51,29 @@ from typing import Any
 from .._backfill import BackfillSlot
 from .._clock import datetime_to_ms, ms_to_datetime
 from .._durations import format_duration
-from .._events import SkipEvent
+from .._events import MissedEvent, SkipEvent
 from .._exceptions import BackendError, ConfigurationError
 from .._fleetrecords import ControlAction
+from .._missed import UNKNOWN_FATE
+from .._options import JobSettings
 from .._retry import Retry
 from .._scheduler import Scheduler
 from .._tasks import Tracked, track
-from ..abc import Backend
+from ..abc import Backend, ClaimBackend, Slot
 from ..backends.memory import MemoryStore
 from ._clock import FleetClock, InstanceClock
 from ._sim_coverage import EFFECT_MS, Coverage, format_table, reachable, to_json
 from ._sim_faults import Faults
 from ._sim_jobs import Deploy, OwnJobs
 from ._sim_lease import SimLeaseBackend
-from ._sim_ledger import LEASE_SKEW_MS, Ledger, Run, origin_of
+from ._sim_ledger import (
+    CHECK_GIVE_UP_MS,
+    CHECKED_FROM_MS,
+    LEASE_SKEW_MS,
+    Ledger,
+    Run,
+    origin_of,
+)
 from ._sim_nats import SimNATS, SimNATSLease
 from ._sim_operations import Operator, cli_change
 from ._sim_rabbitmq import SimRabbitMQ
@@ -143,6 +152,8 @@ class Result:
     coverage: Counter[tuple[str, str]] = field(default_factory=Counter)
     ran: Counter[tuple[str, str]] = field(default_factory=Counter)  # runs by (job key, reason)
     failed: Counter[str] = field(default_factory=Counter)  # failed or timed-out runs by job key
+    missed: int = 0  # slots reported missed (each once, or it is a violation)
+    unknown: int = 0  # slots an instance skipped not knowing whether another one ran them
 
     @property
     def ok(self) -> bool:
@@ -313,6 +324,7 @@ class Simulation(OwnJobs):
         for register in self.registrations(instance).values():
             register()
         instance.scheduler.on("skip", lambda event: self._skipped(event, instance))
+        instance.scheduler.on("missed", lambda event: self._missed(event, instance))
 
     def job(self, instance: Instance, key: str) -> Any:
         """The job of ``key`` on ``instance`` (whatever its name there), or ``None`` (removed)."""
@@ -328,6 +340,40 @@ class Simulation(OwnJobs):
         self.ledger.skipped.add((key, event.slot_ms, instance.name))
         if event.run == "schedule":  # not a boot run's nor a manual run's instant
             self.ledger.refused.setdefault((key, event.slot_ms), set()).add(event.reason)
+            job = self.job(instance, key)
+            give_up = None if job is None else self._give_up(event, instance, job.settings)
+            if job is not None and give_up is not None:
+                max_late = job.settings.max_late_ms
+                checked = event.slot_ms + max_late + CHECKED_FROM_MS - instance.clock.ahead_ms
+                skippers = self.ledger.unknown.setdefault((key, event.slot_ms), {})
+                skip_overlap = self.lease and job.settings.policy.overlap == "skip"
+                skippers[instance.name] = (checked, give_up, skip_overlap)
+
+    def _give_up(self, event: SkipEvent, instance: Instance, settings: JobSettings) -> int | None:
+        """When ``instance`` stops checking whether the slot ``event`` skipped was missed (true
+        time), or ``None`` when it need not find out: skipped late or for a backend error, its
+        clock within a second of the fleet's (no instance judges a slot right on a clock further
+        off), and on a claim-only backend in time to claim it once more while the backend
+        remembers it (the README's limit)."""
+        if event.reason not in UNKNOWN_FATE or event.reason == "clock-skew":
+            return None
+        if abs(instance.clock.ahead_ms) > 1000:
+            return None
+        give_up = event.slot_ms + settings.max_late_ms + CHECK_GIVE_UP_MS
+        backend = instance.backend
+        if isinstance(backend, ClaimBackend):
+            deadline = backend.claim_deadline_ms(Slot(settings.key, event.slot_ms))
+            if deadline is not None:
+                if deadline - 1000 <= instance.clock.now_ms():
+                    return None
+                give_up = min(give_up, deadline - 1000)
+        return give_up - instance.clock.ahead_ms
+
+    def _missed(self, event: MissedEvent, instance: Instance) -> None:
+        key = "tick" if event.job == "tick.v2" else event.job
+        reported = self.ledger.reported.setdefault((key, event.slot_ms), [])
+        reported.append((instance.name, self.fleet.now_ms()))
+        self.log.append(f"{instance.name} reports {key}:{event.slot_ms} missed")
 
     def stand_in(self, instance: Instance, key: str, options: dict[str, Any]) -> Callable[..., Any]:
         """The handler of job ``key`` on ``instance``: each run is noted in the ledger, then
@@ -651,6 +697,12 @@ class Simulation(OwnJobs):
             violations = self.ledger.violations(self.fleet.now_ms())
             violations += self.ledger.lost(self.store.wins, self.scheduled)
             violations += self.ledger.dropped(self.store.wins, self.store.cut, self.scheduled)
+            troubled = [(f.begin, f.end or f.begin) for f in self.coverage.faults
+                        if f.kind not in ("kill -9", "clock step")]  # fmt: skip
+            claimed = {"tick", "cron", "once", "slow"}
+            memory = None if self.lease else min(i.deploy.memory_ms for i in self.instances)
+            wins = self.store.wins
+            violations += self.ledger.unreported(self.scheduled, claimed, troubled, wins, memory)
         for instance in self.instances:
             instance.kill()
         await self.fleet.settle()
@@ -661,6 +713,7 @@ class Simulation(OwnJobs):
         return Result(
             self.seed, self.kind, self.steps, violations, self.log, len(self.ledger.runs),
             coverage, ran + self.unledgered, failed + self.unledgered_failed,
+            missed=len(self.ledger.reported), unknown=len(self.ledger.unknown),
         )  # fmt: skip
 
 
@@ -729,11 +782,13 @@ def main(argv: list[str] | None = None) -> int:
     began, failed = time.monotonic(), []
     coverage: Counter[tuple[str, str]] = Counter()
     backends: set[str] = set()
+    missed = unknown = 0
     say = (lambda _: None) if args.json else print
     for seed in seeds:
         result = simulate(seed, backend=args.backend, steps=args.steps)
         coverage.update(result.coverage)
         backends.add(result.backend)
+        missed, unknown = missed + result.missed, unknown + result.unknown
         if args.verbose:
             say("\n".join(result.log))
         if not result.ok:
@@ -753,6 +808,10 @@ def main(argv: list[str] | None = None) -> int:
             f"\ninteresting interleavings (operation x fault), over {', '.join(sorted(backends))}:"
         )
         print(format_table(coverage, reachable(backends)))
+        print(
+            f"missed slots: {missed} reported, each once, none that ran; {unknown} skipped by "
+            "an instance that could not tell whether another one ran them"
+        )
     return 1 if failed else 0
 
 

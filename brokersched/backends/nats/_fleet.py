@@ -1,10 +1,12 @@
-"""The fleet's records of ``NATSBackend``: two JetStream key-value buckets per
+"""The fleet's records of ``NATSBackend``: JetStream key-value buckets per
 prefix, made on first use, one value kept per key (``history=1``):
 
 * ``<prefix>-fleet-instance``: presence, with the bucket's TTL (``FORGET``, on the server's
   clock: nats-server 2.9 has no per-key TTL), so a dead instance's record goes by itself;
 * ``<prefix>-fleet-control``: the jobs' controls, kept for ever, changed by compare-and-set on
-  the key's last revision.
+  the key's last revision;
+* ``<prefix>-fleet-missed``: which instance reported a slot missed, with the bucket's TTL
+  (``MISSED_KEPT``), made by the first report.
 
 Keys are base64url (instance ids and job names hold characters a KV key may not).
 """
@@ -15,9 +17,9 @@ import asyncio
 import base64
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
-from ..._fleetrecords import FORGET
+from ..._fleetrecords import FORGET, MISSED_KEPT
 from ...abc import FleetKind
 from ._base import Translated
 
@@ -28,6 +30,9 @@ if TYPE_CHECKING:
 __all__ = ["FleetBuckets", "bucket_name", "bucket_streams", "presence", "read_records"]
 
 _READ_S = 5.0  # a read waits this long at most for the bucket's values
+# nats-server 2.9 keeps no TTL per key: a bucket's own, for the kinds whose records go by
+# themselves (controls are kept for ever)
+_BUCKET_TTL = {"instance": FORGET.total_seconds(), "missed": MISSED_KEPT.total_seconds()}
 
 
 def bucket_name(prefix: str, kind: FleetKind) -> str:
@@ -36,7 +41,7 @@ def bucket_name(prefix: str, kind: FleetKind) -> str:
 
 def bucket_streams(prefix: str) -> tuple[str, ...]:
     """The streams behind the buckets (``KV_<bucket>``), for ``inventory()`` and ``purge()``."""
-    return tuple(f"KV_{bucket_name(prefix, kind)}" for kind in ("instance", "control"))
+    return tuple(f"KV_{bucket_name(prefix, kind)}" for kind in get_args(FleetKind))
 
 
 def _key(text: str) -> str:
@@ -48,7 +53,7 @@ def _text(key: str) -> str:
 
 
 class FleetBuckets:
-    """The two buckets of one started backend (opened, or made, on first use)."""
+    """The buckets of one started backend (opened, or made, on first use)."""
 
     def __init__(
         self,
@@ -75,7 +80,7 @@ class FleetBuckets:
             try:
                 bucket = await js.key_value(name)
             except nats.js.errors.BucketNotFoundError:
-                ttl = FORGET.total_seconds() if kind == "instance" else None
+                ttl = _BUCKET_TTL.get(kind)
                 bucket = await js.create_key_value(  # pyright: ignore[reportUnknownMemberType]
                     bucket=name,
                     history=1,
