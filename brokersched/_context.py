@@ -12,7 +12,7 @@ from .abc import RunReason
 
 __all__ = ["AbortReason", "JobContext", "abort"]
 
-AbortReason = Literal["timeout", "lock-lost", "removed", "shutdown", "aborted"]
+AbortReason = Literal["timeout", "lock-lost", "removed", "shutdown", "aborted", "replaced"]
 
 _logger = logging.getLogger("brokersched.job")
 

@@ -109,10 +109,13 @@ class FleetControls:
             timers.rearm(job, since_ms=datetime_to_ms(ended) if ended is not None else None)
         runner = self._life.runner
         if job.runs and runner is not None:
-            aborts = control.aborts(self._host.clock.now())
+            now = self._host.clock.now()
+            aborts, replaced = control.aborts(now), control.replaces(now)
             for run in list(job.runs.values()):
                 if run.ctx.run_id in aborts:
                     runner.abort(run, "aborted")
+                elif replaced is not None and run.ctx.slot_ms < replaced:
+                    runner.abort(run, "replaced")  # a later slot waits for its lease
 
     def _end_pause_at(self, job: JobState, until: datetime | None) -> None:
         """Apply ``job``'s control again at ``until`` (its pause then ends), or never. The

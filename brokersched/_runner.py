@@ -11,6 +11,7 @@ before its lease can expire by the same rule.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Coroutine
@@ -18,11 +19,12 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ._batching import ClaimBatches, ClaimPrepares, Ending, ReleaseBatches
-from ._clock import Clock, resolve
+from ._clock import Clock, ms_to_datetime, resolve
 from ._context import AbortReason, JobContext, abort
 from ._durations import format_duration, to_ms
 from ._events import ClaimEvent, Events, SkipReason
 from ._exceptions import BackendError, ClockSkewError
+from ._fleetrecords import ControlChange, JobControl
 from ._job import AroundRun, JobState, Run, call_sync
 from ._leasekeeping import ReleaseRetries, Renewer, release_attempt_s, valid_ms
 from ._recorder import Recorder
@@ -70,7 +72,11 @@ _ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
     "removed": "interrupted",
     "shutdown": "interrupted",
     "aborted": "interrupted",
+    "replaced": "replaced",
 }
+# overlap="replace": how often a claim blocked by a run elsewhere is asked again while that
+# run is being cut (it reads the fleet's controls each heartbeat, then releases its lease).
+_REPLACE_POLL_MS = 250
 # ``JobContext.data`` of a manual run given none: the job's own ``data``.
 JOB_DATA: Any = object()
 
@@ -150,39 +156,20 @@ class Runner:
         if not job.settings.claim:
             if not self._still_wanted(job, reason, slot_ms):
                 return None  # stop() has begun (or the job is gone): nothing new starts
-            if job.settings.policy.overlap == "skip" and job.runs:
-                self.skip(job, slot_ms, "overlap", run=reason)
+            if job.runs and not await self._ended_here(job, slot_ms):
+                self.skip(job, slot_ms, "overlap", detail=self._overlap_detail(job), run=reason)
                 return None
             return await self.execute(job, slot_ms, None, reason=reason, data=data)
         run_id = new_run_id()
-        timeout = self._claim_timeout(job, slot_ms)
-        if timeout <= 0:
-            self.skip(
-                job, slot_ms, "late", detail="the backend's slot memory is ending", run=reason
-            )
+        claimed = await self._claim_slot(job, slot_ms, run_id, reason, batched=True)
+        if claimed is None:
             return None
-        began, leased_ms = time.perf_counter(), self.clock.monotonic_ms()
-        try:
-            # The backend's own deadline comes first; this one only bounds a backend that hangs.
-            async with self.clock.timeout(timeout + _CLAIM_SLACK_S):
-                lease = await self._claim(
-                    job, Slot(job.settings.key, slot_ms), run_id, reason, timeout
-                )
-        except ClockSkewError as exc:  # a clock moved; the message says which
-            self.skip(job, slot_ms, "clock-skew", detail=str(exc), run=reason)
-            return None
-        except (BackendError, TimeoutError) as exc:
-            self.skip(
-                job, slot_ms, "backend-error", detail=str(exc) or type(exc).__name__, run=reason
-            )
-            return None
-        except Exception as exc:  # a backend bug must not stop the scheduler either
-            logger.exception("claim of %s:%d failed unexpectedly", job.name, slot_ms)
-            self.skip(job, slot_ms, "backend-error", detail=type(exc).__name__, run=reason)
-            return None
-        finally:
-            seconds = time.perf_counter() - began
-            self.events.emit("claim", ClaimEvent(job.name, slot_ms, self.backend.name, seconds))
+        lease, leased_ms = claimed
+        if lease == "overlap" and self._replaces(job, reason):
+            claimed = await self._replace(job, slot_ms, run_id, reason)
+            if claimed is None:
+                return None
+            lease, leased_ms = claimed
         if lease is None and reason == "schedule" and self._prepares.enabled:
             self._prepares.after_win(job)
         if isinstance(lease, str):
@@ -206,6 +193,133 @@ class Runner:
             return None
         return await self.execute(
             job, slot_ms, lease, reason=reason, run_id=run_id, leased_ms=leased_ms, data=data
+        )
+
+    async def _claim_slot(
+        self, job: JobState, slot_ms: int, run_id: str, reason: RunReason, *, batched: bool
+    ) -> tuple[Lease | str | None, int] | None:
+        """One claim of the slot at ``slot_ms`` (``batched``: with the slots of other jobs due
+        at the same instant, if the backend claims them together) and when it was sent (on
+        the monotonic clock); ``None`` when it failed or came too late, skipped and said."""
+        timeout = self._claim_timeout(job, slot_ms)
+        if timeout <= 0:
+            self.skip(
+                job, slot_ms, "late", detail="the backend's slot memory is ending", run=reason
+            )
+            return None
+        began, leased_ms = time.perf_counter(), self.clock.monotonic_ms()
+        try:
+            # The backend's own deadline comes first; this one only bounds a backend that hangs.
+            async with self.clock.timeout(timeout + _CLAIM_SLACK_S):
+                slot = Slot(job.settings.key, slot_ms)
+                lease = await self._claim(job, slot, run_id, reason, timeout, batched=batched)
+        except ClockSkewError as exc:  # a clock moved; the message says which
+            self.skip(job, slot_ms, "clock-skew", detail=str(exc), run=reason)
+            return None
+        except (BackendError, TimeoutError) as exc:
+            self.skip(
+                job, slot_ms, "backend-error", detail=str(exc) or type(exc).__name__, run=reason
+            )
+            return None
+        except Exception as exc:  # a backend bug must not stop the scheduler either
+            logger.exception("claim of %s:%d failed unexpectedly", job.name, slot_ms)
+            self.skip(job, slot_ms, "backend-error", detail=type(exc).__name__, run=reason)
+            return None
+        finally:
+            seconds = time.perf_counter() - began
+            self.events.emit("claim", ClaimEvent(job.name, slot_ms, self.backend.name, seconds))
+        return lease, leased_ms
+
+    # -- overlap="replace" -----------------------------------------------------------------
+
+    @staticmethod
+    def _replaces(job: JobState, reason: RunReason) -> bool:
+        """Whether a claim refused for overlap cuts the run in the way: a slot of the schedule
+        of a job with ``overlap="replace"`` (a manual run or a catch-up never cuts one)."""
+        return job.settings.policy.overlap == "replace" and reason == "schedule"
+
+    async def _replace(
+        self, job: JobState, slot_ms: int, run_id: str, reason: RunReason
+    ) -> tuple[Lease | str | None, int] | None:
+        """The claim of the slot at ``slot_ms`` was refused for overlap: a run of an earlier
+        slot holds a live lease. That run is told to stop (``replaced``): here at once,
+        elsewhere through the fleet's controls, which every instance reads each heartbeat.
+        The claim is asked again as soon as the cut runs end here, else every
+        ``_REPLACE_POLL_MS``; the store grants it only once the cut run's lease is released,
+        or has expired (its runner died or hangs): never two runs of the job at once. What
+        ``_claim_slot`` answers, or ``None`` (skipped) when ``max_late`` is over first."""
+        self._cut_here(job, slot_ms)
+        self._cut_in_fleet(job, slot_ms)
+        while await self._wait_for_cut(job, slot_ms):
+            if not self._still_wanted(job, reason, slot_ms):
+                return None  # stopped, removed or paused meanwhile: nothing new starts
+            claimed = await self._claim_slot(job, slot_ms, run_id, reason, batched=False)
+            if claimed is None or claimed[0] != "overlap":
+                return claimed
+            self._cut_here(job, slot_ms)  # an earlier slot taken over here meanwhile
+        self.skip(job, slot_ms, "overlap", detail=self._overlap_detail(job), run=reason)
+        return None
+
+    def _cut_here(self, job: JobState, slot_ms: int) -> None:
+        """Tell this instance's runs of ``job``'s slots before ``slot_ms`` that they are
+        replaced (an async handler is cancelled at once)."""
+        for run in list(job.runs.values()):
+            if run.ctx.slot_ms < slot_ms:
+                self.abort(run, "replaced")
+
+    def _cut_in_fleet(self, job: JobState, slot_ms: int) -> None:
+        """Ask every instance to cut its runs of ``job``'s slots before ``slot_ms`` (an abort
+        without a run id: ``ControlChange.replaces``), written once per slot however many
+        instances ask. Applied here too once written (``FleetControls.apply``)."""
+        fleet = self.fleet
+        if fleet is None or not fleet.enabled:
+            return  # no fleet records: a run elsewhere ends by itself, or its lease expires
+        at = self.clock.now()
+        note = f"replaced by the slot at {ms_to_datetime(slot_ms).isoformat()}"
+        actor = f"overlap=replace@{self.instance_id}"
+        change = ControlChange(job.settings.key, "abort", actor, at, through_ms=slot_ms, note=note)
+        fleet.change(job, change).add_done_callback(functools.partial(_asked, job, slot_ms))
+
+    async def _wait_for_cut(self, job: JobState, slot_ms: int) -> bool:
+        """Wait until this instance's cut runs of ``job`` have ended (released their lease),
+        or ``_REPLACE_POLL_MS`` for a run elsewhere; ``False`` when the slot would be late
+        by then."""
+        left_ms = slot_ms + job.settings.max_late_ms - self.clock.now_ms()
+        wait_ms = min(_REPLACE_POLL_MS, left_ms)
+        if wait_ms <= 0:
+            return False
+        cut = {run.task for run in job.runs.values() if run.ctx.slot_ms < slot_ms}
+        waited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        timer = self.clock.call_later(wait_ms, lambda: resolve(waited))
+        try:
+            with self.clock.blocking():  # a virtual clock: its timer or the cut runs wake it
+                await asyncio.wait({*cut, waited}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        return not self._late(job, slot_ms)
+
+    async def _ended_here(self, job: JobState, slot_ms: int) -> bool:
+        """A job run on every instance (``claim=False``) with a run of it going here: whether
+        the slot at ``slot_ms`` may start. ``allow``: at once; ``skip``: no; ``replace``: once
+        the runs it cuts have ended, within ``max_late``."""
+        overlap = job.settings.policy.overlap
+        if overlap != "replace":
+            return overlap == "allow"
+        self._cut_here(job, slot_ms)
+        while any(run.ctx.slot_ms < slot_ms for run in job.runs.values()):
+            if not await self._wait_for_cut(job, slot_ms):
+                return False
+        return True
+
+    @staticmethod
+    def _overlap_detail(job: JobState) -> str | None:
+        """Why a slot of a job with ``overlap="replace"`` was skipped for overlap after all."""
+        if job.settings.policy.overlap != "replace":
+            return None
+        return (
+            "the run it replaces did not end within max_late "
+            f"({format_duration(timedelta(milliseconds=job.settings.max_late_ms))}): never two "
+            "runs of the job at once"
         )
 
     @staticmethod
@@ -257,10 +371,17 @@ class Runner:
         return timeout
 
     async def _claim(
-        self, job: JobState, slot: Slot, run_id: str, reason: RunReason, timeout: float
+        self,
+        job: JobState,
+        slot: Slot,
+        run_id: str,
+        reason: RunReason,
+        timeout: float,
+        *,
+        batched: bool,
     ) -> Lease | str | None:
         """A lease (lease backends), ``None`` (a won claim), or the skip reason."""
-        if reason == "schedule" and self._batches.enabled:  # slots due at one instant: together
+        if batched and reason == "schedule" and self._batches.enabled:  # due at one instant
             claim = Claim(slot, run_id, job.settings.policy)
             return await self._batches.claim(claim, timeout)
         return await self.claim_one(Claim(slot, run_id, job.settings.policy, reason), timeout)
@@ -514,6 +635,8 @@ class Runner:
             return "timed-out", f"Timed out after {format_duration(job.settings.timeout)}"
         if ctx.abort_reason == "aborted":  # asked to (Scheduler.abort, the admin API)
             return "interrupted", error or "aborted on request"
+        if ctx.abort_reason == "replaced":  # a later slot came due (overlap="replace")
+            return "replaced", error or "replaced by a later slot"
         if run.cut and ctx.abort_reason is not None:
             return _ABORT_OUTCOMES[ctx.abort_reason], f"aborted: {ctx.abort_reason}"
         return ("failed", error) if error is not None else ("completed", None)
@@ -675,3 +798,15 @@ class Runner:
         left = {run.task for run in abandoned}
         cut = [task for task in self.tasks.pending() if task not in left]
         await self.tasks.cut([*self.tasks.background(), *cut], _CUT_GRACE_S)
+
+
+def _asked(job: JobState, slot_ms: int, written: asyncio.Future[JobControl]) -> None:
+    """The fleet's answer to a replacement asked for the slot at ``slot_ms``: a failure is
+    logged (the run elsewhere then ends by itself, or its lease expires)."""
+    if not written.cancelled() and (exc := written.exception()) is not None:
+        logger.warning(
+            "could not ask the fleet to cut the run of job %s before slot %d: %s",
+            job.name,
+            slot_ms,
+            exc,
+        )

@@ -68,12 +68,12 @@ class LeaseAtOptions(ClaimAtOptions, total=False):
 
 
 class LeaseEveryOptions(LeaseAtOptions, total=False):
-    overlap: Literal["skip", "allow"]
+    overlap: Literal["skip", "allow", "replace"]
     offset: Duration
     run_on_start: bool
 
 
 class LeaseCronOptions(LeaseAtOptions, total=False):
-    overlap: Literal["skip", "allow"]
+    overlap: Literal["skip", "allow", "replace"]
     timezone: str
     run_on_start: bool

@@ -61,3 +61,8 @@ Scheduler(overrides={"digest.daily": "0 * * * *"})  # E
 memory.every("s6", "5s", flush, retry=3)  # E
 Retry(3)  # E
 Retry(attempts="3")  # E
+
+rabbit.every("p1", "5s", flush, overlap="replace")  # E
+redis_claims.cron("p2", "* * * * *", flush, overlap="replace")  # E
+memory.at("p3", when, flush, overlap="replace")  # E
+memory.every("p4", "5s", flush, overlap="cancel")  # E
