@@ -25,7 +25,7 @@ from ._output import WIDE, ago, duration_of, make_console, shown_backend, utc_ti
 
 __all__ = ["history", "instances"]
 
-_OUTCOME_STYLE = {"completed": "green", "failed": "red", "timed-out": "yellow"}
+_OUTCOME_STYLE = {"completed": "green", "failed": "red", "timed-out": "yellow", "replaced": "cyan"}
 #: From this many columns the runs of every job show their slot too.
 _ROOMY = 150
 
