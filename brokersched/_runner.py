@@ -120,6 +120,9 @@ class Runner:
         # job key -> the latest slot ended here whose release did not land before its lease
         # expired (see ended_here); the scheduler's, kept from one start to the next
         self._ended = {} if ended is None else ended
+        # job key -> the latest slot waiting here for the run it replaces to end (the earlier
+        # slots waiting give way to it: overlap="replace" runs the latest)
+        self._replacing: dict[str, int] = {}
 
     def skip(
         self,
@@ -248,15 +251,27 @@ class Runner:
         ``_REPLACE_POLL_MS``; the store grants it only once the cut run's lease is released,
         or has expired (its runner died or hangs): never two runs of the job at once. What
         ``_claim_slot`` answers, or ``None`` (skipped) when ``max_late`` is over first."""
+        if not self._still_wanted(job, reason, slot_ms):
+            return None  # stopped, removed or paused: nothing new starts, nothing is cut
+        key = job.settings.key
+        self._replacing[key] = max(self._replacing.get(key, slot_ms), slot_ms)
         self._cut_here(job, slot_ms)
         self._cut_in_fleet(job, slot_ms)
-        while await self._wait_for_cut(job, slot_ms):
-            if not self._still_wanted(job, reason, slot_ms):
-                return None  # stopped, removed or paused meanwhile: nothing new starts
-            claimed = await self._claim_slot(job, slot_ms, run_id, reason, batched=False)
-            if claimed is None or claimed[0] != "overlap":
-                return claimed
-            self._cut_here(job, slot_ms)  # an earlier slot taken over here meanwhile
+        try:
+            while await self._wait_for_cut(job, slot_ms):
+                if not self._still_wanted(job, reason, slot_ms):
+                    return None
+                if self._replacing[key] > slot_ms:
+                    detail = "a later slot came due while it waited, and replaces it"
+                    self.skip(job, slot_ms, "overlap", detail=detail, run=reason)
+                    return None
+                claimed = await self._claim_slot(job, slot_ms, run_id, reason, batched=False)
+                if claimed is None or claimed[0] != "overlap":
+                    return claimed
+                self._cut_here(job, slot_ms)  # an earlier slot taken over here meanwhile
+        finally:
+            if self._replacing.get(key) == slot_ms:
+                del self._replacing[key]
         self.skip(job, slot_ms, "overlap", detail=self._overlap_detail(job), run=reason)
         return None
 
