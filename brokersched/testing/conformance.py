@@ -352,6 +352,20 @@ class LeaseBackendSuite(LeaseProtocolCheck, _Suite[B]):
         assert isinstance(await self.acquire(two, Slot("job", SLOT + 2000), instance="i2"), Lease)
 
     @pytest.mark.asyncio
+    async def test_overlap_replace_refuses_while_a_lease_is_live(self, fleet: Factory) -> None:
+        """``replace`` never lets two runs of a job go at once: the store refuses the next slot
+        as ``skip`` does (the scheduler then cuts the run in the way, and asks again), and
+        grants it once that run's lease is released."""
+        one, two = await self.started(fleet), await self.started(fleet)
+        replace = JobPolicy("job", overlap="replace")
+        first = await self.acquire(one, Slot("job", SLOT), replace)
+        assert isinstance(first, Lease)
+        later = Slot("job", SLOT + 1000)
+        assert await self.acquire(two, later, replace, instance="i2") == "overlap"
+        await one.release(first)
+        assert isinstance(await self.acquire(two, later, replace, instance="i2"), Lease)
+
+    @pytest.mark.asyncio
     async def test_overlap_allow_only_fences(self, fleet: Factory) -> None:
         backend = await self.started(fleet)
         allow = JobPolicy("job", overlap="allow")
