@@ -18,6 +18,7 @@ from ._host import Host
 from ._job import JobState
 from ._lifecycle import LifeCycle
 from ._presence import without_ended_runs
+from ._runner import replaced_by
 from .abc import Instance
 from .triggers.base import Trigger
 
@@ -114,7 +115,7 @@ class FleetControls:
             for run in list(job.runs.values()):
                 if run.ctx.run_id in aborts:
                     runner.abort(run, "aborted")
-                elif replaced is not None and run.ctx.slot_ms < replaced:
+                elif replaced is not None and replaced_by(run, replaced):
                     runner.abort(run, "replaced")  # a later slot waits for its lease
 
     def _end_pause_at(self, job: JobState, until: datetime | None) -> None:

@@ -50,7 +50,7 @@ from .abc import (
 if TYPE_CHECKING:
     from ._fleet import Fleet
 
-__all__ = ["JOB_DATA", "Runner"]
+__all__ = ["JOB_DATA", "Runner", "replaced_by"]
 
 logger = logging.getLogger("brokersched")
 
@@ -279,7 +279,7 @@ class Runner:
         """Tell this instance's runs of ``job``'s slots before ``slot_ms`` that they are
         replaced (an async handler is cancelled at once)."""
         for run in list(job.runs.values()):
-            if run.ctx.slot_ms < slot_ms:
+            if replaced_by(run, slot_ms):
                 self.abort(run, "replaced")
 
     def _cut_in_fleet(self, job: JobState, slot_ms: int) -> None:
@@ -303,7 +303,7 @@ class Runner:
         wait_ms = min(_REPLACE_POLL_MS, left_ms)
         if wait_ms <= 0:
             return False
-        cut = {run.task for run in job.runs.values() if run.ctx.slot_ms < slot_ms}
+        cut = {run.task for run in job.runs.values() if replaced_by(run, slot_ms)}
         waited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         timer = self.clock.call_later(wait_ms, lambda: resolve(waited))
         try:
@@ -321,7 +321,7 @@ class Runner:
         if overlap != "replace":
             return overlap == "allow"
         self._cut_here(job, slot_ms)
-        while any(run.ctx.slot_ms < slot_ms for run in job.runs.values()):
+        while any(replaced_by(run, slot_ms) for run in job.runs.values()):
             if not await self._wait_for_cut(job, slot_ms):
                 return False
         return True
@@ -813,6 +813,15 @@ class Runner:
         left = {run.task for run in abandoned}
         cut = [task for task in self.tasks.pending() if task not in left]
         await self.tasks.cut([*self.tasks.background(), *cut], _CUT_GRACE_S)
+
+
+def replaced_by(run: Run, slot_ms: int) -> bool:
+    """Whether the job's slot at ``slot_ms`` replaces ``run`` (``overlap="replace"``): a run of
+    an earlier slot under the job's own lease, or under none (``claim=False``). A backfill
+    holds a lease of its own beside the job's runs, and is left alone."""
+    lease, job = run.lease, run.job
+    own = lease is None or lease.job == job.settings.key
+    return run.ctx.slot_ms < slot_ms and own and run.ctx.reason != "backfill"
 
 
 def _asked(job: JobState, slot_ms: int, written: asyncio.Future[JobControl]) -> None:

@@ -57,7 +57,7 @@ from .._fleetrecords import ControlAction
 from .._retry import Retry
 from .._scheduler import Scheduler
 from .._tasks import Tracked, track
-from ..abc import Backend
+from ..abc import Backend, RunRecord
 from ..backends.memory import MemoryStore
 from ._clock import FleetClock, InstanceClock
 from ._sim_coverage import EFFECT_MS, Coverage, format_table, reachable, to_json
@@ -201,6 +201,9 @@ class Simulation(OwnJobs):
         # What later releases added to the draws (retries, backfills, catch_up) comes from an
         # RNG of its own, so that the steps a seed drew before stay the same.
         self.more = random.Random(seed + 3)
+        # overlap="replace" is drawn apart too, and only with late answers and pauses: a seed
+        # replayed as it was found before them runs as before.
+        self.replace_rng = random.Random(seed + 8) if pauses and late_answers else None
         self._jobs = self.draw_jobs()
         self._failures = random.Random(seed + 2)  # which attempts fail
         self.faults = Faults(self)
@@ -357,7 +360,7 @@ class Simulation(OwnJobs):
                 retries=retry.attempts if retry is not None else 1, origin=origin,
                 ahead_ms=instance.clock.ahead_ms, leased=leased, run_id=ctx.run_id,
             )  # fmt: skip
-            if origin == "start" and options.get("overlap") == "skip":
+            if origin == "start" and options.get("overlap") in ("skip", "replace"):
                 run.key = key  # holds the job's own lease: it never overlaps the job's slots
             ledger.runs.append(run)
             how = "cut"
@@ -371,6 +374,8 @@ class Simulation(OwnJobs):
                 run.end = fleet.now_ms()
                 if ctx.abort_reason == "timeout":  # a failed attempt (retry= catches it)
                     how = "timed-out"
+                elif ctx.abort_reason == "replaced":  # recorded so, however it ended
+                    how = "replaced"
                 run.how = "killed" if instance.clock.dead else how
 
         return handler
@@ -630,6 +635,14 @@ class Simulation(OwnJobs):
 
     # -- the whole run -----------------------------------------------------------------------
 
+    def _records(self) -> list[RunRecord]:
+        """Every run record a lease store kept (the claim backends' runs are never cut)."""
+        if self.kind == "lease":
+            return [record for kept in self._rows.history.values() for record in kept]
+        if self.kind == "natslease":
+            return [record for kept in self.data.history.values() for record in kept]
+        return []
+
     def going_on(self, steps: int) -> bool:
         """Whether to take another step after ``steps``."""
         return steps < self.steps
@@ -651,6 +664,7 @@ class Simulation(OwnJobs):
             violations = self.ledger.violations(self.fleet.now_ms())
             violations += self.ledger.lost(self.store.wins, self.scheduled)
             violations += self.ledger.dropped(self.store.wins, self.store.cut, self.scheduled)
+            violations += self.ledger.replaced(self._records())
         for instance in self.instances:
             instance.kill()
         await self.fleet.settle()
