@@ -61,6 +61,9 @@ CASES += [("lease", 14), ("lease", 15)]
 # An abort as the store's clock steps back, and an enable while nothing else goes wrong, with
 # pauses until an instant and skips drawn.
 CASES += [("lease", 56)]
+# Runs cut by a later slot (overlap="replace") as the store restarts (38), and as it sheds
+# claims and its clock steps back (59).
+CASES += [("lease", 38), ("lease", 59)]
 _STOPS = JobControl.stops
 # Each seed's result, for the coverage of all of them (test_the_ci_seeds_reach_...).
 _RESULTS: dict[tuple[str, int], Result] = {}
