@@ -27,9 +27,10 @@ class _RunAdapter(logging.LoggerAdapter[logging.Logger]):
 class JobContext:
     """The run a handler is doing.
 
-    ``abort_reason`` becomes ``"timeout"``, ``"lock-lost"``, ``"removed"`` or ``"aborted"``
-    (``Scheduler.abort(run_id)``, from any instance) when the run must stop at once: async
-    handlers are then cancelled at their next ``await``. It becomes
+    ``abort_reason`` becomes ``"timeout"``, ``"lock-lost"``, ``"removed"``, ``"aborted"``
+    (``Scheduler.abort(run_id)``, from any instance) or ``"replaced"`` (a later slot of a job
+    with ``overlap="replace"`` came due) when the run must stop at once: async handlers are
+    then cancelled at their next ``await``. It becomes
     ``"shutdown"`` when the scheduler stops: the handler is told, not cancelled, and may
     checkpoint and return (``await ctx.wait_aborted()``); only a run still going after
     ``drain_timeout`` is cancelled. Sync handlers (run in a worker thread) watch

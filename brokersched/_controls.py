@@ -18,7 +18,7 @@ from ._host import Host
 from ._job import JobState
 from ._lifecycle import LifeCycle
 from ._presence import without_ended_runs
-from ._runner import replaced_by
+from ._replace import replaced_by
 from .abc import Instance
 from .triggers.base import Trigger
 

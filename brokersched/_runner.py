@@ -11,7 +11,6 @@ before its lease can expire by the same rule.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Coroutine
@@ -19,16 +18,16 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from ._batching import ClaimBatches, ClaimPrepares, Ending, ReleaseBatches
-from ._clock import Clock, ms_to_datetime, resolve
+from ._clock import Clock, resolve
 from ._context import AbortReason, JobContext, abort
 from ._durations import format_duration, to_ms
 from ._events import ClaimEvent, Events, SkipReason
 from ._exceptions import BackendError, ClockSkewError
-from ._fleetrecords import ControlChange, JobControl
 from ._job import AroundRun, JobState, Run, call_sync
 from ._leasekeeping import ReleaseRetries, Renewer, release_attempt_s, valid_ms
 from ._recorder import Recorder
 from ._redact import data_secrets
+from ._replace import Replacer, overlap_detail, replaces
 from ._retry import Retry
 from ._runlog import RunLog
 from ._tasks import TaskSet
@@ -50,7 +49,7 @@ from .abc import (
 if TYPE_CHECKING:
     from ._fleet import Fleet
 
-__all__ = ["JOB_DATA", "Runner", "replaced_by"]
+__all__ = ["JOB_DATA", "Runner"]
 
 logger = logging.getLogger("brokersched")
 
@@ -74,9 +73,6 @@ _ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
     "aborted": "interrupted",
     "replaced": "replaced",
 }
-# overlap="replace": how often a claim blocked by a run elsewhere is asked again while that
-# run is being cut (it reads the fleet's controls each heartbeat, then releases its lease).
-_REPLACE_POLL_MS = 250
 # ``JobContext.data`` of a manual run given none: the job's own ``data``.
 JOB_DATA: Any = object()
 
@@ -120,9 +116,7 @@ class Runner:
         # job key -> the latest slot ended here whose release did not land before its lease
         # expired (see ended_here); the scheduler's, kept from one start to the next
         self._ended = {} if ended is None else ended
-        # job key -> the latest slot waiting here for the run it replaces to end (the earlier
-        # slots waiting give way to it: overlap="replace" runs the latest)
-        self._replacing: dict[str, int] = {}
+        self.replacer = Replacer(self)  # overlap="replace"
 
     def skip(
         self,
@@ -144,7 +138,7 @@ class Runner:
     ) -> RunRecord | None:
         """Steps 3-6 of a slot's life; returns the record of the run, or ``None`` if skipped.
         ``data``: a manual run's ``ctx.data``, if not the job's."""
-        if reason == "schedule" and self._late(job, slot_ms):
+        if reason == "schedule" and self.late(job, slot_ms):
             self.skip(job, slot_ms, "late", run=reason)
             return None
         if reason in ("schedule", "manual") and self.fleet is not None:
@@ -157,19 +151,19 @@ class Runner:
             self.skip(job, slot_ms, "paused", detail=_STOPPED_DETAIL[stop], run=reason)
             return None
         if not job.settings.claim:
-            if not self._still_wanted(job, reason, slot_ms):
+            if not self.still_wanted(job, reason, slot_ms):
                 return None  # stop() has begun (or the job is gone): nothing new starts
-            if job.runs and not await self._ended_here(job, slot_ms):
-                self.skip(job, slot_ms, "overlap", detail=self._overlap_detail(job), run=reason)
+            if job.runs and not await self.replacer.ended_here(job, slot_ms):
+                self.skip(job, slot_ms, "overlap", detail=overlap_detail(job), run=reason)
                 return None
             return await self.execute(job, slot_ms, None, reason=reason, data=data)
         run_id = new_run_id()
-        claimed = await self._claim_slot(job, slot_ms, run_id, reason, batched=True)
+        claimed = await self.claim_slot(job, slot_ms, run_id, reason, batched=True)
         if claimed is None:
             return None
         lease, leased_ms = claimed
-        if lease == "overlap" and self._replaces(job, reason):
-            claimed = await self._replace(job, slot_ms, run_id, reason)
+        if lease == "overlap" and replaces(job, reason):
+            claimed = await self.replacer.replace(job, slot_ms, run_id, reason)
             if claimed is None:
                 return None
             lease, leased_ms = claimed
@@ -181,14 +175,14 @@ class Runner:
             else:
                 self.skip(job, slot_ms, lease, run=reason)  # type: ignore[arg-type]
             return None
-        if not self._still_wanted(job, reason, slot_ms, claimed=lease is None):
+        if not self.still_wanted(job, reason, slot_ms, claimed=lease is None):
             # Removed or paused while the claim was in flight, or stopped on a lease backend:
             # the lease is handed over, so another instance may still run the slot.
             if lease is not None:
                 await self.release(lease, handover=True)
             logger.info("claimed %s:%d but no longer runs it here", job.name, slot_ms)
             return None
-        if reason == "schedule" and self._late(job, slot_ms):
+        if reason == "schedule" and self.late(job, slot_ms):
             # A slow claim: the slot stays claimed, so no other instance runs it late either.
             if lease is not None:
                 await self.release(lease, handover=False)
@@ -198,7 +192,7 @@ class Runner:
             job, slot_ms, lease, reason=reason, run_id=run_id, leased_ms=leased_ms, data=data
         )
 
-    async def _claim_slot(
+    async def claim_slot(
         self, job: JobState, slot_ms: int, run_id: str, reason: RunReason, *, batched: bool
     ) -> tuple[Lease | str | None, int] | None:
         """One claim of the slot at ``slot_ms`` (``batched``: with the slots of other jobs due
@@ -233,110 +227,6 @@ class Runner:
             self.events.emit("claim", ClaimEvent(job.name, slot_ms, self.backend.name, seconds))
         return lease, leased_ms
 
-    # -- overlap="replace" -----------------------------------------------------------------
-
-    @staticmethod
-    def _replaces(job: JobState, reason: RunReason) -> bool:
-        """Whether a claim refused for overlap cuts the run in the way: a slot of the schedule
-        of a job with ``overlap="replace"`` (a manual run or a catch-up never cuts one)."""
-        return job.settings.policy.overlap == "replace" and reason == "schedule"
-
-    async def _replace(
-        self, job: JobState, slot_ms: int, run_id: str, reason: RunReason
-    ) -> tuple[Lease | str | None, int] | None:
-        """The claim of the slot at ``slot_ms`` was refused for overlap: a run of an earlier
-        slot holds a live lease. That run is told to stop (``replaced``): here at once,
-        elsewhere through the fleet's controls, which every instance reads each heartbeat.
-        The claim is asked again as soon as the cut runs end here, else every
-        ``_REPLACE_POLL_MS``; the store grants it only once the cut run's lease is released,
-        or has expired (its runner died or hangs): never two runs of the job at once. What
-        ``_claim_slot`` answers, or ``None`` (skipped) when ``max_late`` is over first."""
-        if not self._still_wanted(job, reason, slot_ms):
-            return None  # stopped, removed or paused: nothing new starts, nothing is cut
-        key = job.settings.key
-        self._replacing[key] = max(self._replacing.get(key, slot_ms), slot_ms)
-        self._cut_here(job, slot_ms)
-        self._cut_in_fleet(job, slot_ms)
-        try:
-            while await self._wait_for_cut(job, slot_ms):
-                if not self._still_wanted(job, reason, slot_ms):
-                    return None
-                if self._replacing[key] > slot_ms:
-                    detail = "a later slot came due while it waited, and replaces it"
-                    self.skip(job, slot_ms, "overlap", detail=detail, run=reason)
-                    return None
-                claimed = await self._claim_slot(job, slot_ms, run_id, reason, batched=False)
-                if claimed is None or claimed[0] != "overlap":
-                    return claimed
-                self._cut_here(job, slot_ms)  # an earlier slot taken over here meanwhile
-        finally:
-            if self._replacing.get(key) == slot_ms:
-                del self._replacing[key]
-        self.skip(job, slot_ms, "overlap", detail=self._overlap_detail(job), run=reason)
-        return None
-
-    def _cut_here(self, job: JobState, slot_ms: int) -> None:
-        """Tell this instance's runs of ``job``'s slots before ``slot_ms`` that they are
-        replaced (an async handler is cancelled at once)."""
-        for run in list(job.runs.values()):
-            if replaced_by(run, slot_ms):
-                self.abort(run, "replaced")
-
-    def _cut_in_fleet(self, job: JobState, slot_ms: int) -> None:
-        """Ask every instance to cut its runs of ``job``'s slots before ``slot_ms`` (an abort
-        without a run id: ``ControlChange.replaces``), written once per slot however many
-        instances ask. Applied here too once written (``FleetControls.apply``)."""
-        fleet = self.fleet
-        if fleet is None or not fleet.enabled:
-            return  # no fleet records: a run elsewhere ends by itself, or its lease expires
-        at = self.clock.now()
-        note = f"replaced by the slot at {ms_to_datetime(slot_ms).isoformat()}"
-        actor = f"overlap=replace@{self.instance_id}"
-        change = ControlChange(job.settings.key, "abort", actor, at, through_ms=slot_ms, note=note)
-        fleet.change(job, change).add_done_callback(functools.partial(_asked, job, slot_ms))
-
-    async def _wait_for_cut(self, job: JobState, slot_ms: int) -> bool:
-        """Wait until this instance's cut runs of ``job`` have ended (released their lease),
-        or ``_REPLACE_POLL_MS`` for a run elsewhere; ``False`` when the slot would be late
-        by then."""
-        left_ms = slot_ms + job.settings.max_late_ms - self.clock.now_ms()
-        wait_ms = min(_REPLACE_POLL_MS, left_ms)
-        if wait_ms <= 0:
-            return False
-        cut = {run.task for run in job.runs.values() if replaced_by(run, slot_ms)}
-        waited: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        timer = self.clock.call_later(wait_ms, lambda: resolve(waited))
-        try:
-            with self.clock.blocking():  # a virtual clock: its timer or the cut runs wake it
-                await asyncio.wait({*cut, waited}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            timer.cancel()
-        return not self._late(job, slot_ms)
-
-    async def _ended_here(self, job: JobState, slot_ms: int) -> bool:
-        """A job run on every instance (``claim=False``) with a run of it going here: whether
-        the slot at ``slot_ms`` may start. ``allow``: at once; ``skip``: no; ``replace``: once
-        the runs it cuts have ended, within ``max_late``."""
-        overlap = job.settings.policy.overlap
-        if overlap != "replace":
-            return overlap == "allow"
-        self._cut_here(job, slot_ms)
-        while any(replaced_by(run, slot_ms) for run in job.runs.values()):
-            if not await self._wait_for_cut(job, slot_ms):
-                return False
-        return True
-
-    @staticmethod
-    def _overlap_detail(job: JobState) -> str | None:
-        """Why a slot of a job with ``overlap="replace"`` was skipped for overlap after all."""
-        if job.settings.policy.overlap != "replace":
-            return None
-        return (
-            "the run it replaces did not end within max_late "
-            f"({format_duration(timedelta(milliseconds=job.settings.max_late_ms))}): never two "
-            "runs of the job at once"
-        )
-
     @staticmethod
     def _stopped(job: JobState, slot_ms: int, reason: RunReason) -> str | None:
         """Why the fleet's controls stop this run of the slot at ``slot_ms``: a pause (until an
@@ -346,7 +236,7 @@ class Runner:
             return job.stops(slot_ms)
         return "disabled" if job.disabled and reason == "manual" else None
 
-    def _still_wanted(
+    def still_wanted(
         self, job: JobState, reason: RunReason, slot_ms: int, *, claimed: bool = False
     ) -> bool:
         """Whether a slot goes on to run. ``claimed``: won on a claim-only backend, whose
@@ -357,7 +247,7 @@ class Runner:
             return False
         return claimed or not self.stopping
 
-    def _late(self, job: JobState, slot_ms: int) -> bool:
+    def late(self, job: JobState, slot_ms: int) -> bool:
         return bool(self.clock.now_ms() - slot_ms > job.settings.max_late_ms)
 
     def _claim_timeout(self, job: JobState, slot_ms: int) -> float:
@@ -813,24 +703,3 @@ class Runner:
         left = {run.task for run in abandoned}
         cut = [task for task in self.tasks.pending() if task not in left]
         await self.tasks.cut([*self.tasks.background(), *cut], _CUT_GRACE_S)
-
-
-def replaced_by(run: Run, slot_ms: int) -> bool:
-    """Whether the job's slot at ``slot_ms`` replaces ``run`` (``overlap="replace"``): a run of
-    an earlier slot under the job's own lease, or under none (``claim=False``). A backfill
-    holds a lease of its own beside the job's runs, and is left alone."""
-    lease, job = run.lease, run.job
-    own = lease is None or lease.job == job.settings.key
-    return run.ctx.slot_ms < slot_ms and own and run.ctx.reason != "backfill"
-
-
-def _asked(job: JobState, slot_ms: int, written: asyncio.Future[JobControl]) -> None:
-    """The fleet's answer to a replacement asked for the slot at ``slot_ms``: a failure is
-    logged (the run elsewhere then ends by itself, or its lease expires)."""
-    if not written.cancelled() and (exc := written.exception()) is not None:
-        logger.warning(
-            "could not ask the fleet to cut the run of job %s before slot %d: %s",
-            job.name,
-            slot_ms,
-            exc,
-        )

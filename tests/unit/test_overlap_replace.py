@@ -7,6 +7,8 @@ the option is refused on a claim-only backend."""
 from __future__ import annotations
 
 import asyncio
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from brokersched import ConfigurationError, JobContext, Scheduler, SkipEvent
 from brokersched.backends.memory import MemoryBackend
 from brokersched.testing import TestClock
 from tests.support.helpers import DictClaimBackend
+from tests.support.wait import until
 
 
 class Overlaps:
@@ -121,8 +124,42 @@ def test_replace_needs_a_lease_backend() -> None:
 
 
 def test_replace_does_not_apply_to_at() -> None:
-    from datetime import UTC, datetime
-
     sched = Scheduler(MemoryBackend())
     with pytest.raises(ConfigurationError, match="does not apply to at"):
         sched.at("once", datetime(2030, 1, 1, tzinfo=UTC), Overlaps(), overlap="replace")  # type: ignore[call-overload]
+
+
+async def test_a_sync_handler_is_told_through_abort_reason() -> None:
+    """A sync handler runs in a thread, which cannot be cancelled: it sees
+    ``ctx.abort_reason == "replaced"`` and returns; its run is recorded ``replaced`` all the
+    same. Real time: the thread is the point."""
+    told: list[str | None] = []
+
+    def polite(ctx: JobContext) -> None:
+        while ctx.abort_reason is None and len(told) < 3:
+            time.sleep(0.01)
+        told.append(ctx.abort_reason)
+
+    sched = Scheduler(MemoryBackend(), jitter=0)
+    job = sched.every("feed", "1s", polite, overlap="replace")
+    async with sched:
+        await until(lambda: told, what="the first run told to stop")
+        await until(lambda: _replaced(job), what="its record")
+    assert told[0] == "replaced"
+
+
+async def _replaced(job: Any) -> bool:
+    return any(record.outcome == "replaced" for record in await job.history(10))
+
+
+async def test_a_job_run_on_every_instance_replaces_its_own_run(
+    scheduler: Scheduler[MemoryBackend], clock: TestClock
+) -> None:
+    """``claim=False``: no lease, the runs are this instance's; the next slot cuts the one in
+    its way and waits for it to end."""
+    handler = Overlaps()
+    scheduler.every("warm", "10s", handler, overlap="replace", claim=False)
+    await scheduler.start()
+    await clock.advance("25s")
+    assert [o for _, o in await outcomes(scheduler, "warm")] == ["replaced"]
+    assert handler.most == 1 and handler.going == 1
