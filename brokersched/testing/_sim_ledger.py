@@ -244,8 +244,9 @@ class Ledger:
     def replaced(self, records: Iterable[RunRecord]) -> list[str]:
         """The runs cut by a later slot of their job, against the records the store kept (by
         run id): one each, ``replaced``, or ``interrupted`` by the taker of a lease the run
-        lost first; never two; none only where the run's release never reached the store
-        (``_unreleased``)."""
+        lost first; never two outcomes; the same twice only where a release landed unanswered
+        and its record was then written apart (the README's Limits: the store away after the
+        run); none only where the run's release never reached the store (``_unreleased``)."""
         kept: dict[str, list[str]] = {}
         for record in records:
             kept.setdefault(record.run_id, []).append(record.outcome)
@@ -254,11 +255,17 @@ class Ledger:
             if run.how != "replaced":
                 continue
             outcomes = kept.get(run.run_id, [])
-            if len(outcomes) > 1:
+            if len(outcomes) > 1 and (len(set(outcomes)) > 1 or not self._away_after(run)):
                 found.append(f"a replaced run was recorded {outcomes}: {_show([run])}")
             elif not outcomes and not self._unreleased(run, self._lease_attempt(run)):
                 found.append(f"a replaced run was never recorded: {_show([run])}")
         return found
+
+    def _away_after(self, run: Run) -> bool:
+        """The store was out of reach while ``run``'s release was tried (from its end until a
+        lease_ttl after its lease could expire)."""
+        end = run.end if run.end is not None else 0
+        return _covered(self.outages, end, end + 2 * run.lease_ttl_ms) > 0
 
     def _lease_attempt(self, run: Run) -> int:
         """The attempt ``run``'s lease was granted as: its own, or (a ``retry=`` attempt) that
