@@ -69,7 +69,9 @@ def overlap_detail(job: JobState) -> str | None:
 
 
 class Replacer:
-    """The replacements of one runner's slots."""
+    """The replacements of one runner's slots, by the runner's own rules: whether a slot is
+    still wanted (``Runner._still_wanted``), late (``Runner._late``), how it is claimed
+    (``Runner.claim_slot``), skipped and aborted."""
 
     def __init__(self, runner: Runner) -> None:
         self._runner = runner
@@ -84,14 +86,14 @@ class Replacer:
         way and claim again until granted (see the module). What the last claim answered, or
         ``None``: skipped (said so), or no longer wanted (stopped, removed, paused)."""
         runner, key = self._runner, job.settings.key
-        if not runner.still_wanted(job, reason, slot_ms):
+        if not runner._still_wanted(job, reason, slot_ms):
             return None  # nothing new starts, nothing is cut
         self._waiting[key] = max(self._waiting.get(key, slot_ms), slot_ms)
         self.cut_here(job, slot_ms)
         self._cut_in_fleet(job, slot_ms)
         try:
             while await self._wait_for_cut(job, slot_ms):
-                if not runner.still_wanted(job, reason, slot_ms):
+                if not runner._still_wanted(job, reason, slot_ms):
                     return None
                 if self._waiting[key] > slot_ms:
                     detail = "a later slot came due while it waited, and replaces it"
@@ -157,7 +159,7 @@ class Replacer:
                 await asyncio.wait({*cut, waited}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             timer.cancel()
-        return not self._runner.late(job, slot_ms)
+        return not self._runner._late(job, slot_ms)
 
 
 def _asked(job: JobState, slot_ms: int, written: asyncio.Future[JobControl]) -> None:

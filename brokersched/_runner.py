@@ -138,7 +138,7 @@ class Runner:
     ) -> RunRecord | None:
         """Steps 3-6 of a slot's life; returns the record of the run, or ``None`` if skipped.
         ``data``: a manual run's ``ctx.data``, if not the job's."""
-        if reason == "schedule" and self.late(job, slot_ms):
+        if reason == "schedule" and self._late(job, slot_ms):
             self.skip(job, slot_ms, "late", run=reason)
             return None
         if reason in ("schedule", "manual") and self.fleet is not None:
@@ -151,7 +151,7 @@ class Runner:
             self.skip(job, slot_ms, "paused", detail=_STOPPED_DETAIL[stop], run=reason)
             return None
         if not job.settings.claim:
-            if not self.still_wanted(job, reason, slot_ms):
+            if not self._still_wanted(job, reason, slot_ms):
                 return None  # stop() has begun (or the job is gone): nothing new starts
             if job.runs and not await self.replacer.ended_here(job, slot_ms):
                 self.skip(job, slot_ms, "overlap", detail=overlap_detail(job), run=reason)
@@ -175,14 +175,14 @@ class Runner:
             else:
                 self.skip(job, slot_ms, lease, run=reason)  # type: ignore[arg-type]
             return None
-        if not self.still_wanted(job, reason, slot_ms, claimed=lease is None):
+        if not self._still_wanted(job, reason, slot_ms, claimed=lease is None):
             # Removed or paused while the claim was in flight, or stopped on a lease backend:
             # the lease is handed over, so another instance may still run the slot.
             if lease is not None:
                 await self.release(lease, handover=True)
             logger.info("claimed %s:%d but no longer runs it here", job.name, slot_ms)
             return None
-        if reason == "schedule" and self.late(job, slot_ms):
+        if reason == "schedule" and self._late(job, slot_ms):
             # A slow claim: the slot stays claimed, so no other instance runs it late either.
             if lease is not None:
                 await self.release(lease, handover=False)
@@ -236,7 +236,7 @@ class Runner:
             return job.stops(slot_ms)
         return "disabled" if job.disabled and reason == "manual" else None
 
-    def still_wanted(
+    def _still_wanted(
         self, job: JobState, reason: RunReason, slot_ms: int, *, claimed: bool = False
     ) -> bool:
         """Whether a slot goes on to run. ``claimed``: won on a claim-only backend, whose
@@ -247,7 +247,7 @@ class Runner:
             return False
         return claimed or not self.stopping
 
-    def late(self, job: JobState, slot_ms: int) -> bool:
+    def _late(self, job: JobState, slot_ms: int) -> bool:
         return bool(self.clock.now_ms() - slot_ms > job.settings.max_late_ms)
 
     def _claim_timeout(self, job: JobState, slot_ms: int) -> float:
