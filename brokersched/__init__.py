@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING
 from ._clock import Clock, SystemClock, Timer
 from ._context import JobContext
 from ._durations import parse_duration
-from ._events import ClaimEvent, RecordDroppedEvent, RunEvent, SkipEvent, StartEvent
+from ._events import (
+    ClaimEvent,
+    MissedEvent,
+    RecordDroppedEvent,
+    RunEvent,
+    SkipEvent,
+    StartEvent,
+)
 from ._exceptions import (
     BackendError,
     BackendUnavailableError,
@@ -55,6 +62,7 @@ __all__ = [
     "JobOptions",
     "JobSettings",
     "MemoryBackend",
+    "MissedEvent",
     "NATSBackend",
     "NATSLeaseBackend",
     "PostgresBackend",

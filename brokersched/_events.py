@@ -1,4 +1,5 @@
-"""Events a scheduler emits — ``skip``, ``start``, ``complete``, ``fail``, ``claim`` — and
+"""Events a scheduler emits — ``skip``, ``start``, ``complete``, ``fail``, ``claim``,
+``record-dropped``, ``missed`` — and
 ``Events``, which holds the listeners and calls them."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "EventName",
     "Events",
     "Listener",
+    "MissedEvent",
     "RecordDroppedEvent",
     "RunEvent",
     "SkipEvent",
@@ -30,7 +32,7 @@ __all__ = [
 
 logger = logging.getLogger("brokersched")
 
-EventName = Literal["skip", "start", "complete", "fail", "claim", "record-dropped"]
+EventName = Literal["skip", "start", "complete", "fail", "claim", "record-dropped", "missed"]
 SkipReason = Literal["late", "overlap", "not-acquired", "paused", "backend-error", "clock-skew"]
 
 
@@ -92,7 +94,16 @@ class RecordDroppedEvent(_SlotEvent):
     dropped: int
 
 
-Event = SkipEvent | StartEvent | RunEvent | ClaimEvent | RecordDroppedEvent
+@dataclass(frozen=True, slots=True)
+class MissedEvent(_SlotEvent):
+    """A scheduled slot that no instance ran within its ``max_late`` (``brokersched._missed``),
+    emitted by the one instance that reports it for the fleet. ``detail`` says why it was not
+    run there. ``job`` is the job's name."""
+
+    detail: str | None = None
+
+
+Event = SkipEvent | StartEvent | RunEvent | ClaimEvent | RecordDroppedEvent | MissedEvent
 Listener = Callable[[Event], Awaitable[None] | None]
 
 

@@ -28,7 +28,8 @@ __all__ = [
     "check_handler",
 ]
 
-Handler: TypeAlias = Callable[[JobContext], Awaitable[None]] | Callable[[JobContext], None]
+# A handler may return a value: a JSON one is kept in its run's record (``RunRecord.result``).
+Handler: TypeAlias = Callable[[JobContext], Awaitable[object]] | Callable[[JobContext], object]
 AroundRun: TypeAlias = Callable[[JobContext], AbstractContextManager[object]]
 """``Scheduler(around_run=...)``: a context manager made for each run and entered around its
 handler, in the thread the handler runs in (a worker thread for a sync handler, the event loop
@@ -70,14 +71,14 @@ def check_handler(job: str, handler: object) -> None:
         ) from None
 
 
-def call_sync(handler: Handler, ctx: JobContext, around: AroundRun | None) -> None:
-    """A sync handler's run, in its worker thread: ``around`` (if any) is entered here too, so
-    that thread-bound resources (Django's database connections) are the handler's own."""
+def call_sync(handler: Handler, ctx: JobContext, around: AroundRun | None) -> object:
+    """A sync handler's run, in its worker thread, and what it returned: ``around`` (if any) is
+    entered here too, so that thread-bound resources (Django's database connections) are the
+    handler's own."""
     if around is None:
-        handler(ctx)
-        return
+        return handler(ctx)
     with around(ctx):
-        handler(ctx)
+        return handler(ctx)
 
 
 @dataclass(slots=True, eq=False)
@@ -97,6 +98,7 @@ class Run:
     waiting: bool = False  # between a failed attempt and its retry (an abort ends the wait)
     exception: Exception | None = None  # what the handler raised
     cancelled: BaseException | None = None  # the cancellation that cut it (where it was)
+    returned: object = None  # what the handler returned (its record keeps it as JSON)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 """How a run and its times are shown as JSON, alike by the CLI's ``--json`` and the admin API:
-times in ISO 8601 UTC, and no error or traceback that has not been through ``redact``."""
+times in ISO 8601 UTC, and no error, traceback or result that has not been through ``redact``."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import Any, Protocol
 from ._clock import datetime_to_ms, ms_to_datetime
 from ._options import JobSettings
 from ._redact import data_secrets, redact_text, scrub
+from ._results import mask_result
 from .abc import RunRecord
 
-__all__ = ["iso", "record_json", "shown_error"]
+__all__ = ["iso", "record_json", "shown_error", "shown_result"]
 
 
 class _HasSettings(Protocol):
@@ -59,4 +60,13 @@ def record_json(
     shown["outcome"] = record.outcome
     shown["error"] = shown_error(record.error, job) if record.error else None
     shown["traceback"] = shown_error(record.traceback, job) if record.traceback else None
+    shown["result"] = shown_result(record.result, job)
     return shown
+
+
+def shown_result(result: Any, job: _HasSettings | None) -> Any:
+    """A run's result as shown: its strings redacted as ``shown_error`` redacts an error."""
+    if result is None:
+        return None
+    secrets = data_secrets(job.settings.data) if job is not None else ()
+    return mask_result(result, secrets)

@@ -94,7 +94,11 @@ class LifeCycle:
         self._apply_control = apply_control
         self._send_unsent = send_unsent
         self.timers = Timers(
-            host.clock, fire=self._fire, fire_boot=self._fire_boot, job_count=job_count
+            host.clock,
+            fire=self._fire,
+            fire_boot=self._fire_boot,
+            job_count=job_count,
+            passed=self._passed,
         )
         # The slots ended here whose releases came late (Runner.ended_here): every start's.
         self._ended: dict[str, int] = {}
@@ -238,6 +242,7 @@ class LifeCycle:
             self._recorder,
             self._around_run,
             self._ended,
+            record_results=host.options.record_results,
         )
         self.loop = asyncio.get_running_loop()
         fleet = self.fleet = self._make_fleet(runner)
@@ -434,6 +439,12 @@ class LifeCycle:
         """A slot fell due (``Timers``): its life is the runner's from here."""
         assert self.runner is not None
         self._tasks.spawn(self.runner.run_slot(job, slot_ms, "schedule"), name=f"slot:{job.name}")
+
+    def _passed(self, job: JobState, after_ms: int, through_ms: int) -> None:
+        """The slots a frozen process woke too late for (``Timers``): skipped here unseen, so
+        watched, as a late skip's slot is, in case no instance ran them."""
+        if self.runner is not None:
+            self.runner.missed.watch_passed(job, after_ms, through_ms)
 
     def _fire_boot(self, job: JobState, due_ms: int) -> None:
         assert self.runner is not None

@@ -23,6 +23,9 @@ Series (``job`` is capped, see ``max_jobs``):
 - ``brokersched_claim_duration_seconds{backend}``: how long claims took (histogram);
   ``backend`` is ``rabbitmq``, ``nats``, ``redis``, ``postgres``, ``sqlite`` or ``memory`` (a
   backend of your own: its class name, lower case, without ``Backend``)
+- ``brokersched_slots_missed_total{job}``: scheduled slots that no instance ran within
+  ``max_late``, counted by the one instance that reports each for the fleet (sum the series of
+  every instance: each missed slot is counted once)
 - ``brokersched_records_dropped_total{job}``: run records never written to the backend (it was
   away while ``record_buffer`` records waited, or ``stop()`` could not write them in time)
 - ``brokersched_broker_budget_used{backend}``: the share of its budget the backend's server
@@ -156,6 +159,13 @@ class PrometheusMetrics:
             ["job"],
             **into,
         )
+        self.missed = prom.Counter(
+            "brokersched_slots_missed",
+            "Scheduled slots no instance ran within max_late (counted by the instance that "
+            "reported each).",
+            ["job"],
+            **into,
+        )
         self.claim_duration = prom.Histogram(
             "brokersched_claim_duration_seconds",
             "How long claims took, by backend.",
@@ -211,6 +221,7 @@ class PrometheusMetrics:
         scheduler.on("fail", on_finish)
         scheduler.on("skip", on_skip)
         scheduler.on("claim", self._observe_claim)
+        scheduler.on("missed", lambda event: self.missed.labels(self.job_label(event.job)).inc())
         scheduler.on(
             "record-dropped",
             lambda event: self.records_dropped.labels(self.job_label(event.job)).inc(),
@@ -220,8 +231,10 @@ class PrometheusMetrics:
     def _declare(self, label: str) -> None:
         """Create a known job's series at zero: ``increase()`` then sees its first run."""
         for outcome in get_args(Outcome):
-            self.runs.labels(label, outcome)
+            if outcome != "missed":  # not a run: counted by brokersched_slots_missed
+                self.runs.labels(label, outcome)
         self.retries.labels(label)
+        self.missed.labels(label)
         self.active.labels(label)
 
     def _observe_claim(self, event: ClaimEvent) -> None:

@@ -30,6 +30,7 @@ from ._exceptions import ConfigurationError
 from ._retry import Retry, parse_retry
 from ._timezones import parse_timezone
 from .abc import Capabilities, JobPolicy
+from .triggers.cron import parse_dst
 
 __all__ = [
     "NAME_PATTERN",
@@ -71,6 +72,7 @@ def _timezone(value: Any) -> tzinfo:
 DurationOption = Annotated[timedelta, BeforeValidator(_duration)]
 TimezoneOption = Annotated[Any, BeforeValidator(_timezone)]
 RetryOption = Annotated[Any, BeforeValidator(parse_retry)]
+DstOption = Annotated[Any, BeforeValidator(parse_dst)]
 
 
 class SchedulerOptions(BaseModel):
@@ -86,6 +88,8 @@ class SchedulerOptions(BaseModel):
     drain_timeout: DurationOption = timedelta(seconds=10)
     instance_id: str | None = Field(default=None, min_length=1, max_length=200)
     record_buffer: int = Field(default=1000, ge=1)
+    #: Whether a run's record keeps what its handler returned (``RunRecord.result``).
+    record_results: StrictBool = True
     #: How often the instance publishes its presence and reads the fleet's controls.
     heartbeat: DurationOption = timedelta(seconds=5)
 
@@ -120,6 +124,7 @@ class JobOptions(BaseModel):
     history_ttl: DurationOption | None = None
     offset: DurationOption | None = None
     timezone: TimezoneOption | None = None
+    dst: DstOption | None = None
     data: Any = None
     claim: StrictBool = True
     key: str | None = None
@@ -320,6 +325,8 @@ def job_errors(
         )
     if options.timezone is not None and kind != "cron":
         refuse("timezone", f"option 'timezone' applies to cron() only, not to {kind}()")
+    if options.dst is not None and kind != "cron":
+        refuse("dst", f"option 'dst' applies to cron() only, not to {kind}()")
     if options.key is not None and not NAME_PATTERN.fullmatch(options.key):
         refuse("key", f"option 'key' {options.key!r} is not valid: {_NAME_RULE}")
     key = options.key or job

@@ -88,7 +88,8 @@ class TriggerMaker:
             period = parse_duration(schedule, name="interval")
             return IntervalTrigger(period, job_options.offset or timedelta(0))
         if self.kind == "cron":
-            return parse_cron(schedule, job_options.timezone or self.timezone())
+            zone = job_options.timezone or self.timezone()
+            return parse_cron(schedule, zone, dst=job_options.dst)
         if self.kind == "after":
             return AfterTrigger(parse_duration(schedule, name="delay"))
         return AtTrigger(parse_when(schedule))

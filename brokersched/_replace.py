@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -68,13 +69,16 @@ def overlap_detail(job: JobState) -> str | None:
     )
 
 
-class Replacer:
-    """The replacements of one runner's slots, by the runner's own rules: whether a slot is
-    still wanted (``Runner._still_wanted``), late (``Runner._late``), how it is claimed
-    (``Runner.claim_slot``), skipped and aborted."""
+#: Whether a slot still goes on to run (the runner's rule): ``(job, reason, slot_ms)``.
+Wanted = Callable[[JobState, RunReason, int], bool]
 
-    def __init__(self, runner: Runner) -> None:
-        self._runner = runner
+
+class Replacer:
+    """The replacements of one runner's slots: claimed (``Runner.claim_slot``), skipped and
+    aborted as the runner does, while ``wanted`` says they still go on to run."""
+
+    def __init__(self, runner: Runner, wanted: Wanted) -> None:
+        self._runner, self._wanted = runner, wanted
         # job key -> the latest slot waiting here for the run it replaces to end (the earlier
         # slots waiting give way to it: the latest runs)
         self._waiting: dict[str, int] = {}
@@ -86,14 +90,14 @@ class Replacer:
         way and claim again until granted (see the module). What the last claim answered, or
         ``None``: skipped (said so), or no longer wanted (stopped, removed, paused)."""
         runner, key = self._runner, job.settings.key
-        if not runner._still_wanted(job, reason, slot_ms):
+        if not self._wanted(job, reason, slot_ms):
             return None  # nothing new starts, nothing is cut
         self._waiting[key] = max(self._waiting.get(key, slot_ms), slot_ms)
         self.cut_here(job, slot_ms)
         self._cut_in_fleet(job, slot_ms)
         try:
             while await self._wait_for_cut(job, slot_ms):
-                if not runner._still_wanted(job, reason, slot_ms):
+                if not self._wanted(job, reason, slot_ms):
                     return None
                 if self._waiting[key] > slot_ms:
                     detail = "a later slot came due while it waited, and replaces it"
@@ -159,7 +163,7 @@ class Replacer:
                 await asyncio.wait({*cut, waited}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             timer.cancel()
-        return not self._runner._late(job, slot_ms)
+        return clock.now_ms() - slot_ms <= job.settings.max_late_ms  # not late by then
 
 
 def _asked(job: JobState, slot_ms: int, written: asyncio.Future[JobControl]) -> None:

@@ -6,12 +6,14 @@ through it."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from ._clock import Clock, ms_to_datetime
 from ._events import Events, RunEvent, SkipEvent, SkipReason, StartEvent
 from ._job import JobState, Run
 from ._recorder import Recorder
 from ._redact import data_secrets
+from ._results import run_result
 from ._tracebacks import run_traceback
 from .abc import Outcome, RunReason, RunRecord
 
@@ -24,11 +26,21 @@ class RunLog:
     """The skips, starts and ends of one scheduler's runs: events for the listeners, a line each
     in the log, and the runs' records."""
 
-    def __init__(self, clock: Clock, instance_id: str, events: Events, recorder: Recorder) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        instance_id: str,
+        events: Events,
+        recorder: Recorder,
+        *,
+        record_results: bool = True,
+    ) -> None:
         self.clock = clock
         self.instance_id = instance_id
         self.events = events
         self.recorder = recorder
+        self.record_results = record_results  # Scheduler(record_results=...)
+        self._not_json: set[str] = set()  # jobs whose value that is not JSON was logged
 
     def skip(
         self,
@@ -96,6 +108,7 @@ class RunLog:
             outcome=outcome,
             error=error,
             traceback=_traceback(run, outcome),
+            result=self._result(job, run),
         )
         if record:
             self.recorder.put(job.settings.policy, entry)  # written in the background, in order
@@ -115,6 +128,24 @@ class RunLog:
         )
         self.events.emit("complete" if outcome == "completed" else "fail", event)
         return entry
+
+    def _result(self, job: JobState, run: Run) -> Any:
+        """What the record keeps of the handler's return value (``_results``); a value that is
+        not JSON is kept as ``None`` and said once per job, at warning: the run still counts
+        as it ended."""
+        if not self.record_results or run.returned is None:
+            return None
+        result, is_json = run_result(run.returned, data_secrets(run.ctx.data))
+        if not is_json and job.name not in self._not_json:
+            self._not_json.add(job.name)
+            logger.warning(
+                "job %s returned a %s, which is not JSON: its run records keep no result "
+                "(return a JSON value: dict, list, str, int, float, bool or None; said once)",
+                job.name,
+                type(run.returned).__name__,
+                extra={"event": "result-not-json", "job": job.name},
+            )
+        return result
 
     def _log(
         self,

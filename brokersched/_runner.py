@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from ._batching import ClaimBatches, ClaimPrepares, Ending, ReleaseBatches
 from ._clock import Clock, resolve
-from ._context import AbortReason, JobContext, abort
+from ._context import AbortReason, JobContext, PreviousRun, abort
 from ._durations import format_duration, to_ms
 from ._events import ClaimEvent, Events, SkipReason
 from ._exceptions import BackendError, ClockSkewError
 from ._job import AroundRun, JobState, Run, call_sync
 from ._leasekeeping import ReleaseRetries, Renewer, release_attempt_s, valid_ms
+from ._missed import UNKNOWN_FATE, MissedSlots
 from ._recorder import Recorder
 from ._redact import data_secrets
 from ._replace import Replacer, overlap_detail, replaces
@@ -73,6 +74,11 @@ _ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
     "aborted": "interrupted",
     "replaced": "replaced",
 }
+# ctx.previous: how long this instance's unwritten records are waited for (as job.history()
+# waits), and how many of the newest records are read to find a run that is not the asking
+# one (a missed slot's record is no run: a few of them may come first).
+_PREVIOUS_WAIT_S = 5.0
+_PREVIOUS_SCAN = 16
 # ``JobContext.data`` of a manual run given none: the job's own ``data``.
 JOB_DATA: Any = object()
 
@@ -90,6 +96,8 @@ class Runner:
         recorder: Recorder,
         around_run: AroundRun | None = None,
         ended: dict[str, int] | None = None,
+        *,
+        record_results: bool = True,
     ) -> None:
         self.clock = clock
         self.backend = backend
@@ -112,11 +120,15 @@ class Runner:
         )
         self._releases = ReleaseBatches(backend, clock, tasks)
         self._prepares = ClaimPrepares(backend, clock, tasks, lambda: self.stopping)
-        self.runlog = RunLog(clock, instance_id, events, recorder)  # skips, starts, ends
+        # skips, starts, ends
+        self.runlog = RunLog(clock, instance_id, events, recorder, record_results=record_results)
+        self.missed = MissedSlots(clock, backend, instance_id, events, tasks, recorder)
         # job key -> the latest slot ended here whose release did not land before its lease
         # expired (see ended_here); the scheduler's, kept from one start to the next
         self._ended = {} if ended is None else ended
-        self.replacer = Replacer(self)  # overlap="replace"
+        self.replacer = Replacer(  # overlap="replace"
+            self, lambda job, reason, slot_ms: self._still_wanted(job, reason, slot_ms)
+        )
 
     def skip(
         self,
@@ -128,8 +140,11 @@ class Runner:
         run: RunReason = "schedule",
     ) -> None:
         """Log and emit a skip of a run for ``run`` (a slot, a boot run, a manual run...);
-        ``not-acquired`` is at debug level (the fleet has the slot)."""
+        ``not-acquired`` is at debug level (the fleet has the slot). A slot skipped for a
+        reason that leaves its fate unknown here is watched, to be reported if missed."""
         self.runlog.skip(job, slot_ms, reason, detail, run=run)
+        if run == "schedule" and reason in UNKNOWN_FATE:
+            self.missed.watch(job, slot_ms)
 
     # -- claim ---------------------------------------------------------------------------
 
@@ -183,10 +198,12 @@ class Runner:
             logger.info("claimed %s:%d but no longer runs it here", job.name, slot_ms)
             return None
         if reason == "schedule" and self._late(job, slot_ms):
-            # A slow claim: the slot stays claimed, so no other instance runs it late either.
+            # A slow claim: the slot stays claimed, so no other instance runs it late either,
+            # and this instance reports it missed.
             if lease is not None:
                 await self.release(lease, handover=False)
-            self.skip(job, slot_ms, "late", detail="claim answered too late", run=reason)
+            self.runlog.skip(job, slot_ms, "late", detail="claim answered too late", run=reason)
+            self.missed.won_late(job, slot_ms, lease)
             return None
         return await self.execute(
             job, slot_ms, lease, reason=reason, run_id=run_id, leased_ms=leased_ms, data=data
@@ -330,15 +347,17 @@ class Runner:
             return None
         task = asyncio.current_task()
         assert task is not None
+        run_id = lease.run_id if lease else run_id or new_run_id()
         ctx = JobContext(
             job=job.name,
-            run_id=lease.run_id if lease else run_id or new_run_id(),
+            run_id=run_id,
             slot_ms=slot_ms,
             reason=reason or (lease.reason if lease else "schedule"),
             attempt=lease.attempt if lease else 1,
             data=job.settings.data if data is JOB_DATA else data,
             instance_id=self.instance_id,
             clock=self.clock,
+            previous=self._previous(job, run_id),
         )
         run = Run(ctx, task, lease, self.clock.now_ms(), self.clock.monotonic_ms(), job)
         job.runs[ctx.run_id] = run
@@ -482,19 +501,42 @@ class Runner:
         """``run`` becomes its next attempt: a new context (and run id), nothing of the last."""
         ctx, job = run.ctx, run.job
         job.runs.pop(ctx.run_id, None)
+        run_id = new_run_id()
         run.ctx = JobContext(
             job=ctx.job,
-            run_id=new_run_id(),
+            run_id=run_id,
             slot_ms=ctx.slot_ms,
             reason="retry",
             attempt=ctx.attempt + 1,
             data=ctx.data,
             instance_id=ctx.instance_id,
             clock=self.clock,
+            previous=self._previous(job, run_id),
         )
         job.runs[run.ctx.run_id] = run
         run.finishing = run.cut = False
-        run.exception = run.cancelled = None
+        run.exception = run.cancelled = run.returned = None
+
+    def _previous(self, job: JobState, run_id: str) -> PreviousRun:
+        """``ctx.previous`` of the run ``run_id``: nothing is read unless the handler asks.
+        The read is the scheduler's own work (a virtual clock waits for it in real time, as
+        for a claim), whichever thread asked."""
+        loop = asyncio.get_running_loop()
+
+        def read() -> asyncio.Task[RunRecord | None]:
+            return self.clock.spawn(
+                self._read_previous(job, run_id), name=f"previous:{job.name}:{run_id}"
+            )
+
+        return PreviousRun(read, loop)
+
+    async def _read_previous(self, job: JobState, run_id: str) -> RunRecord | None:
+        """The newest record of a finished run of the job that is not the run ``run_id``
+        (a missed slot's is no run), once this instance's records waiting to be written are
+        (as ``Job.history()`` reads)."""
+        await self.recorder.wait_written(_PREVIOUS_WAIT_S)
+        records = await self.backend.history(job.settings.policy, _PREVIOUS_SCAN)
+        return next((r for r in records if _ran(r) and r.run_id != run_id), None)
 
     async def _run_handler(self, run: Run) -> tuple[Outcome, str | None]:
         timeout = run.job.settings.timeout
@@ -518,12 +560,12 @@ class Runner:
             if job.is_async:
                 with self.clock.blocking():  # a handler may wait on anything (TestClock settles)
                     if self.around_run is None:
-                        await job.handler(ctx)  # type: ignore[misc]
+                        run.returned = await job.handler(ctx)  # type: ignore[misc]
                     else:
                         with self.around_run(ctx):
-                            await job.handler(ctx)  # type: ignore[misc]
+                            run.returned = await job.handler(ctx)  # type: ignore[misc]
             else:
-                await asyncio.to_thread(call_sync, job.handler, ctx, self.around_run)
+                run.returned = await asyncio.to_thread(call_sync, job.handler, ctx, self.around_run)
         except asyncio.CancelledError as exc:
             if ctx.abort_reason is None:
                 raise  # not ours: the task itself is being cancelled
@@ -669,6 +711,7 @@ class Runner:
         Then async runs still going are cancelled (``interrupted``, handed over on a lease
         backend) and sync ones abandoned."""
         self.stopping = True
+        self.missed.close()
         for run in list(self.runs):
             self.abort(run, "shutdown")
         await self.clock.wait(self.tasks.pending(), timeout_s)
@@ -703,3 +746,8 @@ class Runner:
         left = {run.task for run in abandoned}
         cut = [task for task in self.tasks.pending() if task not in left]
         await self.tasks.cut([*self.tasks.background(), *cut], _CUT_GRACE_S)
+
+
+def _ran(record: RunRecord) -> bool:
+    """Whether ``record`` is a finished run's (not a missed slot's report)."""
+    return record.finished_at is not None and record.outcome != "missed"

@@ -26,6 +26,7 @@ from ._events import (
     ClaimEvent,
     EventName,
     Events,
+    MissedEvent,
     RecordDroppedEvent,
     RunEvent,
     SkipEvent,
@@ -79,6 +80,7 @@ OnStart = Callable[[StartEvent], Awaitable[None] | None]
 OnRun = Callable[[RunEvent], Awaitable[None] | None]
 OnClaim = Callable[[ClaimEvent], Awaitable[None] | None]
 OnRecordDropped = Callable[[RecordDroppedEvent], Awaitable[None] | None]
+OnMissed = Callable[[MissedEvent], Awaitable[None] | None]
 
 logger = logging.getLogger("brokersched")
 
@@ -140,6 +142,7 @@ class Scheduler(Generic[B]):
         history_ttl: Duration | None = ...,
         drain_timeout: Duration = ...,
         record_buffer: int = ...,
+        record_results: bool = ...,
         heartbeat: Duration = ...,
         instance_id: str | None = ...,
         clock: Clock | None = ...,
@@ -160,6 +163,7 @@ class Scheduler(Generic[B]):
         history_ttl: Duration | None = ...,
         drain_timeout: Duration = ...,
         record_buffer: int = ...,
+        record_results: bool = ...,
         heartbeat: Duration = ...,
         instance_id: str | None = ...,
         clock: Clock | None = ...,
@@ -458,11 +462,15 @@ class Scheduler(Generic[B]):
     def on(
         self, event: Literal["record-dropped"], listener: OnRecordDropped
     ) -> OnRecordDropped: ...
+    @overload
+    def on(self, event: Literal["missed"], listener: OnMissed) -> OnMissed: ...
     def on(self, event: EventName, listener: Any) -> Any:
         """Call ``listener`` (sync or async) for every ``event``: ``skip`` (a ``SkipEvent``),
         ``start`` (a ``StartEvent``), ``complete`` and ``fail`` (a ``RunEvent``), ``claim`` (a
         ``ClaimEvent``: how long each claim took), ``record-dropped`` (a
-        ``RecordDroppedEvent``: a run's record never reached the backend)."""
+        ``RecordDroppedEvent``: a run's record never reached the backend), ``missed`` (a
+        ``MissedEvent``: a slot no instance ran within ``max_late``, emitted by the one instance
+        that reports it for the fleet)."""
         self._events.on(event, listener)
         return listener
 

@@ -32,8 +32,9 @@ class Timers:
 
     Nothing is armed until ``open()`` (a started scheduler that schedules) and after
     ``close()``. A slot that falls due goes to ``fire(job, slot_ms)``, a boot run to
-    ``fire_boot(job, due_ms)``. Entries left behind by a pause, a removal or a re-arm are
-    skipped when they come up, and dropped when the heap grows past twice the jobs.
+    ``fire_boot(job, due_ms)``; the slots a frozen process passes over to ``passed``. Entries
+    left behind by a pause, a removal or a re-arm are skipped when they come up, and dropped
+    when the heap grows past twice the jobs.
     """
 
     def __init__(
@@ -43,9 +44,11 @@ class Timers:
         fire: Callable[[JobState, int], None],
         fire_boot: Callable[[JobState, int], None],
         job_count: Callable[[], int],
+        passed: Callable[[JobState, int, int], None] | None = None,
     ) -> None:
         self._clock = clock
         self._fire = fire
+        self._passed = passed
         self._fire_boot = fire_boot
         self._job_count = job_count
         self._random = clock.random()
@@ -173,8 +176,12 @@ class Timers:
                 continue  # disarmed (paused, removed, re-armed) since it was pushed
             job.arming.fired_ms = slot_ms
             self._fire(job, slot_ms)
-            # A frozen process wakes to many past slots: skip straight to those still in time.
-            self.arm(job, after_ms=max(slot_ms, now - job.settings.max_late_ms))
+            # A frozen process wakes to many past slots: skip straight to those still in time
+            # (the ones passed over go to ``passed(job, after_ms, through_ms)``).
+            in_time_ms = now - job.settings.max_late_ms
+            if in_time_ms > slot_ms and self._passed is not None:
+                self._passed(job, slot_ms, in_time_ms)
+            self.arm(job, after_ms=max(slot_ms, in_time_ms))
         if self._heap:
             self._set_timer(self._heap[0][0])
         else:

@@ -45,6 +45,7 @@ class ClaimEveryOptions(ClaimAtOptions, total=False):
 
 class ClaimCronOptions(ClaimAtOptions, total=False):
     timezone: str
+    dst: Literal["skip", "run-once", "run-twice"]
     run_on_start: bool
 
 
@@ -76,4 +77,5 @@ class LeaseEveryOptions(LeaseAtOptions, total=False):
 class LeaseCronOptions(LeaseAtOptions, total=False):
     overlap: Literal["skip", "allow", "replace"]
     timezone: str
+    dst: Literal["skip", "run-once", "run-twice"]
     run_on_start: bool

@@ -76,10 +76,10 @@ __all__ = [
 
 _DEFAULT_SKEW_MS = round(DEFAULT_CLAIM_SKEW.total_seconds() * 1000)
 
-Outcome = Literal["completed", "failed", "timed-out", "interrupted", "replaced"]
+Outcome = Literal["completed", "failed", "timed-out", "interrupted", "missed", "replaced"]
 #: The outcomes that are failures (the dashboard's failures, the CLI's exit code).
-FAILURES: frozenset[Outcome] = frozenset({"failed", "timed-out", "interrupted"})
-RunReason = Literal["schedule", "catch-up", "retry", "manual", "start", "backfill"]
+FAILURES: frozenset[Outcome] = frozenset({"failed", "timed-out", "interrupted", "missed"})
+RunReason = Literal["schedule", "catch-up", "retry", "manual", "start", "backfill", "missed"]
 Overlap = Literal["skip", "allow", "replace"]
 
 
@@ -162,24 +162,31 @@ class RunRecord:
     #: after a line saying what was cut). ``None`` for a run that did not fail, and in records
     #: written by earlier releases.
     traceback: str | None = None
+    #: What the handler returned, as a JSON value (``Scheduler(record_results=True)``): its
+    #: strings redacted as a traceback is (passwords, the job's data), at most 4 KiB of JSON, a
+    #: larger one replaced by ``{"$cut": {"bytes": n, "limit": 4096}, "head": "<its start>"}``.
+    #: ``None`` when it returned ``None`` or a value that is not JSON, when it did not return,
+    #: when results are off, and in records written by earlier releases.
+    result: Any = None
 
     def to_json(self) -> str:
-        """The record as JSON (datetimes in ISO 8601); never pickled. ``traceback`` only when
-        there is one: the records of runs that did not fail read as before in earlier
-        releases."""
+        """The record as JSON (datetimes in ISO 8601); never pickled. ``traceback`` and
+        ``result`` only when there is one: such records read as before in earlier releases
+        (which ignore keys they do not know)."""
         # Field by field: ``dataclasses.asdict`` deep-copies each value first, which cost more
         # than the rest of recording a run.
         data: dict[str, Any] = {name: getattr(self, name) for name in _RECORD_FIELDS}
         data["started_at"] = self.started_at.isoformat()
         data["finished_at"] = self.finished_at.isoformat() if self.finished_at else None
-        if data["traceback"] is None:
-            del data["traceback"]
+        for optional in ("traceback", "result"):
+            if data[optional] is None:
+                del data[optional]
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RunRecord:
-        """A record from ``to_json``, of this release or an earlier one (no ``traceback``);
-        keys a later release may add are ignored."""
+        """A record from ``to_json``, of this release or an earlier one (no ``traceback``, no
+        ``result``); keys a later release may add are ignored."""
         data = json.loads(text)
         data["started_at"] = datetime.fromisoformat(data["started_at"])
         if data["finished_at"] is not None:
@@ -636,6 +643,12 @@ class LeaseBackend(Backend):
     @abstractmethod
     def lease_ttl(self) -> timedelta:
         """How long a lease lives unless renewed; the scheduler renews every ``lease_ttl / 3``."""
+
+    @property
+    def max_clock_skew(self) -> timedelta:
+        """How far apart the store's clock and the instances' may be (a backend's option);
+        the default: one second."""
+        return timedelta(seconds=1)
 
     @abstractmethod
     async def acquire(

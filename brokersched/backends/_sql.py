@@ -16,12 +16,14 @@ Both keep the same three tables (plus ``schema_version``):
   number of runs in progress.
 * ``history``: runs, keyed by ``(job, n)`` where ``n`` counts the job's records, so trimming to
   the newest ``history_size`` is one index range (``n <= newest - size``), never a scan. Its
-  nullable ``traceback`` column is added at start when missing, with no schema version change:
-  instances of earlier releases neither write nor read it, and keep starting.
+  nullable ``traceback`` and ``result`` (JSON text) columns are added at start when missing,
+  with no schema version change: instances of earlier releases neither write nor read them,
+  and keep starting.
 """
 
 from __future__ import annotations
 
+import json
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -30,6 +32,7 @@ from typing import Any, cast
 
 from .._clock import Clock
 from .._exceptions import BackendError, BackendUnavailableError
+from .._results import dumps_result
 from ..abc import Claim, Finding, JobPolicy, Lease, LeaseOutcome, Outcome, RunReason, RunRecord
 from ._errors import ErrorMap
 from ._lease import BATCH_CHUNK, MIN_RENEW_TIMEOUT_S, Ending, LeaseBackendBase, in_chunks
@@ -45,6 +48,7 @@ __all__ = [
     "fence",
     "history_cutoff",
     "history_limit",
+    "result_text",
     "run_record",
     "schema_finding",
     "us_to_datetime",
@@ -170,10 +174,16 @@ def us_to_datetime(value: int) -> datetime:
     return _EPOCH + value * _MICROSECOND
 
 
+def result_text(result: Any) -> str | None:
+    """``RunRecord.result`` as the ``result`` column holds it: its JSON text, ``NULL`` for
+    ``None``."""
+    return None if result is None else dumps_result(result)
+
+
 def run_record(row: Sequence[Any], started_at: datetime, finished_at: datetime | None) -> RunRecord:
     """A history row ``(job, slot_ms, run_id, instance_id, reason, attempt, outcome, error,
-    traceback)``; each backend converts its own time columns."""
-    job, slot_ms, run_id, instance_id, reason, attempt, outcome, error, traceback = row
+    traceback, result)``; each backend converts its own time columns."""
+    job, slot_ms, run_id, instance_id, reason, attempt, outcome, error, traceback, result = row
     return RunRecord(
         job=job,
         slot_ms=slot_ms,
@@ -186,6 +196,7 @@ def run_record(row: Sequence[Any], started_at: datetime, finished_at: datetime |
         outcome=cast(Outcome, outcome),
         error=error,
         traceback=traceback,
+        result=None if result is None else json.loads(result),
     )
 
 

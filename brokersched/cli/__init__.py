@@ -19,13 +19,21 @@ is imported, here.
 
 from __future__ import annotations
 
-from . import _controls, _inspect, _manual, _ops, _records, _run
+from . import _controls, _inspect, _manual, _ops, _plan, _records, _run
 from ._app import load_scheduler
 from ._group import cli
 
 __all__ = ["cli", "load_scheduler", "main"]
 
-_COMMANDS = (_controls, _inspect, _manual, _ops, _records, _run)  # imported for their registration
+_COMMANDS = (
+    _controls,
+    _inspect,
+    _manual,
+    _ops,
+    _plan,
+    _records,
+    _run,
+)  # imported for their registration
 
 
 def main() -> None:

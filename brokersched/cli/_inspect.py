@@ -25,8 +25,9 @@ from .._scheduler import Job, Scheduler
 from .._timezones import parse_timezone, timezone_name
 from ..abc import Backend
 from ..triggers.base import Trigger
-from ..triggers.cron import CronTrigger, parse_cron
+from ..triggers.cron import DST_POLICIES, CronTrigger, DstPolicy, parse_cron
 from ..triggers.interval import IntervalTrigger
+from ..triggers.spec import trigger_spec
 from ._app import AppConfigurationError, CLIError, fail, load_app, override_option
 from ._group import EPILOG, cli
 from ._output import WIDE, clock_time, local_time, make_console, shown_backend, utc_time
@@ -191,7 +192,9 @@ def _job_json(
     there (``"***"``), as in the admin API. ``enabled`` and ``next_runs`` are the
     application's; ``state`` adds the fleet's controls (``enabled``, ``paused``,
     ``disabled``), read when ``controls_read``; ``control`` is the job's control record as
-    the backend keeps it (a pause's end, a pending skip, who changed what), or null."""
+    the backend keeps it (a pause's end, a pending skip, who changed what), or null.
+    ``trigger`` (the schedule as data, ``triggers.spec``) and ``claim`` are what
+    ``brokersched plan`` reads back from a saved listing."""
     zone = _zone(job.schedule)
     enabled = job.enabled and scheduler.enabled
     options: dict[str, Any] = {}
@@ -223,6 +226,8 @@ def _job_json(
         "state": fleet.state(scheduler, job).removesuffix("?"),
         "controls_read": fleet.unread is None,
         "control": control.to_dict() if (control := fleet.by_key.get(job.key)) else None,
+        "trigger": trigger_spec(job.schedule),
+        "claim": job.settings.claim,
     }
 
 
@@ -257,6 +262,12 @@ def _options(job: Job) -> str:
 @click.option("--after", help="ISO 8601 instant to start from (default: now); naive = --timezone.")
 @click.option("--every", help="Preview an interval instead of a cron expression, e.g. 6h.")
 @click.option("--offset", help="With --every: shift the grid, e.g. 1m.")
+@click.option(
+    "--dst",
+    type=click.Choice(DST_POLICIES),
+    help="The cron job's daylight-saving policy for a local time the switch skips or repeats "
+    "(the job option dst=); default run-once.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per run and line.")
 def next_(
     expression: str | None,
@@ -265,15 +276,19 @@ def next_(
     after: str | None,
     every: str | None,
     offset: str | None,
+    dst: DstPolicy | None,
     as_json: bool,
 ) -> None:
-    """Preview a schedule: a cron EXPRESSION in --timezone, or --every INTERVAL."""
+    """Preview a schedule: a cron EXPRESSION in --timezone, or --every INTERVAL. A cron
+    expression's daylight-saving rule is shown: its --dst policy, or "real time" when its
+    minute or hour field starts with '*'."""
     try:
         zone = parse_timezone(zone_name)
-        trigger = _preview_trigger(expression, zone, every, offset)
+        trigger = _preview_trigger(expression, zone, every, offset, dst)
         start = _parse_after(after, zone)
     except ConfigurationError as exc:
         raise CLIError(str(exc)) from None
+    rule = {"dst": trigger.dst_rule} if isinstance(trigger, CronTrigger) else {}
     if as_json:
         for number, when in enumerate(trigger.next_runs(count, start), 1):
             local = when.astimezone(zone)
@@ -283,10 +298,14 @@ def next_(
                 "zone": timezone_name(zone),
                 "utc_offset": _offset(local),
                 "utc": iso(when),
+                **rule,
             }
             click.echo(json.dumps(row, separators=(",", ":")))
         return
-    table = Table(title=trigger.describe(), title_justify="left")
+    title = trigger.describe()
+    if isinstance(trigger, CronTrigger) and trigger.dst is None:  # else describe() shows it
+        title += f"; daylight saving: {trigger.dst_rule}"
+    table = Table(title=title, title_justify="left")
     table.add_column("#", justify="right")
     table.add_column(f"local ({timezone_name(zone)})")
     table.add_column("UTC offset")
@@ -300,11 +319,17 @@ def next_(
 
 
 def _preview_trigger(
-    expression: str | None, zone: tzinfo, every: str | None, offset: str | None
+    expression: str | None,
+    zone: tzinfo,
+    every: str | None,
+    offset: str | None,
+    dst: DstPolicy | None,
 ) -> Trigger:
     if every is not None:
         if expression is not None:
             raise CLIError("give a cron EXPRESSION or --every, not both")
+        if dst is not None:
+            raise CLIError("--dst goes with a cron EXPRESSION")
         period = parse_duration(every, name="--every")
         shift = parse_duration(offset, name="--offset") if offset is not None else timedelta(0)
         return IntervalTrigger(period, shift)
@@ -312,7 +337,7 @@ def _preview_trigger(
         raise CLIError("give a cron EXPRESSION (e.g. '0 8 * * MON-FRI') or --every INTERVAL")
     if offset is not None:
         raise CLIError("--offset goes with --every")
-    return parse_cron(expression, zone)
+    return parse_cron(expression, zone, dst=dst)
 
 
 def _parse_after(after: str | None, zone: tzinfo) -> datetime | None:

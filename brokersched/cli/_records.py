@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._clock import ms_to_datetime
-from .._json import record_json, shown_error
+from .._json import record_json, shown_error, shown_result
 from .._logging import configure_logging
 from .._redact import redact_text
 from .._scheduler import Job, Scheduler
@@ -25,7 +25,13 @@ from ._output import WIDE, ago, duration_of, make_console, shown_backend, utc_ti
 
 __all__ = ["history", "instances"]
 
-_OUTCOME_STYLE = {"completed": "green", "failed": "red", "timed-out": "yellow", "replaced": "cyan"}
+_OUTCOME_STYLE = {
+    "completed": "green",
+    "failed": "red",
+    "timed-out": "yellow",
+    "missed": "bold red",
+    "replaced": "cyan",
+}
 #: From this many columns the runs of every job show their slot too.
 _ROOMY = 150
 
@@ -95,8 +101,9 @@ def _wide_history(
     """The runs for a terminal of ``WIDE`` columns or more, a row a line (a table whose every
     cell wrapped was unreadable from 120 to 200 columns): the times, outcome, duration,
     reason (with the attempt after the first) and run id whole (``no_wrap``); the job,
-    instance and error take what is left, the longest narrowed first, and end in an ellipsis
-    when cut (the whole error is in ``--json`` and ``--traceback``). The slot is its time of
+    instance and error (or the handler's result) take what is left, the longest narrowed
+    first, and end in an ellipsis when cut (the whole error is in ``--json`` and
+    ``--traceback``, the whole result in ``--json``). The slot is its time of
     day when it falls on the day the run started; the runs of every job leave it out below
     ``_ROOMY`` columns (it is in ``--json``), for the job's name."""
     table = Table(
@@ -117,10 +124,10 @@ def _wide_history(
         table.add_column(column, no_wrap=True)
     table.add_column("instance")
     table.add_column("run id", no_wrap=True)
-    table.add_column("error")
+    table.add_column("error / result")
     for record in records:
         style = _OUTCOME_STYLE.get(record.outcome, "magenta")
-        reason = record.reason if record.attempt == 1 else f"{record.reason} #{record.attempt}"
+        reason = record.reason if record.attempt <= 1 else f"{record.reason} #{record.attempt}"
         cells: list[str | Text] = [utc_time(record.started_at)]
         if every_job:
             cells.append(_one_line(_job_name(record, by_key)))
@@ -128,11 +135,11 @@ def _wide_history(
             cells.append(_slot_time(record))
         cells += [
             f"[{style}]{record.outcome}[/]",
-            duration_of(record),
+            "-" if record.outcome == "missed" else duration_of(record),  # a report, not a run
             reason,
             _one_line(record.instance_id),
             record.run_id,
-            _one_line(_shown(record.error, by_key.get(record.job))),
+            _one_line(_error_or_result(record, by_key.get(record.job))),
         ]
         table.add_row(*cells)
     return table
@@ -165,7 +172,7 @@ def _narrow_history(
     table.add_column("outcome", no_wrap=True)
     table.add_column("took", no_wrap=True, justify="right")
     table.add_column("why", no_wrap=True)
-    table.add_column("error", overflow="fold", min_width=20, ratio=2)
+    table.add_column("error / result", overflow="fold", min_width=20, ratio=2)
     for record in records:
         style = _OUTCOME_STYLE.get(record.outcome, "magenta")
         why: str = "" if record.reason == "schedule" else record.reason
@@ -176,7 +183,7 @@ def _narrow_history(
             f"[{style}]{record.outcome}[/]",
             duration_of(record),
             why,
-            _shown(record.error, by_key.get(record.job)),
+            _error_or_result(record, by_key.get(record.job)),
         ]
         if every_job:
             cells.insert(1, _job_name(record, by_key))
@@ -270,6 +277,14 @@ def _shown(text: str | None, job: Job | None) -> str:
     """An error or a traceback as the CLI shows it (redacted as the admin API shows it;
     ``""``: none)."""
     return shown_error(text, job) if text else ""
+
+
+def _error_or_result(record: RunRecord, job: Job | None) -> str:
+    """A run's error, else what its handler returned as compact JSON (redacted as the admin
+    API shows it; whole in ``--json``); ``""``: neither."""
+    if record.error or record.result is None:
+        return _shown(record.error, job)
+    return json.dumps(shown_result(record.result, job), ensure_ascii=False, separators=(",", ":"))
 
 
 def _print_tracebacks(console: Console, records: list[RunRecord], by_key: dict[str, Job]) -> None:

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._clock import Clock, datetime_to_ms
-from .._context import AbortReason, JobContext, abort
-from ..abc import RunReason
+from .._context import AbortReason, JobContext, PreviousRun, abort
+from ..abc import RunReason, RunRecord
 
 __all__ = ["abort", "make_context"]
 
@@ -23,8 +23,11 @@ def make_context(
     instance_id: str = "test-instance",
     abort_reason: AbortReason | None = None,
     clock: Clock | None = None,
+    previous: RunRecord | None = None,
 ) -> JobContext:
-    """A context as the scheduler would build it; ``scheduled_at`` defaults to now (UTC)."""
+    """A context as the scheduler would build it; ``scheduled_at`` defaults to now (UTC);
+    ``previous``: what ``ctx.previous`` answers (``await ctx.previous``, or
+    ``ctx.previous.get()`` in a sync handler)."""
     when = scheduled_at or (clock.now() if clock else datetime.now(UTC))
     ctx = JobContext(
         job=job,
@@ -35,6 +38,7 @@ def make_context(
         data=data,
         instance_id=instance_id,
         clock=clock,
+        previous=PreviousRun.known(previous),
     )
     if abort_reason is not None:
         abort(ctx, abort_reason)

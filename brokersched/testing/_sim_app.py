@@ -22,6 +22,7 @@ that replays it.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -247,7 +248,7 @@ class AppSimulation(Simulation):
             await super().work(key, ctx, fail_rate)
             return
         result = self._by_key[key].handler(ctx)  # a sync one runs here, in virtual time
-        if result is not None:
+        if inspect.isawaitable(result):  # a sync one may return a value: not awaited
             await result
 
     def scheduled(self, key: str, slot_ms: int) -> bool:

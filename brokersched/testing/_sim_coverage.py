@@ -204,6 +204,8 @@ NOT_DRAWN: dict[str, str] = {
     },
     "cli simulate": "the simulator itself, on the application's jobs: it touches no fleet "
     "nor server",
+    "cli plan": "compares two versions of an application's jobs on paper: it touches no fleet "
+    "nor server",
     "cli purge": "refused while the fleet's presence shows an instance alive or late (or cannot "
     "be read), which is all the time a simulated fleet runs; what it removes after the last "
     "stop is the backends' own business, tested against the real servers "

@@ -27,6 +27,7 @@ import pytest_asyncio
 
 from .._clock import Clock, SystemClock
 from .._exceptions import BackendError
+from .._results import CUT_KEY, RESULT_LIMIT, dumps_result, run_result
 from ..abc import (
     Backend,
     Claim,
@@ -35,6 +36,7 @@ from ..abc import (
     Lease,
     LeaseBackend,
     LeaseState,
+    Overlap,
     RunRecord,
     Slot,
 )
@@ -182,6 +184,34 @@ class _Suite(FleetRecordsCheck, ABC, Generic[B]):
         newest, oldest = await backend.history(policy, 10)
         assert (newest.run_id, newest.traceback, newest.error) == ("run-1", text, failed.error)
         assert (oldest.run_id, oldest.traceback) == ("run-0", None)
+
+    @pytest.mark.asyncio
+    async def test_a_runs_result_reads_back_as_written(self, fleet: Factory) -> None:
+        """Every JSON shape a handler may return (the largest a record carries: 4 KiB of
+        JSON, a cut result's marker) reads back equal, written alone or in a batch; a record
+        without one reads ``None``."""
+        backend = await fleet()
+        policy = JobPolicy("res")
+        await backend.prepare([policy])
+        big = {"rows": ['ü "q" \\ \n ✓'] * 200}
+        results: list[Any] = [
+            {"sent": 3, "ids": [1, 2.5, None, True], "note": 'ü "q" ✓', "nested": {"a": []}},
+            "done",
+            0,
+            False,
+            [],
+            run_result(big)[0],
+        ]
+        assert CUT_KEY in results[-1] and len(dumps_result(results[-1])) <= RESULT_LIMIT
+        await backend.record(policy, make_record("res", SLOT - 1, 0))
+        records = [
+            (policy, replace(make_record("res", SLOT + n, n + 1), result=result))
+            for n, result in enumerate(results)
+        ]
+        await backend.record(*records[0])
+        await backend.record_many(records[1:])
+        read = await backend.history(policy, 10)
+        assert [r.result for r in reversed(read)] == [None, *results]
 
 
 class ClaimBackendSuite(_Suite[B]):
@@ -341,29 +371,20 @@ class LeaseBackendSuite(LeaseProtocolCheck, _Suite[B]):
         assert isinstance(await self.acquire(backend, Slot("job", SLOT + 120_000), allow), Lease)
 
     @pytest.mark.asyncio
-    async def test_overlap_skip_refuses_while_a_lease_is_live(
-        self, fleet: Factory, clock: Clock
+    @pytest.mark.parametrize("overlap", ["skip", "replace"])
+    async def test_overlap_refuses_while_a_lease_is_live(
+        self, fleet: Factory, overlap: Overlap
     ) -> None:
+        """Never two runs of a job at once: ``replace`` is refused as ``skip`` is (the scheduler
+        then cuts the run in the way, and asks again), until that run's lease is released."""
         one, two = await self.started(fleet), await self.started(fleet)
-        first = await self.acquire(one, Slot("job", SLOT))
-        assert isinstance(first, Lease)
-        assert await self.acquire(two, Slot("job", SLOT + 1000), instance="i2") == "overlap"
-        await one.release(first)
-        assert isinstance(await self.acquire(two, Slot("job", SLOT + 2000), instance="i2"), Lease)
-
-    @pytest.mark.asyncio
-    async def test_overlap_replace_refuses_while_a_lease_is_live(self, fleet: Factory) -> None:
-        """``replace`` never lets two runs of a job go at once: the store refuses the next slot
-        as ``skip`` does (the scheduler then cuts the run in the way, and asks again), and
-        grants it once that run's lease is released."""
-        one, two = await self.started(fleet), await self.started(fleet)
-        replace = JobPolicy("job", overlap="replace")
-        first = await self.acquire(one, Slot("job", SLOT), replace)
+        policy = JobPolicy("job", overlap=overlap)
+        first = await self.acquire(one, Slot("job", SLOT), policy)
         assert isinstance(first, Lease)
         later = Slot("job", SLOT + 1000)
-        assert await self.acquire(two, later, replace, instance="i2") == "overlap"
+        assert await self.acquire(two, later, policy, instance="i2") == "overlap"
         await one.release(first)
-        assert isinstance(await self.acquire(two, later, replace, instance="i2"), Lease)
+        assert isinstance(await self.acquire(two, later, policy, instance="i2"), Lease)
 
     @pytest.mark.asyncio
     async def test_overlap_allow_only_fences(self, fleet: Factory) -> None:
@@ -565,15 +586,23 @@ class LeaseBackendSuite(LeaseProtocolCheck, _Suite[B]):
         assert isinstance(stale, Lease)
 
         def ended(lease: Lease) -> RunRecord:
-            return replace(make_record(lease.job, SLOT), run_id=lease.run_id)
+            result = {"job": lease.job, "rows": [1, 2]}
+            return replace(make_record(lease.job, SLOT), run_id=lease.run_id, result=result)
+
+        def written(records: list[RunRecord]) -> list[tuple[str, Any]]:
+            return [(r.run_id, r.result) for r in records]
 
         await one.release(single, record=(policies[0], ended(single)))
         await one.release(single, record=(policies[0], ended(single)))  # its answer was lost
-        assert [r.run_id for r in await two.history(policies[0], 10)] == [single.run_id]
+        assert written(await two.history(policies[0], 10)) == [
+            (single.run_id, {"job": "single", "rows": [1, 2]})
+        ]
         assert (await two.lease_state("single")).leased == frozenset()
         answers = await one.release_many([batch], [(policies[1], ended(batch))])
         assert answers == [None]
-        assert [r.run_id for r in await two.history(policies[1], 10)] == [batch.run_id]
+        assert written(await two.history(policies[1], 10)) == [
+            (batch.run_id, {"job": "batch", "rows": [1, 2]})
+        ]
         await self.expire(clock)
         (retry,) = await two.take_over([policies[2]], instance_id="i2")
         await one.release(stale, record=(policies[2], ended(stale)))  # too late: taken over

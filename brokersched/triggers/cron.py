@@ -14,6 +14,17 @@ So a fixed-time daily job never runs twice nor is skipped around a switch. (Wher
 at midnight, as America/Nuuk's does, springing forward from 23:00, a 23:xx run comes at 00:00
 the next day: the first instant after the gap.)
 
+A fixed-time job may choose another policy with ``dst=`` (``DST_POLICIES``):
+
+* ``"run-once"`` (the default): the rules above;
+* ``"skip"``: a local time in a spring gap does not fire at all; a fold fires once, at the first
+  occurrence, as with ``"run-once"``;
+* ``"run-twice"``: a gap as with ``"run-once"``; a local time in a fold fires at both of its
+  occurrences (two instants, so two distinct slots).
+
+A job whose minute or hour field starts with ``*`` has no policy to choose: it follows real
+time, and ``dst=`` is refused for it rather than silently ignored.
+
 Days follow Vixie cron (and cronie) too: when the day-of-month or the day-of-week field starts
 with ``*`` (``*``, ``*/2``; ``?`` counts as ``*``), a day must match *both* fields; only when
 neither does is a day matching *either* one enough. So ``15 1-3 */2 * 1-5`` fires on odd days
@@ -38,6 +49,7 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
+from typing import Literal, get_args
 
 from croniter import (
     HOUR_FIELD,
@@ -52,7 +64,12 @@ from .._exceptions import ConfigurationError
 from .._timezones import Transition, parse_timezone, timeline_for, timezone_name
 from .base import Trigger
 
-__all__ = ["CronTrigger", "parse_cron"]
+__all__ = ["DST_POLICIES", "CronTrigger", "DstPolicy", "parse_cron", "parse_dst"]
+
+DstPolicy = Literal["skip", "run-once", "run-twice"]
+#: What a fixed-time job does with a local time that a switch skips or repeats.
+DST_POLICIES: tuple[DstPolicy, ...] = get_args(DstPolicy)
+DEFAULT_DST: DstPolicy = "run-once"
 
 _DAY_MS = 86_400_000
 _ONE_MS = timedelta(milliseconds=1)
@@ -128,16 +145,32 @@ class _Spec:
     day_fields: tuple[str, str]  # day-of-month and day-of-week as written, for messages
 
 
-def parse_cron(expression: str, timezone: str | tzinfo = "UTC") -> CronTrigger:
+def parse_cron(
+    expression: str, timezone: str | tzinfo = "UTC", *, dst: DstPolicy | None = None
+) -> CronTrigger:
     """Validate ``expression`` in ``timezone`` and return its trigger.
 
     As in Vixie cron, a day must match both day fields when either starts with ``*``
     (``0 0 */2 * MON-FRI``: odd days that are weekdays), and either field otherwise
-    (``0 0 1 * MON``: the 1st and every Monday).
+    (``0 0 1 * MON``: the 1st and every Monday). ``dst`` is the daylight-saving policy of a
+    fixed-time expression (module docstring); ``None`` is ``"run-once"``.
 
-    Raises ``ConfigurationError`` (``option="cron"`` or ``"timezone"``) naming what is wrong.
+    Raises ``ConfigurationError`` (``option="cron"``, ``"timezone"`` or ``"dst"``) naming what
+    is wrong.
     """
-    return CronTrigger(expression, timezone)
+    return CronTrigger(expression, timezone, dst=dst)
+
+
+def parse_dst(value: object) -> DstPolicy:
+    """``value`` as a daylight-saving policy; raises ``ConfigurationError`` (``option="dst"``)."""
+    for policy in DST_POLICIES:
+        if value == policy:
+            return policy
+    accepted = ", ".join(repr(policy) for policy in DST_POLICIES)
+    raise ConfigurationError(
+        f"option 'dst' = {value!r} is not a daylight-saving policy; accepted: {accepted}",
+        option="dst",
+    )
 
 
 class CronTrigger(Trigger):
@@ -145,7 +178,9 @@ class CronTrigger(Trigger):
 
     kind = "cron"
 
-    def __init__(self, expression: str, timezone: str | tzinfo = "UTC") -> None:
+    def __init__(
+        self, expression: str, timezone: str | tzinfo = "UTC", *, dst: DstPolicy | None = None
+    ) -> None:
         if not isinstance(expression, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ConfigurationError(
                 f"cron expression {expression!r} ({type(expression).__name__}) is not a string",
@@ -156,6 +191,7 @@ class CronTrigger(Trigger):
         self._tz = parse_timezone(timezone)
         self._timezone_name = timezone_name(self._tz)
         self._fixed_time = spec.fixed_time
+        self._dst = _checked_dst(dst, spec, self._expression)
         self._wall_clock = _WallClock(spec, self._expression)
         _refuse_never_firing(spec, self._expression)
         self._timeline = timeline_for(self._tz)
@@ -174,11 +210,26 @@ class CronTrigger(Trigger):
     def timezone_name(self) -> str:
         return self._timezone_name
 
+    @property
+    def dst(self) -> DstPolicy | None:
+        """The daylight-saving policy given (``None``: the default, ``"run-once"``)."""
+        return self._dst
+
+    @property
+    def dst_rule(self) -> str:
+        """What a switch does to this job: its policy, or ``"real time"`` for a job whose minute
+        or hour field starts with ``*``."""
+        return (self._dst or DEFAULT_DST) if self._fixed_time else "real time"
+
     def describe(self) -> str:
-        return f"cron '{self._expression}' ({self._timezone_name})"
+        shown = (
+            self._timezone_name if self._dst is None else f"{self._timezone_name}, dst={self._dst}"
+        )
+        return f"cron '{self._expression}' ({shown})"
 
     def __repr__(self) -> str:
-        return f"CronTrigger({self._expression!r}, timezone={self._timezone_name!r})"
+        dst = "" if self._dst is None else f", dst={self._dst!r}"
+        return f"CronTrigger({self._expression!r}, timezone={self._timezone_name!r}{dst})"
 
     def next_ms(self, after_ms: int) -> int | None:
         start = after_ms + 1
@@ -258,8 +309,11 @@ class CronTrigger(Trigger):
         return None if found is None else found - offset_ms
 
     def _owes_gap_fire(self, start_ms: int, segment_start: Transition | None) -> bool:
-        """True at the end of a spring gap that swallowed a local time of a fixed-time job."""
+        """True at the end of a spring gap that swallowed a local time of a fixed-time job
+        (unless its policy is ``"skip"``: the swallowed times do not fire)."""
         if segment_start is None or not segment_start.is_gap or segment_start.at_ms != start_ms:
+            return False
+        if self._dst == "skip":
             return False
         gap_end = start_ms + segment_start.offset_after_ms
         found = self._wall_clock.first_at_or_after(start_ms + segment_start.offset_before_ms)
@@ -268,9 +322,10 @@ class CronTrigger(Trigger):
     def _first_local_ms(
         self, start_ms: int, offset_ms: int, segment_start: Transition | None
     ) -> int:
-        """The local time where the search starts; past a fold's repeat for fixed-time jobs."""
+        """The local time where the search starts; past a fold's repeat for fixed-time jobs
+        (unless their policy is ``"run-twice"``: the repeated times fire again)."""
         local_ms = start_ms + offset_ms
-        if segment_start is not None and not segment_start.is_gap:
+        if segment_start is not None and not segment_start.is_gap and self._dst != "run-twice":
             # The fold's repeated local times already fired, first time round, before it.
             local_ms = max(local_ms, segment_start.at_ms + segment_start.offset_before_ms)
         return local_ms
@@ -406,6 +461,21 @@ def _croniter(spec: _Spec, start: datetime, max_years: int | None = None) -> cro
         second_at_beginning=spec.with_seconds,
         max_years_between_matches=max_years,
     )
+
+
+def _checked_dst(dst: object, spec: _Spec, expression: str) -> DstPolicy | None:
+    """``dst`` checked; refused for a job on real time, which no policy would change."""
+    if dst is None:
+        return None
+    policy = parse_dst(dst)
+    if not spec.fixed_time:
+        raise ConfigurationError(
+            f"option 'dst' = {policy!r} does not apply to '{expression}': its minute or hour "
+            "field starts with '*', so it runs on real time through daylight-saving switches "
+            "(nothing is skipped or repeated); remove dst=",
+            option="dst",
+        )
+    return policy
 
 
 def _refuse_never_firing(spec: _Spec, expression: str) -> None:

@@ -33,6 +33,8 @@ def next_attempt(
         return _outlook(True, f"retried (attempt {later[0]})", "a later attempt at this slot")
     if record.outcome not in FAILURES:
         return None
+    if record.outcome == "missed":
+        return _outlook(False, "not run", "no instance ran this slot in time; nothing runs it now")
     if record.outcome == "interrupted":
         return _taken_over(record, job, leases=leases)
     retry = job.settings.retry

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, NotRequired
 
-from pydantic import ConfigDict, Field, with_config
+from pydantic import ConfigDict, Field, JsonValue, with_config
 from typing_extensions import TypedDict
 
 from .._options import Kind
@@ -90,6 +90,10 @@ class Record(TypedDict):
     error: str | None
     traceback: str | None
     """A failed or timed-out run's, redacted and size-capped."""
+    result: JsonValue
+    """What the handler returned, a JSON value, redacted; at most 4 KiB of JSON, a larger one
+    replaced by ``{"$cut": {"bytes": n, "limit": 4096}, "head": "<its start>"}``. ``null``:
+    none (it returned nothing, or a value that is not JSON; results off; an earlier release)."""
 
 
 @_closed

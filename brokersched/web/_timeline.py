@@ -4,9 +4,10 @@ what became of each slot of the schedule that no instance ran.
 A slot nobody ran is not always a fault: it fell while a run of the job was still going
 (``overlap='skip'`` on a lease backend: the design), the job was paused, or this instance
 skipped it for a reason it knows (late, backend error). Only a slot with none of these is
-``missed``. A slot another instance won is simply on that instance's lane. Two runs of one
-slot with the same attempt number are a ``double`` (a retry after a dead runner is attempt 2,
-not a double)."""
+``missed``, and so is a slot the fleet reported missed (a record with reason ``missed``: drawn
+as the slot's mark, not as a run). A slot another instance won is simply on that instance's
+lane. Two runs of one slot with the same attempt number are a ``double`` (a retry after a
+dead runner is attempt 2, not a double)."""
 
 from __future__ import annotations
 
@@ -152,7 +153,10 @@ def timeline(
     ``known_from_ms`` is the oldest record's slot when older records may have been trimmed (or
     not read), ``None`` when the records go back to the job's first run."""
     runs = [
-        r for r in records if window.holds(r.slot_ms) or window.holds(datetime_to_ms(r.started_at))
+        r
+        for r in records
+        if r.reason != "missed"  # a report, not a run: drawn as its slot's mark
+        and (window.holds(r.slot_ms) or window.holds(datetime_to_ms(r.started_at)))
     ]
     lanes = sorted({here, *(r.instance_id for r in runs)})
     marks: list[dict[str, Any]] = []
@@ -186,13 +190,14 @@ def _slot_marks(
     pauses: Pauses,
     overlap_skips: bool,
 ) -> list[dict[str, Any]]:
-    scheduled = [r for r in records if r.reason not in _NOT_SLOTS]
+    reported = {r.slot_ms: r for r in records if r.reason == "missed"}
+    scheduled = [r for r in records if r.reason not in _NOT_SLOTS and r.reason != "missed"]
     ran = {r.slot_ms for r in scheduled}
     runs_of = Counter((r.slot_ms, r.attempt) for r in scheduled)
     doubles = sorted({slot for (slot, _), count in runs_of.items() if count > 1})
     newest = max((r.slot_ms for r in scheduled), default=known_from)
     skipped = {s.slot_ms: s for s in skips if s.run not in _NOT_SLOTS}
-    busy = _busy_spans(records, now_ms) if overlap_skips else []
+    busy = _busy_spans(scheduled, now_ms) if overlap_skips else []
     # A slot that fell during a run is skipped at once; any other is judged once max_late has
     # passed (until then an instance may still run it).
     due = now_ms - job.settings.max_late_ms
@@ -201,7 +206,9 @@ def _slot_marks(
         if slot in ran:
             continue
         skip = skipped.get(slot)
-        if any(start <= slot <= end for start, end in busy):
+        if (report := reported.get(slot)) is not None:
+            mark = {"state": "missed", "detail": f"reported by {report.instance_id}: nobody ran it"}
+        elif any(start <= slot <= end for start, end in busy):
             mark = {"state": "overlap", "detail": "a run of the job was still going"}
         elif slot > due:
             continue

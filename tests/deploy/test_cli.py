@@ -711,10 +711,13 @@ def listed_app(tmp_path: Path) -> str:
     def run(job: str, minute: int, outcome: str = "completed") -> RunRecord:
         at = start + timedelta(minutes=minute)
         error = "RuntimeError: cannot reach postgresql://report:s3cret@db/reports"
+        # What a handler returned (written unredacted, as a third-party backend might).
+        result = {"orders": minute, "via": "postgresql://sync:s3cret@db/o", "ids": [*range(40)]}
         return RunRecord(
             job, int(at.timestamp() * 1000), f"run-{job[:6]}-{minute}", "host-1:42", "schedule",
             1 if outcome == "completed" else 2, at, at + timedelta(seconds=2), outcome,  # type: ignore[arg-type]
             error if outcome == "failed" else None,
+            result=result if job == "sync.orders" else None,
         )  # fmt: skip
 
     async def write() -> None:
@@ -748,12 +751,16 @@ def test_history_without_a_job_merges_every_jobs_latest_runs(tmp_path: Path) -> 
     assert all(list(r) == list(records[0]) for r in records)  # the same keys, always
     assert list(records[0]) == [
         "job", "slot_ms", "slot", "run_id", "instance_id", "reason", "attempt", "started_at",
-        "finished_at", "duration_ms", "late_ms", "outcome", "error", "traceback",
+        "finished_at", "duration_ms", "late_ms", "outcome", "error", "traceback", "result",
     ]  # fmt: skip
     failed = records[1]
     assert failed["started_at"] == "2027-01-15T08:07:00.000Z" and failed["duration_ms"] == 2000
     assert failed["error"] == "RuntimeError: cannot reach postgresql://report:***@db/reports"
     assert records[0]["error"] is None and records[0]["traceback"] is None
+    assert records[0]["result"] == {
+        "orders": 8, "via": "postgresql://sync:***@db/o", "ids": [*range(40)],
+    }  # fmt: skip
+    assert failed["result"] is None
     table = invoke("history", app, "-n", "3")
     assert "last 3 runs of 3 jobs" in table and "report" in table
     empty = invoke("history", app, "sync.invoices-for-the-accounting-department")
@@ -778,7 +785,10 @@ def test_jobs_and_next_print_json(tmp_path: Path) -> None:
         "state": "enabled",
         "controls_read": True,
         "control": None,
-    }
+        "trigger": {"kind": "cron", "expression": "0 8 * * MON-FRI", "timezone": "Europe/Paris",
+                    "dst": None},
+        "claim": True,
+    }  # fmt: skip
     assert len(report["next_runs"]) == 2
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT0[67]:00:00\.000Z", t) for t in report["next_runs"])
     assert jobs[0]["options"] == {"timeout": "10m"}
@@ -786,9 +796,9 @@ def test_jobs_and_next_print_json(tmp_path: Path) -> None:
                   "-n", "2", "--json")  # fmt: skip
     assert [json.loads(line) for line in rows.splitlines()] == [
         {"n": 1, "local": "2027-03-28T08:00:00.000+02:00", "zone": "Europe/Paris",
-         "utc_offset": "+02:00", "utc": "2027-03-28T06:00:00.000Z"},
+         "utc_offset": "+02:00", "utc": "2027-03-28T06:00:00.000Z", "dst": "run-once"},
         {"n": 2, "local": "2027-03-29T08:00:00.000+02:00", "zone": "Europe/Paris",
-         "utc_offset": "+02:00", "utc": "2027-03-29T06:00:00.000Z"},
+         "utc_offset": "+02:00", "utc": "2027-03-29T06:00:00.000Z", "dst": "run-once"},
     ]  # fmt: skip
 
 
@@ -812,6 +822,9 @@ def test_history_shows_a_run_a_line_from_120_columns(
     failed = [row for row in rows if " failed " in row]
     assert len(failed) == (0 if job == "sync.orders" else 3), output
     assert all("RuntimeError" in row and "s3cret" not in row for row in failed)
+    returned = [row for row in rows if " completed " in row]
+    assert all('{"orders":' in row and "s3cret" not in row for row in returned), output
+    assert all(row.rstrip().endswith("…") for row in returned), output  # cut, not wrapped
 
 
 @pytest.mark.parametrize(

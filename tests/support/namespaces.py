@@ -23,7 +23,7 @@ from brokersched.abc import Backend
 from tests.support.leases import drop_schema
 from tests.support.leftovers import remove_rabbitmq
 from tests.support.names import unique
-from tests.support.nats_helpers import delete_named_streams, delete_streams, lease_streams
+from tests.support.nats_helpers import delete_streams
 from tests.support.redis_helpers import delete_keys
 
 #: The server fixture of each kind (SQLite has none: a file of the test's ``tmp_path``).
@@ -31,9 +31,9 @@ SERVERS = {
     "postgres": "postgres_dsn",
     "rabbitmq": "amqp_url",
     "nats": "nats_url",
+    "nats-lease": "nats_url",
     "redis": "redis_url",
     "redis-lease": "redis_url",
-    "nats-lease": "nats_url",
 }
 
 
@@ -42,8 +42,8 @@ async def fresh_namespace(
     request: pytest.FixtureRequest, kind: str, stem: str
 ) -> AsyncIterator[Callable[..., Backend]]:
     """``make(**options)``: a new backend of ``kind`` in a namespace of its own (a prefix, a
-    PostgreSQL schema, a SQLite file, a NATS KV bucket), on the server of ``kind``'s fixture
-    (asked for only now); what the backends made there is removed afterwards."""
+    PostgreSQL schema, a SQLite file), on the server of ``kind``'s fixture (asked for only
+    now); what the backends made there is removed afterwards."""
     name = unique(stem)
     if kind == "sqlite":
         url = str(request.getfixturevalue("tmp_path") / f"{stem}.db")
@@ -59,10 +59,10 @@ async def fresh_namespace(
             return RabbitMQBackend(url, prefix=name, **options)
         if kind == "nats":
             return NATSBackend(url, prefix=name, **options)
-        if kind == "redis":
-            return RedisBackend(url, prefix=name, **options)
         if kind == "nats-lease":
             return NATSLeaseBackend(url, bucket=name, **options)
+        if kind == "redis":
+            return RedisBackend(url, prefix=name, **options)
         return RedisLeaseBackend(url, prefix=name, **options)
 
     try:
@@ -78,9 +78,7 @@ async def remove_namespace(kind: str, url: str, name: str) -> None:
         await drop_schema(url, name)
     elif kind == "rabbitmq":
         await remove_rabbitmq(url, name)
-    elif kind == "nats":
+    elif kind.startswith("nats"):
         await delete_streams(url, name)
-    elif kind == "nats-lease":
-        await delete_named_streams(url, *lease_streams(name))
     elif kind.startswith("redis"):
         await delete_keys(url, name)

@@ -31,14 +31,15 @@ SLOT_TTL = timedelta(minutes=5)  # the slot_ttl whose claims stream ``claims_str
 
 async def delete_streams(url: str, prefix: str) -> None:
     """Remove the streams a test created under ``prefix``: the backend's (``<prefix>-claims``,
-    ``<prefix>-history``, the fleet's buckets ``KV_<prefix>-fleet-...``) and any other
+    ``<prefix>-history``, the fleet's buckets ``KV_<prefix>-fleet-...``, a lease bucket
+    ``KV_<prefix>``) and any other
     ``<prefix>-...`` stream it made (a foreign one)."""
     nc = await nats.connect(url, allow_reconnect=False, error_cb=_quiet)
     try:
         js = nc.jetstream()
         for info in await js.streams_info():
             name = info.config.name or ""
-            if name.startswith((f"{prefix}-", f"KV_{prefix}-")):
+            if name == f"KV_{prefix}" or name.startswith((f"{prefix}-", f"KV_{prefix}-")):
                 with contextlib.suppress(NotFoundError):
                     await js.delete_stream(name)
     finally:

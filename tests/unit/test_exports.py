@@ -23,6 +23,7 @@ def test_all_is_the_public_surface() -> None:
         "JobOptions",
         "JobSettings",
         "MemoryBackend",
+        "MissedEvent",
         "NATSBackend",
         "NATSLeaseBackend",
         "PostgresBackend",

@@ -119,7 +119,7 @@ def test_an_unknown_override_key_is_named_with_every_key_it_takes(key: str, hint
     assert str(caught.value) == (
         f"job 'purge': override '{key}' is not an option{hint} (an override of this job takes: "
         "every, enabled, jitter, max_late, timeout, overlap, max_attempts, catch_up, "
-        "history_size, history_ttl, offset, timezone, data, claim, key, run_on_start, retry)"
+        "history_size, history_ttl, offset, timezone, dst, data, claim, key, run_on_start, retry)"
     )
     assert (caught.value.option, caught.value.job) == (key, "purge")
 

@@ -12,6 +12,7 @@ screen, and what matters is on it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import re
@@ -154,6 +155,7 @@ async def seed_history(scheduler: Scheduler[Any], minutes: int = 15) -> int:
                     outcome=outcome,  # type: ignore[arg-type]
                     error=error,
                     traceback=traceback,
+                    result={"paid": took} if outcome == "completed" else None,
                 )
                 await scheduler.backend.record(job.settings.policy, record)
                 busy_until = started + took
@@ -408,9 +410,13 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
         found["traceback"] = page.text("pre.traceback")
         found["run_url"] = page.driver.current_url
         found["run"] = page.text("#run")
+        found["result"] = page.text("#result")
         found["shots"].append(page.shot("run", 1400))
         page.driver.refresh()  # a deep link survives a reload
         found["reloaded"] = page.text("pre.traceback")
+        page.open(f"{fleet}#/jobs/payments.sync", '#history tr[data-outcome="completed"] a')
+        page.click('#history tr[data-outcome="completed"] a')
+        found["returned"] = page.text("pre.result")
         # a slow job's skipped slots: on its "not run" lane, as skipped, not missed
         page.open(f"{fleet}#/jobs/export.slow", "#job-timeline svg.timeline .mark-overlap")
         found["slow_missed"] = page.js(
@@ -505,6 +511,8 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
     assert re.search(r"#/jobs/payments\.sync/runs/[0-9a-f]{16}$", found["run_url"])
     assert found["reloaded"] == traceback
     assert "ran on" in found["run"] and "lateness" in found["run"]
+    assert "The run did not return: there is no result." in found["result"]
+    assert json.loads(found["returned"]) == {"paid": 40}  # as the handler returned it
     # max_attempts=1 and no retry=: a failed run is not run again, and the page says so
     assert "1; not retried" in found["run"] and "of at most" not in found["run"]
     assert "no retry= option" in found["run"]

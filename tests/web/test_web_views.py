@@ -91,7 +91,13 @@ async def test_history_filters_by_outcome_instance_and_reason(
     records = everything["records"]
     assert len(records) == 11  # ten slots and the manual run
     assert set(everything["choices"]["reason"]) >= {"schedule", "retry", "manual"}
-    assert everything["choices"]["outcome"] == ["completed", "failed", "timed-out", "interrupted"]
+    assert everything["choices"]["outcome"] == [
+        "completed",
+        "failed",
+        "timed-out",
+        "interrupted",
+        "missed",
+    ]
     odd = [r for r in records if r["slot_ms"] // MINUTE % 2 and r["reason"] == "schedule"]
     assert [r["run_id"] for r in failed["records"]] == [r["run_id"] for r in odd]
     assert (failed["matched"], failed["scanned"], failed["next"]) == (5, 11, None)

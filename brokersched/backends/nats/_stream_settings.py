@@ -43,8 +43,9 @@ def duration(value: timedelta) -> str:
 
 
 # A claim is under 2 KiB (a 128-character job name, a 200-character instance id, escaped), a
-# failed run's record under 8 KiB (its traceback is capped at 4 KiB, JSON-escaped); a stream
-# whose max_msg_size is smaller refuses some claims or run records.
+# run's record under 8 KiB (a failed run's traceback is capped at 4 KiB, JSON-escaped, and so is
+# a completed run's result: a record has one or the other); a stream whose max_msg_size is
+# smaller refuses some claims or run records.
 _MIN_MSG_SIZE = 8192
 _DEFAULT_HISTORY_SIZE = 1000  # the scheduler's default; a fix suggested before prepare() knows
 _LIMIT_FLAGS = {

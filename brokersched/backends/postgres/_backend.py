@@ -32,7 +32,7 @@ from ._connection import Connection, Pool, Row, keep_session
 from ._fleet import PostgresFleet
 from ._leases import PostgresLeases
 from ._options import PostgresOptions, check_schema
-from ._statements import HAS_TRACEBACK, Statements
+from ._statements import ADDED_COLUMN_NAMES, HAS_COLUMNS, Statements
 
 __all__ = ["PostgresBackend"]
 
@@ -148,7 +148,7 @@ class PostgresBackend(NamespaceInventory, PostgresLeases, PostgresFleet):
         if (
             await self._version(conn) != SCHEMA_VERSION
             or not await self._has_store_now(conn)
-            or not await self._has_traceback(conn)
+            or not await self._has_added_columns(conn)
             or not await self._has_fleet(conn)
         ):
             async with conn.transaction():
@@ -158,8 +158,11 @@ class PostgresBackend(NamespaceInventory, PostgresLeases, PostgresFleet):
         found = await conn.fetchval("SELECT to_regprocedure($1)", f"{self._sql.schema}.store_now()")
         return found is not None
 
-    async def _has_traceback(self, conn: Connection) -> bool:
-        return bool(await conn.fetchval(HAS_TRACEBACK, f"{self._sql.schema}.history"))
+    async def _has_added_columns(self, conn: Connection) -> bool:
+        """Whether the history table has the columns added since its schema version."""
+        table = f"{self._sql.schema}.history"
+        found = await conn.fetchval(HAS_COLUMNS, table, ADDED_COLUMN_NAMES)
+        return bool(found == len(ADDED_COLUMN_NAMES))
 
     async def _has_fleet(self, conn: Connection) -> bool:
         found = await conn.fetchval("SELECT to_regclass($1)", f"{self._sql.schema}.fleet")
@@ -215,7 +218,8 @@ class PostgresBackend(NamespaceInventory, PostgresLeases, PostgresFleet):
         await conn.execute(f"INSERT INTO {table} VALUES ($1)", SCHEMA_VERSION)
         if not await self._has_store_now(conn):
             await conn.execute(self._sql.store_now)
-        await conn.execute(self._sql.traceback_column)
+        for column in self._sql.added_columns:
+            await conn.execute(column)
         await conn.execute(self._sql.fleet_table)
 
     async def _version(self, conn: Connection) -> int | None:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from ...abc import JobPolicy, Lease, RunRecord
 from .._lease import Ending
-from .._sql import history_cutoff, history_limit, run_record
+from .._sql import history_cutoff, history_limit, result_text, run_record
 from ._connection import Connection, PostgresCalls, Row
 
 __all__ = ["PostgresHistory"]
@@ -27,7 +27,7 @@ class PostgresHistory(PostgresCalls):
         """``_RELEASE_RECORDED``'s arguments: the record's (none: no record written), then the
         lease's."""
         written = () if record is None else self._record_args(*record)
-        padded = written or (None,) * 13
+        padded = written or (None,) * 14
         return (*padded, lease.job, lease.slot_ms, lease.token, handover, bool(written))
 
     def _record_args(self, job: JobPolicy, record: RunRecord) -> tuple[object, ...]:
@@ -35,6 +35,7 @@ class PostgresHistory(PostgresCalls):
             job.name, record.slot_ms, record.run_id, record.instance_id, record.reason,
             record.attempt, record.started_at, record.finished_at, record.outcome, record.error,
             job.history_size, history_cutoff(job, self._now()), record.traceback,
+            result_text(record.result),
         )  # fmt: skip
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
@@ -72,6 +73,6 @@ class PostgresHistory(PostgresCalls):
 def _run_record(row: Row) -> RunRecord:
     fields = (
         "job", "slot_ms", "run_id", "instance_id", "reason", "attempt", "outcome", "error",
-        "traceback",
+        "traceback", "result",
     )  # fmt: skip
     return run_record([row[field] for field in fields], row["started_at"], row["finished_at"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .._sql import NO_SLOT
 
-__all__ = ["HAS_TRACEBACK", "Statements"]
+__all__ = ["ADDED_COLUMN_NAMES", "HAS_COLUMNS", "Statements"]
 
 _MS = "* interval '1 millisecond'"
 
@@ -62,12 +62,18 @@ _MIGRATIONS = (_SCHEMA_V1, _SCHEMA_V2)
 # conformance suite's protocol check); PostgreSQL inlines it (a volatile SQL function whose
 # body is volatile), so production statements read clock_timestamp() directly. Made at start
 # when missing: instances of an earlier release neither need nor mind it.
-# A failed run's traceback (RunRecord.traceback): added at start when missing, without a schema
-# version change, like store_now(): instances of an earlier release name their columns, so they
-# neither write nor read it, and keep starting.
-_TRACEBACK_COLUMN = "ALTER TABLE {s}.history ADD COLUMN IF NOT EXISTS traceback text"
-HAS_TRACEBACK = """SELECT EXISTS (SELECT FROM pg_attribute
-    WHERE attrelid = to_regclass($1) AND attname = 'traceback' AND NOT attisdropped)"""
+# A failed run's traceback (RunRecord.traceback) and a run's result (RunRecord.result, its
+# JSON text): added at start when missing, without a schema version change, like store_now():
+# instances of an earlier release name their columns, so they neither write nor read them, and
+# keep starting.
+_ADDED_COLUMNS = (
+    "ALTER TABLE {s}.history ADD COLUMN IF NOT EXISTS traceback text",
+    "ALTER TABLE {s}.history ADD COLUMN IF NOT EXISTS result text",
+)
+ADDED_COLUMN_NAMES = ["traceback", "result"]
+#: How many of ``$2`` (column names) the table ``$1`` has.
+HAS_COLUMNS = """SELECT count(*) FROM pg_attribute
+    WHERE attrelid = to_regclass($1) AND attname = ANY($2::text[]) AND NOT attisdropped"""
 
 # The fleet's records (presence, controls), added at start when missing, as above.
 # Expiry is judged on the database's clock.
@@ -290,8 +296,8 @@ ORDER BY leased DESC, job, slot_ms"""
 # The end of ``_RECORD`` and of ``_RELEASE_RECORDED``, after their ``counted``.
 _APPEND = """inserted AS (
     INSERT INTO {s}.history (job, n, slot_ms, run_id, instance_id, reason, attempt, started_at,
-        finished_at, outcome, error, traceback)
-    SELECT $1, n, $2, $3, $4, $5, $6, $7, $8, $9, $10, $13 FROM counted
+        finished_at, outcome, error, traceback, result)
+    SELECT $1, n, $2, $3, $4, $5, $6, $7, $8, $9, $10, $13, $14 FROM counted
 ), too_many AS (
     DELETE FROM {s}.history WHERE job = $1 AND n <= (SELECT n FROM counted) - $11::bigint
 )
@@ -303,31 +309,31 @@ _RECORD = """WITH counted AS (
     RETURNING c.n
 ), {append}"""
 
-# A release (or hand-over) of lease $14:$15 with token $16 ($17: a hand-over), and, if it took
-# effect and $18, the run's record ($1-$13 as ``_RECORD``'s) in the same statement.
+# A release (or hand-over) of lease $15:$16 with token $17 ($18: a hand-over), and, if it took
+# effect and $19, the run's record ($1-$14 as ``_RECORD``'s) in the same statement.
 _RELEASE_RECORDED = """WITH ended AS (
     DELETE FROM {s}.leases
-    WHERE job = $14 AND slot_ms = $15 AND token = $16 AND NOT $17::boolean
+    WHERE job = $15 AND slot_ms = $16 AND token = $17 AND NOT $18::boolean
     RETURNING slot_ms
 ), handed AS (
     UPDATE {s}.leases SET state = 'handover', expires_at = {now}
-    WHERE job = $14 AND slot_ms = $15 AND token = $16 AND $17::boolean
+    WHERE job = $15 AND slot_ms = $16 AND token = $17 AND $18::boolean
     RETURNING slot_ms
 ), done AS (
     SELECT slot_ms FROM ended UNION ALL SELECT slot_ms FROM handed
 ), grant_ended AS (
     UPDATE {s}.jobs AS j SET lease_until = '-infinity'
-    FROM done WHERE j.job = $14 AND j.grant_slot_ms = done.slot_ms
+    FROM done WHERE j.job = $15 AND j.grant_slot_ms = done.slot_ms
 ), counted AS (
     INSERT INTO {s}.history_counters AS c (job, n)
-    SELECT $1::text, 1 WHERE $18::boolean AND EXISTS (SELECT FROM done)
+    SELECT $1::text, 1 WHERE $19::boolean AND EXISTS (SELECT FROM done)
     ON CONFLICT (job) DO UPDATE SET n = c.n + 1
     RETURNING c.n
 ), {append}
     AND EXISTS (SELECT FROM counted)"""
 
 _HISTORY = """SELECT job, slot_ms, run_id, instance_id, reason, attempt, outcome, error,
-    traceback, started_at, finished_at
+    traceback, result, started_at, finished_at
 FROM {s}.history
 WHERE job = $1 AND ($2::timestamptz IS NULL OR started_at >= $2::timestamptz)
 ORDER BY n DESC LIMIT $3"""
@@ -355,7 +361,7 @@ class Statements:
         self.schema = s
         self.version_table = f"{s}.schema_version"
         self.migrations = tuple(fill(step) for step in _MIGRATIONS)
-        self.traceback_column = fill(_TRACEBACK_COLUMN)
+        self.added_columns = tuple(fill(column) for column in _ADDED_COLUMNS)
         self.fleet_table = fill(_FLEET_TABLE)
         self.fleet_read = fill(_FLEET_READ)
         self.fleet_put = fill(_FLEET_PUT)

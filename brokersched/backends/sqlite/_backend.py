@@ -158,20 +158,23 @@ class SQLiteBackend(NamespaceInventory, SQLiteLeases, SQLiteFleet):
                 await conn.execute(statement)
         await conn.execute(f"DELETE FROM {table}")
         await conn.execute(f"INSERT INTO {table} VALUES (?)", (SCHEMA_VERSION,))
-        if not await self._has_traceback(conn):
-            await conn.execute(self._sql.traceback_column)
+        missing = await self._missing_columns(conn)
+        for name, statement in self._sql.added_columns.items():
+            if name in missing:
+                await conn.execute(statement)
         await conn.execute(self._sql.fleet_table)
 
     async def _schema_current(self, conn: aiosqlite.Connection) -> bool:
         return (
             await self._version(conn) == SCHEMA_VERSION
-            and await self._has_traceback(conn)
+            and not await self._missing_columns(conn)
             and bool(await conn.execute_fetchall(self._sql.fleet_exists))
         )
 
-    async def _has_traceback(self, conn: aiosqlite.Connection) -> bool:
+    async def _missing_columns(self, conn: aiosqlite.Connection) -> set[str]:
+        """The columns added since the schema's version that the history table lacks."""
         rows = await conn.execute_fetchall(self._sql.history_columns)
-        return any(row[0] == "traceback" for row in rows)
+        return set(self._sql.added_columns) - {row[0] for row in rows}
 
     async def _version(self, conn: aiosqlite.Connection) -> int | None:
         try:

@@ -7,7 +7,14 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...abc import JobPolicy, RunRecord
-from .._sql import datetime_to_us, history_cutoff, history_limit, run_record, us_to_datetime
+from .._sql import (
+    datetime_to_us,
+    history_cutoff,
+    history_limit,
+    result_text,
+    run_record,
+    us_to_datetime,
+)
 from ._connection import SQLiteCalls
 
 if TYPE_CHECKING:
@@ -50,6 +57,7 @@ class SQLiteHistory(SQLiteCalls):
                 "outcome": record.outcome,
                 "error": record.error,
                 "traceback": record.traceback,
+                "result": result_text(record.result),
             },
         )
         (n,) = next(iter(rows))
@@ -76,6 +84,6 @@ class SQLiteHistory(SQLiteCalls):
 
 def _history_record(row: Sequence[Any]) -> RunRecord:
     """A row of ``_HISTORY``."""
-    finished_us = row[10]
+    finished_us = row[11]
     finished = None if finished_us is None else us_to_datetime(finished_us)
-    return run_record(row[:9], us_to_datetime(row[9]), finished)
+    return run_record(row[:10], us_to_datetime(row[10]), finished)

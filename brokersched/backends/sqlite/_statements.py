@@ -50,10 +50,13 @@ _SCHEMA_V2 = (
 )
 #: ``_MIGRATIONS[v]`` takes the tables from version ``v`` to ``v + 1``.
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (_SCHEMA_V1, _SCHEMA_V2)
-# A failed run's traceback (RunRecord.traceback): added at start when missing, without a schema
-# version change: instances of an earlier release name their columns, so they neither write nor
-# read it, and keep starting.
-_TRACEBACK_COLUMN = "ALTER TABLE {history} ADD COLUMN traceback TEXT"
+# A failed run's traceback (RunRecord.traceback) and a run's result (RunRecord.result, its JSON
+# text): added at start when missing, without a schema version change: instances of an earlier
+# release name their columns, so they neither write nor read them, and keep starting.
+_ADDED_COLUMNS = {
+    "traceback": "ALTER TABLE {history} ADD COLUMN traceback TEXT",
+    "result": "ALTER TABLE {history} ADD COLUMN result TEXT",
+}
 # The fleet's records (presence, controls), added at start when missing, as above.
 _FLEET_TABLE = """CREATE TABLE IF NOT EXISTS {fleet} (
     kind TEXT NOT NULL,
@@ -160,9 +163,9 @@ WHERE job = :job AND grant_slot_ms = :slot_ms"""
 _DROP_LEASE = "DELETE FROM {leases} WHERE job = :job AND slot_ms = :slot_ms"
 
 _INSERT_RECORD = """INSERT INTO {history} (job, n, slot_ms, run_id, instance_id, reason, attempt,
-    started_us, finished_us, outcome, error, traceback)
+    started_us, finished_us, outcome, error, traceback, result)
 SELECT :job, coalesce(max(n), 0) + 1, :slot_ms, :run_id, :instance_id, :reason, :attempt,
-    :started_us, :finished_us, :outcome, :error, :traceback
+    :started_us, :finished_us, :outcome, :error, :traceback, :result
 FROM {history} WHERE job = :job
 RETURNING n"""
 
@@ -171,7 +174,7 @@ _TRIM_SIZE = "DELETE FROM {history} WHERE job = :job AND n <= :n - :size"
 _TRIM_AGE = "DELETE FROM {history} WHERE job = :job AND started_us < :cutoff_us"
 
 _HISTORY = """SELECT job, slot_ms, run_id, instance_id, reason, attempt, outcome, error,
-    traceback, started_us, finished_us
+    traceback, result, started_us, finished_us
 FROM {history}
 WHERE job = :job AND (:cutoff_us IS NULL OR started_us >= :cutoff_us)
 ORDER BY n DESC LIMIT :limit"""
@@ -198,7 +201,8 @@ class Statements:
 
         self.version_table = f'"{prefix}schema_version"'
         self.migrations = tuple(tuple(fill(sql) for sql in step) for step in _MIGRATIONS)
-        self.traceback_column = fill(_TRACEBACK_COLUMN)
+        #: column name -> the statement that adds it
+        self.added_columns = {name: fill(sql) for name, sql in _ADDED_COLUMNS.items()}
         self.history_columns = fill(_HISTORY_COLUMNS)
         self.grant = fill(_GRANT)
         self.grant_catch_up = fill(_GRANT_CATCH_UP)

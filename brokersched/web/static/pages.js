@@ -755,6 +755,17 @@ export class RunPage {
       trace.body.append(el("p", { className: "empty" }, why));
     }
 
+    const returned = panel("Result", { id: "result", flush: true });
+    if (run.result !== null && run.result !== undefined) {
+      // As recorded: a JSON value (a result over 4 KiB is a {"$cut": ...} marker with its start).
+      returned.body.append(el("pre", { className: "result", tabIndex: 0, "aria-label": "result" }, JSON.stringify(run.result, null, 2)));
+    } else {
+      const why = run.outcome === "completed"
+        ? "No result was recorded: the handler returned nothing (or a value that is not JSON), results are off (record_results=False), or an earlier release wrote this record."
+        : "The run did not return: there is no result.";
+      returned.body.append(el("p", { className: "empty" }, why));
+    }
+
     const labels = ["~attempt", "outcome", "instance", "started", "~took", ""];
     const rows = attempts.map((a) => row(labels, [
       text(a.attempt),
@@ -769,7 +780,7 @@ export class RunPage {
 
     this.view.replaceChildren(
       el("div", { className: "page-head" }, el("h1", {}, `Run ${run.run_id}`), badge(run.outcome, null, { big: true }), nav),
-      el("div", { className: "stack" }, summary.section, trace.section, tries.section));
+      el("div", { className: "stack" }, summary.section, returned.section, trace.section, tries.section));
   }
 
   resize() {}

@@ -36,7 +36,7 @@ export const KINDS = {
 // A word this table lacks: drawn as a neutral diamond, named as the API names it.
 const UNKNOWN = { shape: "diamond", colour: "var(--neutral)", cls: "o-neutral" };
 // Which outcome stands for a crowd of runs drawn as one mark: the worst.
-export const SEVERITY = { failed: 5, "timed-out": 4, interrupted: 3, running: 2, replaced: 1.5, completed: 1 };
+export const SEVERITY = { missed: 6, failed: 5, "timed-out": 4, interrupted: 3, running: 2, replaced: 1.5, completed: 1 };
 
 // How `kind` is drawn and named.
 export function look(kind) {

@@ -166,6 +166,59 @@ async def test_the_traceback_column_is_added_to_an_earlier_releases_tables(
     assert await schema_version(fleet) == SCHEMA_VERSION == 2  # earlier releases still start
 
 
+async def fetch_sql(fleet: Fleet, statement: str) -> list[tuple[Any, ...]]:
+    """The rows of ``statement`` on the fleet's database (``{history}`` as in ``run_sql``)."""
+    if fleet.kind == "sqlite":
+        with sqlite3.connect(fleet.path) as conn:
+            return conn.execute(statement.format(history="brokersched_history")).fetchall()
+    conn = await asyncpg.connect(fleet.dsn)
+    try:
+        rows = await conn.fetch(statement.format(history=f'"{fleet.namespace}".history'))
+        return [tuple(row.values()) for row in rows]
+    finally:
+        await conn.close()
+
+
+# What the release before RunRecord.result writes and reads: its columns named, no result.
+_PREVIOUS_COLUMNS = (
+    "job, n, slot_ms, run_id, instance_id, reason, attempt, {times}, outcome, error, traceback"
+)
+_PREVIOUS_TIMES = {
+    "sqlite": ("started_us, finished_us", "0, 0"),
+    "postgres": ("started_at, finished_at", "now(), now()"),
+}
+
+
+async def test_the_result_column_is_added_to_the_previous_releases_tables(fleet: Fleet) -> None:
+    """Tables made by the release before RunRecord.result (no such column) get it at start,
+    with no schema version change; the previous release's statements, which name their
+    columns, still write to the upgraded table and read what this release wrote."""
+    previous = await fleet.start()
+    policy = JobPolicy("job")
+    await previous.record(policy, record("job", 0))
+    await previous.stop()
+    await run_sql(fleet, "ALTER TABLE {history} DROP COLUMN result")
+    backend = await fleet.start()
+    await backend.record(policy, replace(record("job", 2), result={"sent": 3, "to": ["ü"]}))
+    times, values = _PREVIOUS_TIMES[fleet.kind]
+    columns = _PREVIOUS_COLUMNS.format(times=times)
+    await run_sql(
+        fleet,
+        f"INSERT INTO {{history}} ({columns}) "
+        f"VALUES ('job', 100, {SLOT + 4}, 'run-4', 'old', 'schedule', 1, {values}, "
+        "'completed', NULL, NULL)",
+    )
+    read = await fetch_sql(fleet, f"SELECT {columns} FROM {{history}} ORDER BY n")
+    assert [row[3] for row in read] == ["run-0", "run-2", "run-4"]
+    newest, middle, oldest = await backend.history(policy, 10)
+    assert [(r.run_id, r.result) for r in (newest, middle, oldest)] == [
+        ("run-4", None),
+        ("run-2", {"sent": 3, "to": ["ü"]}),
+        ("run-0", None),
+    ]
+    assert await schema_version(fleet) == SCHEMA_VERSION == 2  # earlier releases still start
+
+
 async def test_a_newer_schema_is_refused_at_start(fleet: Fleet) -> None:
     await fleet.start()
     await schema_version(fleet, set_to=99)

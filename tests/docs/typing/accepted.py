@@ -45,12 +45,31 @@ async def decorated(ctx: JobContext) -> None: ...
 rabbit = Scheduler(RabbitMQBackend("amqp://guest:guest@127.0.0.1/", slot_ttl="5m"))
 rabbit.every("outbox.flush", "5s", flush, timeout="4s", jitter="1s", max_late="30s")
 rabbit.cron("digest", "0 8 * * MON-FRI", flush, timezone="Europe/Paris", jitter="30s")
+rabbit.cron("nightly", "30 2 * * *", flush, timezone="Europe/Paris", dst="run-twice")
+lease.cron("nightly", "30 2 * * *", flush, dst="skip", overlap="skip")
 rabbit.at("migrate", when, flush, max_late="1h", data={"batch": 10}, claim=True)
 Scheduler(NATSBackend("nats://127.0.0.1:4222")).every("g", "1m", flush, history_size=10)
 
 
 @rabbit.every("h", "1m", timeout="10s")
 def decorated_sync(ctx: JobContext) -> None: ...
+
+
+# a handler may return a value (kept as RunRecord.result) and read the previous run's
+@rabbit.every("totals", "1m")
+async def totals(ctx: JobContext) -> dict[str, int]:
+    previous = await ctx.previous
+    sent: int = previous.result["sent"] if previous and previous.result else 0
+    return {"sent": sent + 1}
+
+
+@rabbit.every("sync-totals", "1m")
+def sync_totals(ctx: JobContext) -> int:
+    previous = ctx.previous.get(timeout=5)
+    return 1 if previous is None else previous.attempt
+
+
+Scheduler(record_results=False).every("quiet", "1m", sync_totals)
 
 
 # typed listeners: each event name takes a listener of its own event type (or of any Event)

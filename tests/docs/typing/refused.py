@@ -61,6 +61,8 @@ Scheduler(overrides={"digest.daily": "0 * * * *"})  # E
 memory.every("s6", "5s", flush, retry=3)  # E
 Retry(3)  # E
 Retry(attempts="3")  # E
+memory.every("s7", "5s", flush, dst="skip")  # E
+memory.cron("s8", "30 2 * * *", flush, dst="twice")  # E
 
 rabbit.every("p1", "5s", flush, overlap="replace")  # E
 redis_claims.cron("p2", "* * * * *", flush, overlap="replace")  # E

@@ -1,0 +1,366 @@
+"""Missed slots: a scheduled slot of a claimed job that no instance ran within its lateness
+bound, found by the fleet and reported once.
+
+An instance knows what became of a slot when it ran it, lost its claim (another instance has
+it) or skipped it on purpose (paused, disabled, ``skip(n)``, overlap). When it skipped the slot
+as late, for a backend error or for a clock skew, another instance may have run it, or none did.
+Such an instance *watches* the slot: once the fleet's last claim of it could have landed (the
+slot plus ``max_late``, and a margin for the clocks and a claim's flight) it asks the backend,
+through an operation that only one instance can win:
+
+* a claim-only backend: it claims the slot itself. Won, nobody had claimed it, and nobody can
+  any more (this claim holds it): the slot is missed, and this instance alone says so. It asks
+  only while the backend remembers the slot's claims (``ClaimBackend.claim_deadline_ms``);
+  later it cannot tell, and says nothing.
+* a lease backend: a slot that was leased still holds its lease or has a record in the history.
+  With neither, the instance claims the *report*: a lease of the slot under ``<key>:missed``,
+  fenced by the store as the job's own slots are, so one report per slot wins.
+
+An instance that won a slot's claim but had its answer too late to run reports it at once (on a
+lease backend through the same report claim: a checker may have looked before its grant).
+
+A report is a history record (reason and outcome ``missed``), a ``missed`` event
+(``MissedEvent``, which ``brokersched_slots_missed_total`` counts) and a warning in the log, on
+the reporting instance alone. Limits: a slot that fell due while no instance ran is reported by
+none; nor one whose watchers all stopped before their check, or could not reach the backend
+then (their checks are retried a few times).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from ._clock import Clock, Timer, ms_to_datetime
+from ._durations import format_duration, to_ms
+from ._events import Events, MissedEvent, SkipReason
+from ._exceptions import BackendError, ClockSkewError
+from ._job import JobState
+from ._recorder import Recorder
+from ._tasks import TaskSet
+from .abc import (
+    Backend,
+    ClaimBackend,
+    JobPolicy,
+    Lease,
+    LeaseBackend,
+    RunRecord,
+    Slot,
+    new_run_id,
+)
+
+__all__ = ["REPORT_SUFFIX", "UNKNOWN_FATE", "MissedSlots"]
+
+logger = logging.getLogger("brokersched")
+
+#: The skips after which this instance cannot tell whether another one ran the slot.
+UNKNOWN_FATE: frozenset[SkipReason] = frozenset({"late", "backend-error", "clock-skew"})
+#: A lease backend's report claims are leases of the job's key and this.
+REPORT_SUFFIX = ":missed"
+# Past max_late, what a check waits at least for the last claims (a claim's flight, the
+# clocks' disagreement on a claim-only backend is in its claim_margin).
+_MARGIN_MS = 2_000
+# A check the backend failed is tried again this much later, this many times in all.
+_RETRY_MS = 5_000
+_TRIES = 3
+# A claim-only backend's check is sent no closer to its claim deadline than this.
+_FLIGHT_MS = 1_000
+_CHECK_TIMEOUT_S = 5.0
+# The most slots a frozen process's wake watches per job (the latest).
+_MAX_PASSED = 100
+
+
+@dataclass(slots=True)
+class _Watched:
+    """A job's slots this instance watches: slot -> (when to check it, tries left), and the
+    timer of the first check."""
+
+    job: JobState
+    slots: dict[int, tuple[int, int]] = field(default_factory=dict)
+    timer: Timer | None = None
+    timer_at: int = 0
+
+
+class MissedSlots:
+    """The slots one scheduler watches, its checks and its reports."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        backend: Backend,
+        instance_id: str,
+        events: Events,
+        tasks: TaskSet,
+        recorder: Recorder,
+    ) -> None:
+        self.clock = clock
+        self.backend = backend
+        self.instance_id = instance_id
+        self.events = events
+        self.tasks = tasks
+        self.recorder = recorder
+        self._watched: dict[str, _Watched] = {}  # job key -> its watched slots
+        self._checking = 0  # checks and report claims under way
+        self.closed = False
+
+    @property
+    def idle(self) -> bool:
+        """No slot watched, no check nor report under way."""
+        return not self._watched and not self._checking
+
+    def watch(self, job: JobState, slot_ms: int) -> None:
+        """Check ``slot_ms`` once no instance can claim it any more (see the module)."""
+        if self.closed or not job.settings.claim:
+            return
+        if not isinstance(self.backend, ClaimBackend | LeaseBackend):
+            return  # a backend of another kind: nothing to ask
+        at_ms = self._check_at(job, slot_ms)
+        if at_ms is None:
+            return
+        watched = self._watched.setdefault(job.settings.key, _Watched(job))
+        watched.job = job
+        watched.slots.setdefault(slot_ms, (at_ms, _TRIES))
+        self._arm(watched)
+
+    def watch_passed(self, job: JobState, after_ms: int, through_ms: int) -> None:
+        """Watch the slots after ``after_ms`` through ``through_ms``, which a frozen process
+        passed over (the latest ``_MAX_PASSED`` of them)."""
+        slots: list[int] = []
+        at = job.spec.schedule.next_ms(after_ms)
+        while at is not None and at <= through_ms:
+            slots.append(at)
+            if len(slots) > _MAX_PASSED:
+                slots.pop(0)
+            at = job.spec.schedule.next_ms(at)
+        for slot_ms in slots:
+            self.watch(job, slot_ms)
+
+    def won_late(self, job: JobState, slot_ms: int, lease: Lease | None) -> None:
+        """This instance won the slot's claim (``lease`` on a lease backend, ended already) but
+        too late to run it: nobody else can run it, so it is missed."""
+        if self.closed:
+            return
+        detail = f"its claim here was answered after max_late ({_max_late(job)})"
+        if lease is None:
+            self._report(job, slot_ms, detail)
+            return
+        self._spawn(self._claim_report(job, slot_ms, detail))
+
+    def close(self) -> None:
+        """Stop watching: the scheduler stops (its watched slots go unchecked here)."""
+        self.closed = True
+        for watched in self._watched.values():
+            if watched.timer is not None:
+                watched.timer.cancel()
+        self._watched.clear()
+
+    # -- when ----------------------------------------------------------------------------
+
+    def _check_at(self, job: JobState, slot_ms: int) -> int | None:
+        """When to check ``slot_ms`` (this instance's clock); ``None``: it cannot be told."""
+        at_ms = slot_ms + job.settings.max_late_ms + _MARGIN_MS
+        backend = self.backend
+        if isinstance(backend, LeaseBackend):
+            # an instance whose clock is behind claims that much later, a checker whose clock
+            # is ahead checks that much earlier
+            return at_ms + 2 * to_ms(backend.max_clock_skew)
+        assert isinstance(backend, ClaimBackend)
+        at_ms += to_ms(backend.capabilities.claim_margin)
+        deadline = backend.claim_deadline_ms(Slot(job.settings.key, slot_ms))
+        if deadline is None:
+            return at_ms
+        latest = deadline - _FLIGHT_MS
+        return min(at_ms, latest) if latest > self.clock.now_ms() else None
+
+    def _arm(self, watched: _Watched) -> None:
+        """A timer at the first check of ``watched`` (unless one comes sooner already)."""
+        if not watched.slots:
+            return
+        at_ms = min(at for at, _ in watched.slots.values())
+        if watched.timer is not None:
+            if watched.timer_at <= at_ms:
+                return
+            watched.timer.cancel()
+        key = watched.job.settings.key
+
+        def fire() -> None:
+            watched.timer = None
+            self._spawn(self._check(key))
+
+        watched.timer_at = at_ms
+        watched.timer = self.clock.call_later(max(at_ms - self.clock.now_ms(), 0), fire)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        self._checking += 1
+
+        async def counted() -> None:
+            try:
+                await work
+            finally:
+                self._checking -= 1
+
+        self.tasks.spawn(counted(), name="brokersched:missed")
+
+    # -- checks --------------------------------------------------------------------------
+
+    async def _check(self, key: str) -> None:
+        """Check every slot of ``key`` whose time has come (one read for them all on a lease
+        backend)."""
+        watched = self._watched.get(key)
+        if watched is None or self.closed:
+            return
+        job, now = watched.job, self.clock.now_ms()
+        due = sorted(s for s, (at, _) in watched.slots.items() if at <= now)
+        wanted = [] if job.removed else [s for s in due if job.stops(s) is None]
+        try:
+            missed = await self._missed(job, wanted)
+        except (BackendError, ClockSkewError, TimeoutError) as exc:
+            self._retry(watched, due, exc)
+            if not self.closed:
+                self._arm(watched)
+            return
+        for slot_ms in due:
+            watched.slots.pop(slot_ms, None)
+        if not self.closed:
+            self._arm(watched)
+            if not watched.slots and self._watched.get(key) is watched:
+                del self._watched[key]
+        for slot_ms in missed:
+            if isinstance(self.backend, ClaimBackend):
+                self._report(job, slot_ms, _WATCHED_DETAIL)
+            else:
+                await self._claim_report(job, slot_ms, _WATCHED_DETAIL)
+
+    async def _missed(self, job: JobState, slots: list[int]) -> list[int]:
+        """Which of ``slots`` no instance ran; on a claim-only backend, claimed here, to be
+        reported here."""
+        if not slots:
+            return []
+        backend, key = self.backend, job.settings.key
+        if isinstance(backend, ClaimBackend):
+            found = []
+            for slot_ms in slots:
+                won = await backend.claim(
+                    Slot(key, slot_ms),
+                    instance_id=self.instance_id,
+                    run_id=new_run_id(),
+                    timeout=_CHECK_TIMEOUT_S,
+                )
+                if won:
+                    found.append(slot_ms)
+            return found
+        assert isinstance(backend, LeaseBackend)
+        state = await backend.lease_state(key)
+        records = await backend.history(job.settings.policy, self._history_limit(job, slots[0]))
+        ran = state.leased | {record.slot_ms for record in records}
+        return [s for s in slots if s not in ran and not _overlapped(job, s, state.leased, records)]
+
+    def _history_limit(self, job: JobState, oldest_ms: int) -> int:
+        """Enough of the newest records to reach back to ``oldest_ms``: two per slot since
+        (a retry), and some."""
+        count, at, now = 0, oldest_ms, self.clock.now_ms()
+        while count < 500:
+            nxt = job.spec.schedule.next_ms(at)
+            if nxt is None or nxt > now:
+                break
+            count, at = count + 1, nxt
+        return min(2 * count + 10, max(job.settings.policy.history_size, 10))
+
+    def _retry(self, watched: _Watched, slots: list[int], exc: BaseException) -> None:
+        """Each of ``slots`` again in ``_RETRY_MS``, or given up (said in the log)."""
+        retry_at = self.clock.now_ms() + _RETRY_MS
+        for slot_ms in slots:
+            _, tries = watched.slots.pop(slot_ms)
+            if tries > 1:
+                watched.slots[slot_ms] = (retry_at, tries - 1)
+                continue
+            logger.warning(
+                "cannot tell whether slot %s:%d ran anywhere: %s",
+                watched.job.settings.key,
+                slot_ms,
+                str(exc) or type(exc).__name__,
+            )
+
+    # -- reports -------------------------------------------------------------------------
+
+    async def _claim_report(self, job: JobState, slot_ms: int, detail: str) -> None:
+        """A lease backend: report ``slot_ms`` if this instance wins its report claim."""
+        backend = self.backend
+        assert isinstance(backend, LeaseBackend)
+        key = job.settings.key + REPORT_SUFFIX
+        policy = JobPolicy(key, history_size=1, overlap="allow")
+        try:
+            lease = await backend.acquire(
+                Slot(key, slot_ms),
+                policy=policy,
+                instance_id=self.instance_id,
+                run_id=new_run_id(),
+                reason="schedule",
+                timeout=_CHECK_TIMEOUT_S,
+            )
+            if not isinstance(lease, Lease):
+                return  # reported by another instance already
+            await backend.release(lease)
+        except (BackendError, ClockSkewError, TimeoutError) as exc:
+            logger.warning(
+                "cannot report slot %s:%d as missed: %s",
+                job.settings.key,
+                slot_ms,
+                str(exc) or type(exc).__name__,
+            )
+            return
+        self._report(job, slot_ms, detail)
+
+    def _report(self, job: JobState, slot_ms: int, detail: str) -> None:
+        at = ms_to_datetime(slot_ms)
+        error = f"no instance ran it within max_late ({_max_late(job)}): {detail}"
+        record = RunRecord(
+            job=job.settings.key,
+            slot_ms=slot_ms,
+            run_id=new_run_id(),
+            instance_id=self.instance_id,
+            reason="missed",
+            attempt=0,
+            started_at=at,
+            finished_at=at,
+            outcome="missed",
+            error=error,
+        )
+        self.recorder.put(job.settings.policy, record)
+        logger.warning(
+            "missed job=%s slot=%d instance_id=%s detail=%s",
+            job.name,
+            slot_ms,
+            self.instance_id,
+            error,
+            extra={"event": "missed", "job": job.name, "slot": slot_ms},
+        )
+        self.events.emit("missed", MissedEvent(job.name, slot_ms, error))
+
+
+_WATCHED_DETAIL = "skipped here, and claimed by no other instance"
+
+
+def _max_late(job: JobState) -> str:
+    return format_duration(timedelta(milliseconds=job.settings.max_late_ms))
+
+
+def _overlapped(
+    job: JobState, slot_ms: int, leased: frozenset[int], records: list[RunRecord]
+) -> bool:
+    """With ``overlap="skip"``, an earlier slot's run still going at ``slot_ms``: the fleet
+    skipped the slot on purpose."""
+    if job.settings.policy.overlap != "skip":
+        return False
+    if any(s < slot_ms for s in leased):
+        return True
+    due = ms_to_datetime(slot_ms)
+    return any(
+        r.slot_ms < slot_ms
+        and r.started_at <= due
+        and (r.finished_at is None or r.finished_at > due)
+        for r in records
+    )
