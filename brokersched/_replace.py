@@ -127,8 +127,8 @@ class Replacer:
         return True
 
     def cut_here(self, job: JobState, slot_ms: int) -> None:
-        """Tell this instance's runs that the slot at ``slot_ms`` replaces that they are
-        replaced (an async handler is cancelled at once)."""
+        """Tell the runs here that the slot at ``slot_ms`` replaces (``replaced_by``) to stop:
+        ``replaced`` (an async handler is cancelled at once)."""
         for run in list(job.runs.values()):
             if replaced_by(run, slot_ms):
                 self._runner.abort(run, "replaced")
