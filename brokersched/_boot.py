@@ -65,7 +65,7 @@ async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | N
     # Overlap is controlled where the job's other runs are (claim=False: this process; a lease
     # backend: the fleet); a claim-only backend lets runs of one job overlap.
     overlap_controlled = not job.settings.claim or isinstance(runner.backend, LeaseBackend)
-    if overlap_controlled and job.settings.policy.overlap == "skip" and job.runs:
+    if overlap_controlled and job.settings.policy.exclusive and job.runs:
         runner.skip(job, boot_ms, "overlap", run="start")  # a run of the job is still going here
         return None
     if not job.settings.claim:
@@ -95,7 +95,7 @@ async def run_boot(runner: Runner, job: JobState, boot_ms: int) -> RunRecord | N
         if lease is not None:
             await runner.release(lease, handover=False)
         return None
-    if lease is not None and job.settings.policy.overlap == "skip":
+    if lease is not None and job.settings.policy.exclusive:
         # The windows' lease is not the job's: hold the job's own, as a manual run does, so the
         # boot run and the job's slots never overlap anywhere in the fleet.
         await runner.release(lease, handover=False)

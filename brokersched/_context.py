@@ -13,7 +13,7 @@ from .abc import RunReason, RunRecord
 
 __all__ = ["AbortReason", "JobContext", "PreviousRun", "abort"]
 
-AbortReason = Literal["timeout", "lock-lost", "removed", "shutdown", "aborted"]
+AbortReason = Literal["timeout", "lock-lost", "removed", "shutdown", "aborted", "replaced"]
 
 _logger = logging.getLogger("brokersched.job")
 
@@ -97,9 +97,10 @@ _NO_PREVIOUS = PreviousRun.known(None)  # answers None; nothing to read, nothing
 class JobContext:
     """The run a handler is doing.
 
-    ``abort_reason`` becomes ``"timeout"``, ``"lock-lost"``, ``"removed"`` or ``"aborted"``
-    (``Scheduler.abort(run_id)``, from any instance) when the run must stop at once: async
-    handlers are then cancelled at their next ``await``. It becomes
+    ``abort_reason`` becomes ``"timeout"``, ``"lock-lost"``, ``"removed"``, ``"aborted"``
+    (``Scheduler.abort(run_id)``, from any instance) or ``"replaced"`` (a later slot of a job
+    with ``overlap="replace"`` came due) when the run must stop at once: async handlers are
+    then cancelled at their next ``await``. It becomes
     ``"shutdown"`` when the scheduler stops: the handler is told, not cancelled, and may
     checkpoint and return (``await ctx.wait_aborted()``); only a run still going after
     ``drain_timeout`` is cancelled. Sync handlers (run in a worker thread) watch

@@ -18,6 +18,7 @@ from ._host import Host
 from ._job import JobState
 from ._lifecycle import LifeCycle
 from ._presence import without_ended_runs
+from ._replace import replaced_by
 from .abc import Instance
 from .triggers.base import Trigger
 
@@ -109,10 +110,13 @@ class FleetControls:
             timers.rearm(job, since_ms=datetime_to_ms(ended) if ended is not None else None)
         runner = self._life.runner
         if job.runs and runner is not None:
-            aborts = control.aborts(self._host.clock.now())
+            now = self._host.clock.now()
+            aborts, replaced = control.aborts(now), control.replaces(now)
             for run in list(job.runs.values()):
                 if run.ctx.run_id in aborts:
                     runner.abort(run, "aborted")
+                elif replaced is not None and replaced_by(run, replaced):
+                    runner.abort(run, "replaced")  # a later slot waits for its lease
 
     def _end_pause_at(self, job: JobState, until: datetime | None) -> None:
         """Apply ``job``'s control again at ``until`` (its pause then ends), or never. The

@@ -63,8 +63,8 @@ class StartEvent(_SlotEvent):
 @dataclass(frozen=True, slots=True)
 class RunEvent(_SlotEvent):
     """``complete`` (outcome ``completed``) or ``fail`` (``failed``, ``timed-out``,
-    ``interrupted``). ``error`` is the message; ``exception`` the object a handler raised
-    (``None`` for other outcomes)."""
+    ``interrupted``, ``replaced``). ``error`` is the message; ``exception`` the object a
+    handler raised (``None`` for other outcomes)."""
 
     run_id: str
     reason: RunReason

@@ -233,7 +233,9 @@ class ControlChange:
     """One change of a job's fleet-wide control: who (``actor``) did what (``action``) when,
     and why (``note``, free text); ``run_id`` for an abort; ``until`` for a pause that ends by
     itself; for a skip, how many slots (``count``, 0 to cancel one) and the last of them
-    (``through_ms``, found from the job's schedule by the instance that made the change)."""
+    (``through_ms``, found from the job's schedule by the instance that made the change); for
+    an abort without ``run_id``, the slot that replaces the runs of earlier ones
+    (``through_ms``: see ``replaces``)."""
 
     job: str
     action: ControlAction
@@ -244,6 +246,13 @@ class ControlChange:
     until: datetime | None = None
     count: int | None = None
     through_ms: int | None = None
+
+    @property
+    def replaces(self) -> bool:
+        """An abort of every run of the job whose slot is before ``through_ms``: asked by an
+        instance whose claim of that slot a live run of an earlier slot blocked
+        (``overlap="replace"``)."""
+        return self.action == "abort" and self.run_id is None and self.through_ms is not None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"action": self.action, "actor": self.actor, "at": _time(self.at)}
@@ -346,7 +355,18 @@ class JobControl:
             if c.action == "abort" and c.run_id is not None and now - c.at <= ABORT_KEPT
         }
 
+    def replaces(self, now: datetime) -> int | None:
+        """The latest slot, asked within ``ABORT_KEPT`` of ``now``, that replaces the job's
+        runs of earlier slots (``overlap="replace"``): those runs are cut wherever they go."""
+        kept = [c.through_ms for c in self.changes if c.replaces and now - c.at <= ABORT_KEPT]
+        return max((slot_ms for slot_ms in kept if slot_ms is not None), default=None)
+
     def apply(self, change: ControlChange) -> JobControl:
+        if change.replaces and change.through_ms is not None:
+            # Every instance whose claim of the slot was blocked asks: one entry is enough.
+            asked = self.replaces(change.at)
+            if asked is not None and asked >= change.through_ms:
+                return self
         paused, disabled, until, skip = self.paused, self.disabled, self.until, self.skip
         note = self.note
         if change.action in ("pause", "resume"):

@@ -8,7 +8,7 @@ prometheus_client.start_http_server(9464, "127.0.0.1", registry=metrics.registry
 Series (``job`` is capped, see ``max_jobs``):
 
 - ``brokersched_runs_total{job,outcome}``: finished runs (``completed``, ``failed``,
-  ``timed-out``, ``interrupted``)
+  ``timed-out``, ``interrupted``, ``replaced``: ``Outcome``)
 - ``brokersched_retries_total{job}``: runs started again (``reason == "retry"``): after a
   failed attempt (``retry=``), or on taking over a dead runner's slot
 - ``brokersched_skips_total{job,reason}``: skipped slots (``late``, ``overlap``,

@@ -117,7 +117,7 @@ class JobOptions(BaseModel):
     jitter: DurationOption | None = None
     max_late: DurationOption | None = None
     timeout: DurationOption | None = None
-    overlap: Literal["skip", "allow"] | None = None
+    overlap: Literal["skip", "allow", "replace"] | None = None
     max_attempts: int | None = Field(default=None, ge=1)
     catch_up: DurationOption | None = None
     history_size: int | None = Field(default=None, ge=1)

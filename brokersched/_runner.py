@@ -28,6 +28,7 @@ from ._leasekeeping import ReleaseRetries, Renewer, release_attempt_s, valid_ms
 from ._missed import UNKNOWN_FATE, MissedSlots
 from ._recorder import Recorder
 from ._redact import data_secrets
+from ._replace import Replacer, overlap_detail, replaces
 from ._retry import Retry
 from ._runlog import RunLog
 from ._tasks import TaskSet
@@ -71,6 +72,7 @@ _ABORT_OUTCOMES: dict[AbortReason, Outcome] = {
     "removed": "interrupted",
     "shutdown": "interrupted",
     "aborted": "interrupted",
+    "replaced": "replaced",
 }
 # ctx.previous: how long this instance's unwritten records are waited for (as job.history()
 # waits), and how many of the newest records are read to find a run that is not the asking
@@ -124,6 +126,9 @@ class Runner:
         # job key -> the latest slot ended here whose release did not land before its lease
         # expired (see ended_here); the scheduler's, kept from one start to the next
         self._ended = {} if ended is None else ended
+        self.replacer = Replacer(  # overlap="replace"
+            self, lambda job, reason, slot_ms: self._still_wanted(job, reason, slot_ms)
+        )
 
     def skip(
         self,
@@ -163,39 +168,20 @@ class Runner:
         if not job.settings.claim:
             if not self._still_wanted(job, reason, slot_ms):
                 return None  # stop() has begun (or the job is gone): nothing new starts
-            if job.settings.policy.overlap == "skip" and job.runs:
-                self.skip(job, slot_ms, "overlap", run=reason)
+            if job.runs and not await self.replacer.ended_here(job, slot_ms):
+                self.skip(job, slot_ms, "overlap", detail=overlap_detail(job), run=reason)
                 return None
             return await self.execute(job, slot_ms, None, reason=reason, data=data)
         run_id = new_run_id()
-        timeout = self._claim_timeout(job, slot_ms)
-        if timeout <= 0:
-            self.skip(
-                job, slot_ms, "late", detail="the backend's slot memory is ending", run=reason
-            )
+        claimed = await self.claim_slot(job, slot_ms, run_id, reason, batched=True)
+        if claimed is None:
             return None
-        began, leased_ms = time.perf_counter(), self.clock.monotonic_ms()
-        try:
-            # The backend's own deadline comes first; this one only bounds a backend that hangs.
-            async with self.clock.timeout(timeout + _CLAIM_SLACK_S):
-                lease = await self._claim(
-                    job, Slot(job.settings.key, slot_ms), run_id, reason, timeout
-                )
-        except ClockSkewError as exc:  # a clock moved; the message says which
-            self.skip(job, slot_ms, "clock-skew", detail=str(exc), run=reason)
-            return None
-        except (BackendError, TimeoutError) as exc:
-            self.skip(
-                job, slot_ms, "backend-error", detail=str(exc) or type(exc).__name__, run=reason
-            )
-            return None
-        except Exception as exc:  # a backend bug must not stop the scheduler either
-            logger.exception("claim of %s:%d failed unexpectedly", job.name, slot_ms)
-            self.skip(job, slot_ms, "backend-error", detail=type(exc).__name__, run=reason)
-            return None
-        finally:
-            seconds = time.perf_counter() - began
-            self.events.emit("claim", ClaimEvent(job.name, slot_ms, self.backend.name, seconds))
+        lease, leased_ms = claimed
+        if lease == "overlap" and replaces(job, reason):
+            claimed = await self.replacer.replace(job, slot_ms, run_id, reason)
+            if claimed is None:
+                return None
+            lease, leased_ms = claimed
         if lease is None and reason == "schedule" and self._prepares.enabled:
             self._prepares.after_win(job)
         if isinstance(lease, str):
@@ -222,6 +208,41 @@ class Runner:
         return await self.execute(
             job, slot_ms, lease, reason=reason, run_id=run_id, leased_ms=leased_ms, data=data
         )
+
+    async def claim_slot(
+        self, job: JobState, slot_ms: int, run_id: str, reason: RunReason, *, batched: bool
+    ) -> tuple[Lease | str | None, int] | None:
+        """One claim of the slot at ``slot_ms`` (``batched``: with the slots of other jobs due
+        at the same instant, if the backend claims them together) and when it was sent (on
+        the monotonic clock); ``None`` when it failed or came too late, skipped and said."""
+        timeout = self._claim_timeout(job, slot_ms)
+        if timeout <= 0:
+            self.skip(
+                job, slot_ms, "late", detail="the backend's slot memory is ending", run=reason
+            )
+            return None
+        began, leased_ms = time.perf_counter(), self.clock.monotonic_ms()
+        try:
+            # The backend's own deadline comes first; this one only bounds a backend that hangs.
+            async with self.clock.timeout(timeout + _CLAIM_SLACK_S):
+                slot = Slot(job.settings.key, slot_ms)
+                lease = await self._claim(job, slot, run_id, reason, timeout, batched=batched)
+        except ClockSkewError as exc:  # a clock moved; the message says which
+            self.skip(job, slot_ms, "clock-skew", detail=str(exc), run=reason)
+            return None
+        except (BackendError, TimeoutError) as exc:
+            self.skip(
+                job, slot_ms, "backend-error", detail=str(exc) or type(exc).__name__, run=reason
+            )
+            return None
+        except Exception as exc:  # a backend bug must not stop the scheduler either
+            logger.exception("claim of %s:%d failed unexpectedly", job.name, slot_ms)
+            self.skip(job, slot_ms, "backend-error", detail=type(exc).__name__, run=reason)
+            return None
+        finally:
+            seconds = time.perf_counter() - began
+            self.events.emit("claim", ClaimEvent(job.name, slot_ms, self.backend.name, seconds))
+        return lease, leased_ms
 
     @staticmethod
     def _stopped(job: JobState, slot_ms: int, reason: RunReason) -> str | None:
@@ -272,10 +293,17 @@ class Runner:
         return timeout
 
     async def _claim(
-        self, job: JobState, slot: Slot, run_id: str, reason: RunReason, timeout: float
+        self,
+        job: JobState,
+        slot: Slot,
+        run_id: str,
+        reason: RunReason,
+        timeout: float,
+        *,
+        batched: bool,
     ) -> Lease | str | None:
         """A lease (lease backends), ``None`` (a won claim), or the skip reason."""
-        if reason == "schedule" and self._batches.enabled:  # slots due at one instant: together
+        if batched and reason == "schedule" and self._batches.enabled:  # due at one instant
             claim = Claim(slot, run_id, job.settings.policy)
             return await self._batches.claim(claim, timeout)
         return await self.claim_one(Claim(slot, run_id, job.settings.policy, reason), timeout)
@@ -554,6 +582,8 @@ class Runner:
             return "timed-out", f"Timed out after {format_duration(job.settings.timeout)}"
         if ctx.abort_reason == "aborted":  # asked to (Scheduler.abort, the admin API)
             return "interrupted", error or "aborted on request"
+        if ctx.abort_reason == "replaced":  # a later slot came due (overlap="replace")
+            return "replaced", error or "replaced by a later slot"
         if run.cut and ctx.abort_reason is not None:
             return _ABORT_OUTCOMES[ctx.abort_reason], f"aborted: {ctx.abort_reason}"
         return ("failed", error) if error is not None else ("completed", None)

@@ -69,13 +69,13 @@ class LeaseAtOptions(ClaimAtOptions, total=False):
 
 
 class LeaseEveryOptions(LeaseAtOptions, total=False):
-    overlap: Literal["skip", "allow"]
+    overlap: Literal["skip", "allow", "replace"]
     offset: Duration
     run_on_start: bool
 
 
 class LeaseCronOptions(LeaseAtOptions, total=False):
-    overlap: Literal["skip", "allow"]
+    overlap: Literal["skip", "allow", "replace"]
     timezone: str
     dst: Literal["skip", "run-once", "run-twice"]
     run_on_start: bool

@@ -78,11 +78,11 @@ __all__ = [
 
 _DEFAULT_SKEW_MS = round(DEFAULT_CLAIM_SKEW.total_seconds() * 1000)
 
-Outcome = Literal["completed", "failed", "timed-out", "interrupted", "missed"]
+Outcome = Literal["completed", "failed", "timed-out", "interrupted", "missed", "replaced"]
 #: The outcomes that are failures (the dashboard's failures, the CLI's exit code).
 FAILURES: frozenset[Outcome] = frozenset({"failed", "timed-out", "interrupted", "missed"})
 RunReason = Literal["schedule", "catch-up", "retry", "manual", "start", "backfill", "missed"]
-Overlap = Literal["skip", "allow"]
+Overlap = Literal["skip", "allow", "replace"]
 
 
 class Slot(NamedTuple):
@@ -130,6 +130,13 @@ class JobPolicy:
     # backend's clock, from the hand-over or the lease's expiry; never less than lease_ttl) and
     # still be restarted; None: no bound. The scheduler sets max(catch_up, max_late).
     retry_window: timedelta | None = None
+
+    @property
+    def exclusive(self) -> bool:
+        """Whether two runs of the job never go at once: ``skip`` refuses a slot while a run
+        of the job holds a live lease; ``replace`` too, until that run is cut and its lease
+        released or expired."""
+        return self.overlap != "allow"
 
 
 def new_run_id() -> str:
@@ -671,7 +678,8 @@ class LeaseBackend(Backend):
 
         Granted only when ``slot.slot_ms`` is later than every slot of the job claimed before
         (occurrence fencing: a late instance can never run a slot that already ran, even after
-        its lease expired) and, with ``policy.overlap == "skip"``, no lease on the job is live.
+        its lease expired) and, with ``policy.exclusive`` (``overlap`` ``"skip"`` or
+        ``"replace"``), no lease on the job is live.
         Refused with ``"overlap"`` when the fencing test passed but a live lease blocked it, else
         ``"not-acquired"``. With ``reason == "catch-up"`` it is granted only for a job that was
         claimed before (a job never seen has missed nothing). The lease starts at attempt 1.

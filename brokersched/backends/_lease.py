@@ -261,7 +261,7 @@ def refusal(
         return "not-acquired"
     if state.taken:
         return "not-acquired"  # a manual run at a scheduled slot's very instant (``_acquire``)
-    return "overlap" if policy.overlap == "skip" and state.live else "not-acquired"
+    return "overlap" if policy.exclusive and state.live else "not-acquired"
 
 
 #: The most claims of a batch one statement (PostgreSQL) or transaction (SQLite) decides.
@@ -447,7 +447,7 @@ class LeaseRow:
     expires_ms: int  # on the store's clock; a hand-over sets it to the moment of the hand-over
 
     def live(self, now_ms: int) -> bool:
-        """Held by a runner that renews it: it blocks ``overlap="skip"``."""
+        """Held by a runner that renews it: it blocks ``overlap="skip"`` and ``"replace"``."""
         return self.state == "running" and self.expires_ms > now_ms
 
 
@@ -550,7 +550,8 @@ def decide(job: str, row: JobRow, request: Request, store: Store) -> tuple[JobRo
 def _acquire(job: str, row: JobRow, claim: Acquire, store: Store) -> tuple[JobRow, AcquireAnswer]:
     """Granted only for a slot later than the job's fence (manual runs: the manual fence), not
     ahead of the store's clock by more than ``max_clock_skew``, whose lease row is free (a
-    manual run at a scheduled slot's very instant), and, with ``overlap="skip"``, while no lease
+    manual run at a scheduled slot's very instant), and, with ``overlap`` ``"skip"`` or
+    ``"replace"`` (which the scheduler retries once the live run is cut), while no lease
     of the job is live. A catch-up is granted only for a job claimed before."""
     now, slot = store.now_ms, claim.slot_ms
     if slot - now > store.max_skew_ms:
@@ -563,7 +564,7 @@ def _acquire(job: str, row: JobRow, claim: Acquire, store: Store) -> tuple[JobRo
         return row, "not-acquired"
     if slot in row.leases:
         return row, "not-acquired"
-    if claim.overlap == "skip" and row.live_except(slot, now):
+    if claim.overlap != "allow" and row.live_except(slot, now):
         return row, "overlap"
     lease = LeaseRow(
         claim.token, claim.run_id, claim.instance_id, claim.reason, 1, "running",
@@ -602,8 +603,9 @@ def _release(row: JobRow, release: Release, store: Store) -> JobRow:
 def _take_over(job: str, row: JobRow, take: TakeOver, store: Store) -> tuple[JobRow, TakenOver]:
     """Every dead lease (expired while running, or handed over), latest slot first: restarted
     (``restart_attempt``) or dropped, the dead attempt recorded once (``interrupted``). With
-    ``overlap="skip"`` a restart waits while another run of the job is live (a manual run
-    granted since, or a restart of this sweep): it is left as it is for a later sweep."""
+    ``overlap`` ``"skip"`` or ``"replace"`` a restart waits while another run of the job is
+    live (a manual run granted since, or a restart of this sweep): it is left as it is for a
+    later sweep."""
     now, policy = store.now_ms, take.policy
     window_ms = retry_window_ms(policy, timedelta(milliseconds=store.ttl_ms))
     leases = dict(row.leases)
@@ -617,7 +619,7 @@ def _take_over(job: str, row: JobRow, take: TakeOver, store: Store) -> tuple[Job
         latest = is_latest(slot, row.fence, row.manual_fence)
         attempt = restart_attempt(dead, latest=latest, policy=policy, window_ms=window_ms)
         blocked = JobRow(row.fence, row.manual_fence, leases).live_except(slot, now)
-        if attempt is not None and policy.overlap == "skip" and blocked:
+        if attempt is not None and policy.exclusive and blocked:
             continue
         record = interrupted(
             dead,

@@ -30,6 +30,7 @@ _OUTCOME_STYLE = {
     "failed": "red",
     "timed-out": "yellow",
     "missed": "bold red",
+    "replaced": "cyan",
 }
 #: From this many columns the runs of every job show their slot too.
 _ROOMY = 150

@@ -13,14 +13,14 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from .._exceptions import ClockSkewError
-from ..abc import Claim, JobPolicy, Lease, LeaseBackend, RunReason, RunRecord, Slot
+from ..abc import Claim, JobPolicy, Lease, LeaseBackend, Overlap, RunReason, RunRecord, Slot
 from ..backends._lease import (
     Acquire,
     JobRow,
@@ -50,9 +50,10 @@ _job = st.sampled_from((0, 0, 0, 1))
 _slot = st.integers(-12, 3)  # grid steps from now: mostly due, some ahead of the clock
 _lease = st.integers(0, 1000)  # an index into the leases granted so far (modulo their number)
 _advance = st.sampled_from((50, 300, 700, 1100, 1600, 2600))
-_acquire = st.tuples(st.just("acquire"), _via, _job, _slot, st.sampled_from(REASONS), st.booleans())
+_overlap = st.sampled_from(get_args(Overlap))
+_acquire = st.tuples(st.just("acquire"), _via, _job, _slot, st.sampled_from(REASONS), _overlap)
 _take_over = st.tuples(
-    st.just("take-over"), _via, st.integers(1, 3), st.booleans(), st.sampled_from(WINDOWS)
+    st.just("take-over"), _via, st.integers(1, 3), _overlap, st.sampled_from(WINDOWS)
 )
 STEPS = st.one_of(
     st.tuples(st.just("advance"), _advance),
@@ -72,11 +73,11 @@ PROGRAMS = st.lists(STEPS, min_size=1, max_size=30)
 SEAMS = (
     # A manual run granted while a dead runner's slot waits for its
     # take-over; the take-over must not restart the slot beside it (overlap="skip").
-    [("acquire", 0, 0, 0, "schedule", True), ("advance", 1600),
-     ("acquire", 1, 0, 0, "manual", True), ("take-over", 0, 3, True, None)],
+    [("acquire", 0, 0, 0, "schedule", "skip"), ("advance", 1600),
+     ("acquire", 1, 0, 0, "manual", "skip"), ("take-over", 0, 3, "skip", None)],
     # A release that lands after the lease expired, before anyone took the slot over.
-    [("acquire", 0, 0, 0, "schedule", True), ("advance", 1600), ("release", 0, False),
-     ("take-over", 1, 3, True, None)],
+    [("acquire", 0, 0, 0, "schedule", "skip"), ("advance", 1600), ("release", 0, False),
+     ("take-over", 1, 3, "skip", None)],
 )  # fmt: skip
 
 
@@ -149,8 +150,8 @@ class _Run:
             self.log.append(f"store clock -{step[1]}ms")
             await self.check.set_store_time(self.backends, self.model.now_ms)
         elif kind == "acquire":
-            _, via, job, k, reason, skip = step
-            policy = JobPolicy(JOBS[job], overlap="skip" if skip else "allow")
+            _, via, job, k, reason, overlap = step
+            policy = JobPolicy(JOBS[job], overlap=overlap)
             await self.acquire(via, [Claim(Slot(JOBS[job], self.slot(k)), "", policy, reason)])
         elif kind == "acquire-many":
             _, via, ks = step
@@ -164,10 +165,9 @@ class _Run:
         elif kind == "release-many":
             await self.release(step[1], handover=False)
         else:
-            _, via, attempts, skip, window = step
+            _, via, attempts, overlap, window = step
             policies = [
-                JobPolicy(job, overlap="skip" if skip else "allow", max_attempts=attempts,
-                          retry_window=window)
+                JobPolicy(job, overlap=overlap, max_attempts=attempts, retry_window=window)
                 for job in JOBS
             ]  # fmt: skip
             await self.take_over(via, policies)

@@ -24,14 +24,15 @@ What is counted, per operation and fault:
   fleet's own run or claim of the same job during its span (for a backfill: a run of a slot of
   its range, or another backfill of the job at once; for an instance's start, deploy or stop:
   its runs and claims in flight), so the operation raced the fleet's own work; a run
-  (``schedule``, ``retry``) counts there when no fault met it.
+  (``schedule``, ``retry``, and a run cut by a later slot as ``replace``) counts there when no
+  fault met it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ._sim_ledger import Run
 
@@ -51,6 +52,9 @@ __all__ = [
 ALL = ("lease", "redis", "nats", "rabbitmq", "natslease")
 LEASES = ("lease", "natslease")
 CLAIMS = ("redis", "nats", "rabbitmq")
+#: The runs counted as operations: by what began them, and (``replace``) how they ended.
+_RUNS = ("schedule", "retry")
+_RUN_OPS = (*_RUNS, "replace")
 #: How long after it a change is still being taken up by the fleet (a heartbeat).
 EFFECT_MS = 5000
 NONE = "none"
@@ -96,6 +100,10 @@ OPERATIONS: dict[str, Kind] = {
     ),
     "schedule": Kind("a scheduled run of a slot (every, cron, at, after, run_on_start)"),
     "retry": Kind("a retry= attempt after a failed one (or a timed out one)"),
+    "replace": Kind(
+        'a run cut by a later slot of its job (overlap="replace"), from its start to its end',
+        LEASES,
+    ),
     "trigger": Kind("a manual run", calls=("Job.trigger", "cli trigger")),
     "backfill": Kind(
         "a backfill: recent ranges ending now, ranges over live slots, old ones, fast and slow "
@@ -267,13 +275,14 @@ class Coverage:
 
     def counts(self, runs: list[Run], now: int) -> Counter[tuple[str, str]]:
         """Each operation against each fault (see the module), the runs as operations too."""
-        spans = [*self.ops, *(_run_span(run) for run in runs if run.kind in ("schedule", "retry"))]
+        spans = [*self.ops, *(_run_span(run) for run in runs if run.kind in _RUNS)]
+        spans += [replace(_run_span(run), kind="replace") for run in runs if run.how == "replaced"]
         found: Counter[tuple[str, str]] = Counter()
         for span in spans:
             met = {fault.kind for fault in self.faults if fault.meets(span, now)}
             for kind in met:
                 found[span.kind, kind] += 1
-            if not met and (span.kind in ("schedule", "retry") or self._live(span, runs, now)):
+            if not met and (span.kind in _RUN_OPS or self._live(span, runs, now)):
                 found[span.kind, NONE] += 1
         return found
 

@@ -45,6 +45,7 @@ class OwnJobs:
 
     rng: random.Random
     more: random.Random
+    replace_rng: random.Random | None  # overlap="replace", drawn apart (see Simulation)
     lease: bool
     kind: str
     operator: Operator | None
@@ -113,6 +114,9 @@ class OwnJobs:
             drain_s=rng.choice((1, 3)),
             catch_up_ms=self.more.choice((None, None, 0, 3000)),
         )
+        drawn = self.replace_rng
+        if deploy.overlap == "skip" and drawn is not None and drawn.random() < 0.5:
+            deploy = replace(deploy, overlap="replace")  # never two runs at once, either way
         return deploy if self.operator is None else self.operator.draw_deploy(deploy)
 
     def timing(self, deploy: Deploy, gap_ms: int | None) -> dict[str, Any]:

@@ -7,7 +7,10 @@ handlers and the events tell it, and the invariants it must keep, checked after 
   never go on at once, whatever their reasons (a backfill's included). A ``retry`` after a
   failed attempt is no new run of the slot: it follows that attempt on the same instance
   (attempt + 1, within ``retry.attempts``); a slot whose last retry failed never runs again;
-* runs of a key with ``overlap="skip"`` never overlap (on the fleet's true time);
+* runs of a key with ``overlap="skip"`` or ``"replace"`` never overlap (on the fleet's true
+  time); a run cut by a later slot (``replace``) is recorded once: ``replaced`` (or
+  ``interrupted`` by a taker, when its lease was lost first), never twice, and not at all only
+  where its release never reached the store (``replaced``, at the end);
 * at the end, every slot that some instance was refused as ``not-acquired`` was won by a claim
   (a slot that every instance lost to nobody is lost silently); on a claim-only backend,
   every slot won by an instance never killed ran, or that instance said why not (a skip
@@ -26,10 +29,11 @@ time a moment before (it knows no control until its next read).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..abc import RunRecord
 from ._sim_store import Wins
 
 __all__ = [
@@ -79,7 +83,8 @@ class Run:
     ahead_ms: int = 0  # how far ahead of the fleet's true time its instance's clock was
     end: int | None = None
     # "returned", "failed" (raised), "timed-out" (cut by its timeout: a failed attempt that
-    # retry= retries, but cut short), "cut" (cancelled: lease lost, drain, abort), "killed"
+    # retry= retries, but cut short), "cut" (cancelled: lease lost, drain, abort), "replaced"
+    # (cut by a later slot of its job: overlap="replace"), "killed"
     how: str = ""
     run_id: str = ""
 
@@ -135,7 +140,9 @@ def _done(chain: list[Run]) -> Run | None:
     """The attempt that ended the run of a slot for good (returned, or failed with no retry
     left), or ``None``: cut short, it may run again on a lease backend."""
     last = chain[-1]
-    if last.how == "returned" or (last.how == "failed" and len(chain) >= last.retries):
+    if last.how in ("returned", "replaced") or (
+        last.how == "failed" and len(chain) >= last.retries
+    ):
         return last
     return None
 
@@ -240,7 +247,7 @@ class Ledger:
         found += self._misreported()
         by_key: dict[str, list[Run]] = {}
         for run in self.runs:
-            if run.overlap == "skip":
+            if run.overlap in ("skip", "replace"):
                 by_key.setdefault(run.key, []).append(run)
         for key, runs in by_key.items():
             runs.sort(key=lambda run: run.start)
@@ -347,6 +354,42 @@ class Ledger:
                 for k, i, at in self.removed
             )
         )
+
+    def replaced(self, records: Iterable[RunRecord]) -> list[str]:
+        """The runs cut by a later slot of their job, against the records the store kept (by
+        run id): one each, ``replaced``, or ``interrupted`` by the taker of a lease the run
+        lost first; never two outcomes; the same twice only where a release landed unanswered
+        and its record was then written apart (the README's Limits: the store away after the
+        run); none only where the run's release never reached the store (``_unreleased``)."""
+        kept: dict[str, list[str]] = {}
+        for record in records:
+            kept.setdefault(record.run_id, []).append(record.outcome)
+        found = []
+        for run in self.runs:
+            if run.how != "replaced":
+                continue
+            outcomes = kept.get(run.run_id, [])
+            if len(outcomes) > 1 and (len(set(outcomes)) > 1 or not self._away_after(run)):
+                found.append(f"a replaced run was recorded {outcomes}: {_show([run])}")
+            elif not outcomes and not self._unreleased(run, self._lease_attempt(run)):
+                found.append(f"a replaced run was never recorded: {_show([run])}")
+        return found
+
+    def _away_after(self, run: Run) -> bool:
+        """The store was out of reach while ``run``'s release was tried (from its end until a
+        lease_ttl after its lease could expire)."""
+        end = run.end if run.end is not None else 0
+        return _covered(self.outages, end, end + 2 * run.lease_ttl_ms) > 0
+
+    def _lease_attempt(self, run: Run) -> int:
+        """The attempt ``run``'s lease was granted as: its own, or (a ``retry=`` attempt) that
+        of the leased run of its slot on its instance before it."""
+        if not run.leased:
+            mine = (run.key, run.slot_ms, run.instance)
+            for other in reversed(self.runs[: self.runs.index(run)]):
+                if other.leased and (other.key, other.slot_ms, other.instance) == mine:
+                    return other.attempt
+        return run.attempt
 
     def _halted_runs(self) -> list[str]:
         """Runs of a paused or disabled key whose read of the controls began after the pause

@@ -36,6 +36,7 @@ from ..abc import (
     Lease,
     LeaseBackend,
     LeaseState,
+    Overlap,
     RunRecord,
     Slot,
 )
@@ -370,15 +371,20 @@ class LeaseBackendSuite(LeaseProtocolCheck, _Suite[B]):
         assert isinstance(await self.acquire(backend, Slot("job", SLOT + 120_000), allow), Lease)
 
     @pytest.mark.asyncio
-    async def test_overlap_skip_refuses_while_a_lease_is_live(
-        self, fleet: Factory, clock: Clock
+    @pytest.mark.parametrize("overlap", ["skip", "replace"])
+    async def test_overlap_refuses_while_a_lease_is_live(
+        self, fleet: Factory, overlap: Overlap
     ) -> None:
+        """Never two runs of a job at once: ``replace`` is refused as ``skip`` is (the scheduler
+        then cuts the run in the way, and asks again), until that run's lease is released."""
         one, two = await self.started(fleet), await self.started(fleet)
-        first = await self.acquire(one, Slot("job", SLOT))
+        policy = JobPolicy("job", overlap=overlap)
+        first = await self.acquire(one, Slot("job", SLOT), policy)
         assert isinstance(first, Lease)
-        assert await self.acquire(two, Slot("job", SLOT + 1000), instance="i2") == "overlap"
+        later = Slot("job", SLOT + 1000)
+        assert await self.acquire(two, later, policy, instance="i2") == "overlap"
         await one.release(first)
-        assert isinstance(await self.acquire(two, Slot("job", SLOT + 2000), instance="i2"), Lease)
+        assert isinstance(await self.acquire(two, later, policy, instance="i2"), Lease)
 
     @pytest.mark.asyncio
     async def test_overlap_allow_only_fences(self, fleet: Factory) -> None:

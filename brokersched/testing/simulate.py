@@ -59,7 +59,7 @@ from .._options import JobSettings
 from .._retry import Retry
 from .._scheduler import Scheduler
 from .._tasks import Tracked, track
-from ..abc import Backend, ClaimBackend, Slot
+from ..abc import Backend, ClaimBackend, RunRecord, Slot
 from ..backends.memory import MemoryStore
 from ._clock import FleetClock, InstanceClock
 from ._sim_coverage import EFFECT_MS, Coverage, format_table, reachable, to_json
@@ -212,6 +212,9 @@ class Simulation(OwnJobs):
         # What later releases added to the draws (retries, backfills, catch_up) comes from an
         # RNG of its own, so that the steps a seed drew before stay the same.
         self.more = random.Random(seed + 3)
+        # overlap="replace" is drawn apart too, and only with late answers and pauses: a seed
+        # replayed as it was found before them runs as before.
+        self.replace_rng = random.Random(seed + 8) if pauses and late_answers else None
         self._jobs = self.draw_jobs()
         self._failures = random.Random(seed + 2)  # which attempts fail
         self.faults = Faults(self)
@@ -403,7 +406,7 @@ class Simulation(OwnJobs):
                 retries=retry.attempts if retry is not None else 1, origin=origin,
                 ahead_ms=instance.clock.ahead_ms, leased=leased, run_id=ctx.run_id,
             )  # fmt: skip
-            if origin == "start" and options.get("overlap") == "skip":
+            if origin == "start" and options.get("overlap") in ("skip", "replace"):
                 run.key = key  # holds the job's own lease: it never overlaps the job's slots
             ledger.runs.append(run)
             how = "cut"
@@ -417,6 +420,8 @@ class Simulation(OwnJobs):
                 run.end = fleet.now_ms()
                 if ctx.abort_reason == "timeout":  # a failed attempt (retry= catches it)
                     how = "timed-out"
+                elif ctx.abort_reason == "replaced":  # recorded so, however it ended
+                    how = "replaced"
                 run.how = "killed" if instance.clock.dead else how
 
         return handler
@@ -676,6 +681,14 @@ class Simulation(OwnJobs):
 
     # -- the whole run -----------------------------------------------------------------------
 
+    def _records(self) -> list[RunRecord]:
+        """Every run record a lease store kept (the claim backends' runs are never cut)."""
+        if self.kind == "lease":
+            return [record for kept in self._rows.history.values() for record in kept]
+        if self.kind == "natslease":
+            return [record for kept in self.data.history.values() for record in kept]
+        return []
+
     def going_on(self, steps: int) -> bool:
         """Whether to take another step after ``steps``."""
         return steps < self.steps
@@ -703,6 +716,7 @@ class Simulation(OwnJobs):
             memory = None if self.lease else min(i.deploy.memory_ms for i in self.instances)
             wins = self.store.wins
             violations += self.ledger.unreported(self.scheduled, claimed, troubled, wins, memory)
+            violations += self.ledger.replaced(self._records())
         for instance in self.instances:
             instance.kill()
         await self.fleet.settle()

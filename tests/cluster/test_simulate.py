@@ -61,6 +61,9 @@ CASES += [("lease", 14), ("lease", 15)]
 # An abort as the store's clock steps back, and an enable while nothing else goes wrong, with
 # pauses until an instant and skips drawn.
 CASES += [("lease", 56)]
+# Runs cut by a later slot (overlap="replace") as the store restarts (38), and as it sheds
+# claims and its clock steps back (59).
+CASES += [("lease", 38), ("lease", 59)]
 _STOPS = JobControl.stops
 # Each seed's result, for the coverage of all of them (test_the_ci_seeds_reach_...).
 _RESULTS: dict[tuple[str, int], Result] = {}
@@ -619,3 +622,31 @@ def test_a_lease_answered_after_it_could_expire_is_found_without_the_runners_che
         monkeypatch.setattr(Runner, "lease_bound", lambda self, timeout: timeout)
     result = simulate(seed, backend="lease")
     assert any("on a lease that expired" in v for v in result.violations), result.violations
+
+
+def test_runs_of_a_replace_job_never_overlap_and_each_cut_run_is_recorded_once() -> None:
+    from brokersched._clock import ms_to_datetime
+    from brokersched.abc import RunRecord
+    from brokersched.testing._sim_ledger import Ledger, Run
+
+    def run(slot: int, start: int, end: int | None, run_id: str) -> Run:
+        return Run(
+            "tick", slot, "schedule", 1, "a", "replace", 3, start, 30_000, end=end,
+            how="replaced", leased=True, run_id=run_id,
+        )  # fmt: skip
+
+    def record(run_id: str, outcome: Any) -> RunRecord:
+        at = ms_to_datetime(0)
+        return RunRecord("tick", 1000, run_id, "a", "schedule", 1, at, at, outcome, None)
+
+    cut, later = run(1000, 1000, None, "r1"), run(2000, 2000, 2500, "r2")
+    [found] = Ledger(lease=True, runs=[cut, later]).violations(now=3000)
+    assert "runs of tick overlap" in found
+    cut.end = 1900
+    ledger = Ledger(lease=True, runs=[cut], released={("tick", 1000, "a", 1)})
+    assert ledger.violations(now=3000) == []
+    assert ledger.replaced([record("r1", "replaced")]) == []
+    [twice] = ledger.replaced([record("r1", "replaced"), record("r1", "interrupted")])
+    assert "recorded ['replaced', 'interrupted']" in twice
+    [never] = ledger.replaced([])
+    assert "never recorded" in never

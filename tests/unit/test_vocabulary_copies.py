@@ -143,7 +143,7 @@ def test_the_rule_finds_copies_and_leaves_subsets_and_tables_alone() -> None:
         "REASONS = ['schedule', 'catch-up', 'retry', 'manual', 'start']\n"
         "FAILED: frozenset[Outcome] = frozenset({'failed', 'timed-out', 'interrupted'})\n"
         "ALL: tuple[Outcome, ...] = "
-        "('completed', 'failed', 'timed-out', 'interrupted', 'missed')\n"
+        "('completed', 'failed', 'timed-out', 'interrupted', 'missed', 'replaced')\n"
         "LEASE_ONLY = ('overlap', 'max_attempts', 'catch_up')\n"
         "STYLE = {'completed': 'green', 'failed': 'red', 'timed-out': 'yellow'}\n"
         "Outcome = Literal['completed', 'failed', 'timed-out', 'interrupted']\n"

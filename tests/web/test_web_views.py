@@ -97,6 +97,7 @@ async def test_history_filters_by_outcome_instance_and_reason(
         "timed-out",
         "interrupted",
         "missed",
+        "replaced",
     ]
     odd = [r for r in records if r["slot_ms"] // MINUTE % 2 and r["reason"] == "schedule"]
     assert [r["run_id"] for r in failed["records"]] == [r["run_id"] for r in odd]

@@ -158,7 +158,7 @@ class PostgresLeases(PostgresHistory):
                 now = self._now()
                 args = (
                     names, [job.max_attempts for job in jobs], instance_id, self._ttl_ms, now,
-                    list(windows.values()), [job.overlap == "skip" for job in jobs],
+                    list(windows.values()), [job.exclusive for job in jobs],
                 )  # fmt: skip
                 rows = await conn.fetch(self._sql.take_over, *args)
                 for row in rows:

@@ -238,7 +238,7 @@ class RedisLeaseBackend(_ops.Operations, FleetRecords, LeaseBackendBase):
         records = {record.slot_ms: record for record in taken.records}
         args: list[str | int] = [
             *fences, self._ttl_ms, policy.history_size,
-            *history_ttl_args(self._redis, policy), "1" if policy.overlap == "skip" else "0",
+            *history_ttl_args(self._redis, policy), "1" if policy.exclusive else "0",
         ]  # fmt: skip
         for slot_ms, lease in dead.items():
             if slot_ms in after.leases and slot_ms not in restarts:

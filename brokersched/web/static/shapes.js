@@ -13,6 +13,7 @@ export const KINDS = {
   failed: { shape: "cross", colour: "var(--failed)", word: "failed", cls: "o-failed" },
   "timed-out": { shape: "hourglass", colour: "var(--timed-out)", word: "timed out", cls: "o-timed-out" },
   interrupted: { shape: "square", colour: "var(--interrupted)", word: "interrupted", cls: "o-interrupted" },
+  replaced: { shape: "forward", colour: "var(--replaced)", word: "replaced by a later slot", cls: "o-replaced" },
   running: { shape: "ring", colour: "var(--running)", word: "running", cls: "o-running" },
   // slots no instance ran
   missed: { shape: "hollow-square", colour: "var(--failed)", word: "missed: nobody ran it", cls: "o-missed" },
@@ -35,7 +36,7 @@ export const KINDS = {
 // A word this table lacks: drawn as a neutral diamond, named as the API names it.
 const UNKNOWN = { shape: "diamond", colour: "var(--neutral)", cls: "o-neutral" };
 // Which outcome stands for a crowd of runs drawn as one mark: the worst.
-export const SEVERITY = { missed: 6, failed: 5, "timed-out": 4, interrupted: 3, running: 2, completed: 1 };
+export const SEVERITY = { missed: 6, failed: 5, "timed-out": 4, interrupted: 3, running: 2, replaced: 1.5, completed: 1 };
 
 // How `kind` is drawn and named.
 export function look(kind) {
@@ -67,6 +68,7 @@ export function shape(kind, s = 6) {
     case "dotted-ring": g.append(svgNode("circle", { r: s * 0.7, ...line(1.3), fill: "#fff", "stroke-dasharray": "2 2" })); break;
     case "cross": g.append(svgNode("path", { d: `M${-t},${-t}L${t},${t}M${t},${-t}L${-t},${t}`, ...line(s * 0.62) })); break;
     case "hourglass": g.append(svgNode("path", { d: `M${-s},${-s}H${s}L${-s},${s}H${s}Z`, ...fill, "stroke-linejoin": "round" })); break;
+    case "forward": g.append(svgNode("path", { d: `M${-s},${-s}L0,0L${-s},${s}ZM0,${-s}L${s},0L0,${s}Z`, ...fill })); break;
     case "square": g.append(svgNode("rect", { x: -s * 0.85, y: -s * 0.85, width: s * 1.7, height: s * 1.7, ...fill })); break;
     case "hollow-square": g.append(svgNode("rect", { x: -s * 0.8, y: -s * 0.8, width: s * 1.6, height: s * 1.6, ...line(2), fill: "#fff" })); break;
     case "dash": g.append(svgNode("rect", { x: -s, y: -1.5, width: s * 2, height: 3, rx: 1.5, ...fill })); break;

@@ -136,3 +136,9 @@ lease.after("boot.retry", "1s", flush, retry=Retry(attempts=2, on=(OSError, Time
 async def backfill() -> None:
     steps = await lease.backfill("report", when, when, rate=2.0, dry_run=True)
     print([(step.at, step.status, step.record) for step in steps])
+
+
+# overlap="replace" on every lease backend
+lease.every("feed", "10s", flush, overlap="replace")
+nats_leases.cron("feed.cron", "* * * * *", flush, overlap="replace", max_late="30s")
+Scheduler().every("feed.memory", "1m", flush, overlap="replace")

@@ -63,3 +63,8 @@ Retry(3)  # E
 Retry(attempts="3")  # E
 memory.every("s7", "5s", flush, dst="skip")  # E
 memory.cron("s8", "30 2 * * *", flush, dst="twice")  # E
+
+rabbit.every("p1", "5s", flush, overlap="replace")  # E
+redis_claims.cron("p2", "* * * * *", flush, overlap="replace")  # E
+memory.at("p3", when, flush, overlap="replace")  # E
+memory.every("p4", "5s", flush, overlap="cancel")  # E
