@@ -5,8 +5,9 @@ An instance knows what became of a slot when it ran it, lost its claim (another 
 it) or skipped it on purpose (paused, disabled, ``skip(n)``, overlap). When it skipped the slot
 as late, for a backend error or for a clock skew, another instance may have run it, or none did.
 Such an instance *watches* the slot: once the fleet's last claim of it could have landed (the
-slot plus ``max_late``, and a margin for the clocks and a claim's flight) it asks the backend,
-through an operation that only one instance can win:
+slot plus ``max_late``, and a margin for the clocks and a claim's flight; on a lease backend,
+by the store's clock) it asks the backend, through an operation that only one instance can
+win, again every few seconds while the backend fails it:
 
 * a claim-only backend: it claims the slot itself. Won, nobody had claimed it, and nobody can
   any more (this claim holds it): the slot is missed, and this instance alone says so. It asks
@@ -21,9 +22,9 @@ lease backend through the same report claim: a checker may have looked before it
 
 A report is a history record (reason and outcome ``missed``), a ``missed`` event
 (``MissedEvent``, which ``brokersched_slots_missed_total`` counts) and a warning in the log, on
-the reporting instance alone. Limits: a slot that fell due while no instance ran is reported by
-none; nor one whose watchers all stopped before their check, or could not reach the backend
-then (their checks are retried a few times).
+the reporting instance alone. Limits (docs/operations.md, "Missed slots"): a slot that fell
+due while no instance ran is reported by none; nor one whose watchers all stopped before their
+check, or could not reach the backend for three minutes after it.
 """
 
 from __future__ import annotations

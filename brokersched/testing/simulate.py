@@ -54,26 +54,18 @@ from .._durations import format_duration
 from .._events import MissedEvent, SkipEvent
 from .._exceptions import BackendError, ConfigurationError
 from .._fleetrecords import ControlAction
-from .._missed import UNKNOWN_FATE
-from .._options import JobSettings
 from .._retry import Retry
 from .._scheduler import Scheduler
 from .._tasks import Tracked, track
-from ..abc import Backend, ClaimBackend, RunRecord, Slot
+from ..abc import Backend, RunRecord
 from ..backends.memory import MemoryStore
 from ._clock import FleetClock, InstanceClock
 from ._sim_coverage import EFFECT_MS, Coverage, format_table, reachable, to_json
 from ._sim_faults import Faults
 from ._sim_jobs import Deploy, OwnJobs
 from ._sim_lease import SimLeaseBackend
-from ._sim_ledger import (
-    CHECK_GIVE_UP_MS,
-    CHECKED_FROM_MS,
-    LEASE_SKEW_MS,
-    Ledger,
-    Run,
-    origin_of,
-)
+from ._sim_ledger import LEASE_SKEW_MS, Ledger, Run, origin_of
+from ._sim_missed import note_report, note_skip, unreported
 from ._sim_nats import SimNATS, SimNATSLease
 from ._sim_operations import Operator, cli_change
 from ._sim_rabbitmq import SimRabbitMQ
@@ -344,38 +336,12 @@ class Simulation(OwnJobs):
         if event.run == "schedule":  # not a boot run's nor a manual run's instant
             self.ledger.refused.setdefault((key, event.slot_ms), set()).add(event.reason)
             job = self.job(instance, key)
-            give_up = None if job is None else self._give_up(event, instance, job.settings)
-            if job is not None and give_up is not None:
-                max_late = job.settings.max_late_ms
-                checked = event.slot_ms + max_late + CHECKED_FROM_MS - instance.clock.ahead_ms
-                skippers = self.ledger.unknown.setdefault((key, event.slot_ms), {})
-                skip_overlap = self.lease and job.settings.policy.overlap == "skip"
-                skippers[instance.name] = (checked, give_up, skip_overlap)
-
-    def _give_up(self, event: SkipEvent, instance: Instance, settings: JobSettings) -> int | None:
-        """When ``instance`` stops checking whether the slot ``event`` skipped was missed (true
-        time), or ``None`` when it need not find out: skipped late or for a backend error, its
-        clock within a second of the fleet's (no instance judges a slot right on a clock further
-        off), and on a claim-only backend in time to claim it once more while the backend
-        remembers it (the README's limit)."""
-        if event.reason not in UNKNOWN_FATE or event.reason == "clock-skew":
-            return None
-        if abs(instance.clock.ahead_ms) > 1000:
-            return None
-        give_up = event.slot_ms + settings.max_late_ms + CHECK_GIVE_UP_MS
-        backend = instance.backend
-        if isinstance(backend, ClaimBackend):
-            deadline = backend.claim_deadline_ms(Slot(settings.key, event.slot_ms))
-            if deadline is not None:
-                if deadline - 1000 <= instance.clock.now_ms():
-                    return None
-                give_up = min(give_up, deadline - 1000)
-        return give_up - instance.clock.ahead_ms
+            if job is not None:
+                note_skip(self.ledger, event, key, instance, job.settings, self.lease)
 
     def _missed(self, event: MissedEvent, instance: Instance) -> None:
         key = "tick" if event.job == "tick.v2" else event.job
-        reported = self.ledger.reported.setdefault((key, event.slot_ms), [])
-        reported.append((instance.name, self.fleet.now_ms()))
+        note_report(self.ledger, event, key, instance.name, self.fleet.now_ms())
         self.log.append(f"{instance.name} reports {key}:{event.slot_ms} missed")
 
     def stand_in(self, instance: Instance, key: str, options: dict[str, Any]) -> Callable[..., Any]:
@@ -710,12 +676,7 @@ class Simulation(OwnJobs):
             violations = self.ledger.violations(self.fleet.now_ms())
             violations += self.ledger.lost(self.store.wins, self.scheduled)
             violations += self.ledger.dropped(self.store.wins, self.store.cut, self.scheduled)
-            troubled = [(f.begin, f.end or f.begin) for f in self.coverage.faults
-                        if f.kind not in ("kill -9", "clock step")]  # fmt: skip
-            claimed = {"tick", "cron", "once", "slow"}
-            memory = None if self.lease else min(i.deploy.memory_ms for i in self.instances)
-            wins = self.store.wins
-            violations += self.ledger.unreported(self.scheduled, claimed, troubled, wins, memory)
+            violations += unreported(self)
             violations += self.ledger.replaced(self._records())
         for instance in self.instances:
             instance.kill()

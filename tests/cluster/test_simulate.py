@@ -14,6 +14,7 @@ import pytest
 
 from brokersched import _slotmemory
 from brokersched._backfill import _Backfill, settle_ms
+from brokersched._missed import MissedSlots
 from brokersched._runner import Runner
 from brokersched._scheduler import Job, Scheduler
 from brokersched._slotmemory import FleetMemory
@@ -62,8 +63,8 @@ CASES += [("lease", 14), ("lease", 15)]
 # pauses until an instant and skips drawn.
 CASES += [("lease", 56)]
 # Runs cut by a later slot (overlap="replace") as the store restarts (38), and as it sheds
-# claims and its clock steps back (59).
-CASES += [("lease", 38), ("lease", 59)]
+# claims and its clock steps back (59, and 67 since missed slots' checks call the store too).
+CASES += [("lease", 38), ("lease", 59), ("lease", 67)]
 _STOPS = JobControl.stops
 # Each seed's result, for the coverage of all of them (test_the_ci_seeds_reach_...).
 _RESULTS: dict[tuple[str, int], Result] = {}
@@ -650,3 +651,44 @@ def test_runs_of_a_replace_job_never_overlap_and_each_cut_run_is_recorded_once()
     assert "recorded ['replaced', 'interrupted']" in twice
     [never] = ledger.replaced([])
     assert "never recorded" in never
+
+
+# -- missed slots: reported once, never for a slot that ran, never left unreported ----------
+
+
+def _never_watches(self: MissedSlots, job: Any, slot_ms: int) -> None:
+    """A fleet that never checks the slots it skipped late or for a backend error."""
+
+
+async def _ignores_history(self: MissedSlots, backend: Any, job: Any, oldest_ms: int) -> list[Any]:
+    """A lease backend's check that reads no record: a slot run and over looks missed."""
+    return []
+
+
+# (On a claim-only backend the generator's short slot_ttl draws leave no check the ledger can
+# ask for: tests/unit/test_missed_slots.py and the real servers' test prove those.)
+MISSED_SEAMS = [
+    ("never watches", "watch", _never_watches, "lease", 10, "never reported missed"),
+    ("ignores the history", "_records_since", _ignores_history, "lease", 1, "but ran"),
+    ("ignores the history", "_records_since", _ignores_history, "natslease", 2, "but ran"),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "name", "rule", "backend", "seed", "seen"),
+    MISSED_SEAMS,
+    ids=[f"{row[0]} ({row[3]})" for row in MISSED_SEAMS],
+)
+def test_the_generator_finds_a_fleet_that_reports_missed_slots_wrongly(
+    monkeypatch: pytest.MonkeyPatch,
+    what: str,
+    name: str,
+    rule: Any,
+    backend: str,
+    seed: int,
+    seen: str,
+) -> None:
+    assert simulate(seed, backend=backend).ok, f"seed {seed} fails on the right rule"
+    monkeypatch.setattr(MissedSlots, name, rule)
+    result = simulate(seed, backend=backend)
+    assert any(seen in violation for violation in result.violations), result.violations

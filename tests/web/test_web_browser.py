@@ -439,8 +439,8 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
         # a word the API may send that the page has no shape for: a shape and its own name
         found["unknown"] = page.driver.execute_async_script(
             "const done = arguments[arguments.length - 1];"
-            "import('./static/shapes.js').then((m) => { const b = m.badge('replaced');"
-            " done([b.textContent, m.look('replaced').shape, b.querySelector('svg g') !== null]);"
+            "import('./static/shapes.js').then((m) => { const b = m.badge('postponed');"
+            " done([b.textContent, m.look('postponed').shape, b.querySelector('svg g') !== null]);"
             "}).catch((error) => done(String(error)));"
         )
         # by keyboard: a page takes the focus when it opens; Tab, Enter open the latest failure
@@ -523,7 +523,7 @@ async def test_a_failure_is_two_clicks_from_the_overview_on_a_desktop_and_a_phon
         vocabulary = (await http.get("vocabulary")).json()
     assert found["reasons"] == ["", *vocabulary["run_reasons"]]  # "": any
     assert "backfill" in found["reasons"]
-    assert found["unknown"] == ["replaced", "diamond", True]
+    assert found["unknown"] == ["postponed", "diamond", True]
     assert found["first_focus"] == "run-link"
     assert LIVE_ERROR in found["by_keyboard"]
     assert all(path.stat().st_size > 10_000 for path in found["shots"])
