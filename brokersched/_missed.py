@@ -30,6 +30,7 @@ check, or could not reach the backend for three minutes after it.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -129,12 +130,10 @@ class MissedSlots:
     def watch_passed(self, job: JobState, after_ms: int, through_ms: int) -> None:
         """Watch the slots after ``after_ms`` through ``through_ms``, which a frozen process
         passed over (the latest ``_MAX_PASSED`` of them)."""
-        slots: list[int] = []
+        slots: deque[int] = deque(maxlen=_MAX_PASSED)
         at = job.spec.schedule.next_ms(after_ms)
         while at is not None and at <= through_ms:
             slots.append(at)
-            if len(slots) > _MAX_PASSED:
-                slots.pop(0)
             at = job.spec.schedule.next_ms(at)
         for slot_ms in slots:
             self.watch(job, slot_ms)
@@ -232,34 +231,19 @@ class MissedSlots:
             if not watched.slots and self._watched.get(key) is watched:
                 del self._watched[key]
         for slot_ms in missed:
-            if isinstance(self.backend, ClaimBackend):
-                self._report(job, slot_ms, _WATCHED_DETAIL)
-            else:
-                await self._claim_report(job, slot_ms, _WATCHED_DETAIL)
+            await self._claim_report(job, slot_ms, _WATCHED_DETAIL)
 
     async def _missed(self, job: JobState, slots: list[int]) -> tuple[list[int], dict[int, int]]:
-        """Which of ``slots`` no instance ran (on a claim-only backend, claimed here, to be
-        reported here), and those to check again later, with when."""
+        """Which of ``slots`` no instance ran, and those to check again later, with when. On a
+        claim-only backend, each claimed here is reported at once, and none returned."""
         if not slots:
             return [], {}
         backend, key = self.backend, job.settings.key
         if isinstance(backend, ClaimBackend):
-            found = []
-            for slot_ms in slots:
-                deadline = backend.claim_deadline_ms(Slot(key, slot_ms))
-                if deadline is not None and deadline - _FLIGHT_MS < self.clock.now_ms():
-                    # (a retry, or a clock stepped) the backend may have forgotten the claims
-                    logger.warning(_TOO_LATE, key, slot_ms)
-                    continue
-                won = await backend.claim(
-                    Slot(key, slot_ms),
-                    instance_id=self.instance_id,
-                    run_id=new_run_id(),
-                    timeout=_CHECK_TIMEOUT_S,
-                )
-                if won:
-                    found.append(slot_ms)
-            return found, {}
+            for slot_ms in slots:  # each reported as soon as won: a later claim may fail
+                if await self._claim_slot(backend, job, slot_ms):
+                    self._report(job, slot_ms, _WATCHED_DETAIL)
+            return [], {}
         assert isinstance(backend, LeaseBackend)
         state = await backend.lease_state(key)
         later: dict[int, int] = {}
@@ -281,6 +265,21 @@ class MissedSlots:
             s for s in slots if s not in ran and not _overlapped(job, s, state.leased, records)
         ]
         return missed, later
+
+    async def _claim_slot(self, backend: ClaimBackend, job: JobState, slot_ms: int) -> bool:
+        """Claim ``slot_ms`` for its check; ``True``: won, so nobody had claimed it. Only while
+        the backend remembers the slot's claims, landing before it forgets them."""
+        slot = Slot(job.settings.key, slot_ms)
+        deadline, now = backend.claim_deadline_ms(slot), self.clock.now_ms()
+        timeout = _CHECK_TIMEOUT_S
+        if deadline is not None:
+            if deadline - _FLIGHT_MS < now:  # (a retry, or a clock stepped)
+                logger.warning(_TOO_LATE, slot.key)
+                return False
+            timeout = min(timeout, (deadline - now) / 1000)
+        return await backend.claim(
+            slot, instance_id=self.instance_id, run_id=new_run_id(), timeout=timeout
+        )
 
     async def _records_since(
         self, backend: LeaseBackend, job: JobState, oldest_ms: int
@@ -375,8 +374,8 @@ class MissedSlots:
 
 _WATCHED_DETAIL = "skipped here, and claimed by no other instance"
 _TOO_LATE = (
-    "cannot tell whether slot %s:%d ran anywhere: the backend forgets its claims before it can "
-    "be asked (slot_ttl)"
+    "cannot tell whether slot %s ran anywhere: the backend forgets its claims before it can be "
+    "asked (slot_ttl)"
 )
 
 

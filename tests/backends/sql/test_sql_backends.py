@@ -355,7 +355,7 @@ async def test_trimming_uses_the_indexes(fleet: Fleet) -> None:
         plan = await conn.fetch(
             "EXPLAIN " + backend._sql.record,
             *("job7", SLOT, "r", "i", "schedule", 1, datetime.now(UTC), None, "completed", None),
-            *(1000, datetime.now(UTC), None),  # history_size, cutoff, traceback
+            *(1000, datetime.now(UTC), None, None),  # history_size, cutoff, traceback, result
         )
     finally:
         await conn.close()
