@@ -330,9 +330,14 @@ class Ledger:
     def _halted_between(self, key: str, slot: int, checked_by: int) -> bool:
         """``key`` paused or disabled from a heartbeat before ``slot`` until its check, or
         skip(n) over it: its checker may find it stopped on purpose."""
+        return self._halted(key, slot, slot - EFFECT_OF_CONTROLS_MS, checked_by)
+
+    def _halted(self, key: str, slot: int, since: int, until: int) -> bool:
+        """``key`` paused or disabled at some time from ``since`` to ``until``, or a skip(n)
+        over ``slot``."""
         paused = [
-            [since, _earlier(end, self.pause_until.get((key, since or 0)))]
-            for since, end in self.paused.get(key, [])
+            [start, _earlier(end, self.pause_until.get((key, start or 0)))]
+            for start, end in self.paused.get(key, [])
         ]
         spans = [*paused, *self.disabled.get(key, [])]
         skipped = any(
@@ -340,8 +345,7 @@ class Ledger:
             for _, after, through, _ in self.skips.get(key, [])
         )
         return skipped or any(
-            (start or 0) <= checked_by and (end is None or end >= slot - EFFECT_OF_CONTROLS_MS)
-            for start, end in spans
+            (start or 0) <= until and (end is None or end >= since) for start, end in spans
         )
 
     def _stayed(self, instance: str, key: str, slot: int, until: int) -> bool:
@@ -547,19 +551,7 @@ class Ledger:
         was in flight
         (within the longest max_late and jitter drawn of the slot): not run, and said only
         in a log line."""
-        paused = [
-            [since, _earlier(end, self.pause_until.get((key, since or 0)))]
-            for since, end in self.paused.get(key, [])
-        ]
-        spans = [*paused, *self.disabled.get(key, [])]
-        skipped = any(
-            after is not None and through is not None and after < slot <= through
-            for _, after, through, _ in self.skips.get(key, [])
-        )
-        return skipped or any(
-            (start or 0) <= slot + CLAIM_SPAN_MS and (end is None or end >= slot - CLAIM_SPAN_MS)
-            for start, end in spans
-        )
+        return self._halted(key, slot, slot - CLAIM_SPAN_MS, slot + CLAIM_SPAN_MS)
 
 
 #: Past a slot's max_late, when an instance that skipped it with an unknown fate checks it: its
