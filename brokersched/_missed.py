@@ -346,7 +346,7 @@ class MissedSlots:
             return
 
     def _report(self, job: JobState, slot_ms: int, detail: str) -> None:
-        at = ms_to_datetime(slot_ms)
+        at = ms_to_datetime(self.clock.now_ms())  # when it was found: the history's order
         error = f"no instance ran it within max_late ({_max_late(job)}): {detail}"
         record = RunRecord(
             job=job.settings.key,

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from brokersched import BackendError, JobContext, MissedEvent, Scheduler, SkipEvent
+from brokersched._clock import ms_to_datetime
 from brokersched.abc import JobPolicy, Lease, Slot
 from brokersched.backends.memory import MemoryBackend, MemoryStore
 from brokersched.testing import TestClock
@@ -87,7 +88,10 @@ async def test_a_frozen_fleet_reports_each_missed_slot_once() -> None:
     assert handler.slots == ["08:06:00", "08:07:00"]
     records = await schedulers[0].get("job").history(20)
     missed = [r for r in records if r.outcome == "missed"]
-    assert sorted(f"{r.started_at:%H:%M}" for r in missed) == sorted(s for _, s in seen)
+    assert sorted(f"{ms_to_datetime(r.slot_ms):%H:%M}" for r in missed) == sorted(
+        s for _, s in seen
+    )
+    assert all(r.started_at == r.finished_at > ms_to_datetime(r.slot_ms) for r in missed)
     assert {(r.reason, r.attempt) for r in missed} == {("missed", 0)}
     assert all("no instance ran it within max_late (10s)" in (r.error or "") for r in missed)
     await stop(schedulers)
@@ -204,4 +208,32 @@ async def test_a_lease_won_too_late_to_run_is_reported_once() -> None:
     await clock.advance("90s")
     assert [slot for _, slot in seen] == ["08:01"]
     assert handler.slots == []
+    await stop(schedulers)
+
+
+async def test_claim_only_a_check_that_fails_half_way_keeps_what_it_found() -> None:
+    clock = TestClock(START)
+
+    class FailsOnce(DictClaimBackend):
+        """Its second claim after the freeze fails (the broker blinks): the first one won."""
+
+        def __init__(self) -> None:
+            super().__init__({})
+            # the claims up to the failing one: the slot after the wake, then the checks of
+            # 08:01 (won) and 08:02 (fails, and is tried again)
+            self.claims_left = 3
+
+        async def claim(self, slot: Slot, **kwargs: Any) -> bool:
+            self.claims_left -= 1
+            if self.claims_left == 0:
+                raise BackendError("the broker blinked")
+            return await super().claim(slot, **kwargs)
+
+    backend = FailsOnce()
+    schedulers = fleet(clock, [backend])
+    seen, handler = missed_of(*schedulers), Recorder()
+    await start(schedulers, handler)
+    await clock.stall("150s")  # 08:01 and 08:02 pass while frozen, checked together
+    await clock.advance("1m")
+    assert sorted(seen) == [("i0", "08:01"), ("i0", "08:02")]
     await stop(schedulers)
