@@ -157,6 +157,30 @@ async def test_history_shows_every_instance_lateness_and_missed_slots(clock: Tes
     assert missed == {first + 3 * minute}  # 12:04
 
 
+async def test_a_slot_reported_missed_is_in_the_history_and_a_mark_of_the_timeline(
+    clock: TestClock,
+) -> None:
+    store = MemoryStore()
+    async with build(clock, store, "a"), build(clock, store, "b") as two:
+        await clock.advance("1m")  # 12:01 runs; now 12:01:30
+        await clock.stall("4m")  # both frozen: at 12:05:30, 12:02-12:04 are past max_late (60s)
+        await clock.advance("2m")  # the checks are over
+        async with client(create_app(two)) as api:
+            history = (await api.get("/jobs/outbox.flush/history", params={"limit": 20})).json()
+            missed = (await api.get("/jobs/outbox.flush/history?outcome=missed")).json()
+            timeline = (await api.get("/jobs/outbox.flush/timeline?window=1h")).json()
+    reported = sorted(r["slot_ms"] for r in missed["records"])
+    assert [slot - reported[0] for slot in reported] == [0, 60_000, 120_000]
+    assert {r["reason"] for r in missed["records"]} == {"missed"}
+    assert {r["instance_id"] for r in missed["records"]} <= {"instance-a", "instance-b"}
+    assert all(r["outcome"] != "missed" for r in history["records"] if r["slot_ms"] < reported[0])
+    marks = {m["slot_ms"]: m for m in timeline["slots"]}
+    for slot in reported:
+        assert marks[slot]["state"] == "missed"
+        assert marks[slot]["detail"].startswith("reported by instance-")
+    assert not {r["slot_ms"] for r in timeline["runs"]} & set(reported)  # a report, not a run
+
+
 async def test_history_refuses_a_bad_limit(api: httpx.AsyncClient) -> None:
     for limit in ("0", "abc", "1001", "-1"):
         response = await api.get("/jobs/outbox.flush/history", params={"limit": limit})
