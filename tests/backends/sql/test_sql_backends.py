@@ -775,7 +775,9 @@ async def test_a_dead_instances_run_leaves_the_runs_in_progress_once_taken_over(
             return any(r.outcome == "interrupted" for r in await watcher.get("long").history(5))
 
         await until(interrupted, what="the take-over of the dead run")
-        assert [r.run_id for _, r in await watcher.runs_in_progress()] == []
+        # (the taker's own retry of the slot, under the same run id, may still be going)
+        in_progress = await watcher.runs_in_progress()
+        assert [r.run_id for i, r in in_progress if i.id == "corpse"] == []
         corpses = [i for i in await watcher.instances() if i.id == "corpse"]
         assert [(i.liveness(datetime.now(UTC)), i.running) for i in corpses] == [("dead", ())]
     finally:
