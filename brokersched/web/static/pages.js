@@ -749,8 +749,12 @@ export class RunPage {
     if (run.traceback) {
       trace.body.append(el("pre", { className: "traceback", tabIndex: 0, "aria-label": "traceback" }, run.traceback));
     } else {
+      const NO_TRACEBACK = {
+        interrupted: "An interrupted run has no traceback: its runner stopped or died (see attempts).",
+        missed: "A missed slot has no traceback: no instance ran it (the error says why it was not run here).",
+      };
       const why = app.vocabulary.failures.includes(run.outcome)
-        ? (run.outcome === "interrupted" ? "An interrupted run has no traceback: its runner stopped or died (see attempts)." : "No traceback was recorded for this run (a record written by an earlier release, or by an instance that cut it).")
+        ? (NO_TRACEBACK[run.outcome] || "No traceback was recorded for this run (a record written by an earlier release, or by an instance that cut it).")
         : "The run did not fail: there is no traceback.";
       trace.body.append(el("p", { className: "empty" }, why));
     }
