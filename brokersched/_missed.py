@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ._clock import Clock, Timer, ms_to_datetime
+from ._clock import Timer, ms_to_datetime
 from ._durations import format_duration, to_ms
-from ._events import Events, MissedEvent, SkipReason
+from ._events import MissedEvent, SkipReason
 from ._exceptions import BackendError, ClockSkewError
 from ._job import JobState
-from ._recorder import Recorder
+from ._runlog import RunLog
 from ._tasks import TaskSet
 from .abc import (
     Backend,
@@ -88,21 +88,12 @@ class _Watched:
 class MissedSlots:
     """The slots one scheduler watches, its checks and its reports."""
 
-    def __init__(
-        self,
-        clock: Clock,
-        backend: Backend,
-        instance_id: str,
-        events: Events,
-        tasks: TaskSet,
-        recorder: Recorder,
-    ) -> None:
-        self.clock = clock
+    def __init__(self, backend: Backend, tasks: TaskSet, runlog: RunLog) -> None:
+        """``runlog``: the runner's, whose clock, instance id, events and recorder it uses."""
         self.backend = backend
-        self.instance_id = instance_id
-        self.events = events
         self.tasks = tasks
-        self.recorder = recorder
+        self.clock, self.instance_id = runlog.clock, runlog.instance_id
+        self.events, self.recorder = runlog.events, runlog.recorder
         self._watched: dict[str, _Watched] = {}  # job key -> its watched slots
         self._checking = 0  # checks and report claims under way
         self.closed = False

@@ -122,7 +122,7 @@ class Runner:
         self._prepares = ClaimPrepares(backend, clock, tasks, lambda: self.stopping)
         # skips, starts, ends
         self.runlog = RunLog(clock, instance_id, events, recorder, record_results=record_results)
-        self.missed = MissedSlots(clock, backend, instance_id, events, tasks, recorder)
+        self.missed = MissedSlots(backend, tasks, self.runlog)
         # job key -> the latest slot ended here whose release did not land before its lease
         # expired (see ended_here); the scheduler's, kept from one start to the next
         self._ended = {} if ended is None else ended
