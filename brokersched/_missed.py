@@ -122,6 +122,9 @@ class MissedSlots:
         """Watch the slots after ``after_ms`` through ``through_ms``, which a frozen process
         passed over (the latest ``_MAX_PASSED`` of them)."""
         slots: deque[int] = deque(maxlen=_MAX_PASSED)
+        gap_ms = _gap_ms(job)
+        if gap_ms is not None:  # a process frozen for a day: not a day of slots walked through
+            after_ms = max(after_ms, through_ms - _MAX_PASSED * gap_ms - 1)
         at = job.spec.schedule.next_ms(after_ms)
         while at is not None and at <= through_ms:
             slots.append(at)
@@ -288,13 +291,9 @@ class MissedSlots:
 
     def _history_limit(self, job: JobState, oldest_ms: int) -> int:
         """Enough of the newest records to reach back to ``oldest_ms``: two per slot since
-        (a retry), and some."""
-        count, at, now = 0, oldest_ms, self.clock.now_ms()
-        while count < 500:
-            nxt = job.spec.schedule.next_ms(at)
-            if nxt is None or nxt > now:
-                break
-            count, at = count + 1, nxt
+        (at most, one every ``min_gap``; a retry each), and some."""
+        gap_ms = _gap_ms(job)
+        count = 1 if gap_ms is None else (self.clock.now_ms() - oldest_ms) // gap_ms + 1
         return min(2 * count + 10, max(job.settings.policy.history_size, 10))
 
     def _retry(self, watched: _Watched, give_ups: dict[int, int], exc: BaseException) -> None:
@@ -368,6 +367,12 @@ _TOO_LATE = (
     "cannot tell whether slot %s ran anywhere: the backend forgets its claims before it can be "
     "asked (slot_ttl)"
 )
+
+
+def _gap_ms(job: JobState) -> int | None:
+    """The shortest time between two slots of ``job``, in ms (``None``: one slot at most)."""
+    gap = job.spec.schedule.min_gap()
+    return None if gap is None else max(1, to_ms(gap))
 
 
 def _max_late(job: JobState) -> str:
