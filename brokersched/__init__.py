@@ -28,6 +28,8 @@ from ._options import JobOptions, JobSettings
 from ._retry import Retry
 from ._scheduler import Job, Scheduler
 from ._scheduler import use_default_backend as _use_default_backend
+from ._schedules import ScheduleConflictError, Schedules
+from ._stored import StoredSchedule
 from ._thread import SchedulerThread
 from .abc import ControlChange, Instance, JobControl, RunInProgress, RunRecord
 from .backends.memory import MemoryBackend
@@ -76,10 +78,13 @@ __all__ = [
     "RunInProgress",
     "RunRecord",
     "SQLiteBackend",
+    "ScheduleConflictError",
     "Scheduler",
     "SchedulerThread",
+    "Schedules",
     "SkipEvent",
     "StartEvent",
+    "StoredSchedule",
     "SystemClock",
     "Timer",
     "parse_cron",

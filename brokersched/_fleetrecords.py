@@ -39,7 +39,7 @@ __all__ = [
     "runs_ahead",
 ]
 
-FleetKind = Literal["instance", "control", "missed"]
+FleetKind = Literal["instance", "control", "missed", "schedule", "schedule-log"]
 Liveness = Literal["alive", "late", "dead", "stopped"]
 ControlAction = Literal["pause", "resume", "disable", "enable", "skip", "abort"]
 CONTROL_ACTIONS: tuple[ControlAction, ...] = get_args(ControlAction)

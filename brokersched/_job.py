@@ -26,6 +26,7 @@ __all__ = [
     "Run",
     "call_sync",
     "check_handler",
+    "is_async_handler",
 ]
 
 # A handler may return a value: a JSON one is kept in its run's record (``RunRecord.result``).
@@ -151,6 +152,7 @@ class JobState:
     # the last slot handled: completed here, or claimed by another instance (for overdue())
     last_ok_ms: int | None = None
     runs: dict[str, Run] = field(default_factory=dict)  # run_id -> run in progress here
+    stored: bool = False  # the job of a stored schedule (``_storedjobs``), not of the code
 
     def __post_init__(self) -> None:
         self.is_async = is_async_handler(self.handler)

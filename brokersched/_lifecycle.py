@@ -80,6 +80,7 @@ class LifeCycle:
         override_errors: Callable[[], list[ConfigurationError]],
         apply_control: Callable[[JobState, JobControl], None],
         send_unsent: Callable[[Fleet], Awaitable[None]],
+        open_stored: Callable[[Runner], Awaitable[Callable[[], None] | None]],
     ) -> None:
         self._host = host
         self.enabled = enabled  # False: jobs are registered and listed, nothing is armed
@@ -93,6 +94,7 @@ class LifeCycle:
         self._override_errors = override_errors
         self._apply_control = apply_control
         self._send_unsent = send_unsent
+        self._open_stored = open_stored
         self.timers = Timers(
             host.clock,
             fire=self._fire,
@@ -263,6 +265,10 @@ class LifeCycle:
         for job in self._jobs():
             self.timers.arm(job)
             self.timers.arm_boot(job, started_ms)
+        # The stored schedules, read once (their jobs armed as they are made), then followed.
+        close_stored = await self._open_stored(runner)
+        if close_stored is not None:
+            self._opened.callback(close_stored)
         if isinstance(host.backend, LeaseBackend):
             sweeper = self._sweeper = Sweeper(
                 host.clock, host.backend, runner, jobs=self._jobs, spawn=self._spawn_named
@@ -463,10 +469,11 @@ class LifeCycle:
         self.timers.arm(job)
         self.timers.arm_boot(job, self._host.clock.now_ms())
 
-    def updated(self, job: JobState) -> None:
-        """``job.update()`` changed the job's options: re-armed, and prepared again."""
-        if job.arming.armed_ms is not None:  # re-arm: the schedule or the jitter may have changed
-            self.timers.rearm(job)
+    def updated(self, job: JobState, *, anew: bool = False) -> None:
+        """``job.update()`` changed the job's options (``anew``: its slots too, a stored
+        schedule's new version): re-armed, and prepared again."""
+        if job.arming.armed_ms is not None or anew:  # the schedule or the jitter may have changed
+            self.timers.rearm(job, anew=anew)
         if self.state is RunState.RUNNING:
             self._tasks.spawn(
                 self._host.backend.prepare([job.settings.policy]),

@@ -10,11 +10,13 @@ from typing import Any, TypeVar
 
 from ._exceptions import ConfigurationError
 from ._host import Host
-from ._job import Handler, JobState, check_handler
+from ._job import Handler, JobState, check_handler, is_async_handler
 from ._jobhandle import Job, state_of
 from ._options import Kind
 from ._overrides import Overrides
 from ._registry import MakeTrigger, Registry, past_at
+from ._stored import Spec
+from .triggers.base import Trigger
 
 __all__ = ["Registration"]
 
@@ -89,6 +91,41 @@ class Registration:
             return function
 
         return decorator
+
+    def stored_trigger(self, name: str, spec: Spec) -> Trigger:
+        """The trigger of one version of stored schedule ``name``, validated as registration
+        validates a job (its name not taken by a job of the code). Raises
+        ``ConfigurationError``."""
+        held = self._jobs.get(name)
+        replacing = state_of(held) if held is not None and state_of(held).stored else None
+        maker = self._registry.maker(spec.kind, spec.schedule)
+        return self._registry.stored(name, spec.kind, maker, spec.job_options(), replacing)[1]
+
+    def put_stored(
+        self, name: str, spec: Spec, handler: Handler, trigger: Trigger
+    ) -> tuple[JobState, bool]:
+        """Register the job of stored schedule ``name``, or change it: its slots ``trigger``'s,
+        its task ``handler``, its options and data ``spec``'s; answers the job and whether it
+        is new. Raises ``ConfigurationError``."""
+        check_handler(name, handler)
+        held = self._jobs.get(name)
+        replacing = state_of(held) if held is not None else None
+        if replacing is not None and not replacing.stored:
+            raise ConfigurationError(
+                f"job name '{name}' is taken by a job of the code", option="name", job=name
+            )
+        job_spec, _ = self._registry.stored(
+            name, spec.kind, lambda _: trigger, spec.job_options(), replacing
+        )
+        if replacing is None:
+            state = JobState(job_spec, handler, stored=True)
+            self._jobs[name] = self._make_job(state)
+            self._added(state)
+            return state, True
+        replacing.spec = job_spec
+        replacing.handler = handler
+        replacing.is_async = is_async_handler(handler)
+        return replacing, False
 
     def get(self, name: str) -> Job | None:
         return self._jobs.get(name)

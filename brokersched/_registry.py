@@ -148,6 +148,23 @@ class Registry:
         collected.extend(errors)
         return True
 
+    def stored(
+        self,
+        name: str,
+        kind: Kind,
+        make_trigger: MakeTrigger,
+        options: dict[str, Any],
+        replacing: JobState | None,
+    ) -> tuple[JobSpec, Trigger]:
+        """The spec of a stored schedule's job (``_storedjobs``), validated as a job's: its
+        name not taken by another job (``replacing``: its own job, if it has one), its options
+        against the backend and the scheduler's defaults. Raises ``ConfigurationError``."""
+        name, trigger, settings, job_options = self._validate(
+            name, kind, make_trigger, options, replacing=replacing
+        )
+        spec = JobSpec(name, kind, trigger, settings, job_options, make_trigger)
+        return spec, trigger
+
     def update(self, job: JobState, options: dict[str, Any]) -> None:
         """``job.update(**options)``: the merged options validated as at registration; on a
         ``ConfigurationError`` nothing changes."""

@@ -49,6 +49,7 @@ from .abc import (
 
 if TYPE_CHECKING:
     from ._fleet import Fleet
+    from ._storedjobs import StoredJobs
 
 __all__ = ["JOB_DATA", "Runner"]
 
@@ -110,6 +111,7 @@ class Runner:
         self.stopping = False  # drain() has begun: nothing new runs
         self.drained = False  # drain_timeout is over: not even a claim won during the drain
         self.fleet: Fleet | None = None  # the fleet's controls, read before each slot's claim
+        self.stored: StoredJobs | None = None  # the stored schedules, fresh before their claims
         self._batches = ClaimBatches(
             backend,
             clock,
@@ -162,6 +164,12 @@ class Runner:
             # (claim=False) keeps its rhythm: it goes by the controls last read.
             within = job.settings.max_late_ms // 4 if job.settings.claim else 0
             await self.fleet.refresh(slot_ms, within_ms=within)
+        if (
+            job.stored
+            and reason in ("schedule", "catch-up")
+            and not await self._decided(job, slot_ms, reason)
+        ):
+            return None
         if stop := self._stopped(job, slot_ms, reason):
             self.skip(job, slot_ms, "paused", detail=_STOPPED_DETAIL[stop], run=reason)
             return None
@@ -208,6 +216,24 @@ class Runner:
         return await self.execute(
             job, slot_ms, lease, reason=reason, run_id=run_id, leased_ms=leased_ms, data=data
         )
+
+    async def _decided(self, job: JobState, slot_ms: int, reason: RunReason) -> bool:
+        """Whether this instance may claim a stored schedule's slot: its view of the stored
+        schedules is recent enough to know the version in force at the slot (waited for a
+        quarter of ``max_late`` at most, as the controls are), and that version has the slot
+        (a change read since the timer was armed may have moved it: nothing to skip then)."""
+        stored = self.stored
+        within_ms = min(job.settings.max_late_ms // 4, 2000)
+        why = "stored schedules are not followed" if stored is None else None
+        if stored is not None:
+            why = await stored.fresh(slot_ms, within_ms)
+        if why is not None:
+            self.skip(job, slot_ms, "backend-error", detail=why, run=reason)
+            return False
+        if job.schedule.next_ms(slot_ms - 1) != slot_ms:
+            logger.debug("%s:%d is no longer a slot of its stored schedule", job.name, slot_ms)
+            return False
+        return True
 
     async def claim_slot(
         self, job: JobState, slot_ms: int, run_id: str, reason: RunReason, *, batched: bool

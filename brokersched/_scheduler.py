@@ -35,11 +35,12 @@ from ._events import (
 from ._exceptions import ConfigurationError
 from ._fleet import Change
 from ._fleetrecords import Asked, ControlAction, JobControl, RunInProgress, asked
-from ._job import AroundRun, Handler, JobState
+from ._job import AroundRun, Handler, JobState, check_handler
 from ._jobhandle import Job, state_of
 from ._lifecycle import LifeCycle, default_instance_id
 from ._options import (
     Kind,
+    check_name,
     check_scheduler_options,
     enabled_from_env,
     parse_scheduler_options,
@@ -49,6 +50,9 @@ from ._recorder import Recorder
 from ._registration import Registration
 from ._registry import MakeTrigger
 from ._runner import Runner
+from ._schedules import Schedules
+from ._stored import Spec
+from ._storedjobs import StoredJobs, StoredRoom
 from ._tasks import TaskSet
 from ._thread import SchedulerThread
 from ._typing import (
@@ -61,6 +65,7 @@ from ._typing import (
     LeaseEveryOptions,
 )
 from .abc import Backend, ClaimBackend, Instance, LeaseBackend, RunRecord
+from .triggers.base import Trigger
 
 if TYPE_CHECKING:
     from .backends.memory import MemoryBackend
@@ -231,9 +236,12 @@ class Scheduler(Generic[B]):
             override_errors=registration.override_errors,
             apply_control=lambda job, control: self._controls.apply(job, control),
             send_unsent=lambda fleet: self._controls.send_unsent(fleet),
+            open_stored=self._open_stored,
         )
         self._timers = self._life.timers
         self._controls = FleetControls(self, self._life, registration.states_by_name)
+        self._task_handlers: dict[str, Handler] = {}  # @scheduler.task(name)
+        self.schedules = Schedules(lambda: self.backend, self.clock, registration.stored_trigger)
 
     # -- registration ------------------------------------------------------------------------
 
@@ -351,6 +359,43 @@ class Scheduler(Generic[B]):
         default) instances that start together run it once between them; with ``claim=False``
         every instance runs it (see ``brokersched._boot``)."""
         return self._register(name, "after", self._maker("after", delay), handler, options)
+
+    def task(self, name: str) -> Callable[[H], H]:
+        """Register the decorated function as task ``name``: what a stored schedule runs
+        (``scheduler.schedules.put(id, task=name, ...)``), its ``ctx.data`` the schedule's."""
+        check_name(name)
+
+        def decorator(function: H) -> H:
+            check_handler(name, function)
+            if name in self._task_handlers:
+                raise ConfigurationError(f"task name '{name}' is taken", option="task")
+            self._task_handlers[name] = function
+            return function
+
+        return decorator
+
+    async def _open_stored(self, runner: Runner) -> Callable[[], None] | None:
+        """Follow the stored schedules while running (with a task registered, on a backend
+        that keeps the fleet's records); answers what stops it."""
+        if not self._task_handlers or not self.backend.fleet:
+            return None
+        registration = self._registration
+
+        def put_job(name: str, spec: Spec, handler: Handler, trigger: Trigger) -> None:
+            state, new = registration.put_stored(name, spec, handler, trigger)
+            if not new:
+                self._life.updated(state, anew=True)
+
+        room = StoredRoom(
+            tasks=self._task_handlers,
+            trigger_of=registration.stored_trigger,
+            put_job=put_job,
+            remove_job=lambda name: self.remove(name),
+            job=lambda name: state_of(job) if (job := registration.get(name)) is not None else None,
+        )
+        stored = runner.stored = StoredJobs(self.backend, self.clock, room)
+        await stored.open()
+        return stored.close
 
     def _register(
         self,

@@ -134,12 +134,14 @@ class Timers:
         if self._timer_ms is None or slot + jitter < self._timer_ms:
             self._set_timer(slot + jitter)
 
-    def rearm(self, job: JobState, *, since_ms: int | None = None) -> None:
+    def rearm(self, job: JobState, *, since_ms: int | None = None, anew: bool = False) -> None:
         """Arm ``job`` again after ``update()`` or ``resume()``, keeping a slot whose jitter
         window is still open (the fleet may be claiming it right now) unless it fired here;
-        with ``since_ms`` (a pause's end), its slots from that instant on too."""
+        with ``since_ms`` (a pause's end), its slots from that instant on too. ``anew``: its
+        slots changed (a stored schedule's new version), the one it waited for may be none of
+        them: armed again from its last fired slot."""
         arming = job.arming
-        if arming.armed_ms is not None:
+        if arming.armed_ms is not None and not anew:
             after = arming.armed_ms - 1  # the slot it waited for has not fired yet
         else:
             after = self._clock.now_ms() - job.settings.jitter_ms - 1

@@ -465,6 +465,13 @@ class Backend(ABC):
             await self._fleet_put("missed", slot.key, instance_id, ttl=MISSED_KEPT)
         return True
 
+    async def fleet_records(self, kind: FleetKind) -> dict[str, str]:
+        """The records of ``kind``: for the kinds the core keeps itself (``_stored``)."""
+        return await self._fleet_read(kind)
+
+    async def swap_fleet_record(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
+        return await self._fleet_swap(kind, key, old, new)
+
     # -- operations (``brokersched purge`` and ``doctor``): on a backend that is not started --
 
     async def presence(self, *, namespace: str | None = None) -> list[Instance]:

@@ -25,7 +25,12 @@ __all__ = ["trigger_from_spec", "trigger_spec"]
 
 
 def trigger_spec(trigger: Trigger) -> dict[str, Any]:
-    """``trigger`` as JSON-serialisable data (see the module docstring)."""
+    """``trigger`` as JSON-serialisable data (see the module docstring); a stored schedule's,
+    its latest version's."""
+    from .._stored import VersionedTrigger
+
+    if isinstance(trigger, VersionedTrigger) and trigger.current is not None:
+        trigger = trigger.current
     if isinstance(trigger, CronTrigger):
         return {
             "kind": "cron",

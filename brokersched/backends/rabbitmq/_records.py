@@ -3,8 +3,9 @@
 Two queues per prefix, whatever the number of jobs and instances (no broker object
 per job or instance): ``<prefix>.fleet``, a durable classic queue holding one JSON message, the
 state of every record (``{"version": n, "instance": {id: [expires_ms, JSON]}, "control":
-{job: JSON}}``), and ``<prefix>.fleet.lock``, whose exclusive consumer is the lock every read
-and write of it is made under (as the slot memory record's: ``_fleet.take_lock``; the lock goes
+{job: JSON}, ...}``: a key per kind of record, all but ``instance`` kept for ever), and
+``<prefix>.fleet.lock``, whose exclusive consumer is the lock every read and write of it is
+made under (as the slot memory record's: ``_fleet.take_lock``; the lock goes
 with its channel, also when the holder's connection dies).
 
 A write publishes the new state (confirmed) before it acks the old one: a holder that dies in
@@ -86,8 +87,8 @@ class FleetRecords:
     async def read(self, kind: FleetKind) -> dict[str, str]:
         now = self._now_ms()
         state = await self._locked(f"read the fleet's {kind}s", lambda state, now: False)
-        if kind == "control":
-            return dict(state["control"])
+        if kind != "instance":
+            return dict(state.get(kind, {}))
         return {key: text for key, (expires, text) in state["instance"].items() if expires > now}
 
     async def put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
@@ -98,7 +99,7 @@ class FleetRecords:
             if kind == "instance":
                 instances[key] = [now + to_ms(ttl), value]
             else:
-                state["control"][key] = value
+                state.setdefault(kind, {})[key] = value
             return True
 
         await self._locked(f"write its {kind} record", put)
@@ -108,10 +109,10 @@ class FleetRecords:
 
         def swap(state: State, now: int) -> bool:
             nonlocal swapped
-            held = state["control"].get(key)
-            if held != old:
+            records = state.setdefault(kind, {})
+            if records.get(key) != old:
                 return False
-            state["control"][key] = new
+            records[key] = new
             swapped = True
             return True
 
