@@ -19,7 +19,7 @@ is imported, here.
 
 from __future__ import annotations
 
-from . import _controls, _inspect, _manual, _ops, _plan, _records, _run
+from . import _controls, _inspect, _manual, _ops, _plan, _records, _run, _schedules
 from ._app import load_scheduler
 from ._group import cli
 
@@ -33,6 +33,7 @@ _COMMANDS = (
     _plan,
     _records,
     _run,
+    _schedules,
 )  # imported for their registration
 
 

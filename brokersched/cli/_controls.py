@@ -34,7 +34,7 @@ from ._app import (
 from ._group import EPILOG, cli
 from ._output import shown_backend, utc_time
 
-__all__ = ["disable_job", "enable_job", "pause_job", "resume_job", "skip_job"]
+__all__ = ["cli_actor", "disable_job", "enable_job", "pause_job", "resume_job", "skip_job"]
 
 # What a change did, by its action.
 _DONE = {
@@ -46,7 +46,7 @@ _DONE = {
 }
 
 
-def _actor() -> str:
+def cli_actor() -> str:
     """Who changes it, unless ``--by`` says: the user and host running the command."""
     try:
         user = getpass.getuser()
@@ -172,7 +172,7 @@ def _change(
     try:
         extra = asked(action, now=now, note=note, until=until, count=count)
         change = control_change(
-            job.name, job.key, job.schedule, action, actor or _actor(), now, extra
+            job.name, job.key, job.schedule, action, actor or cli_actor(), now, extra
         )
     except ValueError as exc:
         raise CLIError(f"cannot {action} job '{job.name}': {exc}") from None

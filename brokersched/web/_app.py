@@ -25,6 +25,7 @@ from ._params import parse_change
 from ._query import QueryError
 from ._reads import Reads
 from ._reply import Reply, error
+from ._schedules import ScheduleRoutes
 from ._security import PROXIES_ENV, Authorize, Guard, TrustedProxies
 from ._stream import EventHub, EventStreamResponse
 from ._timeline import Pauses
@@ -70,7 +71,8 @@ def create_app(
     ``$BROKERSCHED_READ_TOKEN``) is set: then reads need it or the admin token, and the read
     token may change nothing. ``authorize(request, action)`` (two arguments) decides per
     action instead, reads included (``action`` is ``"read"``, ``"trigger"``, ``"pause"``,
-    ``"resume"``, ``"disable"``, ``"enable"``, ``"skip"`` or ``"abort"``). ``/health`` (its status
+    ``"resume"``, ``"disable"``, ``"enable"``, ``"skip"``, ``"abort"`` or ``"schedule"``: a
+    write of a stored schedule, ``PUT`` or ``DELETE /schedules/{id}``). ``/health`` (its status
     only, to whoever may not read), ``/session``, ``/vocabulary`` and the page itself stay
     open. ``trusted_proxies`` (by default
     ``$BROKERSCHED_TRUSTED_PROXIES``): the reverse proxies, by address or network (``*``: any),
@@ -88,19 +90,36 @@ def create_app(
     api = _AdminAPI(scheduler, guard)
     handlers = api.handlers()
     assert handlers.keys() == {op.key for op in OPERATIONS}, "every operation has its handler"
+    # One route per path, whatever its methods: a 405 then lists them all in its Allow.
+    by_path: dict[str, dict[str, Endpoint]] = {}
+    for op in OPERATIONS:
+        by_path.setdefault(op.path, {})[op.method.upper()] = op.endpoint(handlers[op.key])
     routes = [
         Route("/", api.page),
         Route("/static/{file}", api.static_file),
         Route("/openapi.json", api.openapi),
         *(
-            Route(op.path, op.endpoint(handlers[op.key]), methods=[op.method.upper()])
-            for op in OPERATIONS
+            Route(path, _by_method(endpoints), methods=list(endpoints))
+            for path, endpoints in by_path.items()
         ),
     ]
     errors = {HTTPException: _http_error, Exception: _internal_error}
     app = Starlette(routes=routes, exception_handlers=errors)
     app.state.events = api.hub
     return app
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _by_method(endpoints: dict[str, Endpoint]) -> Endpoint:
+    """The endpoint of a path: its operation's of the request's method (``HEAD``: ``GET``'s)."""
+
+    async def endpoint(request: Request) -> Response:
+        method = "GET" if request.method == "HEAD" else request.method
+        return await endpoints[method](request)
+
+    return endpoint
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -169,6 +188,7 @@ class _AdminAPI:
         self.reads = Reads(scheduler, guard, self.hub, BackendWatch(scheduler), self.pauses)
         self._static = _static_files()
         self._triggers: set[asyncio.Task[RunRecord | None]] = set()
+        self.schedules = ScheduleRoutes(scheduler, guard)
 
     def handlers(self) -> dict[tuple[str, str], Handler]:
         """The handler of each operation (``_openapi.OPERATIONS``), by method and path."""
@@ -193,6 +213,10 @@ class _AdminAPI:
             ("get", "/instances"): read(reads.instances),
             ("get", "/runs"): read(reads.runs),
             ("post", "/runs/{run_id}/abort"): self.abort,
+            ("get", "/schedules"): read(self.schedules.list),
+            ("get", "/schedules/{id}"): read(self.schedules.get),
+            ("put", "/schedules/{id}"): self.schedules.put,
+            ("delete", "/schedules/{id}"): self.schedules.delete,
         }
 
     def reading(self, handler: Handler) -> Handler:

@@ -34,6 +34,10 @@ __all__ = [
     "Overview",
     "RunPage",
     "Runs",
+    "Schedule",
+    "ScheduleConflict",
+    "ScheduleDeleted",
+    "ScheduleList",
     "Session",
     "Timeline",
     "TriggerAccepted",
@@ -499,3 +503,51 @@ class Health(TypedDict):
     backend: NotRequired[BackendStatus]
     overdue: list[Overdue]
     now_ms: Ms
+
+
+@_closed
+class Schedule(TypedDict):
+    """A stored schedule's latest version (``StoredSchedule.to_json``; what ``brokersched
+    schedules APP export`` prints). A password in a URL of its data or options is shown as
+    ``***``."""
+
+    id: str
+    task: str
+    trigger: dict[str, JsonValue]
+    """The schedule as data: ``{"kind": "every", "interval_ms": ..., "offset_ms": ...}``,
+    ``{"kind": "cron", "expression": ..., "timezone": ..., "dst": ...}`` or ``{"kind": "at",
+    "at": ...}``; one written by a newer release that this one cannot read: ``kind``,
+    ``schedule`` (as written) and ``error``."""
+    options: dict[str, JsonValue]
+    """The job options as written."""
+    data: JsonValue
+    """The task's ``ctx.data``."""
+    version: int
+    updated_at: Time
+    updated_by: str | None
+    effective_at: Time
+    """Its slots from this instant are this version's (the earlier ones, the previous
+    version's)."""
+    describe: str
+    """Its trigger in words, as ``brokersched jobs`` says it."""
+
+
+@_closed
+class ScheduleList(TypedDict):
+    schedules: list[Schedule]
+    """By id."""
+
+
+@_closed
+class ScheduleDeleted(TypedDict):
+    id: str
+    deleted: bool
+    detail: str
+
+
+@_closed
+class ScheduleConflict(TypedDict):
+    """``if_version`` did not match: ``version`` is the schedule's (0: there is none)."""
+
+    error: str
+    version: int

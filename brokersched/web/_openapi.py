@@ -19,7 +19,17 @@ from starlette.responses import Response
 
 from .. import __version__
 from . import _bodies as bodies
-from ._params import CHANGE_BODIES, ChangeBody, HistoryParams, RunsParams, WindowParams
+from ._params import (
+    CHANGE_BODIES,
+    SCHEDULE_ID_PATTERN,
+    ChangeBody,
+    DeleteScheduleParams,
+    HistoryParams,
+    RunsParams,
+    ScheduleBody,
+    SchedulesParams,
+    WindowParams,
+)
 from ._reply import Reply
 from ._vocabulary import Vocabulary
 
@@ -31,6 +41,10 @@ _REF = "#/components/schemas/{model}"
 _PATH_PARAMETERS = {
     "name": "The job's name, percent-encoded",
     "run_id": "The run's id",
+    "id": "The stored schedule's id (a job name), percent-encoded",
+}
+_PATH_SCHEMAS: dict[str, dict[str, Any]] = {
+    "id": {"type": "string", "pattern": SCHEDULE_ID_PATTERN},
 }
 _READ_FAILED = (bodies.Error, "The backend could not be read")
 _NO_JOB = (bodies.Error, "No job has that name")
@@ -52,7 +66,7 @@ def _adapter(body: Any) -> TypeAdapter[Any]:
 
 @dataclass(frozen=True)
 class Operation:
-    method: Literal["get", "post"]
+    method: Literal["get", "post", "put", "delete"]
     path: str
     summary: str
     answers: Answers
@@ -63,6 +77,7 @@ class Operation:
     """What an optional JSON request body is."""
     body_model: type[BaseModel] | None = None
     """Its schema, when it has one."""
+    body_required: bool = False
     reads: bool = False
     """It reads the scheduler: a deployment may protect it with a read token."""
     media_type: str = "application/json"
@@ -97,7 +112,7 @@ class Operation:
                 "in": "path",
                 "required": True,
                 "description": _PATH_PARAMETERS[name],
-                "schema": {"type": "string"},
+                "schema": _PATH_SCHEMAS.get(name, {"type": "string"}),
             }
             for name in re.findall(r"{(\w+)}", self.path)
         ]
@@ -107,7 +122,7 @@ class Operation:
             described["parameters"] = parameters
         if self.body is not None:
             described["requestBody"] = {
-                "required": False,
+                "required": self.body_required,
                 "description": self.body,
                 "content": {"application/json": {"schema": self._body_schema()}},
             }
@@ -357,7 +372,74 @@ _OPERATIONS: tuple[Operation, ...] = (
 )
 
 
-OPERATIONS: tuple[Operation, ...] = tuple(_guarded(op) for op in _OPERATIONS)
+_NO_SCHEDULE = (bodies.Error, "No stored schedule has that id")
+_STORE_FAILED = (
+    bodies.Error,
+    "The backend could not be read or written, keeps no stored schedules, or the scheduler is "
+    "not running",
+)
+_SCHEDULES: tuple[Operation, ...] = (
+    Operation(
+        "get",
+        "/schedules",
+        "The fleet's stored schedules (schedules as data), by id, read from the backend",
+        {200: (bodies.ScheduleList, "The schedules"), 400: _BAD_QUERY, 503: _STORE_FAILED},
+        params=SchedulesParams,
+    ),
+    Operation(
+        "get",
+        "/schedules/{id}",
+        "One stored schedule's latest version",
+        {200: (bodies.Schedule, "The schedule"), 404: _NO_SCHEDULE, 503: _STORE_FAILED},
+    ),
+    Operation(
+        "put",
+        "/schedules/{id}",
+        "Write a stored schedule (create it, or its next version) for the whole fleet: it "
+        "applies to the slots from 3 s after (`effective_at`); every instance that has its task "
+        "runs each slot once for the fleet",
+        {
+            200: (bodies.Schedule, "Written: its version and when it applies from"),
+            400: (
+                bodies.Error,
+                "The body is not a schedule, or the scheduler refuses it (a trigger, an option, "
+                "a time zone): `error` names the value and what would do; nothing is written",
+            ),
+            **_CHANGE_REFUSED,
+            409: (
+                bodies.ScheduleConflict,
+                "`if_version` does not match: `version` is the schedule's (0: there is none)",
+            ),
+            503: _STORE_FAILED,
+        },
+        changes=True,
+        body="The schedule: `task`, one of `every`, `cron` or `at`, `timezone`, `data` (the "
+        "task's ctx.data), `options` (job options), `if_version`, `by` (who; default: the "
+        "caller)",
+        body_model=ScheduleBody,
+        body_required=True,
+    ),
+    Operation(
+        "delete",
+        "/schedules/{id}",
+        "Delete a stored schedule for the whole fleet: no slot of it from 3 s after",
+        {
+            200: (bodies.ScheduleDeleted, "Deleted"),
+            400: _BAD_QUERY,
+            **_CHANGE_REFUSED,
+            404: _NO_SCHEDULE,
+            409: (
+                bodies.ScheduleConflict,
+                "`if_version` does not match: `version` is the schedule's (0: there is none)",
+            ),
+            503: _STORE_FAILED,
+        },
+        params=DeleteScheduleParams,
+        changes=True,
+    ),
+)
+
+OPERATIONS: tuple[Operation, ...] = tuple(_guarded(op) for op in (*_OPERATIONS, *_SCHEDULES))
 
 
 @functools.cache

@@ -7,11 +7,20 @@ parser takes."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+)
 
 from .._fleetrecords import NOTE_MAX, SKIP_MAX
+from .._options import NAME_PATTERN
 from ..abc import Outcome, RunReason
 from ._query import (
     CURSOR_PATTERN,
@@ -31,14 +40,19 @@ from ._query import (
 
 __all__ = [
     "CHANGE_BODIES",
+    "SCHEDULE_ID_PATTERN",
     "ChangeBody",
+    "DeleteScheduleParams",
     "HistoryParams",
     "PauseBody",
     "RunsParams",
+    "ScheduleBody",
+    "SchedulesParams",
     "SkipBody",
     "WindowParams",
     "parse",
     "parse_change",
+    "parse_schedule",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -103,6 +117,42 @@ class RunsParams(BaseModel):
     ] = "running"
 
 
+class SchedulesParams(BaseModel):
+    model_config = _CONFIG
+
+    prefix: Annotated[
+        str,
+        Field(max_length=128, description="Only the schedules whose id starts with this"),
+    ] = ""
+
+
+def _a_version(value: object) -> object:
+    """A query's ``"2"`` is the version 2; anything else is named."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not text.isdigit() or len(text) > 30:
+            raise QueryError(
+                f"if_version {value[:40]!r} is not a version: a whole number, 0 or more "
+                "(0: only if there is none)"
+            )
+        return int(text)
+    return value
+
+
+class DeleteScheduleParams(BaseModel):
+    model_config = _CONFIG
+
+    if_version: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            le=10**18,
+            description="Only if the schedule is at this version (else 409, with its version)",
+        ),
+        BeforeValidator(_a_version),
+    ] = None
+
+
 def parse(model: type[M], params: Mapping[str, str]) -> M:
     """``params`` validated by ``model``; a ``QueryError`` naming the first bad parameter."""
     try:
@@ -164,3 +214,69 @@ def parse_change(action: str, body: bytes) -> ChangeBody:
         first = exc.errors()[0]
         name = ".".join(str(part) for part in first["loc"]) or "the body"
         raise QueryError(f"{name} is invalid: {first['msg']}") from None
+
+
+#: A stored schedule's id: a job's name.
+SCHEDULE_ID_PATTERN = f"^{NAME_PATTERN.pattern}$"
+
+
+_TRIGGERS = ("every", "cron", "at")
+
+
+def _given(trigger: str) -> dict[str, Any]:
+    """The schema of a body whose ``trigger`` is given (not null): exactly one is."""
+    return {"required": [trigger], "properties": {trigger: {"type": "string"}}}
+
+
+class ScheduleBody(BaseModel):
+    """The JSON body of ``PUT /schedules/{id}``: the schedule's next version. Exactly one of
+    ``every``, ``cron`` and ``at``; the values as ``scheduler.schedules.put`` takes them, the
+    same rules (a value the scheduler refuses: 400, naming it; nothing written)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        use_attribute_docstrings=True,
+        json_schema_extra={"oneOf": [_given(trigger) for trigger in _TRIGGERS]},
+    )
+
+    task: Annotated[str, Field(min_length=1, max_length=200)]
+    """The task it runs (``@scheduler.task(name)``)."""
+    every: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    """Run every this long: ``10s``, ``5m``, ``1h30m``."""
+    cron: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    """Run on this cron expression (5 or 6 fields), in ``timezone``."""
+    at: Annotated[AwareDatetime, Field(strict=False)] | None = None
+    """Run once at this instant (ISO 8601 with an offset)."""
+    timezone: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    """The cron expression's time zone (``Europe/Paris``)."""
+    data: JsonValue = None
+    """The task's ``ctx.data``."""
+    options: dict[str, JsonValue] = Field(default_factory=dict)
+    """Job options: ``{"timeout": "30s", "max_late": "1m"}`` (as ``scheduler.every`` takes
+    them; durations as text)."""
+    if_version: Annotated[int, Field(ge=0, le=10**18)] | None = None
+    """Only if the schedule is at this version (0: only if there is none); else 409."""
+    by: Annotated[str, Field(min_length=1, max_length=NOTE_MAX)] | None = None
+    """Who writes it (default: the caller, as the audit trail of the other changes says it)."""
+
+
+def parse_schedule(body: bytes) -> ScheduleBody:
+    """The body of ``PUT /schedules/{id}``; a ``QueryError`` naming the first bad field."""
+    if not body.strip():
+        raise QueryError(
+            "the body is required: a JSON object with task and one of every, cron or at"
+        )
+    try:
+        parsed = ScheduleBody.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = ".".join(str(part) for part in first["loc"]) or "the body"
+        raise QueryError(f"{name} is invalid: {first['msg']}") from None
+    given = [name for name in _TRIGGERS if getattr(parsed, name) is not None]
+    if len(given) != 1:
+        raise QueryError(
+            f"give exactly one of every, cron or at (given: {', '.join(given) or 'none'})"
+        )
+    return parsed

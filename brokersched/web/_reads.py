@@ -21,6 +21,7 @@ from ._failures import failure_groups
 from ._params import HistoryParams, RunsParams, WindowParams, parse
 from ._query import MAX_HISTORY, OUTCOMES, REASONS, Query, QueryError, cursor, cursor_of, window_ms
 from ._reply import Reply, error
+from ._schedules import SCHEDULE_ACTION
 from ._security import Guard
 from ._stream import EventHub
 from ._timeline import Pauses, Window, timeline
@@ -43,7 +44,7 @@ FAILURES_SHOWN = 50
 NEXT_RUNS_SHOWN = 50
 HOUR_MS = 3_600_000
 #: Every change the API makes, by the name a per-action ``authorize`` is asked with.
-CHANGES: tuple[str, ...] = ("trigger", *get_args(ControlAction))
+CHANGES: tuple[str, ...] = ("trigger", *get_args(ControlAction), SCHEDULE_ACTION)
 
 logger = logging.getLogger("brokersched.web")
 

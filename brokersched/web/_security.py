@@ -134,7 +134,8 @@ class Guard:
     application's ``authorize``, may read and change; the read-only token may read. Reading
     is open to anyone unless a read token is configured or ``authorize`` decides per action
     (``authorize(request, action)``, ``action`` being ``"read"`` or a change's name:
-    ``trigger``, ``pause``, ``resume``, ``disable``, ``enable``, ``skip``, ``abort``).
+    ``trigger``, ``pause``, ``resume``, ``disable``, ``enable``, ``skip``, ``abort``, or
+    ``schedule`` for a write of a stored schedule).
     ``refuse()`` and ``refuse_read()`` return the error response, or ``None``."""
 
     def __init__(

@@ -31,6 +31,7 @@ async def scheduler() -> AsyncIterator[Scheduler[Any]]:
     clock = TestClock("2026-03-02T12:00:00+00:00")
     scheduler = Scheduler(MemoryBackend(), clock=clock, jitter=0, instance_id="instance-a")
     scheduler.every("outbox.flush", "1m", noop)
+    scheduler.task("reports.send")(noop)
     async with scheduler:
         await clock.advance("1m")
         yield scheduler
@@ -43,17 +44,39 @@ def client(app: Any) -> httpx.AsyncClient:
 async def call(http: httpx.AsyncClient, method: str, path: str, token: str | None) -> int:
     """The status of one operation, its path filled in; the event stream asked for its headers
     only (its body never ends)."""
-    url = path.replace("{name}", "outbox.flush").replace("{run_id}", RUN_ID)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     if path == "/events":
         method = "head"
-    body = {"json": {"count": 1}} if path.endswith("/skip") else {}
-    response = await http.request(method.upper(), url, headers=headers, **body)
+    response = await http.request(
+        method.upper(), url_of(path), headers=headers, **body_of(method, path)
+    )
     return response.status_code
 
 
+def url_of(path: str) -> str:
+    return (
+        path.replace("{name}", "outbox.flush").replace("{run_id}", RUN_ID).replace("{id}", "acme")
+    )
+
+
+def body_of(method: str, path: str) -> dict[str, Any]:
+    """The body an operation needs to be well formed (a skip's count, a schedule)."""
+    if path.endswith("/skip"):
+        return {"json": {"count": 1}}
+    if method == "put" and path == "/schedules/{id}":
+        return {"json": {"task": "reports.send", "every": "1m"}}
+    return {}
+
+
+def action_of(method: str, path: str) -> str:
+    """The action a per-action authorize() is asked with."""
+    if method == "get":
+        return "read"
+    return "schedule" if path.startswith("/schedules") else path.rsplit("/", 1)[1]
+
+
 READS = [op for op in OPERATIONS if op.method == "get"]
-CHANGES = [op for op in OPERATIONS if op.method == "post"]
+CHANGES = [op for op in OPERATIONS if op.method != "get"]
 
 
 @pytest.mark.parametrize("op", READS, ids=[op.path for op in READS])
@@ -76,7 +99,7 @@ async def test_with_a_read_token_reading_needs_it_or_the_admin_token(
             assert await call(http, op.method, op.path, token) not in (401, 403), token
 
 
-@pytest.mark.parametrize("op", CHANGES, ids=[op.path for op in CHANGES])
+@pytest.mark.parametrize("op", CHANGES, ids=[f"{op.method} {op.path}" for op in CHANGES])
 async def test_the_read_token_changes_nothing_and_the_admin_token_may(
     scheduler: Scheduler[Any], op: Any
 ) -> None:
@@ -92,21 +115,24 @@ def support_may_read_and_pause(request: Request, action: str) -> bool:
     return user == "ops" or (user == "support" and action in ("read", "pause"))
 
 
-@pytest.mark.parametrize("op", [*READS, *CHANGES], ids=[o.path for o in [*READS, *CHANGES]])
+@pytest.mark.parametrize(
+    "op", [*READS, *CHANGES], ids=[f"{o.method} {o.path}" for o in [*READS, *CHANGES]]
+)
 async def test_the_host_application_decides_each_action_reads_included(
     scheduler: Scheduler[Any], op: Any
 ) -> None:
     app = create_app(scheduler, authorize=support_may_read_and_pause)
 
     async def as_user(user: str | None) -> int:
-        url = op.path.replace("{name}", "outbox.flush").replace("{run_id}", RUN_ID)
         headers = {"x-user": user} if user else {}
         method = "HEAD" if op.path == "/events" else op.method.upper()
-        body = {"json": {"count": 1}} if op.path.endswith("/skip") else {}
+        body = body_of(op.method, op.path)
         async with client(app) as http:
-            return (await http.request(method, url, headers=headers, **body)).status_code
+            return (
+                await http.request(method, url_of(op.path), headers=headers, **body)
+            ).status_code
 
-    action = "read" if op.method == "get" else op.path.rsplit("/", 1)[1]
+    action = action_of(op.method, op.path)
     if op.path in OPEN_READS:
         assert await as_user(None) not in (401, 403)
     elif op.method == "get":
@@ -138,7 +164,7 @@ async def test_the_session_says_what_its_viewer_may_do(scheduler: Scheduler[Any]
         admin = (await http.get("/session", headers={"Authorization": f"Bearer {ADMIN}"})).json()
         assert admin["can_read"] and admin["via"] == "token"
         assert admin["actions"] == [
-            "trigger", "pause", "resume", "disable", "enable", "skip", "abort"
+            "trigger", "pause", "resume", "disable", "enable", "skip", "abort", "schedule"
         ]  # fmt: skip
         health = (await http.get("/health")).json()
         assert health == {"status": "ok", "overdue": [], "now_ms": health["now_ms"]}
