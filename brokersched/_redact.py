@@ -36,6 +36,7 @@ __all__ = [
     "connection_secrets",
     "data_secrets",
     "leaks",
+    "redact_json",
     "redact_text",
     "redact_url",
     "scrub",
@@ -150,6 +151,19 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
         if secret and secret in text:
             text = text.replace(secret, MASK)
     return text
+
+
+def redact_json(value: Any) -> Any:
+    """A JSON value (a schedule's ``data``) with ``redact_text`` applied to each string in it,
+    keys and values, nested: a URL's password is masked and nothing around it (redacting the
+    JSON text whole would take a URL to run on to the next ``@`` of the text)."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, dict):
+        return {redact_text(str(k)): redact_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_json(item) for item in value]
+    return value
 
 
 def redact_text(text: str) -> str:

@@ -18,7 +18,8 @@ Exit codes:
      run: a second signal cut the drain short; run, trigger: the application's lifespan raised;
      purge: refused, or objects left; doctor: an error found;
      simulate: a promise of the README broke in a seed;
-     plan: a slot runs twice, never or under another owner during the deploy
+     plan: a slot runs twice, never or under another owner during the deploy;
+     schedules: no such schedule, an --if-version conflict, or an import's entries refused
   2  usage or configuration error (bad APP, unknown job, invalid option)
   3  the backend is unavailable
 """

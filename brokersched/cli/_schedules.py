@@ -22,7 +22,7 @@ from rich import box
 from rich.table import Table
 
 from .._exceptions import BrokerschedError, ConfigurationError
-from .._redact import redact_text
+from .._redact import redact_json, redact_text
 from .._scheduler import Scheduler
 from .._schedules import ScheduleConflictError, Schedules
 from .._stored import StoredSchedule
@@ -100,7 +100,7 @@ def _with_store(scheduler: Scheduler[Any], work: Callable[[Schedules], Awaitable
 
 
 def _echo_json(value: Any) -> None:
-    click.echo(redact_text(json.dumps(value, separators=(",", ":"))))
+    click.echo(json.dumps(redact_json(value), separators=(",", ":")))
 
 
 # -- how a schedule is shown -----------------------------------------------------------------
@@ -133,13 +133,13 @@ def _details(schedule: StoredSchedule) -> str:
         f"id:            {schedule.id}",
         f"task:          {schedule.task}",
         f"trigger:       {describe_trigger(schedule)}",
-        f"options:       {json.dumps(dict(schedule.options), sort_keys=True)}",
-        f"data:          {json.dumps(schedule.data, sort_keys=True)}",
+        f"options:       {json.dumps(redact_json(dict(schedule.options)), sort_keys=True)}",
+        f"data:          {json.dumps(redact_json(schedule.data), sort_keys=True)}",
         f"version:       {schedule.version}",
         f"updated:       {utc_time(schedule.updated_at)} by {schedule.updated_by or '-'}",
         f"effective at:  {utc_time(schedule.effective_at)}",
     ]
-    return redact_text("\n".join(lines))
+    return "\n".join(lines)
 
 
 def _table(found: list[StoredSchedule], title: str) -> Table:
@@ -330,8 +330,8 @@ def export_schedules(prefix: str, as_array: bool, reveal: bool) -> None:
     """Print the stored schedules as JSON, one per line (or --array): what `import` reads."""
     _app, scheduler = _load()
     found = [s.to_json() for s in _with_store(scheduler, lambda store: _all(store, prefix))]
-    texts = [json.dumps(entry, separators=(",", ":"), sort_keys=True) for entry in found]
-    shown = texts if reveal else [redact_text(text) for text in texts]
+    texts = [_dumps(entry) for entry in found]
+    shown = texts if reveal else [_dumps(redact_json(entry)) for entry in found]
     if as_array:
         click.echo("[" + ",\n".join(shown) + "]")
     else:
@@ -343,6 +343,10 @@ def export_schedules(prefix: str, as_array: bool, reveal: bool) -> None:
             "them as stored",
             err=True,
         )
+
+
+def _dumps(entry: Any) -> str:
+    return json.dumps(entry, separators=(",", ":"), sort_keys=True)
 
 
 def put_arguments(entry: Any) -> dict[str, Any]:

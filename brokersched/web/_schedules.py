@@ -7,13 +7,12 @@ the audit trail of the other changes names it). What is answered passes through
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.requests import Request
 
 from .._exceptions import BackendError, ConfigurationError
-from .._redact import redact_text
+from .._redact import redact_json, redact_text
 from .._scheduler import Scheduler
 from .._schedules import ScheduleConflictError, Schedules
 from .._stored import StoredSchedule
@@ -43,8 +42,7 @@ def _described(schedule: StoredSchedule) -> str:
 
 def schedule_json(schedule: StoredSchedule) -> dict[str, Any]:
     """``StoredSchedule.to_json`` and its trigger in words, secrets in URLs masked."""
-    body = {**schedule.to_json(), "describe": _described(schedule)}
-    masked: dict[str, Any] = json.loads(redact_text(json.dumps(body)))
+    masked: dict[str, Any] = redact_json({**schedule.to_json(), "describe": _described(schedule)})
     return masked
 
 
