@@ -11,11 +11,12 @@ data as stored, for a backup ``import`` restores)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TypeVar, get_args
 
 import click
 from rich import box
@@ -25,7 +26,7 @@ from .._exceptions import BrokerschedError, ConfigurationError
 from .._redact import redact_json, redact_text
 from .._scheduler import Scheduler
 from .._schedules import ScheduleConflictError, Schedules
-from .._stored import StoredSchedule
+from .._stored import StoredSchedule, TriggerKind
 from ..backends.memory import MemoryBackend
 from ..triggers.spec import trigger_from_spec
 from ._app import EXIT_FAILED, CLIError, fail, load_app, run_async
@@ -38,7 +39,11 @@ __all__ = ["describe_trigger", "put_arguments", "schedules"]
 T = TypeVar("T")
 
 #: ``put``'s own arguments: not job options (``--option``).
-_OWN = ("task", "every", "cron", "at", "timezone", "data", "if_version", "by")
+_OWN = frozenset(
+    name
+    for name, parameter in inspect.signature(Schedules.put).parameters.items()
+    if parameter.kind is not parameter.VAR_KEYWORD and name != "self"
+)
 
 
 @cli.group(epilog=EPILOG, subcommand_metavar="list|get|put|delete|export|import ...")
@@ -362,9 +367,10 @@ def put_arguments(entry: Any) -> dict[str, Any]:
     options = entry.get("options") or {}
     if not isinstance(options, Mapping):
         raise ConfigurationError(f"'options' {options!r} is not an object")
-    if kind not in ("every", "cron", "at"):
+    if not isinstance(kind, str) or kind not in get_args(TriggerKind):
         raise ConfigurationError(
-            f"trigger kind {kind!r} is not one of 'every', 'cron', 'at'", option="trigger"
+            f"trigger kind {kind!r} is not one of {', '.join(get_args(TriggerKind))}",
+            option="trigger",
         )
     arguments: dict[str, Any] = {**options, "task": entry.get("task"), "data": entry.get("data")}
     if "schedule" in trigger:  # as written, by a release that could not read it

@@ -7,7 +7,7 @@ parser takes."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import (
     AwareDatetime,
@@ -21,6 +21,7 @@ from pydantic import (
 
 from .._fleetrecords import NOTE_MAX, SKIP_MAX
 from .._options import NAME_PATTERN
+from .._stored import TriggerKind
 from ..abc import Outcome, RunReason
 from ._query import (
     CURSOR_PATTERN,
@@ -220,7 +221,14 @@ def parse_change(action: str, body: bytes) -> ChangeBody:
 SCHEDULE_ID_PATTERN = f"^{NAME_PATTERN.pattern}$"
 
 
-_TRIGGERS = ("every", "cron", "at")
+def _a_whole_number(value: object) -> object:
+    """JSON's ``2.0`` is an integer (as JSON Schema has it); ``true`` and ``"2"`` are not."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("a whole number")
+    return value
+
+
+_TRIGGERS: tuple[TriggerKind, ...] = get_args(TriggerKind)
 
 
 def _given(trigger: str) -> dict[str, Any]:
@@ -256,7 +264,10 @@ class ScheduleBody(BaseModel):
     options: dict[str, JsonValue] = Field(default_factory=dict)
     """Job options: ``{"timeout": "30s", "max_late": "1m"}`` (as ``scheduler.every`` takes
     them; durations as text)."""
-    if_version: Annotated[int, Field(ge=0, le=10**18)] | None = None
+    if_version: (
+        Annotated[int, BeforeValidator(_a_whole_number), Field(ge=0, le=10**18, strict=False)]
+        | None
+    ) = None
     """Only if the schedule is at this version (0: only if there is none); else 409."""
     by: Annotated[str, Field(min_length=1, max_length=NOTE_MAX)] | None = None
     """Who writes it (default: the caller, as the audit trail of the other changes says it)."""

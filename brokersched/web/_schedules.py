@@ -7,6 +7,7 @@ the audit trail of the other changes names it). What is answered passes through
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from starlette.requests import Request
@@ -27,7 +28,11 @@ __all__ = ["SCHEDULE_ACTION", "ScheduleRoutes", "schedule_json"]
 #: The action a per-action ``authorize`` is asked with for a write of a stored schedule.
 SCHEDULE_ACTION = "schedule"
 #: ``Schedules.put``'s own arguments, which the body gives as fields: not job options.
-_OWN = frozenset({"id", "task", "every", "cron", "at", "timezone", "data", "if_version", "by"})
+_OWN = frozenset(
+    name
+    for name, parameter in inspect.signature(Schedules.put).parameters.items()
+    if parameter.kind is not parameter.VAR_KEYWORD and name != "self"
+)
 
 
 def _described(schedule: StoredSchedule) -> str:

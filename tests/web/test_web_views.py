@@ -517,7 +517,7 @@ async def test_a_host_session_needs_no_token(monkeypatch: pytest.MonkeyPatch) ->
         "via": "host",
         "can_read": True,
         "reads_protected": False,
-        "actions": ["trigger", "pause", "resume", "disable", "enable", "skip", "abort"],
+        "actions": ["trigger", "pause", "resume", "disable", "enable", "skip", "abort", "schedule"],
         "instance_id": scheduler.instance_id,
         "backend": "MemoryBackend()",
     }
