@@ -15,7 +15,7 @@ import inspect
 import json
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import IO, Any, TypeVar, get_args
 
 import click
@@ -216,6 +216,22 @@ def _json_value(option: str, text: str) -> Any:
         ) from None
 
 
+def _instant(text: str) -> datetime:
+    """``--at``: ISO 8601 with an offset, as UTC."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise CLIError(
+            f"--at {text!r} is not an ISO 8601 time with an offset (2027-01-15T08:00+01:00)"
+        ) from None
+    if value.tzinfo is None:
+        raise CLIError(f"--at {text} has no offset: give one (2027-01-15T08:00+01:00, or Z)")
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise CLIError(f"--at {text} is out of range (years 1 to 9999, UTC)") from None
+
+
 def _options(given: tuple[str, ...]) -> dict[str, Any]:
     """``--option NAME=VALUE`` (repeatable): VALUE is JSON when it parses as JSON, else text."""
     options: dict[str, Any] = {}
@@ -279,6 +295,7 @@ def put_schedule(
             f"schedule '{schedule_id}' needs exactly one of --every, --cron or --at "
             f"(given: {', '.join(given) or 'none'})"
         )
+    at = None if at_text is None else _instant(at_text)
     data = None if data_text is None else _json_value("--data", data_text)
     options = _options(option_texts)
     _app, scheduler = _load()
@@ -289,7 +306,7 @@ def put_schedule(
             task=task,
             every=every,
             cron=cron,
-            at=at_text,
+            at=at,
             timezone=timezone,
             data=data,
             if_version=if_version,

@@ -410,12 +410,13 @@ _SCHEDULES: tuple[Operation, ...] = (
                 bodies.ScheduleConflict,
                 "`if_version` does not match: `version` is the schedule's (0: there is none)",
             ),
+            413: (bodies.Error, "The body is larger than 64 KiB"),
             503: _STORE_FAILED,
         },
         changes=True,
-        body="The schedule: `task`, one of `every`, `cron` or `at`, `timezone`, `data` (the "
-        "task's ctx.data), `options` (job options), `if_version`, `by` (who; default: the "
-        "caller)",
+        body="The schedule (at most 64 KiB): `task`, one of `every`, `cron` or `at`, `timezone`, "
+        "`data` (the task's ctx.data), `options` (job options), `if_version`, `by` (who; "
+        "default: the caller)",
         body_model=ScheduleBody,
         body_required=True,
     ),

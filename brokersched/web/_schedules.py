@@ -8,6 +8,7 @@ the audit trail of the other changes names it). What is answered passes through
 from __future__ import annotations
 
 import inspect
+from datetime import UTC
 from typing import Any
 
 from starlette.requests import Request
@@ -23,7 +24,10 @@ from ._query import QueryError
 from ._reply import Reply, error
 from ._security import Guard
 
-__all__ = ["SCHEDULE_ACTION", "ScheduleRoutes", "schedule_json"]
+__all__ = ["MAX_SCHEDULE_BODY", "SCHEDULE_ACTION", "ScheduleRoutes", "schedule_json"]
+
+#: The largest body of a write (its data and options are kept in every instance's memory).
+MAX_SCHEDULE_BODY = 64 * 1024
 
 #: The action a per-action ``authorize`` is asked with for a write of a stored schedule.
 SCHEDULE_ACTION = "schedule"
@@ -113,8 +117,13 @@ class ScheduleRoutes:
         if refusal := await self.guard.refuse(request, SCHEDULE_ACTION):
             return refusal
         schedule_id = request.path_params["id"]
+        raw = await request.body()
+        if len(raw) > MAX_SCHEDULE_BODY:
+            return error(
+                413, f"the schedule is {len(raw)} bytes; at most {MAX_SCHEDULE_BODY} are taken"
+            )
         try:
-            body = parse_schedule(await request.body())
+            body = parse_schedule(raw)
         except QueryError as exc:
             return error(400, str(exc))
         if taken := sorted(_OWN & body.options.keys()):
@@ -122,6 +131,12 @@ class ScheduleRoutes:
                 400,
                 f"options.{taken[0]} is not a job option: give it as the body's own field",
             )
+        at = body.at
+        if at is not None:
+            try:
+                at = at.astimezone(UTC)
+            except OverflowError:
+                return error(400, f"at {at.isoformat()} is out of range (years 1 to 9999, UTC)")
         store = self._store()
         if isinstance(store, Reply):
             return store
@@ -131,7 +146,7 @@ class ScheduleRoutes:
                 task=body.task,
                 every=body.every,
                 cron=body.cron,
-                at=body.at,
+                at=at,
                 timezone=body.timezone,
                 data=body.data,
                 if_version=body.if_version,

@@ -112,6 +112,9 @@ def test_if_version_orders_two_writers_a_conflict_exits_1_and_changes_nothing(
         (("--every", "1m", "--cron", "* * * * *"), "needs exactly one of --every, --cron or --at"),
         (("--every", "1m", "--data", "{not json"), "--data '{not json' is not JSON"),
         (("--every", "1m", "--option", "every=5m"), "is not a job option: use --every"),
+        (("--at", "2027-01-15T08:00"), "--at 2027-01-15T08:00 has no offset: give one"),
+        (("--at", "0001-01-01T00:00:00+05:00"), "is out of range (years 1 to 9999, UTC)"),
+        (("--at", "tomorrow"), "--at 'tomorrow' is not an ISO 8601 time with an offset"),
     ],
 )
 def test_a_refused_schedule_exits_2_with_one_line_and_writes_nothing(

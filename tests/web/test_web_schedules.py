@@ -131,6 +131,8 @@ async def test_if_version_conflicts_answer_409_with_the_version_and_change_nothi
         ({"task": "reports.send"}, "exactly one of every, cron or at (given: none)"),
         ({"task": "reports.send", "every": "1m", "color": "red"}, "color is invalid"),
         ({"task": 3, "every": "1m"}, "task is invalid"),
+        ({"task": "reports.send", "at": "0001-01-01T00:00:00+05:00"}, "is out of range"),
+        ({"task": "reports.send", "at": "2027-01-15T08:00:00"}, "at is invalid"),
         (None, "the body is required"),
     ],
 )
@@ -143,6 +145,12 @@ async def test_a_refused_schedule_answers_400_naming_it_and_writes_nothing(
         answer = await put(api, "acme", **body)
     assert answer.status_code == 400, answer.text
     assert said in answer.json()["error"]
+    assert (await api.get("/schedules/acme", headers=AUTH)).status_code == 404
+
+
+async def test_a_body_larger_than_64_kib_is_refused(api: httpx.AsyncClient) -> None:
+    answer = await put(api, "acme", task="reports.send", every="1m", data="x" * 70_000)
+    assert answer.status_code == 413 and "at most 65536 are taken" in answer.json()["error"]
     assert (await api.get("/schedules/acme", headers=AUTH)).status_code == 404
 
 
