@@ -384,6 +384,8 @@ def put_arguments(entry: Any) -> dict[str, Any]:
     options = entry.get("options") or {}
     if not isinstance(options, Mapping):
         raise ConfigurationError(f"'options' {options!r} is not an object")
+    if taken := sorted(_OWN & options.keys() - {"timezone"}):
+        raise ConfigurationError(f"options.{taken[0]} is not a job option", option=taken[0])
     if not isinstance(kind, str) or kind not in get_args(TriggerKind):
         raise ConfigurationError(
             f"trigger kind {kind!r} is not one of {', '.join(get_args(TriggerKind))}",

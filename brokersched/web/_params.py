@@ -222,9 +222,10 @@ SCHEDULE_ID_PATTERN = f"^{NAME_PATTERN.pattern}$"
 
 
 def _a_whole_number(value: object) -> object:
-    """JSON's ``2.0`` is an integer (as JSON Schema has it); ``true`` and ``"2"`` are not."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError("a whole number")
+    """JSON's ``2.0`` is the integer 2 (as JSON Schema has it); the rest is for the field's
+    own (strict) validation."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     return value
 
 
@@ -264,10 +265,9 @@ class ScheduleBody(BaseModel):
     options: dict[str, JsonValue] = Field(default_factory=dict)
     """Job options: ``{"timeout": "30s", "max_late": "1m"}`` (as ``scheduler.every`` takes
     them; durations as text)."""
-    if_version: (
-        Annotated[int, BeforeValidator(_a_whole_number), Field(ge=0, le=10**18, strict=False)]
-        | None
-    ) = None
+    if_version: Annotated[int, Field(ge=0, le=10**18), BeforeValidator(_a_whole_number)] | None = (
+        None
+    )
     """Only if the schedule is at this version (0: only if there is none); else 409."""
     by: Annotated[str, Field(min_length=1, max_length=NOTE_MAX)] | None = None
     """Who writes it (default: the caller, as the audit trail of the other changes says it)."""
