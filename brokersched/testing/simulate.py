@@ -36,6 +36,7 @@ a run of several seeds (``--coverage``; ``--json`` for a machine).
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import random
 import sys
@@ -76,7 +77,6 @@ __all__ = [
     "Instance",
     "Result",
     "Simulation",
-    "main",
     "run_seeded",
     "simulate",
 ]
@@ -745,7 +745,5 @@ def run_seeded(seed: int, make: Callable[[], Simulation]) -> Result:
         logger.setLevel(level)
 
 
-if __name__ == "__main__":
-    from ._sim_main import main
-
-    sys.exit(main())
+if __name__ == "__main__":  # the command line is _sim_main's (which imports this module)
+    sys.exit(importlib.import_module("brokersched.testing._sim_main").main())
