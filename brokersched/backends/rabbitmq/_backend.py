@@ -1,5 +1,5 @@
 """``RabbitMQBackend``: its configuration and its life (connect, prepare, close); the claims
-are ``_claims``'s, the fleet's slot memory ``_fleet``'s, the history ``_history``'s."""
+are ``_claims``'s, the fleet's slot memory ``_slotmemory``'s, the history ``_history``'s."""
 
 from __future__ import annotations
 
@@ -55,7 +55,6 @@ from ._errors import (
     url_vhost,
     vhost_refused,
 )
-from ._fleet import SlotMemory, memory_of, shown
 from ._history import History
 from ._names import (
     check_prefix,
@@ -68,6 +67,7 @@ from ._names import (
 )
 from ._options import RabbitMQOptions
 from ._records import FleetRecords, fleet_lock_name, fleet_queue_name
+from ._slotmemory import SlotMemory, memory_of, shown
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractRobustConnection

@@ -4,8 +4,8 @@ Two queues per prefix, whatever the number of jobs and instances (no broker obje
 per job or instance): ``<prefix>.fleet``, a durable classic queue holding one JSON message, the
 state of every record (``{"version": n, "instance": {id: [expires_ms, JSON]}, "control":
 {job: JSON}}``), and ``<prefix>.fleet.lock``, whose exclusive consumer is the lock every read
-and write of it is made under (as the slot memory record's: ``_fleet.take_lock``; the lock goes
-with its channel, also when the holder's connection dies).
+and write of it is made under (as the slot memory record's: ``_slotmemory.take_lock``; the lock
+goes with its channel, also when the holder's connection dies).
 
 A write publishes the new state (confirmed) before it acks the old one: a holder that dies in
 between leaves both, and the next reader keeps the one of the higher ``version``. Presence
@@ -26,7 +26,7 @@ from ..._durations import to_ms
 from ..._exceptions import BackendUnavailableError
 from ...abc import FleetKind
 from ._connection import OPERATION_TIMEOUT_S
-from ._fleet import SideChannels, held_lock
+from ._slotmemory import SideChannels, held_lock
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
