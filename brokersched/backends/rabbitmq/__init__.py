@@ -6,7 +6,7 @@ publish is acked (won), every later one nacked (lost), for as long as the fleet'
 Modules (the layout every backend package shares: ``docs/contributing.md``): ``_backend``
 (``RabbitMQBackend``: configuration and life cycle), ``_options`` (its options, declared),
 ``_connection`` (the robust connection and its channel pool), ``_claims`` (the claim protocol,
-and why each detail of it), ``_history`` (the history stream), ``_records`` (the fleet's
+and why each detail of it), ``_history`` (the history stream), ``_fleet`` (the fleet's
 presence and controls: one queue under a lock), ``_ops`` (``brokersched purge`` and
 ``doctor``), ``_budget`` (the broker's budget, watched); RabbitMQ's own: ``_slotmemory`` (the
 fleet's slot memory: its record, lock and fences), ``_names`` (queue and exchange names),
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ._backend import RabbitMQBackend
 from ._claims import claim_margin_ms
+from ._fleet import fleet_lock_name, fleet_queue_name
 from ._names import (
     claim_queue_name,
     fence_exchange_name,
@@ -26,7 +27,6 @@ from ._names import (
     lock_queue_name,
     record_queue_name,
 )
-from ._records import fleet_lock_name, fleet_queue_name
 
 __all__ = [
     "RabbitMQBackend",

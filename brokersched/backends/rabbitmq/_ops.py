@@ -45,7 +45,7 @@ from ._files import (
     node_version,
     quorum_budget,
 )
-from ._records import State, live_instances, newest
+from ._fleet import State, live_instances, newest
 from ._slotmemory import take_lock
 
 if TYPE_CHECKING:
