@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..._clock import datetime_to_ms
 from ..._exceptions import BackendError
 from .._options import name_check
-from ._base import Translated
+from ._errors import Translated
 from ._rows import Conflict, Table
 from ._stream_settings import limit_value, setting_text
 

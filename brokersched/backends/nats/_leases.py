@@ -67,15 +67,15 @@ from .._lease import (
 )
 from .._ops import server_finding
 from . import _ops
-from ._base import (
+from ._bucket import BACKEND, KVTable, bucket_problems, check_bucket, kv_stream
+from ._connection import API_TIMEOUT_S, NATSClientBase, server_version
+from ._errors import (
     MSG_ID,
     close_client,
     connect_keywords,
     describe,
     logger,
 )
-from ._bucket import BACKEND, KVTable, bucket_problems, check_bucket, kv_stream
-from ._client import API_TIMEOUT_S, NATSClientBase, server_version
 from ._fleet import bucket_streams, presence
 from ._history import read_last
 from ._names import Names

@@ -18,7 +18,8 @@ from ..._tasks import cancel_requests, raise_if_cancelled_since, to_the_end
 from ...abc import BrokerBudget, FleetKind
 from .._budget import BudgetWatch
 from .._ops import NamespaceInventory
-from ._base import (
+from ._budget import nats_budget_watch
+from ._errors import (
     CONNECT_DEFAULTS,
     SECRET_OPTIONS,
     Translated,
@@ -26,7 +27,6 @@ from ._base import (
     describe,
     import_nats,
 )
-from ._budget import nats_budget_watch
 from ._fleet import FleetBuckets
 from ._options import ServerOptions
 
