@@ -32,7 +32,9 @@ the lease backend on a KV bucket), ``_history`` (reading a job's runs), ``_fleet
 records: presence, controls, missed slots), ``_ops`` (``brokersched purge`` and ``doctor``),
 ``_budget`` (the account's budget); NATS's own: ``_errors`` (URLs, secrets, errors),
 ``_streams`` and ``_stream_settings`` (stream set-up and checks), ``_names`` (stream and
-subject names), ``_rows`` and ``_bucket`` (the lease rows and their bucket).
+subject names), ``_rows`` and ``_bucket`` (the lease rows and their bucket), ``_link``
+(``KVLink``, what ``NATSLeaseBackend`` asks of its bucket: the simulator's model implements it
+too).
 """
 
 from __future__ import annotations
