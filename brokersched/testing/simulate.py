@@ -227,24 +227,23 @@ class Simulation(OwnJobs):
         through, or the modelled backend itself (each has a ``dead`` flag)."""
         memory = timedelta(milliseconds=deploy.memory_ms)
         backend: Backend
+        model: Any
         if self.kind == "redis":
             backend, model = sim_redis(self.store, self.data, slot_ttl=memory, prefix="sim")
-            self._watch_claims(backend, name)
-            return backend, model
-        if self.kind == "natslease":
-            backend, bucket = sim_nats_lease(self.store, self.data, lease_ttl=memory, instance=name)
-            self._watch_claims(backend, name)
-            return backend, bucket
-        if self.kind == "lease":
-            backend = SimLeaseBackend(self.store, self._rows, lease_ttl=memory, instance=name)
+        elif self.kind == "natslease":
+            backend, model = sim_nats_lease(self.store, self.data, lease_ttl=memory, instance=name)
+        elif self.kind == "lease":
+            backend = model = SimLeaseBackend(
+                self.store, self._rows, lease_ttl=memory, instance=name
+            )
         elif self.kind == "nats":
-            backend = SimNATS(self.store, self.data, slot_ttl=memory)
+            backend = model = SimNATS(self.store, self.data, slot_ttl=memory)
         else:
-            backend = SimRabbitMQ(
+            backend = model = SimRabbitMQ(
                 self.store, self.data, slot_ttl=memory, declare_ahead=deploy.declare_ahead
             )
         self._watch_claims(backend, name)
-        return backend, backend
+        return backend, model
 
     def _watch_claims(self, backend: Backend, instance: str) -> None:
         """Note each claim's span for the coverage (a claim in flight), and refuse new claims

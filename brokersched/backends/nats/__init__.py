@@ -24,17 +24,11 @@ are never deleted or recreated (that would forget claimed slots and allow double
 existing stream that cannot work fails ``start()`` with a ``ConfigurationError`` that names each
 setting, its value and how to fix it (see ``_streams``).
 
-Modules (the layout every backend package shares: ``docs/contributing.md``): ``_backend``
-(``NATSBackend``: configuration, life cycle, claims, history), ``_options`` (both backends'
-options, declared), ``_connection`` (what both backends do alike with their client),
-``_claims`` (a claim's retries, ambiguous claims resolved), ``_leases`` (``NATSLeaseBackend``,
-the lease backend on a KV bucket), ``_history`` (reading a job's runs), ``_fleet`` (the fleet's
-records: presence, controls, missed slots), ``_ops`` (``brokersched purge`` and ``doctor``),
-``_budget`` (the account's budget); NATS's own: ``_errors`` (URLs, secrets, errors),
-``_streams`` and ``_stream_settings`` (stream set-up and checks), ``_names`` (stream and
-subject names), ``_rows`` and ``_bucket`` (the lease rows and their bucket), ``_link``
-(``KVLink``, what ``NATSLeaseBackend`` asks of its bucket: the simulator's model implements it
-too).
+Modules: the layout every backend package shares (``docs/contributing.md``), ``_leases``
+holding ``NATSLeaseBackend`` (on a KV bucket); NATS's own: ``_errors`` (URLs, secrets, errors),
+``_streams`` and ``_stream_settings`` (stream set-up and checks), ``_names`` (stream and subject
+names), ``_rows`` and ``_bucket`` (the lease rows and their bucket), ``_link`` (``KVLink``, what
+``NATSLeaseBackend`` asks of its bucket: the simulator's model implements it too).
 """
 
 from __future__ import annotations

@@ -41,7 +41,6 @@ from ._errors import (
     describe,
     logger,
 )
-from ._fleet import presence
 from ._history import read_last
 from ._names import Names
 from ._options import NATSOptions, check_prefix
@@ -55,6 +54,7 @@ if TYPE_CHECKING:
 __all__ = ["NATSBackend"]
 
 _API_TIMEOUT_S = API_TIMEOUT_S  # here too, for the tests that shorten it
+_FORGOTTEN = " (the claims stream's duplicate window), so its first claim may have been forgotten"
 
 
 class NATSBackend(NATSClientBase, ClaimBackendBase):
@@ -194,27 +194,16 @@ class NATSBackend(NATSClientBase, ClaimBackendBase):
         if self._nc is not None:
             logger.error("NATS connection closed for good; claims fail until restart")
 
-    @property
-    def _fleet_prefix(self) -> str:
-        return self._names.prefix
+    def _namespace(self, namespace: str | None) -> str:
+        return self._names.prefix if namespace is None else check_prefix(namespace, BACKEND)
 
     # -- operations (brokersched purge, doctor) ---------------------------------------------
 
     async def _inventory(self, namespace: str | None) -> Inventory:
         """The prefix's streams (claims, history). Live: a message stored in the last
         minute (a claim, the fleet's record, a run)."""
-        names = self._names if namespace is None else Names(check_prefix(namespace, BACKEND))
+        names = self._names if namespace is None else Names(self._namespace(namespace))
         return await self._operation("list its streams", _ops.inventory, names)
-
-    async def _presence_records(self, namespace: str | None) -> list[str]:
-        """The presence bucket ``<prefix>-fleet-instance``, read only."""
-        prefix = self._names.prefix if namespace is None else check_prefix(namespace, BACKEND)
-        return await self._operation("read the fleet's presence", presence, prefix)
-
-    async def _control_records(self) -> list[str]:
-        """The control bucket ``<prefix>-fleet-control``, read only."""
-        prefix = self._names.prefix
-        return await self._operation("read the jobs' controls", presence, prefix, "control")
 
     async def purge(self, inventory: Inventory) -> Inventory:
         return await self._operation("delete its streams", _ops.purge, inventory)
@@ -243,21 +232,8 @@ class NATSBackend(NATSClientBase, ClaimBackendBase):
         return claim_deadline_ms(self._streams.fleet, slot.slot_ms, skew_ms=self._skew_ms)
 
     def _check_deadline(self, slot: Slot) -> None:
-        """Refuse a claim past its deadline, within this instance's slot_ttl after the slot
-        (the scheduler's range: a slot claimed by hand years later is the caller's business)."""
-        if self._clock is None:
-            return
-        now = self._clock.now_ms()
-        if not self._in_own_memory(slot, now):
-            return
-        deadline = self.claim_deadline_ms(slot)
-        if deadline is None or now <= deadline:
-            return
-        raise BackendError(
-            f"{BACKEND}: slot {slot.key} is too late to claim safely: "
-            f"{self._forgotten(self._streams.fleet, slot)} (the claims stream's duplicate "
-            "window), so its first claim may have been forgotten; the slot is not run here"
-        )
+        if self._clock is not None:
+            self._refuse_too_late(self._streams.fleet, slot, self._clock.now_ms(), _FORGOTTEN)
 
     async def claim_boot(
         self, slot: Slot, *, instance_id: str, run_id: str, timeout: float

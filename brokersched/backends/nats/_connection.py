@@ -44,7 +44,7 @@ from ._errors import (
     describe,
     import_nats,
 )
-from ._fleet import FleetBuckets
+from ._fleet import FleetBuckets, presence
 from ._history import read_last
 from ._names import Names
 from ._options import ServerOptions
@@ -178,17 +178,27 @@ class NATSClientBase(NamespaceInventory):
     # -- the fleet's records: key-value buckets ``<prefix>-fleet-instance`` and
     # ``<prefix>-fleet-control``, opened (or made) on the connection's first use -------------
 
-    @property
     @abstractmethod
-    def _fleet_prefix(self) -> str:
-        """What the fleet's buckets are named after."""
+    def _namespace(self, namespace: str | None) -> str:
+        """``namespace`` checked as this backend's (a prefix, a bucket), or its own (``None``):
+        what its streams and the fleet's buckets are named after."""
 
     def _buckets(self) -> FleetBuckets:
         if self._fleet_buckets is None:
             self._fleet_buckets = FleetBuckets(
-                self._fleet_prefix, self._replicas, self._secrets, self._jetstream
+                self._namespace(None), self._replicas, self._secrets, self._jetstream
             )
         return self._fleet_buckets
+
+    async def _presence_records(self, namespace: str | None) -> list[str]:
+        """The presence bucket ``<namespace>-fleet-instance``, read only."""
+        own = self._namespace(namespace)
+        return await self._operation("read the fleet's presence", presence, own)
+
+    async def _control_records(self) -> list[str]:
+        """The control bucket ``<namespace>-fleet-control``, read only."""
+        own = self._namespace(None)
+        return await self._operation("read the jobs' controls", presence, own, "control")
 
     async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
         return await self._buckets().read(kind)

@@ -80,7 +80,7 @@ from ._errors import (
     describe,
     logger,
 )
-from ._fleet import bucket_streams, presence
+from ._fleet import bucket_streams
 from ._link import KVLink
 from ._names import Names
 from ._options import NATSLeaseOptions
@@ -205,9 +205,8 @@ class NATSLeaseBackend(NATSClientBase, LeaseBackendBase):
         await self._link.close()
         self._clock, self._rows = None, None
 
-    @property
-    def _fleet_prefix(self) -> str:
-        return self._bucket
+    def _namespace(self, namespace: str | None) -> str:
+        return self._bucket if namespace is None else check_bucket(namespace, BACKEND)
 
     def _lease_rows(self) -> Rows:
         if self._rows is None:
@@ -317,18 +316,8 @@ class NATSLeaseBackend(NATSClientBase, LeaseBackendBase):
     async def _inventory(self, namespace: str | None) -> Inventory:
         """The bucket's stream and the history stream. Live: a message stored in the last
         minute (every decision writes the clock probe)."""
-        bucket = self._bucket if namespace is None else check_bucket(namespace, BACKEND)
+        bucket = self._namespace(namespace)
         return await self._operation("list its streams", _stream_inventory, bucket)
-
-    async def _presence_records(self, namespace: str | None) -> list[str]:
-        """The presence bucket ``<bucket>-fleet-instance``, read only."""
-        bucket = self._bucket if namespace is None else check_bucket(namespace, BACKEND)
-        return await self._operation("read the fleet's presence", presence, bucket)
-
-    async def _control_records(self) -> list[str]:
-        """The control bucket ``<bucket>-fleet-control``, read only."""
-        bucket = self._bucket
-        return await self._operation("read the jobs' controls", presence, bucket, "control")
 
     async def purge(self, inventory: Inventory) -> Inventory:
         async def purge(js: JetStreamContext, found: Inventory) -> Inventory:

@@ -3,15 +3,10 @@
 Every slot is claimed through a queue of its own that takes one message: the first claim's
 publish is acked (won), every later one nacked (lost), for as long as the fleet's slot memory.
 
-Modules (the layout every backend package shares: ``docs/contributing.md``): ``_backend``
-(``RabbitMQBackend``: configuration and life cycle), ``_options`` (its options, declared),
-``_connection`` (the robust connection and its channel pool), ``_claims`` (the claim protocol,
-and why each detail of it), ``_history`` (the history stream), ``_fleet`` (the fleet's
-presence and controls: one queue under a lock), ``_ops`` (``brokersched purge`` and
-``doctor``), ``_budget`` (the broker's budget, watched); RabbitMQ's own: ``_slotmemory`` (the
-fleet's slot memory: its record, lock and fences), ``_names`` (queue and exchange names),
-``_errors`` (URLs and client errors), ``_files`` (what spends a node's open files, by its
-version).
+Modules: the layout every backend package shares (``docs/contributing.md``); RabbitMQ's own:
+``_slotmemory`` (the fleet's slot memory: its record, lock and fences), ``_names`` (queue and
+exchange names), ``_errors`` (URLs and client errors), ``_files`` (what spends a node's open
+files, by its version).
 """
 
 from __future__ import annotations

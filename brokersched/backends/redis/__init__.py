@@ -38,14 +38,10 @@ Durability
     failover may lose the last acknowledged ones. ``start()`` reads ``CONFIG GET appendonly``
     and warns when it is off (``require_persistence=True`` refuses to start instead).
 
-Modules (the layout every backend package shares: ``docs/contributing.md``): ``_backend``
-(``RedisBackend``: configuration and life cycle), ``_options`` (both backends' options,
-declared), ``_connection`` (``RedisConnection``: the client, its calls and errors), ``_claims``
-(``RedisBackend``'s claims and the fleet's slot memory), ``_leases`` (``RedisLeaseBackend``),
-``_history`` (the run history), ``_fleet`` (the fleet's records: presence, controls, missed
-slots), ``_ops`` (``brokersched purge`` and ``doctor``), ``_budget`` (the server's budget);
-Redis's own: ``_link`` (``RedisLink``, what the claims ask of a connection), ``_scripts`` (the
-Lua scripts), ``_keys`` (key names), ``_server`` (the server's persistence and eviction checks).
+Modules: the layout every backend package shares (``docs/contributing.md``), ``_leases``
+holding ``RedisLeaseBackend``; Redis's own: ``_link`` (``RedisLink``, what the claims ask of a
+connection), ``_scripts`` (the Lua scripts), ``_keys`` (key names), ``_server`` (the server's
+persistence and eviction checks).
 """
 
 from __future__ import annotations

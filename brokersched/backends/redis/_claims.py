@@ -178,7 +178,7 @@ class SlotMemoryClaims(ClaimBackendBase):
         for n, (slot, run_id) in enumerate(claims):
             try:
                 if memory_ms is None:
-                    self._check_not_too_late(memory, slot)
+                    self._refuse_too_late(memory, slot, self._redis.now_ms(), _FORGOTTEN)
             except BackendError as exc:
                 if len(claims) == 1:
                     raise
@@ -230,21 +230,6 @@ class SlotMemoryClaims(ClaimBackendBase):
         if seen != self._memory:
             await self._adopt(seen)
 
-    def _check_not_too_late(self, memory: FleetMemory, slot: Slot) -> None:
-        """Only for claims within this instance's own slot_ttl after the slot (the
-        scheduler's range: a slot claimed by hand years later is the caller's business)."""
-        now = self._redis.now_ms()
-        if not self._in_own_memory(slot, now):
-            return
-        if now <= claim_deadline_ms(memory, slot.slot_ms, skew_ms=self._skew_ms):
-            return
-        raise BackendError(
-            f"{self.name}: slot {slot.key} is too late to claim safely: "
-            f"{self._forgotten(memory, slot)}, so an instance "
-            "may have claimed it under a memory that has forgotten it (or will before this "
-            "claim lands); the slot is not run here"
-        )
-
     async def _adopt(self, seen: FleetMemory | None) -> None:
         """The record changed: raised by another instance (adopted), made again by another
         instance (adopted, raised to this slot_ttl if longer), or gone (made again)."""
@@ -266,6 +251,10 @@ class SlotMemoryClaims(ClaimBackendBase):
 
 
 _COMPACT = (",", ":")
+_FORGOTTEN = (
+    ", so an instance may have claimed it under a memory that has forgotten it (or will "
+    "before this claim lands)"
+)
 
 
 def _one(outcomes: list[bool | Exception]) -> bool:
