@@ -63,7 +63,7 @@ from ._sim_jobs import Deploy, OwnJobs
 from ._sim_lease import SimLeaseBackend
 from ._sim_ledger import LEASE_SKEW_MS, Ledger, Run, origin_of
 from ._sim_missed import note_report, note_skip, unreported
-from ._sim_nats import SimNATS, SimNATSLease
+from ._sim_nats import SimNATS, nats_bucket, sim_nats_lease
 from ._sim_operations import Operator, cli_change
 from ._sim_rabbitmq import SimRabbitMQ
 from ._sim_redis import RedisData, sim_redis
@@ -195,7 +195,7 @@ class Simulation(OwnJobs):
         self._rows = MemoryStore()
         makers: dict[str, Callable[[Store], Any]] = {
             "redis": RedisData, "nats": SimNATS.stream, "rabbitmq": SimRabbitMQ.broker,
-            "natslease": SimNATSLease.data,
+            "natslease": nats_bucket,
         }  # fmt: skip
         self.data: Any = makers[self.kind](self.store) if self.kind in makers else None
         # What later releases added to the draws (retries, backfills, catch_up) comes from an
@@ -225,22 +225,23 @@ class Simulation(OwnJobs):
         through, or the modelled backend itself (each has a ``dead`` flag)."""
         memory = timedelta(milliseconds=deploy.memory_ms)
         backend: Backend
+        model: Any
         if self.kind == "redis":
             backend, model = sim_redis(self.store, self.data, slot_ttl=memory, prefix="sim")
-            self._watch_claims(backend, name)
-            return backend, model
-        if self.kind == "lease":
-            backend = SimLeaseBackend(self.store, self._rows, lease_ttl=memory, instance=name)
         elif self.kind == "natslease":
-            backend = SimNATSLease(self.store, self.data, lease_ttl=memory, instance=name)
+            backend, model = sim_nats_lease(self.store, self.data, lease_ttl=memory, instance=name)
+        elif self.kind == "lease":
+            backend = model = SimLeaseBackend(
+                self.store, self._rows, lease_ttl=memory, instance=name
+            )
         elif self.kind == "nats":
-            backend = SimNATS(self.store, self.data, slot_ttl=memory)
+            backend = model = SimNATS(self.store, self.data, slot_ttl=memory)
         else:
-            backend = SimRabbitMQ(
+            backend = model = SimRabbitMQ(
                 self.store, self.data, slot_ttl=memory, declare_ahead=deploy.declare_ahead
             )
         self._watch_claims(backend, name)
-        return backend, backend
+        return backend, model
 
     def _watch_claims(self, backend: Backend, instance: str) -> None:
         """Note each claim's span for the coverage (a claim in flight), and refuse new claims

@@ -522,8 +522,8 @@ async def test_a_start_waits_for_the_instance_holding_the_lock(
 
 def test_the_record_says_how_late_a_slot_may_still_be_claimed() -> None:
     from brokersched._slotmemory import FleetMemory
-    from brokersched.backends.rabbitmq._fleet import record_from_json as _record_from_json
-    from brokersched.backends.rabbitmq._fleet import record_json as _record_json
+    from brokersched.backends.rabbitmq._slotmemory import record_from_json as _record_from_json
+    from brokersched.backends.rabbitmq._slotmemory import record_json as _record_json
 
     skew = 1000
     record = FleetMemory(2000, created_ms=1_000).raised(20_000, at_ms=5_000, skew_ms=skew)
@@ -548,7 +548,7 @@ def test_the_record_says_how_late_a_slot_may_still_be_claimed() -> None:
      b'{"version": 1, "slot_memory_ms": 1, "created_ms": 1, "raises": [[1]]}'],
 )  # fmt: skip
 def test_what_is_not_a_record_is_refused(body: bytes) -> None:
-    from brokersched.backends.rabbitmq._fleet import record_from_json as _record_from_json
+    from brokersched.backends.rabbitmq._slotmemory import record_from_json as _record_from_json
 
     with pytest.raises((ValueError, TypeError, KeyError)):
         _record_from_json(body)
