@@ -797,3 +797,17 @@ async def test_declared_ahead_the_instants_claims_find_the_queue_and_one_wins(
     assert await x_expires(raw, claim_queue_name(prefix, soon), LONG_MS)
     assert winners(await race([ahead, later, off], soon)) == 0  # remembered
     await channel.queue_delete(claim_queue_name(prefix, soon))
+
+
+async def test_a_fleet_record_written_with_a_time_to_live_is_kept_that_long_only(
+    fleet: Callable[..., Any],
+) -> None:
+    """Missed-slot reports are put for a day: gone after it, on the writers' clock, and apart
+    from the controls (which a report once landed among)."""
+    clock = TestClock("2027-01-15T08:00:00+00:00")
+    a = await fleet(LONG, clock=clock, prepared=False)
+    assert await a.report_missed(Slot("job", 1_000), instance_id="i-a")
+    assert await a.controls() == {}
+    assert "job:1000" in await a.fleet_records("missed")
+    await clock.advance("25h")
+    assert await a.fleet_records("missed") == {}
