@@ -74,9 +74,7 @@ class FleetRecordsCheck:
             await other.stop()
 
     @pytest.mark.asyncio
-    async def test_fleet_records_of_each_kind_apart(
-        self, fleet: Factory
-    ) -> None:
+    async def test_fleet_records_of_each_kind_apart(self, fleet: Factory) -> None:
         """Each kind of record apart from the others: a missed-slot report and a stored
         schedule beside the controls."""
         a, b = await fleet(), await fleet()
