@@ -258,3 +258,49 @@ def test_the_log_keeps_every_change_until_it_is_dropped_to_its_record() -> None:
     assert Log.loads(log.dumps()) == log
     assert log.latest("a") == record and record.version == LOG_MAX + 5
     assert record.effective_ms == LOG_MAX + 4 + EFFECTIVE_AFTER_MS
+
+
+@pytest.mark.asyncio
+async def test_a_change_of_time_zone_runs_the_old_zones_slots_before_and_the_new_ones_after() -> (
+    None
+):
+    clock, store = TestClock("2027-01-15T06:59:00+00:00"), MemoryStore()
+    runs = Runs()
+    members = fleet(clock, store, runs)
+    await start(*members)
+    try:
+        # 08:00 in Paris is 07:00Z; in London, 08:00Z
+        await members[0].schedules.put(
+            "acme", task="reports.send", cron="0 8 * * *", timezone="Europe/Paris"
+        )
+        await clock.advance("30m")  # 07:29Z: Paris' 08:00 has run
+        await members[2].schedules.put(
+            "acme", task="reports.send", cron="0 8 * * *", timezone="Europe/London"
+        )
+        await clock.advance("24h")
+        assert runs.slots() == Counter({"07:00:00": 1, "08:00:00": 1})
+    finally:
+        await stop(*members)
+
+
+@pytest.mark.asyncio
+async def test_a_run_going_on_when_its_schedule_is_deleted_ends_as_it_began() -> None:
+    clock, store = TestClock(START), MemoryStore()
+    ended: list[tuple[str, Any]] = []
+
+    async def long_report(ctx: JobContext) -> None:
+        await ctx.sleep(20)
+        ended.append((f"{ctx.scheduled_at:%H:%M:%S}", ctx.data))
+
+    sched = Scheduler(MemoryBackend(store=store), clock=clock, jitter=0, instance_id="i0")
+    sched.task("reports.send")(long_report)
+    await sched.start()
+    try:
+        await sched.schedules.put("acme", task="reports.send", every="30s", data="v1")
+        await clock.advance("35s")  # 08:01:05: the run of 08:01:00 goes on until 08:01:20
+        await sched.schedules.delete("acme")
+        await clock.advance("2m")
+        assert ended == [("08:01:00", "v1")]
+        assert sched.get("acme") is None
+    finally:
+        await sched.stop()
