@@ -261,24 +261,22 @@ def test_the_log_keeps_every_change_until_it_is_dropped_to_its_record() -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_change_of_time_zone_runs_the_old_zones_slots_before_and_the_new_ones_after() -> (
-    None
-):
-    clock, store = TestClock("2027-01-15T06:59:00+00:00"), MemoryStore()
+async def test_a_change_of_time_zone_runs_the_old_zones_slots_then_the_new_ones() -> None:
+    clock, store = TestClock("2027-01-15T07:14:50+00:00"), MemoryStore()
     runs = Runs()
-    members = fleet(clock, store, runs)
+    members = fleet(clock, store, runs, n=2)
     await start(*members)
     try:
-        # 08:00 in Paris is 07:00Z; in London, 08:00Z
+        # 13:00 in Kathmandu (+05:45) is 07:15Z; in Kolkata (+05:30), 07:30Z
         await members[0].schedules.put(
-            "acme", task="reports.send", cron="0 8 * * *", timezone="Europe/Paris"
+            "acme", task="reports.send", cron="0 13 * * *", timezone="Asia/Kathmandu"
         )
-        await clock.advance("30m")  # 07:29Z: Paris' 08:00 has run
-        await members[2].schedules.put(
-            "acme", task="reports.send", cron="0 8 * * *", timezone="Europe/London"
+        await clock.advance("20s")  # Kathmandu's 13:00 has run
+        await members[1].schedules.put(
+            "acme", task="reports.send", cron="0 13 * * *", timezone="Asia/Kolkata"
         )
-        await clock.advance("24h")
-        assert runs.slots() == Counter({"07:00:00": 1, "08:00:00": 1})
+        await clock.advance("16m")
+        assert runs.slots() == Counter({"07:15:00": 1, "07:30:00": 1})
     finally:
         await stop(*members)
 
