@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ._clock import Timer, ms_to_datetime
+from ._clock import Timer, datetime_to_ms, ms_to_datetime
 from ._durations import format_duration, to_ms
 from ._events import MissedEvent, SkipReason
 from ._exceptions import BackendError, ClockSkewError
@@ -211,7 +211,7 @@ class MissedSlots:
         due = {
             s: watched.slots.pop(s)[1] for s, (at, _) in list(watched.slots.items()) if at <= now
         }
-        wanted = [] if job.removed else sorted(s for s in due if job.stops(s) is None)
+        wanted = [] if job.removed else sorted(s for s in due if not _stopped(job, s))
         try:
             missed, later = await self._missed(job, wanted)
         except (BackendError, ClockSkewError, TimeoutError) as exc:
@@ -377,6 +377,20 @@ def _gap_ms(job: JobState) -> int | None:
 
 def _max_late(job: JobState) -> str:
     return format_duration(timedelta(milliseconds=job.settings.max_late_ms))
+
+
+def _stopped(job: JobState, slot_ms: int) -> bool:
+    """The fleet's controls stopped ``slot_ms`` on purpose: a skip over it, or a pause or a
+    disable made before its claims were over (one made later, after an outage say, did not
+    stop it: the slot was missed all the same). A halt whose change is not in the audit trail
+    any more (or this instance's own, not written yet) counts."""
+    why = job.stops(slot_ms)
+    control = job.control
+    if why is None or why == "skipped" or control is None:
+        return why is not None
+    action = "disable" if why == "disabled" else "pause"
+    made = next((c for c in reversed(control.changes) if c.action == action), None)
+    return made is None or datetime_to_ms(made.at) <= slot_ms + job.settings.max_late_ms
 
 
 def _overlapped(

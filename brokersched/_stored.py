@@ -73,6 +73,10 @@ class Spec:
     options: Mapping[str, Any] = field(default_factory=dict)
     data: Any = None
 
+    def cache_key(self) -> str:
+        """The version as one text: equal versions, equal texts."""
+        return json.dumps(self.to_json(), separators=(",", ":"), sort_keys=True)
+
     def job_options(self) -> dict[str, Any]:
         """Its job options as registration takes them: ``options`` and ``data``."""
         options = dict(self.options)

@@ -32,6 +32,8 @@ logger = logging.getLogger("brokersched")
 POLL_MS = 500
 #: A slot waiting for a fresh view looks again this often.
 _RECHECK_MS = 100
+#: The versions' triggers kept built (a cron trigger takes milliseconds to build).
+_BUILT_KEPT = 100_000
 #: Every record is read again this often, whatever the log says (the safety net).
 REREAD_MS = 60_000
 
@@ -62,6 +64,7 @@ class StoredJobs:
         self._task: asyncio.Task[None] | None = None
         self._timers: dict[str, Timer] = {}
         self._unknown: set[tuple[str, str]] = set()  # (id, task) said once
+        self._built: dict[tuple[str, str], Trigger | None] = {}  # each version's trigger
 
     # -- life ----------------------------------------------------------------------------------
 
@@ -182,8 +185,17 @@ class StoredJobs:
             )
 
     def _trigger(self, schedule_id: str, spec: Spec | None) -> Trigger | None:
+        """The trigger of one version here (``None``: no slot of it here), built once."""
         if spec is None:
             return None
+        cache_key = (schedule_id, spec.cache_key())
+        if cache_key not in self._built:
+            if len(self._built) > _BUILT_KEPT:
+                self._built.clear()
+            self._built[cache_key] = self._build(schedule_id, spec)
+        return self._built[cache_key]
+
+    def _build(self, schedule_id: str, spec: Spec) -> Trigger | None:
         if spec.task not in self._room.tasks:
             if (schedule_id, spec.task) not in self._unknown:
                 self._unknown.add((schedule_id, spec.task))

@@ -3,7 +3,7 @@
 The rules of the slot memory themselves (which memory applied to a slot, the claim margins and
 deadlines) are the contract's: ``brokersched/_slotmemory.py``. Here: ``slot_ttl`` and
 ``max_clock_skew``, as ``ClaimOptions`` checked them; the capabilities a claim backend
-declares; and the words of a refusal of a claim too late for the fleet's slot memory.
+declares; and the refusal of a claim too late for the fleet's slot memory, in its words.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from datetime import timedelta
 from typing import ClassVar
 
 from .._durations import format_duration, to_ms
-from .._slotmemory import FleetMemory, claim_margin
+from .._exceptions import BackendError
+from .._slotmemory import FleetMemory, claim_deadline_ms, claim_margin
 from ..abc import Capabilities, ClaimBackend, Slot
 from ._options import ClaimOptions
 
@@ -71,3 +72,16 @@ class ClaimBackendBase(ClaimBackend):
                 f"{shown(memory.memory_ms)} since)"
             )
         return f"the fleet's slot memory is {shown(limit)}"
+
+    def _refuse_too_late(self, memory: FleetMemory, slot: Slot, now_ms: int, risk: str) -> None:
+        """Refuse (``BackendError``) a claim of ``slot`` past its deadline under the fleet's
+        ``memory``, in the scheduler's range (``_in_own_memory``); ``risk``: what a claim that
+        late could do, in the refusal's words."""
+        if not self._in_own_memory(slot, now_ms):
+            return
+        if now_ms <= claim_deadline_ms(memory, slot.slot_ms, skew_ms=self._skew_ms):
+            return
+        raise BackendError(
+            f"{self.name}: slot {slot.key} is too late to claim safely: "
+            f"{self._forgotten(memory, slot)}{risk}; the slot is not run here"
+        )

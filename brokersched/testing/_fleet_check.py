@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from .._clock import SystemClock
-from ..abc import Backend, ControlChange, Instance, JobControl, RunInProgress
+from ..abc import Backend, ControlChange, Instance, JobControl, RunInProgress, Slot
 
 __all__ = ["SLOT", "Factory", "FleetRecordsCheck"]
 
@@ -72,3 +72,20 @@ class FleetRecordsCheck:
             assert await other.instances() == [] and await other.controls() == {}
         finally:
             await other.stop()
+
+    @pytest.mark.asyncio
+    async def test_fleet_records_of_each_kind_apart(self, fleet: Factory) -> None:
+        """Each kind of record apart from the others: a missed-slot report and a stored
+        schedule beside the controls."""
+        a, b = await fleet(), await fleet()
+        if not a.fleet:
+            pytest.skip(f"{a.name} keeps no fleet records")
+        now = datetime.now(UTC)
+        await a.change_control(ControlChange("job.z", "pause", "ops", now))
+        assert await a.report_missed(Slot("job.z", SLOT), instance_id="i-a")
+        assert not await b.report_missed(Slot("job.z", SLOT), instance_id="i-b")
+        assert await b.swap_fleet_record("schedule", "tenant-1", None, '{"v":1}')
+        assert not await a.swap_fleet_record("schedule", "tenant-1", None, '{"v":2}')
+        assert list(await b.controls()) == ["job.z"]
+        assert await a.fleet_records("schedule") == {"tenant-1": '{"v":1}'}
+        assert await a.fleet_records("schedule-log") == {}

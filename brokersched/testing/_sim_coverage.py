@@ -134,6 +134,12 @@ OPERATIONS: dict[str, Kind] = {
     "update": Kind(
         "Job.update() of jitter, max_late or timeout at run time", calls=("Job.update",)
     ),
+    "schedule-put": Kind(
+        "a stored schedule written or changed at run time (trigger, time zone, jitter, "
+        "max_late, data) through an instance, some instances without its task",
+        calls=("Scheduler.task",),
+    ),
+    "schedule-delete": Kind("a stored schedule deleted at run time"),
 }
 
 FAULTS: dict[str, Kind] = {

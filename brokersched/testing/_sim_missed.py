@@ -20,15 +20,25 @@ _CLOCK_OFF_MS = 1000
 
 
 def note_skip(
-    ledger: Ledger, event: SkipEvent, key: str, instance: Any, settings: JobSettings, lease: bool
+    ledger: Ledger,
+    event: SkipEvent,
+    key: str,
+    instance: Any,
+    settings: JobSettings,
+    lease: bool,
+    store_ahead_ms: int = 0,
 ) -> None:
     """``instance`` skipped a scheduled slot of ``key``: if it cannot tell whether another
-    instance ran it, when it checks and when it gives up checking (true time)."""
+    instance ran it, when it checks and when it gives up checking (true time). A lease
+    store's clock behind the fleet's (``store_ahead_ms`` below 0) puts the check off as
+    much: it is judged on the store's clock."""
     give_up = _give_up(event, instance, settings)
     if give_up is None:
         return
     ahead = instance.clock.ahead_ms
     checked = event.slot_ms + settings.max_late_ms + CHECKED_FROM_MS - ahead
+    if lease:
+        checked += max(0, -store_ahead_ms)
     skip_overlap = lease and settings.policy.overlap == "skip"
     ledger.unknown.setdefault((key, event.slot_ms), {})[instance.name] = (
         checked,

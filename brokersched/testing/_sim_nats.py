@@ -1,6 +1,7 @@
 """The fleet simulator's NATS: claims deduplicated by message id within the claims stream's
-window, as JetStream purges them; and NATS KV leases, the real ``NATSLeaseBackend``'s rows over
-a model of the bucket's revisions (``_sim_store`` holds the store's clock and faults)."""
+window, as JetStream purges them; and NATS KV leases, the real ``NATSLeaseBackend`` made over a
+model of its bucket's revisions (``BucketModel``, a ``KVLink``: ``backends/nats/_link.py``;
+``_sim_store`` holds the store's clock and faults)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import contextlib
 import contextvars
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from .._clock import Clock
 from .._durations import to_ms
@@ -25,6 +27,7 @@ from .._slotmemory import (
 from ..abc import (
     Capabilities,
     ClaimBackend,
+    FleetKind,
     JobPolicy,
     Lease,
     RunRecord,
@@ -32,10 +35,22 @@ from ..abc import (
 )
 from ..backends._lease import LeaseRow
 from ..backends.nats import NATSLeaseBackend
-from ..backends.nats._rows import Conflict, Rows, Table, decode_row
-from ._sim_store import History, SimFleet, Store
+from ..backends.nats._link import KVLink
+from ..backends.nats._rows import Conflict, Table, decode_row
+from ._sim_store import History, SimFleet, Store, records_put, records_read, records_swap
 
-__all__ = ["SimNATS", "SimNATSLease"]
+if TYPE_CHECKING:  # both sides of each seam implement its Protocol (mypy checks it here)
+    from ..backends.nats._bucket import KVTable
+    from ..backends.nats._connection import OwnBucket
+
+    def _links(real: OwnBucket, model: BucketModel) -> list[KVLink]:
+        return [real, model]
+
+    def _tables(real: KVTable, model: _SimTable) -> list[Table]:
+        return [real, model]
+
+
+__all__ = ["BucketModel", "SimNATS", "SimNATSLease", "nats_bucket", "sim_nats_lease"]
 
 
 # -- NATS: message ids deduplicated within the claims stream's window ---------------------------
@@ -156,7 +171,7 @@ class SimNATS(SimFleet, ClaimBackend):
         return self.data.history.read(job, limit)
 
 
-# -- NATS KV leases: the real NATSLeaseBackend's rows over a model of the bucket --------------
+# -- NATS KV leases: the real NATSLeaseBackend over a model of its bucket ----------------------
 
 #: The tokens of the leases a ``SimNATSLease.release`` (no hand-over) is ending, in its task.
 _RELEASING: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
@@ -192,11 +207,86 @@ class _Bucket:
         return store.fleet.monotonic_ms() < self.flaky_until and store.rng.random() < 0.3
 
 
-class _SimTable(Table):
-    """What ``Rows`` asks of the bucket, behind the store's faults: a write whose answer is
-    lost may have been applied (``Store.call``)."""
+class BucketModel:
+    """The bucket as one instance's ``NATSLeaseBackend`` sees it through its ``KVLink``
+    (``backends/nats/_link.py``): the rows' table behind the store's faults (``_SimTable``),
+    the history stream and the fleet's records; what each write changed is noted for the
+    simulator's invariants, as ``SimLeaseBackend`` notes it. ``dead``: the instance was killed
+    (no answer, ever)."""
 
-    def __init__(self, owner: SimNATSLease) -> None:
+    def __init__(self, store: Store, bucket: _Bucket, instance: str) -> None:
+        self.sim, self.bucket_data, self.instance = store, bucket, instance
+        self.dead = False
+
+    async def open(self, clock: Clock) -> Table:
+        return _SimTable(self)
+
+    async def close(self) -> None:
+        pass
+
+    def monotonic(self) -> float:
+        return self.sim.fleet.monotonic_ms() / 1000
+
+    def sleep(self, seconds: float) -> Awaitable[object]:
+        return self.sim.fleet.sleep(seconds)
+
+    async def prepare(self, history_size: int) -> None:
+        pass
+
+    # The history stream, as backfill reads it to skip the slots that ran (the simulator keeps
+    # its own ledger of runs besides).
+    async def record(self, job: JobPolicy, record: RunRecord) -> None:
+        async def write() -> None:
+            kept = self.bucket_data.history.setdefault(job.name, [])
+            kept.insert(0, record)
+            del kept[job.history_size :]
+
+        await self.sim.call(self.dead, 5.0, write, write=True)
+
+    async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
+        async def read() -> list[RunRecord]:
+            return self.bucket_data.history.get(job.name, [])[:limit]
+
+        return await self.sim.call(self.dead, 5.0, read, write=False)
+
+    async def fleet_read(self, kind: FleetKind) -> dict[str, str]:
+        return await records_read(self.sim, self.dead, kind)
+
+    async def fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
+        await records_put(self.sim, self.dead, kind, key, value, ttl)
+
+    async def fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
+        return await records_swap(self.sim, self.dead, kind, key, old, new)
+
+    def applied(self, job: str, before: bytes | None, after: bytes) -> None:
+        """A write of ``job``'s row lands: note the leases it granted (a claim, a restart),
+        the expiries it set, and the leases a release ended in time."""
+        old, _ = decode_row(before)
+        new, _ = decode_row(after)
+        for slot, lease in new.leases.items():
+            held = old.leases.get(slot)
+            if held is None or held.token != lease.token:
+                self.sim.won(job, slot, lease.instance_id)
+            if lease.state == "running" and held != lease:
+                self._expires(job, slot, lease)
+        releasing = _RELEASING.get()
+        for slot, held in old.leases.items():
+            gone = new.leases.get(slot)
+            if held.token in releasing and (gone is None or gone.token != held.token):
+                self.sim.released.add((job, slot, self.instance, held.attempt))
+
+    def _expires(self, job: str, slot: int, lease: LeaseRow) -> None:
+        off = self.sim.clock.now_ms() - self.sim.fleet.now_ms()
+        self.sim.expiry[(job, slot, lease.instance_id, lease.attempt)] = lease.expires_ms - off
+        self.sim.leased.add(lease.run_id)
+        self.sim.run_expiry[lease.run_id] = lease.expires_ms - off
+
+
+class _SimTable:
+    """What ``Rows`` asks of the bucket (``_rows.Table``), behind the store's faults: a write
+    whose answer is lost may have been applied (``Store.call``)."""
+
+    def __init__(self, owner: BucketModel) -> None:
         self.owner, self.bucket, self.sim = owner, owner.bucket_data, owner.sim
 
     async def read(self, key: str, timeout: float) -> tuple[bytes | None, int]:
@@ -238,55 +328,11 @@ class _SimTable(Table):
         return await self.sim.call(self.owner.dead, timeout, read, write=False)
 
 
-class SimNATSLease(SimFleet, NATSLeaseBackend):
+class SimNATSLease(NATSLeaseBackend):
     """The real ``NATSLeaseBackend`` (its compare-and-set rounds, the resolution of writes
-    without an answer, the lease protocol) over a model of its bucket; what each write changed
-    is noted for the simulator's invariants, as ``SimLeaseBackend`` notes it."""
-
-    def __init__(
-        self, store: Store, bucket: _Bucket, *, lease_ttl: timedelta, instance: str
-    ) -> None:
-        super().__init__(lease_ttl=lease_ttl)
-        self.sim, self.bucket_data, self.instance = store, bucket, instance
-        self.dead = False
-
-    @staticmethod
-    def data(store: Store) -> _Bucket:
-        return _Bucket(store)
-
-    async def _open(self, clock: Clock) -> None:
-        self._clock = clock
-        fleet = self.sim.fleet
-        self._rows = Rows(
-            _SimTable(self),
-            self.name,
-            lambda: fleet.monotonic_ms() / 1000,
-            fleet.sleep,
-            clock.blocking,
-            clock.timeout,
-        )
-
-    async def _close(self) -> None:
-        self._clock, self._rows = None, None
-
-    async def prepare(self, jobs: Sequence[JobPolicy]) -> None:
-        pass
-
-    # The history stream, as backfill reads it to skip the slots that ran (the simulator keeps
-    # its own ledger of runs besides).
-    async def record(self, job: JobPolicy, record: RunRecord) -> None:
-        async def write() -> None:
-            kept = self.bucket_data.history.setdefault(job.name, [])
-            kept.insert(0, record)
-            del kept[job.history_size :]
-
-        await self.sim.call(self.dead, 5.0, write, write=True)
-
-    async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
-        async def read() -> list[RunRecord]:
-            return self.bucket_data.history.get(job.name, [])[:limit]
-
-        return await self.sim.call(self.dead, 5.0, read, write=False)
+    without an answer, the lease protocol) over a model of its bucket (``BucketModel``, made
+    with ``over``); a release (no hand-over) marks the leases it ends, so that the model can
+    tell them from the leases a take-over ends."""
 
     async def release(
         self,
@@ -301,25 +347,16 @@ class SimNATSLease(SimFleet, NATSLeaseBackend):
         finally:
             _RELEASING.reset(mark)
 
-    def applied(self, job: str, before: bytes | None, after: bytes) -> None:
-        """A write of ``job``'s row lands: note the leases it granted (a claim, a restart),
-        the expiries it set, and the leases a release ended in time."""
-        old, _ = decode_row(before)
-        new, _ = decode_row(after)
-        for slot, lease in new.leases.items():
-            held = old.leases.get(slot)
-            if held is None or held.token != lease.token:
-                self.sim.won(job, slot, lease.instance_id)
-            if lease.state == "running" and held != lease:
-                self._expires(job, slot, lease)
-        releasing = _RELEASING.get()
-        for slot, held in old.leases.items():
-            gone = new.leases.get(slot)
-            if held.token in releasing and (gone is None or gone.token != held.token):
-                self.sim.released.add((job, slot, self.instance, held.attempt))
 
-    def _expires(self, job: str, slot: int, lease: LeaseRow) -> None:
-        off = self.sim.clock.now_ms() - self.sim.fleet.now_ms()
-        self.sim.expiry[(job, slot, lease.instance_id, lease.attempt)] = lease.expires_ms - off
-        self.sim.leased.add(lease.run_id)
-        self.sim.run_expiry[lease.run_id] = lease.expires_ms - off
+def sim_nats_lease(
+    store: Store, bucket: _Bucket, *, lease_ttl: timedelta, instance: str
+) -> tuple[SimNATSLease, BucketModel]:
+    """The real ``NATSLeaseBackend`` over a model of its bucket, and that model (its ``dead``
+    is the instance's kill)."""
+    model = BucketModel(store, bucket, instance)
+    return SimNATSLease.over(model, lease_ttl=lease_ttl), model
+
+
+def nats_bucket(store: Store) -> _Bucket:
+    """The bucket every instance's model shares."""
+    return _Bucket(store)

@@ -35,13 +35,11 @@ a run of several seeds (``--coverage``; ``--json`` for a machine).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
+import importlib
 import logging
 import random
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,7 +48,6 @@ from typing import Any
 
 from .._backfill import BackfillSlot
 from .._clock import datetime_to_ms, ms_to_datetime
-from .._durations import format_duration
 from .._events import MissedEvent, SkipEvent
 from .._exceptions import BackendError, ConfigurationError
 from .._fleetrecords import ControlAction
@@ -60,17 +57,18 @@ from .._tasks import Tracked, track
 from ..abc import Backend, RunRecord
 from ..backends.memory import MemoryStore
 from ._clock import FleetClock, InstanceClock
-from ._sim_coverage import EFFECT_MS, Coverage, format_table, reachable, to_json
+from ._sim_coverage import EFFECT_MS, Coverage
 from ._sim_faults import Faults
 from ._sim_jobs import Deploy, OwnJobs
 from ._sim_lease import SimLeaseBackend
 from ._sim_ledger import LEASE_SKEW_MS, Ledger, Run, origin_of
 from ._sim_missed import note_report, note_skip, unreported
-from ._sim_nats import SimNATS, SimNATSLease
+from ._sim_nats import SimNATS, nats_bucket, sim_nats_lease
 from ._sim_operations import Operator, cli_change
 from ._sim_rabbitmq import SimRabbitMQ
 from ._sim_redis import RedisData, sim_redis
 from ._sim_store import Store
+from ._sim_stored import StoredOps
 
 __all__ = [
     "BACKENDS",
@@ -79,7 +77,6 @@ __all__ = [
     "Instance",
     "Result",
     "Simulation",
-    "main",
     "run_seeded",
     "simulate",
 ]
@@ -198,7 +195,7 @@ class Simulation(OwnJobs):
         self._rows = MemoryStore()
         makers: dict[str, Callable[[Store], Any]] = {
             "redis": RedisData, "nats": SimNATS.stream, "rabbitmq": SimRabbitMQ.broker,
-            "natslease": SimNATSLease.data,
+            "natslease": nats_bucket,
         }  # fmt: skip
         self.data: Any = makers[self.kind](self.store) if self.kind in makers else None
         # What later releases added to the draws (retries, backfills, catch_up) comes from an
@@ -219,6 +216,7 @@ class Simulation(OwnJobs):
         self.operator = Operator(self, random.Random(seed + 5), more) if pauses else None
         if self.operator is not None:
             self.operator.draw_jobs(self._jobs)
+        self.stored = StoredOps(self, random.Random(seed + 9)) if more is not None else None
 
     # -- instances ---------------------------------------------------------------------------
 
@@ -227,22 +225,23 @@ class Simulation(OwnJobs):
         through, or the modelled backend itself (each has a ``dead`` flag)."""
         memory = timedelta(milliseconds=deploy.memory_ms)
         backend: Backend
+        model: Any
         if self.kind == "redis":
             backend, model = sim_redis(self.store, self.data, slot_ttl=memory, prefix="sim")
-            self._watch_claims(backend, name)
-            return backend, model
-        if self.kind == "lease":
-            backend = SimLeaseBackend(self.store, self._rows, lease_ttl=memory, instance=name)
         elif self.kind == "natslease":
-            backend = SimNATSLease(self.store, self.data, lease_ttl=memory, instance=name)
+            backend, model = sim_nats_lease(self.store, self.data, lease_ttl=memory, instance=name)
+        elif self.kind == "lease":
+            backend = model = SimLeaseBackend(
+                self.store, self._rows, lease_ttl=memory, instance=name
+            )
         elif self.kind == "nats":
-            backend = SimNATS(self.store, self.data, slot_ttl=memory)
+            backend = model = SimNATS(self.store, self.data, slot_ttl=memory)
         else:
-            backend = SimRabbitMQ(
+            backend = model = SimRabbitMQ(
                 self.store, self.data, slot_ttl=memory, declare_ahead=deploy.declare_ahead
             )
         self._watch_claims(backend, name)
-        return backend, backend
+        return backend, model
 
     def _watch_claims(self, backend: Backend, instance: str) -> None:
         """Note each claim's span for the coverage (a claim in flight), and refuse new claims
@@ -318,6 +317,8 @@ class Simulation(OwnJobs):
         (jitter 2 s, max_late 60 s) apply to the boot job alone."""
         for register in self.registrations(instance).values():
             register()
+        if self.stored is not None:
+            self.stored.register(instance)
         instance.scheduler.on("skip", lambda event: self._skipped(event, instance))
         instance.scheduler.on("missed", lambda event: self._missed(event, instance))
 
@@ -337,7 +338,10 @@ class Simulation(OwnJobs):
             self.ledger.refused.setdefault((key, event.slot_ms), set()).add(event.reason)
             job = self.job(instance, key)
             if job is not None:
-                note_skip(self.ledger, event, key, instance, job.settings, self.lease)
+                note_skip(
+                    self.ledger, event, key, instance, job.settings, self.lease,
+                    store_ahead_ms=self.store.clock.ahead_ms,
+                )  # fmt: skip
 
     def _missed(self, event: MissedEvent, instance: Instance) -> None:
         key = "tick" if event.job == "tick.v2" else event.job
@@ -453,6 +457,8 @@ class Simulation(OwnJobs):
             self._pause_or_resume(pauses.choice(live))
         if self.operator is not None and (live := self._live()):
             await self.operator.step(live)
+        if self.stored is not None:
+            self.stored.step(live)
         await self.advance(rng.choice((47, 310, 730, 1530, 3470)))
 
     def _one(self) -> int:
@@ -670,6 +676,8 @@ class Simulation(OwnJobs):
                 break
             n += 1
         if not violations:
+            if self.stored is not None:
+                await self.stored.read(self._live())
             for instance in self._live():
                 self.stop(instance)
             await self.fleet.advance("20s")
@@ -678,6 +686,7 @@ class Simulation(OwnJobs):
             violations += self.ledger.dropped(self.store.wins, self.store.cut, self.scheduled)
             violations += unreported(self)
             violations += self.ledger.replaced(self._records())
+            violations += self.stored.violations() if self.stored is not None else []
         for instance in self.instances:
             instance.kill()
         await self.fleet.settle()
@@ -737,63 +746,5 @@ def run_seeded(seed: int, make: Callable[[], Simulation]) -> Result:
         logger.setLevel(level)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m brokersched.testing.simulate")
-    parser.add_argument("--seed", type=int, help="replay one seed")
-    parser.add_argument("--seeds", type=int, default=100, help="run seeds 0..N-1")
-    parser.add_argument("--first", type=int, default=0, help="the first seed of --seeds")
-    parser.add_argument("--backend", choices=BACKENDS, help="only this backend")
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("-v", "--verbose", action="store_true", help="print each step")
-    parser.add_argument(
-        "--coverage", action=argparse.BooleanOptionalAction, default=None,
-        help="print the coverage table, summed over the seeds (default: with --seeds)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--json", action="store_true", help="print the failures and the coverage as JSON"
-    )
-    args = parser.parse_args(argv)
-    seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
-    began, failed = time.monotonic(), []
-    coverage: Counter[tuple[str, str]] = Counter()
-    backends: set[str] = set()
-    missed = unknown = 0
-    say = (lambda _: None) if args.json else print
-    for seed in seeds:
-        result = simulate(seed, backend=args.backend, steps=args.steps)
-        coverage.update(result.coverage)
-        backends.add(result.backend)
-        missed, unknown = missed + result.missed, unknown + result.unknown
-        if args.verbose:
-            say("\n".join(result.log))
-        if not result.ok:
-            failed.append(
-                {"seed": seed, "backend": result.backend, "violations": result.violations}
-            )
-            say(f"seed {seed} ({result.backend}): FAILED")
-            for violation in result.violations:
-                say(f"  {violation}")
-            say(f"  replay: make simulate SEED={seed}" + _flag(args.backend, args.steps))
-    spent = format_duration(timedelta(seconds=round(time.monotonic() - began)))
-    say(f"{len(seeds)} seeds, {len(failed)} failed, in {spent}")
-    if args.json:
-        print(json.dumps({"seeds": len(seeds), "failed": failed, "coverage": to_json(coverage)}))
-    elif args.coverage or (args.coverage is None and args.seed is None):
-        print(
-            f"\ninteresting interleavings (operation x fault), over {', '.join(sorted(backends))}:"
-        )
-        print(format_table(coverage, reachable(backends)))
-        print(
-            f"missed slots: {missed} reported, each once, none that ran; {unknown} skipped by "
-            "an instance that could not tell whether another one ran them"
-        )
-    return 1 if failed else 0
-
-
-def _flag(backend: str | None, steps: int) -> str:
-    flags = f" BACKEND={backend}" if backend else ""
-    return flags + (f" STEPS={steps}" if steps != 120 else "")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the command line is _sim_main's (which imports this module)
+    sys.exit(importlib.import_module("brokersched.testing._sim_main").main())

@@ -12,12 +12,14 @@ from typing import Any
 
 import pytest
 
-from brokersched import _slotmemory
+from brokersched import _slotmemory, _storedjobs
 from brokersched._backfill import _Backfill, settle_ms
 from brokersched._missed import MissedSlots
 from brokersched._runner import Runner
 from brokersched._scheduler import Job, Scheduler
 from brokersched._slotmemory import FleetMemory
+from brokersched._stored import Record, Spec
+from brokersched._storedjobs import StoredJobs
 from brokersched.abc import JobControl, Lease
 from brokersched.backends import _lease
 from brokersched.cli import cli
@@ -55,8 +57,9 @@ CASES += [("natslease", 79)]
 CASES += [("natslease", 162)]
 # Redis with its maxmemory-policy set to evict while the fleet runs, during every operation.
 CASES += [("redis", seed) for seed in (13, 18, 21, 28)]
-# Redis evicting during a retry (57) and during a resume (73).
-CASES += [("redis", 57), ("redis", 73)]
+# Redis evicting during a retry (57), during a resume (73), and as a stored schedule is
+# deleted (31).
+CASES += [("redis", 57), ("redis", 73), ("redis", 31)]
 # An enable while nothing else goes wrong, and a retry= chain while the store answers late.
 CASES += [("lease", 14), ("lease", 15)]
 # An abort as the store's clock steps back, and an enable while nothing else goes wrong, with
@@ -389,7 +392,7 @@ BACKFILL_UNDONE: list[tuple[str, str, int, list[tuple[str, object]], tuple[str, 
     (
         "a disabled job backfilled",
         "lease",
-        3,
+        6,
         [("_controls", _no_controls)],
         ("ran while disabled",),
     ),
@@ -691,4 +694,50 @@ def test_the_generator_finds_a_fleet_that_reports_missed_slots_wrongly(
     assert simulate(seed, backend=backend).ok, f"seed {seed} fails on the right rule"
     monkeypatch.setattr(MissedSlots, name, rule)
     result = simulate(seed, backend=backend)
+    assert any(seen in violation for violation in result.violations), result.violations
+
+
+# -- stored schedules: the generator finds a fleet that decides a slot from the wrong version --
+
+
+def _effective_at_once(self: Record, spec: Spec | None, now_ms: int, by: str | None) -> Record:
+    """The rule without its delay: a change applies from the instant it is written."""
+    record = _CHANGED(self, spec, now_ms, by)
+    *kept, (_, latest) = record.timeline
+    return replace(record, timeline=(*kept, (now_ms, latest)))
+
+
+def _follows_slowly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log read every 5 s, and slots claimed on whatever view is held."""
+
+    async def fresh(self: StoredJobs, slot_ms: int, within_ms: int) -> None:
+        return None
+
+    monkeypatch.setattr(_storedjobs, "POLL_MS", 5000)
+    monkeypatch.setattr(StoredJobs, "fresh", fresh)
+
+
+_CHANGED = Record.changed
+STORED_SEAMS = [
+    ("applied when written", "lease", 1),
+    ("applied when written", "rabbitmq", 7),
+    ("applied when written", "nats", 1),
+    ("followed slowly, no freshness", "lease", 7),
+    ("followed slowly, no freshness", "redis", 0),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "backend", "seed"), STORED_SEAMS, ids=[f"{w} ({b})" for w, b, _ in STORED_SEAMS]
+)
+def test_the_generator_finds_a_fleet_that_decides_stored_slots_from_the_wrong_version(
+    monkeypatch: pytest.MonkeyPatch, what: str, backend: str, seed: int
+) -> None:
+    assert simulate(seed, backend=backend).ok, f"seed {seed} fails on the right rule"
+    if what == "applied when written":
+        monkeypatch.setattr(Record, "changed", _effective_at_once)
+    else:
+        _follows_slowly(monkeypatch)
+    result = simulate(seed, backend=backend)
+    seen = "no slot of the version in force then"
     assert any(seen in violation for violation in result.violations), result.violations

@@ -125,7 +125,9 @@ def rabbitmq_objects(prefix: str, node: PrivateRabbitMQ | None = None) -> set[st
 async def nats_objects(url: str, prefix: str, *, lease: bool = False) -> set[str]:
     import nats
 
-    fleet = {f"KV_{prefix}-fleet-instance", f"KV_{prefix}-fleet-control"}
+    from brokersched.backends.nats._fleet import bucket_streams
+
+    fleet = set(bucket_streams(prefix))
     made = set(lease_streams(prefix)) if lease else {f"{prefix}-claims", *fleet}
     nc = await nats.connect(url)
     try:

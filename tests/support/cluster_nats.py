@@ -34,6 +34,7 @@ import nats.js.errors
 import pytest
 from nats.js.api import StorageType, StreamConfig, StreamInfo
 
+from brokersched.backends.nats._fleet import bucket_streams
 from tests.support.helpers import IN_CI
 from tests.support.paths import REPO_ROOT
 
@@ -233,7 +234,7 @@ class NatsCluster:
         nc = await nats.connect(self.servers, connect_timeout=1)
         try:
             js = nc.jetstream(timeout=15)  # just after a change of replicas it takes seconds
-            fleet = (f"KV_{prefix}-fleet-instance", f"KV_{prefix}-fleet-control")
+            fleet = bucket_streams(prefix)
             for stream in (f"{prefix}-claims", f"{prefix}-history", f"KV_{prefix}", *fleet):
                 with contextlib.suppress(nats.js.errors.NotFoundError):
                     await js.delete_stream(stream)

@@ -130,9 +130,10 @@ async def delete_named_streams(url: str, *names: str) -> None:
 
 def lease_streams(bucket: str) -> tuple[str, ...]:
     """The streams a ``NATSLeaseBackend`` of ``bucket`` may make: its KV bucket, its history,
-    and the fleet's two KV buckets (presence, controls)."""
-    kv = (bucket, f"{bucket}-fleet-instance", f"{bucket}-fleet-control")
-    return *(f"KV_{name}" for name in kv), f"{bucket}-history"
+    and the fleet's KV buckets (one per kind of record)."""
+    from brokersched.backends.nats._fleet import bucket_streams
+
+    return f"KV_{bucket}", *bucket_streams(bucket), f"{bucket}-history"
 
 
 async def _quiet(exc: Exception) -> None:

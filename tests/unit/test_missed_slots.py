@@ -147,6 +147,26 @@ async def test_the_slots_of_a_paused_job_are_not_missed() -> None:
     await stop(schedulers)
 
 
+async def test_a_pause_made_after_a_slot_was_missed_does_not_hide_it() -> None:
+    clock = TestClock(START)
+    store = MemoryStore()
+    backends = [FailingClaims(store) for _ in range(2)]
+    schedulers = fleet(clock, backends)
+    seen, handler = missed_of(*schedulers), Recorder()
+    await start(schedulers, handler)
+    for backend in backends:
+        backend.failing = True
+    await clock.advance("30s")  # 08:01:00 is skipped everywhere (the store away)
+    for backend in backends:
+        backend.failing = False
+    await clock.advance("12s")  # 08:01:12: past its max_late (10 s), before its check
+    await schedulers[0].get("job").pause(by="ops", note="after the outage")
+    await clock.advance("2m")
+    assert [slot for _, slot in seen] == ["08:01"]
+    assert handler.slots == []
+    await stop(schedulers)
+
+
 async def test_claim_only_a_slot_nobody_claimed_is_reported_by_the_one_whose_check_won() -> None:
     clock = TestClock(START)
     claims: dict[str, str] = {}

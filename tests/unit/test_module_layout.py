@@ -155,3 +155,104 @@ def test_no_module_is_longer_than_a_reader_can_hold() -> None:
         if len(path.read_text().splitlines()) > MAX_LINES
     }
     assert long == set(), f"over {MAX_LINES} lines: cut each by role"
+
+
+# Every backend package has the same files for the same concerns (docs/contributing.md,
+# "Backend packages"): a new kind of stored record goes into each package's ``_fleet.py``.
+BACKEND_FILES = (
+    "__init__.py",  # exports only
+    "_backend.py",  # the backend class: configuration and life cycle
+    "_options.py",  # the constructor's options, declared
+    "_connection.py",  # the client adapter: connect, calls, errors
+    "_history.py",  # the run history
+    "_fleet.py",  # the fleet's records: presence, controls, missed slots
+    "_ops.py",  # inventory, purge, doctor
+)
+DECISIONS = ("_claims.py", "_leases.py")  # how a slot is won: at least one of them
+NO_SERVER = {"sqlite"}  # a file, no server: no budget to watch (``_budget.py``)
+
+
+def backend_packages(root: Path) -> list[Path]:
+    return sorted(path.parent for path in (root / "backends").glob("*/__init__.py"))
+
+
+def missing_files(package: Path) -> list[str]:
+    """The common files ``package`` lacks, by name."""
+    have = {path.name for path in package.glob("*.py")}
+    missing = [name for name in BACKEND_FILES if name not in have]
+    if not have & set(DECISIONS):
+        missing.append(" or ".join(DECISIONS))
+    if package.name not in NO_SERVER and "_budget.py" not in have:
+        missing.append("_budget.py")
+    return missing
+
+
+def definitions(path: Path) -> list[str]:
+    """What a package's ``__init__`` does besides its docstring, imports and ``__all__``."""
+    extra: list[str] = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the docstring
+        if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == [
+            "__all__"
+        ]:
+            continue
+        extra.append(f"line {node.lineno}: {type(node).__name__}")
+    return extra
+
+
+def test_every_backend_package_has_the_common_files() -> None:
+    packages = backend_packages(ROOT)
+    assert {package.name for package in packages} >= {
+        "nats",
+        "postgres",
+        "rabbitmq",
+        "redis",
+        "sqlite",
+    }
+    missing = {package.name: missing_files(package) for package in packages}
+    assert {name: files for name, files in missing.items() if files} == {}, (
+        "every backend package has the same files for the same concerns (docs/contributing.md)"
+    )
+
+
+def test_a_backend_package_s_init_only_exports() -> None:
+    extra = {
+        package.name: found
+        for package in backend_packages(ROOT)
+        if (found := definitions(package / "__init__.py"))
+    }
+    assert extra == {}, "a backend's code lives in its modules; __init__.py re-exports it"
+
+
+def test_the_layout_check_names_the_missing_file(tmp_path: Path) -> None:
+    package = tmp_path / "backends" / "broker"
+    package.mkdir(parents=True)
+    for name in (*BACKEND_FILES, "_claims.py", "_budget.py"):
+        (package / name).write_text("")
+    assert missing_files(package) == []
+    (package / "_fleet.py").unlink()
+    (package / "_claims.py").unlink()
+    (package / "_budget.py").unlink()
+    assert missing_files(package) == ["_fleet.py", "_claims.py or _leases.py", "_budget.py"]
+    (package / "__init__.py").write_text('"""doc"""\nfrom ._x import X\n__all__ = ["X"]\nY = 1\n')
+    assert definitions(package / "__init__.py") == ["line 4: Assign"]
+
+
+def test_each_backend_keeps_the_fleet_s_records_in_its_fleet_module() -> None:
+    """``_fleet.py`` is where the kinds of fleet record (``FleetKind``) are stored, in every
+    backend, so that a new kind is added there and nowhere else."""
+    elsewhere = [
+        package.name
+        for package in backend_packages(ROOT)
+        if "FleetKind"
+        not in {
+            alias.name
+            for node in ast.walk(ast.parse((package / "_fleet.py").read_text()))
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        }
+    ]
+    assert elsewhere == [], "_fleet.py stores the fleet's records (of each FleetKind)"

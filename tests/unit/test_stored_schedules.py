@@ -258,3 +258,47 @@ def test_the_log_keeps_every_change_until_it_is_dropped_to_its_record() -> None:
     assert Log.loads(log.dumps()) == log
     assert log.latest("a") == record and record.version == LOG_MAX + 5
     assert record.effective_ms == LOG_MAX + 4 + EFFECTIVE_AFTER_MS
+
+
+@pytest.mark.asyncio
+async def test_a_change_of_time_zone_runs_the_old_zones_slots_then_the_new_ones() -> None:
+    clock, store = TestClock("2027-01-15T07:14:50+00:00"), MemoryStore()
+    runs = Runs()
+    members = fleet(clock, store, runs, n=2)
+    await start(*members)
+    try:
+        # 13:00 in Kathmandu (+05:45) is 07:15Z; in Kolkata (+05:30), 07:30Z
+        await members[0].schedules.put(
+            "acme", task="reports.send", cron="0 13 * * *", timezone="Asia/Kathmandu"
+        )
+        await clock.advance("20s")  # Kathmandu's 13:00 has run
+        await members[1].schedules.put(
+            "acme", task="reports.send", cron="0 13 * * *", timezone="Asia/Kolkata"
+        )
+        await clock.advance("16m")
+        assert runs.slots() == Counter({"07:15:00": 1, "07:30:00": 1})
+    finally:
+        await stop(*members)
+
+
+@pytest.mark.asyncio
+async def test_a_run_going_on_when_its_schedule_is_deleted_ends_as_it_began() -> None:
+    clock, store = TestClock(START), MemoryStore()
+    ended: list[tuple[str, Any]] = []
+
+    async def long_report(ctx: JobContext) -> None:
+        await ctx.sleep(20)
+        ended.append((f"{ctx.scheduled_at:%H:%M:%S}", ctx.data))
+
+    sched = Scheduler(MemoryBackend(store=store), clock=clock, jitter=0, instance_id="i0")
+    sched.task("reports.send")(long_report)
+    await sched.start()
+    try:
+        await sched.schedules.put("acme", task="reports.send", every="30s", data="v1")
+        await clock.advance("35s")  # 08:01:05: the run of 08:01:00 goes on until 08:01:20
+        await sched.schedules.delete("acme")
+        await clock.advance("2m")
+        assert ended == [("08:01:00", "v1")]
+        assert sched.get("acme") is None
+    finally:
+        await sched.stop()

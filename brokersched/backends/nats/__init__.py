@@ -24,15 +24,17 @@ are never deleted or recreated (that would forget claimed slots and allow double
 existing stream that cannot work fails ``start()`` with a ``ConfigurationError`` that names each
 setting, its value and how to fix it (see ``_streams``).
 
-Modules: ``_base`` (URLs, secrets, errors), ``_streams`` (stream set-up and checks),
-``_backend`` (``NATSBackend``: connection, claims, history), ``_history`` (reading a job's
-runs). ``NATSLeaseBackend`` (``_leases``, ``_rows``) is the lease backend on a KV bucket.
+Modules: the layout every backend package shares (``docs/contributing.md``), ``_leases``
+holding ``NATSLeaseBackend`` (on a KV bucket); NATS's own: ``_errors`` (URLs, secrets, errors),
+``_streams`` and ``_stream_settings`` (stream set-up and checks), ``_names`` (stream and subject
+names), ``_rows`` and ``_bucket`` (the lease rows and their bucket), ``_link`` (``KVLink``, what
+``NATSLeaseBackend`` asks of its bucket: the simulator's model implements it too).
 """
 
 from __future__ import annotations
 
 from ._backend import NATSBackend
-from ._base import redact
+from ._errors import redact
 from ._leases import NATSLeaseBackend
 from ._names import subject_token
 

@@ -1,30 +1,38 @@
-"""``NATSBackend``: the connection, claims (with the resolution of ambiguous ones) and the run
-history; its streams are set up and checked by ``_streams``."""
+"""``NATSBackend``: its configuration and its life (connect, prepare, close), its claims and its
+run history; a claim's retries and the resolution of ambiguous ones are ``_claims``'s, the
+streams are set up and checked by ``_streams``."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import json
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ... import _redact
 from ..._clock import Clock
 from ..._durations import Duration, to_ms
-from ..._exceptions import BackendError, BackendUnavailableError
+from ..._exceptions import BackendError
 from ..._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, claim_deadline_ms
 from ..._tasks import cancel_requests, gather_each, raise_if_cancelled_since, to_the_end
 from ...abc import Claim, Finding, Inventory, JobPolicy, RunRecord, Slot
 from .._claims import ClaimBackendBase
 from .._keywords import own_options, refuse_unknown
 from . import _ops
-from ._base import (
+from ._claims import (
+    RETRY_PAUSE_S,
+    ClaimMessage,
+    ClaimRetries,
+    Watch,
+    attempt_seconds,
+    check_stream,
+    claim_body,
+)
+from ._connection import API_TIMEOUT_S, NATSClientBase, server_version
+from ._errors import (
     BACKEND,
     CALLBACKS,
     MSG_ID,
@@ -32,10 +40,7 @@ from ._base import (
     connect_keywords,
     describe,
     logger,
-    redact,
 )
-from ._client import API_TIMEOUT_S, NATSClientBase, server_version
-from ._fleet import presence
 from ._history import read_last
 from ._names import Names
 from ._options import NATSOptions, check_prefix
@@ -48,17 +53,8 @@ if TYPE_CHECKING:
 
 __all__ = ["NATSBackend"]
 
-_json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
-# A single publish attempt waits at most this long (or a quarter of the claim budget, if more)
-# before it is retried with the same message id: a request sent just before a disconnect never
-# gets its ack, and waiting for the whole deadline would leave no time for the retry.
-_MIN_ATTEMPT_S = 0.25
-# ... and at most this long: with a long budget (a cluster's 30 s), a request lost with a dying
-# stream leader is retried against the new one soon after it is elected.
-_MAX_ATTEMPT_S = 2.0
-_RETRY_PAUSE_S = 0.02  # between attempts that got a definite "try again" (no responders, 503)
-_CONNECTED_POLL_S = 0.05
 _API_TIMEOUT_S = API_TIMEOUT_S  # here too, for the tests that shorten it
+_FORGOTTEN = " (the claims stream's duplicate window), so its first claim may have been forgotten"
 
 
 class NATSBackend(NATSClientBase, ClaimBackendBase):
@@ -110,7 +106,7 @@ class NATSBackend(NATSClientBase, ClaimBackendBase):
         self._raising_window = asyncio.Lock()
         self._claim_timeout, self._names = options.claim_timeout, Names(options.prefix)
         self._streams = self._new_streams()
-        self._watch = _Watch()
+        self._watch = Watch()
         self._last_error: str | None = None
         self._claim_budget_s = self._claim_timeout.total_seconds()
         self._token_base = secrets.token_hex(6)
@@ -135,7 +131,7 @@ class NATSBackend(NATSClientBase, ClaimBackendBase):
 
     async def _open(self, clock: Clock) -> None:
         # Fresh per start: asyncio primitives belong to the loop they are first used in.
-        self._watch, self._streams = _Watch(), self._new_streams()
+        self._watch, self._streams = Watch(), self._new_streams()
         cancels = cancel_requests()
         nc = await self._connect(cancels)
         try:
@@ -198,27 +194,16 @@ class NATSBackend(NATSClientBase, ClaimBackendBase):
         if self._nc is not None:
             logger.error("NATS connection closed for good; claims fail until restart")
 
-    @property
-    def _fleet_prefix(self) -> str:
-        return self._names.prefix
+    def _namespace(self, namespace: str | None) -> str:
+        return self._names.prefix if namespace is None else check_prefix(namespace, BACKEND)
 
     # -- operations (brokersched purge, doctor) ---------------------------------------------
 
     async def _inventory(self, namespace: str | None) -> Inventory:
         """The prefix's streams (claims, history). Live: a message stored in the last
         minute (a claim, the fleet's record, a run)."""
-        names = self._names if namespace is None else Names(check_prefix(namespace, BACKEND))
+        names = self._names if namespace is None else Names(self._namespace(namespace))
         return await self._operation("list its streams", _ops.inventory, names)
-
-    async def _presence_records(self, namespace: str | None) -> list[str]:
-        """The presence bucket ``<prefix>-fleet-instance``, read only."""
-        prefix = self._names.prefix if namespace is None else check_prefix(namespace, BACKEND)
-        return await self._operation("read the fleet's presence", presence, prefix)
-
-    async def _control_records(self) -> list[str]:
-        """The control bucket ``<prefix>-fleet-control``, read only."""
-        prefix = self._names.prefix
-        return await self._operation("read the jobs' controls", presence, prefix, "control")
 
     async def purge(self, inventory: Inventory) -> Inventory:
         return await self._operation("delete its streams", _ops.purge, inventory)
@@ -247,21 +232,8 @@ class NATSBackend(NATSClientBase, ClaimBackendBase):
         return claim_deadline_ms(self._streams.fleet, slot.slot_ms, skew_ms=self._skew_ms)
 
     def _check_deadline(self, slot: Slot) -> None:
-        """Refuse a claim past its deadline, within this instance's slot_ttl after the slot
-        (the scheduler's range: a slot claimed by hand years later is the caller's business)."""
-        if self._clock is None:
-            return
-        now = self._clock.now_ms()
-        if not self._in_own_memory(slot, now):
-            return
-        deadline = self.claim_deadline_ms(slot)
-        if deadline is None or now <= deadline:
-            return
-        raise BackendError(
-            f"{BACKEND}: slot {slot.key} is too late to claim safely: "
-            f"{self._forgotten(self._streams.fleet, slot)} (the claims stream's duplicate "
-            "window), so its first claim may have been forgotten; the slot is not run here"
-        )
+        if self._clock is not None:
+            self._refuse_too_late(self._streams.fleet, slot, self._clock.now_ms(), _FORGOTTEN)
 
     async def claim_boot(
         self, slot: Slot, *, instance_id: str, run_id: str, timeout: float
@@ -291,17 +263,17 @@ class NATSBackend(NATSClientBase, ClaimBackendBase):
                 return await self._retry_claim(nc, js, message, started, budget, None)
             # The first attempt, kept lean: it is nearly always the only one. It relies on
             # nats-py's timeout rather than an asyncio.timeout that a disconnect could end early
-            # (~7 us per claim); it is retried after _attempt_seconds() anyway.
+            # (~7 us per claim); it is retried after attempt_seconds() anyway.
             try:
                 ack = await js.publish(
                     message.subject,
                     message.body,
-                    timeout=_attempt_seconds(budget),
+                    timeout=attempt_seconds(budget),
                     headers={MSG_ID: message.msg_id},
                 )
             except Exception as exc:
                 return await self._retry_claim(nc, js, message, started, budget, exc)
-            _check_stream(ack, self._names.claims, message.msg_id)
+            check_stream(ack, self._names.claims, message.msg_id)
             return not ack.duplicate  # a definite answer: nothing of this call was stored before
 
     async def claim_many(
@@ -335,12 +307,12 @@ class NATSBackend(NATSClientBase, ClaimBackendBase):
         pending = [ack for ack in acks if isinstance(ack, asyncio.Future)]
         try:
             if pending:
-                await asyncio.wait(pending, timeout=_attempt_seconds(budget))
+                await asyncio.wait(pending, timeout=attempt_seconds(budget))
         finally:
             for ack in pending:
                 ack.cancel()  # no answer in time: this claim's retry finds out what was stored
 
-        async def outcome(message: _Message, ack: asyncio.Future[PubAck] | Exception) -> bool:
+        async def outcome(message: ClaimMessage, ack: asyncio.Future[PubAck] | Exception) -> bool:
             with self._translated("claim", message.msg_id):
                 if isinstance(ack, Exception):
                     first: Exception = ack
@@ -350,7 +322,7 @@ class NATSBackend(NATSClientBase, ClaimBackendBase):
                     first = cast(Exception, error)
                 else:
                     answer = ack.result()
-                    _check_stream(answer, self._names.claims, message.msg_id)
+                    check_stream(answer, self._names.claims, message.msg_id)
                     return not answer.duplicate  # definite: the first attempt of this claim
                 return await self._retry_claim(nc, js, message, started, budget, first)
 
@@ -358,13 +330,13 @@ class NATSBackend(NATSClientBase, ClaimBackendBase):
             [outcome(message, ack) for message, ack in zip(messages, acks, strict=True)]
         )
 
-    def _message(self, slot: Slot, instance_id: str, run_id: str) -> _Message:
+    def _message(self, slot: Slot, instance_id: str, run_id: str) -> ClaimMessage:
         """What every attempt of this claim publishes. Its token tells a retry of this very
         claim from any other, even one by the same instance with the same run id."""
         token = f"{self._token_base}{next(self._token_seq):x}"
         subject = self._claim_subjects.get(slot.job) or self._claim_subject(slot.job)
-        body = _claim_body(instance_id, slot.slot_ms, run_id, token)
-        return _Message(subject, slot.key, body, token)  # Nats-Msg-Id: <job>:<slot_ms>
+        body = claim_body(instance_id, slot.slot_ms, run_id, token)
+        return ClaimMessage(subject, slot.key, body, token)  # Nats-Msg-Id: <job>:<slot_ms>
 
     def _claim_subject(self, job: str) -> str:
         subject = self._claim_subjects[job] = self._names.claim_subject(job)
@@ -374,12 +346,12 @@ class NATSBackend(NATSClientBase, ClaimBackendBase):
         self,
         nc: NATSClient,
         js: JetStreamContext,
-        message: _Message,
+        message: ClaimMessage,
         started: float,
         budget: float,
         first_error: Exception | None,
     ) -> bool:
-        claim = _Claim(self._watch, nc, js, self._names.claims, message, started, budget)
+        claim = ClaimRetries(self._watch, nc, js, self._names.claims, message, started, budget)
         return await claim.retry(first_error)
 
     # -- history -------------------------------------------------------------------------------
@@ -444,7 +416,7 @@ class NATSBackend(NATSClientBase, ClaimBackendBase):
             ):
                 if time.monotonic() >= deadline:
                     raise
-                await asyncio.sleep(_RETRY_PAUSE_S)
+                await asyncio.sleep(RETRY_PAUSE_S)
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
         _, js = self._client()
@@ -452,200 +424,6 @@ class NATSBackend(NATSClientBase, ClaimBackendBase):
         with self._translated(f"reading the history of {job.name!r}"):
             bodies = await read_last(js, self._names.history, subject, min(limit, job.history_size))
         return [RunRecord.from_json(body) for body in reversed(bodies)]
-
-
-class _Watch:
-    """The connection's state as claims need it: when it is back, and which publish attempts
-    are in flight (a disconnect ends them at once: their acks will never come)."""
-
-    def __init__(self) -> None:
-        self._attempts: set[asyncio.Timeout] = set()
-        self._changed = asyncio.Event()
-
-    def changed(self) -> None:
-        self._changed.set()
-
-    def disconnected(self) -> None:
-        self._changed.clear()
-        now = asyncio.get_running_loop().time()
-        for attempt in list(self._attempts):
-            with contextlib.suppress(RuntimeError):  # already leaving its block
-                attempt.reschedule(now)
-
-    def attempt(self, seconds: float) -> _Attempt:
-        """A deadline for one publish attempt that a disconnect ends at once."""
-        return _Attempt(self._attempts, asyncio.timeout(seconds))
-
-    async def wait_connected(self, nc: NATSClient, until: float) -> None:
-        """Return when ``nc`` is connected again or at ``until`` (``time.monotonic()``)."""
-        while not nc.is_connected:
-            if nc.is_closed:
-                raise BackendUnavailableError(f"{BACKEND}: the NATS connection is closed")
-            remaining = until - time.monotonic()
-            if remaining <= 0:
-                return
-            with contextlib.suppress(TimeoutError):  # the event can miss a change: poll too
-                await asyncio.wait_for(self._changed.wait(), min(remaining, _CONNECTED_POLL_S))
-
-
-class _Attempt:
-    """An ``asyncio.timeout`` that its ``_Watch`` can end early while it is active."""
-
-    __slots__ = ("_attempts", "_timeout")
-
-    def __init__(self, attempts: set[asyncio.Timeout], timeout: asyncio.Timeout) -> None:
-        self._attempts, self._timeout = attempts, timeout
-
-    async def __aenter__(self) -> None:
-        await self._timeout.__aenter__()
-        self._attempts.add(self._timeout)
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._attempts.discard(self._timeout)
-        await self._timeout.__aexit__(exc_type, exc, tb)  # raises TimeoutError when it expired
-
-
-class _Message(NamedTuple):
-    """What every attempt of one claim publishes; ``token`` is in ``body``."""
-
-    subject: str
-    msg_id: str
-    body: bytes
-    token: str
-
-
-def _attempt_seconds(budget: float) -> float:
-    """How long one publish attempt waits for its ack before it is retried."""
-    return min(max(_MIN_ATTEMPT_S, budget / 4), _MAX_ATTEMPT_S, budget)
-
-
-def _check_stream(ack: PubAck, stream: str, msg_id: str) -> None:
-    if ack.stream != stream:
-        raise BackendError(
-            f"{BACKEND}: claim {msg_id} was stored in stream {ack.stream!r}, expected {stream!r}"
-        )
-
-
-def _claim_body(instance_id: str, slot_ms: int, run_id: str, token: str) -> bytes:
-    # Formatted by hand (strings still JSON-escaped): json.dumps of a dict costs more than the
-    # rest of the claim's client-side work together.
-    return (
-        f'{{"instance_id":{_json_str(instance_id)},"slot_ms":{int(slot_ms)},'
-        f'"run_id":{_json_str(run_id)},"claim":"{token}"}}'
-    ).encode()
-
-
-class _Claim:
-    """One ``claim()`` call: publish attempts with the same message id until a definite answer."""
-
-    def __init__(
-        self,
-        watch: _Watch,
-        nc: NATSClient,
-        js: JetStreamContext,
-        stream: str,
-        message: _Message,
-        started: float,
-        budget: float,
-    ) -> None:
-        self.watch, self.nc, self.js, self.stream = watch, nc, js, stream
-        self.message, self.msg_id, self.budget = message, message.msg_id, budget
-        self.deadline = started + budget  # on time.monotonic()
-        self.attempt_s = _attempt_seconds(budget)
-        self.attempts = 0
-        self.cause: Exception | None = None  # why the last attempt had no answer
-
-    async def retry(self, first_error: Exception | None) -> bool:
-        """Attempt until a definite answer or the deadline; ``first_error`` ended attempt 1."""
-        if first_error is not None:
-            self.attempts = 1
-            await self._absorb(first_error)
-        while (remaining := self.deadline - time.monotonic()) > 0:
-            if not self.nc.is_connected:
-                # Waiting, rather than letting nats-py buffer the publish, means a claim we give
-                # up on was never sent: it cannot be stored later behind our back.
-                await self.watch.wait_connected(self.nc, self.deadline)
-                continue
-            try:
-                async with self.watch.attempt(min(remaining, self.attempt_s)):
-                    verdict = await self._attempt()
-            except Exception as exc:
-                await self._absorb(exc)
-                continue
-            if verdict is not None:
-                return verdict
-        raise self._no_answer()
-
-    async def _absorb(self, exc: Exception) -> None:
-        """Keep ``exc`` as the cause of a retry, or re-raise it when retrying cannot help."""
-        import nats.errors
-        import nats.js.errors
-
-        if isinstance(exc, TimeoutError | nats.errors.OutboundBufferLimitError):
-            self.cause = exc  # maybe stored: the next attempt finds out
-        elif isinstance(
-            exc, nats.js.errors.NoStreamResponseError | nats.js.errors.ServiceUnavailableError
-        ):  # JetStream not ready (restarting, electing a leader): not stored
-            self.cause = exc
-            await asyncio.sleep(max(0.0, min(_RETRY_PAUSE_S, self.deadline - time.monotonic())))
-        else:
-            raise exc
-
-    async def _attempt(self) -> bool | None:
-        """``True``/``False`` when definite, ``None`` to try again."""
-        self.attempts += 1
-        ack = await self.js.publish(
-            self.message.subject,
-            self.message.body,
-            timeout=self.budget,  # the attempt's own deadline ends it sooner
-            headers={MSG_ID: self.msg_id},
-        )
-        _check_stream(ack, self.stream, self.msg_id)
-        if not ack.duplicate:
-            return True
-        if self.attempts == 1:
-            return False  # nothing of this call can have been stored before: definite
-        if not ack.seq:  # clustered: the first copy is still being replicated
-            await asyncio.sleep(_RETRY_PAUSE_S)
-            return None
-        return await self._stored_is_ours(ack.seq)
-
-    async def _stored_is_ours(self, seq: int) -> bool:
-        """Whether the message stored under our id is an earlier attempt of this call.
-
-        Read from the stream leader (not a direct get, which a lagging replica may answer).
-        """
-        msg = await self.js.get_msg(self.stream, seq=seq)
-        headers = cast(dict[str, str], msg.headers or {})  # pyright: ignore[reportUnknownMemberType]
-        stored_id = headers.get(MSG_ID)
-        if stored_id != self.msg_id:
-            raise BackendError(
-                f"{BACKEND}: claim {self.msg_id}: sequence {seq} of {self.stream} holds "
-                f"{stored_id!r}; cannot tell who won"
-            )
-        try:
-            stored = json.loads(msg.data or b"")
-        except ValueError as exc:
-            raise BackendError(f"{BACKEND}: claim {self.msg_id}: unreadable stored body") from exc
-        ours = self.message.token
-        return isinstance(stored, dict) and cast(dict[str, Any], stored).get("claim") == ours
-
-    def _no_answer(self) -> BackendError:
-        if self.cause is not None:
-            cause = redact(str(self.cause)) or type(self.cause).__name__
-        else:
-            cause = "no time left to try" if self.nc.is_connected else "not connected"
-        error = BackendUnavailableError(
-            f"{BACKEND}: claim {self.msg_id}: no definite answer within {self.budget:g}s "
-            f"after {self.attempts} attempt(s) ({cause})"
-        )
-        error.__cause__ = self.cause
-        return error
 
 
 def _chain(

@@ -1,6 +1,7 @@
 """The key-value bucket of ``NATSLeaseBackend`` (``_leases``): the rows' table over nats-py's KV
 API with the server's clock read from a probe (``KVTable``), the bucket's name
-(``check_bucket``, ``kv_stream``) and the check of an existing bucket (``bucket_problems``)."""
+(``check_bucket``, ``kv_stream``) and the check of an existing bucket (``bucket_problems``); the
+backend talks to it through ``_connection.OwnBucket``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..._clock import datetime_to_ms
 from ..._exceptions import BackendError
 from .._options import name_check
-from ._base import Translated
+from ._errors import Translated
 from ._rows import Conflict, Table
 from ._stream_settings import limit_value, setting_text
 
@@ -20,7 +21,16 @@ if TYPE_CHECKING:
     from nats.js import JetStreamContext
     from nats.js.kv import KeyValue
 
-__all__ = ["BACKEND", "KVTable", "bucket_problems", "check_bucket", "kv_stream"]
+__all__ = [
+    "BACKEND",
+    "MSG_TTL",
+    "OPERATION_TIMEOUT_S",
+    "SERIAL_CAS",
+    "KVTable",
+    "bucket_problems",
+    "check_bucket",
+    "kv_stream",
+]
 
 BACKEND = "NATSLeaseBackend"
 check_bucket = name_check(
@@ -29,6 +39,9 @@ check_bucket = name_check(
     "1-64 letters, digits, '_' or '-' (it names the KV bucket and the history stream)",
 )
 _CLOCK_KEY = "clock"
+OPERATION_TIMEOUT_S = 10.0  # take-over, record, history: not time-critical, but bounded
+MSG_TTL = (2, 11)  # the first nats-server with per-message TTLs
+SERIAL_CAS = (2, 11)  # the first whose clustered streams serialize compare-and-sets
 _PROBE_TIMEOUT_S = 2.0  # a probe lost with a dying leader gives way to a new one soon
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...abc import BrokerBudget
 from .._budget import BudgetWatch, Effects, Part, judge, share
-from ._base import Translated
+from ._errors import Translated
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATSClient

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from ..._fleetrecords import FORGET, MISSED_KEPT
 from ...abc import FleetKind
-from ._base import Translated
+from ._errors import Translated
 
 if TYPE_CHECKING:
     from nats.js.client import JetStreamContext

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from ._base import MSG_ID
+from ._errors import MSG_ID
 
 if TYPE_CHECKING:
     from nats.js import JetStreamContext

@@ -28,20 +28,18 @@ out of every read, and leave the stream when ``history_size`` pushes them out.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import logging
-import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Self
 
-from ..._clock import Clock, datetime_to_ms
-from ..._durations import Duration, to_ms
-from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
-from ..._tasks import cancel_requests, to_the_end
+from ..._clock import Clock
+from ..._durations import Duration
+from ..._exceptions import BackendError, BackendUnavailableError
 from ...abc import (
     Claim,
     Finding,
+    FleetKind,
     Inventory,
     JobPolicy,
     Lease,
@@ -67,32 +65,33 @@ from .._lease import (
 )
 from .._ops import server_finding
 from . import _ops
-from ._base import (
-    MSG_ID,
-    close_client,
+from ._bucket import (
+    BACKEND,
+    MSG_TTL,
+    OPERATION_TIMEOUT_S,
+    SERIAL_CAS,
+    bucket_problems,
+    check_bucket,
+    kv_stream,
+)
+from ._connection import NATSClientBase, OwnBucket, server_version
+from ._errors import (
     connect_keywords,
     describe,
     logger,
 )
-from ._bucket import BACKEND, KVTable, bucket_problems, check_bucket, kv_stream
-from ._client import API_TIMEOUT_S, NATSClientBase, server_version
-from ._fleet import bucket_streams, presence
-from ._history import read_last
+from ._fleet import bucket_streams
+from ._link import KVLink
 from ._names import Names
 from ._options import NATSLeaseOptions
 from ._rows import Rows
-from ._stream_settings import history_config, history_problems
+from ._stream_settings import history_problems
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATSClient
     from nats.js import JetStreamContext
-    from nats.js.kv import KeyValue
 
 __all__ = ["NATSLeaseBackend"]
-
-_OPERATION_TIMEOUT_S = 10.0  # take-over, record, history: not time-critical, but bounded
-_MSG_TTL = (2, 11)  # the first nats-server with per-message TTLs
-_SERIAL_CAS = (2, 11)  # the first whose clustered streams serialize compare-and-sets
 
 
 #: NATSBackend's options that a user moving to leases may pass, and what to pass instead.
@@ -145,12 +144,28 @@ class NATSLeaseBackend(NATSClientBase, LeaseBackendBase):
         self._bucket, self._names = options.bucket, Names(options.bucket)
         self._clock: Clock | None = None
         self._rows: Rows | None = None
-        self._history_size = 0  # max_msgs_per_subject known to be in place
-        self._history_lock = asyncio.Lock()
-        self._msg_ttl = False  # the history stream drops runs by their own TTL
         #: For tests: decisions judge time as if the server's clock read this (ms); ``None``
         #: (always, in production): the server's clock.
         self.store_time: int | None = None
+        self._link: KVLink = OwnBucket(
+            self, self._bucket, replicas=options.replicas, store_time=lambda: self.store_time
+        )
+
+    @classmethod
+    def over(
+        cls,
+        link: KVLink,
+        *,
+        lease_ttl: Duration = "30s",
+        max_clock_skew: Duration = DEFAULT_MAX_CLOCK_SKEW,
+    ) -> Self:
+        """A backend whose bucket, history stream and fleet's records are ``link``'s instead
+        of its own connection's: the fleet simulator makes the real backend over its model
+        of a bucket this way (``_link``). ``inventory()``, ``purge()`` and ``doctor()`` still
+        connect to the default server."""
+        backend = cls(lease_ttl=lease_ttl, max_clock_skew=max_clock_skew)
+        backend._link = link
+        return backend
 
     def __repr__(self) -> str:
         return f"{BACKEND}({self._shown_servers!r}, bucket={self._bucket!r})"
@@ -162,33 +177,16 @@ class NATSLeaseBackend(NATSClientBase, LeaseBackendBase):
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def _open(self, clock: Clock) -> None:
-        self._history_lock = asyncio.Lock()
-        self._history_size, self._msg_ttl = 0, False
-        cancels = cancel_requests()
-        nc = await self._connect(cancels)
-        try:
-            js = nc.jetstream(timeout=API_TIMEOUT_S)  # pyright: ignore[reportUnknownMemberType]
-            with self._translated("preparing the bucket"):
-                self._check_replicas(self._replicas, nc)
-                kv = await self._bucket_kv(js, nc)
-                await self._check_history_stream(js)
-        except BaseException:
-            await to_the_end(close_client(nc))
-            raise
-        self._nc, self._js, self._clock = nc, js, clock
+        table = await self._link.open(clock)
+        self._clock = clock
         self._rows = Rows(
-            KVTable(
-                js,
-                kv,
-                bucket=self._bucket,
-                translated=self._translated,
-                store_time=lambda: self.store_time,
-            ),
+            table,
             BACKEND,
+            self._link.monotonic,
+            self._link.sleep,
             blocking=clock.blocking,
             bound=clock.timeout,
         )
-        await self._start_budget(clock, cancels)
 
     def _callbacks(self) -> dict[str, Callable[..., Awaitable[None]]]:
         """Logging nats-py's errors, unless the caller gave an ``error_cb``."""
@@ -204,78 +202,11 @@ class NATSLeaseBackend(NATSClientBase, LeaseBackendBase):
         )
 
     async def _close(self) -> None:
-        await self._stop_budget()
-        nc, self._nc, self._js, self._clock, self._rows = self._nc, None, None, None, None
-        self._fleet_buckets = None  # opened again on the next connection's first use
-        if nc is not None:
-            await close_client(nc)
+        await self._link.close()
+        self._clock, self._rows = None, None
 
-    def _check_replicas(self, replicas: int, nc: NATSClient) -> None:
-        """Refuse a replicated bucket on a server that does not serialize compare-and-sets.
-
-        Before nats-server 2.11 a clustered stream checked ``Nats-Expected-Last-Subject-
-        Sequence`` before the write's Raft proposal, not within it: two writes made from one
-        revision at the same moment could both land (nats-io/nats-server#4320, #5644), so two
-        instances could both be granted a slot. Seen here: a slot ran twice on a 3-node 2.9.10
-        cluster whose bucket leader was killed. A single server serializes them."""
-        if replicas <= 1:
-            return
-        version = nc.connected_server_version
-        if version is not None and (version.major, version.minor) >= _SERIAL_CAS:
-            return
-        shown = "unknown" if version is None else f"{version.major}.{version.minor}"
-        raise ConfigurationError(
-            f"{BACKEND}: a bucket with {replicas} replicas needs nats-server "
-            f"{_SERIAL_CAS[0]}.{_SERIAL_CAS[1]} or later (connected to {shown}): before it, a "
-            "clustered stream lets two compare-and-set writes from one revision both land "
-            "(nats-io/nats-server#4320, #5644), and a slot could run twice; upgrade the "
-            "servers, or use replicas=1 (one server)",
-            option="replicas",
-            backend=BACKEND,
-        )
-
-    async def _bucket_kv(self, js: JetStreamContext, nc: NATSClient) -> KeyValue:
-        """The bucket, created when missing (file storage, one revision per key, no TTL: a
-        row holds the job's fences for ever; read from the leader only)."""
-        import nats.js.errors
-        from nats.js.api import StorageType
-
-        for _ in range(3):
-            try:
-                # Checked first: nats-py refuses some of what is checked (an unlimited
-                # history) with a less telling error of its own.
-                await self._check_bucket(js, nc)
-                return await js.key_value(self._bucket)
-            except nats.js.errors.NotFoundError:  # the bucket's stream, or the bucket
-                pass
-            try:
-                return await js.create_key_value(  # pyright: ignore[reportUnknownMemberType]
-                    bucket=self._bucket,
-                    description="brokersched leases (a row per job)",
-                    history=1,
-                    storage=StorageType.FILE,
-                    replicas=self._replicas,
-                    direct=False,
-                )
-            except nats.js.errors.BadRequestError:
-                continue  # created by another instance meanwhile: take it
-        raise BackendError(f"{BACKEND}: bucket {self._bucket!r} keeps changing")
-
-    async def _check_bucket(self, js: JetStreamContext, nc: NATSClient) -> None:
-        config = (await js.stream_info(kv_stream(self._bucket))).config
-        self._check_replicas(config.num_replicas or 1, nc)
-        problems = bucket_problems(config, nc.max_payload)
-        if problems:
-            raise ConfigurationError(
-                f"{BACKEND}: the existing KV bucket {self._bucket!r} cannot be used: "
-                + "; ".join(problems),
-                option="bucket",
-                backend=BACKEND,
-            )
-
-    @property
-    def _fleet_prefix(self) -> str:
-        return self._bucket
+    def _namespace(self, namespace: str | None) -> str:
+        return self._bucket if namespace is None else check_bucket(namespace, BACKEND)
 
     def _lease_rows(self) -> Rows:
         if self._rows is None:
@@ -329,17 +260,17 @@ class NATSLeaseBackend(NATSClientBase, LeaseBackendBase):
     async def lease_state(self, job: str) -> LeaseState:
         rows = self._lease_rows()
         with self._translated("read the leases of", repr(job)):
-            return await rows.read_at(job, _OPERATION_TIMEOUT_S)
+            return await rows.read_at(job, OPERATION_TIMEOUT_S)
 
     async def _take_over_job(self, policy: JobPolicy, instance_id: str) -> list[Lease]:
         """With a lease in the job's row: the lease protocol's take-over, one
         compare-and-set; the dead attempts are recorded after it landed."""
         rows, what = self._lease_rows(), ("take over the slots of", repr(policy.name))
         with self._translated(*what):
-            if not (await rows.read(policy.name, _OPERATION_TIMEOUT_S)).leases:
+            if not (await rows.read(policy.name, OPERATION_TIMEOUT_S)).leases:
                 return []  # nothing runs nor waits: no need of the server's clock
         request = TakeOver(policy, instance_id, self._instance_now())
-        taken, _ = await self._decide(policy.name, request, _OPERATION_TIMEOUT_S, *what)
+        taken, _ = await self._decide(policy.name, request, OPERATION_TIMEOUT_S, *what)
         assert isinstance(taken, TakenOver)
         for record in taken.records:
             try:
@@ -361,105 +292,32 @@ class NATSLeaseBackend(NATSClientBase, LeaseBackendBase):
 
     async def prepare(self, jobs: Sequence[JobPolicy]) -> None:
         if jobs:
-            js = self._jetstream()
-            with self._translated("preparing the history stream"):
-                await self._ensure_history(js, max(job.history_size for job in jobs))
+            await self._link.prepare(max(job.history_size for job in jobs))
 
     async def record(self, job: JobPolicy, record: RunRecord) -> None:
-        js = self._jetstream()
-        with self._translated(f"recording a run of {job.name!r}"):
-            await self._ensure_history(js, job.history_size)
-            headers = {MSG_ID: f"{Slot(record.job, record.slot_ms).key}:{record.run_id}"}
-            ttl = None
-            if self._msg_ttl and job.history_ttl is not None:
-                ttl = max(1, math.ceil(job.history_ttl.total_seconds()))
-            async with asyncio.timeout(_OPERATION_TIMEOUT_S):
-                await js.publish(
-                    self._names.history_subject(job.name),
-                    record.to_json().encode(),
-                    headers=headers,
-                    msg_ttl=ttl,
-                )
+        await self._link.record(job, record)
 
     async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
-        js = self._jetstream()
-        subject = self._names.history_subject(job.name)
-        count = min(limit, job.history_size)
-        with self._translated(f"reading the history of {job.name!r}"):
-            async with asyncio.timeout(_OPERATION_TIMEOUT_S):
-                bodies = await read_last(js, self._names.history, subject, count)
-        records = [RunRecord.from_json(body) for body in reversed(bodies)]
-        if job.history_ttl is not None:  # 2.9, 2.10: no per-message TTL (and TTLs are whole s)
-            oldest = self._instance_now() - to_ms(job.history_ttl)
-            records = [r for r in records if datetime_to_ms(r.started_at) >= oldest]
-        return records
+        return await self._link.history(job, limit)
 
-    async def _check_history_stream(self, js: JetStreamContext) -> None:
-        info = await _ops.stream_info_or_none(js, self._names.history)
-        if info is not None:
-            self._raise_problems(history_problems(info.config, self._names))
+    # -- the fleet's records -----------------------------------------------------------------
 
-    def _raise_problems(self, problems: list[str]) -> None:
-        if problems:
-            raise ConfigurationError(
-                f"{BACKEND}: the existing JetStream stream {self._names.history!r} cannot be "
-                "used: " + "; ".join(problems),
-                option="bucket",
-                backend=BACKEND,
-            )
+    async def _fleet_read(self, kind: FleetKind) -> dict[str, str]:
+        return await self._link.fleet_read(kind)
 
-    async def _ensure_history(self, js: JetStreamContext, size: int) -> None:
-        """Create the history stream, or grow it to keep ``size`` runs per job (never shrunk:
-        another instance may keep more)."""
-        import nats.js.errors
+    async def _fleet_put(self, kind: FleetKind, key: str, value: str, *, ttl: timedelta) -> None:
+        await self._link.fleet_put(kind, key, value, ttl=ttl)
 
-        if size <= self._history_size:
-            return
-        async with self._history_lock:
-            if size <= self._history_size:
-                return
-            for _ in range(3):
-                try:
-                    info = await js.stream_info(self._names.history)
-                except nats.js.errors.NotFoundError:
-                    config = history_config(self._names, size, self._replicas)
-                    config.allow_msg_ttl = self._server_has_msg_ttl() or None
-                    try:
-                        info = await js.add_stream(config)  # pyright: ignore[reportUnknownMemberType]
-                    except nats.js.errors.BadRequestError:
-                        continue  # created by another instance meanwhile
-                else:
-                    config = info.config
-                    self._raise_problems(history_problems(config, self._names, size))
-                    if (config.max_msgs_per_subject or 0) < size:
-                        grown = dataclasses.replace(config, max_msgs_per_subject=size)
-                        info = await js.update_stream(grown)  # pyright: ignore[reportUnknownMemberType]
-                self._msg_ttl = bool(info.config.allow_msg_ttl)
-                self._history_size = size
-                return
-            raise BackendError(f"{BACKEND}: stream {self._names.history} keeps changing")
-
-    def _server_has_msg_ttl(self) -> bool:
-        version = self._nc.connected_server_version if self._nc is not None else None
-        return version is not None and (version.major, version.minor) >= _MSG_TTL
+    async def _fleet_swap(self, kind: FleetKind, key: str, old: str | None, new: str) -> bool:
+        return await self._link.fleet_swap(kind, key, old, new)
 
     # -- operations (brokersched purge, doctor) ---------------------------------------------
 
     async def _inventory(self, namespace: str | None) -> Inventory:
         """The bucket's stream and the history stream. Live: a message stored in the last
         minute (every decision writes the clock probe)."""
-        bucket = self._bucket if namespace is None else check_bucket(namespace, BACKEND)
+        bucket = self._namespace(namespace)
         return await self._operation("list its streams", _stream_inventory, bucket)
-
-    async def _presence_records(self, namespace: str | None) -> list[str]:
-        """The presence bucket ``<bucket>-fleet-instance``, read only."""
-        bucket = self._bucket if namespace is None else check_bucket(namespace, BACKEND)
-        return await self._operation("read the fleet's presence", presence, bucket)
-
-    async def _control_records(self) -> list[str]:
-        """The control bucket ``<bucket>-fleet-control``, read only."""
-        bucket = self._bucket
-        return await self._operation("read the jobs' controls", presence, bucket, "control")
 
     async def purge(self, inventory: Inventory) -> Inventory:
         async def purge(js: JetStreamContext, found: Inventory) -> Inventory:
@@ -486,7 +344,7 @@ class NATSLeaseBackend(NATSClientBase, LeaseBackendBase):
                 )
                 findings.append(_ops.replicas_finding(stream, info, self._replicas))
                 replicas = info.config.num_replicas or 1
-                old = version is not None and (version.major, version.minor) < _SERIAL_CAS
+                old = version is not None and (version.major, version.minor) < SERIAL_CAS
                 if replicas > 1 and old:
                     findings.append(
                         Finding(
@@ -502,7 +360,7 @@ class NATSLeaseBackend(NATSClientBase, LeaseBackendBase):
             if history is not None:
                 problems = history_problems(history.config, self._names)
                 findings += _ops.problem_findings(self._names.history, problems)
-            if version is not None and (version.major, version.minor) < _MSG_TTL:
+            if version is not None and (version.major, version.minor) < MSG_TTL:
                 findings.append(
                     Finding(
                         "ok",

@@ -9,7 +9,7 @@ import re
 
 from ..._exceptions import ConfigurationError
 from ..._options import NAME_PATTERN
-from ._base import BACKEND
+from ._errors import BACKEND
 
 __all__ = ["Names", "subject_token"]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...abc import Finding, Inventory, StoredObject
 from .._ops import LIVE_WINDOW, server_finding, slot_memory_finding
-from ._base import BACKEND
+from ._errors import BACKEND
 from ._fleet import bucket_streams
 from ._names import Names
 from ._stream_settings import claims_problems, history_problems

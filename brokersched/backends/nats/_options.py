@@ -17,8 +17,8 @@ from .._options import (
     name_check,
     positive_duration,
 )
-from ._base import check_servers
 from ._bucket import check_bucket
+from ._errors import check_servers
 
 __all__ = ["NATSLeaseOptions", "NATSOptions", "ServerOptions", "check_prefix"]
 

@@ -7,7 +7,7 @@ protocol (``_lease.decide``) to a job's row on the store's clock and writes the 
 race (another instance wrote first) reads again. A failed call is made again until the
 decision's deadline; a write whose answer is lost (a link cut, a timeout) may have landed: the
 row carries the id of the write that made it, so reading it back says whether ours did.
-The fleet simulator runs these rows over a model of the table.
+The fleet simulator runs these rows over a model of the table (``_link``).
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import contextlib
 import json
 import secrets
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 from ..._exceptions import BackendError, BackendUnavailableError
 from ..._tasks import cancel_requests, raise_if_cancelled_since
@@ -45,20 +44,18 @@ class Conflict(Exception):
     """The entry's revision was no longer the one read: another write came first."""
 
 
-class Table(ABC):
-    """One key-value bucket, as the lease rows use it. Every method answers within
+class Table(Protocol):
+    """One key-value bucket, as the lease rows use it (``KVLink.open`` gives it: the real
+    ``_bucket.KVTable``, or the fleet simulator's model). Every method answers within
     ``timeout`` seconds or raises ``TimeoutError`` or ``BackendError`` (no answer)."""
 
-    @abstractmethod
     async def read(self, key: str, timeout: float) -> tuple[bytes | None, int]:
         """The entry's value and revision, read from the store's leader (``None, 0``: none)."""
 
-    @abstractmethod
     async def write(self, key: str, value: bytes, last: int, timeout: float) -> None:
         """Store ``value`` if the entry's revision is still ``last`` (0: if there is none);
         raise ``Conflict`` otherwise. Without an answer it may have landed or not."""
 
-    @abstractmethod
     async def read_at(self, key: str, timeout: float) -> tuple[bytes | None, int, int]:
         """``read()``, and the store's clock (ms since the epoch) at about that moment."""
 

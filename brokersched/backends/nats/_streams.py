@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..._exceptions import BackendError, BackendUnavailableError, ConfigurationError
 from ..._slotmemory import FleetMemory
-from ._base import BACKEND, describe, logger
+from ._errors import BACKEND, describe, logger
 from ._names import Names
 from ._stream_settings import (
     claims_config,

@@ -3,19 +3,17 @@
 Every slot is claimed through a queue of its own that takes one message: the first claim's
 publish is acked (won), every later one nacked (lost), for as long as the fleet's slot memory.
 
-Modules: ``_claims`` (the claim protocol, and why each detail of it), ``_fleet`` (the fleet's
-slot memory: its record, lock and fences), ``_history`` (the history stream), ``_connection``
-(the robust connection and its channel pool), ``_names`` (queue and exchange names),
-``_errors`` (URLs and client errors), ``_ops`` (``brokersched purge`` and ``doctor``),
-``_budget`` (the broker's budget, watched), ``_files`` (what spends a node's open files, by
-its version), ``_records`` (the fleet's presence and controls: one queue under a lock),
-``_backend`` (``RabbitMQBackend``: configuration and life cycle).
+Modules: the layout every backend package shares (``docs/contributing.md``); RabbitMQ's own:
+``_slotmemory`` (the fleet's slot memory: its record, lock and fences), ``_names`` (queue and
+exchange names), ``_errors`` (URLs and client errors), ``_files`` (what spends a node's open
+files, by its version).
 """
 
 from __future__ import annotations
 
 from ._backend import RabbitMQBackend
 from ._claims import claim_margin_ms
+from ._fleet import fleet_lock_name, fleet_queue_name
 from ._names import (
     claim_queue_name,
     fence_exchange_name,
@@ -24,7 +22,6 @@ from ._names import (
     lock_queue_name,
     record_queue_name,
 )
-from ._records import fleet_lock_name, fleet_queue_name
 
 __all__ = [
     "RabbitMQBackend",

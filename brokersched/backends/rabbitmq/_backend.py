@@ -1,5 +1,6 @@
 """``RabbitMQBackend``: its configuration and its life (connect, prepare, close); the claims
-are ``_claims``'s, the fleet's slot memory ``_fleet``'s, the history ``_history``'s."""
+are ``_claims``'s, the fleet's slot memory ``_slotmemory``'s, the history ``_history``'s, the
+fleet's records ``_fleet``'s."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ from ._errors import (
     url_vhost,
     vhost_refused,
 )
-from ._fleet import SlotMemory, memory_of, shown
+from ._fleet import FleetRecords, fleet_lock_name, fleet_queue_name
 from ._history import History
 from ._names import (
     check_prefix,
@@ -67,7 +68,7 @@ from ._names import (
     record_queue_name,
 )
 from ._options import RabbitMQOptions
-from ._records import FleetRecords, fleet_lock_name, fleet_queue_name
+from ._slotmemory import SlotMemory, memory_of, shown
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractRobustConnection

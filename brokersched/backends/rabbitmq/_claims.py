@@ -97,8 +97,8 @@ from ..._slotmemory import BOOT_MEMORY, DEFAULT_CLAIM_SKEW, margin_ms
 from ...abc import Slot
 from .._claims import ClaimBackendBase
 from ._connection import OPERATION_TIMEOUT_S, ChannelPool, Overloaded
-from ._fleet import SlotMemory, View, shown
 from ._names import claim_queue_name
+from ._slotmemory import SlotMemory, View, shown
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractMessage

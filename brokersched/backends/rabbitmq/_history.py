@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 from ..._exceptions import BackendError
 from ...abc import JobPolicy, RunRecord
 from ._connection import OPERATION_TIMEOUT_S, ChannelPool
-from ._fleet import SideChannels
 from ._names import history_queue_name, history_stream_name
+from ._slotmemory import SideChannels
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractIncomingMessage

@@ -45,8 +45,8 @@ from ._files import (
     node_version,
     quorum_budget,
 )
-from ._fleet import take_lock
-from ._records import State, live_instances, newest
+from ._fleet import State, live_instances, newest
+from ._slotmemory import take_lock
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel

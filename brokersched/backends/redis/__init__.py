@@ -5,7 +5,7 @@ Claims (``RedisBackend``)
     <instance, run> NX PX <memory>``, the first wins, every later one loses while Redis
     remembers the key (on the server's clock). ``<memory>`` is the fleet's slot memory, the
     longest ``slot_ttl`` of the instances of the prefix (``<prefix>:slot-memory``; see
-    ``_claim``), so that instances with different ``slot_ttl`` never both win a slot. No
+    ``_claims``), so that instances with different ``slot_ttl`` never both win a slot. No
     retries by the client: an answer lost on the way (a cut connection, a timeout) raises
     ``BackendError``, and the scheduler skips the slot.
 
@@ -37,11 +37,16 @@ Durability
     server restarted without an append-only file forgets the claims and the leases, and a
     failover may lose the last acknowledged ones. ``start()`` reads ``CONFIG GET appendonly``
     and warns when it is off (``require_persistence=True`` refuses to start instead).
+
+Modules: the layout every backend package shares (``docs/contributing.md``), ``_leases``
+holding ``RedisLeaseBackend``; Redis's own: ``_link`` (``RedisLink``, what the claims ask of a
+connection), ``_scripts`` (the Lua scripts), ``_keys`` (key names), ``_server`` (the server's
+persistence and eviction checks).
 """
 
 from __future__ import annotations
 
-from ._claim import RedisBackend
+from ._backend import RedisBackend
 from ._keys import claim_key, hash_tag, history_key, job_key, runs_key
 from ._leases import RedisLeaseBackend
 

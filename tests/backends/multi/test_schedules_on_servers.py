@@ -60,7 +60,8 @@ async def test_a_stored_schedule_runs_once_per_slot_of_the_version_in_force(
     ones = [s for s in slots if s < change_ms]
     twos = [s for s in slots if s >= change_ms]
     assert len(ones) >= 3 and len(twos) >= 3, slots
-    assert ones == list(range(ones[0], ones[-1] + 1, 1000)), "a slot of the first version is missing"
+    missing = "a slot of the first version is missing"
+    assert ones == list(range(ones[0], ones[-1] + 1, 1000)), missing
     assert all(s % 2000 == 0 for s in twos) and twos == list(range(twos[0], twos[-1] + 1, 2000))
     assert twos[0] - change_ms < 2000, "the second version's first slot is missing"
     assert twos[-1] < gone_ms, "a slot ran after the delete took effect"

@@ -1,7 +1,7 @@
 """The fleet simulator's models of NATS answer as the real server does: the KV bucket under
-the real ``NATSLeaseBackend`` (``SimNATSLease``: its rows over ``_SimTable``, its history
-stream, the fleet's records) and the claims stream (``SimNATS``). One seeded scenario, run on
-the server and on the model, compared call by call (``tests/support/model_reality.py``)."""
+the real ``NATSLeaseBackend`` (made over ``BucketModel``: its rows over ``_SimTable``, its
+history stream, the fleet's records) and the claims stream (``SimNATS``). One seeded scenario,
+run on the server and on the model, compared call by call (``tests/support/model_reality.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from brokersched.abc import Backend
 from brokersched.backends.nats import NATSBackend, NATSLeaseBackend
-from brokersched.testing._sim_nats import SimNATS, SimNATSLease
+from brokersched.testing._sim_nats import SimNATS, nats_bucket, sim_nats_lease
 from tests.support.conformance import in_run
 from tests.support.model_reality import (
     SEEDS,
@@ -64,12 +64,13 @@ async def leases_on_server(url: str, program: list[tuple[object, ...]]) -> Trans
 
 async def leases_on_model(program: list[tuple[object, ...]]) -> Transcript:
     clocks = ModelClocks()
-    bucket = SimNATSLease.data(clocks.store)
+    bucket = nats_bucket(clocks.store)
     names = iter(range(INSTANCES))
 
     def make(ttl_ms: int) -> Backend:
         ttl = timedelta(milliseconds=ttl_ms)
-        return SimNATSLease(clocks.store, bucket, lease_ttl=ttl, instance=f"i{next(names)}")
+        backend, _ = sim_nats_lease(clocks.store, bucket, lease_ttl=ttl, instance=f"i{next(names)}")
+        return backend
 
     side = Side(clocks, make)
     try:

@@ -33,7 +33,7 @@ from brokersched.backends.rabbitmq import (
     history_stream_name,
 )
 from brokersched.backends.rabbitmq._claims import ClaimAttempt as _ClaimAttempt
-from brokersched.backends.rabbitmq._fleet import View as _View
+from brokersched.backends.rabbitmq._slotmemory import View as _View
 from tests.support.rabbitmq_helpers import (
     CLAIM_ARGUMENTS,
     CLOCK,

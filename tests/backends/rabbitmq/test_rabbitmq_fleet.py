@@ -522,8 +522,8 @@ async def test_a_start_waits_for_the_instance_holding_the_lock(
 
 def test_the_record_says_how_late_a_slot_may_still_be_claimed() -> None:
     from brokersched._slotmemory import FleetMemory
-    from brokersched.backends.rabbitmq._fleet import record_from_json as _record_from_json
-    from brokersched.backends.rabbitmq._fleet import record_json as _record_json
+    from brokersched.backends.rabbitmq._slotmemory import record_from_json as _record_from_json
+    from brokersched.backends.rabbitmq._slotmemory import record_json as _record_json
 
     skew = 1000
     record = FleetMemory(2000, created_ms=1_000).raised(20_000, at_ms=5_000, skew_ms=skew)
@@ -548,7 +548,7 @@ def test_the_record_says_how_late_a_slot_may_still_be_claimed() -> None:
      b'{"version": 1, "slot_memory_ms": 1, "created_ms": 1, "raises": [[1]]}'],
 )  # fmt: skip
 def test_what_is_not_a_record_is_refused(body: bytes) -> None:
-    from brokersched.backends.rabbitmq._fleet import record_from_json as _record_from_json
+    from brokersched.backends.rabbitmq._slotmemory import record_from_json as _record_from_json
 
     with pytest.raises((ValueError, TypeError, KeyError)):
         _record_from_json(body)
@@ -797,3 +797,17 @@ async def test_declared_ahead_the_instants_claims_find_the_queue_and_one_wins(
     assert await x_expires(raw, claim_queue_name(prefix, soon), LONG_MS)
     assert winners(await race([ahead, later, off], soon)) == 0  # remembered
     await channel.queue_delete(claim_queue_name(prefix, soon))
+
+
+async def test_a_fleet_record_written_with_a_time_to_live_is_kept_that_long_only(
+    fleet: Callable[..., Any],
+) -> None:
+    """Missed-slot reports are put for a day: gone after it, on the writers' clock, and apart
+    from the controls (which a report once landed among)."""
+    clock = TestClock("2027-01-15T08:00:00+00:00")
+    a = await fleet(LONG, clock=clock, prepared=False)
+    assert await a.report_missed(Slot("job", 1_000), instance_id="i-a")
+    assert await a.controls() == {}
+    assert "job:1000" in await a.fleet_records("missed")
+    await clock.advance("25h")
+    assert await a.fleet_records("missed") == {}

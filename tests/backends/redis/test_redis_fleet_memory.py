@@ -17,7 +17,7 @@ from brokersched import BackendError
 from brokersched._clock import SystemClock
 from brokersched.abc import Claim, JobPolicy, Slot
 from brokersched.backends.redis import RedisBackend, claim_key
-from brokersched.backends.redis._claim import slot_memory_key
+from brokersched.backends.redis._claims import slot_memory_key
 from tests.support.names import unique
 from tests.support.redis_helpers import delete_keys, redis_fleet
 from tests.support.wait import until

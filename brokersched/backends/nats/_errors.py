@@ -1,6 +1,7 @@
-"""What the claims and the streams of ``NATSBackend`` (and ``NATSLeaseBackend``) share: the
-name and logger, the server URLs, the connection's defaults and its closing, secrets and their
-redaction, the message id header, and the translation of nats-py exceptions."""
+"""What can go wrong reaching NATS, and what every part of both NATS backends shares to say
+it: the name and logger, the server URLs checked, the connection's defaults and its closing,
+secrets and their redaction, the message id header, and the translation of nats-py
+exceptions."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""RedisBackend: claim-only, one ``SET key value NX PX <memory>`` per slot, in a script
-behind the eviction guard (``_scripts.CLAIM``).
+"""The claims of ``RedisBackend`` (``_backend``): one ``SET key value NX PX <memory>`` per slot,
+in a script behind the eviction guard (``_scripts.CLAIM``).
 
 One slot memory per fleet (the rules: ``brokersched/_slotmemory.py``)
     A claim key lives as long as its *winner* said. Were that each instance's own
@@ -34,34 +34,17 @@ import json
 import logging
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, Self
+from typing import Any
 
-from ..._clock import Clock
-from ..._durations import Duration, format_duration, to_ms
+from ..._durations import to_ms
 from ..._exceptions import BackendError
-from ..._slotmemory import (
-    BOOT_MEMORY,
-    DEFAULT_CLAIM_SKEW,
-    FleetMemory,
-    claim_deadline_ms,
-)
-from ...abc import (
-    Claim,
-    JobPolicy,
-    RunRecord,
-    Slot,
-)
+from ..._slotmemory import BOOT_MEMORY, FleetMemory, claim_deadline_ms
+from ...abc import Claim, Slot
 from .._claims import ClaimBackendBase, shown
-from .._keywords import own_options
-from .._options import ClaimOptions
-from . import _ops
-from ._connection import RedisConnection
-from ._fleet import FleetRecords
 from ._keys import claim_key, evictions_key
 from ._link import RedisLink
-from ._options import RedisOptions, check_client_options
 
-__all__ = ["RedisBackend", "slot_memory_key"]
+__all__ = ["SlotMemoryClaims", "slot_memory_key"]
 
 logger = logging.getLogger("brokersched.backends.redis")
 
@@ -84,81 +67,18 @@ def _parse(
     return FleetMemory(int(memory), int(created or 0), pairs)
 
 
-class RedisBackend(_ops.Operations, FleetRecords, ClaimBackendBase):
-    """Claims slots in Redis: the first ``SET <prefix>:{<job>}:claim:<slot_ms> ... NX PX
-    <fleet's slot memory>`` of a slot wins; Redis forgets the slot that long later (on its own
-    clock).
+class SlotMemoryClaims(ClaimBackendBase):
+    """A claim backend whose claims are ``SET NX PX`` scripts with the fleet's slot memory
+    (see the module's docstring); ``RedisBackend`` is one over its connection."""
 
-    ``url``: ``redis://``, ``rediss://`` (TLS) or ``unix://``; its password never appears in a
-    log, an error or ``repr``. ``cluster=True``: a Redis Cluster (``redis.asyncio.cluster``),
-    reached through any of its nodes. ``max_clock_skew``: how far the clocks of the fleet's
-    instances (and the server's) may disagree (see ``_slotmemory``). ``require_persistence``:
-    refuse to start on a server without an append-only file (by default a warning is logged).
-    Other keyword arguments go to redis-py's ``from_url`` (``ssl_ca_certs``,
-    ``max_connections``, ``username``...); one it does not accept is refused at construction
-    (``retry`` and ``decode_responses`` are brokersched's own: given ones are ignored).
-    History: a list per job, trimmed to ``history_size`` (and ``history_ttl``) on each write.
-    ``budget_interval``: how often the server's budget (``budget``) is read while started
-    (``None``: never); under an evicting policy, from 80 % of ``maxmemory`` it sheds until back
-    under 60 % (``_budget``), though each claim refuses such a policy by itself.
-    """
+    _redis: RedisLink
 
-    history_ttl = True
-
-    def __init__(
-        self,
-        url: str = "redis://127.0.0.1:6379/0",
-        *,
-        slot_ttl: Duration = "5m",
-        prefix: str = "brokersched",
-        cluster: bool = False,
-        max_clock_skew: Duration = DEFAULT_CLAIM_SKEW,
-        require_persistence: bool = False,
-        budget_interval: Duration | None = "30s",
-        **client_options: Any,
-    ) -> None:
-        options = RedisOptions.parse(self.name, locals())
-        self._setup(options)
-        check_client_options(
-            self.name, own_options(RedisBackend), client_options, cluster=options.cluster
-        )
-        self._redis: RedisLink = RedisConnection(self.name, options, client_options)
-
-    @classmethod
-    def over(
-        cls,
-        link: RedisLink,
-        *,
-        slot_ttl: Duration = "5m",
-        max_clock_skew: Duration = DEFAULT_CLAIM_SKEW,
-    ) -> Self:
-        """A backend that talks to Redis through ``link`` instead of a connection of its own
-        (the prefix, the server and its checks are the link's): the fleet simulator makes
-        the real backend over its model of a server this way (``_link``)."""
-        backend = cls.__new__(cls)
-        backend._setup(ClaimOptions.parse(cls.__name__, locals()))
-        backend._redis = link
-        return backend
-
-    def _setup(self, options: ClaimOptions) -> None:
-        super().__init__()
-        self._set_memory(options)
+    def _setup_claims(self) -> None:
         self._memory: FleetMemory | None = None
         self._raising: asyncio.Lock = asyncio.Lock()
         # When (this instance's clock) the record was last read, as sent: a claim of a slot
         # that fell due max_clock_skew before that needs no read of its own.
         self._read_sent_ms = -(2**63)
-
-    def __repr__(self) -> str:
-        cluster = ", cluster=True" if self._redis.cluster else ""
-        return (
-            f"{self.name}({self._redis.redacted!r}, slot_ttl="
-            f"{format_duration(self._slot_ttl)!r}, prefix={self.prefix!r}{cluster})"
-        )
-
-    @property
-    def prefix(self) -> str:
-        return self._redis.prefix
 
     @property
     def fleet_slot_memory(self) -> timedelta | None:
@@ -166,31 +86,6 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackendBase):
         longest ``slot_ttl`` among its instances, as last read); ``None`` until started."""
         memory = self._memory
         return None if memory is None else timedelta(milliseconds=memory.memory_ms)
-
-    async def _open(self, clock: Clock) -> None:
-        await self._redis.open(clock)
-        try:
-            self._memory = await self._raise_memory()
-        except BaseException:
-            await self._redis.close()
-            raise
-        fleet = self._memory.memory_ms
-        if fleet > to_ms(self._slot_ttl):
-            logger.info(
-                "%s: the fleet of prefix %r remembers claimed slots for %s, longer than this "
-                "instance's slot_ttl %s: claims use the fleet's (to lower it, deploy the "
-                "shorter slot_ttl everywhere, then DEL %s)",
-                self.name, self.prefix, shown(fleet), format_duration(self._slot_ttl),
-                slot_memory_key(self.prefix),
-            )  # fmt: skip
-
-    async def _close(self) -> None:
-        await self._redis.close()
-        self._memory = None
-        self._read_sent_ms = -(2**63)
-
-    def _slot_memory(self) -> tuple[str | None, timedelta | None]:
-        return slot_memory_key(self.prefix), self._slot_ttl
 
     async def _raise_memory(self) -> FleetMemory:
         """Make the record, or raise it to this instance's slot_ttl; the record as it is
@@ -200,7 +95,7 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackendBase):
             memory, raises, created, before = await self._redis.script(
                 "FLEET_MEMORY",
                 "read the fleet's slot memory",
-                [slot_memory_key(self.prefix)],
+                [slot_memory_key(self._redis.prefix)],
                 [to_ms(self._slot_ttl), self._skew_ms],
             )
         record = _parse(memory, raises, created)
@@ -211,8 +106,8 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackendBase):
                 "%s raised the slot memory of the fleet of prefix %r from %s to %s: slots that "
                 "fell due before are claimed at most %s late (to lower it again, deploy the "
                 "shorter slot_ttl everywhere, then DEL %s)",
-                self.name, self.prefix, shown(int(before)), shown(record.memory_ms),
-                shown(int(before)), slot_memory_key(self.prefix),
+                self.name, self._redis.prefix, shown(int(before)), shown(record.memory_ms),
+                shown(int(before)), slot_memory_key(self._redis.prefix),
             )  # fmt: skip
         return record
 
@@ -283,7 +178,7 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackendBase):
         for n, (slot, run_id) in enumerate(claims):
             try:
                 if memory_ms is None:
-                    self._check_not_too_late(memory, slot)
+                    self._refuse_too_late(memory, slot, self._redis.now_ms(), _FORGOTTEN)
             except BackendError as exc:
                 if len(claims) == 1:
                     raise
@@ -291,7 +186,10 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackendBase):
                 continue
             outcomes.append(False)
             value = json.dumps({"instance_id": instance_id, "run_id": run_id}, separators=_COMPACT)
-            keys = [claim_key(self.prefix, slot), evictions_key(self.prefix, slot.job)]
+            keys = [
+                claim_key(self._redis.prefix, slot),
+                evictions_key(self._redis.prefix, slot.job),
+            ]
             calls.append((keys, [value, px, slot.slot_ms - before_ms]))
             sent.append((n, slot))
         if not sent:
@@ -318,7 +216,7 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackendBase):
 
     async def _read_record(self, timeout: float) -> None:
         """Read the fleet's record; adopt what changed (made again, raised, gone)."""
-        record = slot_memory_key(self.prefix)
+        record = slot_memory_key(self._redis.prefix)
         sent_ms = self._redis.now_ms()
 
         async def read(client: Any) -> FleetMemory | None:
@@ -332,21 +230,6 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackendBase):
         if seen != self._memory:
             await self._adopt(seen)
 
-    def _check_not_too_late(self, memory: FleetMemory, slot: Slot) -> None:
-        """Only for claims within this instance's own slot_ttl after the slot (the
-        scheduler's range: a slot claimed by hand years later is the caller's business)."""
-        now = self._redis.now_ms()
-        if not self._in_own_memory(slot, now):
-            return
-        if now <= claim_deadline_ms(memory, slot.slot_ms, skew_ms=self._skew_ms):
-            return
-        raise BackendError(
-            f"{self.name}: slot {slot.key} is too late to claim safely: "
-            f"{self._forgotten(memory, slot)}, so an instance "
-            "may have claimed it under a memory that has forgotten it (or will before this "
-            "claim lands); the slot is not run here"
-        )
-
     async def _adopt(self, seen: FleetMemory | None) -> None:
         """The record changed: raised by another instance (adopted), made again by another
         instance (adopted, raised to this slot_ttl if longer), or gone (made again)."""
@@ -356,7 +239,7 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackendBase):
             if believed is None or seen.memory_ms != believed.memory_ms:
                 logger.info(
                     "%s: the fleet of prefix %r now remembers claimed slots for %s",
-                    self.name, self.prefix, shown(seen.memory_ms),
+                    self.name, self._redis.prefix, shown(seen.memory_ms),
                 )  # fmt: skip
             return
         if seen is not None:
@@ -366,14 +249,12 @@ class RedisBackend(_ops.Operations, FleetRecords, ClaimBackendBase):
         except BackendError:  # the next claim tries again
             logger.warning("%s could not restore the fleet's slot memory", self.name)
 
-    async def record(self, job: JobPolicy, record: RunRecord) -> None:
-        await self._redis.record(job, record)
-
-    async def history(self, job: JobPolicy, limit: int) -> list[RunRecord]:
-        return await self._redis.history(job, limit)
-
 
 _COMPACT = (",", ":")
+_FORGOTTEN = (
+    ", so an instance may have claimed it under a memory that has forgotten it (or will "
+    "before this claim lands)"
+)
 
 
 def _one(outcomes: list[bool | Exception]) -> bool:
