@@ -33,8 +33,15 @@ _TRIES = 20
 #: A write whose compare-and-set took longer than this may land after instances decided slots
 #: near its effective time on the previous version (``_stored``): it is said in the log.
 _SLOW_WRITE_MS = 1000
-#: Job options a stored schedule does not take: its id is its key.
-_NOT_STORED = ("key",)
+#: Job options a stored schedule does not take, and why.
+_NOT_STORED = {
+    "key": "its id is its key",
+    "claim": "each of its slots runs once on the fleet (claim=False would run it everywhere)",
+    "run_on_start": "a stored schedule has no start of its own to run at",
+}
+#: The most a version may hold (task, trigger, options and data as JSON): every instance
+#: keeps it, and every write carries it.
+SPEC_MAX_BYTES = 16_384
 
 #: Checks a version of a schedule as registration would, on this process's scheduler (its
 #: backend's capabilities, its defaults); answers its trigger. Raises ``ConfigurationError``.
@@ -59,7 +66,7 @@ def check_stored_options(schedule_id: str, options: Mapping[str, Any]) -> dict[s
         if name in _NOT_STORED:
             raise ConfigurationError(
                 f"schedule '{schedule_id}': option '{name}' is not taken by a stored schedule "
-                "(its id is its key)",
+                f"({_NOT_STORED[name]})",
                 option=name,
                 job=schedule_id,
             )
@@ -76,6 +83,17 @@ def check_stored_options(schedule_id: str, options: Mapping[str, Any]) -> dict[s
             ) from None
         out[name] = value
     return out
+
+
+def _check_task(schedule_id: str, task: object) -> None:
+    try:
+        check_name(task)
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"schedule '{schedule_id}': task {task!r} is not a task name: {exc}",
+            option="task",
+            job=schedule_id,
+        ) from None
 
 
 def _schedule_text(kind: TriggerKind, value: Any) -> str:
@@ -101,6 +119,12 @@ class Schedules:
         self._backend = backend
         self._clock = clock
         self._check = check
+
+    @property
+    def checker(self) -> CheckSpec:
+        """How this store checks a version before writing it (the scheduler's rules): for a
+        dry run over a store of its own (``brokersched schedules import --dry-run``)."""
+        return self._check
 
     async def put(
         self,
@@ -132,17 +156,32 @@ class Schedules:
                 job=id,
             )
         kind, value = given[0]
-        if not isinstance(task, str) or not task:
-            raise ConfigurationError(
-                f"schedule '{id}': task {task!r} must be a task name", option="task", job=id
-            )
+        _check_task(id, task)
         if timezone is not None:
             options["timezone"] = timezone
         stored_options = check_stored_options(id, options)
-        spec = Spec(task, kind, _schedule_text(kind, value), stored_options, data)  # type: ignore[arg-type]
         if data is not None:
             check_stored_options(id, {"data": data})
-        trigger = self._check(id, spec)
+        try:
+            text = _schedule_text(kind, value)  # type: ignore[arg-type]
+            spec = Spec(task, kind, text, stored_options, data)  # type: ignore[arg-type]
+            trigger = self._check(id, spec)
+        except ConfigurationError:
+            raise
+        except (OverflowError, ValueError) as exc:  # an instant at the end of the calendar
+            raise ConfigurationError(
+                f"schedule '{id}': {kind} {value!r} is not a usable instant: {exc}",
+                option=kind,
+                job=id,
+            ) from None
+        size = len(spec.cache_key().encode())
+        if size > SPEC_MAX_BYTES:
+            raise ConfigurationError(
+                f"schedule '{id}' is {size} bytes as JSON (task, trigger, options, data), more "
+                f"than {SPEC_MAX_BYTES}: keep large data elsewhere and put its key in data",
+                option="data",
+                job=id,
+            )
         record = await self._write(id, spec, if_version, by)
         return stored(record, trigger_spec(trigger))
 

@@ -471,6 +471,6 @@ async def _dry_run(scheduler: Scheduler[Any], work: Callable[[Schedules], Awaita
     scratch = MemoryBackend()
     await scratch.start(scheduler.clock)
     try:
-        return await work(Schedules(lambda: scratch, scheduler.clock, scheduler.schedules._check))
+        return await work(Schedules(lambda: scratch, scheduler.clock, scheduler.schedules.checker))
     finally:
         await scratch.stop()

@@ -137,7 +137,7 @@ OPERATIONS: dict[str, Kind] = {
     "schedule-put": Kind(
         "a stored schedule written or changed at run time (trigger, time zone, jitter, "
         "max_late, data) through an instance, some instances without its task",
-        calls=("Scheduler.task",),
+        calls=("Scheduler.task", "cli schedules"),
     ),
     "schedule-delete": Kind("a stored schedule deleted at run time"),
 }

@@ -6,7 +6,7 @@ by ``if_version``; bad input is refused naming it and writes nothing."""
 from __future__ import annotations
 
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -207,6 +207,13 @@ async def test_bad_input_is_refused_naming_it_and_writes_nothing() -> None:
             ({"task": "t", "every": "1m", "key": "x"}, "option 'key' is not taken"),
             ({"task": "t", "every": "1m", "data": object()}, "cannot be stored"),
             ({"task": "t", "every": "1m", "jitter": "soon"}, "jitter"),
+            ({"task": "t", "every": "1m", "claim": False}, "runs once on the fleet"),
+            ({"task": "t", "every": "1m", "run_on_start": True}, "no start of its own"),
+            ({"task": "", "every": "1m"}, "is not a task name"),
+            ({"task": "a\x00b", "every": "1m"}, "is not a task name"),
+            ({"task": "t", "at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5)))}, "at "),
+            ({"task": "t", "at": "0001-01-01T00:00:00+05:00"}, "at "),
+            ({"task": "t", "every": "1m", "data": "x" * 20_000}, "more than 16384"),
         ]
         for given, words in cases:
             with pytest.raises(ConfigurationError, match=None) as refused:
