@@ -258,3 +258,30 @@ def test_the_log_keeps_every_change_until_it_is_dropped_to_its_record() -> None:
     assert Log.loads(log.dumps()) == log
     assert log.latest("a") == record and record.version == LOG_MAX + 5
     assert record.effective_ms == LOG_MAX + 4 + EFFECTIVE_AFTER_MS
+
+
+@pytest.mark.asyncio
+async def test_an_at_instant_before_the_version_takes_effect_is_refused() -> None:
+    """A one-off ``at=`` whose instant is past, or before the write takes effect (3 s after it
+    is made), would never run: refused naming ``at``, and nothing written; one after it runs."""
+    clock = TestClock(START)
+    sched = Scheduler(MemoryBackend(), clock=clock, jitter=0)
+    seen: list[str] = []
+    sched.task("t")(Runs().task("i0"))
+
+    @sched.task("u")
+    async def once(ctx: JobContext) -> None:
+        seen.append(f"{ctx.scheduled_at:%H:%M:%S}")
+
+    await sched.start()
+    try:
+        for when in ("2027-01-15T08:00:20+00:00", "2027-01-15T08:00:32+00:00"):
+            with pytest.raises(ConfigurationError) as refused:
+                await sched.schedules.put("once", task="u", at=when)
+            assert refused.value.option == "at" and "never run" in str(refused.value)
+        assert await sched.schedules.get("once") is None
+        await sched.schedules.put("once", task="u", at="2027-01-15T08:00:34+00:00")
+        await clock.advance("10s")
+        assert seen == ["08:00:34"]
+    finally:
+        await sched.stop()
