@@ -99,3 +99,28 @@ async def test_a_delete_taking_effect_during_a_slow_claim_still_runs_the_slot_be
     slots = sorted(slot for _, slot, _ in seen)
     # the last slot before the delete took effect (gone_ms - 100) is a slot of version 1
     assert slots[-1] == gone_ms - 100, (slots[-3:], gone_ms)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: a record gone from the store (a Redis restarted without its append-only "
+    "file, a namespace purged) stays in every running instance's memory and keeps running",
+)
+@pytest.mark.asyncio
+async def test_a_schedule_the_store_no_longer_has_stops_on_the_running_instances() -> None:
+    clock, store, seen = TestClock(START), MemoryStore(), []
+    member = _member(clock, store, seen)
+    await member.start()
+    try:
+        await member.schedules.put("acme", task="one", every="1s", data="v1")
+        await clock.advance("10s")
+        assert seen
+        store.fleet.clear()  # the store forgot every schedule (and the log of changes)
+        assert [s async for s in member.schedules.list()] == []
+        assert await member.schedules.delete("acme") is False  # nothing an operator can stop
+        await clock.advance("2m")  # past the periodic re-read of every record
+        ran = len(seen)
+        await clock.advance("10s")
+    finally:
+        await member.stop()
+    assert len(seen) == ran, "a schedule the store no longer has still runs"
