@@ -61,7 +61,8 @@ _OPEN = pytest.mark.xfail(
 @_OPEN
 @pytest.mark.asyncio
 async def test_a_slot_claimed_slowly_runs_with_its_own_versions_task_and_data() -> None:
-    clock, store, seen = TestClock(START), MemoryStore(), []
+    clock, store = TestClock(START), MemoryStore()
+    seen: list[tuple[str, int, Any]] = []
     member = _member(clock, store, seen)
     await member.start()
     try:
@@ -84,7 +85,8 @@ async def test_a_slot_claimed_slowly_runs_with_its_own_versions_task_and_data() 
 @_OPEN
 @pytest.mark.asyncio
 async def test_a_delete_taking_effect_during_a_slow_claim_still_runs_the_slot_before_it() -> None:
-    clock, store, seen = TestClock(START), MemoryStore(), []
+    clock, store = TestClock(START), MemoryStore()
+    seen: list[tuple[str, int, Any]] = []
     member = _member(clock, store, seen)
     await member.start()
     try:
@@ -108,7 +110,8 @@ async def test_a_delete_taking_effect_during_a_slow_claim_still_runs_the_slot_be
 )
 @pytest.mark.asyncio
 async def test_a_schedule_the_store_no_longer_has_stops_on_the_running_instances() -> None:
-    clock, store, seen = TestClock(START), MemoryStore(), []
+    clock, store = TestClock(START), MemoryStore()
+    seen: list[tuple[str, int, Any]] = []
     member = _member(clock, store, seen)
     await member.start()
     try:
