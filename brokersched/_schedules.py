@@ -16,7 +16,17 @@ from ._durations import Duration, format_duration
 from ._exceptions import BackendError, BrokerschedError, ConfigurationError
 from ._json import iso
 from ._options import check_name
-from ._stored import LOG_KEY, Log, Record, Spec, StoredSchedule, TriggerKind, newer, stored
+from ._stored import (
+    EFFECTIVE_AFTER_MS,
+    LOG_KEY,
+    Log,
+    Record,
+    Spec,
+    StoredSchedule,
+    TriggerKind,
+    newer,
+    stored,
+)
 from .triggers.base import Trigger
 from .triggers.spec import trigger_spec
 
@@ -110,6 +120,20 @@ def _schedule_text(kind: TriggerKind, value: Any) -> str:
     return str(value)
 
 
+def _check_at(schedule_id: str, spec: Spec, trigger: Trigger, effective_ms: int) -> None:
+    """An ``at=`` instant before the version would take effect never runs: refused, naming it
+    (nothing is written)."""
+    if trigger.next_ms(effective_ms - 1) is None:
+        raise ConfigurationError(
+            f"schedule '{schedule_id}': at {spec.schedule} is before "
+            f"{iso(ms_to_datetime(effective_ms))}, when this version would take effect (a write "
+            f"applies {EFFECTIVE_AFTER_MS // 1000} s after it is made): it would never run; give "
+            "a later instant",
+            option="at",
+            job=schedule_id,
+        )
+
+
 class Schedules:
     """The fleet's stored schedules, through ``backend`` (started), on ``clock``. ``check``
     validates a version before it is written (``Scheduler.schedules`` passes the
@@ -182,7 +206,7 @@ class Schedules:
                 option="data",
                 job=id,
             )
-        record = await self._write(id, spec, if_version, by)
+        record = await self._write(id, spec, if_version, by, trigger)
         return stored(record, trigger_spec(trigger))
 
     async def delete(
@@ -259,7 +283,12 @@ class Schedules:
         )
 
     async def _write(
-        self, schedule_id: str, spec: Spec | None, if_version: int | None, by: str | None
+        self,
+        schedule_id: str,
+        spec: Spec | None,
+        if_version: int | None,
+        by: str | None,
+        trigger: Trigger | None = None,
     ) -> Record:
         """One compare-and-set of the log with the schedule's next version, then the record
         under its own key (see ``_stored``)."""
@@ -274,6 +303,8 @@ class Schedules:
             if if_version is not None and if_version != version:
                 raise self._conflict(schedule_id, if_version, version)
             began_ms = self._clock.now_ms()
+            if spec is not None and spec.kind == "at" and trigger is not None:
+                _check_at(schedule_id, spec, trigger, began_ms + EFFECTIVE_AFTER_MS)
             record = current.changed(spec, began_ms, by)
             new_log, dropped = log.appended(record, began_ms)
             for change in dropped:

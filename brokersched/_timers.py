@@ -139,7 +139,8 @@ class Timers:
         window is still open (the fleet may be claiming it right now) unless it fired here;
         with ``since_ms`` (a pause's end), its slots from that instant on too. ``anew``: its
         slots changed (a stored schedule's new version), the one it waited for may be none of
-        them: armed again from its last fired slot."""
+        them: armed again from its last fired slot, or from the one it waited for if that is
+        due already."""
         arming = job.arming
         if arming.armed_ms is not None and not anew:
             after = arming.armed_ms - 1  # the slot it waited for has not fired yet
@@ -147,10 +148,20 @@ class Timers:
             after = self._clock.now_ms() - job.settings.jitter_ms - 1
             if since_ms is not None:
                 after = min(after, since_ms - 1)
+            if anew and arming.armed_ms is not None:
+                # A slot due but not fired yet (the loop late, the new version handled before
+                # the slot's timer) is kept if the new version has it: none other fires it here.
+                after = min(after, arming.armed_ms - 1)
             if arming.fired_ms is not None:
                 after = max(after, arming.fired_ms)
             if self._opened_ms is not None:  # never a slot from before this start
                 after = max(after, self._opened_ms)
+            if anew and self._passed is not None:
+                # The new version's slots since the last one fired here that are passed over
+                # (a version read late): their fate is unknown here, so they are watched.
+                since = [ms for ms in (arming.fired_ms, self._opened_ms) if ms is not None]
+                if since and max(since) < after:
+                    self._passed(job, max(since), after)
         arming.armed_ms = None
         self.arm(job, after_ms=after)
 

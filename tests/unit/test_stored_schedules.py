@@ -309,3 +309,30 @@ async def test_a_run_going_on_when_its_schedule_is_deleted_ends_as_it_began() ->
         assert sched.get("acme") is None
     finally:
         await sched.stop()
+
+
+@pytest.mark.asyncio
+async def test_an_at_instant_before_the_version_takes_effect_is_refused() -> None:
+    """A one-off ``at=`` whose instant is past, or before the write takes effect (3 s after it
+    is made), would never run: refused naming ``at``, and nothing written; one after it runs."""
+    clock = TestClock(START)
+    sched = Scheduler(MemoryBackend(), clock=clock, jitter=0)
+    seen: list[str] = []
+    sched.task("t")(Runs().task("i0"))
+
+    @sched.task("u")
+    async def once(ctx: JobContext) -> None:
+        seen.append(f"{ctx.scheduled_at:%H:%M:%S}")
+
+    await sched.start()
+    try:
+        for when in ("2027-01-15T08:00:20+00:00", "2027-01-15T08:00:32+00:00"):
+            with pytest.raises(ConfigurationError) as refused:
+                await sched.schedules.put("once", task="u", at=when)
+            assert refused.value.option == "at" and "never run" in str(refused.value)
+        assert await sched.schedules.get("once") is None
+        await sched.schedules.put("once", task="u", at="2027-01-15T08:00:34+00:00")
+        await clock.advance("10s")
+        assert seen == ["08:00:34"]
+    finally:
+        await sched.stop()
