@@ -92,6 +92,7 @@ class Run:
     started_ms: int  # wall clock: the record's started_at
     started_mono: int  # monotonic: the run's duration
     job: JobState
+    handler: Handler | None = None  # the run's own (a stored schedule's version), else the job's
     renewer: Any = None  # the Renewer keeping its lease, if any (``_leasekeeping``)
     finishing: bool = False  # the handler is done; its release and record are under way
     cut: bool = False  # cancelled at an await by an abort
@@ -100,6 +101,10 @@ class Run:
     exception: Exception | None = None  # what the handler raised
     cancelled: BaseException | None = None  # the cancellation that cut it (where it was)
     returned: object = None  # what the handler returned (its record keeps it as JSON)
+
+    @property
+    def is_async(self) -> bool:
+        return self.job.is_async if self.handler is None else is_async_handler(self.handler)
 
 
 @dataclass(frozen=True, slots=True)

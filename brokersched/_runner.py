@@ -23,7 +23,7 @@ from ._context import AbortReason, JobContext, PreviousRun, abort
 from ._durations import format_duration, to_ms
 from ._events import ClaimEvent, Events, SkipReason
 from ._exceptions import BackendError, ClockSkewError
-from ._job import AroundRun, JobState, Run, call_sync
+from ._job import AroundRun, Handler, JobState, Run, call_sync, is_async_handler
 from ._leasekeeping import ReleaseRetries, Renewer, release_attempt_s, valid_ms
 from ._missed import UNKNOWN_FATE, MissedSlots
 from ._recorder import Recorder
@@ -164,12 +164,12 @@ class Runner:
             # (claim=False) keeps its rhythm: it goes by the controls last read.
             within = job.settings.max_late_ms // 4 if job.settings.claim else 0
             await self.fleet.refresh(slot_ms, within_ms=within)
-        if (
-            job.stored
-            and reason in ("schedule", "catch-up")
-            and not await self._decided(job, slot_ms, reason)
-        ):
-            return None
+        handler = None
+        if job.stored and reason in ("schedule", "catch-up"):
+            if not await self._decided(job, slot_ms, reason):
+                return None
+            if self.stored is not None and (version := self.stored.version_at(job, slot_ms)):
+                handler, data = version
         if stop := self._stopped(job, slot_ms, reason):
             self.skip(job, slot_ms, "paused", detail=_STOPPED_DETAIL[stop], run=reason)
             return None
@@ -179,7 +179,7 @@ class Runner:
             if job.runs and not await self.replacer.ended_here(job, slot_ms):
                 self.skip(job, slot_ms, "overlap", detail=overlap_detail(job), run=reason)
                 return None
-            return await self.execute(job, slot_ms, None, reason=reason, data=data)
+            return await self.execute(job, slot_ms, None, reason=reason, data=data, handler=handler)
         run_id = new_run_id()
         claimed = await self.claim_slot(job, slot_ms, run_id, reason, batched=True)
         if claimed is None:
@@ -214,7 +214,14 @@ class Runner:
             self.missed.won_late(job, slot_ms, lease)
             return None
         return await self.execute(
-            job, slot_ms, lease, reason=reason, run_id=run_id, leased_ms=leased_ms, data=data
+            job,
+            slot_ms,
+            lease,
+            reason=reason,
+            run_id=run_id,
+            leased_ms=leased_ms,
+            data=data,
+            handler=handler,
         )
 
     async def _decided(self, job: JobState, slot_ms: int, reason: RunReason) -> bool:
@@ -364,10 +371,12 @@ class Runner:
         run_id: str | None = None,
         leased_ms: int | None = None,
         data: Any = JOB_DATA,
+        handler: Handler | None = None,
     ) -> RunRecord | None:
         """Run a claimed slot. ``leased_ms``: when the request that got ``lease`` was sent, on
         the monotonic clock; a lease whose answer came too late to be counted on is not run
-        (``_lapsed``)."""
+        (``_lapsed``). ``handler``, ``data``: the run's, if not the job's (a stored schedule's
+        slot runs its own version's)."""
         if lease is not None and leased_ms is not None and self._lapsed(leased_ms):
             await self._not_run(job, slot_ms, lease, reason or lease.reason, leased_ms)
             return None
@@ -385,7 +394,7 @@ class Runner:
             clock=self.clock,
             previous=self._previous(job, run_id),
         )
-        run = Run(ctx, task, lease, self.clock.now_ms(), self.clock.monotonic_ms(), job)
+        run = Run(ctx, task, lease, self.clock.now_ms(), self.clock.monotonic_ms(), job, handler)
         job.runs[ctx.run_id] = run
         self.runs[run] = None
         if self.stopping:  # a claim won as the drain began: told at once, like the others
@@ -583,15 +592,16 @@ class Runner:
         ctx, job = run.ctx, run.job
         error: str | None = None
         try:
-            if job.is_async:
+            handler = run.handler or job.handler
+            if is_async_handler(handler):
                 with self.clock.blocking():  # a handler may wait on anything (TestClock settles)
                     if self.around_run is None:
-                        run.returned = await job.handler(ctx)  # type: ignore[misc]
+                        run.returned = await handler(ctx)  # type: ignore[misc]
                     else:
                         with self.around_run(ctx):
-                            run.returned = await job.handler(ctx)  # type: ignore[misc]
+                            run.returned = await handler(ctx)  # type: ignore[misc]
             else:
-                run.returned = await asyncio.to_thread(call_sync, job.handler, ctx, self.around_run)
+                run.returned = await asyncio.to_thread(call_sync, handler, ctx, self.around_run)
         except asyncio.CancelledError as exc:
             if ctx.abort_reason is None:
                 raise  # not ours: the task itself is being cancelled
@@ -624,7 +634,7 @@ class Runner:
         if told == "shutdown" and reason == "shutdown":
             return
         abort(run.ctx, reason)
-        if run.job.is_async and reason != "shutdown" and not run.waiting:
+        if run.is_async and reason != "shutdown" and not run.waiting:
             run.task.cancel()  # a thread cannot be cancelled: sync handlers watch abort_reason
 
     async def release(
@@ -744,7 +754,7 @@ class Runner:
         self.drained = True
         # drain_timeout is over: async handlers still going are cancelled; runs already past
         # their handler (releasing, recording) are left alone. Both get a grace to finish.
-        graced = [run for run in self.runs if run.finishing or run.job.is_async]
+        graced = [run for run in self.runs if run.finishing or run.is_async]
         for run in graced:
             if not run.finishing:
                 run.task.cancel()

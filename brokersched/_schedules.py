@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import random
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -38,8 +39,10 @@ __all__ = ["ScheduleConflictError", "Schedules", "check_stored_options"]
 
 logger = logging.getLogger("brokersched")
 
-#: Writers that came first are waited out this many times before a write gives up.
-_TRIES = 20
+#: Writers that came first are waited out this many times before a write gives up, each time
+#: a random while longer (up to ten times ``_BACKOFF_S``).
+_TRIES = 30
+_BACKOFF_S = 0.02
 #: A write whose compare-and-set took longer than this may land after instances decided slots
 #: near its effective time on the previous version (``_stored``): it is said in the log.
 _SLOW_WRITE_MS = 1000
@@ -293,7 +296,9 @@ class Schedules:
         """One compare-and-set of the log with the schedule's next version, then the record
         under its own key (see ``_stored``)."""
         backend = self._backend()
-        for _ in range(_TRIES):
+        for attempt in range(_TRIES):
+            if attempt:  # another writer came first: apart, so that the next try lands
+                await self._clock.sleep(random.uniform(0, min(attempt, 10) * _BACKOFF_S))
             log_text = await self._log_text(backend)
             log = Log.loads(log_text)
             text = (await backend.fleet_records("schedule")).get(schedule_id)

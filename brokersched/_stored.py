@@ -36,6 +36,7 @@ __all__ = [
     "FRESH_MS",
     "LOG_KEY",
     "LOG_MAX",
+    "TIMELINE_MAX",
     "Log",
     "Record",
     "Spec",
@@ -56,6 +57,8 @@ LOG_KEPT_MS = 60_000
 LOG_MAX = 200
 #: A record keeps the versions in force over the last day (slots decided late, catch-up).
 TIMELINE_KEPT_MS = 86_400_000
+#: And at most this many versions (a schedule rewritten all day long keeps its latest ones).
+TIMELINE_MAX = 16
 LOG_KEY = "log"
 
 TriggerKind = Literal["every", "cron", "at"]
@@ -132,8 +135,8 @@ class Record:
         after ``now_ms``; the versions no slot of the last day can be of are dropped."""
         kept = list(self.timeline)
         horizon = now_ms - TIMELINE_KEPT_MS
-        while len(kept) > 1 and kept[1][0] <= horizon:
-            kept.pop(0)  # the next one was in force for the whole of the last day already
+        while len(kept) > 1 and (kept[1][0] <= horizon or len(kept) >= TIMELINE_MAX):
+            kept.pop(0)  # in force for no slot of the last day, or one of too many kept
         kept.append((now_ms + EFFECTIVE_AFTER_MS, spec))
         return Record(self.id, self.version + 1, now_ms, by, tuple(kept))
 
@@ -227,9 +230,12 @@ class Log:
         return [change for change in self.changes if change.rev > rev]
 
     def appended(self, record: Record, now_ms: int) -> tuple[Log, list[Change]]:
-        """The log with ``record`` written at ``now_ms``, and the changes it no longer keeps
-        (each must be in its schedule's own record before this log is written)."""
-        changes = [*self.changes, Change(self.rev + 1, now_ms, record)]
+        """The log with ``record`` written at ``now_ms`` (an earlier change of its schedule
+        left out: ``record`` holds it), and the changes it no longer keeps (each must be in its
+        schedule's own record before this log is written)."""
+        # an earlier change of the same schedule is superseded (a record holds its versions)
+        kept = [change for change in self.changes if change.record.id != record.id]
+        changes = [*kept, Change(self.rev + 1, now_ms, record)]
         dropped: list[Change] = []
         while len(changes) > 1 and (
             len(changes) > LOG_MAX or changes[0].written_ms < now_ms - LOG_KEPT_MS

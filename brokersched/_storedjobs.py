@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._clock import Clock, Timer
 from ._exceptions import BackendError, ConfigurationError
@@ -30,6 +30,8 @@ logger = logging.getLogger("brokersched")
 
 #: How often an instance reads the fleet's log of changes.
 POLL_MS = 500
+#: A deleted schedule's job stays this long after its last slot's max_late (claims in flight).
+_AFTER_LAST_MS = 5000
 #: A slot waiting for a fresh view looks again this often.
 _RECHECK_MS = 100
 #: The versions' triggers kept built (a cron trigger takes milliseconds to build).
@@ -113,7 +115,8 @@ class StoredJobs:
         backend = self._backend
         log = Log.loads((await backend.fleet_records("schedule-log")).get(LOG_KEY))
         changed: dict[str, Record] = {}
-        if self._rev < 0 or log.first_rev > self._rev + 1 or began_ms >= self._reread_ms:
+        whole = self._rev < 0 or log.first_rev > self._rev + 1 or began_ms >= self._reread_ms
+        if whole:
             texts = await backend.fleet_records("schedule")
             for key, text in texts.items():
                 changed[key] = Record.loads(text)
@@ -123,12 +126,26 @@ class StoredJobs:
             assert found is not None
             changed[change.record.id] = found
         self._rev = log.rev
+        if whole:
+            for schedule_id in [s for s in self.records if s not in changed]:
+                self._forget(schedule_id)
         for schedule_id, record in changed.items():
             held = self.records.get(schedule_id)
             if held is None or record.version > held.version:
                 self.records[schedule_id] = record
                 self.apply(schedule_id)
         self._read_ms = began_ms
+
+    def _forget(self, schedule_id: str) -> None:
+        """A schedule the store no longer has (a store that lost its data, a namespace purged):
+        its job stops here at once, as a delete would stop it."""
+        logger.warning(
+            "stored schedule %s is no longer in the store: its job stops here", schedule_id
+        )
+        del self.records[schedule_id]
+        self._rearm(schedule_id, None)
+        if self._room.job(schedule_id) is not None:
+            self._room.remove_job(schedule_id)
 
     async def fresh(self, slot_ms: int, within_ms: int) -> str | None:
         """``None`` when this instance's view may decide the slot at ``slot_ms`` (read less
@@ -144,6 +161,15 @@ class StoredJobs:
                 )
             await self._clock.sleep(min(left_ms, _RECHECK_MS) / 1000)
         return None
+
+    def version_at(self, job: JobState, slot_ms: int) -> tuple[Handler, Any] | None:
+        """The task and data of the version of ``job``'s schedule in force at ``slot_ms``
+        (a slot runs its own version's, whenever its run begins); ``None``: not known here."""
+        record = self.records.get(job.name)
+        spec = None if record is None else record.in_force(slot_ms)
+        if spec is None or spec.task not in self._room.tasks:
+            return None
+        return self._room.tasks[spec.task], spec.data
 
     # -- applying ------------------------------------------------------------------------------
 
@@ -170,8 +196,14 @@ class StoredJobs:
                 None,
             )
         if current is None:
-            if self._room.job(schedule_id) is not None:
-                self._room.remove_job(schedule_id)
+            job = self._room.job(schedule_id)
+            if job is not None:
+                # the slots before the delete may still be claimed, or run: kept until then
+                until_ms = record.effective_ms + job.settings.max_late_ms + _AFTER_LAST_MS
+                if now_ms < until_ms:
+                    self._rearm(schedule_id, until_ms)
+                else:
+                    self._room.remove_job(schedule_id)
             return
         handler = self._room.tasks[current.task]
         try:

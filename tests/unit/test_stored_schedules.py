@@ -20,7 +20,15 @@ from brokersched import (
     Scheduler,
     SkipEvent,
 )
-from brokersched._stored import EFFECTIVE_AFTER_MS, LOG_MAX, Log, Record, Spec, VersionedTrigger
+from brokersched._stored import (
+    EFFECTIVE_AFTER_MS,
+    LOG_MAX,
+    TIMELINE_MAX,
+    Log,
+    Record,
+    Spec,
+    VersionedTrigger,
+)
 from brokersched.backends.memory import MemoryBackend, MemoryStore
 from brokersched.testing import TestClock
 from brokersched.triggers.interval import IntervalTrigger
@@ -120,6 +128,7 @@ async def test_a_deleted_schedule_stops_and_leaves_its_job() -> None:
         count = len(runs.seen)
         await clock.advance("1m")
         assert len(runs.seen) == count
+        await clock.advance("10s")  # its last slot's max_late (60 s) is over: the job goes
         assert all(sched.get("acme") is None for sched in members)
         assert await members[0].schedules.get("acme") is None
     finally:
@@ -256,15 +265,26 @@ def test_a_versioned_trigger_gives_each_instant_the_version_in_force() -> None:
 
 def test_the_log_keeps_every_change_until_it_is_dropped_to_its_record() -> None:
     log, dropped_all = Log(), []
-    record = Record.new("a")
     for n in range(LOG_MAX + 5):
-        record = record.changed(Spec("t", "every", "1m"), n, None)
+        record = Record.new(f"s{n}").changed(Spec("t", "every", "1m"), n, None)
         log, dropped = log.appended(record, n)
         dropped_all += dropped
-    assert len(log.changes) == LOG_MAX and len(dropped_all) == 5
+    assert len(log.changes) == LOG_MAX and [c.record.id for c in dropped_all] == [
+        f"s{n}" for n in range(5)
+    ]
     assert Log.loads(log.dumps()) == log
-    assert log.latest("a") == record and record.version == LOG_MAX + 5
-    assert record.effective_ms == LOG_MAX + 4 + EFFECTIVE_AFTER_MS
+
+
+def test_a_schedule_changed_again_and_again_keeps_one_change_and_its_latest_versions() -> None:
+    log, record = Log(), Record.new("a")
+    for n in range(300):
+        record = record.changed(Spec("t", "every", f"{n + 1}m"), n, None)
+        log, dropped = log.appended(record, n)
+        assert dropped == []  # superseded, not dropped: the latest record holds it
+    assert [c.record for c in log.changes] == [record] and log.rev == 300
+    assert record.version == 300 and len(record.timeline) == TIMELINE_MAX
+    assert record.effective_ms == 299 + EFFECTIVE_AFTER_MS
+    assert record.latest == Spec("t", "every", "300m")
 
 
 @pytest.mark.asyncio

@@ -51,14 +51,6 @@ async def _to_ms_of_second(clock: TestClock, ms: int) -> None:
     await clock.advance(((ms - clock.now_ms()) % 1000 or 1000) / 1000)
 
 
-_OPEN = pytest.mark.xfail(
-    strict=True,
-    reason="open: a run takes its task, options and data from the job as it is when the run "
-    "begins (the version in force now), not from the version in force at its slot",
-)
-
-
-@_OPEN
 @pytest.mark.asyncio
 async def test_a_slot_claimed_slowly_runs_with_its_own_versions_task_and_data() -> None:
     clock, store = TestClock(START), MemoryStore()
@@ -82,7 +74,6 @@ async def test_a_slot_claimed_slowly_runs_with_its_own_versions_task_and_data() 
     assert set(before) == {("one", "v1")}, [s for s in seen if s[1] >= change_ms - 1000]
 
 
-@_OPEN
 @pytest.mark.asyncio
 async def test_a_delete_taking_effect_during_a_slow_claim_still_runs_the_slot_before_it() -> None:
     clock, store = TestClock(START), MemoryStore()
@@ -103,11 +94,6 @@ async def test_a_delete_taking_effect_during_a_slow_claim_still_runs_the_slot_be
     assert slots[-1] == gone_ms - 100, (slots[-3:], gone_ms)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a record gone from the store (a Redis restarted without its append-only "
-    "file, a namespace purged) stays in every running instance's memory and keeps running",
-)
 @pytest.mark.asyncio
 async def test_a_schedule_the_store_no_longer_has_stops_on_the_running_instances() -> None:
     clock, store = TestClock(START), MemoryStore()
