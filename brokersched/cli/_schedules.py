@@ -150,7 +150,12 @@ def _details(schedule: StoredSchedule) -> str:
 def _table(found: list[StoredSchedule], title: str) -> Table:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
     for column in ("id", "task", "trigger", "version", "updated (UTC)", "by", "effective (UTC)"):
-        table.add_column(column, no_wrap=column in ("version", "updated (UTC)", "effective (UTC)"))
+        # an id is folded, never cut short: it is what the other commands take
+        table.add_column(
+            column,
+            no_wrap=column in ("version", "updated (UTC)", "effective (UTC)"),
+            overflow="fold" if column == "id" else "ellipsis",
+        )
     for schedule in found:
         table.add_row(
             schedule.id,

@@ -24,7 +24,12 @@ class Fleet:
     """The commands on one SQLite file."""
 
     def __init__(self, path: Path, backend: str = "sqlite") -> None:
-        self.env = {"BROKERSCHED_TEST_DB": str(path), "BROKERSCHED_TEST_BACKEND": backend}
+        # a wide terminal, whatever runs the tests: the tables' columns are read whole
+        self.env = {
+            "BROKERSCHED_TEST_DB": str(path),
+            "BROKERSCHED_TEST_BACKEND": backend,
+            "COLUMNS": "200",
+        }
 
     def __call__(self, *args: str, stdin: str | None = None) -> Result:
         return CliRunner().invoke(cli, ["schedules", APP, *args], env=self.env, input=stdin)
