@@ -376,6 +376,9 @@ async def timed_puts(
             try:
                 await call()
             except Exception as exc:  # a lost compare-and-set race, said as a failure
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # Ctrl-C, whatever the call made of its cancellation
                 failed += 1
                 if failed == 1:
                     print(f"    a put failed: {type(exc).__name__}: {exc}", flush=True)
