@@ -2,7 +2,7 @@
 reaching a running fleet, per backend, side by side with APScheduler 4's data store.
 
     .venv/bin/python bench/bench_schedules.py [--backend postgres,redis,nats,rabbitmq]
-                                              [--n 1000] [--instances 3] [--changes 20]
+                                              [--n 100] [--instances 3] [--changes 20]
                                               [--concurrency 8] [--concurrent-puts 200]
                                               [--no-apscheduler] [--profile DIR]
 
@@ -678,7 +678,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--backend", default=",".join(BACKENDS), type=lambda s: [b for b in s.split(",") if b]
     )
-    parser.add_argument("--n", type=int, default=1000, help="cron schedules (and n/10 every 10s)")
+    parser.add_argument("--n", type=int, default=100, help="cron schedules (and n/10 every 10s)")
     parser.add_argument("--instances", type=int, default=3)
     parser.add_argument("--changes", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=8)
