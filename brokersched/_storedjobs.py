@@ -32,6 +32,8 @@ logger = logging.getLogger("brokersched")
 POLL_MS = 500
 #: A deleted schedule's job stays this long after its last slot's max_late (claims in flight).
 _AFTER_LAST_MS = 5000
+#: The schedules applied in one turn of the event loop.
+_APPLIED_PER_TURN = 50
 #: A slot waiting for a fresh view looks again this often.
 _RECHECK_MS = 100
 #: The versions' triggers kept built (a cron trigger takes milliseconds to build).
@@ -129,11 +131,13 @@ class StoredJobs:
         if whole:
             for schedule_id in [s for s in self.records if s not in changed]:
                 self._forget(schedule_id)
-        for schedule_id, record in changed.items():
+        for n, (schedule_id, record) in enumerate(changed.items(), 1):
             held = self.records.get(schedule_id)
             if held is None or record.version > held.version:
                 self.records[schedule_id] = record
                 self.apply(schedule_id)
+            if n % _APPLIED_PER_TURN == 0:
+                await asyncio.sleep(0)  # a long read's work in turns: claims and presence go on
         self._read_ms = began_ms
 
     def _forget(self, schedule_id: str) -> None:
