@@ -54,7 +54,7 @@ FRESH_MS = 1500
 #: The log keeps the changes of the last minute, at most ``LOG_MAX`` of them: an instance
 #: that read it longer ago, or fell further behind, reads every record again.
 LOG_KEPT_MS = 60_000
-LOG_MAX = 200
+LOG_MAX = 64
 #: A record keeps the versions in force over the last day (slots decided late, catch-up).
 TIMELINE_KEPT_MS = 86_400_000
 #: And at most this many versions (a schedule rewritten all day long keeps its latest ones).
