@@ -167,7 +167,10 @@ def _app_job(state: Any) -> AppJob:
 
 class AppSimulation(Simulation):
     """The simulator's fleet running the application's jobs for ``hours`` of virtual time, on
-    at most ``instances`` instances at once."""
+    at most ``instances`` instances at once (none but its own: no stored schedule of the
+    simulator's is added to it)."""
+
+    stored_schedules = False
 
     def __init__(
         self,

@@ -150,6 +150,9 @@ class Result:
 
 
 class Simulation(OwnJobs):
+    #: Whether the fleet also runs stored schedules of its own (``_sim_stored``).
+    stored_schedules = True
+
     def __init__(
         self,
         seed: int,
@@ -216,7 +219,8 @@ class Simulation(OwnJobs):
         self.operator = Operator(self, random.Random(seed + 5), more) if pauses else None
         if self.operator is not None:
             self.operator.draw_jobs(self._jobs)
-        self.stored = StoredOps(self, random.Random(seed + 9)) if more is not None else None
+        stored = more is not None and self.stored_schedules
+        self.stored = StoredOps(self, random.Random(seed + 9)) if stored else None
 
     # -- instances ---------------------------------------------------------------------------
 

@@ -36,16 +36,26 @@ async def test_a_stored_schedule_runs_once_per_slot_of_the_version_in_force(
         writer = Scheduler(make(), instance_id="writer")
         await asyncio.gather(*(sched.start() for sched in [writer, *fleet]))
         try:
-            first = await writer.schedules.put("tenant-1", task="tick", every="1s", jitter=0)
+            first = await writer.schedules.put(
+                "tenant-1", task="tick", every="1s", jitter=0, max_late="2s"
+            )
             await _until(lambda: all(s.get("tenant-1") is not None for s in fleet), 5)
             await asyncio.sleep(3.5)
             second = await writer.schedules.put(
-                "tenant-1", task="tick", every="2s", jitter=0, data="v2", if_version=1, by="ops"
+                "tenant-1",
+                task="tick",
+                every="2s",
+                jitter=0,
+                max_late="2s",
+                data="v2",
+                if_version=1,
+                by="ops",
             )
             await asyncio.sleep(7)
             assert await writer.schedules.delete("tenant-1", if_version=2)
             gone_ms = round(time.time() * 1000) + 3000
-            await _until(lambda: all(s.get("tenant-1") is None for s in fleet), 10)
+            # the job goes once its last slots could no longer be claimed (max_late after it)
+            await _until(lambda: all(s.get("tenant-1") is None for s in fleet), 20)
             await asyncio.sleep(1.5)
             listed = [s async for s in writer.schedules.list()]
         finally:
