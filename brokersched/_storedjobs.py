@@ -3,8 +3,8 @@ the fleet's log of changes (``POLL_MS``), and each one made a job of this schedu
 instance knows its task. The rule they follow is ``_stored``'s: the slots of a stored
 schedule's job are those of the version in force at each slot's instant
 (``VersionedTrigger``), and a slot is claimed only on a view read less than ``FRESH_MS``
-before it (``fresh``). A job's task, options and data are its version in force now,
-switched at each version's effective time.
+before it (``fresh``). A slot runs the task and data of its own version (``version_at``); the
+job's options are the version's in force now, switched at each version's effective time.
 """
 
 from __future__ import annotations
