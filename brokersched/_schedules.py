@@ -252,10 +252,7 @@ class Schedules:
             key: Record.loads(text)
             for key, text in (await backend.fleet_records("schedule")).items()
         }
-        for change in log.changes:
-            found = newer(records.get(change.record.id), change.record)
-            assert found is not None
-            records[change.record.id] = found
+        log.merge_into(records)
         return records
 
     def _answer(self, record: Record) -> StoredSchedule:
@@ -268,10 +265,17 @@ class Schedules:
         return stored(record, trigger)
 
     async def _current(self, schedule_id: str) -> Record | None:
+        return (await self._read(schedule_id))[2]
+
+    async def _read(self, schedule_id: str) -> tuple[str | None, Log, Record | None]:
+        """The log as read (its text, for a compare-and-set) and the schedule's latest record:
+        its own, or the log's when that is newer."""
         backend = self._backend()
-        log = Log.loads(await self._log_text(backend))
+        log_text = await self._log_text(backend)
+        log = Log.loads(log_text)
         text = (await backend.fleet_records("schedule")).get(schedule_id)
-        return newer(None if text is None else Record.loads(text), log.latest(schedule_id))
+        record = newer(None if text is None else Record.loads(text), log.latest(schedule_id))
+        return log_text, log, record
 
     @staticmethod
     async def _log_text(backend: Backend) -> str | None:
@@ -299,11 +303,8 @@ class Schedules:
         for attempt in range(_TRIES):
             if attempt:  # another writer came first: apart, so that the next try lands
                 await self._clock.sleep(random.uniform(0, min(attempt, 10) * _BACKOFF_S))
-            log_text = await self._log_text(backend)
-            log = Log.loads(log_text)
-            text = (await backend.fleet_records("schedule")).get(schedule_id)
-            current = newer(None if text is None else Record.loads(text), log.latest(schedule_id))
-            current = current or Record.new(schedule_id)
+            log_text, log, found = await self._read(schedule_id)
+            current = found or Record.new(schedule_id)
             version = 0 if current.deleted and spec is not None else current.version
             if if_version is not None and if_version != version:
                 raise self._conflict(schedule_id, if_version, version)

@@ -229,6 +229,14 @@ class Log:
     def since(self, rev: int) -> list[Change]:
         return [change for change in self.changes if change.rev > rev]
 
+    def merge_into(self, records: dict[str, Record], after_rev: int = -1) -> None:
+        """``records`` (by id, as read from their own keys) with the changes after
+        ``after_rev`` applied where they are newer (a record may be ahead of the log, or
+        behind it)."""
+        for change in self.since(after_rev):
+            record = change.record
+            records[record.id] = newer(records.get(record.id), record) or record
+
     def appended(self, record: Record, now_ms: int) -> tuple[Log, list[Change]]:
         """The log with ``record`` written at ``now_ms`` (an earlier change of its schedule
         left out: ``record`` holds it), and the changes it no longer keeps (each must be in its

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ._clock import Clock, Timer
 from ._exceptions import BackendError, ConfigurationError
 from ._job import Handler, JobState
-from ._stored import FRESH_MS, LOG_KEY, Log, Record, Spec, VersionedTrigger, newer
+from ._stored import FRESH_MS, LOG_KEY, Log, Record, Spec, VersionedTrigger
 from .triggers.base import Trigger
 
 if TYPE_CHECKING:
@@ -123,10 +123,7 @@ class StoredJobs:
             for key, text in texts.items():
                 changed[key] = Record.loads(text)
             self._reread_ms = began_ms + REREAD_MS
-        for change in log.since(min(self._rev, log.first_rev - 1)):
-            found = newer(changed.get(change.record.id), change.record)
-            assert found is not None
-            changed[change.record.id] = found
+        log.merge_into(changed, after_rev=min(self._rev, log.first_rev - 1))
         self._rev = log.rev
         if whole:
             for schedule_id in [s for s in self.records if s not in changed]:
